@@ -1,0 +1,1 @@
+"""Shared model engine: loading, paged KV pool, paged attention, model runner, sampling."""

@@ -1,0 +1,34 @@
+"""Frozen configuration of one engine instance."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model_engine.kv_spec import DTYPES
+from model_engine.scheduler import SchedulerConfig
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_dir: str  # local HF checkpoint directory
+    page_size: int = 16  # tokens per KV page
+    num_pages: int = 2048  # pages in the device tier
+    device: str = "cpu"  # "cpu" or "cuda[:N]"
+    dtype: str = "float32"  # float32 | float16 | bfloat16
+    max_num_seqs: int = 256  # running requests at most
+    max_num_batched_tokens: int = 2048  # tokens per step (chunked prefill budget)
+    max_model_len: int | None = None  # None: the model's own context length
+    torch_threads: int | None = None  # torch intra-op threads (None: torch default)
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        if self.num_pages < 1:
+            raise ValueError("num_pages must be >= 1")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+
+    def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
+        max_len = min(self.max_model_len or model_max_len, model_max_len)
+        return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, max_len)

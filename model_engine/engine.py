@@ -1,0 +1,105 @@
+"""LLMEngine: model + page pool + scheduler + runner + sampler, stepped one batch at a time.
+
+Used directly by the offline CLI and the benchmark; the node processes drive the same
+`step()` from their asyncio loops.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from model_engine import paged_attention
+from model_engine.config import EngineConfig
+from model_engine.loader import ModelInfo, load_model
+from model_engine.page_pool import PagePool
+from model_engine.runner import BatchChunk, ModelRunner
+from model_engine.sampler import sample
+from model_engine.scheduler import Scheduler, SchedulerOutput
+from model_engine.sequence import SamplingParams, Sequence, SeqStatus
+
+
+@dataclass
+class StepEvent:
+    """One sampled token (and whether it ended its request)."""
+
+    seq: Sequence
+    token_id: int
+    finished: bool
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, model=None, tokenizer=None, info: ModelInfo | None = None) -> None:
+        paged_attention.register()
+        self.config = config
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        if model is None:
+            model, tokenizer, info = load_model(config.model_dir, config.device, config.dtype,
+                                                attn_implementation=paged_attention.ATTN_NAME)
+        else:
+            model.set_attn_implementation(paged_attention.ATTN_NAME)
+        self.model, self.tokenizer, self.info = model, tokenizer, info
+        self.spec = info.kv_spec(config.page_size, config.dtype)
+        self.pool = PagePool(self.spec, config.num_pages, device=config.device)
+        self.scheduler = Scheduler(config.scheduler_config(info.max_model_len), self.pool)
+        self.runner = ModelRunner(model, self.pool.kv, config.page_size, config.device)
+        self._ids = itertools.count()
+        self.last_output: SchedulerOutput | None = None
+
+    # ---- requests -------------------------------------------------------------------------
+    def make_sequence(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                      **kw) -> Sequence:
+        bad = [t for t in prompt_token_ids if not 0 <= t < self.info.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} outside the vocabulary [0, {self.info.vocab_size})")
+        return Sequence.from_prompt(request_id or f"req-{next(self._ids)}", prompt_token_ids, params, **kw)
+
+    def add(self, seq: Sequence) -> None:
+        self.scheduler.add(seq)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- one step ---------------------------------------------------------------------------
+    def step(self) -> list[StepEvent]:
+        out = self.scheduler.schedule()
+        self.last_output = out
+        if not out.chunks:
+            return []
+        pages_of = self.pool.pages_of
+        batch = [BatchChunk(c.seq.token_ids[c.seq.num_computed_tokens:c.seq.num_computed_tokens + c.num_new_tokens],
+                            c.seq.num_computed_tokens, pages_of(c.seq.request_id), c.wants_logits)
+                 for c in out.chunks]
+        logits = self.runner.run(batch)
+        sampling = [c.seq for c in out.chunks if c.wants_logits]
+        for c in out.chunks:
+            c.seq.num_computed_tokens += c.num_new_tokens
+        tokens = sample(logits, [s.params for s in sampling], [s.num_output_tokens for s in sampling])
+        return [self._append(seq, tok) for seq, tok in zip(sampling, tokens)]
+
+    def _append(self, seq: Sequence, token: int) -> StepEvent:
+        seq.token_ids.append(token)
+        p = seq.params
+        status = None
+        if not p.ignore_eos and token in self.info.eos_token_ids:
+            status, reason = SeqStatus.FINISHED_STOPPED, "stop"
+        elif token in p.stop_token_ids:
+            status, reason = SeqStatus.FINISHED_STOPPED, "stop"
+        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.scheduler.config.max_model_len:
+            status, reason = SeqStatus.FINISHED_LENGTH, "length"
+        if status is not None:
+            self.scheduler.finish(seq, status, reason)
+        return StepEvent(seq, token, status is not None)
+
+    # ---- offline ------------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Sequence]:
+        """Run all prompts in one continuous batch until every one finishes; input order kept."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        seqs = [self.make_sequence(p, sp) for p, sp in zip(prompts, plist)]
+        for s in seqs:
+            self.add(s)
+        while self.has_work():
+            self.step()
+        return seqs
