@@ -69,7 +69,7 @@ class LLMEngine:
         if not out.chunks:
             return []
         pages_of = self.pool.pages_of
-        batch = [BatchChunk(c.seq.token_ids[c.seq.num_computed_tokens:c.seq.num_computed_tokens + c.num_new_tokens],
+        batch = [BatchChunk(c.seq.request_id, c.seq.token_ids[c.seq.num_computed_tokens:c.seq.num_computed_tokens + c.num_new_tokens],
                             c.seq.num_computed_tokens, pages_of(c.seq.request_id), c.wants_logits)
                  for c in out.chunks]
         logits = self.runner.run(batch)

@@ -1,4 +1,4 @@
-"""Paged KV pool: one tensor of pages plus a per-page ownership state machine.
+r"""Paged KV pool: one tensor of pages plus a per-page ownership state machine.
 
 Page states (see DESIGN.md):
 

@@ -74,7 +74,10 @@ def init_tiny_model(out_dir: str | Path, arch: str = DEFAULT_ARCH, seed: int = D
     """Write a tiny checkpoint (config, safetensors weights, tokenizer) into `out_dir`."""
     import torch
     import transformers
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHS}")
     out = Path(out_dir)

@@ -1,0 +1,69 @@
+"""Decode read cache: a contiguous copy of the running batch's K/V for attention on the CPU.
+
+Without a paged-attention kernel (there is none for the CPU), every layer of every step would
+gather each sequence's pages into a padded `[B, kv_heads, L, head_dim]` batch: the whole KV of
+the batch copied 2 x layers times per step. During steady decode the batch does not change, so
+the runner keeps that gathered copy between steps and only appends the new token to it:
+
+    pool pages (authoritative, paged)   --gather on (re)build-->   read cache [layers, 2, B, kvh, cap, hd]
+    new token K/V  --index_copy--> pool             --index_put--> read cache row b, position pos_b
+
+The pool stays the source of truth (export, import, eviction and tiering only ever see pages);
+the read cache is dropped whenever the batch's membership or order changes, on any prefill
+step, and when it would exceed its byte budget. On a GPU a paged kernel would replace it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+HEADROOM = 128  # extra positions per (re)build so a steady batch rebuilds rarely
+
+
+@dataclass
+class ReadCachePlan:
+    """What this step does with the read cache (built by the runner, used by PagedKVCache)."""
+
+    rebuild: bool  # gather from pages this step (else append only)
+    rows: torch.Tensor  # [B] arange, the row of each sequence
+    pos: torch.Tensor  # [B] position of each sequence's new token
+    length: int  # keys attended this step (<= capacity)
+
+
+class DecodeReadCache:
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device, max_bytes: int = 256 << 20) -> None:
+        self.shape_tail = (num_kv_heads, head_dim)
+        self.num_layers = num_layers
+        self.dtype, self.device, self.max_bytes = dtype, device, max_bytes
+        self.key: tuple | None = None  # request ids of the cached batch, in row order
+        self.capacity = 0
+        self.buf: torch.Tensor | None = None
+        self._elem = torch.empty((), dtype=dtype).element_size()
+
+    def plan(self, batch_key: tuple, positions, length: int, page_len: int) -> ReadCachePlan | None:
+        """Decide for a pure-decode step; None means "gather pages instead" (too big)."""
+        b = len(batch_key)
+        rebuild = batch_key != self.key or length > self.capacity
+        if rebuild:
+            cap = max(length, page_len) + HEADROOM
+            size = self.num_layers * 2 * b * cap * self.shape_tail[0] * self.shape_tail[1] * self._elem
+            if size > self.max_bytes:
+                self.invalidate()
+                return None
+            if self.buf is None or self.buf.numel() * self._elem < size:
+                # zeros, not empty: masked keys get weight 0, and 0 * NaN garbage would be NaN
+                self.buf = torch.zeros(size // self._elem, dtype=self.dtype, device=self.device)
+            self.key, self.capacity = batch_key, cap
+        return ReadCachePlan(rebuild, torch.arange(b, device=self.device),
+                             torch.as_tensor(positions, device=self.device), length)
+
+    def layer(self, layer_idx: int, batch: int) -> torch.Tensor:
+        """View [2, B, kv_heads, capacity, head_dim] of one layer."""
+        kvh, hd = self.shape_tail
+        per_layer = 2 * batch * kvh * self.capacity * hd
+        return self.buf[layer_idx * per_layer:(layer_idx + 1) * per_layer].view(2, batch, kvh, self.capacity, hd)
+
+    def invalidate(self) -> None:
+        self.key, self.capacity = None, 0

@@ -1,0 +1,1 @@
+"""pd-testbed command-line entry points."""

@@ -1,0 +1,65 @@
+"""`pdtb`: the single command-line entry point. Subcommands dispatch to their modules."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pdtb.common import CliError, die
+
+USAGE = """pdtb <command> [options]
+
+commands:
+  model init         write the embedded tiny model as a HF checkpoint directory
+  generate           offline batched generation on the paged engine
+  bench engine       paged engine vs transformers generate (same run)
+  bench transport    KV transport throughput vs raw pyzmq and memcpy (same run)
+"""
+
+
+def _model_init(argv: list[str]) -> int:
+    from model_engine.tiny_model import ARCHS, DEFAULT_SEED, init_tiny_model
+
+    ap = argparse.ArgumentParser(prog="pdtb model init")
+    ap.add_argument("--out", required=True, help="directory to write")
+    ap.add_argument("--arch", choices=ARCHS, default="llama")
+    ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    a = ap.parse_args(argv)
+    path = init_tiny_model(a.out, a.arch, a.seed)
+    print(f"wrote {a.arch} tiny model to {path}")
+    return 0
+
+
+def _dispatch(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "model" and rest[:1] == ["init"]:
+        return _model_init(rest[1:])
+    if cmd == "generate":
+        from pdtb.generate import main
+
+        return main(rest)
+    if cmd == "bench" and rest[:1] == ["engine"]:
+        from model_engine.bench import main
+
+        return main(rest[1:])
+    if cmd == "bench" and rest[:1] == ["transport"]:
+        from kv_transport.bench import main
+
+        return main(rest[1:])
+    raise CliError(f"unknown command {' '.join(argv[:2])!r}\n{USAGE}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _dispatch(argv)
+    except CliError as e:
+        return die(str(e))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

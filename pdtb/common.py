@@ -1,0 +1,28 @@
+"""Helpers shared by the CLI commands."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit code 2."""
+
+
+def resolve_model(model_dir: str | None) -> str:
+    """`--model DIR` validated, or the embedded default (created on first use)."""
+    from model_engine.loader import ModelLoadError, read_model_info
+    from model_engine.tiny_model import ensure_default_model
+
+    if model_dir is None:
+        return str(ensure_default_model())
+    try:
+        read_model_info(model_dir)
+    except ModelLoadError as e:
+        raise CliError(str(e)) from None
+    return str(Path(model_dir))
+
+
+def die(msg: str, code: int = 2) -> int:
+    print(f"pdtb: error: {msg}", file=sys.stderr)
+    return code

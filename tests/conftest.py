@@ -1,0 +1,56 @@
+"""Shared fixtures and small factories for the test suite."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory) -> dict[str, str]:
+    """One tiny checkpoint per supported family, written once per test session."""
+    from model_engine.tiny_model import ARCHS, init_tiny_model
+
+    root = tmp_path_factory.mktemp("models")
+    return {arch: str(init_tiny_model(root / arch, arch=arch, seed=1)) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def llama_dir(model_dirs) -> str:
+    return model_dirs["llama"]
+
+
+@pytest.fixture(scope="session")
+def hf_models(model_dirs):
+    """Reference models on plain sdpa, for equality checks against transformers.generate."""
+    from model_engine.loader import load_model
+
+    return {arch: load_model(d, attn_implementation="sdpa")[0] for arch, d in model_dirs.items()}
+
+
+def make_engine(model_dir: str, **kw):
+    """Factory: an LLMEngine with small defaults, overridable per test."""
+    from model_engine.config import EngineConfig
+    from model_engine.engine import LLMEngine
+
+    kw.setdefault("num_pages", 1024)
+    return LLMEngine(EngineConfig(model_dir, **kw))
+
+
+def make_prompts(lengths, vocab: int = 512, seed: int = 0) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int, ignore_eos: bool = False) -> list[int]:
+    """transformers.generate, one prompt at a time: the independent reference."""
+    import torch
+
+    kw = {"min_new_tokens": max_new_tokens} if ignore_eos else {}
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                         pad_token_id=model.config.pad_token_id, **kw)
+    return out[0, len(prompt):].tolist()
