@@ -77,6 +77,8 @@ class PagePool:
             raise ValueError("cannot take a negative number of pages")
         if n > len(self._free):
             return None
+        if n == 0:
+            return []  # no entry for an owner that holds nothing
         pages = [self._free.pop() for _ in range(n)]
         for p in pages:
             self._state[p] = state
