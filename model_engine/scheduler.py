@@ -63,6 +63,15 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
 
+    def add_running(self, seq: Sequence) -> None:
+        """Adopt a request whose pages are already in the pool (inherited from prefill)."""
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+
+    def detach(self, seq: Sequence) -> None:
+        """Stop scheduling `seq` but keep its pages (prefill hands them to a decode node)."""
+        self.running.remove(seq)
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

@@ -57,6 +57,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: str | None = None  # "stop", "length" or "abort: <why>"
     arrival_time: float = field(default_factory=time.monotonic)
+    timeline: dict[str, float] = field(default_factory=dict)  # wall-clock stamps by whoever handles it
 
     @classmethod
     def from_prompt(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams,

@@ -13,6 +13,8 @@ commands:
   generate           offline batched generation on the paged engine
   bench engine       paged engine vs transformers generate (same run)
   bench transport    KV transport throughput vs raw pyzmq and memcpy (same run)
+  prefill            start a prefill node          decode      start a decode node
+  colocated          start a colocated node        router      start the HTTP router
 """
 
 
@@ -48,6 +50,14 @@ def _dispatch(argv: list[str]) -> int:
         from kv_transport.bench import main
 
         return main(rest[1:])
+    if cmd in ("prefill", "decode", "colocated"):
+        from cluster.node_cli import main
+
+        return main(cmd, rest)
+    if cmd == "router":
+        from router.main import main
+
+        return main(rest)
     raise CliError(f"unknown command {' '.join(argv[:2])!r}\n{USAGE}")
 
 

@@ -1,0 +1,82 @@
+"""The node side of the control plane: a ZeroMQ ROUTER socket that the router connects to.
+
+Incoming frames are decoded and validated (`cluster.protocol.decode_message`); a bad frame is
+logged and dropped and the node keeps serving. Outgoing events are batched per router
+identity during a step and flushed once per step (`EventSink`).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+import zmq
+import zmq.asyncio
+
+from cluster.protocol import MAX_CONTROL_BYTES, ProtocolError, TokenBatch, TokenEvent, decode_message, encode_message
+
+log = logging.getLogger(__name__)
+SEND_TIMEOUT_S = 5.0
+
+
+class ControlServer:
+    """Binds `bind_addr` (tcp://host:0 picks an ephemeral port) and dispatches messages."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, bind_addr: str, handler: Callable[[bytes, object], None],
+                 curve_secret: bytes | None = None) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 10000)
+        self.sock.setsockopt(zmq.RCVHWM, 10000)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL_BYTES)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown peer -> error, not a silent drop
+        self.sock.bind(bind_addr)
+        self.address = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.handler = handler
+        self.bad_frames = 0
+
+    async def serve(self, stop: asyncio.Event, tick_s: float = 0.1) -> None:
+        while not stop.is_set():
+            if not await self.sock.poll(int(tick_s * 1000)):
+                continue
+            frames = await self.sock.recv_multipart()
+            if len(frames) != 2:
+                self.bad_frames += 1
+                log.warning("control: dropped message of %d frames", len(frames))
+                continue
+            try:
+                msg = decode_message(frames[1])
+            except ProtocolError as e:
+                self.bad_frames += 1
+                log.warning("control: dropped bad frame from %r: %s", frames[0][:32], e)
+                continue
+            self.handler(frames[0], msg)
+
+    async def send(self, identity: bytes, msg) -> bool:
+        """Send one message to a connected router; False (logged) if it is gone or stuck."""
+        try:
+            await asyncio.wait_for(self.sock.send_multipart([identity, encode_message(msg)]), SEND_TIMEOUT_S)
+            return True
+        except (zmq.ZMQError, asyncio.TimeoutError) as e:
+            log.warning("control: cannot send %s to %r: %s", type(msg).__name__, identity, e)
+            return False
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class EventSink:
+    """Collects TokenEvents per router identity; `flush` sends one TokenBatch per router."""
+
+    def __init__(self, server: ControlServer, node_id: str) -> None:
+        self.server = server
+        self.node_id = node_id
+        self._pending: dict[bytes, list[TokenEvent]] = {}
+
+    def add(self, router_id: str, event: TokenEvent) -> None:
+        self._pending.setdefault(router_id.encode(), []).append(event)
+
+    async def flush(self) -> None:
+        pending, self._pending = self._pending, {}
+        for ident, events in pending.items():
+            await self.server.send(ident, TokenBatch(self.node_id, events))

@@ -1,0 +1,234 @@
+"""What every node process shares: config, engine, control socket, metrics, the step loop,
+stats for the router, and a graceful drain on SIGTERM.
+
+Loop (one asyncio loop per process): the control task receives router messages between
+engine steps; the engine task runs `poll_io()` (transfers in and out), one `engine.step()`
+when there is work, hands the step's tokens to `on_step_events`, flushes the events, and
+yields. With no work it waits on a wake event with a bounded timeout.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+
+import zmq.asyncio
+
+from cluster.control import ControlServer, EventSink
+from cluster.node_metrics import NodeMetrics, start_http
+from cluster.protocol import AbortRequest, GenerateRequest, NodeStats, Params, Ping, TokenEvent
+from model_engine.config import EngineConfig
+from model_engine.engine import LLMEngine, StepEvent
+from model_engine.sequence import SamplingParams, Sequence, SeqStatus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    role: str  # "prefill" | "decode" | "colocated"
+    node_id: str
+    engine: EngineConfig
+    host: str = "127.0.0.1"  # interface every socket binds to
+    ctrl_port: int = 0  # 0: ephemeral (the address is written to addr_file)
+    metrics_port: int = 0
+    kv_port: int = 0  # decode: KV transport receiver port
+    transport: str = "zmq"  # "zmq" | "torch"
+    policy: str = "fcfs"  # admission policy name (fairness registry)
+    host_kv_pages: int = 0  # host-tier pages (decode/colocated)
+    drain_timeout_s: float = 30.0  # SIGTERM: finish in-flight work within this bound
+    hold_timeout_s: float = 120.0  # prefill: how long a refused hand-off keeps retrying
+    check_pages: bool = False  # run pool.check() after every step (tests)
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.role not in ("prefill", "decode", "colocated"):
+            raise ValueError(f"unknown role {self.role!r}")
+        if self.transport not in ("zmq", "torch"):
+            raise ValueError("transport must be zmq or torch")
+
+
+def to_sampling(p: Params) -> SamplingParams:
+    return SamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, seed=p.seed,
+                          ignore_eos=p.ignore_eos, stop_token_ids=tuple(p.stop_token_ids))
+
+
+def timing_summary(tl: dict[str, float]) -> dict:
+    """Durations (s) of each phase from a request's wall-clock stamps, plus the stamps."""
+    def gap(a, b):
+        return round(tl[b] - tl[a], 6) if a in tl and b in tl else None
+    out = {"queue_s": gap("prefill_queued", "prefill_start"), "prefill_s": gap("prefill_start", "first_token"),
+           "transfer_s": gap("transfer_start", "transfer_end"), "admission_wait_s": gap("transfer_end", "decode_admit"),
+           "decode_s": gap("decode_admit", "last_token")}
+    out = {k: v for k, v in out.items() if v is not None}
+    out["stamps"] = dict(tl)
+    return out
+
+
+class NodeBase:
+    def __init__(self, config: NodeConfig, engine: LLMEngine | None = None) -> None:
+        self.config = config
+        self.engine = engine or LLMEngine(config.engine)
+        self.metrics = NodeMetrics(config.role, config.node_id)
+        self.stop = asyncio.Event()
+        self.wake = asyncio.Event()
+        self.draining = False
+        self.ctx = zmq.asyncio.Context()
+        self.ctrl = ControlServer(self.ctx, f"tcp://{config.host}:{config.ctrl_port}", self._on_message)
+        self.sink = EventSink(self.ctrl, config.node_id)
+        self.routes: dict[str, str] = {}  # request id -> router identity
+        self.seqs: dict[str, Sequence] = {}  # live requests on this node
+        self.metrics_addr = ""
+        self.kv_addr = ""
+        self._http = None
+
+    # ---- messages -------------------------------------------------------------------------
+    def _on_message(self, ident: bytes, msg) -> None:
+        if isinstance(msg, Ping):
+            asyncio.get_running_loop().create_task(self.ctrl.send(ident, self.stats(msg.seq)))
+        elif isinstance(msg, GenerateRequest):
+            self.routes[msg.request_id] = msg.router_id or ident.decode()
+            if self.draining:
+                self.fail(msg.request_id, "node is draining")
+            else:
+                self.on_generate(msg)
+            self.wake.set()
+        elif isinstance(msg, AbortRequest):
+            self.on_abort(msg.request_id, msg.reason)
+            self.wake.set()
+        else:
+            log.warning("unexpected %s on control socket", type(msg).__name__)
+
+    def on_generate(self, req: GenerateRequest) -> None:
+        raise NotImplementedError
+
+    def on_abort(self, request_id: str, reason: str) -> None:
+        seq = self.engine.scheduler.abort(request_id, f"abort: {reason}")
+        if seq is not None:
+            self._end(seq)
+
+    def abort_all(self, reason: str) -> None:
+        """Fail every live request on this node and free its pages."""
+        for rid in list(self.seqs):
+            self.engine.scheduler.abort(rid, f"abort: {reason}")
+            self.fail(rid, reason)
+
+    async def poll_io(self) -> None:
+        """Move transfers forward (prefill: hand-offs; decode: arrivals). Bounded waits only."""
+
+    def on_step_events(self, events: list[StepEvent], t: float) -> None:
+        raise NotImplementedError
+
+    def idle(self) -> bool:
+        return not self.engine.has_work()
+
+    # ---- events to the router -----------------------------------------------------------------
+    def emit(self, seq: Sequence, tokens: list[int], finished: bool = False) -> None:
+        ev = TokenEvent(seq.request_id, tokens, finished)
+        if finished:
+            ev.finish_reason = "stop" if seq.status == SeqStatus.FINISHED_STOPPED else "length"
+            ev.timing = timing_summary(seq.timeline)
+            self.metrics.finished.labels(reason=ev.finish_reason, **self.metrics.labels).inc()
+        self.sink.add(self.routes.get(seq.request_id, ""), ev)
+        if finished:
+            self._end(seq)
+
+    def fail(self, request_id: str, reason: str) -> None:
+        """End a request with an error event (its pages are freed by the caller)."""
+        log.info("request %s failed: %s", request_id, reason)
+        self.sink.add(self.routes.get(request_id, ""), TokenEvent(request_id, [], True, "error", reason))
+        self.metrics.finished.labels(reason="error", **self.metrics.labels).inc()
+        self.seqs.pop(request_id, None)
+        self.routes.pop(request_id, None)
+
+    def _end(self, seq: Sequence) -> None:
+        self.seqs.pop(seq.request_id, None)
+        self.routes.pop(seq.request_id, None)
+
+    # ---- stats ---------------------------------------------------------------------------------
+    def stats(self, seq: int = 0) -> NodeStats:
+        sch, pool = self.engine.scheduler, self.engine.pool
+        queued = sum(s.num_uncomputed_tokens for s in sch.waiting) + sum(
+            s.num_uncomputed_tokens for s in sch.running if s.in_prefill)
+        return NodeStats(self.config.node_id, self.config.role, seq, pool.num_pages, pool.num_free,
+                         running=len(sch.running), waiting=len(sch.waiting), queued_tokens=queued,
+                         kv_addr=self.kv_addr, metrics_addr=self.metrics_addr, draining=self.draining,
+                         extra=self.extra_stats())
+
+    def extra_stats(self) -> dict:
+        return {}
+
+    def refresh_gauges(self) -> None:
+        pool = self.engine.pool
+        self.metrics.set_pages("device", pool.num_pages, pool.num_free)
+        self.metrics.running.set(len(self.engine.scheduler.running))
+        self.metrics.waiting.set(len(self.engine.scheduler.waiting))
+
+    # ---- loop ------------------------------------------------------------------------------------
+    async def engine_loop(self) -> None:
+        while not self.stop.is_set():
+            await self.poll_io()
+            if self.engine.has_work():
+                t = time.time()
+                events = self.engine.step()
+                self.metrics.steps.inc()
+                if self.config.check_pages:
+                    self.engine.pool.check()
+                self.on_step_events(events, t)
+                await self.sink.flush()
+                await asyncio.sleep(0)
+            else:
+                await self.sink.flush()
+                self.wake.clear()
+                try:
+                    await asyncio.wait_for(self.wake.wait(), 0.01)
+                except asyncio.TimeoutError:
+                    pass
+            self.refresh_gauges()
+
+    async def start_extra(self) -> None:
+        """Subclasses: start transports. Called before the address file is written."""
+
+    async def close_extra(self) -> None:
+        """Subclasses: close transports."""
+
+    def addresses(self) -> dict:
+        return {"role": self.config.role, "id": self.config.node_id, "ctrl": self.ctrl.address,
+                "kv": self.kv_addr, "metrics": self.metrics_addr}
+
+    async def drain(self) -> None:
+        """SIGTERM: refuse new work, let in-flight requests finish (bounded), fail the rest."""
+        self.draining = True
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        while not self.idle() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        self.abort_all("node shut down before the request finished")
+        await self.sink.flush()
+        self.stop.set()
+
+    async def run(self, on_ready=None) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: loop.create_task(self.drain()) if not self.draining else None)
+        self._http, self.metrics_addr = await start_http(self.metrics, lambda: self.stats().__dict__,
+                                                         self.config.host, self.config.metrics_port)
+        await self.start_extra()
+        tasks = [loop.create_task(self.ctrl.serve(self.stop)), loop.create_task(self.engine_loop())]
+        if on_ready:
+            on_ready(self.addresses())
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for t in done:
+                if t.exception():
+                    raise t.exception()  # a failed task brings the node down loudly
+        finally:
+            self.stop.set()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.close_extra()
+            await self._http.cleanup()
+            self.ctrl.close()
+            self.ctx.term()

@@ -1,0 +1,79 @@
+"""`pdtb prefill|decode|colocated`: start one node process (one uvloop event loop)."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from pdtb.common import CliError, resolve_model
+from pdtb.generate import add_engine_args, engine_config
+
+
+def parse(role: str, argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog=f"pdtb {role}", description=f"Start a {role} node.")
+    add_engine_args(ap)
+    ap.add_argument("--node-id", default=None, help=f"default: {role}-<pid>")
+    ap.add_argument("--host", default="127.0.0.1", help="interface every socket binds to (default loopback)")
+    ap.add_argument("--ctrl-port", type=int, default=0, help="control socket port (0: ephemeral)")
+    ap.add_argument("--metrics-port", type=int, default=0, help="/metrics HTTP port (0: ephemeral)")
+    ap.add_argument("--kv-port", type=int, default=0, help="decode: KV receiver port (0: ephemeral)")
+    ap.add_argument("--transport", choices=["zmq", "torch"], default="zmq")
+    ap.add_argument("--policy", default="fcfs", help="admission/fairness policy name")
+    ap.add_argument("--host-kv-pages", type=int, default=0, help="host-tier KV pages (decode/colocated)")
+    ap.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    ap.add_argument("--drain-timeout", type=float, default=30.0, help="SIGTERM: seconds to finish in-flight work")
+    ap.add_argument("--addr-file", default=None, help="write the bound addresses here as JSON when ready")
+    ap.add_argument("--check-pages", action="store_true", help="verify page states after every step")
+    ap.add_argument("--log-level", default="INFO")
+    return ap.parse_args(argv)
+
+
+def _write_addr(path: str | None, addrs: dict) -> None:
+    line = json.dumps(addrs)
+    if path:
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(line)
+        os.replace(tmp, path)  # readers never see a half-written file
+    print(f"NODE READY {line}", flush=True)
+
+
+def main(role: str, argv: list[str]) -> int:
+    a = parse(role, argv)
+    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
+                        format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
+    import dataclasses
+
+    import torch
+    import uvloop
+
+    from cluster.node_base import NodeConfig
+
+    torch.set_num_threads(max(1, a.torch_threads))
+    model_dir = resolve_model(a.model)
+    try:
+        cfg = NodeConfig(role=role, node_id=a.node_id or f"{role}-{os.getpid()}",
+                         engine=dataclasses.replace(engine_config(a, model_dir), torch_threads=a.torch_threads),
+                         host=a.host, ctrl_port=a.ctrl_port, metrics_port=a.metrics_port, kv_port=a.kv_port,
+                         transport=a.transport, policy=a.policy, host_kv_pages=a.host_kv_pages,
+                         drain_timeout_s=a.drain_timeout, check_pages=a.check_pages)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if role == "prefill":
+        from prefill_node.node import PrefillNode as cls
+    elif role == "decode":
+        from decode_node.node import DecodeNode as cls
+    else:
+        from colocated_node.node import ColocatedNode as cls
+
+    async def run() -> None:
+        try:
+            node = cls(cfg)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        await node.run(on_ready=lambda addrs: _write_addr(a.addr_file, addrs))
+
+    uvloop.run(run())
+    return 0

@@ -1,0 +1,1 @@
+"""The colocated twin: prefill and decode in one process over one pool."""

@@ -1,0 +1,1 @@
+"""Decode node: adopts inherited pages from prefill and decodes with continuous batching."""

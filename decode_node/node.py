@@ -1,0 +1,104 @@
+"""Decode node.
+
+Queues and a request's path through them:
+
+    KV header arrives -> admission policy (fairness interface): accept | refuse "no_pages"
+    (the prefill side keeps its pages and retries: backpressure) -> pages RESERVED while the
+    payload lands -> verified and committed (RESIDENT) -> `take_completed` -> scheduler.running
+    (continuous-batching decode; one token event per step to the request's router) ->
+    finished: final event with the timeline, pages freed. Aborts free pages at any point.
+
+The decode node never saw the prompt being admitted: it *inherits* the pages. Whether to take
+them is decided here, by `fairness` policies, against this node's own pool.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+
+from cluster.node_base import NodeBase, to_sampling
+from cluster.protocol import Params
+from fairness import make_policy
+from kv_transport import ReceivedTransfer, TransportConfig, make_receiver
+from model_engine.engine import StepEvent
+from model_engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
+ABORTED_MEMORY = 4096  # request ids remembered as aborted, for transfers that land afterwards
+
+
+class DecodeNode(NodeBase):
+    def __init__(self, config, engine=None, transport: TransportConfig | None = None) -> None:
+        super().__init__(config, engine)
+        self.transport = transport or TransportConfig(backend=config.transport,
+                                                      endpoint=f"tcp://{config.host}:{config.kv_port}")
+        self.policy = make_policy(config.policy)
+        self.receiver = None
+        self.aborted: OrderedDict[str, float] = OrderedDict()
+
+    def _admit(self, header) -> str | None:
+        return self.policy.admit_inherited(header, self.engine.pool)
+
+    async def start_extra(self) -> None:
+        self.receiver = make_receiver(self.transport, self.engine.pool, admit=self._admit)
+        await self.receiver.start()
+        self.kv_addr = self.receiver.endpoint
+
+    async def close_extra(self) -> None:
+        if self.receiver is not None:
+            await self.receiver.close()
+
+    def on_generate(self, req) -> None:
+        self.fail(req.request_id, "decode nodes take requests only through the KV transport")
+
+    async def poll_io(self) -> None:
+        for t in self.receiver.take_completed():
+            self._adopt(t)
+
+    def _adopt(self, t: ReceivedTransfer) -> None:
+        self.metrics.kv_recv.inc(t.status.bytes_total)
+        self.metrics.transfers.labels(outcome="received", **self.metrics.labels).inc()
+        if t.request_id in self.aborted or t.request_id in self.seqs:
+            log.info("dropping pages of %s: request already aborted or present", t.request_id)
+            self.engine.pool.free(t.request_id)
+            return
+        extra = t.extra
+        try:
+            params = to_sampling(Params(**extra["params"]))
+            seq = Sequence(t.request_id, list(t.prompt_token_ids) + list(t.output_token_ids),
+                           len(t.prompt_token_ids), params, tenant=t.tenant, priority=int(extra.get("priority", 0)),
+                           num_computed_tokens=t.num_computed_tokens)
+        except (KeyError, TypeError, ValueError) as e:
+            self.engine.pool.free(t.request_id)
+            self.routes[t.request_id] = str(extra.get("router_id", ""))
+            self.fail(t.request_id, f"bad request metadata from prefill: {e}")
+            return
+        self.routes[t.request_id] = str(extra.get("router_id", ""))
+        now = time.time()
+        seq.timeline.update({k: float(v) for k, v in dict(extra.get("timeline", {})).items()})
+        seq.timeline["transfer_end"] = now
+        seq.timeline["decode_admit"] = now
+        seq.timeline["last_token"] = seq.timeline.get("first_token", now)
+        self.seqs[seq.request_id] = seq
+        self.engine.scheduler.add_running(seq)
+
+    def on_step_events(self, events: list[StepEvent], t: float) -> None:
+        now = time.time()
+        for ev in events:
+            tl = ev.seq.timeline
+            self.metrics.itl.observe(now - tl.get("last_token", now))
+            tl["last_token"] = now
+            self.metrics.gen_tokens.inc()
+            self.emit(ev.seq, [ev.token_id], ev.finished)
+
+    def on_abort(self, request_id: str, reason: str) -> None:
+        self.aborted[request_id] = time.monotonic()
+        while len(self.aborted) > ABORTED_MEMORY:
+            self.aborted.popitem(last=False)
+        super().on_abort(request_id, reason)
+
+    def extra_stats(self) -> dict:
+        return {"reserved_pages": self.engine.pool.state_counts()["reserved"], "policy": self.config.policy}
+
+

@@ -1,0 +1,1 @@
+"""Prefill node: runs prompts into its page pool and hands the pages to a decode node."""

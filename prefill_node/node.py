@@ -1,0 +1,164 @@
+"""Prefill node.
+
+Queues and a request's path through them:
+
+    GenerateRequest -> validate -> scheduler.waiting -> scheduler.running (chunked prefill under
+    the token budget) -> first token sampled (event to the router: TTFT is measured here) ->
+    detached from the scheduler, pages kept -> `handoffs` (KV export in flight to the chosen
+    decode node) -> DONE: pages freed | refused "no_pages": held, retried with backoff until
+    hold_timeout_s (backpressure, nothing dropped) | FAILED: error event, pages freed.
+
+A request that ends at its first token (EOS, max_tokens=1) finishes here without a transfer.
+The prefill node owns a request's pages until the decode side confirms receipt.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+
+from cluster.node_base import NodeBase
+from cluster.protocol import GenerateRequest
+from colocated_node.node import make_seq, validate_prompt
+from kv_transport import TransferMeta, TransferState, TransportConfig, make_sender
+from model_engine.engine import StepEvent
+from model_engine.kv_export import export_request
+from model_engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
+RETRY_S = (0.01, 0.5)  # backoff bounds for a hand-off the decode side refused for lack of pages
+
+
+@dataclass
+class Handoff:
+    seq: Sequence
+    req: GenerateRequest
+    transfer_id: str | None = None
+    deadline: float = 0.0  # monotonic: give up holding after this
+    retry_at: float = 0.0  # monotonic: next attempt
+    backoff: float = RETRY_S[0]
+    attempts: int = 0
+
+
+class PrefillNode(NodeBase):
+    def __init__(self, config, engine=None, transport: TransportConfig | None = None) -> None:
+        super().__init__(config, engine)
+        self.transport = transport or TransportConfig(backend=config.transport)
+        self.senders: dict[str, object] = {}
+        self.handoffs: dict[str, Handoff] = {}
+        self.reqs: dict[str, GenerateRequest] = {}
+
+    def on_generate(self, req: GenerateRequest) -> None:
+        try:
+            bad = validate_prompt(self.engine, req)
+            seq = None if bad else make_seq(req)
+        except ValueError as e:
+            bad = str(e)
+        if not bad and not req.decode_kv_addr:
+            bad = "no decode node given for a disaggregated request"
+        if bad:
+            self.fail(req.request_id, bad)
+            return
+        self.seqs[seq.request_id] = seq
+        self.reqs[seq.request_id] = req
+        self.engine.add(seq)
+
+    def on_step_events(self, events: list[StepEvent], t: float) -> None:
+        now = time.time()
+        for c in self.engine.last_output.chunks:
+            c.seq.timeline.setdefault("prefill_start", t)
+            self.metrics.prompt_tokens.inc(c.num_new_tokens)
+        for ev in events:
+            seq = ev.seq
+            seq.timeline["first_token"] = now
+            self.metrics.ttft.observe(now - seq.timeline.get("router_arrival", seq.timeline["prefill_queued"]))
+            self.metrics.gen_tokens.inc()
+            if ev.finished:
+                seq.timeline["last_token"] = now
+                self.reqs.pop(seq.request_id, None)
+                self.emit(seq, [ev.token_id], True)
+                continue
+            self.emit(seq, [ev.token_id])
+            self.engine.scheduler.detach(seq)  # pages stay, owned by the request id
+            mono = time.monotonic()
+            self.handoffs[seq.request_id] = Handoff(seq, self.reqs.pop(seq.request_id), deadline=mono + self.config.hold_timeout_s)
+
+    # ---- hand-offs -----------------------------------------------------------------------------
+    async def _sender(self, addr: str):
+        s = self.senders.get(addr)
+        if s is None:
+            s = make_sender(dataclasses.replace(self.transport, endpoint=addr), self.engine.spec)
+            await s.start()
+            self.senders[addr] = s
+        return s
+
+    async def _start_transfer(self, h: Handoff) -> None:
+        seq, req = h.seq, h.req
+        export = export_request(self.engine.pool, seq.request_id, seq.num_computed_tokens)
+        meta = TransferMeta(tenant=seq.tenant, prompt_token_ids=seq.prompt_token_ids,
+                            output_token_ids=seq.output_token_ids, num_computed_tokens=seq.num_computed_tokens,
+                            extra={"router_id": req.router_id, "priority": req.priority,
+                                   "params": dataclasses.asdict(req.params), "timeline": seq.timeline,
+                                   "attempts": h.attempts})
+        seq.timeline.setdefault("transfer_start", time.time())
+        h.transfer_id = (await self._sender(req.decode_kv_addr)).send(export, meta)
+        h.attempts += 1
+
+    async def poll_io(self) -> None:
+        mono = time.monotonic()
+        for rid, h in list(self.handoffs.items()):
+            if h.transfer_id is None:
+                if mono >= h.retry_at:
+                    await self._start_transfer(h)
+                continue
+            st = self.senders[h.req.decode_kv_addr].poll(h.transfer_id)
+            if st is None or not st.state.finished:
+                continue
+            if st.state == TransferState.DONE:
+                self.metrics.kv_sent.inc(st.bytes_total)
+                self.metrics.transfers.labels(outcome="done", **self.metrics.labels).inc()
+                if st.duration_s is not None:
+                    self.metrics.transfer_s.observe(st.duration_s)
+                self._release(rid)
+            elif "no_pages" in (st.reason or "") and mono < h.deadline:
+                # Backpressure: the decode pool is full. Keep the pages and try again later.
+                self.metrics.transfers.labels(outcome="deferred", **self.metrics.labels).inc()
+                h.transfer_id, h.retry_at = None, mono + h.backoff
+                h.backoff = min(h.backoff * 2, RETRY_S[1])
+            else:
+                self.metrics.transfers.labels(outcome="failed", **self.metrics.labels).inc()
+                self._release(rid)
+                self.fail(rid, f"KV transfer to the decode node failed: {st.reason}")
+
+    def _release(self, rid: str) -> None:
+        self.handoffs.pop(rid, None)
+        self.engine.pool.free(rid)
+        self.seqs.pop(rid, None)
+        self.routes.pop(rid, None)
+
+    def on_abort(self, request_id: str, reason: str) -> None:
+        h = self.handoffs.get(request_id)
+        if h is None:
+            self.reqs.pop(request_id, None)
+            return super().on_abort(request_id, reason)
+        if h.transfer_id is not None:
+            self.senders[h.req.decode_kv_addr].cancel(h.transfer_id, reason)
+        self._release(request_id)
+
+    def abort_all(self, reason: str) -> None:
+        for rid in list(self.handoffs):
+            self.on_abort(rid, reason)
+            self.fail(rid, reason)
+        super().abort_all(reason)
+
+    def idle(self) -> bool:
+        return super().idle() and not self.handoffs
+
+    def extra_stats(self) -> dict:
+        return {"handoffs": len(self.handoffs),
+                "held_pages": sum(len(self.engine.pool.pages_of(r)) for r in self.handoffs)}
+
+    async def close_extra(self) -> None:
+        for s in self.senders.values():
+            await s.close()
