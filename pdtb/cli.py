@@ -15,6 +15,7 @@ commands:
   bench transport    KV transport throughput vs raw pyzmq and memcpy (same run)
   prefill            start a prefill node          decode      start a decode node
   colocated          start a colocated node        router      start the HTTP router
+  demo               send a few streaming requests to a running router
 """
 
 
@@ -54,6 +55,10 @@ def _dispatch(argv: list[str]) -> int:
         from cluster.node_cli import main
 
         return main(cmd, rest)
+    if cmd == "demo":
+        from pdtb.demo import main
+
+        return main(rest)
     if cmd == "router":
         from router.main import main
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Set up the environment (see _env.sh) and run the main job on the embedded default model:
-# an offline batched generation that ends with a throughput line.
+# Set up the environment (see _env.sh), then the main job on the embedded default model:
+# launch a small disaggregated cluster (1 prefill + 1 decode + router), send a few streaming
+# requests, print their outputs and latency, stop the cluster.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/_env.sh"
 cd "$ROOT"
-pdtb generate --max-tokens 48 --ignore-eos \
-  --prompt "In a shared inference pool" \
-  --prompt "Prefill runs the prompt once and writes keys and values into pages of a pool." \
-  --prompt "Tenants share the pool" \
-  --prompt "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs."
+RUN_DIR="$ROOT/runs/quickstart-$$"
+cleanup() { bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$RUN_DIR" --timeout 20 >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+bash scripts/launch_cluster.sh --mode disagg --prefill 1 --decode 1 --port 0 --run-dir "$RUN_DIR"
+pdtb demo --url "$(cat "$RUN_DIR/url")"

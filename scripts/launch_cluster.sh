@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Launch a pd-testbed cluster: nodes + router, on loopback by default.
+#
+#   scripts/launch_cluster.sh --mode disagg|colocated [--prefill N] [--decode M] [--colocated K]
+#       [--model DIR] [--policy NAME] [--transport zmq|torch] [--kv-pages N] [--host-kv-pages N]
+#       [--page-size T] [--port P] [--run-dir DIR] [--host IFACE] [--hosts-file FILE]
+#       [--router-args "..."] [--timeout S] [-- extra node flags]
+#
+# Nodes bind ephemeral ports and report them ("NODE READY {json}" in their log), so two clusters
+# never collide; the router listens on --port (default 8000; 0 picks a free one). Logs and pid
+# files go to the run dir as ROLE-INDEX.log / ROLE-INDEX.pid. Prints "READY http://HOST:PORT"
+# once /health is 200. On any failure: prints the failing log's tail, stops what it started,
+# exits non-zero.
+#
+# Multi-host: --hosts-file lines "ROLE HOST" (e.g. "decode 10.0.0.2"); nodes of that role are
+# started there over ssh (same checkout path, its .venv), bound to HOST. See README.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+MODE=disagg NP=1 ND=1 NC=1 MODEL="" POLICY=fcfs TRANSPORT=zmq KV_PAGES=4096 HOST_KV_PAGES=0
+PAGE_SIZE=16 PORT=8000 RUN_DIR="" HOST=127.0.0.1 HOSTS_FILE="" TIMEOUT=180 ROUTER_ARGS=""
+EXTRA=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --mode) MODE="$2"; shift 2 ;;
+    --prefill) NP="$2"; shift 2 ;;
+    --decode) ND="$2"; shift 2 ;;
+    --colocated) NC="$2"; shift 2 ;;
+    --model) MODEL="$2"; shift 2 ;;
+    --policy) POLICY="$2"; shift 2 ;;
+    --transport) TRANSPORT="$2"; shift 2 ;;
+    --kv-pages) KV_PAGES="$2"; shift 2 ;;
+    --host-kv-pages) HOST_KV_PAGES="$2"; shift 2 ;;
+    --page-size) PAGE_SIZE="$2"; shift 2 ;;
+    --port) PORT="$2"; shift 2 ;;
+    --run-dir) RUN_DIR="$2"; shift 2 ;;
+    --host) HOST="$2"; shift 2 ;;
+    --hosts-file) HOSTS_FILE="$2"; shift 2 ;;
+    --router-args) ROUTER_ARGS="$2"; shift 2 ;;
+    --timeout) TIMEOUT="$2"; shift 2 ;;
+    --) shift; EXTRA=("$@"); break ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "launch_cluster: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+case "$MODE" in disagg|colocated) ;; *) echo "launch_cluster: --mode must be disagg or colocated" >&2; exit 2 ;; esac
+
+source "$ROOT/scripts/_env.sh"
+RUN_DIR="${RUN_DIR:-$ROOT/runs/cluster-$(date +%Y%m%d-%H%M%S)-$$}"
+mkdir -p "$RUN_DIR"
+RUN_DIR="$(cd "$RUN_DIR" && pwd)"
+if ls "$RUN_DIR"/*.pid >/dev/null 2>&1; then
+  echo "launch_cluster: $RUN_DIR already has pid files; stop that cluster first" >&2; exit 2
+fi
+[ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.common import resolve_model; print(resolve_model(None))')"
+
+STARTED=()
+fail() {
+  echo "launch_cluster: $1" >&2
+  if [ -n "${2:-}" ] && [ -f "$2" ]; then echo "---- tail of $2 ----" >&2; tail -n 30 "$2" >&2; fi
+  bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$RUN_DIR" --timeout 5 >&2 || true
+  exit 1
+}
+trap 'fail "interrupted"' INT TERM
+
+host_for() {  # host_for ROLE INDEX -> host (hosts file round-robin, else --host)
+  if [ -n "$HOSTS_FILE" ]; then
+    mapfile -t hs < <(awk -v r="$1" '$1==r {print $2}' "$HOSTS_FILE")
+    if [ "${#hs[@]}" -gt 0 ]; then echo "${hs[$(( $2 % ${#hs[@]} ))]}"; return; fi
+  fi
+  echo "$HOST"
+}
+
+is_local() {  # loopback, or --host with no hosts file
+  case "$1" in 127.*|localhost|::1) return 0 ;; esac
+  [ -z "$HOSTS_FILE" ]
+}
+
+start_node() {  # start_node ROLE INDEX
+  local role="$1" idx="$2" h log pidf
+  h="$(host_for "$role" "$idx")"
+  log="$RUN_DIR/$role-$idx.log"; pidf="$RUN_DIR/$role-$idx.pid"
+  local args=(--model "$MODEL" --node-id "$role-$idx" --host "$h" --page-size "$PAGE_SIZE"
+              --kv-pages "$KV_PAGES" --transport "$TRANSPORT" --policy "$POLICY" --host-kv-pages "$HOST_KV_PAGES"
+              ${EXTRA[@]+"${EXTRA[@]}"})
+  if is_local "$h"; then
+    setsid pdtb "$role" "${args[@]}" > "$log" 2>&1 < /dev/null &
+  else
+    setsid ssh -o BatchMode=yes "$h" "cd '$ROOT' && exec .venv/bin/pdtb $role $(printf '%q ' "${args[@]}")" \
+      > "$log" 2>&1 < /dev/null &
+  fi
+  echo $! > "$pidf"
+  STARTED+=("$role-$idx")
+}
+
+wait_ready() {  # wait_ready ROLE-INDEX: until its log has the NODE READY line (runs in this shell)
+  local log="$RUN_DIR/$1.log" pid deadline=$(( SECONDS + TIMEOUT ))
+  pid="$(cat "$RUN_DIR/$1.pid")"
+  while ! grep -q '^NODE READY ' "$log" 2>/dev/null; do
+    kill -0 "$pid" 2>/dev/null || fail "$1 exited during start-up" "$log"
+    [ $SECONDS -lt $deadline ] || fail "$1 not ready after ${TIMEOUT}s" "$log"
+    sleep 0.2
+  done
+}
+
+node_addr() {  # node_addr ROLE-INDEX KEY -> value from its NODE READY line
+  grep -m1 '^NODE READY ' "$RUN_DIR/$1.log" | sed 's/^NODE READY //' \
+    | python -c "import json,sys; print(json.load(sys.stdin)['$2'])"
+}
+
+NODE_ARGS=()
+if [ "$MODE" = disagg ]; then
+  for i in $(seq 0 $(( ND - 1 ))); do start_node decode "$i"; done
+  for i in $(seq 0 $(( NP - 1 ))); do start_node prefill "$i"; done
+  for i in $(seq 0 $(( ND - 1 ))); do wait_ready "decode-$i"; NODE_ARGS+=(--node "decode=$(node_addr "decode-$i" ctrl)"); done
+  for i in $(seq 0 $(( NP - 1 ))); do wait_ready "prefill-$i"; NODE_ARGS+=(--node "prefill=$(node_addr "prefill-$i" ctrl)"); done
+else
+  for i in $(seq 0 $(( NC - 1 ))); do start_node colocated "$i"; done
+  for i in $(seq 0 $(( NC - 1 ))); do wait_ready "colocated-$i"; NODE_ARGS+=(--node "colocated=$(node_addr "colocated-$i" ctrl)"); done
+fi
+
+RLOG="$RUN_DIR/router-0.log"
+# shellcheck disable=SC2086
+setsid pdtb router --model "$MODEL" --host "$HOST" --port "$PORT" "${NODE_ARGS[@]}" $ROUTER_ARGS \
+  > "$RLOG" 2>&1 < /dev/null &
+echo $! > "$RUN_DIR/router-0.pid"
+deadline=$(( SECONDS + TIMEOUT ))
+while ! grep -q 'router listening on ' "$RLOG" 2>/dev/null; do
+  kill -0 "$(cat "$RUN_DIR/router-0.pid")" 2>/dev/null || fail "router exited during start-up" "$RLOG"
+  [ $SECONDS -lt $deadline ] || fail "router not listening after ${TIMEOUT}s" "$RLOG"
+  sleep 0.2
+done
+URL="$(grep -m1 -o 'http://[^ ]*' "$RLOG")"
+until python -c "import sys,urllib.request; sys.exit(0 if urllib.request.urlopen('$URL/health', timeout=2).status == 200 else 1)" 2>/dev/null; do
+  kill -0 "$(cat "$RUN_DIR/router-0.pid")" 2>/dev/null || fail "router exited before /health was 200" "$RLOG"
+  [ $SECONDS -lt $deadline ] || fail "/health not 200 after ${TIMEOUT}s" "$RLOG"
+  sleep 0.3
+done
+echo "$URL" > "$RUN_DIR/url"
+echo "READY $URL"

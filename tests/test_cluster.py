@@ -1,0 +1,79 @@
+"""Real clusters through the router, checked against transformers.generate."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from cluster_util import all_pages_free, alive, get_json, launched, wait_until
+from conftest import hf_greedy
+
+pytestmark = pytest.mark.slow
+openai = pytest.importorskip("openai")
+EXTRA = {"return_token_ids": True, "ignore_eos": True}
+
+
+def prompts_for(vocab: int, lengths, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+
+
+def check_against_hf(url: str, hf_model, prompts, max_tokens: int = 12) -> None:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
+    model = client.models.list().data[0].id
+    for p in prompts:
+        want = hf_greedy(hf_model, p, max_tokens, ignore_eos=True)
+        r = client.completions.create(model=model, prompt=p, max_tokens=max_tokens, temperature=0,
+                                      extra_body=EXTRA)
+        assert r.choices[0].token_ids == want
+        assert r.usage.completion_tokens == max_tokens and r.usage.prompt_tokens == len(p)
+        text, ids = "", []
+        for chunk in client.completions.create(model=model, prompt=p, max_tokens=max_tokens, temperature=0,
+                                               stream=True, extra_body=EXTRA):
+            if chunk.choices:
+                text += chunk.choices[0].text
+                ids += getattr(chunk.choices[0], "token_ids", None) or []
+        assert ids == want
+        assert text == r.choices[0].text
+
+
+async def _many_streams(url: str, prompts, max_tokens: int) -> list[int]:
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=300, max_retries=0)
+    model = (await client.models.list()).data[0].id
+
+    async def one(p, n):
+        got = 0
+        async for chunk in await client.completions.create(model=model, prompt=p, max_tokens=n, stream=True,
+                                                           extra_body=EXTRA):
+            if chunk.choices:
+                got += len(getattr(chunk.choices[0], "token_ids", None) or [])
+        return got
+
+    return await asyncio.wait_for(asyncio.gather(*(one(p, max_tokens + i % 5) for i, p in enumerate(prompts))), 400)
+
+
+def test_disagg_1p1d_matches_generate_and_frees_pages(llama_dir, hf_models, tmp_path):
+    with launched(tmp_path / "c1", llama_dir, "--mode", "disagg", "--kv-pages", "600") as (url, run_dir):
+        vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
+        check_against_hf(url, hf_models["llama"], prompts_for(vocab, (1, 17, 130)))
+        lens = [random.Random(i).choice((3, 20, 60, 150)) for i in range(64)]
+        got = asyncio.run(_many_streams(url, prompts_for(vocab, lens, seed=1), 8))
+        assert got == [8 + i % 5 for i in range(64)]
+        wait_until(lambda: all_pages_free(url), 30, what="all pages free")
+        pids = [int(p.read_text()) for p in run_dir.glob("*.pid")]
+    assert not [p for p in pids if alive(p)], "processes left after stop_cluster.sh"
+
+
+def test_disagg_2p2d_and_colocated_side_by_side(llama_dir, hf_models, tmp_path):
+    with launched(tmp_path / "c2", llama_dir, "--mode", "disagg", "--prefill", "2", "--decode", "2",
+                  "--kv-pages", "400") as (url, _):
+        with launched(tmp_path / "c3", llama_dir, "--mode", "colocated", "--kv-pages", "400") as (url2, _):
+            assert url != url2
+            vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
+            prompts = prompts_for(vocab, (5, 40, 200, 2), seed=2)
+            check_against_hf(url2, hf_models["llama"], prompts)
+            check_against_hf(url, hf_models["llama"], prompts)
+            nodes = get_json(f"{url}/cluster")
+            assert sorted(n["role"] for n in nodes) == ["decode", "decode", "prefill", "prefill"]
+            wait_until(lambda: all_pages_free(url) and all_pages_free(url2), 30, what="all pages free")
