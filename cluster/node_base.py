@@ -155,7 +155,7 @@ class NodeBase:
         return NodeStats(self.config.node_id, self.config.role, seq, pool.num_pages, pool.num_free,
                          running=len(sch.running), waiting=len(sch.waiting), queued_tokens=queued,
                          kv_addr=self.kv_addr, metrics_addr=self.metrics_addr, draining=self.draining,
-                         extra=self.extra_stats())
+                         extra={"page_size": self.engine.spec.page_size, **self.extra_stats()})
 
     def extra_stats(self) -> dict:
         return {}

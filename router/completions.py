@@ -1,0 +1,272 @@
+"""One completion request's path through the router.
+
+    body -> parse/validate -> tokenize -> check lengths -> tenant slot (429) -> submit (503)
+         -> TokenEvents from the request's queue -> OutputText (detok, stop strings) -> Pieces
+         -> one JSON response, or SSE chunks ending with `data: [DONE]`
+
+The nodes get an AbortRequest whenever the request ends before a node finished it: a stop
+string matched, the client went away (aiohttp cancels the handler), a write stalled, a node
+failed or fell silent, or the request timed out waiting for its next event.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from aiohttp import web
+
+from cluster.protocol import GenerateRequest, Params
+from router.config import RouterConfig, ServedModel
+from router.detok import OutputText, TextDelta
+from router.metrics import RouterMetrics
+from router.nodes import NodeRegistry, RequestFailed, RequestHandle
+from router.openai_api import (ApiError, CompletionRequest, check_lengths, choice_body, completion_body,
+                               parse_completion_request, usage_body)
+
+
+@dataclass
+class RouterState:
+    """Everything the handlers share (one per app)."""
+
+    config: RouterConfig
+    model: ServedModel
+    registry: NodeRegistry
+    metrics: RouterMetrics
+    streams_by_tenant: dict[str, int] = field(default_factory=dict)  # open requests per tenant
+    started: float = field(default_factory=time.time)  # wall-clock start, for /v1/models
+    handlers: set = field(default_factory=set)  # asyncio tasks of in-flight completion handlers
+
+
+STATE = web.AppKey("state", RouterState)
+
+
+@dataclass
+class Piece:
+    """What one node event turns into for the client."""
+
+    text: str  # newly released text
+    token_ids: list[int]  # the event's token ids
+    finish_reason: str | None = None  # set on the last piece
+    timing: dict = field(default_factory=dict)  # the node's timeline (last piece)
+
+
+def failure_error(e: RequestFailed) -> ApiError:
+    """The OpenAI-shaped error for a request that failed after it was accepted."""
+    kind = "server_error" if e.status >= 500 and e.status != 503 else "service_unavailable"
+    return ApiError(e.status, str(e), kind, None)
+
+
+class CompletionRun:
+    """One accepted request from submit to its last byte."""
+
+    def __init__(self, state: RouterState, req: CompletionRequest, prompt_ids: list[int], max_tokens: int):
+        self.state, self.req, self.prompt_ids, self.max_tokens = state, req, prompt_ids, max_tokens
+        self.request_id = f"cmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.arrival = time.monotonic()
+        self.handle: RequestHandle | None = None
+        self.num_output_tokens = 0
+        self.status = "200"  # for the requests counter; "499": the client went away
+
+    def submit(self) -> None:
+        """Send the request to the chosen nodes. Raises ApiError(503) when none is available."""
+        params = Params(self.max_tokens, self.req.temperature, self.req.top_p, self.req.seed,
+                        self.req.ignore_eos, list(self.req.stop_token_ids))
+        greq = GenerateRequest(self.request_id, self.prompt_ids, params, tenant=self.req.tenant,
+                               priority=self.req.priority, arrival_time=time.time())
+        try:
+            self.handle = self.state.registry.submit(greq)
+        except RequestFailed as e:
+            raise failure_error(e) from None
+        self.state.metrics.prompt_tokens.inc(len(self.prompt_ids))
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """The output, one Piece per node event. Raises RequestFailed. Use with `aclosing`."""
+        registry, metrics = self.state.registry, self.state.metrics
+        out = OutputText(self.state.model.tokenizer, self.req.stop)
+        finished_by_node, reason, last = False, "client disconnected", None
+        try:
+            while True:
+                try:
+                    ev = await registry.next_event(self.handle, self.state.config.request_timeout)
+                except RequestFailed as e:
+                    reason = str(e)
+                    raise
+                if ev.finish_reason == "error" or ev.error:
+                    reason = f"failed on a node: {ev.error or 'no reason given'}"
+                    raise RequestFailed(500, f"request {reason}")
+                now = time.monotonic()
+                last = self._observe(ev, now, last)
+                delta = out.add(ev.token_ids)
+                finished_by_node = ev.finished
+                if ev.finished and not delta.stopped:
+                    tail = out.finish()
+                    delta = TextDelta(delta.text + tail.text, tail.stopped)
+                if delta.stopped or ev.finished:
+                    reason = "stop string matched"
+                    metrics.e2e.observe(now - self.arrival)
+                    finish = "stop" if delta.stopped else (ev.finish_reason or "stop")
+                    yield Piece(delta.text, ev.token_ids, finish, ev.timing or {})
+                    return
+                yield Piece(delta.text, ev.token_ids)
+        finally:
+            if not finished_by_node:
+                registry.abort(self.handle, reason)
+            registry.release(self.handle)
+
+    def _observe(self, ev, now: float, last: float | None) -> float | None:
+        """Count the event's tokens; returns the time of the latest token batch."""
+        self.num_output_tokens += len(ev.token_ids)
+        if not ev.token_ids:
+            return last
+        if last is None:
+            self.state.metrics.ttft.observe(now - self.arrival)
+        self.state.metrics.observe_tokens(len(ev.token_ids), None if last is None else now - last)
+        return now
+
+    def _usage(self) -> dict:
+        return usage_body(len(self.prompt_ids), self.num_output_tokens)
+
+    async def json_response(self) -> web.Response:
+        """Collect the whole output into one `text_completion` response."""
+        text, ids, finish, timing = [], [], None, {}
+        try:
+            async with aclosing(self.pieces()) as gen:
+                async for p in gen:
+                    text.append(p.text)
+                    ids.extend(p.token_ids)
+                    finish, timing = p.finish_reason or finish, p.timing or timing
+        except RequestFailed as e:
+            raise failure_error(e) from None
+        rti = self.req.return_token_ids
+        choice = choice_body("".join(text), finish, ids if rti else None, self.prompt_ids if rti else None)
+        extra = {"pdtb_timing": timing}
+        if rti:
+            extra["prompt_token_ids"] = self.prompt_ids
+        return web.json_response(completion_body(request_id=self.request_id, created=self.created,
+                                                 model=self.state.model.name, choice=choice,
+                                                 usage=self._usage(), extra=extra))
+
+    async def stream_response(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events: one chunk per piece, an optional usage chunk, then [DONE]."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await asyncio.wait_for(resp.prepare(request), self.state.config.request_timeout)
+        try:
+            try:
+                await self._send_pieces(resp)
+            except RequestFailed as e:
+                self.status = str(e.status)
+                await self._send(resp, failure_error(e).body())
+            await self._write(resp, b"data: [DONE]\n\n")
+            await asyncio.wait_for(resp.write_eof(), self.state.config.request_timeout)
+        except (ConnectionResetError, asyncio.TimeoutError):
+            self.status = "499"  # the client went away or stopped reading; pieces() sent the abort
+        return resp
+
+    async def _send_pieces(self, resp: web.StreamResponse) -> None:
+        rti, first, timing = self.req.return_token_ids, True, {}
+        async with aclosing(self.pieces()) as gen:
+            async for p in gen:
+                if not (p.text or p.finish_reason or (rti and p.token_ids)):
+                    continue
+                choice = choice_body(p.text, p.finish_reason, p.token_ids if rti else None,
+                                     self.prompt_ids if rti and first else None)
+                timing = p.timing if p.finish_reason else timing
+                await self._send(resp, self._chunk(choice, extra={"pdtb_timing": timing} if p.finish_reason else None))
+                first = False
+        if self.req.include_usage:
+            await self._send(resp, self._chunk(None, usage=self._usage(), extra={"pdtb_timing": timing}))
+
+    def _chunk(self, choice: dict | None, usage: dict | None = None, extra: dict | None = None) -> dict:
+        return completion_body(request_id=self.request_id, created=self.created, model=self.state.model.name,
+                               choice=choice, usage=usage, extra=extra, stream=True)
+
+    async def _send(self, resp: web.StreamResponse, body: dict) -> None:
+        await self._write(resp, b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n")
+
+    async def _write(self, resp: web.StreamResponse, data: bytes) -> None:
+        await asyncio.wait_for(resp.write(data), self.state.config.request_timeout)
+
+
+def prepare(state: RouterState, raw: bytes) -> CompletionRun:
+    """Parse, tokenize and length-check a body. Raises ApiError (400/404)."""
+    model = state.model
+    req = parse_completion_request(raw, model.name, model.vocab_size)
+    if isinstance(req.prompt, str):
+        prompt_ids = list(model.tokenizer(req.prompt, add_special_tokens=True)["input_ids"])
+    else:
+        prompt_ids = list(req.prompt)
+    max_tokens = check_lengths(req, len(prompt_ids), model.max_model_len)
+    return CompletionRun(state, req, prompt_ids, max_tokens)
+
+
+@contextlib.contextmanager
+def tenant_slot(state: RouterState, tenant: str):
+    """Hold one of the tenant's concurrent-request slots. Raises ApiError(429) when none is free."""
+    limit = state.config.max_streams_per_tenant
+    if state.streams_by_tenant.get(tenant, 0) >= limit:
+        raise ApiError(429, f"too many concurrent requests for user {tenant!r} (limit {limit})",
+                       "rate_limit_error", "rate_limit_exceeded")
+    state.streams_by_tenant[tenant] = state.streams_by_tenant.get(tenant, 0) + 1
+    state.metrics.in_flight.inc()
+    try:
+        yield
+    finally:
+        state.metrics.in_flight.dec()
+        state.streams_by_tenant[tenant] -= 1
+        if not state.streams_by_tenant[tenant]:
+            del state.streams_by_tenant[tenant]
+
+
+async def read_body(request: web.Request, timeout: float) -> bytes:
+    """The request body; aiohttp raises HTTPRequestEntityTooLarge past client_max_size."""
+    try:
+        return await asyncio.wait_for(request.read(), timeout)
+    except asyncio.TimeoutError:
+        raise ApiError(408, "request body not received in time", "invalid_request_error", "timeout") from None
+
+
+async def handle_completion(request: web.Request) -> web.StreamResponse:
+    """POST /v1/completions."""
+    state = request.app[STATE]
+    status, task = "200", asyncio.current_task()
+    state.handlers.add(task)
+    try:
+        run = prepare(state, await read_body(request, state.config.request_timeout))
+        with tenant_slot(state, run.req.tenant):
+            run.submit()
+            resp = await (run.stream_response(request) if run.req.stream else run.json_response())
+            status = run.status
+            return resp
+    except ApiError as e:
+        status = str(e.status)
+        raise
+    except web.HTTPRequestEntityTooLarge:
+        status = "413"
+        raise
+    except asyncio.CancelledError:
+        status = "499"
+        raise
+    finally:
+        state.handlers.discard(task)
+        state.metrics.requests.labels(status).inc()
+
+
+async def drain(state: RouterState, grace: float) -> int:
+    """Shutdown: wait up to `grace` seconds for in-flight completions, then cancel the rest (which
+    aborts them at their nodes). Returns how many were cancelled."""
+    deadline = time.monotonic() + grace
+    while state.handlers and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    left = list(state.handlers)
+    for task in left:
+        task.cancel()
+    if left:
+        await asyncio.wait(left, timeout=5.0)
+    return len(left)

@@ -1,0 +1,44 @@
+"""Prometheus metrics measured at the router, in a per-process CollectorRegistry."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.0)
+
+
+class RouterMetrics:
+    """Request counts by HTTP status, latency histograms, in-flight gauge, token counters.
+
+    status: the HTTP status the request ended with; "499" when the client went away first.
+    ITL: a batch of k tokens arriving `gap` seconds after the previous one counts k times gap/k.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("pdtb_router_requests", "Completion requests by final status",
+                                ["status"], registry=r)
+        self.ttft = Histogram("pdtb_router_ttft_seconds", "Time to first token at the router",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("pdtb_router_itl_seconds", "Inter-token latency at the router",
+                             buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("pdtb_router_e2e_seconds", "Request latency, arrival to last token",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.in_flight = Gauge("pdtb_router_requests_in_flight", "Requests being served", registry=r)
+        self.prompt_tokens = Counter("pdtb_router_prompt_tokens", "Prompt tokens of accepted requests",
+                                     registry=r)
+        self.generation_tokens = Counter("pdtb_router_generation_tokens", "Tokens returned to clients",
+                                         registry=r)
+
+    def observe_tokens(self, num_tokens: int, gap: float | None) -> None:
+        """`num_tokens` arrived `gap` seconds after the previous batch (None: the first batch)."""
+        self.generation_tokens.inc(num_tokens)
+        if gap is not None and num_tokens > 0:
+            for _ in range(num_tokens):
+                self.itl.observe(gap / num_tokens)
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

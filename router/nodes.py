@@ -1,0 +1,295 @@
+"""Node registry: one zmq DEALER per node, pings, dispatch, and routing of token events.
+
+    router DEALER (identity = router_id) ──connect──▶ node ROUTER (control address), one per node
+    ping loop  every ping_interval: Ping(seq) to each node; NodeStats -> NodeState.stats, last_seen;
+               a node silent for health_timeout fails the requests that depend on it
+    reader     one Poller over all DEALERs; TokenBatch events -> the request's asyncio.Queue
+    submit     choose nodes (pick_* below), send GenerateRequest to the prefill/colocated node
+
+A request in disaggregated mode depends on its prefill node until its decode node sends a first
+event, then on the decode node alone. Decode events that overtake the prefill node's first token
+(different connections) are held until that token arrives, so the output stays in order.
+Queues carry TokenEvent items, or a RequestFailed that `next_event` raises.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import zmq
+import zmq.asyncio
+
+from cluster.protocol import (AbortRequest, GenerateRequest, NodeStats, Ping, ProtocolError, TokenBatch,
+                              TokenEvent, decode_message, encode_message)
+from router.config import NodeSpec
+
+log = logging.getLogger("pdtb.router.nodes")
+MAX_RECV_BYTES = 16 << 20  # TokenBatch and NodeStats are small; larger frames drop the connection
+SEND_HWM = 10_000
+MAX_DRAIN = 256  # messages read from one socket per poll
+CLOSE_LINGER_MS = 200  # bounded: ctx.term() waits at most this long for unsent messages
+
+
+class RequestFailed(Exception):
+    """A request ended without a result: `status` is the HTTP status it maps to."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(eq=False)
+class NodeState:
+    """What the router knows about one node."""
+
+    spec: NodeSpec
+    socket: zmq.asyncio.Socket | None = field(default=None, repr=False)
+    stats: NodeStats | None = None  # latest answer to a ping
+    last_seen: float | None = None  # monotonic time of `stats`
+    pending_pages: dict[str, int] = field(default_factory=dict)  # request id -> pages sent, not yet in stats
+
+    @property
+    def node_id(self) -> str:
+        return self.stats.node_id if self.stats else self.spec.address
+
+    def healthy(self, now: float, timeout: float) -> bool:
+        return self.last_seen is not None and now - self.last_seen <= timeout
+
+    def free_pages_estimate(self) -> int:
+        return (self.stats.pages_free if self.stats else 0) - sum(self.pending_pages.values())
+
+
+def pick_prefill(nodes: list[NodeState]) -> NodeState | None:
+    """Fewest queued prompt tokens; tie: fewest running + waiting."""
+    return min(nodes, key=lambda n: (n.stats.queued_tokens, n.stats.running + n.stats.waiting), default=None)
+
+
+def pick_most_free(nodes: list[NodeState]) -> NodeState | None:
+    """Most free pages after subtracting pages recently sent there."""
+    return max(nodes, key=lambda n: n.free_pages_estimate(), default=None)
+
+
+@dataclass(eq=False)
+class RequestHandle:
+    """One in-flight request as the registry tracks it."""
+
+    request_id: str
+    entry: NodeState  # the node that got the GenerateRequest (prefill or colocated)
+    decode: NodeState | None  # disaggregated: the chosen decode node
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    entry_started: bool = False  # the entry node has sent its first event
+    handed_off: bool = False  # the decode node has sent an event: the prefill node is no longer needed
+    held: list[TokenEvent] = field(default_factory=list)  # decode events that overtook the first token
+
+    def depends_on(self) -> list[NodeState]:
+        if self.decode is None:
+            return [self.entry]
+        return [self.decode] if self.handed_off else [self.entry, self.decode]
+
+
+class NodeRegistry:
+    """Connects to every configured node and dispatches requests to them."""
+
+    def __init__(self, specs: tuple[NodeSpec, ...] | list[NodeSpec], *, router_id: str | None = None,
+                 ping_interval: float = 0.5, health_timeout: float = 3.0, default_page_size: int = 16,
+                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+        self.router_id = router_id or f"router-{os.getpid()}-{secrets.token_hex(4)}"
+        self.nodes = [NodeState(s) for s in specs]
+        self.ping_interval, self.health_timeout = ping_interval, health_timeout
+        self.default_page_size = default_page_size
+        self._on_fatal = on_fatal
+        self._requests: dict[str, RequestHandle] = {}
+        self._ctx: zmq.asyncio.Context | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._seq = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Connect one DEALER per node and start the ping and reader tasks."""
+        self._ctx = zmq.asyncio.Context()
+        for node in self.nodes:
+            s = self._ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.IDENTITY, self.router_id.encode())
+            for opt, val in ((zmq.LINGER, 0), (zmq.SNDHWM, SEND_HWM), (zmq.RCVHWM, SEND_HWM),
+                             (zmq.MAXMSGSIZE, MAX_RECV_BYTES), (zmq.IMMEDIATE, 1)):
+                s.setsockopt(opt, val)
+            s.connect(node.spec.address)
+            node.socket = s
+        for coro in (self._ping_loop(), self._reader()):
+            task = asyncio.create_task(coro)
+            task.add_done_callback(self._task_done)
+            self._tasks.append(task)
+
+    async def close(self) -> None:
+        """Fail every open request, stop the tasks, close the sockets."""
+        for handle in list(self._requests.values()):
+            handle.queue.put_nowait(RequestFailed(503, "router shutting down"))
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=2.0)
+        self._tasks.clear()
+        for node in self.nodes:
+            if node.socket is not None:
+                node.socket.close(linger=CLOSE_LINGER_MS)  # lets last aborts leave; IMMEDIATE: none queue for dead peers
+                node.socket = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        log.critical("router task %s failed", task.get_coro().__name__, exc_info=task.exception())
+        if self._on_fatal:
+            self._on_fatal(task.exception())
+
+    # -- health --------------------------------------------------------------------------------
+    def is_healthy(self, node: NodeState, now: float | None = None) -> bool:
+        return node.healthy(time.monotonic() if now is None else now, self.health_timeout)
+
+    def _available(self, role: str) -> list[NodeState]:
+        now = time.monotonic()
+        return [n for n in self.nodes if n.spec.role == role and self.is_healthy(n, now) and not n.stats.draining]
+
+    async def _ping_loop(self) -> None:
+        was_healthy = {id(n): False for n in self.nodes}
+        while True:
+            self._seq += 1
+            for node in self.nodes:
+                self._send(node, Ping(self._seq, self.router_id))
+            now = time.monotonic()
+            for node in self.nodes:
+                ok = self.is_healthy(node, now)
+                if was_healthy[id(node)] and not ok:
+                    log.warning("node %s (%s) stopped answering", node.node_id, node.spec.address)
+                    self._fail_dependents(node)
+                was_healthy[id(node)] = ok
+            await asyncio.sleep(self.ping_interval)
+
+    def _fail_dependents(self, node: NodeState) -> None:
+        for handle in list(self._requests.values()):
+            if node in handle.depends_on():
+                msg = f"{node.spec.role} node {node.node_id} stopped answering"
+                handle.queue.put_nowait(RequestFailed(503, msg))
+
+    # -- receiving -----------------------------------------------------------------------------
+    async def _reader(self) -> None:
+        poller = zmq.asyncio.Poller()
+        by_socket = {}
+        for node in self.nodes:
+            poller.register(node.socket, zmq.POLLIN)
+            by_socket[node.socket] = node
+        while True:
+            for sock, _ in await poller.poll(timeout=int(self.ping_interval * 1000)):
+                for _ in range(MAX_DRAIN):  # bounded, so one chatty node cannot starve the loop
+                    try:  # with NOBLOCK, zmq.asyncio returns an already completed future
+                        frame = sock.recv(zmq.NOBLOCK).result()
+                    except zmq.Again:
+                        break
+                    self._on_frame(by_socket[sock], frame)
+
+    def _on_frame(self, node: NodeState, frame: bytes) -> None:
+        try:
+            msg = decode_message(frame)
+        except ProtocolError as e:
+            log.warning("dropping bad message from %s: %s", node.spec.address, e)
+            return
+        if isinstance(msg, NodeStats):
+            node.stats, node.last_seen = msg, time.monotonic()
+        elif isinstance(msg, TokenBatch):
+            for event in msg.events:
+                self._on_event(node, event)
+        else:
+            log.warning("unexpected %s from %s", type(msg).__name__, node.spec.address)
+
+    def _on_event(self, node: NodeState, event: TokenEvent) -> None:
+        handle = self._requests.get(event.request_id)
+        if handle is None:
+            return  # finished or aborted here already; late events are expected
+        if node is handle.entry:
+            handle.entry_started = True
+            handle.queue.put_nowait(event)
+            for held in handle.held:
+                handle.queue.put_nowait(held)
+            handle.held.clear()
+        elif node is handle.decode:
+            handle.handed_off = True
+            node.pending_pages.pop(handle.request_id, None)  # its pages now show in the node's stats
+            if handle.entry_started:
+                handle.queue.put_nowait(event)
+            else:
+                handle.held.append(event)
+        else:
+            log.warning("event for %s from unrelated node %s", event.request_id, node.spec.address)
+
+    # -- sending -------------------------------------------------------------------------------
+    def _send(self, node: NodeState, msg) -> bool:
+        """Queue one message without blocking; False when the node is unreachable or its queue full."""
+        if node.socket is None:
+            return False
+        try:
+            node.socket.send(encode_message(msg), zmq.NOBLOCK).result()  # completed future, see _reader
+            return True
+        except zmq.Again:
+            return False
+
+    def submit(self, req: GenerateRequest) -> RequestHandle:
+        """Choose nodes, fill the routing fields of `req`, send it. Raises RequestFailed(503)."""
+        entry, decode = self._place()
+        req.router_id = self.router_id
+        if decode is not None:
+            req.decode_node, req.decode_kv_addr = decode.node_id, decode.stats.kv_addr
+        handle = RequestHandle(req.request_id, entry, decode)
+        if not self._send(entry, req):
+            raise RequestFailed(503, f"{entry.spec.role} node {entry.node_id} is not accepting requests")
+        pages_node = decode or entry
+        page_size = int(pages_node.stats.extra.get("page_size", self.default_page_size) or self.default_page_size)
+        pages_node.pending_pages[req.request_id] = math.ceil((len(req.prompt_token_ids) + 1) / page_size)
+        self._requests[req.request_id] = handle
+        return handle
+
+    def _place(self) -> tuple[NodeState, NodeState | None]:
+        prefill, decode = pick_prefill(self._available("prefill")), pick_most_free(self._available("decode"))
+        if prefill and decode:
+            return prefill, decode
+        colocated = pick_most_free(self._available("colocated"))
+        if colocated:
+            return colocated, None
+        missing = [r for r, n in (("prefill", prefill), ("decode", decode)) if n is None]
+        roles = {n.spec.role for n in self.nodes}
+        what = "colocated" if "colocated" in roles and not {"prefill", "decode"} <= roles else " or ".join(missing)
+        raise RequestFailed(503, f"no healthy {what} node available")
+
+    async def next_event(self, handle: RequestHandle, timeout: float) -> TokenEvent:
+        """The request's next event. Raises RequestFailed when it failed or nothing came in `timeout`."""
+        try:
+            item = await asyncio.wait_for(handle.queue.get(), timeout)
+        except asyncio.TimeoutError:
+            raise RequestFailed(503, f"no response from the nodes for {timeout:g} s") from None
+        if isinstance(item, RequestFailed):
+            raise item
+        return item
+
+    def abort(self, handle: RequestHandle, reason: str) -> None:
+        """Tell every node involved to drop the request (best effort, never blocks)."""
+        for node in (handle.entry, handle.decode):
+            if node is not None:
+                self._send(node, AbortRequest(handle.request_id, reason))
+
+    def release(self, handle: RequestHandle) -> None:
+        """Forget the request: later events for it are dropped."""
+        self._requests.pop(handle.request_id, None)
+        for node in (handle.entry, handle.decode):
+            if node is not None:
+                node.pending_pages.pop(handle.request_id, None)
+
+    @property
+    def num_open_requests(self) -> int:
+        return len(self._requests)

@@ -1,0 +1,324 @@
+"""The real router app over real zmq sockets, against fake nodes, driven by the openai client.
+
+Fake nodes (router/fake_node.py) answer pings and stream deterministic tokens; in disaggregated
+mode the fake prefill node sends the first token and its decode peer sends the rest to the
+router identity over its own socket, as the real nodes do. Expected text comes from the
+tokenizer's own decode of `expected_output`, never from the router.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+
+import aiohttp
+import openai
+import pytest
+
+from router.completions import STATE
+from router.config import NodeSpec, RouterConfig, load_served_model
+from router.fake_node import FakeNode, FakeNodeConfig, expected_output
+from router.main import start_router
+
+TEXT = "Grüße 東京 🙂 and ünïcödé, 서울!"
+PROMPT = "Prefill runs the prompt once"
+
+
+@pytest.fixture(scope="module")
+def served(llama_dir):
+    return load_served_model(llama_dir, "tiny")
+
+
+@pytest.fixture(scope="module")
+def tokens(served):
+    return served.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
+
+
+@dataclass
+class Cluster:
+    url: str
+    nodes: dict[str, FakeNode]
+    state: object  # RouterState
+
+    def client(self, api_key: str = "none") -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=10.0)
+
+
+async def wait_until(predicate, timeout: float = 5.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def get(url: str, headers: dict | None = None) -> tuple[int, object]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
+        async with s.get(url, headers=headers) as r:
+            text = await r.text()
+            return r.status, (json.loads(text) if r.content_type == "application/json" else text)
+
+
+@contextlib.asynccontextmanager
+async def cluster(served, tokens, mode: str = "disagg", healthy: bool = True, node_kw: dict | None = None, **router_kw):
+    """Fake nodes plus a router on ephemeral ports; everything is closed on exit."""
+    node_kw = node_kw or {}
+    if mode == "disagg":
+        dec = FakeNode(FakeNodeConfig("decode", "d0", tokens, **node_kw.get("decode", {})))
+        pre = FakeNode(FakeNodeConfig("prefill", "p0", tokens, **node_kw.get("prefill", {})), peer=dec)
+        nodes = {"prefill": pre, "decode": dec}
+    else:
+        nodes = {"colocated": FakeNode(FakeNodeConfig("colocated", "c0", tokens, **node_kw.get("colocated", {})))}
+    runner = None
+    try:
+        specs = tuple([NodeSpec(role, await n.start()) for role, n in nodes.items()])
+        router_kw = {"port": 0, "ping_interval": 0.05, "health_timeout": 0.5, **router_kw}
+        runner, url = await start_router(RouterConfig(specs, **router_kw), served)
+        c = Cluster(url, nodes, runner.app[STATE])
+        if healthy:
+            await wait_until(lambda: all(c.state.registry.is_healthy(n) for n in c.state.registry.nodes),
+                             what="nodes healthy")
+        yield c
+    finally:
+        if runner is not None:
+            await asyncio.wait_for(runner.cleanup(), 10)
+        for n in nodes.values():
+            await n.close()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def reference(served, tokens, prompt_ids, max_tokens):
+    ids = expected_output(prompt_ids, max_tokens, tokens)
+    return ids, served.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("first_token_delay", [0.0, 0.1])  # 0.1: decode tokens overtake the first token
+def test_disaggregated_stream_and_json_agree(served, tokens, first_token_delay):
+    prompt_ids = served.tokenizer(PROMPT)["input_ids"]
+    ids, text = reference(served, tokens, prompt_ids, 13)
+    extra = {"return_token_ids": True, "ignore_eos": True}
+
+    async def go():
+        async with cluster(served, tokens, node_kw={"prefill": {"first_token_delay": first_token_delay}}) as c:
+            client = c.client()
+            r = await client.completions.create(model="tiny", prompt=PROMPT, max_tokens=13, temperature=0,
+                                                extra_body=extra)
+            assert r.choices[0].text == text and r.choices[0].finish_reason == "length"
+            assert r.choices[0].token_ids == ids and r.prompt_token_ids == prompt_ids
+            assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == \
+                (len(prompt_ids), 13, len(prompt_ids) + 13)
+            assert r.pdtb_timing == {"fake": True}
+            chunks = [ch async for ch in await client.completions.create(
+                model="tiny", prompt=PROMPT, max_tokens=13, stream=True, stream_options={"include_usage": True},
+                extra_body=extra)]
+            body, usage = chunks[:-1], chunks[-1]
+            assert "".join(ch.choices[0].text for ch in body) == text
+            assert sum((ch.choices[0].token_ids for ch in body), []) == ids
+            assert body[0].choices[0].prompt_token_ids == prompt_ids
+            assert body[-1].choices[0].finish_reason == "length" and body[-1].pdtb_timing == {"fake": True}
+            assert usage.choices == [] and usage.usage.completion_tokens == 13
+            req = c.nodes["prefill"].requests[0]
+            assert req.decode_node == "d0" and req.decode_kv_addr == "tcp://fake-kv/d0"
+            assert req.router_id == c.state.registry.router_id and req.params.ignore_eos
+            assert c.nodes["decode"].requests == []  # the decode node only hears from its prefill peer
+            assert not c.nodes["prefill"].aborts and not c.nodes["decode"].aborts
+
+    run(go())
+
+
+def test_colocated_token_prompt_and_stop_string(served, tokens):
+    prompt_ids = [5, 6, 7]
+    ids, text = reference(served, tokens, prompt_ids, 200)
+    stop = "東京"
+    assert stop in text
+
+    async def go():
+        async with cluster(served, tokens, mode="colocated", node_kw={"colocated": {"delay": 0.01}}) as c:
+            client = c.client()
+            r = await client.completions.create(model="tiny", prompt=prompt_ids, max_tokens=200, stop=[stop])
+            assert r.choices[0].text == text[:text.index(stop)] and r.choices[0].finish_reason == "stop"
+            node = c.nodes["colocated"]
+            await wait_until(lambda: node.aborts, what="abort after the stop string")
+            assert node.aborts[0].request_id == node.requests[0].request_id
+            chunks = [ch async for ch in await client.completions.create(
+                model="tiny", prompt=prompt_ids, max_tokens=200, stop=stop, stream=True)]
+            assert "".join(ch.choices[0].text for ch in chunks) == text[:text.index(stop)]
+            assert chunks[-1].choices[0].finish_reason == "stop"
+
+    run(go())
+
+
+def test_no_healthy_node_is_503(served, tokens):
+    async def go():
+        async with cluster(served, tokens, healthy=False, node_kw={"decode": {"answer_pings": False}}) as c:
+            await wait_until(lambda: c.state.registry.is_healthy(c.state.registry.nodes[0]), what="prefill healthy")
+            with pytest.raises(openai.APIStatusError) as info:
+                await c.client().completions.create(model="tiny", prompt="x", max_tokens=2)
+            assert info.value.status_code == 503 and "decode" in info.value.body["message"]
+            status, body = await get(c.url + "/health")
+            assert status == 503 and body["missing"] == [{"role": "decode", "address": c.nodes["decode"].address}]
+            assert c.nodes["prefill"].requests == []
+
+    run(go())
+
+
+async def read_sse(resp: aiohttp.ClientResponse, n: int | None = None) -> list:
+    """Up to `n` SSE data payloads (all when None), decoded; the string "[DONE]" stays as is."""
+    events = []
+    while n is None or len(events) < n:
+        line = await asyncio.wait_for(resp.content.readline(), 5)
+        if not line:
+            break
+        if line.startswith(b"data: "):
+            data = line[6:].strip().decode()
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def test_client_disconnect_aborts_on_both_nodes(served, tokens):
+    async def go():
+        async with cluster(served, tokens, node_kw={"decode": {"delay": 0.2}}) as c:
+            body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 100, "stream": True}
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
+                async with s.post(c.url + "/v1/completions", json=body) as resp:
+                    assert resp.status == 200
+                    await read_sse(resp, 2)
+                    resp.close()  # the client goes away mid-stream
+            await wait_until(lambda: c.nodes["decode"].aborts and c.nodes["prefill"].aborts, what="aborts")
+            rid = c.nodes["prefill"].requests[0].request_id
+            assert c.nodes["decode"].aborts[0].request_id == rid == c.nodes["prefill"].aborts[0].request_id
+            await wait_until(lambda: c.state.registry.num_open_requests == 0, what="request released")
+            assert c.state.streams_by_tenant == {}
+            # non-streaming: the client gives up waiting; aiohttp cancels the handler
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as s:
+                with pytest.raises(asyncio.TimeoutError):
+                    await s.post(c.url + "/v1/completions", json={**body, "stream": False})
+            await wait_until(lambda: len(c.nodes["decode"].aborts) == 2, what="abort of the non-streaming request")
+            assert c.nodes["decode"].aborts[1].request_id == c.nodes["prefill"].requests[1].request_id
+            await wait_until(lambda: c.state.registry.num_open_requests == 0, what="request released")
+            _, metrics = await get(c.url + "/metrics")
+            assert 'pdtb_router_requests_total{status="499"} 2.0' in metrics
+
+    run(go())
+
+
+def test_decode_node_dies_mid_stream(served, tokens):
+    async def go():
+        async with cluster(served, tokens, node_kw={"decode": {"delay": 0.1}}) as c:
+            body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 100, "stream": True}
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+                async with s.post(c.url + "/v1/completions", json=body) as resp:
+                    await read_sse(resp, 2)
+                    c.nodes["decode"].cfg.answer_pings = False
+                    c.nodes["decode"].cfg.delay = 30.0  # and it stops streaming
+                    events = await read_sse(resp)
+            assert events[-1] == "[DONE]" and "stopped answering" in events[-2]["error"]["message"]
+            assert events[-2]["error"]["type"] == "service_unavailable"
+            # a new request now has no decode node
+            with pytest.raises(openai.APIStatusError) as info:
+                await c.client().completions.create(model="tiny", prompt="x", max_tokens=2)
+            assert info.value.status_code == 503
+
+    run(go())
+
+
+def test_node_error_and_request_timeout(served, tokens):
+    async def go():
+        async with cluster(served, tokens, mode="colocated", node_kw={"colocated": {"fail_with": "boom"}}) as c:
+            with pytest.raises(openai.InternalServerError) as info:
+                await c.client().completions.create(model="tiny", prompt="x", max_tokens=2)
+            assert "boom" in info.value.body["message"]
+        async with cluster(served, tokens, mode="colocated", request_timeout=0.3,
+                           node_kw={"colocated": {"delay": 30.0}}) as c:
+            with pytest.raises(openai.APIStatusError) as info:
+                await c.client().completions.create(model="tiny", prompt="x", max_tokens=2)
+            assert info.value.status_code == 503 and "no response" in info.value.body["message"]
+            await wait_until(lambda: c.nodes["colocated"].aborts, what="abort after timeout")
+
+    run(go())
+
+
+def test_info_endpoints_and_metrics(served, tokens):
+    async def go():
+        async with cluster(served, tokens) as c:
+            await c.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=4)
+            status, models = await get(c.url + "/v1/models")
+            assert status == 200 and models["data"][0]["id"] == "tiny"
+            assert models["data"][0]["max_model_len"] == served.max_model_len
+            assert models["data"][0]["vocab_size"] == served.vocab_size
+            status, health = await get(c.url + "/health")
+            assert status == 200 and health["status"] == "ok"
+            status, nodes = await get(c.url + "/cluster")
+            assert status == 200 and [n["role"] for n in nodes] == ["prefill", "decode"]
+            assert {"role", "id", "address", "pages_total", "pages_free", "host_pages_total", "host_pages_free",
+                    "running", "waiting", "healthy", "extra"} <= set(nodes[0])
+            assert nodes[1]["id"] == "d0" and nodes[1]["healthy"] and nodes[1]["pages_total"] == 1000
+            status, text = await get(c.url + "/metrics")
+            assert status == 200 and 'pdtb_router_requests_total{status="200"} 1.0' in text
+            assert "pdtb_router_ttft_seconds_count 1.0" in text and "pdtb_router_generation_tokens_total 4.0" in text
+            assert "pdtb_router_requests_in_flight 0.0" in text
+
+    run(go())
+
+
+def test_auth_limits_and_http_errors(served, tokens):
+    async def go():
+        async with cluster(served, tokens, api_key="sekret", max_body_bytes=4096) as c:
+            with pytest.raises(openai.AuthenticationError) as info:
+                await c.client("wrong").completions.create(model="tiny", prompt="x", max_tokens=2)
+            assert info.value.body["code"] == "invalid_api_key"
+            r = await c.client("sekret").completions.create(model="tiny", prompt="x", max_tokens=2)
+            assert r.usage.completion_tokens == 2
+            assert (await get(c.url + "/health"))[0] == 200  # open without a key
+            with pytest.raises(openai.NotFoundError) as info:
+                await c.client("sekret").completions.create(model="other", prompt="x", max_tokens=2)
+            assert info.value.body["code"] == "model_not_found"
+            with pytest.raises(openai.BadRequestError):
+                await c.client("sekret").completions.create(model="tiny", prompt="x", max_tokens=10 ** 6)
+            auth = {"Authorization": "Bearer sekret"}
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5), headers=auth) as s:
+                for data, want in ((b"x" * 5000, 413), (b"{bad", 400)):
+                    async with s.post(c.url + "/v1/completions", data=data) as resp:
+                        assert resp.status == want and set((await resp.json())["error"]) >= {"message", "type"}
+                async with s.get(c.url + "/v1/nothing") as resp:
+                    assert resp.status == 404 and "error" in await resp.json()
+
+    run(go())
+
+
+def test_tenant_stream_limit(served, tokens):
+    async def go():
+        async with cluster(served, tokens, mode="colocated", max_streams_per_tenant=1,
+                           node_kw={"colocated": {"delay": 0.1}}) as c:
+            client = c.client()
+            first = await client.completions.create(model="tiny", prompt="x", max_tokens=30, stream=True, user="a")
+            with pytest.raises(openai.RateLimitError):
+                await client.completions.create(model="tiny", prompt="x", max_tokens=2, user="a")
+            r = await client.completions.create(model="tiny", prompt="x", max_tokens=2, user="b")
+            assert r.choices[0].finish_reason == "length"
+            await first.close()
+
+    run(go())
+
+
+def test_dispatch_policy_prefers_idle_prefill_and_free_decode():
+    from cluster.protocol import NodeStats
+    from router.nodes import NodeState, pick_most_free, pick_prefill
+
+    def node(role, **stats):
+        n = NodeState(NodeSpec(role, "tcp://127.0.0.1:1"))
+        n.stats = NodeStats("n", role, 0, 100, stats.pop("pages_free", 100), **stats)
+        return n
+
+    busy, idle_but_running, idle = node("prefill", queued_tokens=50), node("prefill", running=3), node("prefill", running=1)
+    assert pick_prefill([busy, idle_but_running, idle]) is idle
+    a, b = node("decode", pages_free=60), node("decode", pages_free=50)
+    assert pick_most_free([a, b]) is a
+    a.pending_pages["r1"] = 20  # sent there recently, not yet in its stats
+    assert pick_most_free([a, b]) is b
+    assert pick_prefill([]) is None and pick_most_free([]) is None
