@@ -1,17 +1,75 @@
-"""The seam between the decode scheduler and the fairness controller."""
+"""The seam between the scheduler and the fairness controller: `BasePolicy` answers every
+question of `model_engine.sched_policy.SchedPolicy` with first-come first-served defaults;
+each policy file overrides only what it changes. Policies take the clock from `SchedState`.
+
+Call order within one scheduler step: `reclaim` (begins the step: policies refresh per-step
+views here), `step_order`, `pick_victim` (zero or more), `admission_order`, `may_admit`
+(per candidate that fits), `on_step`.
+"""
 from __future__ import annotations
 
-from typing import Protocol
+from collections import deque
 
-from model_engine.page_pool import PagePool
+from fairness import eviction
+from fairness.config import FairnessConfig
+from model_engine.sched_policy import SchedState
+from model_engine.sequence import Sequence
 
 
-class AdmissionPolicy(Protocol):
-    name: str
+class BasePolicy:
+    name = "base"
+    strict_order = True  # FIFO admission: nothing overtakes the head
+    victim = staticmethod(eviction.lru)
 
-    def admit_inherited(self, header, pool: PagePool) -> str | None:
-        """Decide on an arriving inherited request from its header alone, before any payload.
+    def __init__(self, config: FairnessConfig | None = None) -> None:
+        self.cfg = config or FairnessConfig()
+        self._bw: dict[str, deque] = {}  # tenant -> (time, bytes) served in the cap window
 
-        Return None to accept (the transport then reserves the pages), or a refusal reason
-        starting with "no_pages" to defer: the prefill side keeps the pages and retries later.
-        """
+    # ---- per step --------------------------------------------------------------------------
+    def reclaim(self, running: list[Sequence], candidates: list[Sequence], state: SchedState) -> list[Sequence]:
+        self.running, self.candidates = running, candidates
+        return []
+
+    def step_order(self, running: list[Sequence], state: SchedState) -> list[Sequence]:
+        return [s for s in running if not self._over_bw(s.tenant, state)]
+
+    def admission_order(self, candidates: list[Sequence], state: SchedState) -> list[Sequence]:
+        return sorted(candidates, key=lambda s: s.arrival_time)
+
+    def may_admit(self, seq: Sequence, need_pages: int, state: SchedState) -> bool:
+        from fairness.quotas import reserved_for_others
+
+        if not self.cfg.class_reservations:
+            return True
+        return need_pages <= state.device_free - reserved_for_others(seq, self.running, self.cfg, state)
+
+    def pick_victim(self, candidates: list[Sequence], requester: Sequence, state: SchedState) -> Sequence:
+        return self.victim(candidates, state)
+
+    def on_step(self, chunks: list, state: SchedState) -> None:
+        if self.cfg.tenant_bw_cap is None:
+            return
+        for c in chunks:  # attention reads every page of the request once per step
+            nbytes = state.pages.get(c.seq.request_id, 0) * state.page_bytes
+            self._bw.setdefault(c.seq.tenant, deque()).append((state.now, nbytes))
+
+    # ---- arrivals of inherited requests (decode side) ---------------------------------------------
+    def place_arrival(self, num_pages: int, tenant: str, priority: int, queued: int, state: SchedState) -> str:
+        """Where an inherited request's pages go: "device", "host" (parked until admitted in
+        policy order) or "defer" (the prefill side keeps them and retries)."""
+        headroom = len(self.running) if hasattr(self, "running") else 0  # one page per running request
+        if queued == 0 and num_pages + headroom <= state.device_free:
+            return "device"
+        if num_pages <= state.host_free:
+            return "host"
+        return "defer"
+
+    # ---- helpers --------------------------------------------------------------------------------
+    def _over_bw(self, tenant: str, state: SchedState) -> bool:
+        cap = self.cfg.tenant_bw_cap
+        q = self._bw.get(tenant)
+        if cap is None or not q:
+            return False
+        while q and q[0][0] < state.now - self.cfg.bw_window_s:
+            q.popleft()
+        return sum(b for _, b in q) > cap * self.cfg.bw_window_s

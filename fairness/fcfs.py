@@ -1,13 +1,8 @@
-"""`fcfs`: admit inherited requests in arrival order while pages are free; no quotas."""
+"""`fcfs`: the baseline. Admit in arrival order while pages are free, no quotas, LRU eviction."""
 from __future__ import annotations
 
-from model_engine.page_pool import PagePool
+from fairness.base import BasePolicy
 
 
-class FcfsPolicy:
+class FcfsPolicy(BasePolicy):
     name = "fcfs"
-
-    def admit_inherited(self, header, pool: PagePool) -> str | None:
-        if header.num_pages > pool.num_free:
-            return f"no_pages: need {header.num_pages}, {pool.num_free} free"
-        return None

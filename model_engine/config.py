@@ -18,10 +18,13 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # tokens per step (chunked prefill budget)
     max_model_len: int | None = None  # None: the model's own context length
     torch_threads: int | None = None  # torch intra-op threads (None: torch default)
+    host_kv_pages: int = 0  # pages in the host tier (pinned host memory on a GPU); 0: none
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
             raise ValueError("page_size must be >= 1")
+        if self.host_kv_pages < 0:
+            raise ValueError("host_kv_pages must be >= 0")
         if self.num_pages < 1:
             raise ValueError("num_pages must be >= 1")
         if self.dtype not in DTYPES:

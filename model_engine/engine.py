@@ -30,7 +30,8 @@ class StepEvent:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, model=None, tokenizer=None, info: ModelInfo | None = None) -> None:
+    def __init__(self, config: EngineConfig, model=None, tokenizer=None, info: ModelInfo | None = None,
+                 policy=None) -> None:
         paged_attention.register()
         self.config = config
         if config.torch_threads:
@@ -43,7 +44,10 @@ class LLMEngine:
         self.model, self.tokenizer, self.info = model, tokenizer, info
         self.spec = info.kv_spec(config.page_size, config.dtype)
         self.pool = PagePool(self.spec, config.num_pages, device=config.device)
-        self.scheduler = Scheduler(config.scheduler_config(info.max_model_len), self.pool)
+        self.host_pool = PagePool(self.spec, config.host_kv_pages, device="cpu", tier="host",
+                                  pin_memory=config.device.startswith("cuda")) if config.host_kv_pages else None
+        self.scheduler = Scheduler(config.scheduler_config(info.max_model_len), self.pool, policy=policy,
+                                   host_pool=self.host_pool)
         self.runner = ModelRunner(model, self.pool.kv, config.page_size, config.device)
         self._ids = itertools.count()
         self.last_output: SchedulerOutput | None = None

@@ -62,6 +62,10 @@ class PagePool:
         """Pages held by `owner` in allocation order (its page table in this pool)."""
         return list(self._by_owner.get(owner, ()))
 
+    def held_counts(self) -> dict[str, int]:
+        """Pages held per owner (a snapshot for policies)."""
+        return {o: len(p) for o, p in self._by_owner.items()}
+
     def owners(self) -> list[str]:
         return list(self._by_owner)
 
@@ -143,10 +147,14 @@ class PagePool:
         self.kv.index_copy_(2, idx, data.to(device=self.kv.device, dtype=self.kv.dtype))
 
     def copy_pages_to(self, src_pages: list[int], dst: "PagePool", dst_pages: list[int]) -> int:
-        """Copy pages into another pool (tier move). Returns bytes copied."""
+        """Copy pages into another pool (tier move: device <-> host). Returns bytes copied."""
         if len(src_pages) != len(dst_pages):
             raise ValueError("page lists differ in length")
-        dst.import_pages(dst_pages, self.export_pages(src_pages))
+        if dst.spec != self.spec:
+            raise ValueError("pools of different page geometry")
+        src = torch.tensor(src_pages, dtype=torch.long, device=self.kv.device)
+        idx = torch.tensor(dst_pages, dtype=torch.long, device=dst.kv.device)
+        dst.kv.index_copy_(2, idx, self.kv.index_select(2, src).to(dst.kv.device, non_blocking=True))
         return len(src_pages) * self.bytes_per_page
 
     # ---- invariants ----------------------------------------------------------------------

@@ -1,19 +1,27 @@
-"""Continuous-batching scheduler with a per-step token budget and chunked prefill.
+"""Continuous-batching scheduler over two KV tiers, with a per-step token budget and chunked
+prefill. Every choice of order is asked of a `SchedPolicy` (model_engine/sched_policy.py).
 
-Queues:  waiting (deque, FIFO; preempted requests go back to its front) -> running (list).
+Queues:
+    waiting (new and preempted requests; need prefill or recompute)
+    running (device-tier pages; scheduled for prefill chunks or decode steps)
+    parked  (pages in the host tier; must be promoted before they can step)
 
-Each step: (1) running requests in order get their next chunk (one token when decoding, up to
-the remaining budget while prefilling); if pages run out, the newest unscheduled running
-request is preempted by recompute (pages freed, back to waiting). (2) waiting requests are
-admitted in order while budget, pages and `max_num_seqs` allow. The scheduler asks the pool
-for pages; it never touches KV bytes.
+Each step: (1) running requests, in the policy's step order, get their next chunk (one token
+when decoding, up to the remaining budget while prefilling); when device pages run out the
+policy picks a victim among not-yet-scheduled running requests, which is demoted to the host
+tier if it has room, else preempted by recompute. (2) parked and waiting requests are admitted
+in the policy's admission order while budget, pages, `max_num_seqs` and the policy's quota
+check allow. The scheduler asks the pools for pages and copies them between tiers; it never
+decides order itself.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from model_engine.page_pool import PagePool
+from model_engine.sched_policy import FifoPolicy, SchedPolicy, SchedState
 from model_engine.sequence import Sequence, SeqStatus
 
 
@@ -39,106 +47,203 @@ class ScheduledChunk:
 
 
 @dataclass
+class TierMove:
+    request_id: str
+    kind: str  # "demote" | "promote" | "preempt"
+    num_pages: int
+    num_bytes: int  # bytes copied between tiers (0 for preempt)
+    seconds: float  # copy time
+
+
+@dataclass
 class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)  # what runs this step
-    preempted: list[Sequence] = field(default_factory=list)  # sent back to waiting
+    preempted: list[Sequence] = field(default_factory=list)  # sent back to waiting (recompute)
+    moves: list[TierMove] = field(default_factory=list)  # demotions, promotions, preemptions
     num_batched_tokens: int = 0  # sum of num_new_tokens
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, pool: PagePool) -> None:
+    def __init__(self, config: SchedulerConfig, pool: PagePool, policy: SchedPolicy | None = None,
+                 host_pool: PagePool | None = None, clock=time.monotonic) -> None:
         self.config = config
         self.pool = pool
+        self.host_pool = host_pool
+        self.policy = policy or FifoPolicy()
+        self.clock = clock
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.parked: list[Sequence] = []
+        self.num_steps = 0
 
-    def add(self, seq: Sequence) -> None:
+    # ---- queues --------------------------------------------------------------------------------
+    def check_fits(self, seq: Sequence) -> None:
         if seq.num_tokens >= self.config.max_model_len:
             raise ValueError(f"request {seq.request_id}: {seq.num_tokens} tokens exceed max_model_len "
                              f"{self.config.max_model_len}")
-        peak = min(seq.num_tokens + seq.params.max_tokens, self.config.max_model_len)
-        if self.pool.spec.pages_for(peak) > self.pool.num_pages:
-            raise ValueError(f"request {seq.request_id}: needs up to {self.pool.spec.pages_for(peak)} pages, "
-                             f"the pool has {self.pool.num_pages}")
+        peak = self.pool.spec.pages_for(min(seq.num_tokens + seq.params.max_tokens, self.config.max_model_len))
+        if peak > self.pool.num_pages:
+            raise ValueError(f"request {seq.request_id}: needs up to {peak} pages, the pool has {self.pool.num_pages}")
+
+    def add(self, seq: Sequence) -> None:
+        self.check_fits(seq)
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
 
     def add_running(self, seq: Sequence) -> None:
-        """Adopt a request whose pages are already in the pool (inherited from prefill)."""
+        """Adopt a request whose pages are already in the device pool (inherited from prefill)."""
         seq.status = SeqStatus.RUNNING
         self.running.append(seq)
+
+    def add_parked(self, seq: Sequence) -> None:
+        """Adopt a request whose pages are already in the host pool."""
+        seq.status = SeqStatus.PARKED
+        self.parked.append(seq)
 
     def detach(self, seq: Sequence) -> None:
         """Stop scheduling `seq` but keep its pages (prefill hands them to a decode node)."""
         self.running.remove(seq)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.parked)
 
-    # ---- step -----------------------------------------------------------------------------
+    def all_requests(self) -> list[Sequence]:
+        return [*self.running, *self.parked, *self.waiting]
+
+    def state(self) -> SchedState:
+        hp = self.host_pool
+        return SchedState(self.clock(), self.num_steps, self.pool.spec.page_size, self.pool.bytes_per_page,
+                          self.pool.num_pages,
+                          self.pool.num_free, hp.num_pages if hp else 0, hp.num_free if hp else 0,
+                          self.pool.held_counts(), hp.held_counts() if hp else {})
+
+    # ---- step ----------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        self.num_steps += 1
         budget = self.config.max_num_batched_tokens
         scheduled: set[str] = set()
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+        for victim in self.policy.reclaim(self.running, [*self.parked, *self.waiting], self.state()):
+            if victim.status == SeqStatus.RUNNING:
+                self.evict(victim, out)  # pages lent to an over-quota tenant go back to their owner
+        order = self.policy.step_order(list(self.running), self.state())
+        for seq in order:
+            if budget <= 0:
+                break
+            if seq.status != SeqStatus.RUNNING:
+                continue  # evicted earlier in this loop
             n = min(seq.num_uncomputed_tokens, budget)
             if not self._grow(seq, seq.num_computed_tokens + n, scheduled, out):
-                continue  # seq itself was preempted; running shrank, same index is the next one
+                continue
             out.chunks.append(ScheduledChunk(seq, n))
             scheduled.add(seq.request_id)
             budget -= n
-            i += 1
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
-            n = min(seq.num_uncomputed_tokens, budget)
-            need = self.pool.spec.pages_for(seq.num_computed_tokens + n) - len(self.pool.pages_of(seq.request_id))
-            if self.pool.allocate(seq.request_id, need) is None:
-                break  # FIFO: the head waits for pages; nothing overtakes it
-            self.waiting.popleft()
-            seq.status = SeqStatus.RUNNING
-            self.running.append(seq)
-            out.chunks.append(ScheduledChunk(seq, n))
-            scheduled.add(seq.request_id)
-            budget -= n
+        budget = self._admit(budget, scheduled, out)
+        for c in out.chunks:
+            c.seq.last_step = self.num_steps
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+        self.policy.on_step(out.chunks, self.state())
         return out
 
+    def _admit(self, budget: int, scheduled: set[str], out: SchedulerOutput) -> int:
+        state = self.state()
+        candidates = self.policy.admission_order([*self.parked, *self.waiting], state)
+        for seq in candidates:
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            parked = seq.status == SeqStatus.PARKED
+            n = min(seq.num_uncomputed_tokens, budget)
+            need = self.pool.spec.pages_for(seq.num_computed_tokens + n)
+            if not parked:
+                need -= len(self.pool.pages_of(seq.request_id))
+            if need > self.pool.num_free or not self.policy.may_admit(seq, need, self.state()):
+                if self.policy.strict_order:
+                    break  # the head waits; nothing overtakes it
+                continue
+            if parked:
+                self._promote(seq, out)
+                grow = need - len(self.pool.pages_of(seq.request_id))
+                if grow > 0:
+                    self.pool.allocate(seq.request_id, grow)
+            else:
+                self.waiting.remove(seq)
+                self.pool.allocate(seq.request_id, need)
+                seq.status = SeqStatus.RUNNING
+                self.running.append(seq)
+            out.chunks.append(ScheduledChunk(seq, n))
+            scheduled.add(seq.request_id)
+            budget -= n
+        return budget
+
     def _grow(self, seq: Sequence, num_tokens: int, scheduled: set[str], out: SchedulerOutput) -> bool:
-        """Make `seq` hold pages for `num_tokens`, preempting newer unscheduled requests."""
+        """Make `seq` hold pages for `num_tokens`, evicting unscheduled running requests."""
         need = self.pool.spec.pages_for(num_tokens) - len(self.pool.pages_of(seq.request_id))
         while need > self.pool.num_free:
-            victim = next((s for s in reversed(self.running) if s.request_id not in scheduled), None)
-            self.preempt(victim)
-            out.preempted.append(victim)
+            candidates = [s for s in self.running if s.request_id not in scheduled]
+            victim = self.policy.pick_victim(candidates, seq, self.state())
+            self.evict(victim, out)
             if victim is seq:
                 return False
         if need > 0:
             self.pool.allocate(seq.request_id, need)
         return True
 
-    # ---- transitions ------------------------------------------------------------------------
+    # ---- tier moves ----------------------------------------------------------------------------
+    def evict(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Take `seq`'s device pages: demote to the host tier if it fits, else preempt."""
+        n = len(self.pool.pages_of(seq.request_id))
+        hp = self.host_pool
+        if hp is not None and 0 < n <= hp.num_free and seq.num_computed_tokens > 0:
+            t0 = time.perf_counter()
+            dst = hp.allocate(seq.request_id, n)
+            nbytes = self.pool.copy_pages_to(self.pool.pages_of(seq.request_id), hp, dst)
+            self.pool.free(seq.request_id)
+            self.running.remove(seq)
+            seq.status = SeqStatus.PARKED
+            self.parked.append(seq)
+            out.moves.append(TierMove(seq.request_id, "demote", n, nbytes, time.perf_counter() - t0))
+        else:
+            self.preempt(seq)
+            out.preempted.append(seq)
+            out.moves.append(TierMove(seq.request_id, "preempt", n, 0, 0.0))
+
+    def _promote(self, seq: Sequence, out: SchedulerOutput) -> None:
+        hp = self.host_pool
+        src = hp.pages_of(seq.request_id)
+        t0 = time.perf_counter()
+        dst = self.pool.allocate(seq.request_id, len(src))
+        nbytes = hp.copy_pages_to(src, self.pool, dst)
+        hp.free(seq.request_id)
+        self.parked.remove(seq)
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        out.moves.append(TierMove(seq.request_id, "promote", len(src), nbytes, time.perf_counter() - t0))
+
     def preempt(self, seq: Sequence) -> None:
         """Drop `seq`'s pages and queue it for recompute at the front of waiting."""
         self.pool.free(seq.request_id)
-        self.running.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
         seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
 
+    # ---- endings -------------------------------------------------------------------------------
     def finish(self, seq: Sequence, status: SeqStatus, reason: str) -> None:
-        """End `seq` (any queue) and free its pages."""
-        if seq in self.running:
-            self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
+        """End `seq` (any queue) and free its pages on both tiers."""
+        for q in (self.running, self.parked, self.waiting):
+            if seq in q:
+                q.remove(seq)
+                break
         self.pool.free(seq.request_id)
+        if self.host_pool is not None:
+            self.host_pool.free(seq.request_id)
         seq.status = status
         seq.finish_reason = reason
 
     def abort(self, request_id: str, reason: str = "abort") -> Sequence | None:
-        for seq in (*self.running, *self.waiting):
+        for seq in self.all_requests():
             if seq.request_id == request_id:
                 self.finish(seq, SeqStatus.FINISHED_ABORTED, reason)
                 return seq

@@ -57,6 +57,8 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: str | None = None  # "stop", "length" or "abort: <why>"
     arrival_time: float = field(default_factory=time.monotonic)
+    num_preemptions: int = 0  # times its pages were dropped for recompute
+    last_step: int = 0  # scheduler step that last served it (LRU eviction)
     timeline: dict[str, float] = field(default_factory=dict)  # wall-clock stamps by whoever handles it
 
     @classmethod

@@ -1,0 +1,32 @@
+"""Configuration of the fairness controller: quotas, weights, caps, SLO targets."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class FairnessConfig:
+    tenant_weights: dict = field(default_factory=dict)  # tenant -> weight (absent: 1.0)
+    request_cap_frac: float = 0.5  # one request holds at most this share of the device tier
+    dynamic_quota: bool = False  # per-request cap grows with the request's length, up to the pool
+    class_reservations: dict = field(default_factory=dict)  # priority -> share of device pages reserved for <= it
+    tenant_bw_cap: float | None = None  # KV bytes/s one tenant's attention may read (None: no cap)
+    bw_window_s: float = 1.0  # window of the bandwidth cap
+    aging_s: float = 2.0  # priority policy: one class of boost per this many seconds of waiting
+    vtc_input_weight: float = 1.0  # VTC charge per input token
+    vtc_output_weight: float = 2.0  # VTC charge per output token
+    slo_ttft_s: dict = field(default_factory=dict)  # class (priority) -> TTFT target (s); "*" for all
+    slo_tpot_s: dict = field(default_factory=dict)  # class (priority) -> TPOT target (s); "*" for all
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.request_cap_frac <= 1.0:
+            raise ValueError("request_cap_frac must be in (0, 1]")
+        if any(w <= 0 for w in self.tenant_weights.values()):
+            raise ValueError("tenant weights must be positive")
+        if sum(self.class_reservations.values()) > 1.0:
+            raise ValueError("class reservations add up to more than the pool")
+        if self.tenant_bw_cap is not None and self.tenant_bw_cap <= 0:
+            raise ValueError("tenant_bw_cap must be positive")
+
+    def weight(self, tenant: str) -> float:
+        return float(self.tenant_weights.get(tenant, 1.0))

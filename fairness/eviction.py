@@ -1,0 +1,35 @@
+"""Victim choice under memory pressure: which running request gives up its device pages.
+
+Each function takes the candidates (running, not yet served this step), the requester and
+the state, and returns one candidate. Ties are broken by arrival (newest loses).
+"""
+from __future__ import annotations
+
+from model_engine.sched_policy import SchedState
+from model_engine.sequence import Sequence
+
+
+def lru(cands: list[Sequence], state: SchedState) -> Sequence:
+    """Least recently stepped first. A whale touches all its pages every step, so the pages
+    that look cold are the ones of requests that just arrived or just came back: LRU quietly
+    protects whales. This is the baseline's choice."""
+    return min(cands, key=lambda s: (s.last_step, -s.arrival_time))
+
+
+def newest(cands: list[Sequence], state: SchedState) -> Sequence:
+    """vLLM: the most recently arrived request."""
+    return max(cands, key=lambda s: s.arrival_time)
+
+
+def least_progress(cands: list[Sequence], state: SchedState) -> Sequence:
+    """SGLang: the request with the fewest generated tokens (least work lost)."""
+    return min(cands, key=lambda s: (s.num_output_tokens, -s.arrival_time))
+
+
+def footprint(cands: list[Sequence], state: SchedState, over: dict[str, float]) -> Sequence:
+    """Most over-quota owner first (`over[tenant]` = usage / entitlement), then the largest
+    footprint within it: pages come back from whoever holds the most beyond its share."""
+    return max(cands, key=lambda s: (over.get(s.tenant, 0.0), state.pages.get(s.request_id, 0), s.arrival_time))
+
+
+VICTIMS = {"lru": lru, "newest": newest, "least_progress": least_progress}

@@ -1,0 +1,59 @@
+"""`mcsf`: Memory-Constrained Shortest-First (arXiv 2502.07115).
+
+Running requests keep running. Waiting requests are sorted by predicted output length,
+shortest first, and the longest prefix is admitted such that, at every predicted completion
+time of the running and admitted requests, the memory of those still running fits the pool.
+Memory only peaks at completion times, so checking those points is enough. The prediction is
+`max_tokens` minus tokens already generated; any `predictor(seq) -> int` may replace it.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from fairness import eviction
+from fairness.base import BasePolicy
+from model_engine.sequence import Sequence
+
+
+def remaining_by_max_tokens(seq: Sequence) -> int:
+    return max(1, seq.params.max_tokens - seq.num_output_tokens)
+
+
+def feasible(items: list[tuple[int, int]], total_pages: int, page_size: int) -> bool:
+    """items: (current tokens, predicted remaining tokens). True if memory fits at every
+    predicted completion time."""
+    for t in sorted({r for _, r in items}):
+        mem = sum(-(-(c + t) // page_size) for c, r in items if r >= t)
+        if mem > total_pages:
+            return False
+    return True
+
+
+class McsfPolicy(BasePolicy):
+    name = "mcsf"
+    victim = staticmethod(eviction.newest)
+
+    def __init__(self, config=None, predictor: Callable[[Sequence], int] = remaining_by_max_tokens) -> None:
+        super().__init__(config)
+        self.predictor = predictor
+
+    def reclaim(self, running, candidates, state):
+        super().reclaim(running, candidates, state)
+        self.planned = [(s.num_tokens, self.predictor(s)) for s in running]
+        return []
+
+    def admission_order(self, candidates, state):
+        return sorted(candidates, key=lambda s: (self.predictor(s), s.arrival_time))
+
+    def may_admit(self, seq, need_pages, state):
+        if not super().may_admit(seq, need_pages, state):
+            return False
+        item = (seq.num_tokens, self.predictor(seq))
+        if not feasible(self.planned + [item], state.device_total, state.page_size):
+            return False
+        self.planned.append(item)
+        return True
+
+    def pick_victim(self, candidates, requester, state):
+        # the one predicted to run longest loses its pages
+        return max(candidates, key=lambda s: (self.predictor(s), s.arrival_time))

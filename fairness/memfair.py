@@ -1,0 +1,86 @@
+"""`memfair`: memory-fair admission of inherited pages.
+
+- Entitlement: each tenant with work is entitled to its weighted share of the device tier.
+- Admission: candidates of the tenants furthest below their entitlement first; a request may
+  take pages beyond its tenant's entitlement (borrowing) only while no other tenant that is
+  below its entitlement is waiting. A single request never exceeds its cap (static, or
+  dynamic: growing with its length).
+- Reclaim: when a waiting request of a tenant below its entitlement cannot fit, requests of
+  tenants above theirs are evicted (demoted to the host tier, else preempted), most
+  over-quota owner and largest footprint first, never pushing a tenant below its share.
+- Victims under pressure: footprint-weighted, the same order.
+"""
+from __future__ import annotations
+
+from fairness import eviction
+from fairness.base import BasePolicy
+from fairness.quotas import entitlements, request_cap, tenant_usage
+from model_engine.sched_policy import SchedState
+from model_engine.sequence import Sequence
+
+
+class MemFairPolicy(BasePolicy):
+    name = "memfair"
+    strict_order = False  # a blocked whale does not block the minnows behind it
+
+    def _refresh(self, running: list[Sequence], candidates: list[Sequence], state: SchedState) -> None:
+        self.use = tenant_usage(running, state)
+        tenants = {s.tenant for s in running} | {s.tenant for s in candidates}
+        self.ent = entitlements(tenants, self.cfg, state.device_total)
+        self.over = {t: self.use.get(t, 0) / e for t, e in self.ent.items() if e > 0}
+
+    @staticmethod
+    def _need_now(seq: Sequence, state: SchedState) -> int:
+        """Device pages `seq` must get to run its next step (parked: all its context)."""
+        tokens = seq.num_computed_tokens + 1 if seq.num_computed_tokens else seq.num_tokens
+        return max(1, -(-tokens // state.page_size) - state.pages.get(seq.request_id, 0))
+
+    def reclaim(self, running, candidates, state):
+        super().reclaim(running, candidates, state)
+        self._refresh(running, candidates, state)
+        victims: list[Sequence] = []
+        free, use = state.device_free, dict(self.use)
+        for cand in self.admission_order(candidates, state):
+            need = self._need_now(cand, state)
+            if need <= free:
+                free -= need  # it will fit without anyone leaving
+                use[cand.tenant] = use.get(cand.tenant, 0) + need
+                continue
+            if use.get(cand.tenant, 0) + need > self.ent.get(cand.tenant, 0):
+                continue  # beyond its own share: it waits for free pages, it does not reclaim
+            pool = [s for s in running if s not in victims and use.get(s.tenant, 0) > self.ent.get(s.tenant, 0)]
+            while need > free and pool:
+                over = {t: use.get(t, 0) / e for t, e in self.ent.items() if e > 0}
+                v = eviction.footprint(pool, state, over)
+                pool.remove(v)
+                pages = state.pages.get(v.request_id, 0)
+                victims.append(v)
+                use[v.tenant] -= pages
+                free += pages
+            if need <= free:
+                free -= need
+                use[cand.tenant] = use.get(cand.tenant, 0) + need
+        return victims
+
+    def step_order(self, running, state):
+        ordered = super().step_order(running, state)
+        # Under-quota tenants first; the tail (evicted first under pressure) is the most over.
+        return sorted(ordered, key=lambda s: (self.over.get(s.tenant, 0.0) > 1.0, s.arrival_time))
+
+    def admission_order(self, candidates, state):
+        return sorted(candidates, key=lambda s: (self.over.get(s.tenant, 0.0), s.arrival_time))
+
+    def may_admit(self, seq, need_pages, state):
+        if not super().may_admit(seq, need_pages, state):
+            return False
+        if state.pages.get(seq.request_id, 0) + need_pages > request_cap(seq, self.cfg, state):
+            return False
+        use = tenant_usage(self.running, state)
+        if use.get(seq.tenant, 0) + need_pages <= self.ent.get(seq.tenant, 0):
+            return True
+        # Borrowing beyond the share: only while nobody below its own share is waiting.
+        others = {s.tenant for s in self.candidates if s is not seq and s.tenant != seq.tenant}
+        return not any(use.get(t, 0) < self.ent.get(t, 0) for t in others)
+
+    def pick_victim(self, candidates, requester, state):
+        return eviction.footprint(candidates, state, self.over)

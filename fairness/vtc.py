@@ -1,0 +1,52 @@
+"""`vtc`: Virtual Token Counter (Sheng et al., OSDI 2024) applied to KV admission.
+
+Each tenant has a counter charged w_in per input token prefilled and w_out per output token
+decoded. Admission serves the waiting tenant with the smallest counter. When a tenant goes
+from no work to some work its counter is lifted to the smallest counter among tenants that
+have work, so idle time cannot be banked. Victim: the newest request of the tenant with the
+largest counter.
+"""
+from __future__ import annotations
+
+from fairness.base import BasePolicy
+from model_engine.sched_policy import SchedState
+from model_engine.sequence import Sequence
+
+
+class VtcPolicy(BasePolicy):
+    name = "vtc"
+
+    def __init__(self, config=None) -> None:
+        super().__init__(config)
+        self.counters: dict[str, float] = {}
+        self.active: set[str] = set()  # tenants with work at the previous step
+
+    def lift(self, tenants_with_work: set[str]) -> None:
+        """Apply the counter lift to tenants that just (re)gained work."""
+        returning = tenants_with_work - self.active
+        incumbents = [self.counters.get(t, 0.0) for t in tenants_with_work - returning]
+        floor = min(incumbents) if incumbents else None
+        for t in returning:
+            c = self.counters.get(t, 0.0)
+            self.counters[t] = max(c, floor) if floor is not None else c
+        self.active = set(tenants_with_work)
+
+    def reclaim(self, running, candidates, state):
+        super().reclaim(running, candidates, state)
+        self.lift({s.tenant for s in running} | {s.tenant for s in candidates})
+        return []
+
+    def admission_order(self, candidates: list[Sequence], state: SchedState) -> list[Sequence]:
+        return sorted(candidates, key=lambda s: (self.counters.get(s.tenant, 0.0), s.arrival_time))
+
+    def pick_victim(self, candidates, requester, state):
+        return max(candidates, key=lambda s: (self.counters.get(s.tenant, 0.0), s.arrival_time))
+
+    def on_step(self, chunks, state) -> None:
+        super().on_step(chunks, state)
+        w_in, w_out = self.cfg.vtc_input_weight, self.cfg.vtc_output_weight
+        for c in chunks:
+            seq, n = c.seq, c.num_new_tokens
+            prompt_part = max(0, min(n, seq.num_prompt_tokens - seq.num_computed_tokens))
+            charge = w_in * prompt_part + w_out * (1 if c.wants_logits else 0)
+            self.counters[seq.tenant] = self.counters.get(seq.tenant, 0.0) + charge
