@@ -18,6 +18,7 @@ import zmq.asyncio
 
 from cluster.control import ControlServer, EventSink
 from cluster.node_metrics import NodeMetrics, start_http
+from fairness.config import FairnessConfig
 from cluster.protocol import AbortRequest, GenerateRequest, NodeStats, Params, Ping, TokenEvent
 from model_engine.config import EngineConfig
 from model_engine.engine import LLMEngine, StepEvent
@@ -37,10 +38,10 @@ class NodeConfig:
     kv_port: int = 0  # decode: KV transport receiver port
     transport: str = "zmq"  # "zmq" | "torch"
     policy: str = "fcfs"  # admission policy name (fairness registry)
-    host_kv_pages: int = 0  # host-tier pages (decode/colocated)
     drain_timeout_s: float = 30.0  # SIGTERM: finish in-flight work within this bound
     hold_timeout_s: float = 120.0  # prefill: how long a refused hand-off keeps retrying
     check_pages: bool = False  # run pool.check() after every step (tests)
+    fairness: FairnessConfig = field(default_factory=FairnessConfig)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -69,9 +70,17 @@ def timing_summary(tl: dict[str, float]) -> dict:
 
 class NodeBase:
     def __init__(self, config: NodeConfig, engine: LLMEngine | None = None) -> None:
+        from fairness import make_policy
+
         self.config = config
-        self.engine = engine or LLMEngine(config.engine)
+        # The prefill side only orders prompts (FIFO); the fairness policy decides on the side
+        # that holds KV for the whole decode: the decode node and the colocated twin.
+        self.policy = make_policy("fcfs" if config.role == "prefill" else config.policy, config.fairness)
+        self.engine = engine or LLMEngine(config.engine, policy=self.policy)
         self.metrics = NodeMetrics(config.role, config.node_id)
+        from cluster.accounting import NodeAccounting
+
+        self.acct = NodeAccounting(self)
         self.stop = asyncio.Event()
         self.wake = asyncio.Event()
         self.draining = False
@@ -129,7 +138,7 @@ class NodeBase:
         ev = TokenEvent(seq.request_id, tokens, finished)
         if finished:
             ev.finish_reason = "stop" if seq.status == SeqStatus.FINISHED_STOPPED else "length"
-            ev.timing = timing_summary(seq.timeline)
+            ev.timing = self.acct.final_timing(seq)
             self.metrics.finished.labels(reason=ev.finish_reason, **self.metrics.labels).inc()
         self.sink.add(self.routes.get(seq.request_id, ""), ev)
         if finished:
@@ -152,17 +161,22 @@ class NodeBase:
         sch, pool = self.engine.scheduler, self.engine.pool
         queued = sum(s.num_uncomputed_tokens for s in sch.waiting) + sum(
             s.num_uncomputed_tokens for s in sch.running if s.in_prefill)
+        host = self.engine.host_pool
         return NodeStats(self.config.node_id, self.config.role, seq, pool.num_pages, pool.num_free,
-                         running=len(sch.running), waiting=len(sch.waiting), queued_tokens=queued,
+                         host.num_pages if host else 0, host.num_free if host else 0,
+                         running=len(sch.running), waiting=len(sch.waiting) + len(sch.parked), queued_tokens=queued,
                          kv_addr=self.kv_addr, metrics_addr=self.metrics_addr, draining=self.draining,
-                         extra={"page_size": self.engine.spec.page_size, **self.extra_stats()})
+                         extra={"page_size": self.engine.spec.page_size, "policy": self.policy.name,
+                       **self.acct.tenant_stats(), **self.extra_stats()})
 
     def extra_stats(self) -> dict:
         return {}
 
     def refresh_gauges(self) -> None:
-        pool = self.engine.pool
+        pool, host = self.engine.pool, self.engine.host_pool
         self.metrics.set_pages("device", pool.num_pages, pool.num_free)
+        if host is not None:
+            self.metrics.set_pages("host", host.num_pages, host.num_free)
         self.metrics.running.set(len(self.engine.scheduler.running))
         self.metrics.waiting.set(len(self.engine.scheduler.waiting))
 
@@ -174,8 +188,9 @@ class NodeBase:
                 t = time.time()
                 events = self.engine.step()
                 self.metrics.steps.inc()
-                if self.config.check_pages:
-                    self.engine.pool.check()
+                self.acct.on_output(self.engine.last_output, time.time())
+                if self.config.check_pages and not self.acct.check_conservation():
+                    raise RuntimeError("page conservation broken")  # tests: fail loudly
                 self.on_step_events(events, t)
                 await self.sink.flush()
                 await asyncio.sleep(0)

@@ -22,12 +22,48 @@ def parse(role: str, argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--transport", choices=["zmq", "torch"], default="zmq")
     ap.add_argument("--policy", default="fcfs", help="admission/fairness policy name")
     ap.add_argument("--host-kv-pages", type=int, default=0, help="host-tier KV pages (decode/colocated)")
+    ap.add_argument("--tenant-weight", action="append", default=[], metavar="TENANT=W",
+                    help="fairness weight of a tenant (repeatable; default 1)")
+    ap.add_argument("--request-cap-frac", type=float, default=0.5, help="one request's max share of the device tier")
+    ap.add_argument("--dynamic-quota", action="store_true", help="per-request cap grows with its length")
+    ap.add_argument("--reserve", action="append", default=[], metavar="PRIORITY=FRAC",
+                    help="share of device pages reserved for requests of this priority or more urgent")
+    ap.add_argument("--tenant-bw-cap", type=float, default=None, help="KV bytes/s one tenant's attention may read")
+    ap.add_argument("--slo-ttft", action="append", default=[], metavar="CLASS=S",
+                    help="TTFT target in seconds for a priority class ('*' for all)")
+    ap.add_argument("--slo-tpot", action="append", default=[], metavar="CLASS=S", help="TPOT target in seconds")
     ap.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--drain-timeout", type=float, default=30.0, help="SIGTERM: seconds to finish in-flight work")
     ap.add_argument("--addr-file", default=None, help="write the bound addresses here as JSON when ready")
     ap.add_argument("--check-pages", action="store_true", help="verify page states after every step")
     ap.add_argument("--log-level", default="INFO")
     return ap.parse_args(argv)
+
+
+def _pairs(items: list[str], flag: str, key=str) -> dict:
+    out = {}
+    for it in items:
+        k, sep, v = it.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[key(k) if k != "*" else "*"] = float(v)
+        except ValueError:
+            raise CliError(f"{flag} expects KEY=NUMBER, got {it!r}") from None
+    return out
+
+
+def fairness_config(a: argparse.Namespace):
+    from fairness.config import FairnessConfig
+
+    try:
+        return FairnessConfig(tenant_weights=_pairs(a.tenant_weight, "--tenant-weight"),
+                              request_cap_frac=a.request_cap_frac, dynamic_quota=a.dynamic_quota,
+                              class_reservations=_pairs(a.reserve, "--reserve", int), tenant_bw_cap=a.tenant_bw_cap,
+                              slo_ttft_s=_pairs(a.slo_ttft, "--slo-ttft", int),
+                              slo_tpot_s=_pairs(a.slo_tpot, "--slo-tpot", int))
+    except ValueError as e:
+        raise CliError(str(e)) from None
 
 
 def _write_addr(path: str | None, addrs: dict) -> None:
@@ -55,9 +91,10 @@ def main(role: str, argv: list[str]) -> int:
     model_dir = resolve_model(a.model)
     try:
         cfg = NodeConfig(role=role, node_id=a.node_id or f"{role}-{os.getpid()}",
-                         engine=dataclasses.replace(engine_config(a, model_dir), torch_threads=a.torch_threads),
+                         engine=dataclasses.replace(engine_config(a, model_dir), torch_threads=a.torch_threads,
+                                                    host_kv_pages=0 if role == "prefill" else a.host_kv_pages),
                          host=a.host, ctrl_port=a.ctrl_port, metrics_port=a.metrics_port, kv_port=a.kv_port,
-                         transport=a.transport, policy=a.policy, host_kv_pages=a.host_kv_pages,
+                         transport=a.transport, policy=a.policy, fairness=fairness_config(a),
                          drain_timeout_s=a.drain_timeout, check_pages=a.check_pages)
     except ValueError as e:
         raise CliError(str(e)) from None

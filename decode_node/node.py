@@ -19,7 +19,7 @@ from collections import OrderedDict
 
 from cluster.node_base import NodeBase, to_sampling
 from cluster.protocol import Params
-from fairness import make_policy
+from fairness.base import Arrival
 from kv_transport import ReceivedTransfer, TransportConfig, make_receiver
 from model_engine.engine import StepEvent
 from model_engine.sequence import Sequence
@@ -33,12 +33,23 @@ class DecodeNode(NodeBase):
         super().__init__(config, engine)
         self.transport = transport or TransportConfig(backend=config.transport,
                                                       endpoint=f"tcp://{config.host}:{config.kv_port}")
-        self.policy = make_policy(config.policy)
         self.receiver = None
         self.aborted: OrderedDict[str, float] = OrderedDict()
 
     def _admit(self, header) -> str | None:
-        return self.policy.admit_inherited(header, self.engine.pool)
+        """Header-only decision (before any payload byte): accept, or defer with "no_pages"
+        (the prefill side keeps the pages and retries: backpressure, nothing is lost)."""
+        sch = self.engine.scheduler
+        st = sch.state()
+        arrival = Arrival(header.request_id, header.tenant, int(header.extra.get("priority", 0)), header.num_pages,
+                          st.now, st.now)
+        where = self.policy.place_arrival(arrival, len(sch.parked) + len(sch.waiting), st)
+        if where == "host":  # parking on arrival needs a host-tier receive; until then, hold at prefill
+            self.policy.held[arrival.request_id] = arrival
+        if where == "device":
+            return None
+        return f"no_pages: policy {self.policy.name} defers ({where})"
+
 
     async def start_extra(self) -> None:
         self.receiver = make_receiver(self.transport, self.engine.pool, admit=self._admit)
@@ -58,6 +69,7 @@ class DecodeNode(NodeBase):
 
     def _adopt(self, t: ReceivedTransfer) -> None:
         self.metrics.kv_recv.inc(t.status.bytes_total)
+        nbytes = t.status.bytes_total
         self.metrics.transfers.labels(outcome="received", **self.metrics.labels).inc()
         if t.request_id in self.aborted or t.request_id in self.seqs:
             log.info("dropping pages of %s: request already aborted or present", t.request_id)
@@ -81,6 +93,7 @@ class DecodeNode(NodeBase):
         seq.timeline["decode_admit"] = now
         seq.timeline["last_token"] = seq.timeline.get("first_token", now)
         self.seqs[seq.request_id] = seq
+        self.acct.add_received(seq, nbytes)
         self.engine.scheduler.add_running(seq)
 
     def on_step_events(self, events: list[StepEvent], t: float) -> None:

@@ -9,11 +9,27 @@ views here), `step_order`, `pick_victim` (zero or more), `admission_order`, `may
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from fairness import eviction
 from fairness.config import FairnessConfig
 from model_engine.sched_policy import SchedState
 from model_engine.sequence import Sequence
+
+
+HELD_TTL_S = 5.0  # a deferred arrival not retried within this long is forgotten
+
+
+@dataclass
+class Arrival:
+    """An inherited request as seen from its transfer header, before any payload."""
+
+    request_id: str
+    tenant: str
+    priority: int
+    num_pages: int  # device pages its KV needs
+    first_seen: float  # state.now when first offered (held requests keep their place)
+    last_seen: float
 
 
 class BasePolicy:
@@ -24,6 +40,9 @@ class BasePolicy:
     def __init__(self, config: FairnessConfig | None = None) -> None:
         self.cfg = config or FairnessConfig()
         self._bw: dict[str, deque] = {}  # tenant -> (time, bytes) served in the cap window
+        self.held: dict[str, Arrival] = {}  # arrivals deferred to the prefill side, by request id
+        self.running: list[Sequence] = []
+        self.candidates: list[Sequence] = []
 
     # ---- per step --------------------------------------------------------------------------
     def reclaim(self, running: list[Sequence], candidates: list[Sequence], state: SchedState) -> list[Sequence]:
@@ -54,15 +73,33 @@ class BasePolicy:
             self._bw.setdefault(c.seq.tenant, deque()).append((state.now, nbytes))
 
     # ---- arrivals of inherited requests (decode side) ---------------------------------------------
-    def place_arrival(self, num_pages: int, tenant: str, priority: int, queued: int, state: SchedState) -> str:
+    def place_arrival(self, arrival: Arrival, queued: int, state: SchedState) -> str:
         """Where an inherited request's pages go: "device", "host" (parked until admitted in
-        policy order) or "defer" (the prefill side keeps them and retries)."""
-        headroom = len(self.running) if hasattr(self, "running") else 0  # one page per running request
-        if queued == 0 and num_pages + headroom <= state.device_free:
+        policy order) or "defer" (the prefill side keeps them and retries; the arrival is
+        remembered in `held` so that policies can make room for it)."""
+        where = self._place(arrival, queued, state)
+        if where == "defer":
+            prev = self.held.get(arrival.request_id)
+            arrival.first_seen = prev.first_seen if prev else arrival.first_seen
+            self.held[arrival.request_id] = arrival
+        else:
+            self.held.pop(arrival.request_id, None)
+        return where
+
+    def _place(self, arrival: Arrival, queued: int, state: SchedState) -> str:
+        headroom = len(self.running)  # one page per running request for its next token
+        older_held = any(h.first_seen < arrival.first_seen for h in self.live_held(state))
+        if queued == 0 and not older_held and arrival.num_pages + headroom <= state.device_free:
             return "device"
-        if num_pages <= state.host_free:
+        if arrival.num_pages <= state.host_free:
             return "host"
         return "defer"
+
+    def live_held(self, state: SchedState) -> list[Arrival]:
+        """Deferred arrivals still being retried (expired ones are dropped)."""
+        for rid in [r for r, h in self.held.items() if state.now - h.last_seen > HELD_TTL_S]:
+            del self.held[rid]
+        return list(self.held.values())
 
     # ---- helpers --------------------------------------------------------------------------------
     def _over_bw(self, tenant: str, state: SchedState) -> bool:

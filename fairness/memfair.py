@@ -23,9 +23,15 @@ class MemFairPolicy(BasePolicy):
     name = "memfair"
     strict_order = False  # a blocked whale does not block the minnows behind it
 
+    def __init__(self, config=None) -> None:
+        super().__init__(config)
+        self.use: dict[str, int] = {}  # device pages per tenant (refreshed each step)
+        self.ent: dict[str, float] = {}  # entitlement per tenant with work
+        self.over: dict[str, float] = {}  # use / entitlement
+
     def _refresh(self, running: list[Sequence], candidates: list[Sequence], state: SchedState) -> None:
         self.use = tenant_usage(running, state)
-        tenants = {s.tenant for s in running} | {s.tenant for s in candidates}
+        tenants = {s.tenant for s in running} | {s.tenant for s in candidates} | {h.tenant for h in self.live_held(state)}
         self.ent = entitlements(tenants, self.cfg, state.device_total)
         self.over = {t: self.use.get(t, 0) / e for t, e in self.ent.items() if e > 0}
 
@@ -38,15 +44,18 @@ class MemFairPolicy(BasePolicy):
     def reclaim(self, running, candidates, state):
         super().reclaim(running, candidates, state)
         self._refresh(running, candidates, state)
+        # Everyone waiting for device pages: local candidates and arrivals held at prefill.
+        wants = [(c.tenant, self._need_now(c, state), c.arrival_time) for c in candidates]
+        wants += [(h.tenant, h.num_pages + 1, h.first_seen) for h in self.held.values()]
+        wants.sort(key=lambda w: (self.over.get(w[0], 0.0), w[2]))
         victims: list[Sequence] = []
         free, use = state.device_free, dict(self.use)
-        for cand in self.admission_order(candidates, state):
-            need = self._need_now(cand, state)
+        for tenant, need, _ in wants:
             if need <= free:
                 free -= need  # it will fit without anyone leaving
-                use[cand.tenant] = use.get(cand.tenant, 0) + need
+                use[tenant] = use.get(tenant, 0) + need
                 continue
-            if use.get(cand.tenant, 0) + need > self.ent.get(cand.tenant, 0):
+            if use.get(tenant, 0) + need > self.ent.get(tenant, 0):
                 continue  # beyond its own share: it waits for free pages, it does not reclaim
             pool = [s for s in running if s not in victims and use.get(s.tenant, 0) > self.ent.get(s.tenant, 0)]
             while need > free and pool:
@@ -59,8 +68,17 @@ class MemFairPolicy(BasePolicy):
                 free += pages
             if need <= free:
                 free -= need
-                use[cand.tenant] = use.get(cand.tenant, 0) + need
+                use[tenant] = use.get(tenant, 0) + need
         return victims
+
+    def _place(self, arrival, queued, state):
+        use = tenant_usage(self.running, state)
+        under = use.get(arrival.tenant, 0) + arrival.num_pages <= self.ent.get(arrival.tenant, state.device_total)
+        starved = any(use.get(h.tenant, 0) < self.ent.get(h.tenant, 0)
+                      for h in self.live_held(state) if h.tenant != arrival.tenant)
+        if (under or not starved) and arrival.num_pages + len(self.running) <= state.device_free:
+            return "device"
+        return "host" if arrival.num_pages <= state.host_free else "defer"
 
     def step_order(self, running, state):
         ordered = super().step_order(running, state)

@@ -101,7 +101,10 @@ class PrefillNode(NodeBase):
                             extra={"router_id": req.router_id, "priority": req.priority,
                                    "params": dataclasses.asdict(req.params), "timeline": seq.timeline,
                                    "attempts": h.attempts})
-        seq.timeline.setdefault("transfer_start", time.time())
+        now = time.time()
+        seq.timeline.setdefault("transfer_start", now)
+        if "held_since" in seq.timeline:  # the decode side had deferred it: time held here
+            seq.timeline["held_s"] = seq.timeline.get("held_s", 0.0) + now - seq.timeline.pop("held_since")
         h.transfer_id = (await self._sender(req.decode_kv_addr)).send(export, meta)
         h.attempts += 1
 
@@ -125,6 +128,7 @@ class PrefillNode(NodeBase):
                 # Backpressure: the decode pool is full. Keep the pages and try again later.
                 self.metrics.transfers.labels(outcome="deferred", **self.metrics.labels).inc()
                 h.transfer_id, h.retry_at = None, mono + h.backoff
+                h.seq.timeline.setdefault("held_since", time.time())
                 h.backoff = min(h.backoff * 2, RETRY_S[1])
             else:
                 self.metrics.transfers.labels(outcome="failed", **self.metrics.labels).inc()

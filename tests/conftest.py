@@ -30,13 +30,13 @@ def hf_models(model_dirs):
     return {arch: load_model(d, attn_implementation="sdpa")[0] for arch, d in model_dirs.items()}
 
 
-def make_engine(model_dir: str, **kw):
+def make_engine(model_dir: str, policy=None, **kw):
     """Factory: an LLMEngine with small defaults, overridable per test."""
     from model_engine.config import EngineConfig
     from model_engine.engine import LLMEngine
 
     kw.setdefault("num_pages", 1024)
-    return LLMEngine(EngineConfig(model_dir, **kw))
+    return LLMEngine(EngineConfig(model_dir, **kw), policy=policy)
 
 
 def make_prompts(lengths, vocab: int = 512, seed: int = 0) -> list[list[int]]:

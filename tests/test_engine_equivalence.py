@@ -79,3 +79,31 @@ def test_export_import_continues_identically(llama_dir, hf_models, page_size):
     for p, s in zip(prompts, moved):
         assert s.output_token_ids == hf_greedy(hf_models["llama"], p, 20, ignore_eos=True)
     assert a.pool.num_free == a.pool.num_pages
+
+
+@pytest.mark.parametrize("policy", ["memfair", "fcfs", "vtc", "mcsf", "priority"])
+def test_tier_moves_keep_tokens_identical(llama_dir, hf_models, policy):
+    """A device tier too small for the batch forces demotions to the host tier, promotions
+    back and preemptions; every request still decodes exactly what transformers does."""
+    from fairness import make_policy
+
+    engine = make_engine(llama_dir, page_size=4, num_pages=48, host_kv_pages=24, policy=make_policy(policy))
+    prompts = make_prompts((60, 50, 6, 9, 7, 12), engine.info.vocab_size, seed=11)
+    seqs = [engine.make_sequence(p, SamplingParams(max_tokens=40, ignore_eos=True),
+                                 tenant="whale" if len(p) > 20 else "minnow", priority=0 if len(p) < 20 else 1)
+            for p in prompts]
+    moves = []
+    for s in seqs:
+        engine.add(s)
+    while engine.has_work():
+        engine.step()
+        moves += [m.kind for m in engine.last_output.moves]
+        engine.pool.check()
+        engine.host_pool.check()
+    if policy == "mcsf":  # admits only what fits at every predicted completion: never evicts
+        assert moves == []
+    else:
+        assert "demote" in moves or "preempt" in moves, "the test must exercise memory pressure"
+    for p, s in zip(prompts, seqs):
+        assert s.output_token_ids == hf_greedy(hf_models["llama"], p, 40, ignore_eos=True)
+    assert engine.pool.num_free == 48 and engine.host_pool.num_free == 24

@@ -1,0 +1,104 @@
+"""Per-node bookkeeping of the fairness controller's effects: tier moves stamped on request
+timelines, KV bandwidth metering, SLO attribution, per-tenant pages for /cluster and metrics."""
+from __future__ import annotations
+
+from collections import Counter
+
+from fairness.attribution import attribute
+from fairness.metering import KVMeter
+from prometheus_client import Counter as PCounter
+from prometheus_client import Gauge
+
+
+class NodeAccounting:
+    def __init__(self, node) -> None:
+        self.node = node
+        self.meter = KVMeter()
+        self.evictions: Counter = Counter()  # (tenant, kind) -> count
+        r, lbl = node.metrics.registry, ["role", "node"]
+        self.m_tenant_pages = Gauge("pdtb_tenant_kv_pages", "KV pages held per tenant and tier", lbl + ["tenant", "tier"], registry=r)
+        self.m_evictions = PCounter("pdtb_evictions", "demotions/promotions/preemptions by tenant", lbl + ["tenant", "kind"], registry=r)
+        self.m_bytes = PCounter("pdtb_tenant_kv_bytes", "KV bytes by tenant and kind", lbl + ["tenant", "kind"], registry=r)
+        self.m_slo = PCounter("pdtb_slo_misses", "SLO misses by tenant and attributed cause", lbl + ["tenant", "cause"], registry=r)
+        self.m_conservation = node.metrics.conservation_errors
+        self._tenants_seen: set[str] = set()
+
+    def on_output(self, out, now: float) -> None:
+        """Stamp tier moves on timelines and meter bytes, after one scheduler step."""
+        eng, seqs, lbl = self.node.engine, self.node.seqs, self.node.metrics.labels
+        for c in out.chunks:
+            self.meter.tenant_of[c.seq.request_id] = c.seq.tenant
+        for m in out.moves:
+            seq = seqs.get(m.request_id)
+            if seq is None:
+                continue
+            tl = seq.timeline
+            self.evictions[(seq.tenant, m.kind)] += 1
+            self.m_evictions.labels(tenant=seq.tenant, kind=m.kind, **lbl).inc()
+            if m.kind == "demote":
+                tl["parked_since"] = now
+            elif m.kind == "promote" and "parked_since" in tl:
+                tl["parked_s"] = tl.get("parked_s", 0.0) + now - tl.pop("parked_since")
+            elif m.kind == "preempt":
+                tl["preempted_since"] = now
+                tl["num_preemptions"] = tl.get("num_preemptions", 0) + 1
+        for c in out.chunks:
+            tl = c.seq.timeline
+            if "preempted_since" in tl and c.wants_logits:
+                tl["preempted_s"] = tl.get("preempted_s", 0.0) + now - tl.pop("preempted_since")
+        before = {t: dict(v) for t, v in self.meter.per_tenant.items()}
+        self.meter.on_step(out, eng.pool.pages_of, eng.pool.bytes_per_page)
+        for t, kinds in self.meter.per_tenant.items():
+            for k, v in kinds.items():
+                d = v - before.get(t, {}).get(k, 0)
+                if d:
+                    self.m_bytes.labels(tenant=t, kind=k, **lbl).inc(d)
+
+    def add_received(self, seq, nbytes: int) -> None:
+        self.meter.add(seq.request_id, seq.tenant, "received", nbytes)
+        self.m_bytes.labels(tenant=seq.tenant, kind="received", **self.node.metrics.labels).inc(nbytes)
+
+    def final_timing(self, seq) -> dict:
+        """Extension object for the final event: phases, SLO attribution, KV bytes."""
+        from cluster.node_base import timing_summary
+
+        out = timing_summary(seq.timeline)
+        slo = attribute(seq.timeline, seq.num_output_tokens, seq.priority, self.node.config.fairness)
+        out["slo"] = slo
+        out["kv_bytes"] = self.meter.finish(seq.request_id)
+        out["num_preemptions"] = int(seq.timeline.get("num_preemptions", 0))
+        if slo["cause"]:
+            self.m_slo.labels(tenant=seq.tenant, cause=slo["cause"], **self.node.metrics.labels).inc()
+        return out
+
+    def tenant_stats(self) -> dict:
+        eng = self.node.engine
+        dev, host = Counter(), Counter()
+        for s in eng.scheduler.all_requests():
+            dev[s.tenant] += len(eng.pool.pages_of(s.request_id))
+            if eng.host_pool is not None:
+                host[s.tenant] += len(eng.host_pool.pages_of(s.request_id))
+        lbl = self.node.metrics.labels
+        for t in self._tenants_seen | set(dev) | set(host):
+            self.m_tenant_pages.labels(tenant=t, tier="device", **lbl).set(dev.get(t, 0))
+            self.m_tenant_pages.labels(tenant=t, tier="host", **lbl).set(host.get(t, 0))
+        self._tenants_seen |= set(dev) | set(host)
+        pol = self.node.policy
+        return {"tenant_pages": dict(dev), "tenant_host_pages": dict(host),
+                "quota": {t: round(v, 1) for t, v in getattr(pol, "ent", {}).items()},
+                "evictions": {f"{t}/{k}": n for (t, k), n in self.evictions.items()},
+                "kv_bytes": {t: dict(v) for t, v in self.meter.per_tenant.items()}}
+
+    def check_conservation(self) -> bool:
+        """free + reserved + resident + parked == total on each tier; counted if it breaks."""
+        from model_engine.page_pool import PoolError
+
+        eng = self.node.engine
+        try:
+            for pool in (eng.pool, eng.host_pool):
+                if pool is not None:
+                    pool.check()
+            return True
+        except PoolError:
+            self.m_conservation.inc()
+            return False

@@ -1,0 +1,52 @@
+"""SLO attribution: every request's timeline broken into causes, and each miss blamed on one.
+
+Timeline stamps (wall clock, set by whoever handles the request): router_arrival,
+prefill_queued, prefill_start, first_token, transfer_start, transfer_end, decode_admit,
+last_token. Accumulators: held_s (prefill kept the pages because decode deferred), parked_s
+(pages in the host tier), preempted_s (waiting for recompute), num_preemptions.
+
+TTFT = dispatch + queue + prefill. The decode phase (TPOT) = transfer + held + parked +
+preempted + decode compute. A miss is attributed to the largest component of the phase
+that missed.
+"""
+from __future__ import annotations
+
+from fairness.config import FairnessConfig
+
+
+def _gap(tl: dict, a: str, b: str) -> float:
+    return max(0.0, tl[b] - tl[a]) if a in tl and b in tl else 0.0
+
+
+def components(tl: dict, num_output: int) -> dict:
+    ttft = {"dispatch": _gap(tl, "router_arrival", "prefill_queued"), "queue": _gap(tl, "prefill_queued", "prefill_start"),
+            "prefill": _gap(tl, "prefill_start", "first_token")}
+    decode_total = _gap(tl, "first_token", "last_token")
+    held, parked, pre = tl.get("held_s", 0.0), tl.get("parked_s", 0.0), tl.get("preempted_s", 0.0)
+    transfer = max(0.0, _gap(tl, "transfer_start", "transfer_end") - held)
+    compute = max(0.0, decode_total - transfer - held - parked - pre)
+    tpot = {"transfer": transfer, "held_at_prefill": held, "parked_in_host": parked, "recompute": pre,
+            "decode_compute": compute}
+    return {"ttft": ttft, "tpot": tpot, "ttft_s": sum(ttft.values()),
+            "tpot_s": decode_total / (num_output - 1) if num_output > 1 else None}
+
+
+def _target(table: dict, cls: int):
+    return table.get(cls, table.get("*"))
+
+
+def attribute(tl: dict, num_output: int, priority: int, cfg: FairnessConfig) -> dict:
+    """Components plus, when targets are set for this class, which SLOs missed and why."""
+    comp = components(tl, num_output)
+    out = {"components": {**comp["ttft"], **comp["tpot"]}, "missed": [], "cause": None}
+    t_ttft, t_tpot = _target(cfg.slo_ttft_s, priority), _target(cfg.slo_tpot_s, priority)
+    worst = None
+    if t_ttft is not None and comp["ttft_s"] > t_ttft:
+        out["missed"].append("ttft")
+        worst = max(comp["ttft"].items(), key=lambda kv: kv[1])
+    if t_tpot is not None and comp["tpot_s"] is not None and comp["tpot_s"] > t_tpot:
+        out["missed"].append("tpot")
+        cand = max(comp["tpot"].items(), key=lambda kv: kv[1])
+        worst = cand if worst is None or cand[1] > worst[1] else worst
+    out["cause"] = worst[0] if worst else None
+    return out
