@@ -13,6 +13,9 @@ commands:
   generate           offline batched generation on the paged engine
   bench engine       paged engine vs transformers generate (same run)
   bench transport    KV transport throughput vs raw pyzmq and memcpy (same run)
+  bench controller   per-step decision cost of each policy at 100 / 1k / 10k requests
+  bench serve        load-test client against an OpenAI-compatible endpoint
+  report             markdown report and plots comparing results files
   prefill            start a prefill node          decode      start a decode node
   colocated          start a colocated node        router      start the HTTP router
   demo               send a few streaming requests to a running router
@@ -45,6 +48,18 @@ def _dispatch(argv: list[str]) -> int:
         return main(rest)
     if cmd == "bench" and rest[:1] == ["engine"]:
         from model_engine.bench import main
+
+        return main(rest[1:])
+    if cmd == "bench" and rest[:1] == ["serve"]:
+        from bench_client.cli import main
+
+        return main(rest[1:])
+    if cmd == "report":
+        from bench_client.report import main
+
+        return main(rest)
+    if cmd == "bench" and rest[:1] == ["controller"]:
+        from fairness.bench import main
 
         return main(rest[1:])
     if cmd == "bench" and rest[:1] == ["transport"]:

@@ -3,7 +3,7 @@
 #
 #   scripts/launch_cluster.sh --mode disagg|colocated [--prefill N] [--decode M] [--colocated K]
 #       [--model DIR] [--policy NAME] [--transport zmq|torch] [--kv-pages N] [--host-kv-pages N]
-#       [--page-size T] [--port P] [--run-dir DIR] [--host IFACE] [--hosts-file FILE]
+#       [--prefill-kv-pages N] [--page-size T] [--port P] [--run-dir DIR] [--host IFACE] [--hosts-file FILE]
 #       [--router-args "..."] [--timeout S] [-- extra node flags]
 #
 # Nodes bind ephemeral ports and report them ("NODE READY {json}" in their log), so two clusters
@@ -18,7 +18,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 MODE=disagg NP=1 ND=1 NC=1 MODEL="" POLICY=fcfs TRANSPORT=zmq KV_PAGES=4096 HOST_KV_PAGES=0
-PAGE_SIZE=16 PORT=8000 RUN_DIR="" HOST=127.0.0.1 HOSTS_FILE="" TIMEOUT=180 ROUTER_ARGS=""
+PREFILL_KV_PAGES="" PAGE_SIZE=16 PORT=8000 RUN_DIR="" HOST=127.0.0.1 HOSTS_FILE="" TIMEOUT=180 ROUTER_ARGS=""
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,6 +31,7 @@ while [ $# -gt 0 ]; do
     --transport) TRANSPORT="$2"; shift 2 ;;
     --kv-pages) KV_PAGES="$2"; shift 2 ;;
     --host-kv-pages) HOST_KV_PAGES="$2"; shift 2 ;;
+    --prefill-kv-pages) PREFILL_KV_PAGES="$2"; shift 2 ;;
     --page-size) PAGE_SIZE="$2"; shift 2 ;;
     --port) PORT="$2"; shift 2 ;;
     --run-dir) RUN_DIR="$2"; shift 2 ;;
@@ -80,8 +81,10 @@ start_node() {  # start_node ROLE INDEX
   local role="$1" idx="$2" h log pidf
   h="$(host_for "$role" "$idx")"
   log="$RUN_DIR/$role-$idx.log"; pidf="$RUN_DIR/$role-$idx.pid"
+  local pages="$KV_PAGES"
+  [ "$role" = prefill ] && [ -n "$PREFILL_KV_PAGES" ] && pages="$PREFILL_KV_PAGES"
   local args=(--model "$MODEL" --node-id "$role-$idx" --host "$h" --page-size "$PAGE_SIZE"
-              --kv-pages "$KV_PAGES" --transport "$TRANSPORT" --policy "$POLICY" --host-kv-pages "$HOST_KV_PAGES"
+              --kv-pages "$pages" --transport "$TRANSPORT" --policy "$POLICY" --host-kv-pages "$HOST_KV_PAGES"
               ${EXTRA[@]+"${EXTRA[@]}"})
   if is_local "$h"; then
     setsid pdtb "$role" "${args[@]}" > "$log" 2>&1 < /dev/null &

@@ -1,0 +1,204 @@
+"""`pdtb bench serve`: build a workload, run it against a router, summarize, write the results.
+
+  pdtb bench serve --url http://127.0.0.1:8000 --workload whale-minnow --seed 1 --out r.json
+  pdtb bench serve --url URL --workload multi-tenant --tenants-file tenants.json --concurrency 8
+  pdtb bench serve --url URL --workload trace:../shared/traces/vtc_multitenant_600s.jsonl \\
+      --time-scale 0.1 --length-scale 0.25 --max-context 1024 --max-requests 200
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections import Counter
+
+import aiohttp
+
+from bench_client import workloads as wl
+from bench_client.records import OK
+from bench_client.results import build_results, format_table, server_labels, write_results
+from bench_client.runner import RunConfig, run
+from bench_client.service import ServiceWeights
+from bench_client.summary import SLO_KEYS, summarize
+from bench_client.traces import read_trace, trace_specs
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="pdtb bench serve", description="Load-test a pd-testbed router.")
+    ap.add_argument("--url", help="router base URL, e.g. http://127.0.0.1:8000 (not needed with --dry-run)")
+    ap.add_argument("--workload", required=True, help="whale-minnow | multi-tenant | trace:FILE")
+    ap.add_argument("--out", help="results JSON to write")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--concurrency", type=int, help="closed loop with N in flight (default: open loop)")
+    ap.add_argument("--duration", type=float, help="seconds of arrivals (whale-minnow: 30, multi-tenant: 60)")
+    ap.add_argument("--max-requests", type=int, help="keep only the first N requests")
+    g = ap.add_argument_group("whale-minnow (lengths: N | uniform:LO:HI | lognormal:MEDIAN:SIGMA)")
+    d = wl.WhaleMinnowConfig()
+    g.add_argument("--whales", type=int, default=d.whales)
+    g.add_argument("--whale-prompt", default=d.whale_prompt)
+    g.add_argument("--whale-output", default=d.whale_output)
+    g.add_argument("--whale-start", type=float, default=d.whale_start, help="first whale's send time, s")
+    g.add_argument("--minnow-rate", type=float, default=d.minnow_rate, help="minnows per second")
+    g.add_argument("--minnow-prompt", default=d.minnow_prompt)
+    g.add_argument("--minnow-output", default=d.minnow_output)
+    g.add_argument("--whale-tenants", type=_csv, default=d.whale_tenants, help="comma list")
+    g.add_argument("--minnow-tenants", type=_csv, default=d.minnow_tenants, help="comma list")
+    g.add_argument("--whale-priority", type=int)
+    g.add_argument("--minnow-priority", type=int)
+    g = ap.add_argument_group("multi-tenant (or --tenants-file, see bench_client/workloads.py)")
+    g.add_argument("--tenants-file", help="JSON tenants spec")
+    g.add_argument("--num-tenants", type=int, default=4)
+    g.add_argument("--rate", type=float, default=4.0, help="total requests/s, split by --weights")
+    g.add_argument("--weights", type=lambda s: [float(x) for x in _csv(s)], help="comma list, one per tenant")
+    g.add_argument("--prompt", default="lognormal:128:0.5", help="prompt length distribution")
+    g.add_argument("--output", default="uniform:16:64", help="output length distribution")
+    g.add_argument("--on", type=float, help="on-phase seconds (with --off)")
+    g.add_argument("--off", type=float, default=0.0, help="off-phase seconds")
+    g = ap.add_argument_group("trace replay")
+    g.add_argument("--length-scale", type=float, default=1.0)
+    g.add_argument("--max-context", type=int, help="clamp prompt+output to this many tokens")
+    g.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival offsets (0.1 = 10x faster)")
+    g = ap.add_argument_group("requests")
+    g.add_argument("--model", help="model name to send (default: the served one)")
+    g.add_argument("--vocab-size", type=int, help="default: from /v1/models")
+    g.add_argument("--max-model-len", type=int, help="default: from /v1/models")
+    g.add_argument("--min-token-id", type=int, default=16, help="prompt ids are drawn from [this, vocab)")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--no-token-ids", action="store_true", help="count tokens by chunk, not token_ids")
+    g.add_argument("--request-timeout", type=float, default=600.0, help="s without a byte before failing")
+    g.add_argument("--api-key")
+    g = ap.add_argument_group("measurement and labels")
+    g.add_argument("--sample-interval", type=float, default=0.5, help="s between /cluster samples (0: off)")
+    g.add_argument("--slo", action="append", default=[], metavar="KEY=MS", help=f"{', '.join(SLO_KEYS)}")
+    g.add_argument("--service-weights", default="1,2", help="service per input,output token")
+    g.add_argument("--fairness-window", type=float, default=1.0, help="s per window of the service gap")
+    g.add_argument("--label-mode", help="mode label (default: from /cluster)")
+    g.add_argument("--label-policy", help="policy label (default: from /cluster)")
+    g.add_argument("--quiet", action="store_true", help="no progress line")
+    g.add_argument("--dry-run", action="store_true", help="print the request list's shape; send nothing")
+    return ap
+
+
+def parse_slos(items: list[str]) -> dict[str, float]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in SLO_KEYS:
+            raise ValueError(f"--slo {item!r}: want KEY=MS with KEY in {', '.join(SLO_KEYS)}")
+        out[key] = float(value)
+    return out
+
+
+def build_workload(a: argparse.Namespace) -> tuple[list[wl.RequestSpec], dict]:
+    """The request list and what describes it in meta (trace scaling included)."""
+    if a.workload == "whale-minnow":
+        cfg = wl.WhaleMinnowConfig(a.whales, a.whale_prompt, a.whale_output, a.whale_start, a.minnow_rate,
+                                   a.minnow_prompt, a.minnow_output, a.duration or 30.0, a.whale_tenants,
+                                   a.minnow_tenants, a.whale_priority, a.minnow_priority)
+        specs, info = wl.whale_minnow(cfg, a.seed), {"whale_minnow": vars(cfg)}
+    elif a.workload == "multi-tenant":
+        if a.tenants_file:
+            with open(a.tenants_file) as f:
+                tenants, file_duration = wl.parse_tenants(json.load(f))
+        else:
+            tenants, file_duration = wl.even_tenants(a.num_tenants, a.rate, a.weights, a.prompt, a.output,
+                                                     a.on, a.off), None
+        duration = a.duration or file_duration or 60.0
+        specs = wl.multi_tenant(tenants, duration, a.seed)
+        info = {"tenants": [dict(vars(t), prompt=vars(t.prompt), output=vars(t.output)) for t in tenants],
+                "duration": duration}
+    elif a.workload.startswith("trace:"):
+        path = a.workload[len("trace:"):]
+        rows, fmt = read_trace(path)
+        specs, scaling = trace_specs(rows, a.length_scale, a.max_context, a.time_scale, a.max_requests)
+        info = {"trace": {"file": path, "format": fmt, "rows": len(rows), **scaling}}
+    else:
+        raise ValueError(f"unknown workload {a.workload!r} (whale-minnow, multi-tenant or trace:FILE)")
+    if a.max_requests is not None:
+        specs = specs[:a.max_requests]
+    return specs, info
+
+
+async def server_info(url: str, api_key: str | None) -> tuple[dict, list | None]:
+    """(`/v1/models` data[0], `/cluster` nodes or None)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15), headers=headers) as s:
+        async with s.get(url + "/v1/models") as r:
+            r.raise_for_status()
+            model = (await r.json())["data"][0]
+        try:
+            async with s.get(url + "/cluster") as r:
+                nodes = await r.json() if r.status == 200 else None
+        except (aiohttp.ClientError, ValueError):
+            nodes = None
+    return model, nodes
+
+
+def describe(specs: list[wl.RequestSpec]) -> str:
+    """One paragraph about a request list (for --dry-run)."""
+    if not specs:
+        return "0 requests"
+    by_class = Counter(s.klass for s in specs)
+    parts = [f"{len(specs)} requests over {specs[-1].send_time:.1f} s, {len({s.tenant for s in specs})} tenants"]
+    for k, n in sorted(by_class.items()):
+        ks = [s for s in specs if s.klass == k]
+        parts.append(f"  class {k}: {n} requests, mean prompt {sum(s.prompt_len for s in ks) / n:.0f}, "
+                     f"mean output {sum(s.output_len for s in ks) / n:.0f} tokens")
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        slos = parse_slos(a.slo)
+        w_in, w_out = (float(x) for x in _csv(a.service_weights))
+        specs, workload_info = build_workload(a)
+    except (ValueError, OSError, KeyError) as e:
+        print(f"pdtb bench serve: {e}", file=sys.stderr)
+        return 2
+    if a.dry_run:
+        print(describe(specs))
+        return 0
+    if not a.url:
+        print("pdtb bench serve: --url is required (except with --dry-run)", file=sys.stderr)
+        return 2
+    return asyncio.run(_serve(a, specs, workload_info, slos, ServiceWeights(w_in, w_out)))
+
+
+async def _serve(a, specs, workload_info: dict, slos: dict, weights: ServiceWeights) -> int:
+    url = a.url.rstrip("/")
+    try:
+        model, nodes = await server_info(url, a.api_key)
+    except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, IndexError, ValueError) as e:
+        if a.vocab_size is None or a.max_model_len is None:
+            print(f"pdtb bench serve: cannot read {url}/v1/models ({e!r}); pass --vocab-size and "
+                  f"--max-model-len to go on without it", file=sys.stderr)
+            return 1
+        model, nodes = {}, None
+    vocab, max_len = a.vocab_size or model["vocab_size"], a.max_model_len or model["max_model_len"]
+    clamped = 0
+    for i, s in enumerate(specs):
+        specs[i], changed = wl.clamp_to_context(s, max_len)
+        clamped += changed
+    mode, policy = server_labels(nodes)
+    cfg = RunConfig(url, a.model, vocab, a.min_token_id, a.seed, a.concurrency, a.request_timeout,
+                    a.sample_interval, not a.no_token_ids, a.temperature, not a.quiet, a.api_key)
+    res = await run(specs, cfg)
+    summary = summarize(res.records, res.duration, slos, weights, a.fairness_window)
+    meta = {"workload": a.workload, "options": vars(a), "seed": a.seed, "url": url,
+            "mode": a.label_mode or mode, "policy": a.label_policy or policy,
+            "start_time": res.start_time, "duration_s": res.duration,
+            "arrival": f"closed-loop x{a.concurrency}" if a.concurrency else "poisson/open-loop",
+            "model": {"id": model.get("id"), "vocab_size": vocab, "max_model_len": max_len},
+            "clamped_to_context": clamped, "client_overhead": res.client_overhead, **workload_info}
+    if a.out:
+        write_results(a.out, build_results(meta, res.records, summary, res.samples))
+    print(format_table(summary))
+    if a.out:
+        print(f"results: {a.out}")
+    return 0 if any(r.status == OK for r in res.records) or not res.records else 1

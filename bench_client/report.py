@@ -1,0 +1,98 @@
+"""`pdtb report RESULTS.json [...] --out DIR`: a markdown report comparing runs side by side
+(one column per run, labelled "mode/policy" from its meta) and PNG plots next to it."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench_client.results import fmt, load_results, run_label
+
+PLOTS = (("ttft_cdf.png", "TTFT CDF per class"), ("itl_cdf.png", "ITL CDF per class"),
+         ("service.png", "accumulated service per tenant"), ("kv_pages.png", "KV pages over time"),
+         ("p99_bars.png", "p99 TTFT and ITL per class"))
+
+# (row label, path into a STATS dict, digits)
+CLASS_ROWS = (("TTFT p50 (ms)", ("ttft_ms", "p50"), 1), ("TTFT p99 (ms)", ("ttft_ms", "p99"), 1),
+              ("ITL p99 (ms)", ("itl_ms", "p99"), 1), ("TPOT p50 (ms)", ("tpot_ms", "p50"), 1),
+              ("TPOT p99 (ms)", ("tpot_ms", "p99"), 1), ("output tok/s", ("output_tok_s",), 1),
+              ("goodput (req/s)", ("goodput_rps",), 2), ("requests (failed)", None, 0))
+
+
+def labels_for(paths: list[str], runs: list[dict]) -> list[str]:
+    """'mode/policy' per run; repeated labels get the file name added."""
+    base = [run_label(r["meta"]) for r in runs]
+    return [f"{b} ({Path(p).stem})" if base.count(b) > 1 else b for b, p in zip(base, paths)]
+
+
+def _get(stats: dict | None, path):
+    v = stats
+    for k in path:
+        v = None if v is None else v.get(k)
+    return v
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def markdown(runs: dict[str, dict]) -> str:
+    """The report text for {label: results}."""
+    labels = list(runs)
+    out = ["# pd-testbed benchmark report", "", "## Runs", ""]
+    out += _table(["run", "workload", "arrival", "requests", "failed", "duration (s)", "seed"],
+                  [[lab, f"`{r['meta'].get('workload')}`", str(r["meta"].get("arrival", "-")),
+                    str(r["summary"]["overall"]["count"]), str(r["summary"]["overall"]["failed"]),
+                    fmt(r["summary"].get("duration_s")), str(r["meta"].get("seed"))] for lab, r in runs.items()])
+    groups = [("overall", lambda r: r["summary"]["overall"])]
+    classes = sorted({c for r in runs.values() for c in r["summary"]["per_class"]})
+    groups += [(f"class {c}", (lambda c: lambda r: r["summary"]["per_class"].get(c))(c)) for c in classes]
+    rows = []
+    for name, pick in groups:
+        for row_label, path, digits in CLASS_ROWS:
+            cells = []
+            for r in runs.values():
+                s = pick(r)
+                cells.append("-" if s is None else (f"{s['count']} ({s['failed']})" if path is None
+                                                   else fmt(_get(s, path), digits)))
+            rows.append([f"**{name}** {row_label}"] + cells)
+    for row_label, key, digits in (("Jain index (normalized service)", "jain_index", 3),
+                                   ("max service gap", "max_service_gap", 0)):
+        rows.append([f"**fairness** {row_label}"] + [fmt(r["summary"]["fairness"].get(key), digits)
+                                                      for r in runs.values()])
+    out += ["", "## Side by side", "", "Latencies in ms over completed requests; goodput under each run's SLOs.", ""]
+    out += _table(["metric"] + labels, rows)
+    out += ["", "## Plots", ""] + [f"### {title}\n\n![{title}]({name})\n" for name, title in PLOTS]
+    return "\n".join(out) + "\n"
+
+
+def write_report(paths: list[str], out_dir: str | Path) -> Path:
+    """Load the results files, write report.md and the plots into out_dir; returns report.md."""
+    from bench_client import plots
+
+    loaded = [load_results(p) for p in paths]
+    runs = dict(zip(labels_for(paths, loaded), loaded))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plots.latency_cdfs(runs, out / "ttft_cdf.png", "ttft")
+    plots.latency_cdfs(runs, out / "itl_cdf.png", "itl")
+    plots.service_over_time(runs, out / "service.png")
+    plots.kv_pages_over_time(runs, out / "kv_pages.png")
+    plots.p99_bars(runs, out / "p99_bars.png")
+    report = out / "report.md"
+    report.write_text(markdown(runs))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pdtb report", description="Compare benchmark results side by side.")
+    ap.add_argument("results", nargs="+", help="results JSON files from `pdtb bench serve --out`")
+    ap.add_argument("--out", required=True, help="directory for report.md and the PNGs")
+    a = ap.parse_args(argv)
+    try:
+        report = write_report(a.results, a.out)
+    except (OSError, ValueError) as e:
+        print(f"pdtb report: {e}", file=sys.stderr)
+        return 2
+    print(report)
+    return 0

@@ -1,0 +1,36 @@
+"""Server-side samples taken during a run: `/cluster` snapshots, and the series the plots need.
+
+A sample is {"t": s since the run's start, "nodes": [{"role", "id", "pages_total", "pages_free",
+"host_pages_total", "host_pages_free", "running", "waiting", "tenant_pages": {tenant: pages}}]};
+`tenant_pages` is {} unless the node reports `extra.tenant_pages`.
+"""
+from __future__ import annotations
+
+NODE_KEYS = ("role", "id", "pages_total", "pages_free", "host_pages_total", "host_pages_free", "running", "waiting")
+
+
+def cluster_sample(t: float, nodes: list[dict]) -> dict:
+    """One sample from a `/cluster` answer."""
+    out = []
+    for n in nodes:
+        row = {k: n.get(k) for k in NODE_KEYS}
+        pages = (n.get("extra") or {}).get("tenant_pages") or {}
+        row["tenant_pages"] = {str(k): v for k, v in pages.items()} if isinstance(pages, dict) else {}
+        out.append(row)
+    return {"t": t, "nodes": out}
+
+
+def tenant_pages_series(samples: list[dict]) -> dict[str, tuple[list[float], list[float]]]:
+    """Per tenant: sample times and KV pages held, summed over nodes (0 where a sample lacks it).
+    Empty when no node ever reported tenant pages."""
+    tenants = sorted({t for s in samples for n in s["nodes"] for t in n["tenant_pages"]})
+    times = [s["t"] for s in samples]
+    return {t: (times, [sum(n["tenant_pages"].get(t, 0) for n in s["nodes"]) for s in samples]) for t in tenants}
+
+
+def used_pages_series(samples: list[dict]) -> dict[str, tuple[list[float], list[float]]]:
+    """Per node role: sample times and pages in use (total - free), summed over that role's nodes."""
+    roles = sorted({n["role"] for s in samples for n in s["nodes"]})
+    times = [s["t"] for s in samples]
+    return {r: (times, [sum((n["pages_total"] or 0) - (n["pages_free"] or 0) for n in s["nodes"] if n["role"] == r)
+                        for s in samples]) for r in roles}

@@ -1,0 +1,100 @@
+"""Summary figures of a run (pure functions over `RequestRecord`s).
+
+Per request (status "ok" only; failed requests count in `count` and `failed`, nothing else):
+  TTFT  = first_token_time - send_time
+  ITL   = every gap between consecutive streamed tokens (tokens of one chunk share a time: gap 0)
+  TPOT  = (E2E - TTFT) / (output tokens - 1), only with at least 2 output tokens
+  E2E   = end_time - send_time
+Each is reported in ms as PCT = {mean, p50, p90, p95, p99, max}, percentiles linearly
+interpolated as numpy's default; every field is None when there is no sample.
+output_tok_s = output tokens of ok requests / duration; goodput_rps = ok requests meeting every
+given SLO / duration (no SLOs: every ok request; a 1-token request has no TPOT and meets a TPOT SLO).
+"""
+from __future__ import annotations
+
+import math
+
+from bench_client.records import OK, RequestRecord
+from bench_client.service import ServiceWeights, fairness
+
+PCT_KEYS = ("mean", "p50", "p90", "p95", "p99", "max")
+SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """The q-th percentile (0..100) of sorted values, linear interpolation (numpy 'linear')."""
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def pct(values: list[float]) -> dict:
+    """PCT of the values (already in the unit wanted)."""
+    if not values:
+        return dict.fromkeys(PCT_KEYS)
+    s = sorted(values)
+    return {"mean": sum(s) / len(s), "p50": percentile(s, 50), "p90": percentile(s, 90),
+            "p95": percentile(s, 95), "p99": percentile(s, 99), "max": s[-1]}
+
+
+def ttft_s(r: RequestRecord) -> float | None:
+    return None if r.first_token_time is None else r.first_token_time - r.send_time
+
+
+def e2e_s(r: RequestRecord) -> float | None:
+    return None if r.end_time is None else r.end_time - r.send_time
+
+
+def tpot_s(r: RequestRecord) -> float | None:
+    ttft, e2e = ttft_s(r), e2e_s(r)
+    if ttft is None or e2e is None or r.output_tokens < 2:
+        return None
+    return (e2e - ttft) / (r.output_tokens - 1)
+
+
+def itls_s(r: RequestRecord) -> list[float]:
+    t = r.token_times
+    return [b - a for a, b in zip(t, t[1:])]
+
+
+def meets_slos(r: RequestRecord, slos: dict[str, float]) -> bool:
+    """An ok request within every SLO (ms); an undefined figure (TPOT of one token) passes."""
+    got = {"ttft_ms": ttft_s(r), "tpot_ms": tpot_s(r), "e2e_ms": e2e_s(r)}
+    return r.status == OK and all(got[k] is None or got[k] * 1000 <= limit for k, limit in slos.items())
+
+
+def stats(records: list[RequestRecord], duration: float, slos: dict[str, float]) -> dict:
+    """STATS of a group of requests."""
+    ok = [r for r in records if r.status == OK]
+
+    def ms(f):
+        return [v * 1000 for v in map(f, ok) if v is not None]
+
+    rate = (lambda n: n / duration) if duration > 0 else (lambda n: None)
+    return {"count": len(records), "failed": len(records) - len(ok),
+            "ttft_ms": pct(ms(ttft_s)), "itl_ms": pct([g * 1000 for r in ok for g in itls_s(r)]),
+            "tpot_ms": pct(ms(tpot_s)), "e2e_ms": pct(ms(e2e_s)),
+            "output_tok_s": rate(sum(r.output_tokens for r in ok)),
+            "goodput_rps": rate(sum(meets_slos(r, slos) for r in ok))}
+
+
+def _grouped(records: list[RequestRecord], key) -> dict[str, list[RequestRecord]]:
+    out: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        out.setdefault(key(r), []).append(r)
+    return dict(sorted(out.items()))
+
+
+def summarize(records: list[RequestRecord], duration: float, slos: dict[str, float] | None = None,
+              service_weights: ServiceWeights | None = None, window: float = 1.0) -> dict:
+    """The results file's `summary`: overall, per tenant, per class, fairness."""
+    slos = dict(slos or {})
+    bad = set(slos) - set(SLO_KEYS)
+    if bad:
+        raise ValueError(f"unknown SLO {sorted(bad)} (want {', '.join(SLO_KEYS)})")
+    w = service_weights or ServiceWeights()
+    return {"overall": stats(records, duration, slos),
+            "per_tenant": {k: stats(v, duration, slos) for k, v in _grouped(records, lambda r: r.tenant).items()},
+            "per_class": {k: stats(v, duration, slos) for k, v in _grouped(records, lambda r: r.klass).items()},
+            "fairness": fairness(records, w, window, duration),
+            "duration_s": duration, "slos": slos}

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Colocated vs disaggregated serving, policy by policy, on the same seeded whale-minnow workload.
+#
+#   scripts/compare_fairness.sh [--quick] [--out DIR] [--policies LIST] [--modes "colocated disagg"]
+#                               [--model DIR] [--seed N]
+#
+# Same KV page budget in both modes: the colocated node gets TOTAL device pages; the
+# disaggregated cluster splits them, PREFILL pages on the prefill node and the rest on the
+# decode node. Both get the same host tier. Compute: the colocated node runs with 2 torch
+# threads in one process; the disaggregated prefill and decode nodes with 1 thread each (two
+# processes), so each mode uses the machine's two cores. The whales need most of the decode pool
+# (more than all of it together), so the policies are compared under real KV pressure.
+# Writes DIR/MODE-POLICY.json for each run and DIR/report/report.md with plots.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+QUICK=0 OUT="" POLICIES="" MODES="colocated disagg" MODEL="" SEED=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1; shift ;;
+    --out) OUT="$2"; shift 2 ;;
+    --policies) POLICIES="$2"; shift 2 ;;
+    --modes) MODES="$2"; shift 2 ;;
+    --model) MODEL="$2"; shift 2 ;;
+    --seed) SEED="$2"; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "compare_fairness: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+source "$ROOT/scripts/_env.sh"
+OUT="${OUT:-$ROOT/results/compare-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+[ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.common import resolve_model; print(resolve_model(None))')"
+
+# Workload and budget. Whale footprint = 64 x minnow footprint (1536+512 vs 24+8 tokens).
+PAGE=16 TOTAL=448 PREFILL=160 HOST=256
+WL=(--workload whale-minnow --whales 4 --whale-prompt 1536 --whale-output 512 --whale-start 1
+    --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 30 --seed "$SEED"
+    --slo ttft_ms=1000 --slo tpot_ms=200)
+if [ "$QUICK" = 1 ]; then
+  POLICIES="${POLICIES:-fcfs memfair}"
+  WL=(--workload whale-minnow --whales 3 --whale-prompt 1536 --whale-output 512 --whale-start 1
+      --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 20 --seed "$SEED"
+      --slo ttft_ms=1000 --slo tpot_ms=200)
+  TOTAL=352 PREFILL=128
+fi
+POLICIES="${POLICIES:-fcfs memfair vtc mcsf priority}"
+POLICIES="${POLICIES//,/ }"
+
+run_one() {  # run_one MODE POLICY
+  local mode="$1" pol="$2" rd="$OUT/run-$1-$2" extra=() pages
+  if [ "$mode" = colocated ]; then
+    pages="$TOTAL"; extra=(-- --torch-threads 2)
+  else
+    pages=$(( TOTAL - PREFILL )); extra=(--prefill-kv-pages "$PREFILL")
+  fi
+  echo "== $mode / $pol: device pages $pages${PREFILL:+ (prefill $PREFILL in disagg)}, host $HOST" >&2
+  local url
+  url="$(bash "$ROOT/scripts/launch_cluster.sh" --mode "$mode" --model "$MODEL" --policy "$pol" --port 0 \
+        --kv-pages "$pages" --host-kv-pages "$HOST" --page-size "$PAGE" --run-dir "$rd" "${extra[@]}" \
+        | sed -n 's/^READY //p')"
+  local rc=0
+  pdtb bench serve --url "$url" "${WL[@]}" --label-mode "$mode" --label-policy "$pol" \
+    --out "$OUT/$mode-$pol.json" --quiet || rc=$?
+  bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$rd" --timeout 20 >&2
+  return $rc
+}
+
+for mode in $MODES; do
+  for pol in $POLICIES; do
+    run_one "$mode" "$pol"
+  done
+done
+pdtb report "$OUT"/*.json --out "$OUT/report"

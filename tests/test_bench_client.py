@@ -1,0 +1,194 @@
+"""The load-test client against an in-process slow OpenAI-style SSE server with known delays."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bench_client.cli import main
+from bench_client.records import RequestSpec
+from bench_client.runner import RunConfig, request_body, run
+from bench_client.sse import SSEParser, count_tokens
+from bench_client.summary import summarize
+
+VOCAB, MAX_LEN = 1000, 512
+
+
+def make_app(first_s: float, itl_s: float, state: dict | None = None) -> web.Application:
+    """A router stand-in: first token after `first_s`, then one token every `itl_s`. Tenant
+    "bad" fails after its first token; prompts over MAX_LEN are rejected with 400."""
+    state = state if state is not None else {}
+    state.update(in_flight=0, max_in_flight=0, bodies=[])
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        state["bodies"].append(body)
+        if len(body["prompt"]) + body["max_tokens"] > MAX_LEN:
+            return web.json_response({"error": {"message": "too long", "type": "invalid_request_error"}}, status=400)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        state["in_flight"] += 1
+        state["max_in_flight"] = max(state["max_in_flight"], state["in_flight"])
+        try:
+            n = body["max_tokens"]
+            await asyncio.sleep(first_s)
+            for i in range(n):
+                if i and body["user"] == "bad":
+                    await resp.write(b'data: {"error": {"message": "node died", "type": "server_error"}}\n\n')
+                    break
+                choice = {"index": 0, "text": "x", "finish_reason": "length" if i == n - 1 else None}
+                if body.get("return_token_ids"):
+                    choice["token_ids"] = [7]
+                chunk = {"choices": [choice]}
+                if i == n - 1:
+                    chunk["pdtb_timing"] = {"prefill_s": 0.01}
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                if i < n - 1:
+                    await asyncio.sleep(itl_s)
+            await resp.write(b"data: [DONE]\n\n")
+        finally:
+            state["in_flight"] -= 1
+        return resp
+
+    async def models(_):
+        return web.json_response({"data": [{"id": "tiny", "max_model_len": MAX_LEN, "vocab_size": VOCAB}]})
+
+    async def cluster(_):
+        return web.json_response([
+            {"role": "prefill", "id": "p0", "pages_total": 100, "pages_free": 90, "extra": {}},
+            {"role": "decode", "id": "d0", "pages_total": 100, "pages_free": 40,
+             "extra": {"policy": "vtc", "tenant_pages": {"whale": 50, "minnow": 10}}}])
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/cluster", cluster)
+    return app
+
+
+async def start(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+def run_against(app, specs, **cfg):
+    async def go():
+        runner, url = await start(app)
+        try:
+            return await asyncio.wait_for(run(specs, RunConfig(url, None, VOCAB, progress=False, **cfg)), 20)
+        finally:
+            await runner.cleanup()
+    return asyncio.run(go())
+
+
+def test_measured_ttft_and_itl_match_injected_delays():
+    """First token after 200 ms, then one every 50 ms: the client must see that at the p50
+    (±15 ms: the machine is shared), and its own overhead must be small."""
+    specs = [RequestSpec(0.05 * i, f"t{i % 2}", "c", 32, 6) for i in range(6)]
+    res = run_against(make_app(0.200, 0.050), specs, sample_interval=0.1)
+    assert [r.status for r in res.records] == ["ok"] * 6
+    assert all(r.output_tokens == 6 and len(r.token_times) == 6 for r in res.records)
+    s = summarize(res.records, res.duration)["overall"]
+    assert s["ttft_ms"]["p50"] == pytest.approx(200, abs=15)
+    assert s["itl_ms"]["p50"] == pytest.approx(50, abs=15)
+    assert s["tpot_ms"]["p50"] == pytest.approx(50, abs=15)
+    assert s["e2e_ms"]["p50"] == pytest.approx(450, abs=30)
+    assert res.records[0].server_timing == {"prefill_s": 0.01}
+    over = res.client_overhead
+    assert over["dispatch_lag_ms"]["p50"] < 15 and over["parse_us_per_token"]["p50"] < 2000
+    assert [r.scheduled_time for r in res.records] == pytest.approx([0.05 * i for i in range(6)])
+    assert res.samples and res.samples[0]["nodes"][1]["tenant_pages"] == {"whale": 50, "minnow": 10}
+
+
+def test_failures_closed_loop_and_request_shape():
+    state: dict = {}
+    specs = [RequestSpec(0.0, "good", "c", 10, 3, priority=1), RequestSpec(0.0, "bad", "c", 10, 3),
+             RequestSpec(0.0, "good", "c", 600, 3)] + [RequestSpec(0.0, "good", "c", 5, 2) for _ in range(3)]
+    res = run_against(make_app(0.01, 0.005, state), specs, concurrency=2, sample_interval=0)
+    recs = res.records
+    assert [r.status for r in recs] == ["ok", "failed", "failed", "ok", "ok", "ok"]
+    assert recs[1].error == "node died" and recs[1].output_tokens == 1 and recs[1].first_token_time is not None
+    assert recs[2].error.startswith("HTTP 400") and recs[2].first_token_time is None
+    assert state["max_in_flight"] <= 2  # closed loop: never more than --concurrency in flight
+    first = next(b for b in state["bodies"] if b.get("priority") == 1)
+    assert len(first["prompt"]) == 10 and all(16 <= t < VOCAB for t in first["prompt"])
+    assert first["ignore_eos"] is True and first["user"] == "good" and first["max_tokens"] == 3
+    assert sum("priority" in b for b in state["bodies"]) == 1  # sent only when the spec has one
+    assert res.samples == []
+
+
+def test_prompt_ids_are_seeded():
+    cfg = RunConfig("http://x", None, VOCAB, seed=3)
+    spec = RequestSpec(0.0, "a", "c", 50, 4)
+    assert request_body(cfg, 5, spec) == request_body(cfg, 5, spec)
+    assert request_body(cfg, 5, spec) != request_body(cfg, 6, spec)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=40), max_size=20), st.booleans())
+def test_sse_parser_any_split(cuts, crlf):
+    nl = b"\r\n" if crlf else b"\n"
+    events = [{"choices": [{"text": "a", "token_ids": [1, 2]}]}, {"choices": [{"text": "b"}]}]
+    raw = b": keep-alive" + nl + nl + b"".join(b"data: " + json.dumps(e).encode() + nl + nl for e in events)
+    raw += b"event: x" + nl + b"data: [DONE]" + nl + nl
+    parser, got, pos = SSEParser(), [], 0
+    for c in cuts:
+        got += parser.feed(raw[pos:pos + c])
+        pos += c
+    got += parser.feed(raw[pos:]) + parser.close()
+    assert got[-1] == "[DONE]" and [json.loads(g) for g in got[:-1]] == events
+    assert [count_tokens(json.loads(g)) for g in got[:-1]] == [2, 1]
+
+
+def test_cli_end_to_end(tmp_path, capsys):
+    """`main` against the server in a thread: results file keys, labels read from /cluster."""
+    loop, ready = asyncio.new_event_loop(), threading.Event()
+    box = {}
+
+    def serve():
+        asyncio.set_event_loop(loop)
+        box["runner"], box["url"] = loop.run_until_complete(start(make_app(0.02, 0.005)))
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    out = tmp_path / "r.json"
+    try:
+        rc = main(["--url", box["url"], "--workload", "whale-minnow", "--whales", "1", "--whale-prompt", "400",
+                   "--whale-output", "200", "--whale-start", "0", "--minnow-rate", "20", "--minnow-prompt", "8",
+                   "--minnow-output", "3", "--duration", "0.4", "--seed", "2", "--out", str(out),
+                   "--slo", "ttft_ms=5000", "--sample-interval", "0.05", "--quiet", "--label-mode", "test"])
+    finally:
+        asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert list(data) == ["meta", "requests", "summary", "samples"]
+    meta = data["meta"]
+    assert (meta["mode"], meta["policy"], meta["seed"], meta["workload"]) == ("test", "vtc", 2, "whale-minnow")
+    assert meta["clamped_to_context"] == 1  # the 600-token whale is clamped to the 512 context
+    assert {"dispatch_lag_ms", "parse_us_per_token", "loop_lag_ms"} <= set(meta["client_overhead"])
+    req = data["requests"][0]
+    assert list(req)[:11] == ["tenant", "class", "prompt_tokens", "output_tokens", "send_time", "first_token_time",
+                              "token_times", "end_time", "status", "error", "server_timing"]
+    whale = next(r for r in data["requests"] if r["class"] == "whale")
+    assert whale["prompt_tokens"] + whale["output_tokens"] == MAX_LEN and whale["status"] == "ok"
+    summary = data["summary"]
+    assert set(summary) >= {"overall", "per_tenant", "per_class", "fairness"}
+    assert set(summary["overall"]) == {"count", "failed", "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms",
+                                       "output_tok_s", "goodput_rps"}
+    assert set(summary["fairness"]) >= {"service", "normalized_service", "jain_index", "max_service_gap"}
+    assert summary["overall"]["failed"] == 0 and data["samples"]
+    assert "class whale" in capsys.readouterr().out

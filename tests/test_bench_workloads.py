@@ -1,0 +1,155 @@
+"""Workload generators (seeded, reproducible) and trace parsing of both formats."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from bench_client import workloads as wl
+from bench_client.cli import build_parser, build_workload, main
+from bench_client.records import RequestSpec
+from bench_client.traces import parse_azure_csv, parse_jsonl, read_trace, trace_specs
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+
+
+def footprint(s: RequestSpec) -> int:
+    return s.prompt_len + s.output_len
+
+
+def test_whale_minnow_default_ratio_is_64_to_1():
+    specs = wl.whale_minnow(wl.WhaleMinnowConfig(), seed=0)
+    whales = [s for s in specs if s.klass == "whale"]
+    minnows = [s for s in specs if s.klass == "minnow"]
+    assert len(whales) == 2 and len(minnows) > 50
+    assert {footprint(s) for s in whales} == {64 * footprint(minnows[0])}
+    assert {footprint(s) for s in minnows} == {footprint(minnows[0])}
+    assert {s.tenant for s in whales} == {"whale"} and {s.tenant for s in minnows} == {"minnow"}
+    assert [s.send_time for s in specs] == sorted(s.send_time for s in specs)
+    assert [s.send_time for s in whales] == pytest.approx([2.0, 16.0])  # evenly spaced from whale_start
+
+
+def test_whale_minnow_seeded_and_options():
+    cfg = wl.WhaleMinnowConfig(whales=4, minnow_rate=20, duration=5, whale_tenants=("A", "B"),
+                               minnow_tenants=("C", "D"), minnow_prompt="uniform:10:20", minnow_priority=1)
+    a, b, c = wl.whale_minnow(cfg, 7), wl.whale_minnow(cfg, 7), wl.whale_minnow(cfg, 8)
+    assert a == b and a != c
+    assert [s.tenant for s in a if s.klass == "whale"] == ["A", "B", "A", "B"]
+    minnows = [s for s in a if s.klass == "minnow"]
+    assert {s.tenant for s in minnows} == {"C", "D"} and {s.priority for s in minnows} == {1}
+    assert all(10 <= s.prompt_len <= 20 for s in minnows) and all(s.send_time < 5 for s in a)
+    assert 60 <= len(minnows) <= 140  # Poisson, 20/s for 5 s
+    # the minnow stream does not depend on the number of whales
+    fewer = wl.whale_minnow(wl.WhaleMinnowConfig(**{**vars(cfg), "whales": 1}), 7)
+    assert [s for s in fewer if s.klass == "minnow"] == minnows
+
+
+def test_length_distributions():
+    rng = random.Random(1)
+    assert wl.LengthDist.parse("64").sample(rng) == 64 == wl.LengthDist.parse("fixed:64").sample(rng)
+    u = wl.LengthDist.parse("uniform:3:5")
+    assert {u.sample(rng) for _ in range(200)} == {3, 4, 5}
+    ln = wl.LengthDist.parse("lognormal:100:0.5")
+    xs = sorted(ln.sample(rng) for _ in range(2001))
+    assert 85 <= xs[1000] <= 115 and min(xs) >= 1  # median near 100
+    for bad in ("x", "uniform:5:3", "lognormal:10", "0", "gamma:1:2"):
+        with pytest.raises(ValueError):
+            wl.LengthDist.parse(bad)
+
+
+def test_multi_tenant_rates_weights_and_phases():
+    tenants = wl.even_tenants(2, 30.0, [2, 1], "32", "8", on=1.0, off=1.0)
+    assert [t.rate for t in tenants] == pytest.approx([20.0, 10.0])
+    specs = wl.multi_tenant(tenants, 10.0, seed=3)
+    assert specs == wl.multi_tenant(tenants, 10.0, seed=3)
+    assert all((s.send_time % 2.0) < 1.0 for s in specs)  # nothing in the off phases
+    n = {t: sum(s.tenant == t for s in specs) for t in ("t0", "t1")}
+    assert 70 <= n["t0"] <= 130 and 30 <= n["t1"] <= 70  # 5 s on at 20/s and 10/s
+
+
+def test_tenants_file_format():
+    doc = {"duration": 20, "rate": 6.0, "tenants": [
+        {"name": "A", "weight": 2, "prompt": "uniform:8:16", "output": "4", "class": "chat", "priority": 0},
+        {"name": "B"},  # weight 1 of the total rate, default lengths
+        {"name": "C", "rate": 1.5, "start": 5, "on": 2, "off": 3}]}
+    tenants, duration = wl.parse_tenants(doc)
+    assert duration == 20 and [t.rate for t in tenants] == pytest.approx([4.0, 2.0, 1.5])
+    specs = wl.multi_tenant(tenants, duration, seed=0)
+    a = [s for s in specs if s.tenant == "A"]
+    assert {(s.klass, s.priority, s.output_len) for s in a} == {("chat", 0, 4)}
+    assert all(s.send_time >= 5 and (s.send_time - 5) % 5 < 2 for s in specs if s.tenant == "C")
+    with pytest.raises(ValueError):
+        wl.parse_tenants({"tenants": [{"name": "A"}]})  # no rate anywhere
+
+
+def test_clamp_to_context():
+    s = RequestSpec(0.0, "a", "x", 100, 20)
+    assert wl.clamp_to_context(s, 200) == (s, False)
+    got, changed = wl.clamp_to_context(s, 64)
+    assert changed and (got.prompt_len, got.output_len) == (44, 20)
+    got, _ = wl.clamp_to_context(RequestSpec(0.0, "a", "x", 10, 500), 64)
+    assert (got.prompt_len, got.output_len) == (1, 63)
+
+
+JSONL = """{"timestamp": 1000, "tenant": "x", "input_length": 100, "output_length": 10, "priority": 2}
+{"timestamp": 0, "input_length": 50, "output_length": 5, "hash_ids": [1, 2]}
+
+{"timestamp": 3000, "tenant": "y", "input_length": 4000, "output_length": 300}
+"""
+AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
+2023-11-16 18:15:46.5000000,374,44
+2023-11-16 18:15:48.7500000,396,109
+2023-11-16 18:16:00.0000000,2000,0
+"""
+
+
+def test_trace_jsonl_and_scaling():
+    rows = parse_jsonl(JSONL.splitlines())
+    assert [(r.timestamp, r.tenant, r.priority) for r in rows] == [(1.0, "x", 2), (0.0, "default", None),
+                                                                    (3.0, "y", None)]
+    specs, info = trace_specs(rows, length_scale=0.5, max_context=1024, time_scale=0.1)
+    assert [(s.send_time, s.tenant, s.prompt_len, s.output_len, s.priority) for s in specs] == [
+        (0.0, "default", 25, 2, None), (pytest.approx(0.1), "x", 50, 5, 2), (pytest.approx(0.3), "y", 874, 150, None)]
+    assert info["clamped_by_max_context"] == 1 and info["time_scale"] == 0.1 and info["length_scale"] == 0.5
+    specs, info = trace_specs(rows, max_requests=2)
+    assert len(specs) == 2 and info["max_requests"] == 2 and specs[1].send_time == pytest.approx(1.0)
+
+
+def test_trace_azure_csv(tmp_path):
+    path = tmp_path / "azure.csv"
+    path.write_text(AZURE)
+    rows, fmt = read_trace(path)
+    assert fmt == "azure-csv" and len(rows) == 3
+    specs, _ = trace_specs(rows)
+    assert [s.send_time for s in specs] == pytest.approx([0.0, 2.25, 13.5])
+    assert [(s.prompt_len, s.output_len) for s in specs] == [(374, 44), (396, 109), (2000, 1)]  # >= 1 token
+    with pytest.raises(ValueError):
+        parse_azure_csv(["TIMESTAMP,ContextTokens,GeneratedTokens", "yesterday,1,2"])
+
+
+def test_cli_builds_the_same_workload_for_the_same_seed(tmp_path, capsys):
+    (tmp_path / "t.jsonl").write_text(JSONL)
+    argv = ["--workload", f"trace:{tmp_path / 't.jsonl'}", "--length-scale", "2", "--max-context", "512"]
+    specs, info = build_workload(build_parser().parse_args(argv))
+    assert info["trace"]["format"] == "jsonl" and info["trace"]["max_context"] == 512
+    assert all(s.prompt_len + s.output_len <= 512 for s in specs)
+    args = build_parser().parse_args(["--workload", "multi-tenant", "--seed", "5", "--duration", "5"])
+    assert build_workload(args)[0] == build_workload(args)[0]
+    assert main(["--workload", "whale-minnow", "--dry-run", "--duration", "5"]) == 0
+    assert "class whale: 2 requests" in capsys.readouterr().out
+    assert main(["--workload", "nope", "--dry-run"]) == 2
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason=f"shared traces not found at {TRACES}")
+def test_real_traces():
+    rows, fmt = read_trace(TRACES / "azure_llm_conv_2023.csv")
+    assert fmt == "azure-csv" and len(rows) == 19366
+    specs, _ = trace_specs(rows, max_requests=100)
+    assert len(specs) == 100 and specs[0].send_time == 0.0 and specs[-1].send_time > 0
+    rows, fmt = read_trace(TRACES / "vtc_multitenant_600s.jsonl")
+    assert fmt == "jsonl" and len(rows) == 1500 and len({r.tenant for r in rows}) == 27
+    specs, info = trace_specs(rows, time_scale=0.5)
+    assert info["span_s"] == pytest.approx(max(r.timestamp for r in rows) * 0.5, abs=1.0)
+    json.dumps(info)
