@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--whale-prompt", default=d.whale_prompt)
     g.add_argument("--whale-output", default=d.whale_output)
     g.add_argument("--whale-start", type=float, default=d.whale_start, help="first whale's send time, s")
+    g.add_argument("--whale-interval", type=float, default=None,
+                   help="seconds between whales (default: spread evenly over the duration)")
     g.add_argument("--minnow-rate", type=float, default=d.minnow_rate, help="minnows per second")
     g.add_argument("--minnow-prompt", default=d.minnow_prompt)
     g.add_argument("--minnow-output", default=d.minnow_output)
@@ -99,7 +101,8 @@ def build_workload(a: argparse.Namespace) -> tuple[list[wl.RequestSpec], dict]:
     if a.workload == "whale-minnow":
         cfg = wl.WhaleMinnowConfig(a.whales, a.whale_prompt, a.whale_output, a.whale_start, a.minnow_rate,
                                    a.minnow_prompt, a.minnow_output, a.duration or 30.0, a.whale_tenants,
-                                   a.minnow_tenants, a.whale_priority, a.minnow_priority)
+                                   a.minnow_tenants, a.whale_priority, a.minnow_priority,
+                                   whale_interval=a.whale_interval)
         specs, info = wl.whale_minnow(cfg, a.seed), {"whale_minnow": vars(cfg)}
     elif a.workload == "multi-tenant":
         if a.tenants_file:

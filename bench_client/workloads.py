@@ -111,6 +111,7 @@ class WhaleMinnowConfig:
     minnow_tenants: tuple[str, ...] = ("minnow",)  # minnows pick one at random
     whale_priority: int | None = None
     minnow_priority: int | None = None
+    whale_interval: float | None = None  # seconds between whales (None: spread over the duration)
 
 
 def whale_minnow(cfg: WhaleMinnowConfig, seed: int) -> list[RequestSpec]:
@@ -122,7 +123,8 @@ def whale_minnow(cfg: WhaleMinnowConfig, seed: int) -> list[RequestSpec]:
     specs = []
     start = min(cfg.whale_start, cfg.duration)
     for i in range(cfg.whales):
-        t = start + i * (cfg.duration - start) / cfg.whales
+        gap = cfg.whale_interval if cfg.whale_interval is not None else (cfg.duration - start) / cfg.whales
+        t = start + i * gap
         specs.append(RequestSpec(t, cfg.whale_tenants[i % len(cfg.whale_tenants)], "whale",
                                  wp.sample(wrng), wo.sample(wrng), cfg.whale_priority))
     for t in poisson_times(mrng, cfg.minnow_rate, 0.0, cfg.duration):

@@ -39,18 +39,30 @@ class ControlServer:
         while not stop.is_set():
             if not await self.sock.poll(int(tick_s * 1000)):
                 continue
-            frames = await self.sock.recv_multipart()
-            if len(frames) != 2:
-                self.bad_frames += 1
-                log.warning("control: dropped message of %d frames", len(frames))
-                continue
-            try:
-                msg = decode_message(frames[1])
-            except ProtocolError as e:
-                self.bad_frames += 1
-                log.warning("control: dropped bad frame from %r: %s", frames[0][:32], e)
-                continue
-            self.handler(frames[0], msg)
+            self._dispatch(await self.sock.recv_multipart())
+
+    async def drain(self, limit: int = 10000) -> int:
+        """Handle every message already queued on the socket, without waiting. The engine loop
+        calls this between steps: one asyncio wake-up per message would let a long step hold
+        up arrivals and pings for as many steps as there are messages."""
+        n = 0
+        while n < limit and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._dispatch(await self.sock.recv_multipart())
+            n += 1
+        return n
+
+    def _dispatch(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            self.bad_frames += 1
+            log.warning("control: dropped message of %d frames", len(frames))
+            return
+        try:
+            msg = decode_message(frames[1])
+        except ProtocolError as e:
+            self.bad_frames += 1
+            log.warning("control: dropped bad frame from %r: %s", frames[0][:32], e)
+            return
+        self.handler(frames[0], msg)
 
     async def send(self, identity: bytes, msg) -> bool:
         """Send one message to a connected router; False (logged) if it is gone or stuck."""

@@ -75,7 +75,12 @@ class NodeBase:
         self.config = config
         # The prefill side only orders prompts (FIFO); the fairness policy decides on the side
         # that holds KV for the whole decode: the decode node and the colocated twin.
-        self.policy = make_policy("fcfs" if config.role == "prefill" else config.policy, config.fairness)
+        if config.role == "prefill":
+            from prefill_node.order import PrefillOrder
+
+            self.policy = PrefillOrder(config.fairness)
+        else:
+            self.policy = make_policy(config.policy, config.fairness)
         self.engine = engine or LLMEngine(config.engine, policy=self.policy)
         self.metrics = NodeMetrics(config.role, config.node_id)
         from cluster.accounting import NodeAccounting
@@ -183,6 +188,7 @@ class NodeBase:
     # ---- loop ------------------------------------------------------------------------------------
     async def engine_loop(self) -> None:
         while not self.stop.is_set():
+            await self.ctrl.drain()
             await self.poll_io()
             if self.engine.has_work():
                 t = time.time()

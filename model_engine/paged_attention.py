@@ -1,24 +1,27 @@
 """Paged attention for stock transformers models.
 
 The runner flattens every scheduled token of a step into one row (batch 1, T tokens) and
-passes a `StepMetadata` to `model(...)`. Two hooks use it:
+passes a `StepMetadata` to `model(...)`. The step's sequences are split into attention groups
+by query length (decode rows, one query each; prefill rows, many), so a 512-token prefill
+chunk does not pad every decode row of the same step to 512 queries. Two hooks use it:
 
 - `PagedKVCache.update` (called by each attention layer as `past_key_values.update`) writes
-  the step's new K/V into the pool at `slot_mapping` and returns the K/V of every sequence,
-  gathered page by page into a padded batch `[B, kv_heads, max_pages * page_size, head_dim]`.
-- `paged_attention` (registered as attention implementation "pdtb_paged") pads the flat
-  queries into `[B, heads, q_max, head_dim]`, runs SDPA with a per-sequence causal mask and
-  scatters the result back to the flat row.
+  the step's new K/V into the pool at `slot_mapping`, then gathers each group's pages into a
+  padded batch `[B_g, kv_heads, max_pages_g * page_size, head_dim]` (or, for a steady decode
+  batch, reads the decode read cache) and keeps them for the attention call.
+- `paged_attention` (registered as attention implementation "pdtb_paged") pads each group's
+  queries into `[B_g, heads, q_max_g, head_dim]`, runs SDPA with a per-sequence causal mask and
+  writes the results back to their flat positions.
 
 Slot arithmetic, for a token at position `pos` of a sequence with page table `pt`:
 
     page = pt[pos // page_size]       slot = page * page_size + pos % page_size
 
-    pool.kv[layer, 0] viewed as [num_pages * page_size, kv_heads, head_dim] is indexed by slot.
+    pool.kv[layer, k_or_v] viewed as [num_pages * page_size, kv_heads, head_dim] is indexed by slot.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -29,16 +32,25 @@ ATTN_NAME = "pdtb_paged"
 
 
 @dataclass
+class AttnGroup:
+    """Sequences of one step that share a padded attention call."""
+
+    q_gather: torch.Tensor  # [B_g, q_max] flat token index of each padded query slot
+    pad_index: torch.Tensor  # [n_g] padded slot (b * q_max + j) of each of the group's tokens
+    flat_index: torch.Tensor  # [n_g] flat position of each of the group's tokens
+    flat_pages: torch.Tensor  # [B_g * max_pages] page ids, row-major, padded with page 0
+    max_pages: int  # pages per row in flat_pages
+    attn_mask: torch.Tensor  # [B_g, 1, groups * q_max, L] additive (0 / -inf)
+    read_plan: ReadCachePlan | None = None  # pure-decode steps: use the read cache
+
+
+@dataclass
 class StepMetadata:
     """Per-step tensors, built once per step by the runner (all on the model's device)."""
 
     slot_mapping: torch.Tensor  # [T] pool slot of each new token
-    block_tables: torch.Tensor  # [B, max_pages] page ids per sequence (padded with 0)
-    q_gather: torch.Tensor  # [B, q_max] flat token index for each padded query slot
-    q_scatter: torch.Tensor  # [T] padded index (b * q_max + j) of each flat token
-    attn_mask: torch.Tensor  # [B, 1, groups * q_max, max_pages * page_size] additive (0 / -inf)
-    flat_pages: torch.Tensor  # [B * max_pages] block_tables flattened, for index_select
-    read_plan: ReadCachePlan | None = None  # pure-decode steps: use the read cache
+    groups: list[AttnGroup]
+    gathered: dict = field(default_factory=dict)  # layer -> [(k, v) per group], set by update()
 
 
 class PagedKVCache:
@@ -52,24 +64,44 @@ class PagedKVCache:
     def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
         m = self.meta
         _, _, num_pages, page_size, kvh, hd = self.kv.shape
-        b, p = m.block_tables.shape
         cache = self.kv[layer_idx]  # [2, pages, page_size, kv_heads, head_dim]
         new = torch.stack((key_states[0], value_states[0])).transpose(1, 2).to(cache.dtype)  # [2, T, kvh, hd]
         cache.view(2, num_pages * page_size, kvh, hd).index_copy_(1, m.slot_mapping, new)
-        plan = m.read_plan
-        if plan is not None:
-            rc = self.read_cache.layer(layer_idx, b)  # [2, B, kvh, cap, hd]
-            if plan.rebuild:
-                pages = cache.index_select(1, m.flat_pages).view(2, b, p * page_size, kvh, hd)
-                rc[:, :, :, : p * page_size].copy_(pages.transpose(2, 3))
+        out = []
+        for g in m.groups:
+            b = g.q_gather.shape[0]
+            if g.read_plan is not None:
+                rc = self.read_cache.layer(layer_idx, b)  # [2, B, kvh, cap, hd]
+                if g.read_plan.rebuild:
+                    pages = cache.index_select(1, g.flat_pages).view(2, b, g.max_pages * page_size, kvh, hd)
+                    rc[:, :, :, : g.max_pages * page_size].copy_(pages.transpose(2, 3))
+                else:
+                    rc.permute(1, 3, 0, 2, 4).index_put_((g.read_plan.rows, g.read_plan.pos), new.transpose(0, 1))
+                n = g.read_plan.length
+                out.append((rc[0, :, :, :n], rc[1, :, :, :n]))
             else:
-                rc.permute(1, 3, 0, 2, 4).index_put_((plan.rows, plan.pos), new.transpose(0, 1))
-            return rc[0, :, :, : plan.length], rc[1, :, :, : plan.length]
-        gathered = cache.index_select(1, m.flat_pages).view(2, b, p * page_size, kvh, hd).transpose(2, 3)
-        return gathered[0], gathered[1]  # each [B, kv_heads, L, head_dim]
+                kv = cache.index_select(1, g.flat_pages).view(2, b, g.max_pages * page_size, kvh, hd).transpose(2, 3)
+                out.append((kv[0], kv[1]))  # each [B_g, kv_heads, L, head_dim]
+        m.gathered[layer_idx] = out
+        return key_states, value_states  # attention reads the gathered pages from the metadata
 
     def get_seq_length(self, layer_idx: int = 0) -> int:  # only used when position_ids is None
         raise RuntimeError("PagedKVCache requires explicit position_ids")
+
+
+def _group_attention(q_flat, k, v, g: AttnGroup, scaling) -> torch.Tensor:
+    """q_flat [T, heads, hd] -> this group's outputs [n_g, heads, hd] in group token order."""
+    b, q_max = g.q_gather.shape
+    heads, hd = q_flat.shape[1], q_flat.shape[2]
+    kvh = k.shape[1]
+    groups = heads // kvh
+    # GQA without copying K/V: the query heads that share a KV head are folded into the
+    # query-length axis, [B, heads, q_max, hd] -> [B, kv_heads, groups * q_max, hd].
+    q = q_flat[g.q_gather]  # [B, q_max, heads, hd]
+    q = q.view(b, q_max, kvh, groups, hd).permute(0, 2, 3, 1, 4).reshape(b, kvh, groups * q_max, hd)
+    out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=g.attn_mask, scale=scaling)
+    out = out.view(b, kvh, groups, q_max, hd).permute(0, 3, 1, 2, 4).reshape(b * q_max, heads, hd)
+    return out if q_max == 1 else out[g.pad_index]
 
 
 def paged_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -78,20 +110,14 @@ def paged_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     if pdtb_meta is None:
         raise RuntimeError("pdtb_paged attention called without step metadata")
     m = pdtb_meta
-    b, q_max = m.q_gather.shape
-    heads, hd = query.shape[1], query.shape[3]
-    kvh = key.shape[1]
-    groups = heads // kvh
-    # GQA without copying K/V: the query heads that share a KV head are folded into the
-    # query-length axis, [B, heads, q_max, hd] -> [B, kv_heads, groups * q_max, hd].
-    q = query[0].transpose(0, 1)  # [T, heads, hd]
-    q = q.unsqueeze(1) if q_max == 1 else q[m.q_gather]  # [B, q_max, heads, hd]; decode: T == B
-    q = q.view(b, q_max, kvh, groups, hd).permute(0, 2, 3, 1, 4).reshape(b, kvh, groups * q_max, hd)
-    k, v = key.to(q.dtype), value.to(q.dtype)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=m.attn_mask, scale=scaling)
-    out = out.view(b, kvh, groups, q_max, hd).permute(0, 3, 1, 2, 4).reshape(b * q_max, heads, hd)
-    if q_max > 1:
-        out = out[m.q_scatter]
+    q_flat = query[0].transpose(0, 1)  # [T, heads, hd]
+    kv = m.gathered[module.layer_idx]
+    if len(m.groups) == 1 and m.groups[0].q_gather.shape[1] == 1:
+        k, v = kv[0]  # steady decode: T == B, flat order is row order
+        return _group_attention(q_flat, k, v, m.groups[0], scaling).unsqueeze(0), None
+    out = torch.empty_like(q_flat)
+    for g, (k, v) in zip(m.groups, kv):
+        out.index_copy_(0, g.flat_index, _group_attention(q_flat, k, v, g, scaling))
     return out.unsqueeze(0), None
 
 

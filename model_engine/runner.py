@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from model_engine.paged_attention import PagedKVCache, StepMetadata
+from model_engine.paged_attention import AttnGroup, PagedKVCache, StepMetadata
 from model_engine.read_cache import DecodeReadCache
 
 
@@ -51,7 +51,7 @@ class ModelRunner:
         lens = np.fromiter((len(c.token_ids) for c in chunks), np.int64, b)
         starts = np.fromiter((c.start_pos for c in chunks), np.int64, b)
         npages = np.fromiter((len(c.page_table) for c in chunks), np.int64, b)
-        total, max_pages, q_max = int(lens.sum()), int(npages.max()), int(lens.max())
+        total, max_pages = int(lens.sum()), int(npages.max())
         ids = np.fromiter((t for c in chunks for t in c.token_ids), np.int64, total)
         seq_idx = np.repeat(np.arange(b), lens)
         cu_end = np.cumsum(lens)
@@ -62,25 +62,41 @@ class ModelRunner:
         flat = np.fromiter((p for c in chunks for p in c.page_table), np.int64, int(npages.sum()))
         block_tables[np.arange(max_pages)[None, :] < npages[:, None]] = flat  # row-major fill
         slot_mapping = block_tables[seq_idx, pos // ps] * ps + pos % ps
-        q_gather = cu_start[:, None] + np.minimum(np.arange(q_max)[None, :], (lens - 1)[:, None])
-        q_scatter = seq_idx * q_max + offs
+        decode = lens == 1
+        rows_sets = [np.arange(b)] if decode.all() or not decode.any() else [np.flatnonzero(decode), np.flatnonzero(~decode)]
+        if self.read_cache is not None and not decode.all():
+            self.read_cache.invalidate()
+        groups = [self._group(chunks, rows, lens, cu_start, pos, npages, block_tables, len(rows_sets) == 1)
+                  for rows in rows_sets]
+        want = np.fromiter((c.wants_logits for c in chunks), bool, b)
+        t = self._t
+        return t(ids)[None], t(pos)[None], StepMetadata(t(slot_mapping), groups), t((cu_end - 1)[want])
+
+    def _t(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+
+    def _group(self, chunks, rows, lens, cu_start, pos, npages, block_tables, whole_step: bool) -> AttnGroup:
+        """Attention metadata for the sequences `rows` (indices into chunks)."""
+        ps = self.page_size
+        g_lens, g_start = lens[rows], cu_start[rows]
+        q_max, max_pages = int(g_lens.max()), int(npages[rows].max())
+        j = np.arange(q_max)
+        q_gather = g_start[:, None] + np.minimum(j[None, :], (g_lens - 1)[:, None])  # [B_g, q_max]
+        valid = j[None, :] < g_lens[:, None]
+        flat_index = (g_start[:, None] + j[None, :])[valid]
+        pad_index = (np.arange(len(rows))[:, None] * q_max + j[None, :])[valid]
         q_pos = pos[q_gather]  # padded query slots repeat the last real query: harmless
         plan = None
-        if q_max == 1 and self.read_cache is not None:
-            length = -(-(int(pos.max()) + 1) // 16) * 16  # attend a multiple of 16 keys
-            plan = self.read_cache.plan(tuple(c.request_id for c in chunks), pos, length, max_pages * ps)
-        elif self.read_cache is not None:
-            self.read_cache.invalidate()
+        if q_max == 1 and whole_step and self.read_cache is not None:
+            length = -(-(int(q_pos.max()) + 1) // 16) * 16  # attend a multiple of 16 keys
+            plan = self.read_cache.plan(tuple(chunks[i].request_id for i in rows), q_pos[:, 0], length, max_pages * ps)
         keys = plan.length if plan is not None else max_pages * ps
-        allowed = np.arange(keys)[None, None, :] <= q_pos[:, :, None]  # [B, q_max, L]
+        allowed = np.arange(keys)[None, None, :] <= q_pos[:, :, None]  # [B_g, q_max, L]
         mask = np.where(allowed, np.float32(0), np.float32("-inf"))
-        mask = np.repeat(mask[:, None], self.groups, axis=1).reshape(b, 1, self.groups * q_max, -1)
-        want = np.fromiter((c.wants_logits for c in chunks), bool, b)
-        dev = self.device
-        t = lambda a: torch.from_numpy(a).to(dev)  # noqa: E731
-        meta = StepMetadata(t(slot_mapping), t(block_tables), t(q_gather), t(q_scatter),
-                            torch.from_numpy(mask).to(device=dev, dtype=self.kv.dtype), t(block_tables.reshape(-1)), plan)
-        return t(ids)[None], t(pos)[None], meta, t((cu_end - 1)[want])
+        mask = np.repeat(mask[:, None], self.groups, axis=1).reshape(len(rows), 1, self.groups * q_max, keys)
+        t = self._t
+        return AttnGroup(t(q_gather), t(pad_index), t(flat_index), t(block_tables[rows, :max_pages].reshape(-1)),
+                         max_pages, torch.from_numpy(mask).to(device=self.device, dtype=self.kv.dtype), plan)
 
     @torch.inference_mode()
     def run(self, chunks: list[BatchChunk]) -> torch.Tensor:

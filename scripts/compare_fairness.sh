@@ -33,25 +33,27 @@ mkdir -p "$OUT"
 
 # Workload and budget. Whale footprint = 64 x minnow footprint (1536+512 vs 24+8 tokens).
 PAGE=16 TOTAL=448 PREFILL=160 HOST=256
-WL=(--workload whale-minnow --whales 4 --whale-prompt 1536 --whale-output 512 --whale-start 1
-    --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 30 --seed "$SEED"
-    --slo ttft_ms=1000 --slo tpot_ms=200)
+# Whales arrive close together so they overlap and, growing, need more than the decode pool.
+WL=(--workload whale-minnow --whales 6 --whale-prompt 1536 --whale-output 512 --whale-start 1
+    --whale-interval 0.5 --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 30 --seed "$SEED"
+    --slo ttft_ms=500 --slo tpot_ms=100)
 if [ "$QUICK" = 1 ]; then
   POLICIES="${POLICIES:-fcfs memfair}"
-  WL=(--workload whale-minnow --whales 3 --whale-prompt 1536 --whale-output 512 --whale-start 1
-      --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 20 --seed "$SEED"
-      --slo ttft_ms=1000 --slo tpot_ms=200)
+  WL=(--workload whale-minnow --whales 4 --whale-prompt 1536 --whale-output 512 --whale-start 1
+      --whale-interval 0.5 --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 20 --seed "$SEED"
+      --slo ttft_ms=500 --slo tpot_ms=100)
   TOTAL=352 PREFILL=128
 fi
+BUDGET=512  # per-step token budget: whale prompts prefill in chunks, interleaved with decode
 POLICIES="${POLICIES:-fcfs memfair vtc mcsf priority}"
 POLICIES="${POLICIES//,/ }"
 
 run_one() {  # run_one MODE POLICY
   local mode="$1" pol="$2" rd="$OUT/run-$1-$2" extra=() pages
   if [ "$mode" = colocated ]; then
-    pages="$TOTAL"; extra=(-- --torch-threads 2)
+    pages="$TOTAL"; extra=(-- --torch-threads 2 --max-num-batched-tokens "$BUDGET")
   else
-    pages=$(( TOTAL - PREFILL )); extra=(--prefill-kv-pages "$PREFILL")
+    pages=$(( TOTAL - PREFILL )); extra=(--prefill-kv-pages "$PREFILL" -- --max-num-batched-tokens "$BUDGET")
   fi
   echo "== $mode / $pol: device pages $pages${PREFILL:+ (prefill $PREFILL in disagg)}, host $HOST" >&2
   local url
