@@ -44,8 +44,8 @@ class DecodeNode(NodeBase):
         arrival = Arrival(header.request_id, header.tenant, int(header.extra.get("priority", 0)), header.num_pages,
                           st.now, st.now)
         where = self.policy.place_arrival(arrival, len(sch.parked) + len(sch.waiting), st)
-        if where == "host":  # parking on arrival needs a host-tier receive; until then, hold at prefill
-            self.policy.held[arrival.request_id] = arrival
+        # "host" (park on arrival) is answered like "defer" for now: the prefill side holds the
+        # pages and retries, and the policy keeps the arrival in `held` so it can make room.
         if where == "device":
             return None
         return f"no_pages: policy {self.policy.name} defers ({where})"

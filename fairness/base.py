@@ -77,18 +77,20 @@ class BasePolicy:
         """Where an inherited request's pages go: "device", "host" (parked until admitted in
         policy order) or "defer" (the prefill side keeps them and retries; the arrival is
         remembered in `held` so that policies can make room for it)."""
+        prev = self.held.get(arrival.request_id)
+        if prev is not None:  # a retry keeps its place in line
+            arrival.first_seen = prev.first_seen
         where = self._place(arrival, queued, state)
-        if where == "defer":
-            prev = self.held.get(arrival.request_id)
-            arrival.first_seen = prev.first_seen if prev else arrival.first_seen
-            self.held[arrival.request_id] = arrival
-        else:
+        if where == "device":
             self.held.pop(arrival.request_id, None)
+        else:
+            self.held[arrival.request_id] = arrival
         return where
 
     def _place(self, arrival: Arrival, queued: int, state: SchedState) -> str:
         headroom = len(self.running)  # one page per running request for its next token
-        older_held = any(h.first_seen < arrival.first_seen for h in self.live_held(state))
+        older_held = any(h.first_seen < arrival.first_seen and h.request_id != arrival.request_id
+                         for h in self.live_held(state))
         if queued == 0 and not older_held and arrival.num_pages + headroom <= state.device_free:
             return "device"
         if arrival.num_pages <= state.host_free:

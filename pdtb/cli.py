@@ -16,6 +16,7 @@ commands:
   bench controller   per-step decision cost of each policy at 100 / 1k / 10k requests
   bench serve        load-test client against an OpenAI-compatible endpoint
   report             markdown report and plots comparing results files
+  compare            per-run minnow p99 TTFT/ITL and throughput, with ratios vs fcfs
   prefill            start a prefill node          decode      start a decode node
   colocated          start a colocated node        router      start the HTTP router
   demo               send a few streaming requests to a running router
@@ -54,6 +55,10 @@ def _dispatch(argv: list[str]) -> int:
         from bench_client.cli import main
 
         return main(rest[1:])
+    if cmd == "compare":
+        from bench_client.compare import main
+
+        return main(rest)
     if cmd == "report":
         from bench_client.report import main
 

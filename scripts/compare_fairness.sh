@@ -72,4 +72,6 @@ for mode in $MODES; do
     run_one "$mode" "$pol"
   done
 done
+echo
+pdtb compare "$OUT"/*.json | tee "$OUT/compare.txt"
 pdtb report "$OUT"/*.json --out "$OUT/report"

@@ -201,3 +201,18 @@ def test_page_conservation_under_random_operations(name, ops):
         check_conservation(sched)
     assert not sched.has_work(), "every request must finish"
     assert sched.pool.num_free == 24 and sched.host_pool.num_free == 12
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_a_held_arrival_is_admitted_once_pages_free_up(name):
+    """Regression: a deferred arrival must not queue behind its own earlier offer."""
+    from fairness.base import Arrival
+
+    pol = make_policy(name)
+    full = state(device_total=40, device_free=2)
+    assert pol.place_arrival(Arrival("w", "whale", 0, 30, 0.0, 0.0), 0, full) == "defer"
+    minnow = pol.place_arrival(Arrival("m", "minnow", 0, 1, 1.0, 1.0), 0, full)
+    assert minnow in ("device", "defer")
+    free = state(device_total=40, device_free=40, now=2.0)
+    assert pol.place_arrival(Arrival("w", "whale", 0, 30, 2.0, 2.0), 0, free) == "device"
+    assert "w" not in pol.held

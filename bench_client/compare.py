@@ -1,0 +1,57 @@
+"""`pdtb compare RESULTS.json ...`: one line per run with the figures the fairness issue
+names, and ratios against the baseline policy of the same mode measured in the same session.
+
+    mode       policy   minnow TTFT p99  (x fcfs)  minnow ITL p99  (x fcfs)  tok/s  (x fcfs)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from bench_client.results import load_results
+
+
+def rows_of(paths: list[str], klass: str) -> list[dict]:
+    rows = []
+    for p in paths:
+        r = load_results(p)
+        m, s = r["meta"], r["summary"]
+        c = s["per_class"].get(klass) or s["overall"]
+        rows.append({"mode": m.get("mode"), "policy": m.get("policy"), "file": p,
+                     "ttft_p99_ms": c["ttft_ms"]["p99"], "itl_p99_ms": c["itl_ms"]["p99"],
+                     "tok_s": s["overall"]["output_tok_s"], "failed": s["overall"]["failed"]})
+    return rows
+
+
+def with_ratios(rows: list[dict], baseline: str) -> list[dict]:
+    base = {r["mode"]: r for r in rows if r["policy"] == baseline}
+    for r in rows:
+        b = base.get(r["mode"])
+        for k in ("ttft_p99_ms", "itl_p99_ms", "tok_s"):
+            ok = b is not None and b[k] and r[k] is not None
+            r[f"{k}_ratio"] = r[k] / b[k] if ok else None
+    return rows
+
+
+def _f(v, d=1):
+    return "-" if v is None else f"{v:.{d}f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pdtb compare", description=__doc__)
+    ap.add_argument("results", nargs="+")
+    ap.add_argument("--class", dest="klass", default="minnow", help="request class to compare (default minnow)")
+    ap.add_argument("--baseline", default="fcfs")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    rows = with_ratios(rows_of(a.results, a.klass), a.baseline)
+    if a.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'mode':10} {'policy':9} {a.klass + ' TTFT p99 ms':>18} {'x' + a.baseline:>7} "
+          f"{a.klass + ' ITL p99 ms':>17} {'x' + a.baseline:>7} {'total tok/s':>11} {'x' + a.baseline:>7} {'failed':>6}")
+    for r in sorted(rows, key=lambda r: (r["mode"] or "", r["policy"] != a.baseline, r["policy"] or "")):
+        print(f"{r['mode'] or '?':10} {r['policy'] or '?':9} {_f(r['ttft_p99_ms']):>18} {_f(r['ttft_p99_ms_ratio'], 2):>7} "
+              f"{_f(r['itl_p99_ms']):>17} {_f(r['itl_p99_ms_ratio'], 2):>7} {_f(r['tok_s']):>11} "
+              f"{_f(r['tok_s_ratio'], 2):>7} {r['failed']:>6}")
+    return 0
