@@ -78,7 +78,7 @@ class NodeBase:
         if config.role == "prefill":
             from prefill_node.order import PrefillOrder
 
-            self.policy = PrefillOrder(config.fairness)
+            self.policy = PrefillOrder(make_policy(config.policy, config.fairness))
         else:
             self.policy = make_policy(config.policy, config.fairness)
         self.engine = engine or LLMEngine(config.engine, policy=self.policy)

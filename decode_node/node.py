@@ -36,7 +36,7 @@ class DecodeNode(NodeBase):
         self.receiver = None
         self.aborted: OrderedDict[str, float] = OrderedDict()
 
-    def _admit(self, header) -> str | None:
+    def _admit(self, header):
         """Header-only decision (before any payload byte): accept, or defer with "no_pages"
         (the prefill side keeps the pages and retries: backpressure, nothing is lost)."""
         sch = self.engine.scheduler
@@ -44,12 +44,12 @@ class DecodeNode(NodeBase):
         arrival = Arrival(header.request_id, header.tenant, int(header.extra.get("priority", 0)), header.num_pages,
                           st.now, st.now)
         where = self.policy.place_arrival(arrival, len(sch.parked) + len(sch.waiting), st)
-        # "host" (park on arrival) is answered like "defer" for now: the prefill side holds the
-        # pages and retries, and the policy keeps the arrival in `held` so it can make room.
         if where == "device":
             return None
+        if where == "host" and self.engine.host_pool is not None and self.receiver.accepts_other_pools:
+            self.policy.held.pop(arrival.request_id, None)  # parked here now, a local candidate
+            return self.engine.host_pool  # arrives parked; promoted in policy order
         return f"no_pages: policy {self.policy.name} defers ({where})"
-
 
     async def start_extra(self) -> None:
         self.receiver = make_receiver(self.transport, self.engine.pool, admit=self._admit)
@@ -94,7 +94,11 @@ class DecodeNode(NodeBase):
         seq.timeline["last_token"] = seq.timeline.get("first_token", now)
         self.seqs[seq.request_id] = seq
         self.acct.add_received(seq, nbytes)
-        self.engine.scheduler.add_running(seq)
+        if t.tier == "host":
+            seq.timeline["parked_since"] = now
+            self.engine.scheduler.add_parked(seq)
+        else:
+            self.engine.scheduler.add_running(seq)
 
     def on_step_events(self, events: list[StepEvent], t: float) -> None:
         now = time.time()

@@ -52,6 +52,9 @@ class BasePolicy:
     def step_order(self, running: list[Sequence], state: SchedState) -> list[Sequence]:
         return [s for s in running if not self._over_bw(s.tenant, state)]
 
+    def chunk_limit(self, seq: Sequence, budget: int, state: SchedState) -> int:
+        return budget
+
     def admission_order(self, candidates: list[Sequence], state: SchedState) -> list[Sequence]:
         return sorted(candidates, key=lambda s: s.arrival_time)
 

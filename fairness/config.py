@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class FairnessConfig:
     tenant_weights: dict = field(default_factory=dict)  # tenant -> weight (absent: 1.0)
-    request_cap_frac: float = 0.5  # one request holds at most this share of the device tier
+    request_cap_frac: float = 0.5  # under contention, one request holds at most this share of the device tier
+    borrow_reserve_frac: float = 0.1  # a tenant beyond its share leaves this much free while others have work
     dynamic_quota: bool = False  # per-request cap grows with the request's length, up to the pool
     class_reservations: dict = field(default_factory=dict)  # priority -> share of device pages reserved for <= it
     tenant_bw_cap: float | None = None  # KV bytes/s one tenant's attention may read (None: no cap)

@@ -76,7 +76,9 @@ class MemFairPolicy(BasePolicy):
         under = use.get(arrival.tenant, 0) + arrival.num_pages <= self.ent.get(arrival.tenant, state.device_total)
         starved = any(use.get(h.tenant, 0) < self.ent.get(h.tenant, 0)
                       for h in self.live_held(state) if h.tenant != arrival.tenant)
-        if (under or not starved) and arrival.num_pages + len(self.running) <= state.device_free:
+        others = any(t != arrival.tenant for t in self.ent)
+        reserve = 0 if under or not others else int(self.cfg.borrow_reserve_frac * state.device_total)
+        if (under or not starved) and arrival.num_pages + len(self.running) + reserve <= state.device_free:
             return "device"
         return "host" if arrival.num_pages <= state.host_free else "defer"
 
@@ -91,14 +93,29 @@ class MemFairPolicy(BasePolicy):
     def may_admit(self, seq, need_pages, state):
         if not super().may_admit(seq, need_pages, state):
             return False
-        if state.pages.get(seq.request_id, 0) + need_pages > request_cap(seq, self.cfg, state):
-            return False
         use = tenant_usage(self.running, state)
+        others = {t for t in self.ent if t != seq.tenant}  # other tenants with work
+        if others and state.pages.get(seq.request_id, 0) + need_pages > request_cap(seq, self.cfg, state):
+            return False  # the per-request cap binds only under contention
         if use.get(seq.tenant, 0) + need_pages <= self.ent.get(seq.tenant, 0):
             return True
-        # Borrowing beyond the share: only while nobody below its own share is waiting.
-        others = {s.tenant for s in self.candidates if s is not seq and s.tenant != seq.tenant}
-        return not any(use.get(t, 0) < self.ent.get(t, 0) for t in others)
+        # Borrowing beyond the share: only while nobody below its own share is waiting, and
+        # leaving a reserve free for the others, so that their next arrival does not have to
+        # evict a borrower (which would ping-pong the borrower between tiers).
+        waiting = {s.tenant for s in self.candidates if s is not seq} | {h.tenant for h in self.held.values()}
+        if any(use.get(t, 0) < self.ent.get(t, 0) for t in waiting - {seq.tenant}):
+            return False
+        reserve = int(self.cfg.borrow_reserve_frac * state.device_total) if others else 0
+        return state.device_free - need_pages >= reserve
+
+    def chunk_limit(self, seq, budget, state):
+        """A tenant beyond its share prefills at most a quarter of the step's budget while
+        another tenant has prompts waiting: their first tokens are not queued behind it."""
+        if self.over.get(seq.tenant, 0.0) <= 1.0:
+            return budget
+        if any(c.tenant != seq.tenant for c in self.candidates):
+            return max(state.page_size, budget // 4)
+        return budget
 
     def pick_victim(self, candidates, requester, state):
         return eviction.footprint(candidates, state, self.over)

@@ -44,6 +44,9 @@ class SchedPolicy(Protocol):
     def pick_victim(self, candidates: list[Sequence], requester: Sequence, state: SchedState) -> Sequence:
         """Which running request loses its device pages so `requester` can grow."""
 
+    def chunk_limit(self, seq: Sequence, budget: int, state: SchedState) -> int:
+        """Tokens a running request's prefill chunk may take of the step's remaining budget."""
+
     def reclaim(self, running: list[Sequence], candidates: list[Sequence], state: SchedState) -> list[Sequence]:
         """Running requests to evict before this step so that waiting/parked ones can be admitted."""
 
@@ -68,6 +71,9 @@ class FifoPolicy:
 
     def pick_victim(self, candidates, requester, state):
         return candidates[-1]
+
+    def chunk_limit(self, seq, budget, state):
+        return budget
 
     def reclaim(self, running, candidates, state):
         return []

@@ -133,6 +133,8 @@ class Scheduler:
             if seq.status != SeqStatus.RUNNING:
                 continue  # evicted earlier in this loop
             n = min(seq.num_uncomputed_tokens, budget)
+            if n > 1:  # a prefill chunk: the policy may keep part of the budget for others
+                n = max(1, min(n, self.policy.chunk_limit(seq, budget, self.state())))
             if not self._grow(seq, seq.num_computed_tokens + n, scheduled, out):
                 continue
             out.chunks.append(ScheduledChunk(seq, n))
@@ -156,7 +158,10 @@ class Scheduler:
             need = self.pool.spec.pages_for(seq.num_computed_tokens + n)
             if not parked:
                 need -= len(self.pool.pages_of(seq.request_id))
-            if need > self.pool.num_free or not self.policy.may_admit(seq, need, self.state()):
+            # Work conservation: with nothing running, the first candidate that fits runs
+            # whatever the quotas say, so a quota can delay a request but never strand it.
+            idle = not self.running
+            if need > self.pool.num_free or not (idle or self.policy.may_admit(seq, need, self.state())):
                 if self.policy.strict_order:
                     break  # the head waits; nothing overtakes it
                 continue

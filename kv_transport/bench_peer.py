@@ -1,0 +1,162 @@
+"""Receiving peer process for the transport benchmark and the process-level tests.
+
+    python -m kv_transport.bench_peer --role transport --backend zmq --endpoint tcp://127.0.0.1:0
+
+Prints one JSON line {"endpoint": ...} once bound, then (role "transport", with --report)
+one JSON line per completed transfer: request id, pages, and a sha256 of the received pages
+read back from the pool (an independent check of what landed, not the transport's own
+checksum). Every completed transfer's pages are freed right away. Role "raw" is the plain
+pyzmq baseline: a ROUTER that counts bytes until an "end" frame and answers "done".
+A "stats" line on stdin is answered with the pool's page state counts (after pool.check()).
+The peer exits when its stdin closes (the parent died or is done), or after --max-s.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import time
+
+import torch
+import zmq
+
+from kv_transport.config import MiB, TransportConfig
+from kv_transport.zmq_backend import apply_socket_options
+from kv_transport.malloc_tuning import keep_freed_memory
+from kv_transport.testing import TINY_SPEC
+from model_engine.page_pool import PagePool
+
+
+
+def emit(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="kv_transport.bench_peer")
+    p.add_argument("--role", choices=("transport", "raw"), default="transport")
+    p.add_argument("--backend", choices=("zmq", "torch"), default="zmq")
+    p.add_argument("--endpoint", default="tcp://127.0.0.1:0")
+    p.add_argument("--num-pages", type=int, default=9000)
+    p.add_argument("--chunk-bytes", type=int, default=4 * MiB)
+    p.add_argument("--checksum", default="sum64")
+    p.add_argument("--window", type=int, default=4)
+    p.add_argument("--inline-max-bytes", type=int, default=256 * 1024)
+    p.add_argument("--max-message-bytes", type=int, default=8 * MiB)
+    p.add_argument("--socket-buffer", type=int, default=0)
+    p.add_argument("--report", action="store_true")
+    p.add_argument("--dist-port", type=int, default=0)
+    p.add_argument("--timeout-s", type=float, default=30.0)
+    p.add_argument("--max-s", type=float, default=600.0)
+    return p.parse_args(argv)
+
+
+def run_raw(args: argparse.Namespace) -> None:
+    keep_freed_memory()  # the same process settings as the transport receiver
+    ctx = zmq.Context(io_threads=1)
+    sock = ctx.socket(zmq.ROUTER)
+    apply_socket_options(sock, TransportConfig(socket_buffer_bytes=args.socket_buffer))
+    sock.bind(args.endpoint.replace(":0", ":*") if args.endpoint.startswith("tcp") else
+              args.endpoint)
+    emit({"endpoint": sock.getsockopt(zmq.LAST_ENDPOINT).decode()})
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(sys.stdin, zmq.POLLIN)
+    nbytes, stop_at = 0, time.monotonic() + args.max_s
+    while time.monotonic() < stop_at:
+        ready = dict(poller.poll(1000))
+        if sys.stdin.fileno() in ready or sys.stdin in ready:
+            if not sys.stdin.readline():
+                break
+        if sock not in ready:
+            continue
+        frames = sock.recv_multipart(copy=False)
+        if frames[1].bytes == b"end":
+            sock.send_multipart([frames[0].bytes, str(nbytes).encode()])
+            nbytes = 0
+        else:
+            nbytes += sum(len(f.buffer) for f in frames[1:])
+    sock.close(linger=0)
+    ctx.term()
+    if args.endpoint.startswith("ipc:///"):
+        with contextlib.suppress(OSError):
+            os.unlink(args.endpoint[len("ipc://"):])
+
+
+async def run_transport(args: argparse.Namespace) -> None:
+    from kv_transport import make_receiver
+    pool = PagePool(TINY_SPEC, args.num_pages)
+    pool.kv.fill_(1.0)  # fault the pool's pages in now, as a long-running node would have
+    cfg = TransportConfig(backend=args.backend, endpoint=args.endpoint,
+                          chunk_bytes=args.chunk_bytes, checksum=args.checksum,
+                          window=args.window, socket_buffer_bytes=args.socket_buffer,
+                          inline_max_bytes=args.inline_max_bytes,
+                          max_message_bytes=args.max_message_bytes,
+                          max_pages_per_transfer=args.num_pages,
+                          transfer_timeout_s=args.timeout_s)
+    if args.backend == "torch":
+        init_dist_pair(args.dist_port, rank=1)
+    rx = make_receiver(cfg, pool)
+    await rx.start()
+    emit({"endpoint": rx.endpoint})
+    stdin_closed = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_stdin() -> None:
+        line = sys.stdin.readline()
+        if not line:
+            loop.remove_reader(sys.stdin.fileno())
+            stdin_closed.set()
+        elif line.strip() == "stats":
+            pool.check()
+            emit({"counts": pool.state_counts()})
+    loop.add_reader(sys.stdin.fileno(), on_stdin)
+    stop_at = time.monotonic() + args.max_s
+    try:
+        while not stdin_closed.is_set() and time.monotonic() < stop_at:
+            t = await rx.next_completed(0.2)
+            if t is None:
+                continue
+            if args.report:
+                data = pool.export_pages(t.pages).numpy().tobytes()
+                emit({"request_id": t.request_id, "num_pages": len(t.pages),
+                      "num_tokens": t.num_tokens, "tenant": t.tenant,
+                      "prompt_token_ids": t.prompt_token_ids,
+                      "sha256": hashlib.sha256(data).hexdigest(),
+                      "reserved": pool.state_counts()["reserved"]})
+            pool.free(t.request_id)
+    finally:
+        loop.remove_reader(sys.stdin.fileno())
+        await rx.close()
+        pool.check()
+
+
+def init_dist_pair(port: int, rank: int) -> None:
+    """Join a 2-rank gloo group whose TCPStore the parent (rank 0) hosts on `port`."""
+    import datetime
+
+    import torch.distributed as dist
+    store = dist.TCPStore("127.0.0.1", port, world_size=2, is_master=(rank == 0),
+                          timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=30))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    torch.set_num_threads(1)
+    if args.role == "raw":
+        run_raw(args)
+    else:
+        import uvloop
+        uvloop.run(run_transport(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

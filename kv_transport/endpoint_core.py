@@ -1,0 +1,139 @@
+"""What a sender and a receiver share: limits, bounded history, fault-aware sends, task
+supervision. Backends provide the I/O hooks:
+
+    _open()                       connect or bind
+    _write(frames, peer)          an awaitable that sends one message (peer: receiver only)
+    _read(timeout)                one message or None after `timeout` seconds
+    _reset()                      drop the link and reconnect (disconnect fault)
+    _shutdown()                   close sockets, linger 0
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+
+from kv_transport.base import TransferStatus, TransportError
+from kv_transport.config import TransportConfig
+from kv_transport.faults import Fault, FaultInjector
+from kv_transport.wire import WireLimits
+from model_engine.kv_spec import KVSpec
+
+log = logging.getLogger(__name__)
+
+
+async def bounded(aw, timeout: float):
+    """Await `aw` for at most `timeout` seconds. A future that is already done (a zmq send or
+    receive that completed at once, the common case) skips wait_for's task and timer."""
+    if isinstance(aw, asyncio.Future) and aw.done():
+        return aw.result()
+    return await asyncio.wait_for(aw, timeout)
+
+
+class EndpointCore:
+    """Base of SenderCore and ReceiverCore; not used on its own."""
+
+    role = "endpoint"
+    send_errors: tuple[type[BaseException], ...] = ()  # backend errors that fail a send
+
+    def __init__(self, config: TransportConfig, spec: KVSpec) -> None:
+        self.config = config
+        self.spec = spec
+        self.limits = WireLimits.from_config(config, spec)
+        self.faults = FaultInjector(config.faults)
+        self.error: BaseException | None = None  # set if a background task crashed
+        self._history: collections.OrderedDict[str, TransferStatus] = collections.OrderedDict()
+        self._tasks: list[asyncio.Task] = []
+        self._started = False
+        self._closed = False
+
+    # ---- supervision ------------------------------------------------------------------------
+    async def _start_tasks(self, *coros) -> None:
+        if self._started:
+            raise TransportError(f"{self.role} already started")
+        await self._open()
+        self._started = True
+        for coro in coros:
+            task = asyncio.create_task(coro, name=f"kv-{self.role}-{coro.__name__}")
+            task.add_done_callback(self._task_done)
+            self._tasks.append(task)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        if task.cancelled() or self._closed:
+            return
+        exc = task.exception()
+        if exc is not None and self.error is None:
+            self.error = exc
+            log.error("%s task %s crashed", self.role, task.get_name(), exc_info=exc)
+            self._fail_all(f"transport crashed: {exc!r}")
+
+    async def _stop_tasks(self) -> None:
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=self.config.close_timeout_s)
+        self._tasks = []
+        await self._shutdown()
+
+    def _check_usable(self) -> None:
+        if self.error is not None:
+            raise TransportError(f"{self.role} crashed: {self.error!r}") from self.error
+        if not self._started or self._closed:
+            raise TransportError(f"{self.role} is not started or already closed")
+
+    def _remember(self, status: TransferStatus) -> None:
+        """Keep finished statuses (for poll and to recognise late messages), bounded."""
+        self._history[status.transfer_id] = status
+        while len(self._history) > self.config.history:
+            self._history.popitem(last=False)
+
+    def _fail_all(self, reason: str) -> None:
+        raise NotImplementedError
+
+    # ---- sends ------------------------------------------------------------------------------
+    async def _emit(self, frames: list, kind: str, owners: list, peer: bytes | None = None) -> None:
+        """Send one message through the fault injector, bounded by send_timeout_s.
+
+        A send that times out or fails fails the transfers in `owners`.
+        """
+        fault = self.faults.decide(kind)
+        if fault is Fault.DROP:
+            return
+        if fault is Fault.DISCONNECT:
+            await self._reset()
+            self._on_disconnected()
+            return
+        if fault is Fault.DELAY:
+            await asyncio.sleep(self.config.faults.delay_s)
+        elif fault in (Fault.CORRUPT, Fault.TRUNCATE):
+            frames = self.faults.mangle(fault, frames)
+        try:
+            for _ in range(2 if fault is Fault.DUPLICATE else 1):
+                await bounded(self._write(frames, peer), self.config.send_timeout_s)
+        except asyncio.TimeoutError:
+            await self._emit_failed(owners, f"send timed out after {self.config.send_timeout_s}s")
+        except (TransportError, *self.send_errors) as e:
+            await self._emit_failed(owners, f"send failed: {e!r}")
+
+    async def _emit_failed(self, owners: list, reason: str) -> None:
+        raise NotImplementedError
+
+    def _on_disconnected(self) -> None:
+        pass
+
+    # ---- I/O hooks (backends) ---------------------------------------------------------------
+    async def _open(self) -> None:
+        raise NotImplementedError
+
+    def _write(self, frames: list, peer: bytes | None):
+        raise NotImplementedError
+
+    async def _read(self, timeout: float):
+        raise NotImplementedError
+
+    async def _reset(self) -> None:
+        raise NotImplementedError
+
+    async def _shutdown(self) -> None:
+        raise NotImplementedError

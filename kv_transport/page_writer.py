@@ -1,0 +1,119 @@
+"""Scatter payload rows into a request's pool pages, one copy per byte.
+
+A payload row is one (layer, k/v, page) slab of page_size * kv_heads * head_dim elements:
+
+    payload  [layer, kv, i, slot, head, dim]    row r = lk * n + i        (lk = layer*2 + kv)
+    pool.kv  [layer, kv, page, slot, head, dim] row     lk * P + pages[i]
+
+Pages usually come in long runs of consecutive ids, ascending or descending (PagePool's
+free list hands pages back in reverse). A run is one strided slice per lk: on a CPU pool it
+is written through a numpy byte view (negative strides allowed, memcpy speed). Scattered
+pages use one fancy-index assignment per chunk (numpy on CPU: about 5x torch's index_copy_
+on byte rows; index_copy_ of pool-dtype rows on a device).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from model_engine.page_pool import PagePool
+
+MIN_AVG_RUN = 32  # pages; shorter runs are not worth a Python-level loop of slices
+
+
+@dataclass
+class WritePlan:
+    """Where the rows of one transfer go."""
+
+    num_pages: int  # n: pages of the request
+    runs: list[tuple[int, int, int, int]] | None  # (first i, first page, length, step +-1)
+    rows: np.ndarray | torch.Tensor | None  # pool row of every payload row, if runs is None
+
+
+def find_runs(pages: list[int]) -> list[tuple[int, int, int, int]]:
+    """Maximal runs of pages whose ids step by +1 or -1: (first i, first page, length, step)."""
+    runs: list[tuple[int, int, int, int]] = []
+    for i, p in enumerate(pages):
+        if runs:
+            i0, p0, ln, step = runs[-1]
+            if ln == 1 and abs(p - p0) == 1:
+                runs[-1] = (i0, p0, 2, p - p0)
+                continue
+            if p == p0 + ln * step:
+                runs[-1] = (i0, p0, ln + 1, step)
+                continue
+        runs.append((i, p, 1, 1))
+    return runs
+
+
+class PageWriter:
+    """Writes payload rows into one pool's pages."""
+
+    def __init__(self, pool: PagePool) -> None:
+        spec = pool.spec
+        self.num_pool_pages = pool.num_pages
+        self.num_lk = 2 * spec.num_layers
+        self.row_elems = spec.page_size * spec.num_kv_heads * spec.head_dim
+        self.row_bytes = self.row_elems * pool.kv.element_size()
+        self.rows = pool.kv.view(self.num_lk * pool.num_pages, self.row_elems)
+        self.cpu = pool.kv.device.type == "cpu"
+        # byte view of the pool: numpy slices take negative steps, torch slices do not
+        self.np_rows = pool.kv.view(-1).view(torch.uint8).numpy().reshape(
+            self.num_lk * pool.num_pages, self.row_bytes) if self.cpu else None
+
+    def plan(self, pages: list[int]) -> WritePlan:
+        runs = find_runs(pages)
+        usable = self.cpu or all(step == 1 for _, _, _, step in runs)
+        if usable and len(pages) >= MIN_AVG_RUN * len(runs):
+            return WritePlan(len(pages), runs, None)
+        rows = (np.arange(self.num_lk)[:, None] * self.num_pool_pages
+                + np.asarray(pages, dtype=np.int64)[None, :]).ravel()
+        if not self.cpu:
+            rows = torch.from_numpy(rows).to(self.rows.device)
+        return WritePlan(len(pages), None, rows)
+
+    def write_bytes(self, plan: WritePlan, row0: int, data: memoryview) -> None:
+        """Write whole payload rows, given as raw bytes starting at payload row `row0`."""
+        if self.cpu:
+            self._write_np(plan, row0, np.frombuffer(data, dtype=np.uint8))
+            return
+        buf = data if not data.readonly else bytearray(data)
+        src = torch.frombuffer(buf, dtype=self.rows.dtype).view(-1, self.row_elems)
+        self.write(plan, row0, src)
+
+    def write(self, plan: WritePlan, row0: int, src: torch.Tensor) -> None:
+        """Write `src` ([k, row_elems] of the pool's dtype) as payload rows row0 .. row0+k-1."""
+        if src.device != self.rows.device:
+            src = src.to(self.rows.device)
+        if self.cpu:
+            self._write_np(plan, row0, src.contiguous().reshape(-1).view(torch.uint8).numpy())
+        elif plan.runs is None:
+            self.rows.index_copy_(0, plan.rows[row0:row0 + src.shape[0]], src)
+        else:
+            self._write_runs(plan, row0, src, self.rows)
+
+    def _write_np(self, plan: WritePlan, row0: int, flat: np.ndarray) -> None:
+        src = flat.reshape(-1, self.row_bytes)
+        if plan.runs is None:
+            self.np_rows[plan.rows[row0:row0 + src.shape[0]]] = src
+        else:
+            self._write_runs(plan, row0, src, self.np_rows)
+
+    def _write_runs(self, plan: WritePlan, row0: int, src, dst) -> None:
+        n, r, end, pos, run = plan.num_pages, row0, row0 + src.shape[0], 0, 0
+        runs = plan.runs
+        while r < end:
+            lk, i = divmod(r, n)
+            while not runs[run][0] <= i < runs[run][0] + runs[run][2]:
+                run = (run + 1) % len(runs)
+            i0, p0, ln, step = runs[run]
+            take = min(end - r, i0 + ln - i)
+            first = lk * self.num_pool_pages + p0 + (i - i0) * step
+            if step == 1:
+                dst[first:first + take] = src[pos:pos + take]
+            else:  # descending pages: a negative-stride view (numpy only)
+                stop = first - take
+                dst[first:stop if stop >= 0 else None:-1] = src[pos:pos + take]
+            r, pos = r + take, pos + take

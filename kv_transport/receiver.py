@@ -1,0 +1,342 @@
+"""Receiver state machine: validates, reserves pages, writes payloads into them, commits.
+
+Path of one inbound transfer:
+
+    header ──validate──> admit(header)? ──pool.reserve(request_id, n)──> pages RESERVED
+      │ refused / no pages: NACK, nothing held                            │
+      ├─ inline: payload in the same message: verify, write, commit, ACK  │
+      └─ chunked: Credit(window) ─> chunks, each verified (running checksum)
+                  and written into the pages ─> last chunk: commit, ACK
+      any failure (bad chunk, checksum, Cancel, idle/total timeout, close):
+                  pool.free(pages) first, then NACK
+
+Chunks land in pool memory with one index_copy_ each, by whole (layer, k/v, page) slabs:
+
+    payload  [layer, kv, i, slot, head, dim]  row r = (layer*2 + kv) * n + i
+    pool.kv  [layer, kv, page, slot, head, dim] row   (layer*2 + kv) * P + pages[i]
+
+One task (`_serve`) owns the socket: it reads, dispatches, checks timeouts every tick and
+flushes the outbox; nothing else sends.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from dataclasses import dataclass
+
+from kv_transport import checksum
+from kv_transport.base import AdmitFn, ReceivedTransfer, TransferState, TransferStatus
+from kv_transport.config import TransportConfig
+from kv_transport.endpoint_core import EndpointCore
+from kv_transport.malloc_tuning import keep_freed_memory
+from kv_transport.page_writer import PageWriter, WritePlan
+from kv_transport.wire import (Ack, Cancel, Credit, KVChunk, KVTransferHeader, Nack,
+                               TransferBatch, WireError, decode, encode)
+from model_engine.page_pool import PagePool
+
+log = logging.getLogger(__name__)
+S = TransferState
+
+
+@dataclass
+class _Inbound:
+    header: KVTransferHeader
+    peer: bytes | None  # where replies go
+    pages: list[int]  # RESERVED under header.request_id until commit or free
+    plan: WritePlan  # where each payload row goes in the pool (see page_writer)
+    pool: PagePool  # the tier receiving it (the device pool, or the host pool when parked)
+    writer: PageWriter  # that pool's writer
+    status: TransferStatus
+    deadline: float  # total timeout
+    last_seen: float  # for the idle timeout
+    next_chunk: int = 0
+    running: int = 0  # running checksum of the chunks received
+    owed: int = 0  # credits earned by consumed chunks, not yet returned
+
+
+class ReceiverCore(EndpointCore):
+    """Backend-independent receiver. See the module docstring."""
+
+    role = "receiver"
+
+    def __init__(self, config: TransportConfig, pool: PagePool, admit: AdmitFn | None = None):
+        super().__init__(config, pool.spec)
+        self.pool = pool
+        self.endpoint = config.endpoint
+        self._admit = admit
+        self._writer = PageWriter(pool)
+        self._writers: dict[int, PageWriter] = {id(pool): self._writer}  # per receiving pool
+        self._live: dict[str, _Inbound] = {}
+        self._by_request: dict[str, str] = {}  # request_id -> transfer in flight
+        self._completed: collections.deque[ReceivedTransfer] = collections.deque()
+        self._completed_evt: asyncio.Event | None = None
+        self._outbox: collections.deque[tuple[bytes | None, object, str, list]] = \
+            collections.deque()
+
+    # ---- public API (see base.KVReceiver) --------------------------------------------------
+    async def start(self) -> None:
+        self._completed_evt = asyncio.Event()
+        self._prepare()
+        await self._start_tasks(self._serve())
+
+    def _prepare(self) -> None:
+        if self.config.tune_malloc:
+            keep_freed_memory()
+
+    def poll(self, transfer_id: str) -> TransferStatus | None:
+        inb = self._live.get(transfer_id)
+        st = inb.status if inb is not None else self._history.get(transfer_id)
+        return None if st is None else st.snapshot()
+
+    def take_completed(self) -> list[ReceivedTransfer]:
+        out = list(self._completed)
+        self._completed.clear()
+        return out
+
+    async def next_completed(self, timeout: float) -> ReceivedTransfer | None:
+        deadline = time.monotonic() + timeout
+        while not self._completed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self._completed_evt.clear()
+            try:
+                await asyncio.wait_for(self._completed_evt.wait(), left)
+            except asyncio.TimeoutError:
+                return None
+        return self._completed.popleft()
+
+    def cancel(self, transfer_id: str, reason: str = "cancelled") -> None:
+        inb = self._live.get(transfer_id)
+        if inb is not None:
+            self._fail(inb, "cancelled", reason)
+
+    async def close(self) -> None:
+        self._fail_all("receiver closed")
+        try:
+            await asyncio.wait_for(self._flush(), self.config.close_timeout_s)
+        except Exception:  # best effort on the way out; the pages are already free
+            log.debug("receiver: could not flush NACKs on close", exc_info=True)
+        await self._stop_tasks()
+
+    @property
+    def num_reserved_pages(self) -> int:
+        return sum(len(i.pages) for i in self._live.values())
+
+    # ---- serve loop -------------------------------------------------------------------------
+    async def _serve(self) -> None:
+        next_check = 0.0
+        while True:
+            got = await self._read(self.config.tick_s)
+            if got is not None:
+                await self._dispatch(*got)
+                got = None  # free the zmq buffer now, not after the next message arrives
+            now = time.monotonic()
+            if now >= next_check:
+                self._expire(now)
+                next_check = now + self.config.tick_s
+            await self._flush()
+
+    async def _flush(self) -> None:
+        while self._outbox:
+            peer, msg, kind, owners = self._outbox.popleft()
+            await self._emit(encode(msg), kind, owners, peer)
+
+    def _reply(self, peer: bytes | None, msg, kind: str, owners: list | None = None) -> None:
+        self._outbox.append((peer, msg, kind, owners or []))
+
+    async def _emit_failed(self, owners: list, reason: str) -> None:
+        for inb in owners:
+            if inb.status.transfer_id in self._live:
+                self._fail(inb, "send_failed", reason, nack=False)
+
+    async def _dispatch(self, peer: bytes | None, frames: list) -> None:
+        try:
+            d = decode(frames, self.limits)
+        except WireError as e:
+            self._on_bad_message(peer, e)
+            return
+        m = d.msg
+        if isinstance(m, KVTransferHeader):
+            if self._accept(peer, m, d.payloads[0] if d.payloads else None):
+                self._reply(peer, Ack([m.transfer_id]), "ack")
+        elif isinstance(m, TransferBatch):
+            acked = [h.transfer_id for h, p in zip(m.headers, d.payloads)
+                     if self._accept(peer, h, p)]
+            if acked:
+                self._reply(peer, Ack(acked), "ack")
+        elif isinstance(m, KVChunk):
+            await self._on_chunk(m, d.payloads[0])
+        elif isinstance(m, Cancel):
+            inb = self._live.get(m.transfer_id)
+            if inb is None:
+                log.info("receiver: late cancel for %s discarded", m.transfer_id)
+            else:
+                self._fail(inb, "cancelled", f"sender cancelled: {m.reason}", nack=False)
+        else:
+            log.warning("receiver: unexpected %s from %r discarded", type(m).__name__, peer)
+
+    def _on_bad_message(self, peer: bytes | None, e: WireError) -> None:
+        log.warning("receiver: bad message from %r discarded: %s", peer, e)
+        tid = e.transfer_id
+        if tid is None or tid in self._history:
+            return
+        inb = self._live.get(tid)
+        if inb is not None:
+            self._fail(inb, "bad_message", str(e))
+        else:  # a header we cannot accept: tell the sender now instead of letting it time out
+            self._reply(peer, Nack(tid, "bad_message", str(e)), "nack")
+
+    # ---- accepting a transfer ---------------------------------------------------------------
+    def _accept(self, peer: bytes | None, h: KVTransferHeader, payload: memoryview | None) -> bool:
+        """Reserve pages for `h`; for inline payloads also write and commit. True: ACK it."""
+        tid = h.transfer_id
+        if tid in self._live or tid in self._history:
+            log.info("receiver: duplicate header for %s discarded", tid)
+            return False
+        now = time.monotonic()
+        status = TransferStatus(tid, h.request_id, S.WAITING, bytes_total=h.payload_bytes,
+                                t_created=now)
+        refusal, target = self._refusal(h)
+        pages = None if refusal else target.reserve(h.request_id, h.num_pages)
+        if pages is None:
+            code, reason = refusal or ("no_pages", f"need {h.num_pages} pages, "
+                                                   f"{target.num_free} free")
+            self._finish_status(status, S.FAILED, f"{code}: {reason}")
+            self._reply(peer, Nack(tid, code, reason), "nack")
+            return False
+        writer = self._writers.get(id(target))
+        if writer is None:
+            writer = self._writers[id(target)] = PageWriter(target)
+        inb = _Inbound(h, peer, pages, writer.plan(pages), target, writer, status,
+                       now + self.config.transfer_timeout_s, now)
+        self._live[tid] = inb
+        self._by_request[h.request_id] = tid
+        if h.mode == "inline":
+            status.state, status.t_started = S.TRANSFERRING, now
+            value = checksum.of(h.checksum_algo, payload)
+            if value != h.checksum:
+                self._fail(inb, "checksum", f"payload checksum {value:#x} != {h.checksum:#x}",
+                           nack=True)
+                return False
+            self._write_pages(inb, 0, payload)
+            self._commit(inb)
+            return True
+        if h.mode == "chunked":
+            self._reply(peer, Credit(tid, self.config.window), "credit", [inb])
+        else:
+            self._start_dist(inb)
+        return False
+
+    def _refusal(self, h: KVTransferHeader) -> tuple[tuple[str, str] | None, PagePool]:
+        """(refusal or None, pool to receive into). `admit` may answer with a PagePool of
+        the same geometry (the host tier: the request arrives parked)."""
+        if h.request_id in self._by_request:
+            return ("busy", f"request {h.request_id} already has a transfer in flight"), self.pool
+        answer = self._admit(h) if self._admit is not None else None
+        if isinstance(answer, PagePool) and answer.spec == self.spec and self.accepts_other_pools:
+            return None, answer
+        if isinstance(answer, PagePool):
+            answer = "no_pages: this backend receives into the device tier only"
+        return (None if answer is None else ("refused", answer)), self.pool
+
+    accepts_other_pools = True  # backends that write only into `self.pool` set False
+
+    def _write_pages(self, inb: _Inbound, offset: int, view: memoryview) -> None:
+        """Copy whole slabs of payload (bytes at `offset`) into the reserved pages."""
+        inb.writer.write_bytes(inb.plan, offset // inb.writer.row_bytes, view)
+        inb.status.bytes_done += len(view)
+
+    async def _on_chunk(self, c: KVChunk, view: memoryview) -> None:
+        inb = self._live.get(c.transfer_id)
+        if inb is None:
+            log.info("receiver: late chunk %d of %s discarded", c.chunk_index, c.transfer_id)
+            return
+        h = inb.header
+        if h.mode != "chunked" or c.chunk_index < inb.next_chunk:
+            log.info("receiver: duplicate chunk %d of %s discarded", c.chunk_index, h.transfer_id)
+            return
+        if c.chunk_index > inb.next_chunk:
+            self._fail(inb, "bad_message", f"chunk {inb.next_chunk} missing "
+                                           f"(got {c.chunk_index})")
+            return
+        offset = c.chunk_index * h.chunk_bytes
+        if c.offset != offset or c.nbytes != min(h.chunk_bytes, h.payload_bytes - offset):
+            self._fail(inb, "bad_message", f"chunk {c.chunk_index}: offset/nbytes "
+                                           f"{c.offset}/{c.nbytes} do not match the header")
+            return
+        last = c.chunk_index + 1 == h.num_chunks
+        inb.owed += 0 if last else 1
+        if inb.owed >= max(1, self.config.window // 2):
+            # These chunks have left the socket queue: return their credits before the checksum
+            # and the copy, so the next chunks travel while this one is being written. Returning
+            # them in batches of window/2 halves the control messages and cannot stall the
+            # sender: it always keeps at least window - window/2 + 1 credits.
+            owed, inb.owed = inb.owed, 0
+            await self._emit(encode(Credit(h.transfer_id, owed)), "credit", [inb], inb.peer)
+            if inb.status.state.finished:
+                return
+        inb.running = checksum.update(h.checksum_algo, inb.running, view)
+        if inb.running != c.checksum:
+            self._fail(inb, "checksum", f"running checksum after chunk {c.chunk_index} "
+                                        f"{inb.running:#x} != {c.checksum:#x}")
+            return
+        now = time.monotonic()
+        if inb.status.state is S.WAITING:
+            inb.status.state, inb.status.t_started = S.TRANSFERRING, now
+        inb.last_seen = now
+        self._write_pages(inb, offset, view)
+        inb.next_chunk += 1
+        if last:
+            self._commit(inb)
+            self._reply(inb.peer, Ack([h.transfer_id]), "ack")
+
+    def _start_dist(self, inb: _Inbound) -> None:
+        self._fail(inb, "bad_message", "this receiver has no dist payload path")
+
+    # ---- finishing --------------------------------------------------------------------------
+    def _finish_status(self, st: TransferStatus, state: TransferState, reason: str | None) -> None:
+        st.state, st.reason, st.t_finished = state, reason, time.monotonic()
+        self._remember(st)
+
+    def _release(self, inb: _Inbound) -> None:
+        self._live.pop(inb.status.transfer_id, None)
+        if self._by_request.get(inb.header.request_id) == inb.status.transfer_id:
+            del self._by_request[inb.header.request_id]
+
+    def _commit(self, inb: _Inbound) -> None:
+        inb.pool.commit(inb.header.request_id)
+        self._release(inb)
+        self._finish_status(inb.status, S.DONE, None)
+        h = inb.header
+        self._completed.append(ReceivedTransfer(
+            h.transfer_id, h.request_id, h.tenant, h.num_tokens, list(inb.pages),
+            h.prompt_token_ids, h.output_token_ids, h.num_computed_tokens, h.extra,
+            inb.status, inb.pool.tier))  # final: never mutated again
+        self._completed_evt.set()
+
+    def _fail(self, inb: _Inbound, code: str, reason: str, nack: bool = True) -> None:
+        """Free the transfer's pages, then (optionally) tell the sender."""
+        if inb.status.state.finished:
+            return
+        inb.pool.free(inb.header.request_id, inb.pages)
+        self._release(inb)
+        self._finish_status(inb.status, S.FAILED, f"{code}: {reason}")
+        log.info("receiver: transfer %s (%s) failed: %s: %s", inb.status.transfer_id,
+                 inb.header.request_id, code, reason)
+        if nack:
+            self._reply(inb.peer, Nack(inb.status.transfer_id, code, reason), "nack")
+
+    def _fail_all(self, reason: str) -> None:
+        for inb in list(self._live.values()):
+            self._fail(inb, "closed", reason)
+
+    def _expire(self, now: float) -> None:
+        for inb in list(self._live.values()):
+            if now > inb.deadline:
+                self._fail(inb, "timeout", f"not done after {self.config.transfer_timeout_s}s")
+            elif inb.header.mode != "dist" and now - inb.last_seen > self.config.idle_timeout_s:
+                # (a dist payload wait is bounded by its own timeout in the torch backend)
+                self._fail(inb, "timeout", f"no progress for {self.config.idle_timeout_s}s")

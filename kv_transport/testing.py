@@ -1,0 +1,99 @@
+"""Helpers shared by the transport tests and the benchmark: pools of random pages, exports,
+and a bench_peer child process with bounded reads and a kill that always runs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from model_engine.kv_export import KVExport, export_request
+from model_engine.kv_spec import KVSpec
+from model_engine.page_pool import PagePool
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_SPEC = KVSpec(num_layers=4, num_kv_heads=2, head_dim=32, page_size=16, dtype="float32")
+
+
+def make_pool(num_pages: int, spec: KVSpec = TINY_SPEC, seed: int | None = None) -> PagePool:
+    """A pool; with a seed, every page holds reproducible random values."""
+    pool = PagePool(spec, num_pages)
+    if seed is not None:
+        g = torch.Generator().manual_seed(seed)
+        pool.kv.copy_(torch.randn(pool.kv.shape, generator=g).to(pool.kv.dtype))
+    return pool
+
+
+def make_export(pool: PagePool, request_id: str, num_pages: int, tail: int = 0) -> KVExport:
+    """Allocate `num_pages` for `request_id` and export them (last page `tail` tokens short)."""
+    if pool.allocate(request_id, num_pages) is None:
+        raise RuntimeError(f"pool cannot hold {num_pages} more pages")
+    return export_request(pool, request_id, num_pages * pool.spec.page_size - tail)
+
+
+def sha256_of(export: KVExport) -> str:
+    """Digest of an export's bytes, computed independently of the transport's checksum."""
+    return hashlib.sha256(export.data.contiguous().numpy().tobytes()).hexdigest()
+
+
+class PeerProcess:
+    """`python -m kv_transport.bench_peer ARGS`; reads its JSON lines with timeouts."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kv_transport.bench_peer", *args], cwd=REPO,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self._buf = bytearray()
+
+    def read_json(self, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"peer sent no line in {timeout}s")
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                data = os.read(fd, 65536)
+                if not data:
+                    raise EOFError(f"peer exited with {self.proc.wait(5)}")
+                self._buf += data
+        line, _, rest = bytes(self._buf).partition(b"\n")
+        self._buf = bytearray(rest)
+        return json.loads(line)
+
+    def counts(self, timeout: float = 10.0) -> dict:
+        """The peer pool's page state counts (it checks the pool's invariants first)."""
+        self.proc.stdin.write(b"stats\n")
+        self.proc.stdin.flush()
+        msg = self.read_json(timeout)
+        while "counts" not in msg:  # skip transfer reports still in the pipe
+            msg = self.read_json(timeout)
+        return msg["counts"]
+
+    def endpoint(self, timeout: float = 60.0) -> str:
+        return self.read_json(timeout)["endpoint"]
+
+    def stop(self, timeout: float = 5.0) -> int:
+        """Close stdin (the peer's signal to exit); kill it if it does not. Returns its code."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)

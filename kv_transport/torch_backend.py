@@ -1,0 +1,235 @@
+"""torch.distributed backend: headers and control over ZeroMQ, payloads by point-to-point
+send/recv (gloo for CPU pools, NCCL for CUDA pools: the same code, chosen by device).
+
+    sender                               receiver (ROUTER, as in zmq_backend)
+    header (mode "dist", src_rank) ───>  reserve pages; staging buffer; irecv(src, tag)
+                                   <───  Credit(rank, tag)   "posted, send now"
+    isend(payload, rank, tag) ═══════>   wait; verify checksum; copy staging -> pages; commit
+                                   <───  Ack | Nack
+
+Small payloads (<= inline_max_bytes) still ride inline over ZeroMQ, batched.
+
+Payloads land in a reused staging buffer, never directly in pool pages: a recv that timed
+out could otherwise still write into pages that were freed and handed to another request
+(the "late writer"). After a timeout the staging buffer is retired, and the peer is
+marked broken: gloo closes the pair on a timed-out wait, and NCCL has no tags to keep a
+stale recv from matching the next send. Later dist transfers fail fast with the reason;
+recovery is a new process group (restart the nodes). Each side runs its dist operations
+one at a time, in Credit order, which is also the order NCCL needs.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime
+import itertools
+import logging
+import time
+
+import torch
+import torch.distributed as dist
+
+from kv_transport import checksum
+from kv_transport.base import AdmitFn, TransferState, TransportError
+from kv_transport.config import TransportConfig
+from kv_transport.wire import Ack, Credit
+from kv_transport.zmq_backend import ZmqReceiver, ZmqSender
+from model_engine.kv_spec import KVSpec
+from model_engine.page_pool import PagePool
+
+log = logging.getLogger(__name__)
+S = TransferState
+
+
+def _dist_backend(config: TransportConfig, device: torch.device) -> str:
+    if config.dist_backend != "auto":
+        return config.dist_backend
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+async def ensure_process_group(config: TransportConfig, device: torch.device) -> bool:
+    """Initialise torch.distributed from the config unless the caller already did.
+
+    Returns True if this call created the group (the transport then destroys it on close).
+    """
+    if dist.is_initialized():
+        return False
+    if config.dist_init_method is None:
+        raise TransportError("torch backend: initialise torch.distributed first, or set "
+                             "dist_init_method, dist_rank and dist_world_size")
+    # init blocks until every rank joined; keep the event loop responsive meanwhile.
+    await asyncio.wait_for(asyncio.to_thread(
+        dist.init_process_group, _dist_backend(config, device),
+        init_method=config.dist_init_method, rank=config.dist_rank,
+        world_size=config.dist_world_size,
+        timeout=datetime.timedelta(seconds=config.transfer_timeout_s)),
+        config.transfer_timeout_s + 5)
+    return True
+
+
+async def wait_work(work, timeout: float, use_thread: bool) -> None:
+    """Wait for a torch.distributed Work, at most `timeout` seconds.
+
+    gloo's Work only completes inside wait(), which blocks: it runs in a worker thread here
+    (the one place this package uses a thread: torch.distributed has no awaitable API).
+    NCCL's is_completed() is a cheap CUDA event query, so it is polled instead.
+    """
+    if use_thread:
+        await asyncio.wait_for(asyncio.to_thread(
+            work.wait, datetime.timedelta(seconds=timeout)), timeout + 1.0)
+        return
+    deadline = time.monotonic() + timeout
+    while not work.is_completed():
+        if time.monotonic() > deadline:
+            raise asyncio.TimeoutError()
+        await asyncio.sleep(0.0005)
+
+
+class TorchSender(ZmqSender):
+    """ZmqSender whose large payloads go by torch.distributed isend."""
+
+    def __init__(self, config: TransportConfig, spec: KVSpec, name: str = "tx",
+                 device: str | torch.device = "cpu", **kwargs) -> None:
+        super().__init__(config, spec, name, **kwargs)
+        self.device = torch.device(device)
+        self._owns_group = False
+        self._jobs: collections.deque = collections.deque()
+        self._job_evt: asyncio.Event | None = None
+        self.broken: str | None = None  # set after a failed dist op; dist sends then fail fast
+
+    async def start(self) -> None:
+        self._owns_group = await ensure_process_group(self.config, self.device)
+        self._job_evt = asyncio.Event()
+        self._wake = asyncio.Event()
+        await self._start_tasks(self._writer(), self._reader(), self._dist_worker())
+
+    async def close(self) -> None:
+        await super().close()
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _stage(self, data: torch.Tensor, mode: str) -> torch.Tensor:
+        data = data.detach().contiguous()
+        return data if mode == "dist" else data.cpu()
+
+    def _mode_for(self, nbytes: int) -> str:
+        return "inline" if nbytes <= self.config.inline_max_bytes else "dist"
+
+    def _src_rank(self) -> int:
+        return dist.get_rank()
+
+    def _on_ready(self, o, credit: Credit) -> None:
+        if o.status.state is S.WAITING:
+            o.status.state, o.status.t_started = S.TRANSFERRING, time.monotonic()
+            self._jobs.append((o, credit.rank, credit.tag))
+            self._job_evt.set()
+
+    async def _dist_worker(self) -> None:
+        use_thread = _dist_backend(self.config, self.device) == "gloo"
+        while True:
+            if not self._jobs:
+                self._job_evt.clear()
+                try:
+                    await asyncio.wait_for(self._job_evt.wait(), self.config.tick_s)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            o, rank, tag = self._jobs.popleft()
+            if o.status.state.finished or o.data is None:
+                continue
+            if self.broken:
+                self._finish(o, S.FAILED, f"dist peer broken: {self.broken}", notify=True)
+                continue
+            data = o.data.reshape(-1).view(torch.uint8)
+            try:
+                work = dist.isend(data, dst=rank, tag=tag)
+                await wait_work(work, max(0.1, o.deadline - time.monotonic()), use_thread)
+            except (asyncio.TimeoutError, RuntimeError) as e:
+                self.broken = f"isend to rank {rank} failed: {e!r}"
+                self._finish(o, S.FAILED, self.broken, notify=True)
+                continue
+            o.status.bytes_done = o.status.bytes_total  # DONE comes with the receiver's Ack
+
+
+class TorchReceiver(ZmqReceiver):
+    """ZmqReceiver whose large payloads arrive by torch.distributed irecv."""
+
+    accepts_other_pools = False  # the staging copy writes into the device pool only
+
+    def __init__(self, config: TransportConfig, pool: PagePool, admit: AdmitFn | None = None,
+                 **kwargs) -> None:
+        super().__init__(config, pool, admit, **kwargs)
+        self._owns_group = False
+        self._jobs: collections.deque = collections.deque()
+        self._job_evt: asyncio.Event | None = None
+        self._tags = itertools.count(1)
+        self._staging: torch.Tensor | None = None  # reused; replaced after a failure
+        self._retired: list = []  # (buffer, work) of timed-out recvs, kept alive
+        self.broken: str | None = None
+
+    async def start(self) -> None:
+        self._owns_group = await ensure_process_group(self.config, self.pool.kv.device)
+        self._job_evt = asyncio.Event()
+        self._completed_evt = asyncio.Event()
+        self._prepare()
+        await self._start_tasks(self._serve(), self._dist_worker())
+
+    async def close(self) -> None:
+        await super().close()
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _start_dist(self, inb) -> None:
+        if self.broken:
+            self._fail(inb, "dist_failed", f"dist peer broken: {self.broken}")
+            return
+        self._jobs.append(inb)
+        self._job_evt.set()
+
+    def _staging_for(self, nbytes: int) -> torch.Tensor:
+        if self._staging is None or self._staging.numel() < nbytes:
+            self._staging = torch.empty(nbytes, dtype=torch.uint8, device=self.pool.kv.device)
+        return self._staging[:nbytes]
+
+    async def _dist_worker(self) -> None:
+        use_thread = _dist_backend(self.config, self.pool.kv.device) == "gloo"
+        while True:
+            if not self._jobs:
+                self._job_evt.clear()
+                try:
+                    await asyncio.wait_for(self._job_evt.wait(), self.config.tick_s)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            inb = self._jobs.popleft()
+            if not inb.status.state.finished:
+                await self._receive_one(inb, use_thread)
+                await self._flush()
+
+    async def _receive_one(self, inb, use_thread: bool) -> None:
+        h = inb.header
+        buf = self._staging_for(h.payload_bytes)
+        tag = next(self._tags) % (1 << 31)
+        work = dist.irecv(buf, src=h.src_rank, tag=tag)
+        self._reply(inb.peer, Credit(h.transfer_id, 1, dist.get_rank(), tag), "credit", [inb])
+        await self._flush()
+        inb.status.state, inb.status.t_started = S.TRANSFERRING, time.monotonic()
+        try:
+            await wait_work(work, max(0.1, inb.deadline - time.monotonic()), use_thread)
+        except (asyncio.TimeoutError, RuntimeError) as e:
+            self.broken = f"irecv from rank {h.src_rank} failed: {e!r}"
+            self._retired.append((self._staging, work))  # a late write lands here, not in pages
+            self._staging = None
+            self._fail(inb, "dist_failed", self.broken)
+            return
+        if inb.status.state.finished:  # cancelled while we waited: pages already freed
+            return
+        value = checksum.of(h.checksum_algo, buf)
+        if value != h.checksum:
+            self._fail(inb, "checksum", f"payload checksum {value:#x} != {h.checksum:#x}")
+            return
+        rows = buf.view(self.pool.kv.dtype).view(-1, self._writer.row_elems)
+        self._writer.write(inb.plan, 0, rows)
+        inb.status.bytes_done = h.payload_bytes
+        self._commit(inb)
+        self._reply(inb.peer, Ack([h.transfer_id]), "ack")

@@ -1,0 +1,131 @@
+"""Small pieces of the transport: page scatter, checksums, config validation, fault decisions."""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kv_transport import checksum
+from kv_transport.config import FaultConfig, TransportConfig
+from kv_transport.faults import Fault, FaultInjector
+from kv_transport.page_writer import PageWriter, find_runs
+from kv_transport.testing import TINY_SPEC, make_pool
+from model_engine.kv_spec import KVSpec
+
+ROW = TINY_SPEC.bytes_per_page // (2 * TINY_SPEC.num_layers)  # bytes of one (layer, kv, page)
+
+
+def scatter_and_check(pages: list[int], cuts: list[int], spec: KVSpec = TINY_SPEC) -> None:
+    """Write a random payload into `pages` in pieces cut at payload rows `cuts`; compare with
+    PagePool.import_pages (an independent reference)."""
+    dst, ref = make_pool(64, spec), make_pool(64, spec)
+    payload = torch.randn(spec.page_shape(len(pages))).to(spec.torch_dtype)
+    ref.import_pages(pages, payload)
+    raw = payload.reshape(-1).view(torch.uint8).numpy().tobytes()
+    writer, plan = PageWriter(dst), PageWriter(dst).plan(pages)
+    row_bytes = writer.row_bytes
+    bounds = [0, *sorted(set(cuts)), len(raw) // row_bytes]
+    for r0, r1 in zip(bounds, bounds[1:]):
+        if r1 > r0:
+            writer.write_bytes(plan, r0, memoryview(bytearray(raw[r0 * row_bytes:r1 * row_bytes])))
+    assert torch.equal(dst.kv, ref.kv)
+
+
+@pytest.mark.parametrize("pages", [
+    list(range(40)),  # one ascending run
+    list(range(63, 23, -1)),  # one descending run (PagePool hands freed pages back reversed)
+    [5, 9, 2, 40, 41, 7],  # scattered
+    list(range(10, 50)) + list(range(60, 55, -1)),  # long run plus short descending run
+])
+def test_page_writer_matches_import_pages(pages):
+    n_rows = 2 * TINY_SPEC.num_layers * len(pages)
+    scatter_and_check(pages, [])
+    scatter_and_check(pages, [1, n_rows // 3, n_rows // 2 + 1, n_rows - 1])
+
+
+def test_page_writer_bfloat16_and_tensor_path():
+    spec = KVSpec(num_layers=2, num_kv_heads=1, head_dim=8, page_size=4, dtype="bfloat16")
+    scatter_and_check(list(range(20, 60)), [3, 17], spec)
+    dst = make_pool(8, spec)
+    payload = torch.randn(spec.page_shape(3)).to(torch.bfloat16)
+    writer = PageWriter(dst)
+    writer.write(writer.plan([6, 1, 3]), 0, payload.reshape(-1, writer.row_elems))
+    assert torch.equal(dst.export_pages([6, 1, 3]), payload)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.permutations(list(range(64))).map(lambda p: p[:40]), st.lists(st.integers(0, 320)))
+def test_page_writer_any_pages_any_cuts(pages, cuts):
+    scatter_and_check(pages, cuts)
+
+
+def test_find_runs():
+    assert find_runs([3, 4, 5, 9, 8, 7, 1]) == [(0, 3, 3, 1), (3, 9, 3, -1), (6, 1, 1, 1)]
+    assert find_runs([]) == []
+
+
+@pytest.mark.parametrize("algo", ["sum64", "crc32"])
+def test_checksum_incremental_equals_whole(algo):
+    data = np.random.default_rng(0).integers(0, 256, 10_000 * 8 + 5, dtype=np.uint8).tobytes()
+    whole = checksum.of(algo, data)
+    running = 0
+    for i in range(0, len(data), 8 * 1000):
+        running = checksum.update(algo, running, memoryview(data)[i:i + 8 * 1000])
+    assert running == whole
+    assert checksum.of(algo, torch.frombuffer(bytearray(data), dtype=torch.uint8)) == whole
+    flipped = bytearray(data)
+    flipped[1234] ^= 0x01
+    assert checksum.of(algo, bytes(flipped)) != whole
+
+
+def test_checksum_reference_values():
+    words = np.array([1, 2, (1 << 64) - 1], dtype="<u8").tobytes()
+    assert checksum.of("sum64", words) == 2  # wraps modulo 2**64
+    assert checksum.of("sum64", b"\x01") == 1  # a short tail is zero-padded
+    assert checksum.of("crc32", b"hello") == zlib.crc32(b"hello")
+
+
+@pytest.mark.parametrize("change,field", [
+    (dict(backend="carrier"), "backend"), (dict(chunk_bytes=0), "chunk_bytes"),
+    (dict(window=0), "window"), (dict(transfer_timeout_s=0), "transfer_timeout_s"),
+    (dict(endpoint="http://x"), "endpoint"), (dict(endpoint="ipc://*"), "endpoint"),
+    (dict(checksum="md5"), "checksum"),
+    (dict(chunk_bytes=16 << 20), "chunk_bytes"), (dict(inline_max_bytes=8 << 20),
+                                                  "inline_max_bytes"),
+    (dict(hwm=2), "hwm"), (dict(tick_s=60.0), "tick_s"),
+])
+def test_config_validation_names_the_field(change, field):
+    with pytest.raises(ValueError, match=field):
+        TransportConfig(**change)
+
+
+def test_fault_config_validation():
+    with pytest.raises(ValueError, match="drop_prob"):
+        FaultConfig(drop_prob=1.5)
+    with pytest.raises(ValueError, match="kinds"):
+        FaultConfig(kinds=("teleport",))
+
+
+def test_fault_injector_is_seeded_and_capped():
+    cfg = FaultConfig(drop_prob=0.5, seed=7, kinds=("chunk",))
+    inj1, inj2 = FaultInjector(cfg), FaultInjector(cfg)
+    seq1 = [inj1.decide("chunk") for _ in range(50)]
+    assert seq1 == [inj2.decide("chunk") for _ in range(50)]
+    assert Fault.DROP in seq1 and None in seq1
+    assert FaultInjector(cfg).decide("header") is None  # kind not targeted
+    capped = FaultInjector(FaultConfig(drop_prob=1, max_faults=2))
+    assert [capped.decide("header") for _ in range(4)] == [Fault.DROP, Fault.DROP, None, None]
+    disc = FaultInjector(FaultConfig(disconnect_after_chunks=2))
+    assert [disc.decide("chunk") for _ in range(5)] == [None, None, Fault.DISCONNECT, None, None]
+
+
+def test_fault_mangle_never_touches_the_original():
+    original = bytearray(b"abcdefgh")
+    inj = FaultInjector(FaultConfig(seed=1))
+    corrupt = inj.mangle(Fault.CORRUPT, [b"hdr", memoryview(original)])
+    assert original == bytearray(b"abcdefgh") and corrupt[-1] != bytes(original)
+    assert inj.mangle(Fault.TRUNCATE, [b"hdr", bytes(original)])[-1] == b"abcd"

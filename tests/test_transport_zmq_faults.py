@@ -1,0 +1,56 @@
+"""Fault injection through the real ZeroMQ backend (sender and receiver in one loop, ipc)."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import pytest
+import torch
+
+from kv_transport import FaultConfig, TransferState, TransportConfig
+from kv_transport.testing import TINY_SPEC, make_export, make_pool
+from kv_transport.zmq_backend import ZmqReceiver, ZmqSender
+
+PAGE = TINY_SPEC.bytes_per_page
+
+
+@pytest.mark.parametrize("faults,reason", [
+    (FaultConfig(disconnect_after_chunks=2), "disconnected"),
+    (FaultConfig(corrupt_prob=1, kinds=("chunk",), max_faults=1), "checksum"),
+    (FaultConfig(truncate_prob=1, kinds=("header",), max_faults=1), "payload"),
+    (FaultConfig(drop_prob=1, kinds=("chunk",), max_faults=1), "missing"),
+], ids=["disconnect", "corrupt", "truncate", "drop"])
+def test_zmq_fault_then_recovery(faults, reason, tmp_path):
+    config = TransportConfig(endpoint=f"ipc://{tmp_path}/kv.sock", chunk_bytes=2 * PAGE,
+                             window=2, inline_max_bytes=PAGE, transfer_timeout_s=1.0,
+                             idle_timeout_s=0.5, send_timeout_s=0.5, tick_s=0.01)
+    src, dst = make_pool(64, seed=5), make_pool(64)
+
+    async def body():
+        rx = ZmqReceiver(config, dst)
+        await rx.start()
+        tx = ZmqSender(dataclasses.replace(config, endpoint=rx.endpoint, faults=faults),
+                       TINY_SPEC)
+        await tx.start()
+        try:
+            pages = 1 if "header" in faults.kinds and faults.truncate_prob else 9
+            t0 = time.monotonic()
+            status = await tx.wait(tx.send(make_export(src, "bad", pages)), 3.0)
+            assert status.state is TransferState.FAILED and reason in status.reason, status
+            assert time.monotonic() - t0 < 1.5
+            deadline = time.monotonic() + 2.0
+            while dst.state_counts()["reserved"] and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert dst.state_counts()["reserved"] == 0
+            dst.check()
+            good = make_export(src, "good", 9)
+            status = await tx.wait(tx.send(good), 3.0)
+            assert status.state is TransferState.DONE, status.reason
+            got = await rx.next_completed(2.0)
+            assert got.request_id == "good"
+            assert torch.equal(dst.export_pages(got.pages), good.data)
+        finally:
+            await tx.close()
+            await rx.close()
+    asyncio.run(asyncio.wait_for(body(), 20))
