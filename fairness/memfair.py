@@ -109,11 +109,13 @@ class MemFairPolicy(BasePolicy):
         return state.device_free - need_pages >= reserve
 
     def chunk_limit(self, seq, budget, state):
-        """A tenant beyond its share prefills at most a quarter of the step's budget while
-        another tenant has prompts waiting: their first tokens are not queued behind it."""
-        if self.over.get(seq.tenant, 0.0) <= 1.0:
+        """A prompt that will take its tenant beyond its share prefills at most a quarter of
+        the step's budget while other tenants have work: their first tokens do not queue behind
+        it and their decode steps are not stretched by it (the whale pays for its own size)."""
+        if not any(s.tenant != seq.tenant for s in (*self.candidates, *self.running)):
             return budget
-        if any(c.tenant != seq.tenant for c in self.candidates):
+        whole = -(-seq.num_tokens // state.page_size) - state.pages.get(seq.request_id, 0)
+        if self.use.get(seq.tenant, 0) + whole > self.ent.get(seq.tenant, state.device_total):
             return max(state.page_size, budget // 4)
         return budget
 

@@ -67,14 +67,16 @@ def test_memfair_quota_blocks_a_tenant_beyond_its_share_when_others_wait():
 
 def test_request_cap_static_and_dynamic():
     cfg = FairnessConfig(request_cap_frac=0.25)
-    seq = make_request(40, 4)
+    seq, other = make_request(40, 4, tenant="a"), make_request(4, 4, tenant="b")
     st_ = state(device_total=40, device_free=40)
-    assert not make_policy("memfair", cfg).may_admit(seq, 11, st_) or True  # refreshed below
     pol = make_policy("memfair", cfg)
-    pol.reclaim([], [seq], st_)
-    assert not pol.may_admit(seq, 11, st_)  # 11 > 0.25 * 40
+    pol.reclaim([], [seq, other], st_)
+    assert not pol.may_admit(seq, 11, st_)  # under contention: 11 > 0.25 * 40
+    alone = make_policy("memfair", cfg)
+    alone.reclaim([], [seq], st_)
+    assert alone.may_admit(seq, 11, st_)  # the cap binds only while others have work
     dyn = make_policy("memfair", FairnessConfig(request_cap_frac=0.25, dynamic_quota=True))
-    dyn.reclaim([], [seq], st_)
+    dyn.reclaim([], [seq, other], st_)
     assert dyn.may_admit(seq, 11, st_)  # cap grows with the request's 40 tokens (+1 page)
 
 
@@ -216,3 +218,16 @@ def test_a_held_arrival_is_admitted_once_pages_free_up(name):
     free = state(device_total=40, device_free=40, now=2.0)
     assert pol.place_arrival(Arrival("w", "whale", 0, 30, 2.0, 2.0), 0, free) == "device"
     assert "w" not in pol.held
+
+
+def test_memfair_limits_a_whale_prefill_chunk_while_others_have_work():
+    pol = make_policy("memfair")
+    whale, minnow = make_request(400, 4, tenant="w"), make_request(8, 4, tenant="m")
+    st_ = state(device_total=120, device_free=120)
+    pol.reclaim([], [whale, minnow], st_)
+    assert pol.chunk_limit(whale, 512, st_) == 128  # 100 pages > its 60-page share
+    assert pol.chunk_limit(minnow, 512, st_) == 512
+    alone = make_policy("memfair")
+    alone.reclaim([], [whale], st_)
+    assert alone.chunk_limit(whale, 512, st_) == 512  # nobody else to wait for it
+    assert make_policy("fcfs").chunk_limit(whale, 512, st_) == 512
