@@ -32,7 +32,7 @@ mkdir -p "$OUT"
 [ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.common import resolve_model; print(resolve_model(None))')"
 
 # Workload and budget. Whale footprint = 64 x minnow footprint (1536+512 vs 24+8 tokens).
-PAGE=16 TOTAL=448 PREFILL=160 HOST=256
+PAGE=16 TOTAL=448 PREFILL=160 HOST=512
 # Whales arrive close together so they overlap and, growing, need more than the decode pool.
 WL=(--workload whale-minnow --whales 6 --whale-prompt 1536 --whale-output 512 --whale-start 1
     --whale-interval 0.5 --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 30 --seed "$SEED"
@@ -74,4 +74,5 @@ for mode in $MODES; do
 done
 echo
 pdtb compare "$OUT"/*.json | tee "$OUT/compare.txt"
-pdtb report "$OUT"/*.json --out "$OUT/report"
+pdtb report "$OUT"/*.json --out "$OUT/report" >/dev/null
+echo "report: $OUT/report/report.md"

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Set up the environment (see _env.sh), then the main job on the embedded default model:
-# launch a small disaggregated cluster (1 prefill + 1 decode + router), send a few streaming
-# requests, print their outputs and latency, stop the cluster.
+# Set up the environment (see _env.sh), then the project's main job on the embedded tiny model:
+# the quick colocated-vs-disaggregated fairness comparison (fcfs vs memfair on the same seeded
+# whale-minnow workload and KV page budget). Ends with the comparison table and the report path.
+# Extra arguments go to compare_fairness.sh (e.g. --policies "fcfs memfair vtc").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/_env.sh"
 cd "$ROOT"
-RUN_DIR="$ROOT/runs/quickstart-$$"
-cleanup() { bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$RUN_DIR" --timeout 20 >/dev/null 2>&1 || true; }
-trap cleanup EXIT
-bash scripts/launch_cluster.sh --mode disagg --prefill 1 --decode 1 --port 0 --run-dir "$RUN_DIR"
-pdtb demo --url "$(cat "$RUN_DIR/url")"
+OUT="$ROOT/results/quickstart-$(date +%Y%m%d-%H%M%S)"
+bash scripts/compare_fairness.sh --quick --out "$OUT" "$@"
+echo
+echo "== summary (minnow class; ratios against fcfs in the same mode)"
+cat "$OUT/compare.txt"
+echo "report: $OUT/report/report.md"
