@@ -13,6 +13,7 @@ from typing import Callable
 import zmq
 import zmq.asyncio
 
+from cluster.security import secure_server
 from cluster.protocol import MAX_CONTROL_BYTES, ProtocolError, TokenBatch, TokenEvent, decode_message, encode_message
 
 log = logging.getLogger(__name__)
@@ -23,13 +24,14 @@ class ControlServer:
     """Binds `bind_addr` (tcp://host:0 picks an ephemeral port) and dispatches messages."""
 
     def __init__(self, ctx: zmq.asyncio.Context, bind_addr: str, handler: Callable[[bytes, object], None],
-                 curve_secret: bytes | None = None) -> None:
+                 keys=None) -> None:
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 10000)
         self.sock.setsockopt(zmq.RCVHWM, 10000)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL_BYTES)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown peer -> error, not a silent drop
+        secure_server(self.sock, keys)
         self.sock.bind(bind_addr)
         self.address = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.handler = handler

@@ -42,6 +42,7 @@ class NodeConfig:
     hold_timeout_s: float = 120.0  # prefill: how long a refused hand-off keeps retrying
     check_pages: bool = False  # run pool.check() after every step (tests)
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
+    curve_dir: str | None = None  # ZeroMQ CURVE keys for every socket (cluster/security.py)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -90,7 +91,11 @@ class NodeBase:
         self.wake = asyncio.Event()
         self.draining = False
         self.ctx = zmq.asyncio.Context()
-        self.ctrl = ControlServer(self.ctx, f"tcp://{config.host}:{config.ctrl_port}", self._on_message)
+        from cluster.security import CurveKeys
+
+        self.keys = CurveKeys.load(config.curve_dir) if config.curve_dir else None
+        self._auth = None
+        self.ctrl = ControlServer(self.ctx, f"tcp://{config.host}:{config.ctrl_port}", self._on_message, self.keys)
         self.sink = EventSink(self.ctrl, config.node_id)
         self.routes: dict[str, str] = {}  # request id -> router identity
         self.seqs: dict[str, Sequence] = {}  # live requests on this node
@@ -231,6 +236,9 @@ class NodeBase:
 
     async def run(self, on_ready=None) -> None:
         loop = asyncio.get_running_loop()
+        from cluster.security import start_authenticator
+
+        self._auth = start_authenticator(self.ctx, self.keys)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: loop.create_task(self.drain()) if not self.draining else None)
         self._http, self.metrics_addr = await start_http(self.metrics, lambda: self.stats().__dict__,
@@ -250,6 +258,11 @@ class NodeBase:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.close_extra()
+            pool = self.engine.pool  # the last word on leaks: every page should be free by now
+            log.info("node %s stopped: %d of %d device pages free", self.config.node_id, pool.num_free,
+                     pool.num_pages)
             await self._http.cleanup()
+            if self._auth is not None:
+                self._auth.stop()
             self.ctrl.close()
             self.ctx.term()

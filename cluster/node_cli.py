@@ -34,8 +34,11 @@ def parse(role: str, argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--slo-tpot", action="append", default=[], metavar="CLASS=S", help="TPOT target in seconds")
     ap.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--drain-timeout", type=float, default=30.0, help="SIGTERM: seconds to finish in-flight work")
+    ap.add_argument("--hold-timeout", type=float, default=120.0,
+                    help="prefill: seconds a hand-off refused for lack of decode pages keeps retrying")
     ap.add_argument("--addr-file", default=None, help="write the bound addresses here as JSON when ready")
     ap.add_argument("--check-pages", action="store_true", help="verify page states after every step")
+    ap.add_argument("--curve-dir", default=None, help="ZeroMQ CURVE keys (pdtb keys --out DIR) for every socket")
     ap.add_argument("--log-level", default="INFO")
     return ap.parse_args(argv)
 
@@ -95,7 +98,8 @@ def main(role: str, argv: list[str]) -> int:
                                                     host_kv_pages=0 if role == "prefill" else a.host_kv_pages),
                          host=a.host, ctrl_port=a.ctrl_port, metrics_port=a.metrics_port, kv_port=a.kv_port,
                          transport=a.transport, policy=a.policy, fairness=fairness_config(a),
-                         drain_timeout_s=a.drain_timeout, check_pages=a.check_pages)
+                         drain_timeout_s=a.drain_timeout, hold_timeout_s=a.hold_timeout, curve_dir=a.curve_dir,
+                         check_pages=a.check_pages)
     except ValueError as e:
         raise CliError(str(e)) from None
     if role == "prefill":

@@ -31,7 +31,7 @@ ABORTED_MEMORY = 4096  # request ids remembered as aborted, for transfers that l
 class DecodeNode(NodeBase):
     def __init__(self, config, engine=None, transport: TransportConfig | None = None) -> None:
         super().__init__(config, engine)
-        self.transport = transport or TransportConfig(backend=config.transport,
+        self.transport = transport or TransportConfig(backend=config.transport, curve_dir=config.curve_dir,
                                                       endpoint=f"tcp://{config.host}:{config.kv_port}")
         self.receiver = None
         self.aborted: OrderedDict[str, float] = OrderedDict()
@@ -52,7 +52,8 @@ class DecodeNode(NodeBase):
         return f"no_pages: policy {self.policy.name} defers ({where})"
 
     async def start_extra(self) -> None:
-        self.receiver = make_receiver(self.transport, self.engine.pool, admit=self._admit)
+        kw = {"context": self.ctx} if self.transport.backend == "zmq" else {}  # the ZAP handler lives in self.ctx
+        self.receiver = make_receiver(self.transport, self.engine.pool, admit=self._admit, **kw)
         await self.receiver.start()
         self.kv_addr = self.receiver.endpoint
 

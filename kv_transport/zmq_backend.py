@@ -72,6 +72,10 @@ class ZmqSender(SenderCore):
         apply_socket_options(s, self.config)
         s.setsockopt(zmq.MAXMSGSIZE, self.config.max_header_bytes)
         s.setsockopt(zmq.IMMEDIATE, 1)
+        if self.config.curve_dir:
+            from cluster.security import CurveKeys, secure_client
+
+            secure_client(s, CurveKeys.load(self.config.curve_dir))
         s.connect(self.config.endpoint)
         return s
 
@@ -126,6 +130,10 @@ class ZmqReceiver(ReceiverCore):
         s.setsockopt(zmq.MAXMSGSIZE, max(self.config.max_message_bytes,
                                          self.config.max_header_bytes))
         s.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unroutable replies raise instead of vanishing
+        if self.config.curve_dir:
+            from cluster.security import CurveKeys, secure_server
+
+            secure_server(s, CurveKeys.load(self.config.curve_dir))
         try:
             s.bind(bind_address(self.config.endpoint))
         except zmq.ZMQError as e:

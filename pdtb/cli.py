@@ -20,6 +20,7 @@ commands:
   prefill            start a prefill node          decode      start a decode node
   colocated          start a colocated node        router      start the HTTP router
   demo               send a few streaming requests to a running router
+  keys               write ZeroMQ CURVE keys for --curve-dir (encrypted, authenticated sockets)
 """
 
 
@@ -36,6 +37,15 @@ def _model_init(argv: list[str]) -> int:
     return 0
 
 
+def _keys(argv: list[str]) -> int:
+    from cluster.security import generate
+
+    ap = argparse.ArgumentParser(prog="pdtb keys", description="write ZeroMQ CURVE server and client key pairs")
+    ap.add_argument("--out", required=True)
+    print(f"wrote CURVE keys to {generate(ap.parse_args(argv).out)}")
+    return 0
+
+
 def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -43,6 +53,8 @@ def _dispatch(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "model" and rest[:1] == ["init"]:
         return _model_init(rest[1:])
+    if cmd == "keys":
+        return _keys(rest)
     if cmd == "generate":
         from pdtb.generate import main
 

@@ -44,7 +44,7 @@ class Handoff:
 class PrefillNode(NodeBase):
     def __init__(self, config, engine=None, transport: TransportConfig | None = None) -> None:
         super().__init__(config, engine)
-        self.transport = transport or TransportConfig(backend=config.transport)
+        self.transport = transport or TransportConfig(backend=config.transport, curve_dir=config.curve_dir)
         self.senders: dict[str, object] = {}
         self.handoffs: dict[str, Handoff] = {}
         self.reqs: dict[str, GenerateRequest] = {}
@@ -132,8 +132,9 @@ class PrefillNode(NodeBase):
                 h.backoff = min(h.backoff * 2, RETRY_S[1])
             else:
                 self.metrics.transfers.labels(outcome="failed", **self.metrics.labels).inc()
-                self._release(rid)
+                # fail() before _release(): the error event needs the route _release forgets
                 self.fail(rid, f"KV transfer to the decode node failed: {st.reason}")
+                self._release(rid)
 
     def _release(self, rid: str) -> None:
         self.handoffs.pop(rid, None)
@@ -152,8 +153,8 @@ class PrefillNode(NodeBase):
 
     def abort_all(self, reason: str) -> None:
         for rid in list(self.handoffs):
+            self.fail(rid, reason)  # before on_abort, which forgets the request's route
             self.on_abort(rid, reason)
-            self.fail(rid, reason)
         super().abort_all(reason)
 
     def idle(self) -> bool:

@@ -38,6 +38,7 @@ class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8000  # 0 picks an ephemeral port
     api_key: str | None = None  # when set, /v1/* requires `Authorization: Bearer <key>`
+    curve_dir: str | None = None  # ZeroMQ CURVE keys for the node connections (cluster/security.py)
     request_timeout: float = 600.0  # seconds a request may wait for its next event
     max_streams_per_tenant: int = 1024  # concurrent requests per tenant (`user`) before 429
     ping_interval: float = 0.5  # seconds between pings to every node

@@ -61,7 +61,7 @@ async def serve(config: RouterConfig, model: ServedModel) -> int:
 
     registry = NodeRegistry(config.nodes, ping_interval=config.ping_interval,
                             health_timeout=config.health_timeout, default_page_size=config.default_page_size,
-                            on_fatal=on_fatal)
+                            on_fatal=on_fatal, curve_dir=config.curve_dir)
     runner, url = await start_router(config, model, registry)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -92,6 +92,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--served-model-name", help="the model name clients send (default: the model directory name)")
     ap.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/*")
+    ap.add_argument("--curve-dir", help="ZeroMQ CURVE keys (pdtb keys --out DIR) for the node connections")
     ap.add_argument("--request-timeout", type=float, default=600.0,
                     help="seconds a request may wait for its next token before it fails")
     ap.add_argument("--max-streams-per-tenant", type=int, default=1024)
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("aiohttp.access").setLevel(logging.DEBUG if a.log_level == "debug" else logging.WARNING)
     try:
         config = RouterConfig(tuple(NodeSpec.parse(n) for n in a.node), host=a.host, port=a.port,
-                              api_key=a.api_key, request_timeout=a.request_timeout,
+                              api_key=a.api_key, curve_dir=a.curve_dir, request_timeout=a.request_timeout,
                               max_streams_per_tenant=a.max_streams_per_tenant,
                               shutdown_timeout=a.shutdown_timeout)
         model = load_served_model(resolve_model(a.model), a.served_model_name)

@@ -98,7 +98,8 @@ class NodeRegistry:
 
     def __init__(self, specs: tuple[NodeSpec, ...] | list[NodeSpec], *, router_id: str | None = None,
                  ping_interval: float = 0.5, health_timeout: float = 3.0, default_page_size: int = 16,
-                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+                 on_fatal: Callable[[BaseException], None] | None = None, curve_dir: str | None = None) -> None:
+        self.curve_dir = curve_dir
         self.router_id = router_id or f"router-{os.getpid()}-{secrets.token_hex(4)}"
         self.nodes = [NodeState(s) for s in specs]
         self.ping_interval, self.health_timeout = ping_interval, health_timeout
@@ -119,6 +120,10 @@ class NodeRegistry:
             for opt, val in ((zmq.LINGER, 0), (zmq.SNDHWM, SEND_HWM), (zmq.RCVHWM, SEND_HWM),
                              (zmq.MAXMSGSIZE, MAX_RECV_BYTES), (zmq.IMMEDIATE, 1)):
                 s.setsockopt(opt, val)
+            if self.curve_dir:
+                from cluster.security import CurveKeys, secure_client
+
+                secure_client(s, CurveKeys.load(self.curve_dir))
             s.connect(node.spec.address)
             node.socket = s
         for coro in (self._ping_loop(), self._reader()):

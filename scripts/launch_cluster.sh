@@ -4,7 +4,7 @@
 #   scripts/launch_cluster.sh --mode disagg|colocated [--prefill N] [--decode M] [--colocated K]
 #       [--model DIR] [--policy NAME] [--transport zmq|torch] [--kv-pages N] [--host-kv-pages N]
 #       [--prefill-kv-pages N] [--page-size T] [--port P] [--run-dir DIR] [--host IFACE] [--hosts-file FILE]
-#       [--router-args "..."] [--timeout S] [-- extra node flags]
+#       [--router-args "..."] [--curve-dir DIR] [--timeout S] [-- extra node flags]
 #
 # Nodes bind ephemeral ports and report them ("NODE READY {json}" in their log), so two clusters
 # never collide; the router listens on --port (default 8000; 0 picks a free one). Logs and pid
@@ -18,7 +18,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 MODE=disagg NP=1 ND=1 NC=1 MODEL="" POLICY=fcfs TRANSPORT=zmq KV_PAGES=4096 HOST_KV_PAGES=0
-PREFILL_KV_PAGES="" PAGE_SIZE=16 PORT=8000 RUN_DIR="" HOST=127.0.0.1 HOSTS_FILE="" TIMEOUT=180 ROUTER_ARGS=""
+CURVE_DIR="" PREFILL_KV_PAGES="" PAGE_SIZE=16 PORT=8000 RUN_DIR="" HOST=127.0.0.1 HOSTS_FILE="" TIMEOUT=180 ROUTER_ARGS=""
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -38,6 +38,7 @@ while [ $# -gt 0 ]; do
     --host) HOST="$2"; shift 2 ;;
     --hosts-file) HOSTS_FILE="$2"; shift 2 ;;
     --router-args) ROUTER_ARGS="$2"; shift 2 ;;
+    --curve-dir) CURVE_DIR="$(cd "$2" && pwd)"; shift 2 ;;
     --timeout) TIMEOUT="$2"; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
     -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
@@ -85,7 +86,7 @@ start_node() {  # start_node ROLE INDEX
   [ "$role" = prefill ] && [ -n "$PREFILL_KV_PAGES" ] && pages="$PREFILL_KV_PAGES"
   local args=(--model "$MODEL" --node-id "$role-$idx" --host "$h" --page-size "$PAGE_SIZE"
               --kv-pages "$pages" --transport "$TRANSPORT" --policy "$POLICY" --host-kv-pages "$HOST_KV_PAGES"
-              ${EXTRA[@]+"${EXTRA[@]}"})
+              ${CURVE_DIR:+--curve-dir "$CURVE_DIR"} ${EXTRA[@]+"${EXTRA[@]}"})
   if is_local "$h"; then
     setsid pdtb "$role" "${args[@]}" > "$log" 2>&1 < /dev/null &
   else
@@ -125,6 +126,7 @@ fi
 RLOG="$RUN_DIR/router-0.log"
 # shellcheck disable=SC2086
 setsid pdtb router --model "$MODEL" --host "$HOST" --port "$PORT" "${NODE_ARGS[@]}" $ROUTER_ARGS \
+  ${CURVE_DIR:+--curve-dir "$CURVE_DIR"} \
   > "$RLOG" 2>&1 < /dev/null &
 echo $! > "$RUN_DIR/router-0.pid"
 deadline=$(( SECONDS + TIMEOUT ))
