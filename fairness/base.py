@@ -61,9 +61,12 @@ class BasePolicy:
     def may_admit(self, seq: Sequence, need_pages: int, state: SchedState) -> bool:
         from fairness.quotas import reserved_for_others
 
-        if not self.cfg.class_reservations:
-            return True
-        return need_pages <= state.device_free - reserved_for_others(seq, self.running, self.cfg, state)
+        # Watermark: leave a page per running request for its next token, so that admitting
+        # one request does not force an eviction on the very next step (admit/evict thrash).
+        headroom = len(self.running)
+        if self.cfg.class_reservations:
+            headroom += reserved_for_others(seq, self.running, self.cfg, state)
+        return need_pages + headroom <= state.device_free
 
     def pick_victim(self, candidates: list[Sequence], requester: Sequence, state: SchedState) -> Sequence:
         return self.victim(candidates, state)

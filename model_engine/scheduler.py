@@ -161,7 +161,7 @@ class Scheduler:
             # Work conservation: with nothing running, the first candidate that fits runs
             # whatever the quotas say, so a quota can delay a request but never strand it.
             idle = not self.running
-            if need > self.pool.num_free or not (idle or self.policy.may_admit(seq, need, self.state())):
+            if need > self.pool.num_free or not (self.policy.may_admit(seq, need, self.state()) or idle):
                 if self.policy.strict_order:
                     break  # the head waits; nothing overtakes it
                 continue
