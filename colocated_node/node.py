@@ -43,18 +43,24 @@ def make_seq(req: GenerateRequest) -> Sequence:
     return seq
 
 
+def accept_request(node, req: GenerateRequest, extra_check: str | None = None) -> Sequence | None:
+    """Validate `req` on `node`'s engine and queue it; on any problem fail it with the reason."""
+    try:
+        bad = extra_check or validate_prompt(node.engine, req)
+        seq = None if bad else make_seq(req)
+    except ValueError as e:
+        bad = str(e)
+    if bad:
+        node.fail(req.request_id, bad)
+        return None
+    node.seqs[seq.request_id] = seq
+    node.engine.add(seq)
+    return seq
+
+
 class ColocatedNode(NodeBase):
     def on_generate(self, req: GenerateRequest) -> None:
-        try:
-            bad = validate_prompt(self.engine, req)
-            seq = None if bad else make_seq(req)
-        except ValueError as e:
-            bad = str(e)
-        if bad:
-            self.fail(req.request_id, bad)
-            return
-        self.seqs[seq.request_id] = seq
-        self.engine.add(seq)
+        accept_request(self, req)
 
     def on_step_events(self, events: list[StepEvent], t: float) -> None:
         now = time.time()

@@ -105,7 +105,7 @@ class ReceivedTransfer:
 
 # admit(header) -> None to accept into the receiver's pool, another PagePool of the same
 # geometry to accept into (the host tier), or a reason string to refuse (sent in a NACK).
-AdmitFn = Callable[[KVTransferHeader], "str | None | PagePool"]
+AdmitFn = Callable[[KVTransferHeader], "str | None | PagePool"]  # noqa: F821 (PagePool: model_engine)
 
 
 class KVSender(Protocol):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from cluster.node_base import NodeBase
 from cluster.protocol import GenerateRequest
-from colocated_node.node import make_seq, validate_prompt
+from colocated_node.node import accept_request
 from kv_transport import TransferMeta, TransferState, TransportConfig, make_sender
 from model_engine.engine import StepEvent
 from model_engine.kv_export import export_request
@@ -50,19 +50,9 @@ class PrefillNode(NodeBase):
         self.reqs: dict[str, GenerateRequest] = {}
 
     def on_generate(self, req: GenerateRequest) -> None:
-        try:
-            bad = validate_prompt(self.engine, req)
-            seq = None if bad else make_seq(req)
-        except ValueError as e:
-            bad = str(e)
-        if not bad and not req.decode_kv_addr:
-            bad = "no decode node given for a disaggregated request"
-        if bad:
-            self.fail(req.request_id, bad)
-            return
-        self.seqs[seq.request_id] = seq
-        self.reqs[seq.request_id] = req
-        self.engine.add(seq)
+        no_decode = None if req.decode_kv_addr else "no decode node given for a disaggregated request"
+        if accept_request(self, req, no_decode) is not None:
+            self.reqs[req.request_id] = req
 
     def on_step_events(self, events: list[StepEvent], t: float) -> None:
         now = time.time()

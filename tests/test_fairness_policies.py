@@ -1,8 +1,6 @@
 """Every policy, driven step by step with a fake clock and no processes."""
 from __future__ import annotations
 
-import itertools
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
