@@ -41,7 +41,13 @@ class ControlServer:
         while not stop.is_set():
             if not await self.sock.poll(int(tick_s * 1000)):
                 continue
-            self._dispatch(await self.sock.recv_multipart())
+            # NOBLOCK: the engine loop's drain() may have taken the message since poll(); a
+            # blocking recv would then wait for the next one and never see `stop`.
+            try:
+                frames = await self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            self._dispatch(frames)
 
     async def drain(self, limit: int = 10000) -> int:
         """Handle every message already queued on the socket, without waiting. The engine loop

@@ -1,0 +1,229 @@
+"""Chaos on real clusters (processes on loopback, scripts/launch_cluster.sh): nodes killed with
+kill -9 while streams are in flight, clients that go away mid-stream, a node restarted on its old
+control port, a decode pool too small for a request. What must hold every time:
+
+  - every request ends within END_S: finished, or failed with a reason (HTTP 503, or an error
+    event in the stream followed by [DONE]); none hangs, none ends without a word;
+  - the router goes on serving through the nodes that are left;
+  - once idle, every surviving node has all its pages free.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from chaos_util import END_S, Outcome, check_ended_well, prompt, session, stream, until
+from cluster_util import ROOT, alive, get_json, launched, wait_until
+
+pytestmark = pytest.mark.slow
+FREE_S = 30.0  # pages return to all-free within this bound once idle
+
+
+# ---- cluster helpers -------------------------------------------------------------------------------
+def vocab_of(url: str) -> int:
+    return get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
+
+
+def ready_info(run_dir: Path, name: str) -> dict:
+    """The node's NODE READY json (its bound addresses) from its log."""
+    for line in (run_dir / f"{name}.log").read_text().splitlines():
+        if line.startswith("NODE READY "):
+            return json.loads(line[len("NODE READY "):])
+    raise AssertionError(f"no NODE READY line in {name}.log")
+
+
+def kill9(run_dir: Path, name: str) -> int:
+    pid = int((run_dir / f"{name}.pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not alive(pid), 10, what=f"{name} gone")
+    return pid
+
+
+def node(url: str, node_id: str) -> dict:
+    return next(n for n in get_json(f"{url}/cluster") if n["id"] == node_id)
+
+
+def healthy_nodes_free(url: str) -> bool:
+    nodes = [n for n in get_json(f"{url}/cluster") if n["healthy"]]
+    return bool(nodes) and all(n["pages_free"] == n["pages_total"] and n["running"] == 0 for n in nodes)
+
+
+def metric(metrics_addr: str, name: str, **labels) -> float:
+    """Sum of a Prometheus counter's samples on a node's /metrics (label filter optional)."""
+    with urllib.request.urlopen(f"{metrics_addr}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{name}(?:{{(.*)}})? (\S+)$", line)
+        if m and all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+async def chaos_run(url: str, vocab: int, fault, *, n_long: int, long_tokens: int, prompt_len: int,
+                    n_during: int, every_s: float, fault_after: int) -> tuple[list[Outcome], list[Outcome]]:
+    """`n_long` streams in flight; `fault()` once `fault_after` of them have tokens; meanwhile and
+    after, `n_during` more requests, one every `every_s`. Returns (long outcomes, later outcomes)."""
+    rng = random.Random(7)
+    started: list = []
+    async with session() as s:
+        longs = [asyncio.ensure_future(stream(s, url, prompt(vocab, prompt_len, rng), long_tokens, started=started))
+                 for _ in range(n_long)]
+        await until(lambda: len(started) >= fault_after, END_S, "streams to start")
+        await asyncio.to_thread(fault)
+        during = []
+        for _ in range(n_during):
+            during.append(asyncio.ensure_future(stream(s, url, prompt(vocab, prompt_len, rng), 16)))
+            await asyncio.sleep(every_s)
+        outs = await asyncio.wait_for(asyncio.gather(*longs, *during), END_S)
+    return outs[:n_long], outs[n_long:]
+
+
+async def all_complete(url: str, vocab: int, n: int, max_tokens: int = 12) -> list[Outcome]:
+    rng = random.Random(11)
+    async with session() as s:
+        return await asyncio.wait_for(
+            asyncio.gather(*(stream(s, url, prompt(vocab, 24, rng), max_tokens) for _ in range(n))), END_S)
+
+
+# ---- clusters of their own ---------------------------------------------------------------------------
+def test_prefill_killed_mid_work(llama_dir, tmp_path):
+    with launched(tmp_path / "c2p1d", llama_dir, "--mode", "disagg", "--prefill", "2", "--decode", "1",
+                  "--kv-pages", "600") as (url, run_dir):
+        vocab = vocab_of(url)
+        name = "prefill-0"
+        # Long prompts, so that the kill finds prompts still queued or in prefill on prefill-0.
+        longs, during = asyncio.run(chaos_run(url, vocab, lambda: kill9(run_dir, name), n_long=12, long_tokens=100,
+                                              prompt_len=2000, n_during=16, every_s=0.2, fault_after=1))
+        check_ended_well(longs + during)
+        assert any(o.ok for o in longs + during), "requests on the surviving prefill node should finish"
+        assert any(o.failed_with_reason for o in longs + during), "requests on the killed node should fail"
+        wait_until(lambda: not node(url, name)["healthy"], 15, what="the router to see the node gone")
+        outs = asyncio.run(all_complete(url, vocab, 6))
+        assert all(o.ok for o in outs), outs  # served by the surviving prefill node
+        wait_until(lambda: healthy_nodes_free(url), FREE_S, what="surviving nodes' pages free")
+
+
+def test_decode_pool_too_small_fails_after_hold_timeout(llama_dir, tmp_path):
+    # An 8-page decode pool (128 tokens) and a 200-token prompt: the decode node defers the
+    # hand-off, the prefill node holds the pages and retries until --hold-timeout, then fails it.
+    hold = 8.0  # > fairness HELD_TTL_S (5 s), so the request after it is not failed by its ghost
+    with launched(tmp_path / "chold", llama_dir, "--mode", "disagg", "--kv-pages", "8",
+                  "--prefill-kv-pages", "256", "--", "--hold-timeout", str(hold)) as (url, _):
+        vocab = vocab_of(url)
+        seen_held: list[int] = []
+
+        async def go():
+            async with session() as s:
+                task = asyncio.ensure_future(stream(s, url, prompt(vocab, 200, random.Random(5)), 4))
+                while not task.done():  # the prefill node reports the held hand-off meanwhile
+                    pre = next(n for n in get_json(f"{url}/cluster") if n["role"] == "prefill")
+                    seen_held.append(pre["extra"].get("held_pages", 0))
+                    await asyncio.sleep(0.25)
+                return await asyncio.wait_for(task, END_S)
+
+        out = asyncio.run(go())
+        assert out.failed_with_reason and out.status == 200, out
+        assert "decode" in out.error and "no_pages" in out.error, out.error
+        assert out.tokens == 1  # the first token came from the prefill node before the hold
+        assert max(seen_held) > 0, "the prefill node never reported holding the pages"
+        wait_until(lambda: healthy_nodes_free(url), FREE_S, what="pages free after the hold timeout")
+        outs = asyncio.run(all_complete(url, vocab, 2, max_tokens=8))
+        assert all(o.ok for o in outs), outs
+        assert get_json(f"{url}/health")["status"] == "ok"
+
+
+# ---- one 1 prefill + 2 decode cluster for the disconnect, decode-kill and rejoin tests -----------
+@pytest.fixture(scope="module")
+def cluster_1p2d(llama_dir, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("chaos") / "c1p2d"
+    with launched(run_dir, llama_dir, "--mode", "disagg", "--prefill", "1", "--decode", "2",
+                  "--kv-pages", "600") as (url, rd):
+        yield url, rd
+        # After the kills, every node left must still stop on SIGTERM, without the SIGKILL fallback.
+        r = subprocess.run(["bash", str(ROOT / "scripts/stop_cluster.sh"), "--run-dir", str(rd), "--timeout", "20"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "did not exit" not in r.stderr, r.stderr
+
+
+def test_client_disconnects_mid_stream_free_pages(cluster_1p2d):
+    url, run_dir = cluster_1p2d
+    vocab = vocab_of(url)
+    decodes = [ready_info(run_dir, f"decode-{i}")["metrics"] for i in range(2)]
+    gen_before = sum(metric(m, "pdtb_generation_tokens_total") for m in decodes)
+    n, max_tokens = 8, 2000
+
+    async def go():
+        rng = random.Random(3)
+        async with session() as s:
+            return await asyncio.wait_for(asyncio.gather(
+                *(stream(s, url, prompt(vocab, 20, rng), max_tokens, close_after=3) for _ in range(n))), END_S)
+
+    outs = asyncio.run(go())
+    assert all(o.status == 200 and o.tokens >= 3 and not o.done for o in outs), outs
+    wait_until(lambda: healthy_nodes_free(url), FREE_S, what="pages free after the clients left")
+    # The requests were aborted, not run to their end: far fewer tokens than asked for were made.
+    generated = sum(metric(m, "pdtb_generation_tokens_total") for m in decodes) - gen_before
+    assert generated < n * max_tokens / 2, generated
+    assert get_json(f"{url}/health")["status"] == "ok"
+    assert all(o.ok for o in asyncio.run(all_complete(url, vocab, 4)))
+
+
+def test_decode_killed_mid_stream_then_rejoins(cluster_1p2d):
+    url, run_dir = cluster_1p2d
+    vocab = vocab_of(url)
+    name = "decode-0"
+    pid = int((run_dir / f"{name}.pid").read_text())
+    cmdline = psutil.Process(pid).cmdline()
+    ctrl_port = ready_info(run_dir, name)["ctrl"].rsplit(":", 1)[1]
+
+    longs, during = asyncio.run(chaos_run(url, vocab, lambda: kill9(run_dir, name), n_long=16, long_tokens=300,
+                                          prompt_len=24, n_during=12, every_s=0.3, fault_after=6))
+    check_ended_well(longs + during)
+    assert any(o.ok for o in longs), "streams on the surviving decode node should finish"
+    assert any(o.failed_with_reason for o in longs), "streams on the killed decode node should fail"
+    wait_until(lambda: not node(url, name)["healthy"], 15, what="the router to see the node gone")
+    outs = asyncio.run(all_complete(url, vocab, 6))
+    assert all(o.ok for o in outs), outs  # served by the surviving decode node
+    wait_until(lambda: healthy_nodes_free(url), FREE_S, what="surviving nodes' pages free")
+
+    # Restart on the same control port: the router reconnects by itself.
+    addr_file = run_dir / f"{name}.restart.json"
+    log = open(run_dir / f"{name}.restart.log", "w")
+    proc = subprocess.Popen([*cmdline, "--ctrl-port", ctrl_port, "--addr-file", str(addr_file)], stdout=log,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        (run_dir / f"{name}.pid").write_text(str(proc.pid))  # stop_cluster.sh stops it with the rest
+        wait_until(lambda: addr_file.exists() or proc.poll() is not None, 120, what="restarted node ready")
+        assert proc.poll() is None, (run_dir / f"{name}.restart.log").read_text()[-2000:]
+        info = json.loads(addr_file.read_text())
+        assert info["ctrl"].endswith(f":{ctrl_port}")
+
+        def health_ok():
+            try:
+                return get_json(f"{url}/health", timeout=5)["status"] == "ok"
+            except OSError:
+                return False
+
+        wait_until(health_ok, 30, what="/health 200 again")
+        outs = asyncio.run(all_complete(url, vocab, 8))
+        assert all(o.ok for o in outs), outs
+        assert metric(info["metrics"], "pdtb_requests_finished_total", reason="length") > 0, \
+            "no request finished on the restarted node"
+        wait_until(lambda: healthy_nodes_free(url), FREE_S, what="pages free after the rejoin")
+        assert len([n for n in get_json(f"{url}/cluster") if n["healthy"]]) == 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        log.close()

@@ -1,0 +1,189 @@
+"""Graceful shutdown and clean launches on real processes (loopback, ephemeral ports).
+
+  - SIGTERM to a node with streams in flight: it stops taking requests, the in-flight ones
+    finish (or, past --drain-timeout, fail with a reason), every page is free, exit code 0;
+  - stop_cluster.sh with streams in flight leaves no process behind;
+  - a launch that fails (bad model, a router that cannot start) exits non-zero and leaves no
+    orphan process.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import signal
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+import pytest
+
+from cluster_util import ROOT, alive, get_json, launched, wait_until
+from chaos_util import END_S, check_ended_well, procs_mentioning, prompt, session, stream, until
+
+pytestmark = pytest.mark.slow
+PDTB = str(Path(sys.executable).with_name("pdtb"))
+
+
+# ---- one node and a router, started here so that the node's exit code can be read -------------
+@contextmanager
+def process(args: list[str], log: Path):
+    """A `pdtb ...` process in its own session, output to `log`; killed on the way out."""
+    with open(log, "w") as f:
+        proc = subprocess.Popen([PDTB, *args], stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+
+
+@contextmanager
+def colocated_with_router(model: str, run_dir: Path, *node_args: str):
+    """Yield (node process, router url, node log) for one colocated node behind a router."""
+    run_dir.mkdir(parents=True)
+    addr, nlog, rlog = run_dir / "node.json", run_dir / "node.log", run_dir / "router.log"
+    with process(["colocated", "--model", model, "--node-id", "co-0", "--addr-file", str(addr), *node_args],
+                 nlog) as node:
+        wait_until(lambda: addr.exists() or node.poll() is not None, 120, what="node ready")
+        assert node.poll() is None, nlog.read_text()[-2000:]
+        ctrl = get_json_file(addr)["ctrl"]
+        with process(["router", "--model", model, "--port", "0", "--node", f"colocated={ctrl}"], rlog) as router:
+            def url():
+                m = re.search(r"router listening on (http://\S+)", rlog.read_text())
+                return m.group(1) if m else (router.poll() is not None and "exited")
+
+            u = wait_until(url, 60, what="router listening")
+            assert u != "exited", rlog.read_text()[-2000:]
+            wait_until(lambda: get_json(f"{u}/health")["status"] == "ok", 30, what="/health 200")
+            yield node, u, nlog
+
+
+def get_json_file(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def drained_line(log: Path) -> tuple[int, int]:
+    m = re.search(r"node \S+ stopped: (\d+) of (\d+) device pages free", log.read_text())
+    assert m, log.read_text()[-2000:]
+    return int(m.group(1)), int(m.group(2))
+
+
+async def sigterm_mid_stream(node: subprocess.Popen, url: str, n: int, max_tokens: int):
+    """`n` streams; SIGTERM to the node once half have tokens; then one more request once the
+    router sees the node draining. Returns (in-flight outcomes, the late request's outcome)."""
+    vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
+    rng, started = random.Random(1), []
+    async with session() as s:
+        tasks = [asyncio.ensure_future(stream(s, url, prompt(vocab, 24, rng), max_tokens, started=started))
+                 for _ in range(n)]
+        await until(lambda: len(started) >= n // 2, END_S, "streams to start")
+        node.send_signal(signal.SIGTERM)
+
+        def draining():
+            return all(x["draining"] or not x["healthy"] for x in get_json(f"{url}/cluster"))
+
+        await until(draining, 10, "the router to see the node draining")
+        late = await asyncio.wait_for(stream(s, url, prompt(vocab, 24, rng), 8), END_S)
+        outs = await asyncio.wait_for(asyncio.gather(*tasks), END_S)
+    return outs, late
+
+
+def test_sigterm_colocated_finishes_in_flight_and_exits_0(llama_dir, tmp_path):
+    with colocated_with_router(llama_dir, tmp_path / "d1", "--kv-pages", "400", "--drain-timeout", "40") \
+            as (node, url, log):
+        outs, late = asyncio.run(sigterm_mid_stream(node, url, 6, 300))
+        assert all(o.ok and o.tokens == 300 for o in outs), outs  # drained: every stream finished
+        assert late.failed_with_reason and not late.ok, late  # a draining node takes nothing new
+        assert node.wait(timeout=60) == 0
+        free, total = drained_line(log)
+        assert free == total == 400
+
+
+def test_sigterm_past_drain_timeout_fails_the_rest_with_a_reason(llama_dir, tmp_path):
+    with colocated_with_router(llama_dir, tmp_path / "d2", "--kv-pages", "400", "--drain-timeout", "1") \
+            as (node, url, log):
+        outs, late = asyncio.run(sigterm_mid_stream(node, url, 6, 3500))
+        check_ended_well(outs)
+        assert late.failed_with_reason, late
+        cut = [o for o in outs if not o.ok]
+        assert cut and all("shut down" in o.error for o in cut), outs
+        assert node.wait(timeout=60) == 0
+        free, total = drained_line(log)
+        assert free == total == 400
+
+
+# ---- the scripts ------------------------------------------------------------------------------------
+def tree(pids) -> set[int]:
+    out = set(pids)
+    for pid in pids:
+        try:
+            out |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_stop_cluster_mid_stream_leaves_no_process(llama_dir, tmp_path):
+    run_dir = tmp_path / "s1"
+    with launched(run_dir, llama_dir, "--mode", "disagg", "--kv-pages", "400") as (url, _):
+        pids = tree(int(p.read_text()) for p in run_dir.glob("*.pid"))
+        assert len(pids) >= 3
+        vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
+
+        async def go():
+            rng, started = random.Random(2), []
+            async with session() as s:
+                tasks = [asyncio.ensure_future(stream(s, url, prompt(vocab, 24, rng), 200, started=started))
+                         for _ in range(4)]
+                await until(lambda: len(started) >= 2, END_S, "streams to start")
+                stop = await asyncio.create_subprocess_exec(
+                    "bash", str(ROOT / "scripts/stop_cluster.sh"), "--run-dir", str(run_dir), "--timeout", "20",
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                out, _ = await asyncio.wait_for(stop.communicate(), 90)
+                await asyncio.wait_for(asyncio.gather(*tasks), END_S)  # every stream ends, one way or another
+                return stop.returncode, out.decode()
+
+        rc, out = asyncio.run(go())
+        assert rc == 0 and "did not exit" not in out, out  # SIGTERM was enough, no SIGKILL
+        for log in run_dir.glob("*-0.log"):
+            if not log.name.startswith("router"):
+                free, total = drained_line(log)
+                assert free == total, log.name
+        assert not list(run_dir.glob("*.pid"))
+        assert not [p for p in pids if alive(p)], f"left behind: {[p for p in pids if alive(p)]}"
+        assert not procs_mentioning(str(run_dir))
+
+
+def run_launch(run_dir: Path, model: str, *args: str) -> subprocess.CompletedProcess:
+    cmd = ["bash", str(ROOT / "scripts/launch_cluster.sh"), "--run-dir", str(run_dir), "--model", model,
+           "--port", "0", "--timeout", "120", *args]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    finally:  # whatever happened, nothing of this cluster may outlive the test
+        subprocess.run(["bash", str(ROOT / "scripts/stop_cluster.sh"), "--run-dir", str(run_dir), "--timeout", "10"],
+                       capture_output=True, timeout=60)
+
+
+def test_failed_launch_bad_model_exits_nonzero_no_orphans(tmp_path):
+    model = str(tmp_path / "nonexistent-model")
+    r = run_launch(tmp_path / "f1", model, "--mode", "disagg", "--prefill", "1", "--decode", "2")
+    assert r.returncode != 0
+    assert "exited during start-up" in r.stderr, r.stderr[-2000:]
+    assert not procs_mentioning(model), "a node of the failed launch is still running"
+    assert not procs_mentioning(str(tmp_path / "f1"))
+
+
+def test_failed_launch_router_cannot_start_stops_the_nodes(llama_dir, tmp_path):
+    before = procs_mentioning(llama_dir)
+    r = run_launch(tmp_path / "f2", llama_dir, "--mode", "disagg", "--router-args", "--no-such-flag")
+    assert r.returncode != 0
+    assert "router exited during start-up" in r.stderr, r.stderr[-2000:]
+    left = procs_mentioning(llama_dir) - before
+    assert not left, f"nodes of the failed launch still running: {left}"
+    assert not procs_mentioning(str(tmp_path / "f2"))
