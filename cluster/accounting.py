@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from fairness.attribution import attribute
+from fairness.attribution import attribute, timing_summary
 from fairness.metering import KVMeter
 from prometheus_client import Counter as PCounter
 from prometheus_client import Gauge
@@ -60,8 +60,6 @@ class NodeAccounting:
 
     def final_timing(self, seq) -> dict:
         """Extension object for the final event: phases, SLO attribution, KV bytes."""
-        from cluster.node_base import timing_summary
-
         out = timing_summary(seq.timeline)
         slo = attribute(seq.timeline, seq.num_output_tokens, seq.priority, self.node.config.fairness)
         out["slo"] = slo

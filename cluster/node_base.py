@@ -57,18 +57,6 @@ def to_sampling(p: Params) -> SamplingParams:
                           ignore_eos=p.ignore_eos, stop_token_ids=tuple(p.stop_token_ids))
 
 
-def timing_summary(tl: dict[str, float]) -> dict:
-    """Durations (s) of each phase from a request's wall-clock stamps, plus the stamps."""
-    def gap(a, b):
-        return round(tl[b] - tl[a], 6) if a in tl and b in tl else None
-    out = {"queue_s": gap("prefill_queued", "prefill_start"), "prefill_s": gap("prefill_start", "first_token"),
-           "transfer_s": gap("transfer_start", "transfer_end"), "admission_wait_s": gap("transfer_end", "decode_admit"),
-           "decode_s": gap("decode_admit", "last_token")}
-    out = {k: v for k, v in out.items() if v is not None}
-    out["stamps"] = dict(tl)
-    return out
-
-
 class NodeBase:
     def __init__(self, config: NodeConfig, engine: LLMEngine | None = None) -> None:
         from fairness import make_policy

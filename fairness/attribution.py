@@ -14,8 +14,26 @@ from __future__ import annotations
 from fairness.config import FairnessConfig
 
 
+def _span(tl: dict, a: str, b: str) -> float | None:
+    """Seconds from stamp `a` to stamp `b`, or None if either is missing."""
+    return tl[b] - tl[a] if a in tl and b in tl else None
+
+
 def _gap(tl: dict, a: str, b: str) -> float:
-    return max(0.0, tl[b] - tl[a]) if a in tl and b in tl else 0.0
+    span = _span(tl, a, b)
+    return 0.0 if span is None else max(0.0, span)
+
+
+PHASES = {"queue_s": ("prefill_queued", "prefill_start"), "prefill_s": ("prefill_start", "first_token"),
+          "transfer_s": ("transfer_start", "transfer_end"), "admission_wait_s": ("transfer_end", "decode_admit"),
+          "decode_s": ("decode_admit", "last_token")}
+
+
+def timing_summary(tl: dict) -> dict:
+    """Durations (s) of each phase whose stamps are present, plus the stamps themselves."""
+    out = {k: round(v, 6) for k, (a, b) in PHASES.items() if (v := _span(tl, a, b)) is not None}
+    out["stamps"] = dict(tl)
+    return out
 
 
 def components(tl: dict, num_output: int) -> dict:
