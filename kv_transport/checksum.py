@@ -61,6 +61,24 @@ def _update_tensor(algo: str, value: int, data: torch.Tensor) -> int:
     return update(algo, value, memoryview(flat.cpu().numpy()))
 
 
+def running_from_blocks(blocks: np.ndarray, block_bytes: int, chunk_bytes: int, nbytes: int,
+                        whole: bool = False) -> list[int] | None:
+    """Running sum64 after each `chunk_bytes` chunk of an `nbytes` payload, from the sums of its
+    `block_bytes` blocks (model_engine.kv_export.block_sums); with `whole`, just [the sum of
+    everything]. None when the blocks do not cover the payload or chunks do not start on
+    block boundaries."""
+    if len(blocks) != -(-nbytes // block_bytes):
+        return None
+    if whole or nbytes == 0:
+        return [int(np.add.reduce(blocks, dtype=np.uint64))]
+    if chunk_bytes % block_bytes:
+        return None
+    running = np.cumsum(blocks, dtype=np.uint64)  # wraps modulo 2**64, like the sum itself
+    per = chunk_bytes // block_bytes
+    return [int(running[min((i + 1) * per, len(blocks)) - 1])
+            for i in range(-(-nbytes // chunk_bytes))]
+
+
 def of(algo: str, data) -> int:
     """Checksum of a whole payload."""
     return update(algo, initial(algo), data)

@@ -5,12 +5,12 @@ Path of one inbound transfer:
     header ──validate──> admit(header)? ──pool.reserve(request_id, n)──> pages RESERVED
       │ refused / no pages: NACK, nothing held                            │
       ├─ inline: payload in the same message: verify, write, commit, ACK  │
-      └─ chunked: Credit(window) ─> chunks, each verified (running checksum)
-                  and written into the pages ─> last chunk: commit, ACK
+      └─ chunked: Credit(window) ─> chunks, each summed and written into the pages
+                  piece by piece, then verified (running checksum) ─> last: commit, ACK
       any failure (bad chunk, checksum, Cancel, idle/total timeout, close):
                   pool.free(pages) first, then NACK
 
-Chunks land in pool memory with one index_copy_ each, by whole (layer, k/v, page) slabs:
+Chunks land in pool memory by whole (layer, k/v, page) slabs (page_writer.PageWriter):
 
     payload  [layer, kv, i, slot, head, dim]  row r = (layer*2 + kv) * n + i
     pool.kv  [layer, kv, page, slot, head, dim] row   (layer*2 + kv) * P + pages[i]
@@ -35,6 +35,8 @@ from kv_transport.page_writer import PageWriter, WritePlan
 from kv_transport.wire import (Ack, Cancel, Credit, KVChunk, KVTransferHeader, Nack,
                                TransferBatch, WireError, decode, encode)
 from model_engine.page_pool import PagePool
+
+FUSE_BYTES = 512 * 1024  # checksum-then-write piece of a chunk: fits in L2
 
 log = logging.getLogger(__name__)
 S = TransferState
@@ -278,16 +280,23 @@ class ReceiverCore(EndpointCore):
             await self._emit(encode(Credit(h.transfer_id, owed)), "credit", [inb], inb.peer)
             if inb.status.state.finished:
                 return
-        inb.running = checksum.update(h.checksum_algo, inb.running, view)
-        if inb.running != c.checksum:
-            self._fail(inb, "checksum", f"running checksum after chunk {c.chunk_index} "
-                                        f"{inb.running:#x} != {c.checksum:#x}")
-            return
         now = time.monotonic()
         if inb.status.state is S.WAITING:
             inb.status.state, inb.status.t_started = S.TRANSFERRING, now
         inb.last_seen = now
-        self._write_pages(inb, offset, view)
+        # Sum and write in cache-sized pieces, so the write reads bytes the sum just pulled
+        # into cache. Pages written before a mismatch is found are still only reserved: the
+        # failure frees them and nobody has read them.
+        row = inb.writer.row_bytes
+        step = max(row, FUSE_BYTES // row * row)
+        for off in range(0, len(view), step):
+            piece = view[off:off + step]
+            inb.running = checksum.update(h.checksum_algo, inb.running, piece)
+            self._write_pages(inb, offset + off, piece)
+        if inb.running != c.checksum:
+            self._fail(inb, "checksum", f"running checksum after chunk {c.chunk_index} "
+                                        f"{inb.running:#x} != {c.checksum:#x}")
+            return
         inb.next_chunk += 1
         if last:
             self._commit(inb)

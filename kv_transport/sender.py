@@ -35,7 +35,7 @@ from kv_transport.config import TransportConfig
 from kv_transport.endpoint_core import EndpointCore
 from kv_transport.wire import (Ack, Cancel, Credit, KVChunk, KVTransferHeader, Nack,
                                TransferBatch, WireError, decode, encode)
-from model_engine.kv_export import KVExport
+from model_engine.kv_export import SUM_BLOCK_BYTES, KVExport
 from model_engine.kv_spec import KVSpec
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,12 @@ class SenderCore(EndpointCore):
         view = None if data.device.type != "cpu" else \
             memoryview(data.reshape(-1).view(torch.uint8).numpy())
         algo = self.config.checksum
+        chunk = self._chunk_bytes if mode == "chunked" else nbytes
+        sums = None  # running checksum after each chunk, if the export already summed it
+        if algo == "sum64" and export.block_sums is not None:
+            sums = checksum.running_from_blocks(export.block_sums, SUM_BLOCK_BYTES,
+                                                chunk if mode == "chunked" else nbytes, nbytes,
+                                                whole=mode != "chunked")
         tid = f"{self._prefix}-{next(self._seq)}"
         header = KVTransferHeader(
             transfer_id=tid, request_id=h.request_id, tenant=meta.tenant,
@@ -106,17 +112,18 @@ class SenderCore(EndpointCore):
             num_pages=h.num_pages, page_size=self.spec.page_size, dtype=self.spec.dtype,
             num_layers=self.spec.num_layers, num_kv_heads=self.spec.num_kv_heads,
             head_dim=self.spec.head_dim, payload_bytes=nbytes, mode=mode,
-            chunk_bytes=self._chunk_bytes if mode == "chunked" else nbytes,
+            chunk_bytes=chunk,
             num_chunks=-(-nbytes // self._chunk_bytes) if mode == "chunked" else 1,
             checksum_algo=algo,
-            checksum=None if mode == "chunked" else checksum.of(algo, data if view is None
-                                                                else view),
+            checksum=None if mode == "chunked" else sums[-1] if sums else
+            checksum.of(algo, data if view is None else view),
             src_rank=self._src_rank())
         frame0 = encode(header)[0]  # fails here, in the caller, if meta is not msgpack-safe
         now = time.monotonic()
         status = TransferStatus(tid, h.request_id, S.BOOTSTRAPPING, bytes_total=nbytes,
                                 t_created=now)
-        o = _Outbound(header, data, view, status, now + self.config.transfer_timeout_s, frame0)
+        o = _Outbound(header, data, view, status, now + self.config.transfer_timeout_s, frame0,
+                      sums=sums if mode == "chunked" and sums else [])
         self._live[tid] = o
         (self._inline_q if mode == "inline" else self._chunked_q).append(o)
         self._wake.set()

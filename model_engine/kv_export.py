@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
 from model_engine.kv_spec import KVSpec
@@ -43,10 +44,17 @@ class KVExportHeader:
                    num_pages=d["num_pages"], spec=KVSpec(**d["spec"]))
 
 
+SUM_BLOCK_BYTES = 64 * 1024  # granularity of the payload checksums an export carries
+
+
 @dataclass
 class KVExport:
     header: KVExportHeader
     data: torch.Tensor  # contiguous, shape spec.page_shape(num_pages)
+    # sum64 (uint64 word sum mod 2**64) of each SUM_BLOCK_BYTES block of `data`, taken while
+    # the bytes are still in cache from the gather; the transport folds these into its chunk
+    # checksums instead of reading the payload again. None: the transport sums it itself.
+    block_sums: np.ndarray | None = None
 
     def as_bytes_view(self) -> memoryview:
         """Zero-copy byte view of the payload (CPU tensors only)."""
@@ -60,7 +68,31 @@ def export_request(pool: PagePool, request_id: str, num_tokens: int) -> KVExport
     if len(pages) < need:
         raise ValueError(f"{request_id} holds {len(pages)} pages, needs {need} for {num_tokens} tokens")
     header = KVExportHeader(request_id, num_tokens, need, pool.spec)
-    return KVExport(header, pool.export_pages(pages[:need]))
+    data = pool.export_pages(pages[:need])
+    return KVExport(header, data, block_sums(data))
+
+
+def block_sums(data: torch.Tensor) -> np.ndarray:
+    """sum64 of each SUM_BLOCK_BYTES block of a contiguous tensor's bytes (the last block may be
+    short; a tail under 8 bytes counts zero-padded), as uint64."""
+    flat = data.contiguous().view(torch.uint8).reshape(-1)
+    n, per = flat.numel(), SUM_BLOCK_BYTES
+    whole = n // per
+    parts = []
+    if whole:
+        body = flat[:whole * per]
+        if body.device.type == "cpu":
+            words = body.numpy().view("<u8").reshape(whole, per // 8)
+            parts.append(np.add.reduce(words, axis=1, dtype=np.uint64))
+        else:  # int64 sums wrap like uint64 sums
+            s = body.view(torch.int64).reshape(whole, per // 8).sum(1).cpu().numpy()
+            parts.append(s.view(np.uint64))
+    if n > whole * per:
+        tail = flat[whole * per:].cpu().numpy()
+        pad = np.zeros(-(-tail.size // 8) * 8, dtype=np.uint8)
+        pad[:tail.size] = tail
+        parts.append(np.array([np.add.reduce(pad.view("<u8"), dtype=np.uint64)], np.uint64))
+    return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
 
 def import_request(pool: PagePool, export: KVExport, owner: str | None = None) -> list[int] | None:

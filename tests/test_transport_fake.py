@@ -359,3 +359,20 @@ async def wait_until(predicate, limit: float = 2.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("pages", [1, 300])  # inline and chunked
+def test_stale_export_sums_fail_the_transfer(pages):
+    """The sender folds the export's own block sums into its checksums: bytes changed after
+    the export are caught by the receiver, and nothing stays reserved."""
+    async def body():
+        async with Pair() as p:
+            export = p.export(pages)
+            assert export.block_sums is not None
+            export.data.view(-1)[7] += 1.0
+            status = await p.tx.wait(p.tx.send(export), TIMEOUT + 2.0)
+            assert status.state is TransferState.FAILED and "checksum" in status.reason
+            await p.settle()
+            p.assert_clean()
+            await p.assert_next_transfer_ok()
+    run(body())

@@ -14,6 +14,7 @@ from kv_transport.config import FaultConfig, TransportConfig
 from kv_transport.faults import Fault, FaultInjector
 from kv_transport.page_writer import PageWriter, find_runs
 from kv_transport.testing import TINY_SPEC, make_pool
+from model_engine.kv_export import SUM_BLOCK_BYTES, block_sums
 from model_engine.kv_spec import KVSpec
 
 ROW = TINY_SPEC.bytes_per_page // (2 * TINY_SPEC.num_layers)  # bytes of one (layer, kv, page)
@@ -129,3 +130,24 @@ def test_fault_mangle_never_touches_the_original():
     corrupt = inj.mangle(Fault.CORRUPT, [b"hdr", memoryview(original)])
     assert original == bytearray(b"abcdefgh") and corrupt[-1] != bytes(original)
     assert inj.mangle(Fault.TRUNCATE, [b"hdr", bytes(original)])[-1] == b"abcd"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 5 * 65536 + 100).map(lambda n: n // 8 * 8 + (n % 3 == 0) * 5),
+       st.sampled_from([65536, 2 * 65536, 4 << 20]))
+def test_export_block_sums_give_the_same_running_checksums(nbytes, chunk):
+    """The sums an export takes during its gather fold into exactly the chunk checksums the
+    transport would compute by reading the payload itself."""
+    data = torch.from_numpy(np.random.default_rng(nbytes).integers(0, 256, nbytes, np.uint8))
+    blocks = block_sums(data)
+    view = memoryview(data.numpy())
+    expect, running = [], 0
+    for off in range(0, max(nbytes, 1), chunk):
+        running = checksum.update("sum64", running, view[off:off + chunk])
+        expect.append(running)
+    assert checksum.running_from_blocks(blocks, SUM_BLOCK_BYTES, chunk, nbytes) == expect
+    assert checksum.running_from_blocks(blocks, SUM_BLOCK_BYTES, nbytes, nbytes, whole=True) \
+        == [checksum.of("sum64", view)]
+    if nbytes:  # chunks that cut blocks, or blocks that miss bytes, cannot be used
+        assert checksum.running_from_blocks(blocks, SUM_BLOCK_BYTES, 65536 + 8, nbytes) is None
+        assert checksum.running_from_blocks(blocks[:-1], SUM_BLOCK_BYTES, chunk, nbytes) is None
