@@ -9,6 +9,7 @@ class FairnessConfig:
     tenant_weights: dict = field(default_factory=dict)  # tenant -> weight (absent: 1.0)
     request_cap_frac: float = 0.5  # under contention, one request holds at most this share of the device tier
     borrow_reserve_frac: float = 0.1  # a tenant beyond its share leaves this much free while others have work
+    prefill_share_frac: float = 0.125  # memfair: while other tenants decode, a prefill chunk takes at most this share of a step
     dynamic_quota: bool = False  # per-request cap grows with the request's length, up to the pool
     class_reservations: dict = field(default_factory=dict)  # priority -> share of device pages reserved for <= it
     tenant_bw_cap: float | None = None  # KV bytes/s one tenant's attention may read (None: no cap)
@@ -22,6 +23,8 @@ class FairnessConfig:
     def __post_init__(self) -> None:
         if not 0.0 < self.request_cap_frac <= 1.0:
             raise ValueError("request_cap_frac must be in (0, 1]")
+        if not 0.0 < self.prefill_share_frac <= 1.0:
+            raise ValueError("prefill_share_frac must be in (0, 1]")
         if any(w <= 0 for w in self.tenant_weights.values()):
             raise ValueError("tenant weights must be positive")
         if sum(self.class_reservations.values()) > 1.0:

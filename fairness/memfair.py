@@ -109,15 +109,22 @@ class MemFairPolicy(BasePolicy):
         return state.device_free - need_pages >= reserve
 
     def chunk_limit(self, seq, budget, state):
-        """A prompt that will take its tenant beyond its share prefills at most a quarter of
-        the step's budget while other tenants have work: their first tokens do not queue behind
-        it and their decode steps are not stretched by it (the whale pays for its own size)."""
-        if not any(s.tenant != seq.tenant for s in (*self.candidates, *self.running)):
+        """A long prompt does not stretch other tenants' steps. While another tenant has
+        requests decoding, one prefill chunk takes at most `prefill_share_frac` of the step
+        (their inter-token gaps stay near a decode step's length); a prompt that will take its
+        tenant beyond its share takes at most a quarter while other tenants have any work
+        (their first tokens do not queue behind it). The whale pays for its own size: its
+        prompt needs more, smaller steps."""
+        others = [s for s in (*self.candidates, *self.running) if s.tenant != seq.tenant]
+        if not others:
             return budget
+        cap = budget
+        if any(not s.in_prefill for s in others):
+            cap = max(state.page_size, int(budget * self.cfg.prefill_share_frac))
         whole = -(-seq.num_tokens // state.page_size) - state.pages.get(seq.request_id, 0)
         if self.use.get(seq.tenant, 0) + whole > self.ent.get(seq.tenant, state.device_total):
-            return max(state.page_size, budget // 4)
-        return budget
+            cap = min(cap, max(state.page_size, budget // 4))
+        return cap
 
     def pick_victim(self, candidates, requester, state):
         return eviction.footprint(candidates, state, self.over)

@@ -48,6 +48,7 @@ class PagePool:
         self._owner: list[str | None] = [None] * num_pages
         self._free: list[int] = list(range(num_pages - 1, -1, -1))  # pop() hands out low ids first
         self._by_owner: dict[str, list[int]] = {}
+        self.version = 0  # bumped by every change of ownership (lets callers cache snapshots)
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -61,6 +62,9 @@ class PagePool:
     def pages_of(self, owner: str) -> list[int]:
         """Pages held by `owner` in allocation order (its page table in this pool)."""
         return list(self._by_owner.get(owner, ()))
+
+    def num_held(self, owner: str) -> int:
+        return len(self._by_owner.get(owner, ()))
 
     def held_counts(self) -> dict[str, int]:
         """Pages held per owner (a snapshot for policies)."""
@@ -84,6 +88,7 @@ class PagePool:
         if n == 0:
             return []  # no entry for an owner that holds nothing
         pages = [self._free.pop() for _ in range(n)]
+        self.version += 1
         for p in pages:
             self._state[p] = state
             self._owner[p] = owner
@@ -100,6 +105,7 @@ class PagePool:
 
     def commit(self, owner: str) -> None:
         """The transfer into `owner`'s reserved pages is done: they become owned."""
+        self.version += 1
         for p in self._by_owner.get(owner, ()):
             if self._state[p] == PageState.RESERVED:
                 self._state[p] = self._owned_state
@@ -121,6 +127,7 @@ class PagePool:
         for p in drop:
             if self._owner[p] != owner:
                 raise PoolError(f"page {p} is not owned by {owner!r}")
+        self.version += 1
         for p in drop:
             self._state[p] = PageState.FREE
             self._owner[p] = None

@@ -104,6 +104,16 @@ def _group_attention(q_flat, k, v, g: AttnGroup, scaling) -> torch.Tensor:
     return out if q_max == 1 else out[g.pad_index]
 
 
+def _decode_attention(q_flat, k, v, mask, scaling) -> torch.Tensor:
+    """One query per row, rows in flat order: the GQA fold is a view, no gather or permute.
+    q_flat [B, heads, hd] -> [B, heads, hd]."""
+    b, heads, hd = q_flat.shape
+    kvh = k.shape[1]
+    q = q_flat.reshape(b, kvh, heads // kvh, hd)  # head h reads kv head h // groups
+    out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scaling)
+    return out.reshape(b, heads, hd)
+
+
 def paged_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                     pdtb_meta: StepMetadata | None = None, **kwargs):
     """Attention over gathered pages. `query` is [1, heads, T, head_dim]."""
@@ -113,8 +123,8 @@ def paged_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     q_flat = query[0].transpose(0, 1)  # [T, heads, hd]
     kv = m.gathered[module.layer_idx]
     if len(m.groups) == 1 and m.groups[0].q_gather.shape[1] == 1:
-        k, v = kv[0]  # steady decode: T == B, flat order is row order
-        return _group_attention(q_flat, k, v, m.groups[0], scaling).unsqueeze(0), None
+        k, v = kv[0]  # a pure decode step: T == B, flat order is row order
+        return _decode_attention(q_flat, k, v, m.groups[0].attn_mask, scaling).unsqueeze(0), None
     out = torch.empty_like(q_flat)
     for g, (k, v) in zip(m.groups, kv):
         out.index_copy_(0, g.flat_index, _group_attention(q_flat, k, v, g, scaling))

@@ -45,7 +45,7 @@ class SchedPolicy(Protocol):
         """Which running request loses its device pages so `requester` can grow."""
 
     def chunk_limit(self, seq: Sequence, budget: int, state: SchedState) -> int:
-        """Tokens a running request's prefill chunk may take of the step's remaining budget."""
+        """Tokens a prefill chunk (a newly admitted prompt's first, or a later one) may take of the step's remaining budget."""
 
     def reclaim(self, running: list[Sequence], candidates: list[Sequence], state: SchedState) -> list[Sequence]:
         """Running requests to evict before this step so that waiting/parked ones can be admitted."""

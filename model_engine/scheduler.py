@@ -75,6 +75,10 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.parked: list[Sequence] = []
         self.num_steps = 0
+        self._in_step = False  # inside schedule(): state() snapshots are reused
+        self._state_key: tuple | None = None  # pool versions of the cached snapshot
+        self._state: SchedState | None = None
+        self._now = 0.0
 
     # ---- queues --------------------------------------------------------------------------------
     def check_fits(self, seq: Sequence) -> None:
@@ -111,16 +115,30 @@ class Scheduler:
         return [*self.running, *self.parked, *self.waiting]
 
     def state(self) -> SchedState:
+        """Snapshot for policies. During `schedule()` it is rebuilt only after the pools change
+        (policies ask for it several times per step) and `now` is the step's start."""
         hp = self.host_pool
-        return SchedState(self.clock(), self.num_steps, self.pool.spec.page_size, self.pool.bytes_per_page,
-                          self.pool.num_pages,
-                          self.pool.num_free, hp.num_pages if hp else 0, hp.num_free if hp else 0,
-                          self.pool.held_counts(), hp.held_counts() if hp else {})
+        key = (self.pool.version, hp.version if hp else 0)
+        if self._state is None or self._state_key != key or not self._in_step:
+            self._state_key = key
+            self._state = SchedState(self._now if self._in_step else self.clock(), self.num_steps,
+                                     self.pool.spec.page_size, self.pool.bytes_per_page,
+                                     self.pool.num_pages, self.pool.num_free,
+                                     hp.num_pages if hp else 0, hp.num_free if hp else 0,
+                                     self.pool.held_counts(), hp.held_counts() if hp else {})
+        return self._state
 
     # ---- step ----------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
         self.num_steps += 1
+        self._now, self._in_step, self._state = self.clock(), True, None
+        try:
+            return self._schedule()
+        finally:
+            self._in_step, self._state = False, None
+
+    def _schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         scheduled: set[str] = set()
         for victim in self.policy.reclaim(self.running, [*self.parked, *self.waiting], self.state()):
@@ -155,9 +173,11 @@ class Scheduler:
                 break
             parked = seq.status == SeqStatus.PARKED
             n = min(seq.num_uncomputed_tokens, budget)
+            if n > 1:  # its first prefill chunk: the same limit as every later one
+                n = max(1, min(n, self.policy.chunk_limit(seq, budget, self.state())))
             need = self.pool.spec.pages_for(seq.num_computed_tokens + n)
             if not parked:
-                need -= len(self.pool.pages_of(seq.request_id))
+                need -= self.pool.num_held(seq.request_id)
             # Work conservation: with nothing running, the first candidate that fits runs
             # whatever the quotas say, so a quota can delay a request but never strand it.
             idle = not self.running
@@ -182,7 +202,7 @@ class Scheduler:
 
     def _grow(self, seq: Sequence, num_tokens: int, scheduled: set[str], out: SchedulerOutput) -> bool:
         """Make `seq` hold pages for `num_tokens`, evicting unscheduled running requests."""
-        need = self.pool.spec.pages_for(num_tokens) - len(self.pool.pages_of(seq.request_id))
+        need = self.pool.spec.pages_for(num_tokens) - self.pool.num_held(seq.request_id)
         while need > self.pool.num_free:
             candidates = [s for s in self.running if s.request_id not in scheduled]
             victim = self.policy.pick_victim(candidates, seq, self.state())

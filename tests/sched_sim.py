@@ -42,7 +42,11 @@ def make_scheduler(policy=None, num_pages: int = 32, host_pages: int = 0, budget
 def sim_step(sched: Scheduler) -> list[Sequence]:
     """One step with a fake forward pass: every chunk is computed, wanting chunks sample token 7.
     Returns the requests that finished."""
-    out = sched.schedule()
+    return apply_step(sched, sched.schedule())
+
+
+def apply_step(sched: Scheduler, out) -> list[Sequence]:
+    """The fake forward pass of `sim_step` over an already scheduled step."""
     done = []
     for c in out.chunks:
         want = c.wants_logits

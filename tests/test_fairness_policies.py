@@ -9,7 +9,8 @@ from fairness import POLICIES, FairnessConfig, eviction, make_policy
 from fairness.mcsf import McsfPolicy, feasible
 from fairness.vtc import VtcPolicy
 from model_engine.sequence import SeqStatus
-from sched_sim import FakeClock, check_conservation, make_request, make_scheduler, sim_step, state
+from sched_sim import (FakeClock, apply_step, check_conservation, make_request, make_scheduler, sim_step,
+                       state)
 
 
 def pages_of_tenant(sched, tenant):
@@ -216,6 +217,28 @@ def test_a_held_arrival_is_admitted_once_pages_free_up(name):
     free = state(device_total=40, device_free=40, now=2.0)
     assert pol.place_arrival(Arrival("w", "whale", 0, 30, 2.0, 2.0), 0, free) == "device"
     assert "w" not in pol.held
+
+
+def test_memfair_keeps_a_whale_prefill_chunk_small_while_another_tenant_decodes():
+    """Stepped through the scheduler: once the minnow decodes, every step that carries a
+    chunk of the whale's prompt carries at most an eighth of the budget; fcfs takes it whole."""
+    def chunks_of_whale(policy):
+        sched = make_scheduler(make_policy(policy), num_pages=400, budget=512)
+        minnow = make_request(8, 30, tenant="m")
+        sched.add(minnow)
+        sim_step(sched)  # the minnow's prefill; from now on it decodes
+        whale = make_request(1000, 4, tenant="w", arrival=1.0)
+        sched.add(whale)
+        sizes = []
+        while whale.in_prefill and minnow.status == SeqStatus.RUNNING:
+            out = sched.schedule()
+            sizes += [c.num_new_tokens for c in out.chunks if c.seq is whale]
+            assert any(c.seq is minnow for c in out.chunks)  # the minnow steps every time
+            apply_step(sched, out)
+        return sizes
+    assert chunks_of_whale("fcfs")[0] == 511  # the whole budget but the minnow's token
+    sizes = chunks_of_whale("memfair")
+    assert sizes and max(sizes) <= 512 // 8 and sum(sizes) >= 8 * 64
 
 
 def test_memfair_limits_a_whale_prefill_chunk_while_others_have_work():
