@@ -44,7 +44,8 @@ class ModelRunner:
             if self.device.type == "cpu" else None
         self._arange: torch.Tensor | None = None
 
-    def build_metadata(self, chunks: list[BatchChunk]) -> tuple[torch.Tensor, torch.Tensor, StepMetadata, torch.Tensor]:
+    def build_metadata(self, chunks: list[BatchChunk]) -> tuple[torch.Tensor, torch.Tensor, StepMetadata, torch.Tensor | None]:
+        """(input ids, positions, attention metadata, rows wanting logits; None: every row)."""
         steady = self._steady_decode(chunks)
         if steady is not None:
             return steady
@@ -104,7 +105,7 @@ class ModelRunner:
                           torch.from_numpy(mask).to(device=self.device, dtype=self.kv.dtype), plan)
         t = self._t
         return t(np.asarray(ids, np.int64))[None], t(pos_np)[None], \
-            StepMetadata(t(np.asarray(slots, np.int64)), [group]), rows
+            StepMetadata(t(np.asarray(slots, np.int64)), [group]), None
 
     def _rows(self, b: int) -> torch.Tensor:
         if self._arange is None or self._arange.numel() < b:
@@ -141,11 +142,12 @@ class ModelRunner:
     def run(self, chunks: list[BatchChunk]) -> torch.Tensor:
         """Forward the chunks; return float32 logits [num_wanting_logits, vocab]."""
         ids, pos, meta, logits_idx = self.build_metadata(chunks)
-        if logits_idx.numel() == 0:
+        keep_none = False
+        if logits_idx is None:  # every row samples: no gather before lm_head
+            logits_idx = 0
+        elif logits_idx.numel() == 0:
             logits_idx = torch.tensor([ids.shape[1] - 1], device=self.device)  # lm_head on one row only
             keep_none = True
-        else:
-            keep_none = False
         out = self.model(input_ids=ids, position_ids=pos, past_key_values=PagedKVCache(self.kv, meta, self.read_cache),
                          use_cache=True, logits_to_keep=logits_idx, pdtb_meta=meta)
         if keep_none:
