@@ -19,6 +19,7 @@ import zmq.asyncio
 from cluster.control import ControlServer, EventSink
 from cluster.node_metrics import NodeMetrics, start_http
 from fairness.config import FairnessConfig
+from kv_transport.config import FaultConfig, TransportConfig
 from cluster.protocol import AbortRequest, GenerateRequest, NodeStats, Params, Ping, TokenEvent
 from model_engine.config import EngineConfig
 from model_engine.engine import LLMEngine, StepEvent
@@ -43,6 +44,8 @@ class NodeConfig:
     check_pages: bool = False  # run pool.check() after every step (tests)
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
     curve_dir: str | None = None  # ZeroMQ CURVE keys for every socket (cluster/security.py)
+    transfer_timeout_s: float = 30.0  # a whole KV transfer, on both sides (TransportConfig)
+    transport_faults: FaultConfig = field(default_factory=FaultConfig)  # chaos runs: faults on KV sends
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -50,6 +53,15 @@ class NodeConfig:
             raise ValueError(f"unknown role {self.role!r}")
         if self.transport not in ("zmq", "torch"):
             raise ValueError("transport must be zmq or torch")
+        if not self.transfer_timeout_s > 0:
+            raise ValueError("transfer_timeout_s must be positive")
+
+    def transport_config(self, **kw) -> TransportConfig:
+        """This node's KV transport settings (`kw`: the endpoint and other per-instance fields)."""
+        t = self.transfer_timeout_s
+        return TransportConfig(backend=self.transport, curve_dir=self.curve_dir, transfer_timeout_s=t,
+                               idle_timeout_s=min(TransportConfig.idle_timeout_s, t), faults=self.transport_faults,
+                               **kw)
 
 
 def to_sampling(p: Params) -> SamplingParams:
@@ -192,15 +204,26 @@ class NodeBase:
                     raise RuntimeError("page conservation broken")  # tests: fail loudly
                 self.on_step_events(events, t)
                 await self.sink.flush()
-                await asyncio.sleep(0)
+                if self._stalled(self.engine.last_output):
+                    await self._wait_wake()  # nothing may run now (a cap): do not spin on empty steps
+                else:
+                    await asyncio.sleep(0)
             else:
                 await self.sink.flush()
-                self.wake.clear()
-                try:
-                    await asyncio.wait_for(self.wake.wait(), 0.01)
-                except asyncio.TimeoutError:
-                    pass
+                await self._wait_wake()
             self.refresh_gauges()
+
+    @staticmethod
+    def _stalled(out) -> bool:
+        return not (out.chunks or out.moves or out.preempted)
+
+    async def _wait_wake(self) -> None:
+        """Wait for a message or a transfer (bounded: time-based policy limits lift by themselves)."""
+        self.wake.clear()
+        try:
+            await asyncio.wait_for(self.wake.wait(), 0.01)
+        except asyncio.TimeoutError:
+            pass
 
     async def start_extra(self) -> None:
         """Subclasses: start transports. Called before the address file is written."""

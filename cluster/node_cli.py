@@ -36,6 +36,16 @@ def parse(role: str, argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--drain-timeout", type=float, default=30.0, help="SIGTERM: seconds to finish in-flight work")
     ap.add_argument("--hold-timeout", type=float, default=120.0,
                     help="prefill: seconds a hand-off refused for lack of decode pages keeps retrying")
+    ap.add_argument("--transfer-timeout", type=float, default=30.0, metavar="S",
+                    help="seconds a whole KV transfer may take, on both sides (the idle timeout is at most this); "
+                         "bounds how long a lost transport message holds a request")
+    ap.add_argument("--transport-fault", action="append", default=[], metavar="NAME=VALUE",
+                    help="chaos runs only: inject faults into this node's outgoing KV transport messages "
+                         "(repeatable). Probabilities per message: drop, delay, duplicate, corrupt, truncate "
+                         "(e.g. drop=0.1); delay_s=S (latency of a delayed message); disconnect=N (drop the "
+                         "link once after N chunks); kinds=K,K (message kinds hit; default header,batch,chunk, what a "
+                         "prefill node sends; a decode node sends credit,ack,nack); max_faults=N (stop after N); "
+                         "seed=N. See kv_transport/faults.py")
     ap.add_argument("--addr-file", default=None, help="write the bound addresses here as JSON when ready")
     ap.add_argument("--check-pages", action="store_true", help="verify page states after every step")
     ap.add_argument("--curve-dir", default=None, help="ZeroMQ CURVE keys (pdtb keys --out DIR) for every socket")
@@ -69,6 +79,38 @@ def fairness_config(a: argparse.Namespace):
         raise CliError(str(e)) from None
 
 
+FAULT_PROBS = {"drop": "drop_prob", "delay": "delay_prob", "duplicate": "duplicate_prob",
+               "corrupt": "corrupt_prob", "truncate": "truncate_prob"}
+FAULT_INTS = {"disconnect": "disconnect_after_chunks", "max_faults": "max_faults", "seed": "seed"}
+
+
+def fault_config(items: list[str]):
+    """`--transport-fault NAME=VALUE` flags as a kv_transport FaultConfig."""
+    from kv_transport.config import FaultConfig
+
+    kw: dict = {}
+    for it in items:
+        name, sep, v = it.partition("=")
+        try:
+            if not sep:
+                raise ValueError("expects NAME=VALUE")
+            if name in FAULT_PROBS:
+                kw[FAULT_PROBS[name]] = float(v)
+            elif name == "delay_s":
+                kw[name] = float(v)
+            elif name in FAULT_INTS:
+                kw[FAULT_INTS[name]] = int(v)
+            elif name == "kinds":
+                kw[name] = tuple(k.strip() for k in v.split(",") if k.strip())
+            else:
+                known = ", ".join([*FAULT_PROBS, "delay_s", *FAULT_INTS, "kinds"])
+                raise ValueError(f"unknown name {name!r}; known: {known}")
+            FaultConfig(**kw)  # validate as we go, so that the error names the flag at fault
+        except ValueError as e:
+            raise CliError(f"--transport-fault {it!r}: {e}") from None
+    return FaultConfig(**kw)
+
+
 def _write_addr(path: str | None, addrs: dict) -> None:
     line = json.dumps(addrs)
     if path:
@@ -99,9 +141,12 @@ def main(role: str, argv: list[str]) -> int:
                          host=a.host, ctrl_port=a.ctrl_port, metrics_port=a.metrics_port, kv_port=a.kv_port,
                          transport=a.transport, policy=a.policy, fairness=fairness_config(a),
                          drain_timeout_s=a.drain_timeout, hold_timeout_s=a.hold_timeout, curve_dir=a.curve_dir,
-                         check_pages=a.check_pages)
+                         check_pages=a.check_pages, transfer_timeout_s=a.transfer_timeout,
+                         transport_faults=fault_config(a.transport_fault))
     except ValueError as e:
         raise CliError(str(e)) from None
+    if cfg.transport_faults.enabled:
+        logging.getLogger("pdtb.node").warning("KV transport fault injection is on: %s", cfg.transport_faults)
     if role == "prefill":
         from prefill_node.node import PrefillNode as cls
     elif role == "decode":

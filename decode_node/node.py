@@ -2,11 +2,15 @@
 
 Queues and a request's path through them:
 
-    KV header arrives -> admission policy (fairness interface): accept | refuse "no_pages"
-    (the prefill side keeps its pages and retries: backpressure) -> pages RESERVED while the
-    payload lands -> verified and committed (RESIDENT) -> `take_completed` -> scheduler.running
-    (continuous-batching decode; one token event per step to the request's router) ->
-    finished: final event with the timeline, pages freed. Aborts free pages at any point.
+    KV header arrives -> refused for good if the node is draining, the metadata seal does not
+    match (cluster/kv_meta.py) or the request can never fit ("too_large": its pages at prompt +
+    max_tokens exceed the whole device tier; the prefill side fails it at once) -> admission
+    policy (fairness interface): accept | refuse "no_pages" (the prefill side keeps its pages and
+    retries: backpressure) -> pages RESERVED while the payload lands -> verified and committed
+    (RESIDENT) -> `take_completed` -> scheduler.running (continuous-batching decode; one token
+    event per step to the request's router) -> finished: final event with the timeline, pages
+    freed. Aborts free pages at any point. SIGTERM: new headers are refused, transfers already
+    landing and running requests finish within the drain timeout, the rest fail.
 
 The decode node never saw the prompt being admitted: it *inherits* the pages. Whether to take
 them is decided here, by `fairness` policies, against this node's own pool.
@@ -17,6 +21,7 @@ import logging
 import time
 from collections import OrderedDict
 
+from cluster import kv_meta
 from cluster.node_base import NodeBase, to_sampling
 from cluster.protocol import Params
 from fairness.base import Arrival
@@ -28,17 +33,35 @@ log = logging.getLogger(__name__)
 ABORTED_MEMORY = 4096  # request ids remembered as aborted, for transfers that land afterwards
 
 
+def never_fits(header, engine) -> str | None:
+    """Why a request can never decode on `engine` (its KV at prompt + max_tokens tokens needs
+    more pages than the whole device tier), or None. Holding it would only delay the failure."""
+    try:
+        max_tokens = int(header.extra["params"]["max_tokens"])
+    except (KeyError, TypeError, ValueError):
+        max_tokens = 0  # bad metadata: reported when the request is adopted
+    max_len = engine.scheduler.config.max_model_len
+    need = max(header.num_pages, engine.spec.pages_for(min(len(header.prompt_token_ids) + max_tokens, max_len)))
+    have = engine.pool.num_pages
+    return f"too_large: needs {need} pages, the decode pool has {have}" if need > have else None
+
+
 class DecodeNode(NodeBase):
     def __init__(self, config, engine=None, transport: TransportConfig | None = None) -> None:
         super().__init__(config, engine)
-        self.transport = transport or TransportConfig(backend=config.transport, curve_dir=config.curve_dir,
-                                                      endpoint=f"tcp://{config.host}:{config.kv_port}")
+        self.transport = transport or config.transport_config(endpoint=f"tcp://{config.host}:{config.kv_port}")
         self.receiver = None
         self.aborted: OrderedDict[str, float] = OrderedDict()
 
     def _admit(self, header):
-        """Header-only decision (before any payload byte): accept, or defer with "no_pages"
-        (the prefill side keeps the pages and retries: backpressure, nothing is lost)."""
+        """Header-only decision (before any payload byte): accept, refuse for good ("too_large",
+        "draining": the prefill side fails the request), or defer with "no_pages" (the prefill
+        side keeps the pages and retries: backpressure, nothing is lost)."""
+        if self.draining:
+            return "draining: the decode node is shutting down"
+        bad = kv_meta.check(header) or never_fits(header, self.engine)
+        if bad:
+            return bad
         sch = self.engine.scheduler
         st = sch.state()
         arrival = Arrival(header.request_id, header.tenant, int(header.extra.get("priority", 0)), header.num_pages,
@@ -58,8 +81,16 @@ class DecodeNode(NodeBase):
         self.kv_addr = self.receiver.endpoint
 
     async def close_extra(self) -> None:
-        if self.receiver is not None:
-            await self.receiver.close()
+        if self.receiver is None:
+            return
+        await self.receiver.close()  # frees the pages of transfers still in flight (NACKed)
+        left = self.receiver.take_completed()  # committed after the drain's last look
+        for t in left:
+            self.engine.pool.free(t.request_id)
+            self.routes[t.request_id] = str(t.extra.get("router_id", ""))
+            self.fail(t.request_id, "node shut down before the request started")
+        if left:
+            await self.sink.flush()
 
     def on_generate(self, req) -> None:
         self.fail(req.request_id, "decode nodes take requests only through the KV transport")
@@ -111,10 +142,20 @@ class DecodeNode(NodeBase):
             self.emit(ev.seq, [ev.token_id], ev.finished)
 
     def on_abort(self, request_id: str, reason: str) -> None:
+        self.policy.held.pop(request_id, None)  # a held arrival given up: no longer in line
         self.aborted[request_id] = time.monotonic()
         while len(self.aborted) > ABORTED_MEMORY:
             self.aborted.popitem(last=False)
         super().on_abort(request_id, reason)
+
+    def idle(self) -> bool:
+        rx = self.receiver  # transfers landing count as work
+        return super().idle() and (rx is None or not rx.num_reserved_pages)
+
+    def abort_all(self, reason: str) -> None:
+        for t in self.receiver.take_completed() if self.receiver else ():  # landed since the last poll
+            self._adopt(t)
+        super().abort_all(reason)
 
     def extra_stats(self) -> dict:
         return {"reserved_pages": self.engine.pool.state_counts()["reserved"], "policy": self.config.policy}

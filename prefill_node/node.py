@@ -6,7 +6,9 @@ Queues and a request's path through them:
     the token budget) -> first token sampled (event to the router: TTFT is measured here) ->
     detached from the scheduler, pages kept -> `handoffs` (KV export in flight to the chosen
     decode node) -> DONE: pages freed | refused "no_pages": held, retried with backoff until
-    hold_timeout_s (backpressure, nothing dropped) | FAILED: error event, pages freed.
+    hold_timeout_s (backpressure, nothing dropped) | FAILED (any other refusal: too_large,
+    draining, bad_metadata; a transport fault or timeout): error event, pages freed.
+The request metadata sent with the KV is sealed (cluster/kv_meta.py) right before each send.
 
 A request that ends at its first token (EOS, max_tokens=1) finishes here without a transfer.
 The prefill node owns a request's pages until the decode side confirms receipt.
@@ -18,6 +20,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from cluster import kv_meta
 from cluster.node_base import NodeBase
 from cluster.protocol import GenerateRequest
 from colocated_node.node import accept_request
@@ -44,7 +47,7 @@ class Handoff:
 class PrefillNode(NodeBase):
     def __init__(self, config, engine=None, transport: TransportConfig | None = None) -> None:
         super().__init__(config, engine)
-        self.transport = transport or TransportConfig(backend=config.transport, curve_dir=config.curve_dir)
+        self.transport = transport or config.transport_config()
         self.senders: dict[str, object] = {}
         self.handoffs: dict[str, Handoff] = {}
         self.reqs: dict[str, GenerateRequest] = {}
@@ -86,15 +89,17 @@ class PrefillNode(NodeBase):
     async def _start_transfer(self, h: Handoff) -> None:
         seq, req = h.seq, h.req
         export = export_request(self.engine.pool, seq.request_id, seq.num_computed_tokens)
-        meta = TransferMeta(tenant=seq.tenant, prompt_token_ids=seq.prompt_token_ids,
-                            output_token_ids=seq.output_token_ids, num_computed_tokens=seq.num_computed_tokens,
-                            extra={"router_id": req.router_id, "priority": req.priority,
-                                   "params": dataclasses.asdict(req.params), "timeline": seq.timeline,
-                                   "attempts": h.attempts})
         now = time.time()
         seq.timeline.setdefault("transfer_start", now)
         if "held_since" in seq.timeline:  # the decode side had deferred it: time held here
             seq.timeline["held_s"] = seq.timeline.get("held_s", 0.0) + now - seq.timeline.pop("held_since")
+        meta = TransferMeta(tenant=seq.tenant, prompt_token_ids=seq.prompt_token_ids,
+                            output_token_ids=seq.output_token_ids, num_computed_tokens=seq.num_computed_tokens,
+                            extra={"router_id": req.router_id, "priority": req.priority,
+                                   "params": dataclasses.asdict(req.params), "timeline": dict(seq.timeline),
+                                   "attempts": h.attempts})
+        # sealed last: the digest covers exactly what the header will carry (cluster/kv_meta.py)
+        meta = kv_meta.seal(meta, seq.request_id, export.header.num_tokens, export.header.num_pages)
         h.transfer_id = (await self._sender(req.decode_kv_addr)).send(export, meta)
         h.attempts += 1
 

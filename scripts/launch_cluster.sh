@@ -4,7 +4,12 @@
 #   scripts/launch_cluster.sh --mode disagg|colocated [--prefill N] [--decode M] [--colocated K]
 #       [--model DIR] [--policy NAME] [--transport zmq|torch] [--kv-pages N] [--host-kv-pages N]
 #       [--prefill-kv-pages N] [--page-size T] [--port P] [--run-dir DIR] [--host IFACE] [--hosts-file FILE]
-#       [--router-args "..."] [--curve-dir DIR] [--timeout S] [-- extra node flags]
+#       [--router-args "..."] [--prefill-args "..."] [--decode-args "..."] [--curve-dir DIR] [--timeout S]
+#       [-- extra node flags]
+#
+# Flags after "--" go to every node; --prefill-args / --decode-args (split on spaces, like
+# --router-args) go to the nodes of that role only, after them (e.g. --prefill-args
+# "--transport-fault drop=0.1" injects faults on the prefill nodes' KV senders).
 #
 # Nodes bind ephemeral ports and report them ("NODE READY {json}" in their log), so two clusters
 # never collide; the router listens on --port (default 8000; 0 picks a free one). Logs and pid
@@ -19,6 +24,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 MODE=disagg NP=1 ND=1 NC=1 MODEL="" POLICY=fcfs TRANSPORT=zmq KV_PAGES=4096 HOST_KV_PAGES=0
 CURVE_DIR="" PREFILL_KV_PAGES="" PAGE_SIZE=16 PORT=8000 RUN_DIR="" HOST=127.0.0.1 HOSTS_FILE="" TIMEOUT=180 ROUTER_ARGS=""
+PREFILL_ARGS="" DECODE_ARGS=""
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -38,10 +44,12 @@ while [ $# -gt 0 ]; do
     --host) HOST="$2"; shift 2 ;;
     --hosts-file) HOSTS_FILE="$2"; shift 2 ;;
     --router-args) ROUTER_ARGS="$2"; shift 2 ;;
+    --prefill-args) PREFILL_ARGS="$2"; shift 2 ;;
+    --decode-args) DECODE_ARGS="$2"; shift 2 ;;
     --curve-dir) CURVE_DIR="$(cd "$2" && pwd)"; shift 2 ;;
     --timeout) TIMEOUT="$2"; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "launch_cluster: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -84,9 +92,12 @@ start_node() {  # start_node ROLE INDEX
   log="$RUN_DIR/$role-$idx.log"; pidf="$RUN_DIR/$role-$idx.pid"
   local pages="$KV_PAGES"
   [ "$role" = prefill ] && [ -n "$PREFILL_KV_PAGES" ] && pages="$PREFILL_KV_PAGES"
+  local role_args=()
+  [ "$role" = prefill ] && read -r -a role_args <<< "$PREFILL_ARGS"
+  [ "$role" = decode ] && read -r -a role_args <<< "$DECODE_ARGS"
   local args=(--model "$MODEL" --node-id "$role-$idx" --host "$h" --page-size "$PAGE_SIZE"
               --kv-pages "$pages" --transport "$TRANSPORT" --policy "$POLICY" --host-kv-pages "$HOST_KV_PAGES"
-              ${CURVE_DIR:+--curve-dir "$CURVE_DIR"} ${EXTRA[@]+"${EXTRA[@]}"})
+              ${CURVE_DIR:+--curve-dir "$CURVE_DIR"} ${EXTRA[@]+"${EXTRA[@]}"} ${role_args[@]+"${role_args[@]}"})
   if is_local "$h"; then
     setsid pdtb "$role" "${args[@]}" > "$log" 2>&1 < /dev/null &
   else

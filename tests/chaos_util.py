@@ -7,7 +7,7 @@ import json
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 import psutil
@@ -26,6 +26,7 @@ class Outcome:
     error: str | None = None  # HTTP error body or error event message
     done: bool = False  # the stream ended with data: [DONE]
     exc: str | None = None  # client-side exception (connection dropped, ...)
+    token_ids: list[int] = field(default_factory=list)  # output token ids, in order
 
     @property
     def ok(self) -> bool:
@@ -48,12 +49,14 @@ def prompt(vocab: int, n: int, rng: random.Random) -> list[int]:
 
 
 async def stream(session, url: str, prompt_ids: list[int], max_tokens: int, *, started: list | None = None,
-                 close_after: int | None = None) -> Outcome:
+                 close_after: int | None = None, user: str | None = None) -> Outcome:
     """One streaming completion. `started` gets one item when 2 tokens arrived; with `close_after`
     the client closes the connection after that many tokens."""
     out = Outcome()
     body = {"prompt": prompt_ids, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
             "return_token_ids": True, "temperature": 0}
+    if user is not None:
+        body["user"] = user  # the tenant
     try:
         async with session.post(f"{url}/v1/completions", json=body) as resp:
             out.status = resp.status
@@ -75,6 +78,7 @@ async def stream(session, url: str, prompt_ids: list[int], max_tokens: int, *, s
                     before, out.tokens = out.tokens, out.tokens + count_tokens(obj)
                     for ch in obj.get("choices") or []:
                         out.finish = ch.get("finish_reason") or out.finish
+                        out.token_ids += ch.get("token_ids") or []
                     if started is not None and before < 2 <= out.tokens:
                         started.append(1)
                     if close_after is not None and out.tokens >= close_after:

@@ -1,6 +1,7 @@
 """Chaos on real clusters (processes on loopback, scripts/launch_cluster.sh): nodes killed with
 kill -9 while streams are in flight, clients that go away mid-stream, a node restarted on its old
-control port, a decode pool too small for a request. What must hold every time:
+control port, a request larger than the decode pool (refused at once), a busy decode pool (held,
+then failed after the hold timeout or served). What must hold every time:
 
   - every request ends within END_S: finished, or failed with a reason (HTTP 503, or an error
     event in the stream followed by [DONE]); none hangs, none ends without a word;
@@ -10,6 +11,7 @@ control port, a decode pool too small for a request. What must hold every time:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -114,32 +116,77 @@ def test_prefill_killed_mid_work(llama_dir, tmp_path):
         wait_until(lambda: healthy_nodes_free(url), FREE_S, what="surviving nodes' pages free")
 
 
-def test_decode_pool_too_small_fails_after_hold_timeout(llama_dir, tmp_path):
-    # An 8-page decode pool (128 tokens) and a 200-token prompt: the decode node defers the
-    # hand-off, the prefill node holds the pages and retries until --hold-timeout, then fails it.
-    hold = 8.0  # > fairness HELD_TTL_S (5 s), so the request after it is not failed by its ghost
-    with launched(tmp_path / "chold", llama_dir, "--mode", "disagg", "--kv-pages", "8",
-                  "--prefill-kv-pages", "256", "--", "--hold-timeout", str(hold)) as (url, _):
+def test_request_larger_than_decode_pool_is_refused_at_once(llama_dir, tmp_path):
+    # An 8-page decode pool (128 tokens). Both requests need 13 pages at their longest: the first
+    # does not even arrive in 8 pages, the second does (7 pages) but could never finish. Neither
+    # may be held until --hold-timeout (300 s, far past END_S): refused at the header, at once.
+    with launched(tmp_path / "cbig", llama_dir, "--mode", "disagg", "--kv-pages", "8",
+                  "--prefill-kv-pages", "256", "--", "--hold-timeout", "300") as (url, run_dir):
         vocab = vocab_of(url)
-        seen_held: list[int] = []
 
         async def go():
+            rng = random.Random(5)
             async with session() as s:
-                task = asyncio.ensure_future(stream(s, url, prompt(vocab, 200, random.Random(5)), 4))
-                while not task.done():  # the prefill node reports the held hand-off meanwhile
-                    pre = next(n for n in get_json(f"{url}/cluster") if n["role"] == "prefill")
-                    seen_held.append(pre["extra"].get("held_pages", 0))
-                    await asyncio.sleep(0.25)
-                return await asyncio.wait_for(task, END_S)
+                big = [stream(s, url, prompt(vocab, 200, rng), 4), stream(s, url, prompt(vocab, 100, rng), 100)]
+                outs = await asyncio.wait_for(asyncio.gather(*big), END_S)
+                return outs, await asyncio.wait_for(stream(s, url, prompt(vocab, 24, rng), 8), END_S)
 
-        out = asyncio.run(go())
-        assert out.failed_with_reason and out.status == 200, out
-        assert "decode" in out.error and "no_pages" in out.error, out.error
-        assert out.tokens == 1  # the first token came from the prefill node before the hold
-        assert max(seen_held) > 0, "the prefill node never reported holding the pages"
-        wait_until(lambda: healthy_nodes_free(url), FREE_S, what="pages free after the hold timeout")
-        outs = asyncio.run(all_complete(url, vocab, 2, max_tokens=8))
-        assert all(o.ok for o in outs), outs
+        outs, small = asyncio.run(go())
+        for o in outs:
+            assert o.failed_with_reason and o.status == 200, o
+            assert "too_large: needs 13 pages, the decode pool has 8" in o.error, o.error
+            assert o.tokens == 1  # the first token came from the prefill node
+        assert small.ok and small.tokens == 8, small  # a request that fits is served as usual
+        deferred = metric(ready_info(run_dir, "prefill-0")["metrics"], "pdtb_kv_transfers_total", outcome="deferred")
+        assert deferred == 0, "the prefill node held a request that can never fit"
+        wait_until(lambda: healthy_nodes_free(url), FREE_S, what="pages free after the refusals")
+
+
+def test_busy_decode_pool_holds_then_fails_after_hold_timeout_or_serves(llama_dir, tmp_path):
+    # A 32-page decode pool. Request A (25 pages at its longest) occupies it; the decode node reads
+    # at most 1 KV byte/s per tenant, so A makes one step a second and outlasts the hold timeout
+    # whatever the machine's speed. B and C (16 pages each) fit the pool but not beside A: held.
+    # B is held until --hold-timeout, then failed; C is held until A goes away, then served.
+    hold = 4.0  # < fairness HELD_TTL_S (5 s): a held arrival B left behind would fail C (see DecodeNode.on_abort)
+    with launched(tmp_path / "chold", llama_dir, "--mode", "disagg", "--kv-pages", "32", "--prefill-kv-pages",
+                  "256", "--prefill-args", f"--hold-timeout {hold}", "--decode-args", "--tenant-bw-cap 1") as (url, rd):
+        vocab = vocab_of(url)
+        held: list[int] = []
+        pre_metrics = ready_info(rd, "prefill-0")["metrics"]
+
+        def deferrals() -> float:  # live, unlike /cluster (the last ping)
+            return metric(pre_metrics, "pdtb_kv_transfers_total", outcome="deferred")
+
+        def held_pages() -> int:
+            held.append(next(n for n in get_json(f"{url}/cluster") if n["role"] == "prefill")["extra"]["held_pages"])
+            return held[-1]
+
+        async def go():
+            rng, started = random.Random(5), []
+            async with session() as s:
+                a = asyncio.ensure_future(stream(s, url, prompt(vocab, 300, rng), 100, started=started, user="a"))
+                await until(lambda: started, END_S, "A to reach the decode node")
+                b_task = asyncio.ensure_future(stream(s, url, prompt(vocab, 250, rng), 4, user="b"))
+                while not b_task.done():  # the prefill node reports the held hand-off meanwhile
+                    await asyncio.to_thread(held_pages)
+                    await asyncio.sleep(0.25)
+                b = await asyncio.wait_for(b_task, END_S)
+                before = await asyncio.to_thread(deferrals)
+                c_task = asyncio.ensure_future(stream(s, url, prompt(vocab, 250, rng), 4, user="c"))
+                await until(lambda: deferrals() > before, END_S, "C to be held")
+                assert not a.done(), "A should still hold the decode pool"
+                a.cancel()  # the client goes away: A is aborted and its pages are freed
+                with contextlib.suppress(asyncio.CancelledError):
+                    await a
+                return b, await asyncio.wait_for(c_task, END_S)
+
+        b, c = asyncio.run(go())
+        assert b.failed_with_reason and b.status == 200, b
+        assert "decode" in b.error and "no_pages" in b.error, b.error
+        assert b.tokens == 1  # the first token came from the prefill node before the hold
+        assert max(held) > 0, "the prefill node never reported holding the pages"
+        assert c.ok and c.tokens == 4, c  # held, not failed: served once A left
+        wait_until(lambda: healthy_nodes_free(url), FREE_S, what="pages free after the hold")
         assert get_json(f"{url}/health")["status"] == "ok"
 
 

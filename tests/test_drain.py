@@ -1,7 +1,8 @@
 """Graceful shutdown and clean launches on real processes (loopback, ephemeral ports).
 
-  - SIGTERM to a node with streams in flight: it stops taking requests, the in-flight ones
-    finish (or, past --drain-timeout, fail with a reason), every page is free, exit code 0;
+  - SIGTERM to a node (colocated, or the decode node of 1 prefill + 1 decode) with streams in
+    flight: it stops taking requests, the in-flight ones finish (or, past --drain-timeout, fail
+    with a reason), every page is free, exit code 0;
   - stop_cluster.sh with streams in flight leaves no process behind;
   - a launch that fails (bad model, a router that cannot start) exits non-zero and leaves no
     orphan process.
@@ -15,7 +16,8 @@ import re
 import signal
 import subprocess
 import sys
-from contextlib import contextmanager
+import urllib.error
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import psutil
@@ -43,25 +45,64 @@ def process(args: list[str], log: Path):
         proc.wait(timeout=30)
 
 
+def start_node(stack: ExitStack, role: str, model: str, run_dir: Path, *args: str) -> tuple:
+    """Start one node; returns (process, NODE READY addresses, log)."""
+    addr, log = run_dir / f"{role}.json", run_dir / f"{role}.log"
+    proc = stack.enter_context(process([role, "--model", model, "--node-id", f"{role[:2]}-0", "--addr-file",
+                                        str(addr), *args], log))
+    return proc, addr, log
+
+
+def wait_ready(proc: subprocess.Popen, addr: Path, log: Path) -> dict:
+    wait_until(lambda: addr.exists() or proc.poll() is not None, 120, what=f"{log.stem} ready")
+    assert proc.poll() is None, log.read_text()[-2000:]
+    return get_json_file(addr)
+
+
+def start_router(stack: ExitStack, model: str, run_dir: Path, nodes: list[str]) -> str:
+    rlog = run_dir / "router.log"
+    router = stack.enter_context(process(["router", "--model", model, "--port", "0",
+                                          *(a for n in nodes for a in ("--node", n))], rlog))
+
+    def url():
+        m = re.search(r"router listening on (http://\S+)", rlog.read_text())
+        return m.group(1) if m else (router.poll() is not None and "exited")
+
+    u = wait_until(url, 60, what="router listening")
+    assert u != "exited", rlog.read_text()[-2000:]
+    wait_until(lambda: health_ok(u), 30, what="/health 200")
+    return u
+
+
+def health_ok(url: str) -> bool:
+    """The router answers 503 until every node has answered its first ping."""
+    try:
+        return get_json(f"{url}/health")["status"] == "ok"
+    except urllib.error.HTTPError as e:
+        if e.code == 503:
+            return False
+        raise
+
+
 @contextmanager
 def colocated_with_router(model: str, run_dir: Path, *node_args: str):
     """Yield (node process, router url, node log) for one colocated node behind a router."""
     run_dir.mkdir(parents=True)
-    addr, nlog, rlog = run_dir / "node.json", run_dir / "node.log", run_dir / "router.log"
-    with process(["colocated", "--model", model, "--node-id", "co-0", "--addr-file", str(addr), *node_args],
-                 nlog) as node:
-        wait_until(lambda: addr.exists() or node.poll() is not None, 120, what="node ready")
-        assert node.poll() is None, nlog.read_text()[-2000:]
-        ctrl = get_json_file(addr)["ctrl"]
-        with process(["router", "--model", model, "--port", "0", "--node", f"colocated={ctrl}"], rlog) as router:
-            def url():
-                m = re.search(r"router listening on (http://\S+)", rlog.read_text())
-                return m.group(1) if m else (router.poll() is not None and "exited")
+    with ExitStack() as stack:
+        node, addr, log = start_node(stack, "colocated", model, run_dir, *node_args)
+        ctrl = wait_ready(node, addr, log)["ctrl"]
+        yield node, start_router(stack, model, run_dir, [f"colocated={ctrl}"]), log
 
-            u = wait_until(url, 60, what="router listening")
-            assert u != "exited", rlog.read_text()[-2000:]
-            wait_until(lambda: get_json(f"{u}/health")["status"] == "ok", 30, what="/health 200")
-            yield node, u, nlog
+
+@contextmanager
+def disagg_with_router(model: str, run_dir: Path, *decode_args: str):
+    """Yield (decode process, router url, decode log) for 1 prefill + 1 decode behind a router."""
+    run_dir.mkdir(parents=True)
+    with ExitStack() as stack:
+        started = [start_node(stack, "decode", model, run_dir, *decode_args),
+                   start_node(stack, "prefill", model, run_dir, "--kv-pages", "400")]
+        ctrls = [f"{p[2].stem}={wait_ready(*p)['ctrl']}" for p in started]
+        yield started[0][0], start_router(stack, model, run_dir, ctrls), started[0][2]
 
 
 def get_json_file(path: Path) -> dict:
@@ -74,19 +115,21 @@ def drained_line(log: Path) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-async def sigterm_mid_stream(node: subprocess.Popen, url: str, n: int, max_tokens: int):
-    """`n` streams; SIGTERM to the node once half have tokens; then one more request once the
-    router sees the node draining. Returns (in-flight outcomes, the late request's outcome)."""
+async def sigterm_mid_stream(node: subprocess.Popen, url: str, n: int, max_tokens: int, role: str = "colocated",
+                             before: int | None = None):
+    """`n` streams; SIGTERM to the node once `before` (default half) have tokens from it; then one
+    more request once the router sees every `role` node draining. Returns (in-flight outcomes,
+    the late request's outcome)."""
     vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
     rng, started = random.Random(1), []
     async with session() as s:
         tasks = [asyncio.ensure_future(stream(s, url, prompt(vocab, 24, rng), max_tokens, started=started))
                  for _ in range(n)]
-        await until(lambda: len(started) >= n // 2, END_S, "streams to start")
+        await until(lambda: len(started) >= (n // 2 if before is None else before), END_S, "streams to start")
         node.send_signal(signal.SIGTERM)
 
         def draining():
-            return all(x["draining"] or not x["healthy"] for x in get_json(f"{url}/cluster"))
+            return all(x["draining"] or not x["healthy"] for x in get_json(f"{url}/cluster") if x["role"] == role)
 
         await until(draining, 10, "the router to see the node draining")
         late = await asyncio.wait_for(stream(s, url, prompt(vocab, 24, rng), 8), END_S)
@@ -116,6 +159,36 @@ def test_sigterm_past_drain_timeout_fails_the_rest_with_a_reason(llama_dir, tmp_
         assert node.wait(timeout=60) == 0
         free, total = drained_line(log)
         assert free == total == 400
+
+
+def prefill_pages_free(url: str) -> bool:
+    return all(x["pages_free"] == x["pages_total"] for x in get_json(f"{url}/cluster") if x["role"] == "prefill")
+
+
+def test_sigterm_decode_finishes_in_flight_and_exits_0(llama_dir, tmp_path):
+    # Every stream has its second token (from the decode node) before the SIGTERM: all of them
+    # are the decode node's in-flight work, and all must finish.
+    with disagg_with_router(llama_dir, tmp_path / "dd1", "--kv-pages", "400", "--drain-timeout", "40") \
+            as (node, url, log):
+        outs, late = asyncio.run(sigterm_mid_stream(node, url, 6, 300, role="decode", before=6))
+        assert all(o.ok and o.tokens == 300 for o in outs), outs
+        assert late.failed_with_reason and not late.ok, late  # a draining decode node takes nothing new
+        assert node.wait(timeout=60) == 0
+        assert drained_line(log) == (400, 400)
+        wait_until(lambda: prefill_pages_free(url), 30, what="prefill pages free")
+
+
+def test_sigterm_decode_past_drain_timeout_fails_the_rest_with_a_reason(llama_dir, tmp_path):
+    with disagg_with_router(llama_dir, tmp_path / "dd2", "--kv-pages", "400", "--drain-timeout", "1") \
+            as (node, url, log):
+        outs, late = asyncio.run(sigterm_mid_stream(node, url, 6, 3500, role="decode", before=6))
+        check_ended_well(outs)
+        assert late.failed_with_reason, late
+        cut = [o for o in outs if not o.ok]
+        assert cut and all("shut down" in o.error for o in cut), outs
+        assert node.wait(timeout=60) == 0
+        assert drained_line(log) == (400, 400)
+        wait_until(lambda: prefill_pages_free(url), 30, what="prefill pages free")
 
 
 # ---- the scripts ------------------------------------------------------------------------------------

@@ -1,0 +1,64 @@
+"""KV transport faults injected through a running cluster (1 prefill + 1 decode + router, real
+processes on loopback). The prefill node's KV sender drops, delays, duplicates, corrupts and
+truncates messages and drops its link once (`--transport-fault`, kv_transport/faults.py). What
+must hold:
+
+  - every request ends within END_S: finished with the tokens of transformers' generate, or
+    failed with a reason;
+  - every fault kind was injected (the fault stream is seeded: one decision per message);
+  - once the fault budget is spent the router serves requests as usual;
+  - once idle, every page on both nodes is free.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+
+import pytest
+
+from chaos_util import END_S, check_ended_well, prompt, session, stream
+from cluster_util import all_pages_free, get_json, launched, wait_until
+from conftest import hf_greedy
+
+pytestmark = pytest.mark.slow
+# Seed 173 draws drop, corrupt, delay, truncate, duplicate within the first 8 messages (there are
+# at least 16: one header per chunked transfer); the link drops at the 5th chunk. Six faults in all.
+FAULTS = ("drop=0.08", "delay=0.1", "delay_s=0.05", "duplicate=0.1", "corrupt=0.1", "truncate=0.08",
+          "disconnect=4", "seed=173", "max_faults=6")
+KINDS = {"drop", "delay", "duplicate", "corrupt", "truncate", "disconnect"}
+MAX_TOKENS = 8
+
+
+def test_transport_faults_end_every_request_and_free_pages(llama_dir, hf_models, tmp_path):
+    fault_args = " ".join(f"--transport-fault {f}" for f in FAULTS)
+    # --transfer-timeout bounds the wait for a lost message (the default is 30 s).
+    with launched(tmp_path / "cfault", llama_dir, "--mode", "disagg", "--kv-pages", "400",
+                  "--prefill-args", fault_args, "--", "--transfer-timeout", "3") as (url, run_dir):
+        vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
+        rng = random.Random(9)
+        # 16 chunked transfers (over 128 tokens: 256 KiB of KV) and 4 inline ones.
+        prompts = [prompt(vocab, n, rng) for n in [150, 200, 300, 180] * 4 + [20, 60, 24, 90]]
+
+        async def wave(ps):
+            async with session() as s:
+                return await asyncio.wait_for(asyncio.gather(*(stream(s, url, p, MAX_TOKENS) for p in ps)), END_S)
+
+        outs = asyncio.run(wave(prompts))
+        check_ended_well(outs)
+        ok = [(p, o) for p, o in zip(prompts, outs) if o.ok]
+        failed = [o for o in outs if not o.ok]
+        assert ok and failed, outs
+        for p, o in ok:
+            # The reference stops at EOS, the cluster (ignore_eos) does not: compare up to it.
+            want = hf_greedy(hf_models["llama"], p, MAX_TOKENS)
+            assert o.tokens == MAX_TOKENS and o.token_ids[:len(want)] == want, (o, want)
+        assert all("KV transfer" in o.error for o in failed), failed
+
+        log = (run_dir / "prefill-0.log").read_text()
+        assert set(re.findall(r"fault injection: (\w+) on a", log)) == KINDS
+
+        again = asyncio.run(wave([prompt(vocab, n, rng) for n in (24, 150, 300, 40)]))
+        assert all(o.ok and o.tokens == MAX_TOKENS for o in again), again  # the fault budget is spent
+        wait_until(lambda: all_pages_free(url), 30, what="all pages free on both nodes")
+        assert all(n["healthy"] for n in get_json(f"{url}/cluster"))

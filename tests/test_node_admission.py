@@ -1,0 +1,92 @@
+"""Node-level checks without processes: a request larger than the whole device pool is refused
+at once (decode: at the transfer header; colocated: at acceptance), the hand-off metadata seal
+survives the wire and catches tampering, and the `--transport-fault` flag."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from cluster import kv_meta
+from cluster.node_cli import fault_config
+from cluster.protocol import GenerateRequest, Params
+from colocated_node.node import validate_prompt
+from conftest import make_engine
+from decode_node.node import never_fits
+from kv_transport import FaultConfig, TransferMeta, TransferState, TransportConfig
+from kv_transport.fake import FakeNetwork, FakeReceiver, FakeSender
+from kv_transport.testing import TINY_SPEC, make_export, make_pool
+from pdtb.common import CliError
+
+
+def header(prompt_len: int, max_tokens: int) -> SimpleNamespace:
+    """The fields of a KVTransferHeader that `never_fits` reads (page size 16)."""
+    return SimpleNamespace(num_pages=-(-prompt_len // 16), prompt_token_ids=[5] * prompt_len,
+                           extra={"params": {"max_tokens": max_tokens}})
+
+
+def test_decode_refuses_only_what_can_never_fit_the_pool(llama_dir):
+    engine = make_engine(llama_dir, num_pages=8)  # 128 tokens
+    assert never_fits(header(100, 28), engine) is None  # 128 tokens at its longest: exactly the pool
+    assert never_fits(header(100, 29), engine) == "too_large: needs 9 pages, the decode pool has 8"
+    assert never_fits(header(200, 1), engine) == "too_large: needs 13 pages, the decode pool has 8"
+    capped = make_engine(llama_dir, num_pages=8, max_model_len=128)  # a request stops at 128 tokens
+    assert never_fits(header(100, 1000), capped) is None
+
+
+def test_colocated_refuses_a_request_larger_than_its_pool(llama_dir):
+    engine = make_engine(llama_dir, num_pages=8)
+    fits, too_big = (GenerateRequest(f"r{n}", [5] * 100, Params(max_tokens=n)) for n in (28, 29))
+    assert validate_prompt(engine, fits) is None
+    assert validate_prompt(engine, too_big) == "request needs up to 9 KV pages; the pool has 8"
+
+
+def test_handoff_seal_survives_the_wire_and_catches_tampering():
+    seen = []
+
+    def admit(h):
+        seen.append(h)
+        return kv_meta.check(h)
+
+    async def go():
+        net, cfg = FakeNetwork(), TransportConfig(backend="fake", endpoint="fake://d0")
+        rx = FakeReceiver(cfg, make_pool(64), net, admit=admit)
+        tx = FakeSender(cfg, TINY_SPEC, net)
+        await rx.start()
+        await tx.start()
+        try:
+            sent = []
+            for i, pages in enumerate((1, 9)):  # inline and chunked
+                export = make_export(make_pool(16, seed=i), f"req-{i}", pages)
+                extra = {"router_id": "r-1", "timeline": {"first_token": 1.25e9 / 7},
+                         "params": {"max_tokens": 8, "top_p": 0.9, "seed": None}}
+                meta = TransferMeta("t", [3, 4, 5], [7], 3, extra)
+                meta = kv_meta.seal(meta, f"req-{i}", export.header.num_tokens, export.header.num_pages)
+                sent.append(await tx.wait(tx.send(export, meta), 5))
+            unsealed = await tx.wait(tx.send(make_export(make_pool(16), "req-x", 1), TransferMeta("t", [3], [7], 1)), 5)
+            return sent, unsealed
+        finally:
+            await tx.close()
+            await rx.close()
+
+    sent, unsealed = asyncio.run(asyncio.wait_for(go(), 20))
+    assert all(st.state is TransferState.DONE for st in sent), sent
+    assert unsealed.state is TransferState.FAILED and "bad_metadata" in unsealed.reason
+    h = seen[0]
+    for change in ({"extra": {**h.extra, "router_id": "r-2"}}, {"output_token_ids": [8]}, {"num_computed_tokens": 2},
+                   {"extra": {**h.extra, "params": {**h.extra["params"], "max_tokens": 9}}}):
+        assert kv_meta.check(dataclasses.replace(h, **change)).startswith("bad_metadata"), change
+
+
+def test_transport_fault_flag():
+    assert fault_config(["drop=0.1", "delay=0.2", "delay_s=0.05", "kinds=header,chunk", "disconnect=3",
+                         "seed=4", "max_faults=2"]) == FaultConfig(
+        drop_prob=0.1, delay_prob=0.2, delay_s=0.05, kinds=("header", "chunk"), disconnect_after_chunks=3, seed=4,
+        max_faults=2)
+    assert fault_config([]) == FaultConfig()
+    for bad, needle in (("drop", "NAME=VALUE"), ("drop=2", "drop_prob"), ("nope=1", "unknown name"),
+                        ("kinds=header,bogus", "unknown kinds"), ("seed=x", "seed=x")):
+        with pytest.raises(CliError, match=needle):
+            fault_config([bad])
