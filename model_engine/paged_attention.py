@@ -76,7 +76,8 @@ class PagedKVCache:
                     pages = cache.index_select(1, g.flat_pages).view(2, b, g.max_pages * page_size, kvh, hd)
                     rc[:, :, :, : g.max_pages * page_size].copy_(pages.transpose(2, 3))
                 else:
-                    rc.permute(1, 3, 0, 2, 4).index_put_((g.read_plan.rows, g.read_plan.pos), new.transpose(0, 1))
+                    mine = new if len(m.groups) == 1 else new.index_select(1, g.flat_index)  # [2, B_g, kvh, hd]
+                    rc.permute(1, 3, 0, 2, 4).index_put_((g.read_plan.rows, g.read_plan.pos), mine.transpose(0, 1))
                 n = g.read_plan.length
                 out.append((rc[0, :, :, :n], rc[1, :, :, :n]))
             else:

@@ -9,8 +9,11 @@ the runner keeps that gathered copy between steps and only appends the new token
     new token K/V  --index_copy--> pool             --index_put--> read cache row b, position pos_b
 
 The pool stays the source of truth (export, import, eviction and tiering only ever see pages);
-the read cache is dropped whenever the batch's membership or order changes, on any prefill
-step, and when it would exceed its byte budget. On a GPU a paged kernel would replace it.
+the read cache is rebuilt whenever the decode rows' membership or order changes and dropped
+when it would exceed its byte budget. A step that also carries prefill chunks keeps using it
+for its decode rows (a prefill chunk is its own attention group and gathers its own pages), so
+chunked prefill beside a steady decode batch does not force a rebuild. On a GPU a paged kernel
+would replace it.
 """
 from __future__ import annotations
 

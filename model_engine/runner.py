@@ -69,10 +69,7 @@ class ModelRunner:
         slot_mapping = block_tables[seq_idx, pos // ps] * ps + pos % ps
         decode = lens == 1
         rows_sets = [np.arange(b)] if decode.all() or not decode.any() else [np.flatnonzero(decode), np.flatnonzero(~decode)]
-        if self.read_cache is not None and not decode.all():
-            self.read_cache.invalidate()
-        groups = [self._group(chunks, rows, lens, cu_start, pos, npages, block_tables, len(rows_sets) == 1)
-                  for rows in rows_sets]
+        groups = [self._group(chunks, rows, lens, cu_start, pos, npages, block_tables) for rows in rows_sets]
         want = np.fromiter((c.wants_logits for c in chunks), bool, b)
         t = self._t
         return t(ids)[None], t(pos)[None], StepMetadata(t(slot_mapping), groups), t((cu_end - 1)[want])
@@ -115,7 +112,7 @@ class ModelRunner:
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
 
-    def _group(self, chunks, rows, lens, cu_start, pos, npages, block_tables, whole_step: bool) -> AttnGroup:
+    def _group(self, chunks, rows, lens, cu_start, pos, npages, block_tables) -> AttnGroup:
         """Attention metadata for the sequences `rows` (indices into chunks)."""
         ps = self.page_size
         g_lens, g_start = lens[rows], cu_start[rows]
@@ -127,7 +124,7 @@ class ModelRunner:
         pad_index = (np.arange(len(rows))[:, None] * q_max + j[None, :])[valid]
         q_pos = pos[q_gather]  # padded query slots repeat the last real query: harmless
         plan = None
-        if q_max == 1 and whole_step and self.read_cache is not None:
+        if q_max == 1 and self.read_cache is not None:  # the decode rows, also beside prefill chunks
             length = -(-(int(q_pos.max()) + 1) // 16) * 16  # attend a multiple of 16 keys
             plan = self.read_cache.plan(tuple(chunks[i].request_id for i in rows), q_pos[:, 0], length, max_pages * ps)
         keys = plan.length if plan is not None else max_pages * ps

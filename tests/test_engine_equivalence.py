@@ -29,17 +29,25 @@ def test_chunked_prefill_and_staggered_arrivals(llama_dir, hf_models):
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     seqs = [engine.make_sequence(p, params) for p in prompts]
     pending = list(seqs)
-    steps = 0
+    rc, plans = engine.runner.read_cache, []
+    plan = rc.plan
+    rc.plan = lambda *a: plans.append(plan(*a)) or plans[-1]
+    steps = mixed_appends = 0
     while pending or engine.has_work():
         if pending and steps % 3 == 0:
             engine.add(pending.pop(0))
+        plans.clear()
         engine.step()
         engine.pool.check()
         assert engine.last_output.num_batched_tokens <= 40
+        sizes = [c.num_new_tokens for c in engine.last_output.chunks]
+        if max(sizes) > 1 and min(sizes) == 1:  # prefill chunks beside decode rows ...
+            mixed_appends += any(p is not None and not p.rebuild for p in plans)
         steps += 1
     for p, s in zip(prompts, seqs):
         assert s.output_token_ids == hf_greedy(hf_models["llama"], p, 30, ignore_eos=True)
     assert engine.pool.num_free == engine.pool.num_pages
+    assert mixed_appends >= 3  # ... whose decode rows appended to the read cache (no rebuild)
 
 
 def test_preemption_by_recompute_keeps_tokens(llama_dir, hf_models):
