@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from model_engine.read_cache import DecodeReadCache, ReadCachePlan
+from model_engine.read_cache import ReadCachePlan
 
 ATTN_NAME = "pdtb_paged"
 
@@ -56,10 +56,9 @@ class StepMetadata:
 class PagedKVCache:
     """Duck-typed `past_key_values` that reads and writes a PagePool's tensor."""
 
-    def __init__(self, kv: torch.Tensor, meta: StepMetadata, read_cache: DecodeReadCache | None = None) -> None:
+    def __init__(self, kv: torch.Tensor, meta: StepMetadata) -> None:
         self.kv = kv  # [layers, 2, pages, page_size, kv_heads, head_dim]
         self.meta = meta
-        self.read_cache = read_cache
 
     def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
         m = self.meta
@@ -71,7 +70,7 @@ class PagedKVCache:
         for g in m.groups:
             b = g.q_gather.shape[0]
             if g.read_plan is not None:
-                rc = self.read_cache.layer(layer_idx, b)  # [2, B, kvh, cap, hd]
+                rc = g.read_plan.cache.layer(layer_idx, b)  # [2, B, kvh, cap, hd]
                 if g.read_plan.rebuild:
                     pages = cache.index_select(1, g.flat_pages).view(2, b, g.max_pages * page_size, kvh, hd)
                     rc[:, :, :, : g.max_pages * page_size].copy_(pages.transpose(2, 3))

@@ -17,11 +17,20 @@ would replace it.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 import torch
 
 HEADROOM = 128  # extra positions per (re)build so a steady batch rebuilds rarely
+BUCKET_EDGES = (256, 1024, 4096)  # keys attended: <= 256, <= 1024, <= 4096, longer
+
+
+def bucket_of(keys: int) -> int:
+    """Length bucket of a decode row attending `keys` keys. Rows of one bucket share a read
+    cache and an attention call, so a 30-token row is not padded to a 2,000-token row's length
+    and short requests joining and leaving rebuild only the short rows' cache."""
+    return bisect_left(BUCKET_EDGES, keys)
 
 
 @dataclass
@@ -32,6 +41,7 @@ class ReadCachePlan:
     rows: torch.Tensor  # [B] arange, the row of each sequence
     pos: torch.Tensor  # [B] position of each sequence's new token
     length: int  # keys attended this step (<= capacity)
+    cache: "DecodeReadCache"  # whose buffer holds these rows
 
 
 class DecodeReadCache:
@@ -44,6 +54,7 @@ class DecodeReadCache:
         self.capacity = 0
         self.buf: torch.Tensor | None = None
         self._elem = torch.empty((), dtype=dtype).element_size()
+        self._arange: torch.Tensor | None = None
 
     def plan(self, batch_key: tuple, positions, length: int, page_len: int) -> ReadCachePlan | None:
         """Decide for a pure-decode step; None means "gather pages instead" (too big)."""
@@ -55,12 +66,19 @@ class DecodeReadCache:
             if size > self.max_bytes:
                 self.invalidate()
                 return None
-            if self.buf is None or self.buf.numel() * self._elem < size:
+            have = 0 if self.buf is None else self.buf.numel() * self._elem
+            if have < size:  # grow geometrically: a growing batch does not reallocate every time
+                size = min(max(size, have * 3 // 2), max(size, self.max_bytes))
                 # zeros, not empty: masked keys get weight 0, and 0 * NaN garbage would be NaN
                 self.buf = torch.zeros(size // self._elem, dtype=self.dtype, device=self.device)
             self.key, self.capacity = batch_key, cap
-        return ReadCachePlan(rebuild, torch.arange(b, device=self.device),
-                             torch.as_tensor(positions, device=self.device), length)
+        return ReadCachePlan(rebuild, self._rows(b), torch.as_tensor(positions, device=self.device),
+                             length, self)
+
+    def _rows(self, b: int) -> torch.Tensor:
+        if self._arange is None or self._arange.numel() < b:
+            self._arange = torch.arange(max(b, 256), device=self.device)
+        return self._arange[:b]
 
     def layer(self, layer_idx: int, batch: int) -> torch.Tensor:
         """View [2, B, kv_heads, capacity, head_dim] of one layer."""
@@ -70,3 +88,19 @@ class DecodeReadCache:
 
     def invalidate(self) -> None:
         self.key, self.capacity = None, 0
+
+
+class ReadCaches:
+    """One DecodeReadCache per length bucket (see bucket_of)."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device, max_bytes: int = 256 << 20) -> None:
+        self.buckets = [DecodeReadCache(num_layers, num_kv_heads, head_dim, dtype, device, max_bytes)
+                        for _ in range(len(BUCKET_EDGES) + 1)]
+
+    def __getitem__(self, bucket: int) -> DecodeReadCache:
+        return self.buckets[bucket]
+
+    def invalidate(self) -> None:
+        for c in self.buckets:
+            c.invalidate()

@@ -10,13 +10,14 @@ Output: last-position logits for the chunks that end at the sequence's last know
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from model_engine.paged_attention import AttnGroup, PagedKVCache, StepMetadata
-from model_engine.read_cache import DecodeReadCache
+from model_engine.read_cache import BUCKET_EDGES, ReadCaches
 
 
 @dataclass
@@ -40,7 +41,7 @@ class ModelRunner:
         self.kv = kv
         self.page_size = page_size
         self.device = torch.device(device)
-        self.read_cache = DecodeReadCache(kv.shape[0], kv.shape[4], kv.shape[5], kv.dtype, self.device) \
+        self.read_cache = ReadCaches(kv.shape[0], kv.shape[4], kv.shape[5], kv.dtype, self.device) \
             if self.device.type == "cpu" else None
         self._arange: torch.Tensor | None = None
 
@@ -67,42 +68,58 @@ class ModelRunner:
         flat = np.fromiter((p for c in chunks for p in c.page_table), np.int64, int(npages.sum()))
         block_tables[np.arange(max_pages)[None, :] < npages[:, None]] = flat  # row-major fill
         slot_mapping = block_tables[seq_idx, pos // ps] * ps + pos % ps
+        # Attention groups: decode rows by length bucket (read_cache.bucket_of), prefill rows.
         decode = lens == 1
-        rows_sets = [np.arange(b)] if decode.all() or not decode.any() else [np.flatnonzero(decode), np.flatnonzero(~decode)]
-        groups = [self._group(chunks, rows, lens, cu_start, pos, npages, block_tables) for rows in rows_sets]
+        bucket = np.searchsorted(BUCKET_EDGES, starts + 1)  # == bucket_of(position + 1)
+        sets = [(np.flatnonzero(decode & (bucket == k)), int(k)) for k in np.unique(bucket[decode])]
+        if not decode.all():
+            sets.append((np.flatnonzero(~decode), -1))
+        groups = [self._group(chunks, rows, lens, cu_start, pos, npages, block_tables, k) for rows, k in sets]
         want = np.fromiter((c.wants_logits for c in chunks), bool, b)
         t = self._t
         return t(ids)[None], t(pos)[None], StepMetadata(t(slot_mapping), groups), t((cu_end - 1)[want])
 
     def _steady_decode(self, chunks: list[BatchChunk]):
-        """Metadata of a decode step over the same batch as the last one, in the same order
-        (the read cache holds it): only positions, slots and the mask change, so none of the
-        general path's padding arithmetic is needed. None when this is not such a step."""
-        rc = self.read_cache
-        if rc is None or rc.key is None or len(chunks) != len(rc.key):
+        """Metadata of a decode step whose rows are, bucket by bucket, the same as the last
+        step's in the same order (their read caches hold them): only positions, slots and masks
+        change, so none of the general path's padding arithmetic is needed. None otherwise."""
+        rcs = self.read_cache
+        if rcs is None:
             return None
-        ps, b = self.page_size, len(chunks)
+        ps = self.page_size
         ids, pos, slots = [], [], []
-        for c, rid in zip(chunks, rc.key):
-            if c.request_id != rid or len(c.token_ids) != 1 or not c.wants_logits:
+        members: dict[int, list[int]] = {}  # bucket -> row indices, in order
+        for i, c in enumerate(chunks):
+            if len(c.token_ids) != 1 or not c.wants_logits:
                 return None
             p = c.start_pos
             ids.append(c.token_ids[0])
             pos.append(p)
             slots.append(c.page_table[p // ps] * ps + p % ps)
+            k = 0 if p < BUCKET_EDGES[0] else bisect_left(BUCKET_EDGES, p + 1)
+            members.setdefault(k, []).append(i)
         pos_np = np.asarray(pos, np.int64)
-        length = -(-(int(pos_np.max()) + 1) // 16) * 16  # the general path's key length
-        if length > rc.capacity:
-            return None  # the read cache must grow: the general path rebuilds it
-        plan = rc.plan(rc.key, pos_np, length, 0)
-        allowed = np.arange(length)[None, :] <= pos_np[:, None]  # [B, L]
-        mask = np.where(allowed, np.float32(0), np.float32("-inf"))[:, None, None, :]
-        rows = self._rows(b)
-        group = AttnGroup(rows[:, None], rows, rows, rows[:0], 0,
-                          torch.from_numpy(mask).to(device=self.device, dtype=self.kv.dtype), plan)
+        plans = []
+        for k, rows in members.items():
+            rc = rcs[k]
+            if rc.key is None or len(rc.key) != len(rows) or \
+                    any(chunks[i].request_id != rid for i, rid in zip(rows, rc.key)):
+                return None
+            g_pos = pos_np[rows]
+            length = -(-(int(g_pos.max()) + 1) // 16) * 16  # the general path's key length
+            if length > rc.capacity:
+                return None  # this bucket's cache must grow: the general path rebuilds it
+            plans.append((rows, g_pos, rc.plan(rc.key, g_pos, length, 0)))
+        groups = []
+        for rows, g_pos, plan in plans:
+            allowed = np.arange(plan.length)[None, :] <= g_pos[:, None]  # [B_g, L]
+            mask = torch.from_numpy(np.where(allowed, np.float32(0), np.float32("-inf"))[:, None, None, :])
+            idx = self._rows(len(rows)) if len(plans) == 1 else self._t(np.asarray(rows, np.int64))
+            groups.append(AttnGroup(idx[:, None], self._rows(len(rows)), idx, idx[:0], 0,
+                                    mask.to(device=self.device, dtype=self.kv.dtype), plan))
         t = self._t
         return t(np.asarray(ids, np.int64))[None], t(pos_np)[None], \
-            StepMetadata(t(np.asarray(slots, np.int64)), [group]), None
+            StepMetadata(t(np.asarray(slots, np.int64)), groups), None
 
     def _rows(self, b: int) -> torch.Tensor:
         if self._arange is None or self._arange.numel() < b:
@@ -112,8 +129,9 @@ class ModelRunner:
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
 
-    def _group(self, chunks, rows, lens, cu_start, pos, npages, block_tables) -> AttnGroup:
-        """Attention metadata for the sequences `rows` (indices into chunks)."""
+    def _group(self, chunks, rows, lens, cu_start, pos, npages, block_tables, bucket: int) -> AttnGroup:
+        """Attention metadata for the sequences `rows` (indices into chunks); `bucket`: their
+        read cache (decode rows), or -1 (prefill rows)."""
         ps = self.page_size
         g_lens, g_start = lens[rows], cu_start[rows]
         q_max, max_pages = int(g_lens.max()), int(npages[rows].max())
@@ -124,9 +142,10 @@ class ModelRunner:
         pad_index = (np.arange(len(rows))[:, None] * q_max + j[None, :])[valid]
         q_pos = pos[q_gather]  # padded query slots repeat the last real query: harmless
         plan = None
-        if q_max == 1 and self.read_cache is not None:  # the decode rows, also beside prefill chunks
+        if bucket >= 0 and self.read_cache is not None:  # decode rows, also beside prefill chunks
             length = -(-(int(q_pos.max()) + 1) // 16) * 16  # attend a multiple of 16 keys
-            plan = self.read_cache.plan(tuple(chunks[i].request_id for i in rows), q_pos[:, 0], length, max_pages * ps)
+            plan = self.read_cache[bucket].plan(tuple(chunks[i].request_id for i in rows), q_pos[:, 0], length,
+                                                max_pages * ps)
         keys = plan.length if plan is not None else max_pages * ps
         allowed = np.arange(keys)[None, None, :] <= q_pos[:, :, None]  # [B_g, q_max, L]
         mask = np.where(allowed, np.float32(0), np.float32("-inf"))
@@ -145,7 +164,7 @@ class ModelRunner:
         elif logits_idx.numel() == 0:
             logits_idx = torch.tensor([ids.shape[1] - 1], device=self.device)  # lm_head on one row only
             keep_none = True
-        out = self.model(input_ids=ids, position_ids=pos, past_key_values=PagedKVCache(self.kv, meta, self.read_cache),
+        out = self.model(input_ids=ids, position_ids=pos, past_key_values=PagedKVCache(self.kv, meta),
                          use_cache=True, logits_to_keep=logits_idx, pdtb_meta=meta)
         if keep_none:
             return out.logits[0, :0].float()
