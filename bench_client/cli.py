@@ -22,6 +22,7 @@ from bench_client.runner import RunConfig, run
 from bench_client.service import ServiceWeights
 from bench_client.summary import SLO_KEYS, summarize
 from bench_client.traces import read_trace, trace_specs
+from pdtb.common import freeze_heap
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -191,6 +192,7 @@ async def _serve(a, specs, workload_info: dict, slos: dict, weights: ServiceWeig
     mode, policy = server_labels(nodes)
     cfg = RunConfig(url, a.model, vocab, a.min_token_id, a.seed, a.concurrency, a.request_timeout,
                     a.sample_interval, not a.no_token_ids, a.temperature, not a.quiet, a.api_key)
+    freeze_heap()  # the client's own collections would shift the token times it records
     res = await run(specs, cfg)
     summary = summarize(res.records, res.duration, slos, weights, a.fairness_window)
     meta = {"workload": a.workload, "options": vars(a), "seed": a.seed, "url": url,

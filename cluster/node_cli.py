@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from pdtb.common import CliError, resolve_model
+from pdtb.common import CliError, freeze_heap, resolve_model
 from pdtb.generate import add_engine_args, engine_config
 
 
@@ -159,6 +159,7 @@ def main(role: str, argv: list[str]) -> int:
             node = cls(cfg)
         except ValueError as e:
             raise CliError(str(e)) from None
+        freeze_heap()
         await node.run(on_ready=lambda addrs: _write_addr(a.addr_file, addrs))
 
     uvloop.run(run())

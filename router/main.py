@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `pdtb router`; returns the exit code."""
     import uvloop
 
-    from pdtb.common import CliError, die, resolve_model
+    from pdtb.common import CliError, die, freeze_heap, resolve_model
 
     a = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         model = load_served_model(resolve_model(a.model), a.served_model_name)
     except (ValueError, OSError, CliError) as e:
         return die(str(e))
+    freeze_heap()
     try:
         return uvloop.run(serve(config, model))
     except OSError as e:  # e.g. the port is taken
