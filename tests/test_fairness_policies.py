@@ -252,3 +252,9 @@ def test_memfair_limits_a_whale_prefill_chunk_while_others_have_work():
     alone.reclaim([], [whale], st_)
     assert alone.chunk_limit(whale, 512, st_) == 512  # nobody else to wait for it
     assert make_policy("fcfs").chunk_limit(whale, 512, st_) == 512
+
+
+@pytest.mark.parametrize("frac", [0.0, -0.1, 1.5])
+def test_prefill_share_outside_0_1_is_rejected(frac):
+    with pytest.raises(ValueError, match="prefill_share_frac"):
+        FairnessConfig(prefill_share_frac=frac)
