@@ -50,7 +50,9 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int, ignore_eos: bool = 
     """transformers.generate, one prompt at a time: the independent reference."""
     import torch
 
-    kw = {"min_new_tokens": max_new_tokens} if ignore_eos else {}
+    # ignore_eos: keep going past an end-of-sequence token, as the engine does, rather than
+    # suppressing it (min_new_tokens would change the token wherever EOS is the top choice)
+    kw = {"eos_token_id": -1} if ignore_eos else {}
     out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
                          pad_token_id=model.config.pad_token_id, **kw)
     return out[0, len(prompt):].tolist()

@@ -140,3 +140,25 @@ def test_length_buckets_split_decode_rows_and_stay_identical(llama_dir, hf_model
     for p, s in zip(prompts, seqs):
         assert s.output_token_ids == hf_greedy(hf_models["llama"], p, 20, ignore_eos=True)
     assert (3, 1) in groups_seen and (2, 2) in groups_seen, groups_seen  # before and after the edge
+
+
+def test_ignore_eos_keeps_going_past_eos_like_generate(llama_dir, hf_models):
+    """With ignore_eos the engine emits EOS and goes on; the reference (generate with no EOS id)
+    does the same. The prompts are searched for ones whose greedy output holds EOS."""
+    import random
+
+    engine = make_engine(llama_dir, page_size=16)
+    eos = set(engine.info.eos_token_ids)
+    rng = random.Random(0)
+    found = []
+    for _ in range(120):
+        p = [rng.randrange(3, engine.info.vocab_size) for _ in range(rng.randint(1, 40))]
+        want = hf_greedy(hf_models["llama"], p, 30, ignore_eos=True)
+        if eos & set(want[:-1]):
+            found.append((p, want))
+        if len(found) == 2:
+            break
+    assert found, "no prompt reaches EOS: the case is not exercised"
+    seqs = engine.generate([p for p, _ in found], SamplingParams(max_tokens=30, ignore_eos=True))
+    for (p, want), s in zip(found, seqs):
+        assert s.output_token_ids == want
