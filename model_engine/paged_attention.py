@@ -64,21 +64,22 @@ class PagedKVCache:
         m = self.meta
         _, _, num_pages, page_size, kvh, hd = self.kv.shape
         cache = self.kv[layer_idx]  # [2, pages, page_size, kv_heads, head_dim]
-        new = torch.stack((key_states[0], value_states[0])).transpose(1, 2).to(cache.dtype)  # [2, T, kvh, hd]
+        new = torch.stack((key_states[0], value_states[0])).transpose(1, 2)  # [2, T, kvh, hd]
+        if new.dtype != cache.dtype:
+            new = new.to(cache.dtype)
         cache.view(2, num_pages * page_size, kvh, hd).index_copy_(1, m.slot_mapping, new)
         out = []
         for g in m.groups:
-            b = g.q_gather.shape[0]
-            if g.read_plan is not None:
-                rc = g.read_plan.cache.layer(layer_idx, b)  # [2, B, kvh, cap, hd]
-                if g.read_plan.rebuild:
+            b, plan = g.q_gather.shape[0], g.read_plan
+            if plan is not None:
+                rc, rows_view, k, v = plan.cache.views(layer_idx, b, plan.length)  # rc [2, B, kvh, cap, hd]
+                if plan.rebuild:
                     pages = cache.index_select(1, g.flat_pages).view(2, b, g.max_pages * page_size, kvh, hd)
                     rc[:, :, :, : g.max_pages * page_size].copy_(pages.transpose(2, 3))
                 else:
                     mine = new if len(m.groups) == 1 else new.index_select(1, g.flat_index)  # [2, B_g, kvh, hd]
-                    rc.permute(1, 3, 0, 2, 4).index_put_((g.read_plan.rows, g.read_plan.pos), mine.transpose(0, 1))
-                n = g.read_plan.length
-                out.append((rc[0, :, :, :n], rc[1, :, :, :n]))
+                    rows_view.index_put_((plan.rows, plan.pos), mine.transpose(0, 1))
+                out.append((k, v))
             else:
                 kv = cache.index_select(1, g.flat_pages).view(2, b, g.max_pages * page_size, kvh, hd).transpose(2, 3)
                 out.append((kv[0], kv[1]))  # each [B_g, kv_heads, L, head_dim]
@@ -110,7 +111,9 @@ def _decode_attention(q_flat, k, v, mask, scaling) -> torch.Tensor:
     b, heads, hd = q_flat.shape
     kvh = k.shape[1]
     q = q_flat.reshape(b, kvh, heads // kvh, hd)  # head h reads kv head h // groups
-    out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scaling)
+    if k.dtype != q.dtype:
+        k, v = k.to(q.dtype), v.to(q.dtype)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
     return out.reshape(b, heads, hd)
 
 

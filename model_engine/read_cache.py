@@ -55,6 +55,7 @@ class DecodeReadCache:
         self.buf: torch.Tensor | None = None
         self._elem = torch.empty((), dtype=dtype).element_size()
         self._arange: torch.Tensor | None = None
+        self._views: dict = {}  # (layer, batch, capacity, length) -> views of `buf`
 
     def plan(self, batch_key: tuple, positions, length: int, page_len: int) -> ReadCachePlan | None:
         """Decide for a pure-decode step; None means "gather pages instead" (too big)."""
@@ -71,7 +72,7 @@ class DecodeReadCache:
                 size = min(max(size, have * 3 // 2), max(size, self.max_bytes))
                 # zeros, not empty: masked keys get weight 0, and 0 * NaN garbage would be NaN
                 self.buf = torch.zeros(size // self._elem, dtype=self.dtype, device=self.device)
-            self.key, self.capacity = batch_key, cap
+            self.key, self.capacity, self._views = batch_key, cap, {}
         return ReadCachePlan(rebuild, self._rows(b), torch.as_tensor(positions, device=self.device),
                              length, self)
 
@@ -86,8 +87,21 @@ class DecodeReadCache:
         per_layer = 2 * batch * kvh * self.capacity * hd
         return self.buf[layer_idx * per_layer:(layer_idx + 1) * per_layer].view(2, batch, kvh, self.capacity, hd)
 
+    def views(self, layer_idx: int, batch: int, length: int) -> tuple:
+        """(layer view, the same permuted to [B, cap, 2, kvh, hd] for appends, K [B, kvh, length,
+        hd], V): built once per (layer, length) while the cached batch stays the same."""
+        key = (layer_idx, batch, self.capacity, length)
+        got = self._views.get(key)
+        if got is None:
+            if len(self._views) > 8 * self.num_layers:
+                self._views.clear()
+            rc = self.layer(layer_idx, batch)
+            got = self._views[key] = (rc, rc.permute(1, 3, 0, 2, 4), rc[0, :, :, :length], rc[1, :, :, :length])
+        return got
+
     def invalidate(self) -> None:
         self.key, self.capacity = None, 0
+        self._views = {}
 
 
 class ReadCaches:
