@@ -85,6 +85,19 @@ async def wait_work(work, timeout: float, use_thread: bool) -> None:
         await asyncio.sleep(0.0005)
 
 
+async def next_job(jobs: collections.deque, evt: asyncio.Event, tick_s: float):
+    """Pop the next queued dist job; with none queued, wait up to `tick_s` for a wake-up and
+    return None (the worker loops, so a closed endpoint is noticed within a tick)."""
+    if jobs:
+        return jobs.popleft()
+    evt.clear()
+    try:
+        await asyncio.wait_for(evt.wait(), tick_s)
+    except asyncio.TimeoutError:
+        pass
+    return None
+
+
 class TorchSender(ZmqSender):
     """ZmqSender whose large payloads go by torch.distributed isend."""
 
@@ -127,14 +140,10 @@ class TorchSender(ZmqSender):
     async def _dist_worker(self) -> None:
         use_thread = _dist_backend(self.config, self.device) == "gloo"
         while True:
-            if not self._jobs:
-                self._job_evt.clear()
-                try:
-                    await asyncio.wait_for(self._job_evt.wait(), self.config.tick_s)
-                except asyncio.TimeoutError:
-                    pass
+            job = await next_job(self._jobs, self._job_evt, self.config.tick_s)
+            if job is None:
                 continue
-            o, rank, tag = self._jobs.popleft()
+            o, rank, tag = job
             if o.status.state.finished or o.data is None:
                 continue
             if self.broken:
@@ -194,15 +203,8 @@ class TorchReceiver(ZmqReceiver):
     async def _dist_worker(self) -> None:
         use_thread = _dist_backend(self.config, self.pool.kv.device) == "gloo"
         while True:
-            if not self._jobs:
-                self._job_evt.clear()
-                try:
-                    await asyncio.wait_for(self._job_evt.wait(), self.config.tick_s)
-                except asyncio.TimeoutError:
-                    pass
-                continue
-            inb = self._jobs.popleft()
-            if not inb.status.state.finished:
+            inb = await next_job(self._jobs, self._job_evt, self.config.tick_s)
+            if inb is not None and not inb.status.state.finished:
                 await self._receive_one(inb, use_thread)
                 await self._flush()
 
