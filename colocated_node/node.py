@@ -29,7 +29,7 @@ def validate_prompt(engine, req: GenerateRequest) -> str | None:
         return f"prompt of {n} tokens does not fit the context of {cfg.max_model_len}"
     if any(not 0 <= t < info.vocab_size for t in req.prompt_token_ids):
         return f"token id outside the vocabulary [0, {info.vocab_size})"
-    peak = engine.spec.pages_for(min(n + req.params.max_tokens, cfg.max_model_len))
+    peak = engine.scheduler.peak_pages(n, req.params.max_tokens)
     if peak > engine.pool.num_pages:
         return f"request needs up to {peak} KV pages; the pool has {engine.pool.num_pages}"
     return None

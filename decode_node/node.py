@@ -40,8 +40,7 @@ def never_fits(header, engine) -> str | None:
         max_tokens = int(header.extra["params"]["max_tokens"])
     except (KeyError, TypeError, ValueError):
         max_tokens = 0  # bad metadata: reported when the request is adopted
-    max_len = engine.scheduler.config.max_model_len
-    need = max(header.num_pages, engine.spec.pages_for(min(len(header.prompt_token_ids) + max_tokens, max_len)))
+    need = max(header.num_pages, engine.scheduler.peak_pages(len(header.prompt_token_ids), max_tokens))
     have = engine.pool.num_pages
     return f"too_large: needs {need} pages, the decode pool has {have}" if need > have else None
 

@@ -83,11 +83,15 @@ class Scheduler:
         self._now = 0.0
 
     # ---- queues --------------------------------------------------------------------------------
+    def peak_pages(self, num_prompt_tokens: int, max_tokens: int) -> int:
+        """Device pages a request holds at its longest (prompt + max_tokens, capped at the context)."""
+        return self.pool.spec.pages_for(min(num_prompt_tokens + max_tokens, self.config.max_model_len))
+
     def check_fits(self, seq: Sequence) -> None:
         if seq.num_tokens >= self.config.max_model_len:
             raise ValueError(f"request {seq.request_id}: {seq.num_tokens} tokens exceed max_model_len "
                              f"{self.config.max_model_len}")
-        peak = self.pool.spec.pages_for(min(seq.num_tokens + seq.params.max_tokens, self.config.max_model_len))
+        peak = self.peak_pages(seq.num_tokens, seq.params.max_tokens)
         if peak > self.pool.num_pages:
             raise ValueError(f"request {seq.request_id}: needs up to {peak} pages, the pool has {self.pool.num_pages}")
 
@@ -152,9 +156,7 @@ class Scheduler:
                 break
             if seq.status != SeqStatus.RUNNING:
                 continue  # evicted earlier in this loop
-            n = min(seq.num_uncomputed_tokens, budget)
-            if n > 1:  # a prefill chunk: the policy may keep part of the budget for others
-                n = max(1, min(n, self.policy.chunk_limit(seq, budget, self.state())))
+            n = self._chunk(seq, budget)
             if not self._grow(seq, seq.num_computed_tokens + n, scheduled, out):
                 continue
             out.chunks.append(ScheduledChunk(seq, n))
@@ -174,9 +176,7 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
             parked = seq.status == SeqStatus.PARKED
-            n = min(seq.num_uncomputed_tokens, budget)
-            if n > 1:  # its first prefill chunk: the same limit as every later one
-                n = max(1, min(n, self.policy.chunk_limit(seq, budget, self.state())))
+            n = self._chunk(seq, budget)
             need = self.pool.spec.pages_for(seq.num_computed_tokens + n)
             if not parked:
                 need -= self.pool.num_held(seq.request_id)
@@ -201,6 +201,14 @@ class Scheduler:
             scheduled.add(seq.request_id)
             budget -= n
         return budget
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Tokens `seq` feeds this step: one when decoding; a prefill chunk (a prompt's first or
+        a later one) as far as the budget and the policy's chunk limit allow."""
+        n = min(seq.num_uncomputed_tokens, budget)
+        if n > 1:
+            n = max(1, min(n, self.policy.chunk_limit(seq, budget, self.state())))
+        return n
 
     def _grow(self, seq: Sequence, num_tokens: int, scheduled: set[str], out: SchedulerOutput) -> bool:
         """Make `seq` hold pages for `num_tokens`, evicting unscheduled running requests."""
