@@ -33,6 +33,11 @@ def bucket_of(keys: int) -> int:
     return bisect_left(BUCKET_EDGES, keys)
 
 
+def key_length(max_pos: int) -> int:
+    """Keys a decode group attends: its longest row's, rounded up to a multiple of 16."""
+    return -(-(max_pos + 1) // 16) * 16
+
+
 @dataclass
 class ReadCachePlan:
     """What this step does with the read cache (built by the runner, used by PagedKVCache)."""

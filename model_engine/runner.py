@@ -10,14 +10,13 @@ Output: last-position logits for the chunks that end at the sequence's last know
 """
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from model_engine.paged_attention import AttnGroup, PagedKVCache, StepMetadata
-from model_engine.read_cache import BUCKET_EDGES, ReadCaches
+from model_engine.read_cache import BUCKET_EDGES, ReadCaches, bucket_of, key_length
 
 
 @dataclass
@@ -43,7 +42,6 @@ class ModelRunner:
         self.device = torch.device(device)
         self.read_cache = ReadCaches(kv.shape[0], kv.shape[4], kv.shape[5], kv.dtype, self.device) \
             if self.device.type == "cpu" else None
-        self._arange: torch.Tensor | None = None
 
     def build_metadata(self, chunks: list[BatchChunk]) -> tuple[torch.Tensor, torch.Tensor, StepMetadata, torch.Tensor | None]:
         """(input ids, positions, attention metadata, rows wanting logits; None: every row)."""
@@ -96,8 +94,7 @@ class ModelRunner:
             ids.append(c.token_ids[0])
             pos.append(p)
             slots.append(c.page_table[p // ps] * ps + p % ps)
-            k = 0 if p < BUCKET_EDGES[0] else bisect_left(BUCKET_EDGES, p + 1)
-            members.setdefault(k, []).append(i)
+            members.setdefault(bucket_of(p + 1), []).append(i)
         pos_np = np.asarray(pos, np.int64)
         plans = []
         for k, rows in members.items():
@@ -106,7 +103,7 @@ class ModelRunner:
                     any(chunks[i].request_id != rid for i, rid in zip(rows, rc.key)):
                 return None
             g_pos = pos_np[rows]
-            length = -(-(int(g_pos.max()) + 1) // 16) * 16  # the general path's key length
+            length = key_length(int(g_pos.max()))
             if length > rc.capacity:
                 return None  # this bucket's cache must grow: the general path rebuilds it
             plans.append((rows, g_pos, rc.plan(rc.key, g_pos, length, 0)))
@@ -114,17 +111,13 @@ class ModelRunner:
         for rows, g_pos, plan in plans:
             allowed = np.arange(plan.length)[None, :] <= g_pos[:, None]  # [B_g, L]
             mask = torch.from_numpy(np.where(allowed, np.float32(0), np.float32("-inf"))[:, None, None, :])
-            idx = self._rows(len(rows)) if len(plans) == 1 else self._t(np.asarray(rows, np.int64))
-            groups.append(AttnGroup(idx[:, None], self._rows(len(rows)), idx, idx[:0], 0,
+            # plan.rows is arange(B_g): every row in flat order when one bucket holds them all
+            idx = plan.rows if len(plans) == 1 else self._t(np.asarray(rows, np.int64))
+            groups.append(AttnGroup(idx[:, None], plan.rows, idx, idx[:0], 0,
                                     mask.to(device=self.device, dtype=self.kv.dtype), plan))
         t = self._t
         return t(np.asarray(ids, np.int64))[None], t(pos_np)[None], \
             StepMetadata(t(np.asarray(slots, np.int64)), groups), None
-
-    def _rows(self, b: int) -> torch.Tensor:
-        if self._arange is None or self._arange.numel() < b:
-            self._arange = torch.arange(max(b, 256), device=self.device)
-        return self._arange[:b]
 
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
@@ -143,7 +136,7 @@ class ModelRunner:
         q_pos = pos[q_gather]  # padded query slots repeat the last real query: harmless
         plan = None
         if bucket >= 0 and self.read_cache is not None:  # decode rows, also beside prefill chunks
-            length = -(-(int(q_pos.max()) + 1) // 16) * 16  # attend a multiple of 16 keys
+            length = key_length(int(q_pos.max()))
             plan = self.read_cache[bucket].plan(tuple(chunks[i].request_id for i in rows), q_pos[:, 0], length,
                                                 max_pages * ps)
         keys = plan.length if plan is not None else max_pages * ps
