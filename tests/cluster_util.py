@@ -44,6 +44,15 @@ def wait_until(pred, timeout: float, every: float = 0.2, what: str = "condition"
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def router_healthy(url: str) -> bool:
+    """The router's /health says ok. False while it answers 503 (not every node has answered a
+    ping yet) or cannot be reached (a node restarting): a predicate for wait_until."""
+    try:
+        return get_json(f"{url}/health", timeout=5)["status"] == "ok"
+    except OSError:  # urllib's HTTPError and URLError included
+        return False
+
+
 def all_pages_free(url: str) -> bool:
     nodes = get_json(f"{url}/cluster")
     return all(n["pages_free"] == n["pages_total"] for n in nodes)

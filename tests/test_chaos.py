@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from chaos_util import END_S, Outcome, check_ended_well, prompt, session, stream, until
-from cluster_util import ROOT, alive, get_json, launched, wait_until
+from cluster_util import ROOT, alive, get_json, launched, router_healthy, wait_until
 
 pytestmark = pytest.mark.slow
 FREE_S = 30.0  # pages return to all-free within this bound once idle
@@ -256,13 +256,7 @@ def test_decode_killed_mid_stream_then_rejoins(cluster_1p2d):
         info = json.loads(addr_file.read_text())
         assert info["ctrl"].endswith(f":{ctrl_port}")
 
-        def health_ok():
-            try:
-                return get_json(f"{url}/health", timeout=5)["status"] == "ok"
-            except OSError:
-                return False
-
-        wait_until(health_ok, 30, what="/health 200 again")
+        wait_until(lambda: router_healthy(url), 30, what="/health 200 again")
         outs = asyncio.run(all_complete(url, vocab, 8))
         assert all(o.ok for o in outs), outs
         assert metric(info["metrics"], "pdtb_requests_finished_total", reason="length") > 0, \

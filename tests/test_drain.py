@@ -16,14 +16,13 @@ import re
 import signal
 import subprocess
 import sys
-import urllib.error
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import psutil
 import pytest
 
-from cluster_util import ROOT, alive, get_json, launched, wait_until
+from cluster_util import ROOT, alive, get_json, launched, router_healthy, wait_until
 from chaos_util import END_S, check_ended_well, procs_mentioning, prompt, session, stream, until
 
 pytestmark = pytest.mark.slow
@@ -70,18 +69,8 @@ def start_router(stack: ExitStack, model: str, run_dir: Path, nodes: list[str]) 
 
     u = wait_until(url, 60, what="router listening")
     assert u != "exited", rlog.read_text()[-2000:]
-    wait_until(lambda: health_ok(u), 30, what="/health 200")
+    wait_until(lambda: router_healthy(u), 30, what="/health 200")
     return u
-
-
-def health_ok(url: str) -> bool:
-    """The router answers 503 until every node has answered its first ping."""
-    try:
-        return get_json(f"{url}/health")["status"] == "ok"
-    except urllib.error.HTTPError as e:
-        if e.code == 503:
-            return False
-        raise
 
 
 @contextmanager
