@@ -35,6 +35,8 @@ class NodeAccounting:
             tl = seq.timeline
             self.evictions[(seq.tenant, m.kind)] += 1
             self.m_evictions.labels(tenant=seq.tenant, kind=m.kind, **lbl).inc()
+            if m.kind != "promote" and "unserved_since" in tl:  # from here on it is parked, not waiting a turn
+                tl["turn_wait_s"] = tl.get("turn_wait_s", 0.0) + now - tl.pop("unserved_since")
             if m.kind == "demote":
                 tl["parked_since"] = now
             elif m.kind == "promote" and "parked_since" in tl:
@@ -46,6 +48,11 @@ class NodeAccounting:
             tl = c.seq.timeline
             if "preempted_since" in tl and c.wants_logits:
                 tl["preempted_s"] = tl.get("preempted_s", 0.0) + now - tl.pop("preempted_since")
+            if "unserved_since" in tl:
+                tl["turn_wait_s"] = tl.get("turn_wait_s", 0.0) + now - tl.pop("unserved_since")
+        for seq in out.unserved:  # resident, but its turn did not come (read share, bandwidth cap, budget)
+            if seq.num_output_tokens:
+                seq.timeline.setdefault("unserved_since", now)
         before = {t: dict(v) for t, v in self.meter.per_tenant.items()}
         self.meter.on_step(out, eng.pool.pages_of, eng.pool.bytes_per_page)
         for t, kinds in self.meter.per_tenant.items():

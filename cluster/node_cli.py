@@ -25,8 +25,12 @@ def parse(role: str, argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--tenant-weight", action="append", default=[], metavar="TENANT=W",
                     help="fairness weight of a tenant (repeatable; default 1)")
     ap.add_argument("--request-cap-frac", type=float, default=0.5, help="one request's max share of the device tier")
-    ap.add_argument("--prefill-share", type=float, default=0.125,
+    ap.add_argument("--prefill-share", type=float, default=1 / 32,
                     help="memfair: while another tenant decodes, one prefill chunk takes at most this share of a step")
+    ap.add_argument("--no-read-share", dest="read_share", action="store_false",
+                    help="memfair: let a tenant's decode rows read more than its share of the device tier per step "
+                         "while other tenants decode (default: they take turns)")
+    ap.add_argument("--read-turn-steps", type=int, default=16, help="memfair: steps one turn of the read share lasts")
     ap.add_argument("--dynamic-quota", action="store_true", help="per-request cap grows with its length")
     ap.add_argument("--reserve", action="append", default=[], metavar="PRIORITY=FRAC",
                     help="share of device pages reserved for requests of this priority or more urgent")
@@ -74,7 +78,8 @@ def fairness_config(a: argparse.Namespace):
     try:
         return FairnessConfig(tenant_weights=_pairs(a.tenant_weight, "--tenant-weight"),
                               request_cap_frac=a.request_cap_frac, dynamic_quota=a.dynamic_quota,
-                              prefill_share_frac=a.prefill_share,
+                              prefill_share_frac=a.prefill_share, read_share=a.read_share,
+                              read_turn_steps=a.read_turn_steps,
                               class_reservations=_pairs(a.reserve, "--reserve", int), tenant_bw_cap=a.tenant_bw_cap,
                               slo_ttft_s=_pairs(a.slo_ttft, "--slo-ttft", int),
                               slo_tpot_s=_pairs(a.slo_tpot, "--slo-tpot", int))

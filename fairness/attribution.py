@@ -3,10 +3,12 @@
 Timeline stamps (wall clock, set by whoever handles the request): router_arrival,
 prefill_queued, prefill_start, first_token, transfer_start, transfer_end, decode_admit,
 last_token. Accumulators: held_s (prefill kept the pages because decode deferred), parked_s
-(pages in the host tier), preempted_s (waiting for recompute), num_preemptions.
+(pages in the host tier), preempted_s (waiting for recompute), turn_wait_s (resident but not
+served: the read share, a bandwidth cap or the step budget gave its turn to others),
+num_preemptions.
 
 TTFT = dispatch + queue + prefill. The decode phase (TPOT) = transfer + held + parked +
-preempted + decode compute. A miss is attributed to the largest component of the phase
+preempted + turn wait + decode compute. A miss is attributed to the largest component of the phase
 that missed.
 """
 from __future__ import annotations
@@ -41,10 +43,11 @@ def components(tl: dict, num_output: int) -> dict:
             "prefill": _gap(tl, "prefill_start", "first_token")}
     decode_total = _gap(tl, "first_token", "last_token")
     held, parked, pre = tl.get("held_s", 0.0), tl.get("parked_s", 0.0), tl.get("preempted_s", 0.0)
+    turn = tl.get("turn_wait_s", 0.0)
     transfer = max(0.0, _gap(tl, "transfer_start", "transfer_end") - held)
-    compute = max(0.0, decode_total - transfer - held - parked - pre)
+    compute = max(0.0, decode_total - transfer - held - parked - pre - turn)
     tpot = {"transfer": transfer, "held_at_prefill": held, "parked_in_host": parked, "recompute": pre,
-            "decode_compute": compute}
+            "turn_wait": turn, "decode_compute": compute}
     return {"ttft": ttft, "tpot": tpot, "ttft_s": sum(ttft.values()),
             "tpot_s": decode_total / (num_output - 1) if num_output > 1 else None}
 

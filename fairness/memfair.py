@@ -9,6 +9,10 @@
   tenants above theirs are evicted (demoted to the host tier, else preempted), most
   over-quota owner and largest footprint first, never pushing a tenant below its share.
 - Victims under pressure: footprint-weighted, the same order.
+- Read share: KV bandwidth is the other half of memory. While other tenants decode, a tenant's
+  decode rows read at most its entitlement of pages per step; its other rows keep their pages
+  and take turns (least recently served first, a turn lasting `read_turn_steps`). A borrower
+  keeps the memory it borrowed but does not stretch everyone's step with it.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ class MemFairPolicy(BasePolicy):
         self.use: dict[str, int] = {}  # device pages per tenant (refreshed each step)
         self.ent: dict[str, float] = {}  # entitlement per tenant with work
         self.over: dict[str, float] = {}  # use / entitlement
+        self._turns: dict[str, tuple[frozenset, int]] = {}  # tenant -> (rows in its read turn, last step)
 
     def _refresh(self, running: list[Sequence], candidates: list[Sequence], state: SchedState) -> None:
         self.use = tenant_usage(running, state)
@@ -82,8 +87,50 @@ class MemFairPolicy(BasePolicy):
             return "device"
         return "host" if arrival.num_pages <= state.host_free else "defer"
 
+    def _read_share(self, rows: list[Sequence], state: SchedState) -> list[Sequence]:
+        """Rows that may step now while other tenants decode: decode rows within the read
+        share (see the module doc), and one long prompt per tenant (its chunks are capped by
+        `chunk_limit`; two of them would double the stretch of everyone's step)."""
+        tenants = {s.tenant for s in rows}
+        if len(tenants) < 2 or not any(not s.in_prefill for s in rows):
+            self._turns.clear()
+            return rows
+        keep: set[str] = set()
+        for t in tenants:
+            longs = sorted((s for s in rows if s.tenant == t and s.in_prefill
+                            and s.num_uncomputed_tokens > self._small_chunk(state)), key=lambda s: s.arrival_time)
+            keep.update(s.request_id for s in rows if s.tenant == t and s.in_prefill and s not in longs[1:])
+        if not self.cfg.read_share:
+            keep.update(s.request_id for s in rows if not s.in_prefill)
+            return [s for s in rows if s.request_id in keep]
+        pages = state.pages
+        for t in tenants:
+            mine = [s for s in rows if s.tenant == t and not s.in_prefill]
+            allow = self.ent.get(t, state.device_total)
+            if sum(pages.get(s.request_id, 0) for s in mine) <= allow:
+                keep.update(s.request_id for s in mine)
+                continue
+            ids = {s.request_id for s in mine}
+            turn = self._turns.get(t)
+            if turn is None or state.step > turn[1] or not turn[0] <= ids:
+                chosen, used = [], 0
+                for s in sorted(mine, key=lambda s: (s.last_step, s.arrival_time)):
+                    n = pages.get(s.request_id, 0)
+                    if not chosen or used + n <= allow:
+                        chosen.append(s.request_id)
+                        used += n
+                turn = self._turns[t] = (frozenset(chosen), state.step + self.cfg.read_turn_steps - 1)
+            keep.update(turn[0])
+        for t in [t for t in self._turns if t not in tenants]:
+            del self._turns[t]
+        return [s for s in rows if s.request_id in keep]
+
+    def _small_chunk(self, state: SchedState) -> int:
+        """The chunk of a long prompt while other tenants decode."""
+        return max(state.page_size, int(state.token_budget * self.cfg.prefill_share_frac))
+
     def step_order(self, running, state):
-        ordered = super().step_order(running, state)
+        ordered = self._read_share(super().step_order(running, state), state)
         # Under-quota tenants first; the tail (evicted first under pressure) is the most over.
         return sorted(ordered, key=lambda s: (self.over.get(s.tenant, 0.0) > 1.0, s.arrival_time))
 
@@ -120,7 +167,7 @@ class MemFairPolicy(BasePolicy):
             return budget
         cap = budget
         if any(not s.in_prefill for s in others):
-            cap = max(state.page_size, int(budget * self.cfg.prefill_share_frac))
+            cap = self._small_chunk(state)
         whole = -(-seq.num_tokens // state.page_size) - state.pages.get(seq.request_id, 0)
         if self.use.get(seq.tenant, 0) + whole > self.ent.get(seq.tenant, state.device_total):
             cap = min(cap, max(state.page_size, budget // 4))

@@ -26,6 +26,7 @@ class SchedState:
     host_free: int
     pages: dict  # request id -> pages it holds in the device tier
     host_pages: dict  # request id -> pages it holds in the host tier
+    token_budget: int = 2048  # tokens one step may carry (the chunked-prefill budget)
 
 
 class SchedPolicy(Protocol):

@@ -62,6 +62,7 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)  # what runs this step
     preempted: list[Sequence] = field(default_factory=list)  # sent back to waiting (recompute)
     moves: list[TierMove] = field(default_factory=list)  # demotions, promotions, preemptions
+    unserved: list[Sequence] = field(default_factory=list)  # running (resident) but not served this step
     num_batched_tokens: int = 0  # sum of num_new_tokens
 
 
@@ -131,7 +132,8 @@ class Scheduler:
                                      self.pool.spec.page_size, self.pool.bytes_per_page,
                                      self.pool.num_pages, self.pool.num_free,
                                      hp.num_pages if hp else 0, hp.num_free if hp else 0,
-                                     self.pool.held_counts(), hp.held_counts() if hp else {})
+                                     self.pool.held_counts(), hp.held_counts() if hp else {},
+                                     self.config.max_num_batched_tokens)
         return self._state
 
     # ---- step ----------------------------------------------------------------------------------
@@ -165,6 +167,7 @@ class Scheduler:
         budget = self._admit(budget, scheduled, out)
         for c in out.chunks:
             c.seq.last_step = self.num_steps
+        out.unserved = [s for s in self.running if s.request_id not in scheduled]
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
         self.policy.on_step(out.chunks, self.state())
         return out

@@ -1,0 +1,97 @@
+"""memfair's step shares, stepped through the scheduler with a fake forward pass: the read
+share (a borrower's decode rows take turns while another tenant decodes) and one long prompt
+per tenant at a time; and the turn wait they cost, in SLO attribution."""
+from __future__ import annotations
+
+import pytest
+
+from fairness import FairnessConfig, make_policy
+from fairness.attribution import attribute, components
+from model_engine.sequence import SeqStatus
+from sched_sim import apply_step, check_conservation, make_request, make_scheduler, sim_step
+
+
+def whales_and_a_minnow(read_share: bool = True, turn: int = 4):
+    """Three whales of tenant w, 60 pages each (one is all the read share of w admits: two
+    tenants share a 200-page tier, 100 pages each), decoding; then a minnow of tenant m."""
+    cfg = FairnessConfig(read_share=read_share, read_turn_steps=turn)
+    sched = make_scheduler(make_policy("memfair", cfg), num_pages=200, budget=512)
+    whales = [make_request(236, 400, tenant="w", arrival=i) for i in range(3)]
+    for w in whales:
+        sched.add(w)
+    for _ in range(4):
+        sim_step(sched)
+    assert all(w.status == SeqStatus.RUNNING and not w.in_prefill for w in whales)
+    minnow = make_request(8, 200, tenant="m", arrival=10)
+    sched.add(minnow)
+    sim_step(sched)
+    assert not minnow.in_prefill
+    return sched, whales, minnow
+
+
+def served_rows(sched, steps):
+    rows = []
+    for _ in range(steps):
+        out = sched.schedule()
+        rows.append({c.seq.request_id for c in out.chunks})
+        apply_step(sched, out)
+        check_conservation(sched)
+    return rows
+
+
+def test_read_share_serves_a_borrower_within_its_share_in_turns():
+    sched, whales, minnow = whales_and_a_minnow(turn=4)
+    ids = [w.request_id for w in whales]
+    rows = served_rows(sched, 24)
+    for served in rows:
+        assert minnow.request_id in served  # the tenant within its share steps every time
+        assert sum(r in served for r in ids) == 1  # 60 pages each: one fits the 100-page share
+    # turns of 4 steps rotate through all three, least recently served first
+    turns = [next(r for r in ids if r in served) for served in rows]
+    assert [turns[i] for i in range(0, 24, 4)] == ids * 2
+    assert all(len(set(turns[i:i + 4])) == 1 for i in range(0, 24, 4))
+
+
+def test_without_the_read_share_every_row_steps():
+    sched, whales, minnow = whales_and_a_minnow(read_share=False)
+    for served in served_rows(sched, 8):
+        assert served == {minnow.request_id, *(w.request_id for w in whales)}
+
+
+def test_read_share_lapses_when_the_other_tenant_leaves():
+    sched, whales, minnow = whales_and_a_minnow()
+    sched.abort(minnow.request_id)
+    for served in served_rows(sched, 3):
+        assert served == {w.request_id for w in whales}
+
+
+def test_one_long_prompt_per_tenant_while_another_tenant_decodes():
+    sched = make_scheduler(make_policy("memfair"), num_pages=400, budget=512)
+    minnow = make_request(8, 300, tenant="m")
+    sched.add(minnow)
+    sim_step(sched)
+    first, second = make_request(400, 2, tenant="w", arrival=1.0), make_request(400, 2, tenant="w", arrival=2.0)
+    sched.add(first)
+    sched.add(second)
+    steps = []
+    while second.in_prefill:
+        long_before = {s.request_id for s in (first, second) if s.num_uncomputed_tokens > 16}
+        out = sched.schedule()
+        steps.append([c.seq for c in out.chunks if c.seq.request_id in long_before])  # long prompts' chunks
+        assert any(c.seq is minnow for c in out.chunks)
+        apply_step(sched, out)
+        assert len(steps) < 200
+    assert steps[0] == [first, second]  # both admitted in one step (a first chunk each)
+    assert all(st == [first] for st in steps[1:400 // 16 - 1])  # then the older prompt alone to its last chunk
+    assert all(st == [second] for st in steps[400 // 16 - 1:-1])
+
+
+@pytest.mark.parametrize("turn_wait,cause", [(3.0, "turn_wait"), (0.1, "decode_compute")])
+def test_turn_wait_is_a_decode_component_and_can_be_the_cause(turn_wait, cause):
+    tl = {"router_arrival": 0.0, "prefill_queued": 0.0, "prefill_start": 0.0, "first_token": 0.1,
+          "decode_admit": 0.1, "last_token": 4.1, "turn_wait_s": turn_wait}
+    comp = components(tl, num_output=11)
+    assert comp["tpot"]["turn_wait"] == turn_wait
+    assert comp["tpot"]["decode_compute"] == pytest.approx(4.0 - turn_wait)
+    got = attribute(tl, 11, 0, FairnessConfig(slo_tpot_s={"*": 0.1}))
+    assert got["missed"] == ["tpot"] and got["cause"] == cause
