@@ -91,37 +91,34 @@ class MemFairPolicy(BasePolicy):
         """Rows that may step now while other tenants decode: decode rows within the read
         share (see the module doc), and one long prompt per tenant (its chunks are capped by
         `chunk_limit`; two of them would double the stretch of everyone's step)."""
-        tenants = {s.tenant for s in rows}
-        if len(tenants) < 2 or not any(not s.in_prefill for s in rows):
+        by_tenant: dict[str, tuple[list, list]] = {}  # tenant -> (decode rows, prefill rows)
+        for s in rows:
+            by_tenant.setdefault(s.tenant, ([], []))[s.in_prefill].append(s)
+        if len(by_tenant) < 2 or not any(dec for dec, _ in by_tenant.values()):
             self._turns.clear()
             return rows
+        small, pages = self._small_chunk(state), state.pages
         keep: set[str] = set()
-        for t in tenants:
-            longs = sorted((s for s in rows if s.tenant == t and s.in_prefill
-                            and s.num_uncomputed_tokens > self._small_chunk(state)), key=lambda s: s.arrival_time)
-            keep.update(s.request_id for s in rows if s.tenant == t and s.in_prefill and s not in longs[1:])
-        if not self.cfg.read_share:
-            keep.update(s.request_id for s in rows if not s.in_prefill)
-            return [s for s in rows if s.request_id in keep]
-        pages = state.pages
-        for t in tenants:
-            mine = [s for s in rows if s.tenant == t and not s.in_prefill]
+        for t, (dec, pre) in by_tenant.items():
+            longs = sorted((s for s in pre if s.num_uncomputed_tokens > small), key=lambda s: s.arrival_time)
+            later = {s.request_id for s in longs[1:]}
+            keep.update(s.request_id for s in pre if s.request_id not in later)
             allow = self.ent.get(t, state.device_total)
-            if sum(pages.get(s.request_id, 0) for s in mine) <= allow:
-                keep.update(s.request_id for s in mine)
+            if not self.cfg.read_share or sum(pages.get(s.request_id, 0) for s in dec) <= allow:
+                keep.update(s.request_id for s in dec)
+                self._turns.pop(t, None)
                 continue
-            ids = {s.request_id for s in mine}
             turn = self._turns.get(t)
-            if turn is None or state.step > turn[1] or not turn[0] <= ids:
+            if turn is None or state.step > turn[1] or not turn[0] <= {s.request_id for s in dec}:
                 chosen, used = [], 0
-                for s in sorted(mine, key=lambda s: (s.last_step, s.arrival_time)):
+                for s in sorted(dec, key=lambda s: (s.last_step, s.arrival_time)):
                     n = pages.get(s.request_id, 0)
                     if not chosen or used + n <= allow:
                         chosen.append(s.request_id)
                         used += n
                 turn = self._turns[t] = (frozenset(chosen), state.step + self.cfg.read_turn_steps - 1)
             keep.update(turn[0])
-        for t in [t for t in self._turns if t not in tenants]:
+        for t in [t for t in self._turns if t not in by_tenant]:
             del self._turns[t]
         return [s for s in rows if s.request_id in keep]
 
