@@ -13,6 +13,7 @@ commands:
   generate           offline batched generation on the paged engine
   bench engine       paged engine vs transformers generate (same run)
   bench transport    KV transport throughput vs raw pyzmq and memcpy (same run)
+  bench steps        engine step time by what it carries (long rows, prefill chunks)
   bench controller   per-step decision cost of each policy at 100 / 1k / 10k requests
   bench serve        load-test client against an OpenAI-compatible endpoint
   report             markdown report and plots comparing results files
@@ -75,6 +76,10 @@ def _dispatch(argv: list[str]) -> int:
         from bench_client.report import main
 
         return main(rest)
+    if cmd == "bench" and rest[:1] == ["steps"]:
+        from model_engine.bench_steps import main
+
+        return main(rest[1:])
     if cmd == "bench" and rest[:1] == ["controller"]:
         from fairness.bench import main
 
