@@ -26,7 +26,11 @@ def parse(role: str, argv: list[str]) -> argparse.Namespace:
                     help="fairness weight of a tenant (repeatable; default 1)")
     ap.add_argument("--request-cap-frac", type=float, default=0.5, help="one request's max share of the device tier")
     ap.add_argument("--prefill-share", type=float, default=1 / 32,
-                    help="memfair: while another tenant decodes, one prefill chunk takes at most this share of a step")
+                    help="memfair: while another tenant is active, a long prompt's chunk takes at most this share of a step")
+    ap.add_argument("--long-prompt", type=float, default=1 / 8,
+                    help="memfair: a prompt longer than this share of the step budget is long")
+    ap.add_argument("--active-window", type=float, default=1.0, metavar="S",
+                    help="memfair: a tenant that had work within S seconds still counts as active")
     ap.add_argument("--no-read-share", dest="read_share", action="store_false",
                     help="memfair: let a tenant's decode rows read more than its share of the device tier per step "
                          "while other tenants decode (default: they take turns)")
@@ -79,6 +83,7 @@ def fairness_config(a: argparse.Namespace):
         return FairnessConfig(tenant_weights=_pairs(a.tenant_weight, "--tenant-weight"),
                               request_cap_frac=a.request_cap_frac, dynamic_quota=a.dynamic_quota,
                               prefill_share_frac=a.prefill_share, read_share=a.read_share,
+                              long_prompt_frac=a.long_prompt, active_window_s=a.active_window,
                               read_turn_steps=a.read_turn_steps,
                               class_reservations=_pairs(a.reserve, "--reserve", int), tenant_bw_cap=a.tenant_bw_cap,
                               slo_ttft_s=_pairs(a.slo_ttft, "--slo-ttft", int),

@@ -9,7 +9,9 @@ class FairnessConfig:
     tenant_weights: dict = field(default_factory=dict)  # tenant -> weight (absent: 1.0)
     request_cap_frac: float = 0.5  # under contention, one request holds at most this share of the device tier
     borrow_reserve_frac: float = 0.1  # a tenant beyond its share leaves this much free while others have work
-    prefill_share_frac: float = 1 / 32  # memfair: while other tenants decode, a prefill chunk takes at most this share of a step
+    prefill_share_frac: float = 1 / 32  # memfair: while other tenants are active, a long prompt's chunk takes at most this share of a step
+    long_prompt_frac: float = 1 / 8  # memfair: a prompt longer than this share of the step budget is long
+    active_window_s: float = 1.0  # memfair: a tenant with work within this long is still active
     read_share: bool = True  # memfair: while other tenants decode, a tenant's decode rows read at most its entitlement of pages per step
     read_turn_steps: int = 16  # memfair: steps a turn of rows chosen by the read share lasts (rotation keeps read caches warm)
     dynamic_quota: bool = False  # per-request cap grows with the request's length, up to the pool
@@ -27,6 +29,10 @@ class FairnessConfig:
             raise ValueError("request_cap_frac must be in (0, 1]")
         if not 0.0 < self.prefill_share_frac <= 1.0:
             raise ValueError("prefill_share_frac must be in (0, 1]")
+        if not 0.0 < self.long_prompt_frac <= 1.0:
+            raise ValueError("long_prompt_frac must be in (0, 1]")
+        if self.active_window_s < 0:
+            raise ValueError("active_window_s must be >= 0")
         if self.read_turn_steps < 1:
             raise ValueError("read_turn_steps must be at least 1")
         if any(w <= 0 for w in self.tenant_weights.values()):

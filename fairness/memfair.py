@@ -9,6 +9,11 @@
   tenants above theirs are evicted (demoted to the host tier, else preempted), most
   over-quota owner and largest footprint first, never pushing a tenant below its share.
 - Victims under pressure: footprint-weighted, the same order.
+- Long prompts: while another tenant has work (now, or within `active_window_s`: a tenant
+  between two requests is still there), a prompt longer than `long_prompt_frac` of the step
+  budget prefills in chunks of `prefill_share_frac` of it, one such prompt per tenant at a
+  time. Other tenants' steps, their first tokens and their inter-token gaps, stay short; the
+  whale pays for its own size with more, smaller steps.
 - Read share: KV bandwidth is the other half of memory. While other tenants decode, a tenant's
   decode rows read at most its entitlement of pages per step; its other rows keep their pages
   and take turns (least recently served first, a turn lasting `read_turn_steps`). A borrower
@@ -33,12 +38,24 @@ class MemFairPolicy(BasePolicy):
         self.ent: dict[str, float] = {}  # entitlement per tenant with work
         self.over: dict[str, float] = {}  # use / entitlement
         self._turns: dict[str, tuple[frozenset, int]] = {}  # tenant -> (rows in its read turn, last step)
+        self._seen: dict[str, float] = {}  # tenant -> state.now when it last had work here
 
     def _refresh(self, running: list[Sequence], candidates: list[Sequence], state: SchedState) -> None:
         self.use = tenant_usage(running, state)
         tenants = {s.tenant for s in running} | {s.tenant for s in candidates} | {h.tenant for h in self.live_held(state)}
         self.ent = entitlements(tenants, self.cfg, state.device_total)
         self.over = {t: self.use.get(t, 0) / e for t, e in self.ent.items() if e > 0}
+        for t in tenants:
+            self._seen[t] = state.now
+        for t in [t for t, seen in self._seen.items() if state.now - seen > self.cfg.active_window_s]:
+            del self._seen[t]
+
+    def _others_active(self, tenant: str, state: SchedState) -> bool:
+        """Another tenant has work, or had some within `active_window_s`."""
+        return any(t != tenant and state.now - seen <= self.cfg.active_window_s for t, seen in self._seen.items())
+
+    def _long(self, seq: Sequence, state: SchedState) -> bool:
+        return seq.num_tokens > self.cfg.long_prompt_frac * state.token_budget
 
     @staticmethod
     def _need_now(seq: Sequence, state: SchedState) -> int:
@@ -87,24 +104,34 @@ class MemFairPolicy(BasePolicy):
             return "device"
         return "host" if arrival.num_pages <= state.host_free else "defer"
 
-    def _read_share(self, rows: list[Sequence], state: SchedState) -> list[Sequence]:
-        """Rows that may step now while other tenants decode: decode rows within the read
-        share (see the module doc), and one long prompt per tenant (its chunks are capped by
-        `chunk_limit`; two of them would double the stretch of everyone's step)."""
-        by_tenant: dict[str, tuple[list, list]] = {}  # tenant -> (decode rows, prefill rows)
+    def _one_long_prompt(self, rows: list[Sequence], state: SchedState) -> list[Sequence]:
+        """While other tenants are active, one long prompt per tenant steps (the oldest): two
+        of them would double the stretch of everyone's step."""
+        later: set[str] = set()
+        by_tenant: dict[str, list[Sequence]] = {}
         for s in rows:
-            by_tenant.setdefault(s.tenant, ([], []))[s.in_prefill].append(s)
-        if len(by_tenant) < 2 or not any(dec for dec, _ in by_tenant.values()):
+            if s.in_prefill and self._long(s, state):
+                by_tenant.setdefault(s.tenant, []).append(s)
+        for t, longs in by_tenant.items():
+            if len(longs) > 1 and self._others_active(t, state):
+                later.update(s.request_id for s in sorted(longs, key=lambda s: s.arrival_time)[1:])
+        return [s for s in rows if s.request_id not in later] if later else rows
+
+    def _read_share(self, rows: list[Sequence], state: SchedState) -> list[Sequence]:
+        """Decode rows that may step now while other tenants decode (see the module doc)."""
+        by_tenant: dict[str, list[Sequence]] = {}
+        for s in rows:
+            by_tenant.setdefault(s.tenant, [])
+            if not s.in_prefill:
+                by_tenant[s.tenant].append(s)
+        if not self.cfg.read_share or len(by_tenant) < 2 or not any(by_tenant.values()):
             self._turns.clear()
             return rows
-        small, pages = self._small_chunk(state), state.pages
+        pages = state.pages
         keep: set[str] = set()
-        for t, (dec, pre) in by_tenant.items():
-            longs = sorted((s for s in pre if s.num_uncomputed_tokens > small), key=lambda s: s.arrival_time)
-            later = {s.request_id for s in longs[1:]}
-            keep.update(s.request_id for s in pre if s.request_id not in later)
+        for t, dec in by_tenant.items():
             allow = self.ent.get(t, state.device_total)
-            if not self.cfg.read_share or sum(pages.get(s.request_id, 0) for s in dec) <= allow:
+            if sum(pages.get(s.request_id, 0) for s in dec) <= allow:
                 keep.update(s.request_id for s in dec)
                 self._turns.pop(t, None)
                 continue
@@ -120,14 +147,14 @@ class MemFairPolicy(BasePolicy):
             keep.update(turn[0])
         for t in [t for t in self._turns if t not in by_tenant]:
             del self._turns[t]
-        return [s for s in rows if s.request_id in keep]
+        return [s for s in rows if s.in_prefill or s.request_id in keep]
 
     def _small_chunk(self, state: SchedState) -> int:
-        """The chunk of a long prompt while other tenants decode."""
+        """The chunk of a long prompt while other tenants are active."""
         return max(state.page_size, int(state.token_budget * self.cfg.prefill_share_frac))
 
     def step_order(self, running, state):
-        ordered = self._read_share(super().step_order(running, state), state)
+        ordered = self._read_share(self._one_long_prompt(super().step_order(running, state), state), state)
         # Under-quota tenants first; the tail (evicted first under pressure) is the most over.
         return sorted(ordered, key=lambda s: (self.over.get(s.tenant, 0.0) > 1.0, s.arrival_time))
 
@@ -153,22 +180,10 @@ class MemFairPolicy(BasePolicy):
         return state.device_free - need_pages >= reserve
 
     def chunk_limit(self, seq, budget, state):
-        """A long prompt does not stretch other tenants' steps. While another tenant has
-        requests decoding, one prefill chunk takes at most `prefill_share_frac` of the step
-        (their inter-token gaps stay near a decode step's length); a prompt that will take its
-        tenant beyond its share takes at most a quarter while other tenants have any work
-        (their first tokens do not queue behind it). The whale pays for its own size: its
-        prompt needs more, smaller steps."""
-        others = [s for s in (*self.candidates, *self.running) if s.tenant != seq.tenant]
-        if not others:
-            return budget
-        cap = budget
-        if any(not s.in_prefill for s in others):
-            cap = self._small_chunk(state)
-        whole = -(-seq.num_tokens // state.page_size) - state.pages.get(seq.request_id, 0)
-        if self.use.get(seq.tenant, 0) + whole > self.ent.get(seq.tenant, state.device_total):
-            cap = min(cap, max(state.page_size, budget // 4))
-        return cap
+        """A long prompt does not stretch other tenants' steps (see the module doc)."""
+        if self._long(seq, state) and self._others_active(seq.tenant, state):
+            return min(budget, self._small_chunk(state))
+        return budget
 
     def pick_victim(self, candidates, requester, state):
         return eviction.footprint(candidates, state, self.over)

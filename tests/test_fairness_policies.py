@@ -242,17 +242,22 @@ def test_memfair_keeps_a_whale_prefill_chunk_small_while_another_tenant_decodes(
     assert sizes and max(sizes) <= 512 // 32 and sum(sizes) >= 16 * 28
 
 
-def test_memfair_limits_a_whale_prefill_chunk_while_others_have_work():
+def test_memfair_limits_a_long_prompt_chunk_while_others_are_active():
+    """budget 2048 (the state default): long means more than 256 tokens; its chunk is 64."""
     pol = make_policy("memfair")
     whale, minnow = make_request(400, 4, tenant="w"), make_request(8, 4, tenant="m")
-    st_ = state(device_total=120, device_free=120)
-    pol.reclaim([], [whale, minnow], st_)
-    assert pol.chunk_limit(whale, 512, st_) == 128  # 100 pages > its 60-page share
-    assert pol.chunk_limit(minnow, 512, st_) == 512
+    pol.reclaim([], [whale, minnow], state(device_total=120, device_free=120))
+    at = lambda t: state(device_total=120, device_free=120, now=t)  # noqa: E731
+    assert pol.chunk_limit(whale, 512, at(0.0)) == 2048 // 32
+    assert pol.chunk_limit(minnow, 512, at(0.0)) == 512  # a short prompt goes whole
+    pol.reclaim([], [whale], at(0.5))  # the minnow's tenant left half a second ago
+    assert pol.chunk_limit(whale, 512, at(0.5)) == 64  # still active: it may be between requests
+    pol.reclaim([], [whale], at(1.6))
+    assert pol.chunk_limit(whale, 512, at(1.6)) == 512  # gone for longer than active_window_s
     alone = make_policy("memfair")
-    alone.reclaim([], [whale], st_)
-    assert alone.chunk_limit(whale, 512, st_) == 512  # nobody else to wait for it
-    assert make_policy("fcfs").chunk_limit(whale, 512, st_) == 512
+    alone.reclaim([], [whale], at(0.0))
+    assert alone.chunk_limit(whale, 512, at(0.0)) == 512  # nobody else to wait for it
+    assert make_policy("fcfs").chunk_limit(whale, 512, at(0.0)) == 512
 
 
 @pytest.mark.parametrize("frac", [0.0, -0.1, 1.5])

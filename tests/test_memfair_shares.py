@@ -65,7 +65,7 @@ def test_read_share_lapses_when_the_other_tenant_leaves():
         assert served == {w.request_id for w in whales}
 
 
-def test_one_long_prompt_per_tenant_while_another_tenant_decodes():
+def test_one_long_prompt_per_tenant_while_another_tenant_is_active():
     sched = make_scheduler(make_policy("memfair"), num_pages=400, budget=512)
     minnow = make_request(8, 300, tenant="m")
     sched.add(minnow)
@@ -75,15 +75,17 @@ def test_one_long_prompt_per_tenant_while_another_tenant_decodes():
     sched.add(second)
     steps = []
     while second.in_prefill:
-        long_before = {s.request_id for s in (first, second) if s.num_uncomputed_tokens > 16}
+        first_long = first.in_prefill  # both are long prompts: more than 1/8 of the budget
         out = sched.schedule()
-        steps.append([c.seq for c in out.chunks if c.seq.request_id in long_before])  # long prompts' chunks
+        steps.append(([c.seq for c in out.chunks if c.seq.tenant == "w" and c.seq.in_prefill], first_long))
         assert any(c.seq is minnow for c in out.chunks)
+        assert all(c.num_new_tokens <= 16 for c in out.chunks)
         apply_step(sched, out)
         assert len(steps) < 200
-    assert steps[0] == [first, second]  # both admitted in one step (a first chunk each)
-    assert all(st == [first] for st in steps[1:400 // 16 - 1])  # then the older prompt alone to its last chunk
-    assert all(st == [second] for st in steps[400 // 16 - 1:-1])
+    assert steps[0][0] == [first, second]  # both admitted in one step (a first chunk each)
+    for chunks, first_long in steps[1:]:
+        assert chunks == ([first] if first_long else [second])  # one long prompt at a time, the older first
+    assert sum(f for _, f in steps[1:]) == 400 // 16 - 1
 
 
 @pytest.mark.parametrize("turn_wait,cause", [(3.0, "turn_wait"), (0.1, "decode_compute")])
