@@ -12,6 +12,10 @@ page_size 16, float32: 32 KiB per page) and real exported pages of random data:
   the same kind of endpoint, receiver only counting bytes; best of `reps`. Each raw rep
   runs right after a transport rep, so each pair sees the same (shared, noisy) machine;
   `ratio_paired_median` is the median of the per-pair ratios.
+- raw_land_gbps: the same raw pyzmq run with the receiver copying every frame into a
+  preallocated buffer: the landing copy any receiver that keeps the bytes makes (libzmq owns
+  its receive buffers), with none of the transport's work. `ratio_vs_raw_land` compares the
+  transport with it; the gap between the two raw figures is the price of that copy alone.
 - memcpy_gbps: in-process copy into a preallocated tensor (the same-host ceiling).
 - small_pages_per_s: `small_requests` requests of 1-2 pages each, all sent, all DONE.
 - export_gbps / gather_gbps: the sender's export before a transfer (not in `gbps`): the page
@@ -99,12 +103,13 @@ class RawZmq:
     """Plain pyzmq baseline: a DEALER pushing the same bytes in the same chunks to a ROUTER
     peer that only counts them; one rep ends when the peer confirms the byte count."""
 
-    def __init__(self, args, chunk: int) -> None:
+    def __init__(self, args, chunk: int, land_bytes: int = 0) -> None:
         cfg = config_for(args, "", chunk)
         self.chunk = chunk
         self.peer = PeerProcess(["--role", "raw",
-                                 "--endpoint", endpoint_for(args.endpoint, "raw", args.ipc_dir),
-                                 "--socket-buffer", str(cfg.socket_buffer_bytes)])
+                                 "--endpoint", endpoint_for(args.endpoint, f"raw{land_bytes}", args.ipc_dir),
+                                 "--socket-buffer", str(cfg.socket_buffer_bytes),
+                                 "--land-bytes", str(land_bytes)])
         self.ctx = zmq.Context(io_threads=1)
         self.sock = self.ctx.socket(zmq.DEALER)
         apply_socket_options(self.sock, cfg)
@@ -139,8 +144,9 @@ def make_exports(pool: PagePool, sizes: list[int], prefix: str) -> list[KVExport
 
 
 async def transport_run(args, big: KVExport, small: list[KVExport], chunk: int,
-                        raw: RawZmq) -> dict:
-    """Alternate one transport rep and one raw rep, so each pair sees the same machine."""
+                        raw: RawZmq, raw_land: RawZmq) -> dict:
+    """Alternate one transport rep and one rep of each raw baseline, so each set sees the
+    same machine."""
     from kv_transport import make_sender
     from kv_transport.base import TransferState
     peer_args = ["--backend", args.backend,
@@ -163,13 +169,14 @@ async def transport_run(args, big: KVExport, small: list[KVExport], chunk: int,
         tx = make_sender(config_for(args, peer.endpoint(), chunk), BENCH_SPEC)
         await tx.start()
         try:
-            rates, raw_rates = [], []
+            rates, raw_rates, land_rates = [], [], []
             for _ in range(args.reps + 1):  # the first pair warms up connections and pages
                 t0 = time.perf_counter()
                 st = await tx.wait(tx.send(big), 60)
                 assert st.state is TransferState.DONE, st.reason
                 rates.append(big.header.payload_bytes / (time.perf_counter() - t0) / 1e9)
                 raw_rates.append(raw.rep(big.data))
+                land_rates.append(raw_land.rep(big.data))
             pages = sum(e.header.num_pages for e in small)
             t0 = time.perf_counter()
             tids = [tx.send(e) for e in small]
@@ -179,7 +186,8 @@ async def transport_run(args, big: KVExport, small: list[KVExport], chunk: int,
             small_rate = pages / (time.perf_counter() - t0)
         finally:
             await tx.close()
-        return {"rates": rates[1:], "raw_rates": raw_rates[1:], "small_pages_per_s": small_rate}
+        return {"rates": rates[1:], "raw_rates": raw_rates[1:], "land_rates": land_rates[1:],
+                "small_pages_per_s": small_rate}
     finally:
         peer.stop()
         if store is not None and dist.is_initialized():
@@ -204,10 +212,12 @@ def run_bench(args: argparse.Namespace) -> int:
 
     import uvloop
     raw = RawZmq(args, chunk)
+    raw_land = RawZmq(args, chunk, land_bytes=big.header.payload_bytes)
     try:
-        res = uvloop.run(transport_run(args, big, small, chunk, raw))
+        res = uvloop.run(transport_run(args, big, small, chunk, raw, raw_land))
     finally:
         raw.close()
+        raw_land.close()
     mem = memcpy_gbps(big.header.payload_bytes, args.reps)
     export, gather = export_gbps(pool, n_pages, args.reps)
     raw_rates = res["raw_rates"]
@@ -220,6 +230,8 @@ def run_bench(args: argparse.Namespace) -> int:
            "gbps_median": round(statistics.median(res["rates"]), 3),
            "raw_zmq_gbps": round(raw_best, 3),
            "raw_zmq_gbps_median": round(statistics.median(raw_rates), 3),
+           "raw_land_gbps": round(max(res["land_rates"]), 3),
+           "ratio_vs_raw_land": round(gbps / max(res["land_rates"]), 3),
            "memcpy_gbps": round(mem, 3), "ratio_vs_raw_zmq": round(gbps / raw_best, 3),
            "ratio_paired_median": round(paired, 3),
            "small_pages_per_s": round(res["small_pages_per_s"], 1),
@@ -238,9 +250,11 @@ def print_table(out: dict) -> None:
     rows = [("kv transport", f"{out['gbps']:.2f} / {out['gbps_median']:.2f} GB/s"),
             ("raw pyzmq, same chunks", f"{out['raw_zmq_gbps']:.2f} / "
                                        f"{out['raw_zmq_gbps_median']:.2f} GB/s"),
+            ("raw pyzmq + landing copy", f"{out['raw_land_gbps']:.2f} GB/s"),
             ("memcpy, preallocated", f"{out['memcpy_gbps']:.2f} GB/s"),
             ("ratio vs raw pyzmq (best/best)", f"{out['ratio_vs_raw_zmq']:.2f}"),
             ("ratio, median of rep pairs", f"{out['ratio_paired_median']:.2f}"),
+            ("ratio vs raw + landing copy", f"{out['ratio_vs_raw_land']:.2f}"),
             (f"{out['small_requests']} small requests (1-2 pages)",
              f"{out['small_pages_per_s']:.0f} pages/s"),
             ("export: gather + block sums", f"{out['export_gbps']:.2f} GB/s "

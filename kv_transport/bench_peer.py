@@ -6,7 +6,9 @@ Prints one JSON line {"endpoint": ...} once bound, then (role "transport", with 
 one JSON line per completed transfer: request id, pages, and a sha256 of the received pages
 read back from the pool (an independent check of what landed, not the transport's own
 checksum). Every completed transfer's pages are freed right away. Role "raw" is the plain
-pyzmq baseline: a ROUTER that counts bytes until an "end" frame and answers "done".
+pyzmq baseline: a ROUTER that counts bytes until an "end" frame and answers "done"; with
+--land-bytes N it also copies every frame into a preallocated N-byte buffer (the landing copy
+a receiver that keeps the bytes cannot avoid, without any of the transport's work).
 A "stats" line on stdin is answered with the pool's page state counts (after pool.check()).
 The peer exits when its stdin closes (the parent died or is done), or after --max-s.
 """
@@ -49,6 +51,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--inline-max-bytes", type=int, default=256 * 1024)
     p.add_argument("--max-message-bytes", type=int, default=8 * MiB)
     p.add_argument("--socket-buffer", type=int, default=0)
+    p.add_argument("--land-bytes", type=int, default=0, help="raw role: copy frames into a buffer this big")
     p.add_argument("--report", action="store_true")
     p.add_argument("--dist-port", type=int, default=0)
     p.add_argument("--timeout-s", type=float, default=30.0)
@@ -67,6 +70,10 @@ def run_raw(args: argparse.Namespace) -> None:
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     poller.register(sys.stdin, zmq.POLLIN)
+    land = None
+    if args.land_bytes:
+        land = torch.empty(args.land_bytes, dtype=torch.uint8)
+        land.fill_(0)  # faulted in, as a node's pool is
     nbytes, stop_at = 0, time.monotonic() + args.max_s
     while time.monotonic() < stop_at:
         ready = dict(poller.poll(1000))
@@ -80,7 +87,11 @@ def run_raw(args: argparse.Namespace) -> None:
             sock.send_multipart([frames[0].bytes, str(nbytes).encode()])
             nbytes = 0
         else:
-            nbytes += sum(len(f.buffer) for f in frames[1:])
+            for f in frames[1:]:
+                n = len(f.buffer)
+                if land is not None and nbytes + n <= land.numel():
+                    land[nbytes:nbytes + n].copy_(torch.frombuffer(f.buffer, dtype=torch.uint8))
+                nbytes += n
     sock.close(linger=0)
     ctx.term()
     if args.endpoint.startswith("ipc:///"):

@@ -1,0 +1,22 @@
+"""`pdtb bench transport` end to end on a small size: every figure present, ratios computed
+from the printed figures (three peer processes each time, all stopped)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_cli import run_pdtb
+
+
+@pytest.mark.parametrize("endpoint", ["ipc", "tcp"])
+def test_bench_transport_prints_every_figure_and_its_ratios(endpoint):
+    r = run_pdtb("bench", "transport", "--endpoint", endpoint, "--size-mib", "2", "--small-requests", "8",
+                 "--reps", "1", "--chunk-mib", "0.5", "--json", timeout=240)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    for key in ("gbps", "raw_zmq_gbps", "raw_land_gbps", "memcpy_gbps", "small_pages_per_s", "export_gbps"):
+        assert out[key] > 0, key
+    assert out["ratio_vs_raw_zmq"] == pytest.approx(out["gbps"] / out["raw_zmq_gbps"], rel=0.01)
+    assert out["ratio_vs_raw_land"] == pytest.approx(out["gbps"] / out["raw_land_gbps"], rel=0.01)
+    assert (out["endpoint"], out["size_mib"], out["chunk_mib"]) == (endpoint, 2, 0.5)
