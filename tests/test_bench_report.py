@@ -1,6 +1,10 @@
 """`pdtb report` on two small results files: both runs in the markdown, every PNG written."""
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from bench_client.records import RequestRecord
 from bench_client.report import PLOTS, main
 from bench_client.results import build_results, load_results, write_results
@@ -44,3 +48,25 @@ def test_report_same_label_and_bad_file(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("{}")
     assert main([str(tmp_path / "bad.json"), "--out", str(tmp_path / "r2")]) == 2
     assert "not a results file" in capsys.readouterr().err
+
+
+def test_compare_ratios_and_what_the_whales_paid(tmp_path, capsys):
+    from bench_client.compare import main as compare
+
+    a = make_results(tmp_path / "a.json", "disagg", "fcfs", 0.05, True)
+    b = make_results(tmp_path / "b.json", "disagg", "memfair", 0.02, True)
+    assert compare([str(a), str(b), "--json"]) == 0
+    rows = {r["policy"]: r for r in json.loads(capsys.readouterr().out)}
+    # minnow TTFT is 50 ms vs 20 ms in every request (by construction above): the ratio by hand
+    assert rows["memfair"]["ttft_p99_ms"] == pytest.approx(20.0)
+    assert rows["memfair"]["ttft_p99_ms_ratio"] == pytest.approx(0.4)
+    assert rows["fcfs"]["ttft_p99_ms_ratio"] == pytest.approx(1.0)
+    assert rows["fcfs"]["cost_ttft_p50_ms"] == pytest.approx(50.0)
+    assert rows["memfair"]["cost_ttft_p50_ms"] == pytest.approx(20.0)
+    assert rows["memfair"]["cost_tpot_p50_ms"] == pytest.approx(20.0)  # tokens 20 ms apart
+    assert compare([str(a), str(b)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "whale TTFT p50 ms" in lines[0] and "whale TPOT p50 ms" in lines[0]
+    assert lines[2].split()[:2] == ["disagg", "memfair"] and lines[2].split()[-2:] == ["20.0", "20.0"]
+    assert compare([str(a), "--cost-class", "none"]) == 0
+    assert "TPOT" not in capsys.readouterr().out
