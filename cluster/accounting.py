@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from fairness.attribution import attribute, timing_summary
+from fairness.attribution import attribute, end_wait, timing_summary
 from fairness.metering import KVMeter
 from prometheus_client import Counter as PCounter
 from prometheus_client import Gauge
@@ -35,24 +35,23 @@ class NodeAccounting:
             tl = seq.timeline
             self.evictions[(seq.tenant, m.kind)] += 1
             self.m_evictions.labels(tenant=seq.tenant, kind=m.kind, **lbl).inc()
-            if m.kind != "promote" and "unserved_since" in tl:  # from here on it is parked, not waiting a turn
-                tl["turn_wait_s"] = tl.get("turn_wait_s", 0.0) + now - tl.pop("unserved_since")
+            if m.kind != "promote":  # from here on it is parked or dropped, not waiting a turn
+                end_wait(tl, "turn_wait", now)
             if m.kind == "demote":
                 tl["parked_since"] = now
-            elif m.kind == "promote" and "parked_since" in tl:
-                tl["parked_s"] = tl.get("parked_s", 0.0) + now - tl.pop("parked_since")
+            elif m.kind == "promote":
+                end_wait(tl, "parked", now)
             elif m.kind == "preempt":
                 tl["preempted_since"] = now
                 tl["num_preemptions"] = tl.get("num_preemptions", 0) + 1
         for c in out.chunks:
             tl = c.seq.timeline
-            if "preempted_since" in tl and c.wants_logits:
-                tl["preempted_s"] = tl.get("preempted_s", 0.0) + now - tl.pop("preempted_since")
-            if "unserved_since" in tl:
-                tl["turn_wait_s"] = tl.get("turn_wait_s", 0.0) + now - tl.pop("unserved_since")
+            if c.wants_logits:
+                end_wait(tl, "preempted", now)
+            end_wait(tl, "turn_wait", now)
         for seq in out.unserved:  # resident, but its turn did not come (read share, bandwidth cap, budget)
             if seq.num_output_tokens:
-                seq.timeline.setdefault("unserved_since", now)
+                seq.timeline.setdefault("turn_wait_since", now)
         before = {t: dict(v) for t, v in self.meter.per_tenant.items()}
         self.meter.on_step(out, eng.pool.pages_of, eng.pool.bytes_per_page)
         for t, kinds in self.meter.per_tenant.items():

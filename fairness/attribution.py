@@ -31,6 +31,14 @@ PHASES = {"queue_s": ("prefill_queued", "prefill_start"), "prefill_s": ("prefill
           "decode_s": ("decode_admit", "last_token")}
 
 
+def end_wait(tl: dict, wait: str, now: float) -> None:
+    """Close an open wait: the time since the `<wait>_since` stamp (if any) is added to the
+    `<wait>_s` accumulator and the stamp removed (held, parked, preempted, turn_wait)."""
+    since = tl.pop(f"{wait}_since", None)
+    if since is not None:
+        tl[f"{wait}_s"] = tl.get(f"{wait}_s", 0.0) + now - since
+
+
 def timing_summary(tl: dict) -> dict:
     """Durations (s) of each phase whose stamps are present, plus the stamps themselves."""
     out = {k: round(v, 6) for k, (a, b) in PHASES.items() if (v := _span(tl, a, b)) is not None}

@@ -24,6 +24,7 @@ from cluster import kv_meta
 from cluster.node_base import NodeBase
 from cluster.protocol import GenerateRequest
 from colocated_node.node import accept_request
+from fairness.attribution import end_wait
 from kv_transport import TransferMeta, TransferState, TransportConfig, make_sender
 from model_engine.engine import StepEvent
 from model_engine.kv_export import export_request
@@ -91,8 +92,7 @@ class PrefillNode(NodeBase):
         export = export_request(self.engine.pool, seq.request_id, seq.num_computed_tokens)
         now = time.time()
         seq.timeline.setdefault("transfer_start", now)
-        if "held_since" in seq.timeline:  # the decode side had deferred it: time held here
-            seq.timeline["held_s"] = seq.timeline.get("held_s", 0.0) + now - seq.timeline.pop("held_since")
+        end_wait(seq.timeline, "held", now)  # the decode side had deferred it: time held here
         meta = TransferMeta(tenant=seq.tenant, prompt_token_ids=seq.prompt_token_ids,
                             output_token_ids=seq.output_token_ids, num_computed_tokens=seq.num_computed_tokens,
                             extra={"router_id": req.router_id, "priority": req.priority,

@@ -45,7 +45,7 @@ def test_turn_wait_counts_the_steps_a_resident_row_was_left_out(read_share):
     t_last = t - DT
     for s in [*whales, minnow]:
         tl = s.timeline
-        still = t_last - tl["unserved_since"] + DT if "unserved_since" in tl else 0.0  # an open wait
+        still = t_last - tl["turn_wait_since"] + DT if "turn_wait_since" in tl else 0.0  # an open wait
         assert tl.get("turn_wait_s", 0.0) + still == pytest.approx(unserved[s.request_id] * DT), s.request_id
     if read_share:
         assert all(unserved[w.request_id] > 0 for w in whales) and unserved[minnow.request_id] == 0
