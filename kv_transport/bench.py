@@ -52,6 +52,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--checksum", choices=("sum64", "crc32"), default="sum64")
     p.add_argument("--window", type=int, default=4)
     p.add_argument("--socket-buffer-mib", type=float, default=0.0)
+    p.add_argument("--device", default="cpu", help="where both pools live: cpu or cuda[:N]")
     p.add_argument("--json", action="store_true")
     return p.parse_args(argv)
 
@@ -92,6 +93,8 @@ def export_gbps(pool: PagePool, n_pages: int, reps: int) -> tuple[float, float]:
         export_request(pool, "export-bench", n_pages * BENCH_SPEC.page_size)
         t1 = time.perf_counter()
         pool.export_pages(pages)
+        if pool.kv.device.type == "cuda":
+            torch.cuda.synchronize(pool.kv.device)
         t2 = time.perf_counter()
         best_export, best_gather = max(best_export, nbytes / (t1 - t0) / 1e9), \
             max(best_gather, nbytes / (t2 - t1) / 1e9)
@@ -117,7 +120,7 @@ class RawZmq:
         self.sock.connect(self.peer.endpoint())
 
     def rep(self, data: torch.Tensor) -> float:
-        view = memoryview(data.reshape(-1).view(torch.uint8).numpy())
+        view = memoryview(data.reshape(-1).view(torch.uint8).cpu().numpy())
         t0 = time.perf_counter()
         for off in range(0, len(view), self.chunk):
             self.sock.send(view[off:off + self.chunk], copy=False)
@@ -153,7 +156,8 @@ async def transport_run(args, big: KVExport, small: list[KVExport], chunk: int,
                  "--endpoint", endpoint_for(args.endpoint, "kv", args.ipc_dir),
                  "--num-pages", str(2 * big.header.num_pages + 64), "--chunk-bytes",
                  str(chunk), "--checksum", args.checksum, "--window", str(args.window),
-                 "--socket-buffer", str(config_for(args, "", chunk).socket_buffer_bytes)]
+                 "--socket-buffer", str(config_for(args, "", chunk).socket_buffer_bytes),
+                 "--device", args.device]
     store = None
     if args.backend == "torch":
         import torch.distributed as dist
@@ -206,7 +210,7 @@ def run_bench(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     chunk = int(args.chunk_mib * MiB)
     n_pages = args.size_mib * MiB // BENCH_SPEC.bytes_per_page
-    pool = make_pool(n_pages + 8, seed=0)
+    pool = make_pool(n_pages + 8, seed=0, device=args.device)
     big = make_exports(pool, [n_pages], "big")[0]
     small = make_exports(pool, [1 + i % 2 for i in range(args.small_requests)], "small")
 

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import sys
 import time
@@ -52,6 +53,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-message-bytes", type=int, default=8 * MiB)
     p.add_argument("--socket-buffer", type=int, default=0)
     p.add_argument("--land-bytes", type=int, default=0, help="raw role: copy frames into a buffer this big")
+    p.add_argument("--device", default="cpu", help="the receiving pool's device")
     p.add_argument("--report", action="store_true")
     p.add_argument("--dist-port", type=int, default=0)
     p.add_argument("--timeout-s", type=float, default=30.0)
@@ -101,7 +103,7 @@ def run_raw(args: argparse.Namespace) -> None:
 
 async def run_transport(args: argparse.Namespace) -> None:
     from kv_transport import make_receiver
-    pool = PagePool(TINY_SPEC, args.num_pages)
+    pool = PagePool(TINY_SPEC, args.num_pages, device=args.device)
     pool.kv.fill_(1.0)  # fault the pool's pages in now, as a long-running node would have
     cfg = TransportConfig(backend=args.backend, endpoint=args.endpoint,
                           chunk_bytes=args.chunk_bytes, checksum=args.checksum,
@@ -134,7 +136,7 @@ async def run_transport(args: argparse.Namespace) -> None:
             if t is None:
                 continue
             if args.report:
-                data = pool.export_pages(t.pages).numpy().tobytes()
+                data = pool.export_pages(t.pages).cpu().numpy().tobytes()
                 emit({"request_id": t.request_id, "num_pages": len(t.pages),
                       "num_tokens": t.num_tokens, "tenant": t.tenant,
                       "prompt_token_ids": t.prompt_token_ids,
@@ -160,6 +162,8 @@ def init_dist_pair(port: int, rank: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=os.environ.get("PDTB_LOG_LEVEL", "WARNING").upper(), stream=sys.stderr,
+                        format="%(asctime)s bench_peer %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(1)
     if args.role == "raw":
         run_raw(args)

@@ -22,9 +22,11 @@ REPO = Path(__file__).resolve().parent.parent
 TINY_SPEC = KVSpec(num_layers=4, num_kv_heads=2, head_dim=32, page_size=16, dtype="float32")
 
 
-def make_pool(num_pages: int, spec: KVSpec = TINY_SPEC, seed: int | None = None) -> PagePool:
-    """A pool; with a seed, every page holds reproducible random values."""
-    pool = PagePool(spec, num_pages)
+def make_pool(num_pages: int, spec: KVSpec = TINY_SPEC, seed: int | None = None,
+              device: str = "cpu") -> PagePool:
+    """A pool; with a seed, every page holds reproducible random values (drawn on the CPU, so
+    a seed gives the same bytes on every device)."""
+    pool = PagePool(spec, num_pages, device=device)
     if seed is not None:
         g = torch.Generator().manual_seed(seed)
         pool.kv.copy_(torch.randn(pool.kv.shape, generator=g).to(pool.kv.dtype))
@@ -40,7 +42,7 @@ def make_export(pool: PagePool, request_id: str, num_pages: int, tail: int = 0) 
 
 def sha256_of(export: KVExport) -> str:
     """Digest of an export's bytes, computed independently of the transport's checksum."""
-    return hashlib.sha256(export.data.contiguous().numpy().tobytes()).hexdigest()
+    return hashlib.sha256(export.data.contiguous().cpu().numpy().tobytes()).hexdigest()
 
 
 class PeerProcess:

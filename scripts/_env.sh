@@ -2,12 +2,28 @@
 # Sourced by quickstart.sh and test.sh: create .venv if missing (torch first, so pip takes the
 # CPU wheel instead of a multi-GB CUDA build), install the project, and activate the venv.
 # Idempotent: a stamp file keyed on pyproject.toml skips the installs when nothing changed.
+# PDTB_SYSTEM_PYTHON=1 skips the venv and uses python3 as it is (GPU machines: see README).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${PDTB_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
 TORCH_SPEC="${PDTB_TORCH_SPEC:-torch==2.13.0}"
 
+if [ "${PDTB_SYSTEM_PYTHON:-0}" = 1 ]; then
+  # Use the Python already there (a GPU machine's CUDA build of torch, say): no venv, no installs.
+  # The project runs from this checkout; `pdtb` and `python` come from a shim directory.
+  "$PY" -c "import torch, transformers, tokenizers, zmq, msgpack, uvloop, aiohttp, numpy, psutil" \
+    || { echo "[pdtb] PDTB_SYSTEM_PYTHON=1: $PY lacks a dependency (see pyproject.toml)" >&2; exit 1; }
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+  mkdir -p "$ROOT/.pdtb-bin"
+  for name in pdtb python; do
+    if [ "$name" = pdtb ]; then args='-m pdtb'; else args=''; fi
+    printf '#!/bin/sh\nexec %s %s "$@"\n' "$(command -v "$PY")" "$args" > "$ROOT/.pdtb-bin/$name"
+    chmod +x "$ROOT/.pdtb-bin/$name"
+  done
+  export PATH="$ROOT/.pdtb-bin:$PATH" TOKENIZERS_PARALLELISM=false
+  return 0
+fi
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[pdtb] creating $VENV" >&2
   "$PY" -m venv "$VENV"

@@ -2,7 +2,7 @@
 # Colocated vs disaggregated serving, policy by policy, on the same seeded whale-minnow workload.
 #
 #   scripts/compare_fairness.sh [--quick] [--out DIR] [--policies LIST] [--modes "colocated disagg"]
-#                               [--model DIR] [--seed N]
+#                               [--model DIR] [--seed N] [--device cpu|cuda[:N]]
 #
 # Same KV page budget in both modes: the colocated node gets TOTAL device pages; the
 # disaggregated cluster splits them, PREFILL pages on the prefill node and the rest on the
@@ -15,7 +15,7 @@
 # Writes DIR/MODE-POLICY.json for each run and DIR/report/report.md with plots.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-QUICK=0 OUT="" POLICIES="" MODES="colocated disagg" MODEL="" SEED=0
+QUICK=0 OUT="" POLICIES="" MODES="colocated disagg" MODEL="" SEED=0 DEVICE=cpu
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
@@ -24,6 +24,7 @@ while [ $# -gt 0 ]; do
     --modes) MODES="$2"; shift 2 ;;
     --model) MODEL="$2"; shift 2 ;;
     --seed) SEED="$2"; shift 2 ;;
+    --device) DEVICE="$2"; shift 2 ;;
     -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "compare_fairness: unknown option $1" >&2; exit 2 ;;
   esac
@@ -53,11 +54,11 @@ POLICIES="${POLICIES//,/ }"
 run_one() {  # run_one MODE POLICY
   local mode="$1" pol="$2" rd="$OUT/run-$1-$2" extra=() pages
   if [ "$mode" = colocated ]; then
-    pages="$TOTAL"; extra=(-- --torch-threads 1 --max-num-batched-tokens "$BUDGET")
+    pages="$TOTAL"; extra=(-- --torch-threads 1 --max-num-batched-tokens "$BUDGET" --device "$DEVICE")
   else
-    pages=$(( TOTAL - PREFILL )); extra=(--prefill-kv-pages "$PREFILL" -- --max-num-batched-tokens "$BUDGET")
+    pages=$(( TOTAL - PREFILL )); extra=(--prefill-kv-pages "$PREFILL" -- --max-num-batched-tokens "$BUDGET" --device "$DEVICE")
   fi
-  echo "== $mode / $pol: device pages $pages${PREFILL:+ (prefill $PREFILL in disagg)}, host $HOST" >&2
+  echo "== $mode / $pol on $DEVICE: device pages $pages${PREFILL:+ (prefill $PREFILL in disagg)}, host $HOST" >&2
   local url
   url="$(bash "$ROOT/scripts/launch_cluster.sh" --mode "$mode" --model "$MODEL" --policy "$pol" --port 0 \
         --kv-pages "$pages" --host-kv-pages "$HOST" --page-size "$PAGE" --run-dir "$rd" "${extra[@]}" \

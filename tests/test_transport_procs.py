@@ -43,9 +43,10 @@ def run(coro, limit: float = 60.0):
     return asyncio.run(asyncio.wait_for(coro, limit))
 
 
-async def send_ragged(config: TransportConfig, peer: PeerProcess) -> None:
-    """Send RAGGED requests; check every one is DONE and arrived bit-identical."""
-    pool = make_pool(512, seed=3)
+async def send_ragged(config: TransportConfig, peer: PeerProcess, device: str = "cpu") -> None:
+    """Send RAGGED requests from a pool on `device`; check every one is DONE and arrived
+    bit-identical."""
+    pool = make_pool(512, seed=3, device=device)
     exports = [make_export(pool, f"req-{n}", n, tail=n % 5) for n in RAGGED]
     tx = make_sender(config, TINY_SPEC)
     await tx.start()

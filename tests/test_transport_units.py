@@ -151,3 +151,45 @@ def test_export_block_sums_give_the_same_running_checksums(nbytes, chunk):
     if nbytes:  # chunks that cut blocks, or blocks that miss bytes, cannot be used
         assert checksum.running_from_blocks(blocks, SUM_BLOCK_BYTES, 65536 + 8, nbytes) is None
         assert checksum.running_from_blocks(blocks[:-1], SUM_BLOCK_BYTES, chunk, nbytes) is None
+
+
+def _result_lands_with_the_timeout(wait):
+    """The loop ordering that loses a result in asyncio.wait_for on Python >= 3.12: the loop is
+    busy past the deadline, then in one pass the awaited future gets its result (an I/O
+    callback: pyzmq has already taken the message off the socket) and the timeout fires."""
+    import asyncio
+    import time
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        task = asyncio.create_task(wait(fut, 0.01))
+        await asyncio.sleep(0)  # the task now waits on fut, its deadline armed
+        time.sleep(0.05)  # busy past the deadline (a first CUDA launch, an engine step)
+        loop.call_soon(fut.set_result, "message")  # runs before the expired timer in one pass
+        try:
+            return await task
+        except asyncio.TimeoutError:
+            return "lost" if fut.done() and not fut.cancelled() else "timed out"
+
+    return asyncio.run(main())
+
+
+def test_bounded_never_drops_a_result_that_arrived():
+    from kv_transport.endpoint_core import bounded
+
+    assert _result_lands_with_the_timeout(bounded) == "message"
+
+
+def test_bounded_times_out_and_cancels_what_is_still_pending():
+    import asyncio
+
+    from kv_transport.endpoint_core import bounded
+
+    async def main():
+        fut = asyncio.get_running_loop().create_future()
+        with pytest.raises(asyncio.TimeoutError):
+            await bounded(fut, 0.01)
+        return fut.cancelled()
+
+    assert asyncio.run(main())

@@ -1,0 +1,5 @@
+import sys
+
+from pdtb.cli import main
+
+sys.exit(main())

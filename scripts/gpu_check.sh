@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The GPU paths end to end, on a machine with a CUDA device. Each step is time-bounded and
+# logged; a failing step does not stop the others, and the exit code says whether all passed.
+#
+#   PDTB_SYSTEM_PYTHON=1 bash scripts/gpu_check.sh [--out DIR] [--device cuda[:N]] [--skip-compare]
+#
+# 1. tests/test_cuda.py: engine vs transformers.generate on the GPU, exports across devices,
+#    tier moves to the pinned host tier, ZeroMQ transfers between CUDA pools of two processes;
+# 2. pdtb bench engine on the GPU (float32 and bfloat16);
+# 3. pdtb bench transport with both pools on the GPU (ipc and tcp);
+# 4. scripts/compare_fairness.sh --quick (fcfs, memfair) with every node on the GPU.
+# Writes DIR/<step>.log and DIR/<step>.json; prints one line per step.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="" DEVICE=cuda COMPARE=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT="$2"; shift 2 ;;
+    --device) DEVICE="$2"; shift 2 ;;
+    --skip-compare) COMPARE=0; shift ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+source "$ROOT/scripts/_env.sh" || exit 1
+set +e  # _env.sh sets -e: here a failing step must not stop the others
+OUT="${OUT:-$ROOT/results/gpu-check-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+cd "$ROOT"
+failed=0
+
+step() {  # step NAME SECONDS CMD...
+  local name="$1" limit="$2" t0 rc
+  shift 2
+  t0=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  rc=$?
+  printf '%-22s rc=%-3s %4ss\n' "$name" "$rc" "$(( $(date +%s) - t0 ))"
+  [ "$rc" = 0 ] || { failed=1; tail -n 25 "$OUT/$name.log" | sed "s/^/  [$name] /"; }
+}
+
+python - <<'EOF' | tee "$OUT/env.txt"
+import torch, transformers, zmq
+print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__,
+      "pyzmq", zmq.__version__)
+for i in range(torch.cuda.device_count()):
+    print("device", i, torch.cuda.get_device_name(i))
+EOF
+step tests 300 python -m pytest -q -x -p no:cacheprovider tests/test_cuda.py
+step engine-fp32 120 pdtb bench engine --device "$DEVICE" --batch 32 --json
+step engine-bf16 120 pdtb bench engine --device "$DEVICE" --dtype bfloat16 --batch 32 --json
+step transport-ipc 120 pdtb bench transport --device "$DEVICE" --endpoint ipc --json
+step transport-tcp 120 pdtb bench transport --device "$DEVICE" --endpoint tcp --json
+if [ "$COMPARE" = 1 ]; then
+  step compare 420 bash scripts/compare_fairness.sh --quick --device "$DEVICE" --out "$OUT/compare"
+  [ -f "$OUT/compare/compare.txt" ] && cat "$OUT/compare/compare.txt"
+fi
+for f in "$OUT"/engine-*.log "$OUT"/transport-*.log; do
+  [ -f "$f" ] && grep -h '^{' "$f" | tail -n 1 > "${f%.log}.json"
+done
+exit $failed

@@ -1,0 +1,122 @@
+"""The CUDA paths, on a GPU. Skipped where torch sees no CUDA device (CI has none).
+
+On a GPU machine whose python3 has a CUDA build of torch (README, "On a GPU"):
+
+    PDTB_SYSTEM_PYTHON=1 bash scripts/test.sh tests/test_cuda.py
+
+- the paged engine on a CUDA pool is token-identical to transformers.generate on the same GPU;
+- pages exported from a CUDA pool continue identically in a CPU pool and back;
+- tier moves between the CUDA device tier and the pinned host tier keep tokens identical;
+- the ZeroMQ transport moves pages from a CUDA pool to a CUDA pool in another process,
+  bit-identical.
+Not here: the torch.distributed backend over NCCL. NCCL wants one GPU per rank, and no machine
+with two has been available; its gloo twin runs in test_transport_procs.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_engine, make_prompts
+from model_engine.kv_export import export_request, import_request
+from model_engine.sequence import SamplingParams
+from test_transport_procs import peers, run, send_ragged  # noqa: F401  (peers: a fixture)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+LENGTHS = (1, 5, 17, 100, 333)
+
+
+@pytest.fixture(scope="module")
+def hf_cuda(model_dirs):
+    """Reference models on the GPU, plain sdpa."""
+    from model_engine.loader import load_model
+
+    return {arch: load_model(d, device="cuda", attn_implementation="sdpa")[0] for arch, d in model_dirs.items()}
+
+
+def greedy_on(model, prompt: list[int], n: int) -> list[int]:
+    """transformers.generate, one prompt at a time, on the model's device."""
+    ids = torch.tensor([prompt], device=model.device)
+    out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=-1,
+                         pad_token_id=model.config.pad_token_id)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("page_size", [1, 16, 7])
+def test_cuda_batched_greedy_matches_generate(model_dirs, hf_cuda, arch, page_size):
+    engine = make_engine(model_dirs[arch], page_size=page_size, num_pages=4096, device="cuda")
+    assert engine.pool.kv.is_cuda
+    prompts = make_prompts(LENGTHS, engine.info.vocab_size, seed=page_size)
+    seqs = engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
+    for p, s in zip(prompts, seqs):
+        assert s.output_token_ids == greedy_on(hf_cuda[arch], p, 24), f"prompt of {len(p)} tokens"
+    engine.pool.check()
+    assert engine.pool.num_free == engine.pool.num_pages
+
+
+@pytest.mark.parametrize("src,dst", [("cuda", "cpu"), ("cpu", "cuda"), ("cuda", "cuda")])
+def test_export_import_across_devices(llama_dir, hf_models, hf_cuda, src, dst):
+    """Prefill on one device, import the pages into a pool on another, decode there. CPU and
+    GPU kernels round differently, so each token is checked against generate on the device
+    that produced it: the first (prefill) on `src`, the rest (decode) on `dst`."""
+    ref = {"cpu": hf_models["llama"], "cuda": hf_cuda["llama"]}
+    a = make_engine(llama_dir, page_size=16, device=src)
+    b = make_engine(llama_dir, page_size=16, num_pages=512, device=dst)
+    prompts = make_prompts((1, 23, 200), a.info.vocab_size, seed=7)
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    moved = []
+    for p in prompts:
+        seq = a.make_sequence(p, params)
+        a.add(seq)
+        while seq.num_output_tokens == 0:
+            a.step()
+        exp = export_request(a.pool, seq.request_id, seq.num_computed_tokens)
+        assert exp.data.device.type == src
+        a.scheduler.finish(seq, seq.status, "moved")
+        b.pool.allocate("filler-" + seq.request_id, 3)  # make B's page ids differ from A's
+        assert import_request(b.pool, exp) is not None
+        moved.append(seq)
+    b.scheduler.running.extend(moved)  # inherited requests skip prefill on B
+    while b.has_work():
+        b.step()
+    for p, s in zip(prompts, moved):
+        first = s.output_token_ids[0]
+        assert first == greedy_on(ref[src], p, 1)[0]
+        assert s.output_token_ids[1:] == greedy_on(ref[dst], p + [first], 19), f"prompt of {len(p)} tokens"
+    assert a.pool.num_free == a.pool.num_pages
+
+
+@pytest.mark.parametrize("policy", ["memfair", "fcfs"])
+def test_cuda_tier_moves_to_pinned_host(llama_dir, hf_cuda, policy):
+    """Demotions to the pinned host tier and promotions back keep every token identical."""
+    from fairness import make_policy
+
+    engine = make_engine(llama_dir, page_size=4, num_pages=48, host_kv_pages=24, device="cuda",
+                         policy=make_policy(policy))
+    assert engine.host_pool.kv.is_pinned() and engine.pool.kv.is_cuda
+    prompts = make_prompts((60, 50, 6, 9, 7, 12), engine.info.vocab_size, seed=11)
+    seqs = [engine.make_sequence(p, SamplingParams(max_tokens=40, ignore_eos=True),
+                                 tenant="whale" if len(p) > 20 else "minnow") for p in prompts]
+    for s in seqs:
+        engine.add(s)
+    moves = []
+    while engine.has_work():
+        engine.step()
+        moves += [m.kind for m in engine.last_output.moves]
+        engine.pool.check()
+        engine.host_pool.check()
+    assert "demote" in moves or "preempt" in moves
+    for p, s in zip(prompts, seqs):
+        assert s.output_token_ids == greedy_on(hf_cuda["llama"], p, 40)
+    assert engine.pool.num_free == 48 and engine.host_pool.num_free == 24
+
+
+@pytest.mark.parametrize("kind", ["ipc", "tcp"])
+def test_zmq_cuda_pools_bit_identical(kind, peers, tmp_path):  # noqa: F811
+    from kv_transport import TransportConfig
+
+    endpoint = f"ipc://{tmp_path}/rx.sock" if kind == "ipc" else "tcp://127.0.0.1:0"
+    peer = peers("--endpoint", endpoint, "--chunk-bytes", str(256 * 1024), "--device", "cuda")
+    config = TransportConfig(endpoint=peer.endpoint(), chunk_bytes=256 * 1024, transfer_timeout_s=20.0)
+    run(send_ragged(config, peer, device="cuda"))
