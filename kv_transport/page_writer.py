@@ -10,6 +10,13 @@ free list hands pages back in reverse). A run is one strided slice per lk: on a 
 is written through a numpy byte view (negative strides allowed, memcpy speed). Scattered
 pages use one fancy-index assignment per chunk (numpy on CPU: about 5x torch's index_copy_
 on byte rows; index_copy_ of pool-dtype rows on a device).
+
+On an accelerator, raw bytes (a zmq frame) go through one of two pinned staging buffers: one
+memcpy into page-locked memory, an asynchronous copy to the device, and the scatter on the
+device. A buffer is reused only after the event recorded behind its last copy has completed,
+so the next piece is staged while the previous one crosses the bus. (The plain way, a
+pageable tensor's .to(device), costs an extra host copy of a read-only frame plus the driver's
+synchronous bounce through its own pinned buffer.)
 """
 from __future__ import annotations
 
@@ -62,6 +69,8 @@ class PageWriter:
         # byte view of the pool: numpy slices take negative steps, torch slices do not
         self.np_rows = pool.kv.view(-1).view(torch.uint8).numpy().reshape(
             self.num_lk * pool.num_pages, self.row_bytes) if self.cpu else None
+        self._stages: list[list] = []  # accelerator: [pinned uint8 buffer, its numpy view, event]
+        self._turn = 0
 
     def plan(self, pages: list[int]) -> WritePlan:
         runs = find_runs(pages)
@@ -79,9 +88,32 @@ class PageWriter:
         if self.cpu:
             self._write_np(plan, row0, np.frombuffer(data, dtype=np.uint8))
             return
-        buf = data if not data.readonly else bytearray(data)
-        src = torch.frombuffer(buf, dtype=self.rows.dtype).view(-1, self.row_elems)
+        n = len(data)
+        stage = self._stage(n)
+        buf, view, done = stage
+        if done is not None:
+            done.synchronize()  # the copy that last read this buffer has finished
+        view[:n] = np.frombuffer(data, dtype=np.uint8)
+        cuda = self.rows.device.type == "cuda"  # elsewhere the copies below are synchronous
+        src = buf[:n].view(self.rows.dtype).view(-1, self.row_elems).to(self.rows.device, non_blocking=cuda)
         self.write(plan, row0, src)
+        if cuda:
+            stage[2] = torch.cuda.Event()
+            stage[2].record()
+
+    def _stage(self, nbytes: int) -> list:
+        """The next of two pinned staging buffers, grown to hold `nbytes`."""
+        if len(self._stages) < 2:
+            self._stages.append([None, None, None])
+        self._turn = (self._turn + 1) % len(self._stages)
+        stage = self._stages[self._turn]
+        if stage[0] is None or stage[0].numel() < nbytes:
+            if stage[2] is not None:
+                stage[2].synchronize()
+            stage[0] = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8,
+                                   pin_memory=self.rows.device.type == "cuda")
+            stage[1], stage[2] = stage[0].numpy(), None
+        return stage
 
     def write(self, plan: WritePlan, row0: int, src: torch.Tensor) -> None:
         """Write `src` ([k, row_elems] of the pool's dtype) as payload rows row0 .. row0+k-1."""

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from kv_transport import checksum
 from kv_transport.base import AdmitFn, TransferState, TransportError
 from kv_transport.config import TransportConfig
+from kv_transport.sender import to_host
 from kv_transport.wire import Ack, Credit
 from kv_transport.zmq_backend import ZmqReceiver, ZmqSender
 from model_engine.kv_spec import KVSpec
@@ -122,8 +123,7 @@ class TorchSender(ZmqSender):
             dist.destroy_process_group()
 
     def _stage(self, data: torch.Tensor, mode: str) -> torch.Tensor:
-        data = data.detach().contiguous()
-        return data if mode == "dist" else data.cpu()
+        return data.detach().contiguous() if mode == "dist" else to_host(data)
 
     def _mode_for(self, nbytes: int) -> str:
         return "inline" if nbytes <= self.config.inline_max_bytes else "dist"

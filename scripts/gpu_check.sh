@@ -7,7 +7,7 @@
 # 1. tests/test_cuda.py: engine vs transformers.generate on the GPU, exports across devices,
 #    tier moves to the pinned host tier, ZeroMQ transfers between CUDA pools of two processes;
 # 2. pdtb bench engine on the GPU (float32 and bfloat16);
-# 3. pdtb bench transport with both pools on the GPU (ipc and tcp);
+# 3. pdtb bench transport with both pools on the GPU (ipc and tcp), and CPU pools beside it;
 # 4. scripts/compare_fairness.sh --quick (fcfs, memfair) with every node on the GPU.
 # Writes DIR/<step>.log and DIR/<step>.json; prints one line per step.
 set -uo pipefail
@@ -51,6 +51,7 @@ step engine-fp32 120 pdtb bench engine --device "$DEVICE" --batch 32 --json
 step engine-bf16 120 pdtb bench engine --device "$DEVICE" --dtype bfloat16 --batch 32 --json
 step transport-ipc 120 pdtb bench transport --device "$DEVICE" --endpoint ipc --json
 step transport-tcp 120 pdtb bench transport --device "$DEVICE" --endpoint tcp --json
+step transport-ipc-cpu 120 pdtb bench transport --device cpu --endpoint ipc --json  # same host, CPU pools
 if [ "$COMPARE" = 1 ]; then
   step compare 420 bash scripts/compare_fairness.sh --quick --device "$DEVICE" --out "$OUT/compare"
   [ -f "$OUT/compare/compare.txt" ] && cat "$OUT/compare/compare.txt"

@@ -112,6 +112,16 @@ def test_cuda_tier_moves_to_pinned_host(llama_dir, hf_cuda, policy):
     assert engine.pool.num_free == 48 and engine.host_pool.num_free == 24
 
 
+@pytest.mark.parametrize("pages", [list(range(48)), [5, 9, 2, 40, 41, 7], list(range(63, 15, -1))])
+def test_page_writer_into_cuda_pool(pages):
+    """Raw bytes through the pinned staging buffers into a CUDA pool, pieces cut anywhere."""
+    from test_transport_units import scatter_and_check
+
+    n_rows = 8 * len(pages)
+    scatter_and_check(pages, [], device="cuda")
+    scatter_and_check(pages, [1, n_rows // 3, n_rows // 2 + 1, n_rows - 1], device="cuda")
+
+
 @pytest.mark.parametrize("kind", ["ipc", "tcp"])
 def test_zmq_cuda_pools_bit_identical(kind, peers, tmp_path):  # noqa: F811
     from kv_transport import TransportConfig

@@ -20,19 +20,25 @@ from model_engine.kv_spec import KVSpec
 ROW = TINY_SPEC.bytes_per_page // (2 * TINY_SPEC.num_layers)  # bytes of one (layer, kv, page)
 
 
-def scatter_and_check(pages: list[int], cuts: list[int], spec: KVSpec = TINY_SPEC) -> None:
-    """Write a random payload into `pages` in pieces cut at payload rows `cuts`; compare with
-    PagePool.import_pages (an independent reference)."""
-    dst, ref = make_pool(64, spec), make_pool(64, spec)
+def scatter_and_check(pages: list[int], cuts: list[int], spec: KVSpec = TINY_SPEC,
+                      device: str = "cpu", accel_path: bool = False) -> None:
+    """Write a random payload into `pages` in pieces cut at payload rows `cuts`, each piece a
+    read-only buffer like a zmq frame; compare with PagePool.import_pages (an independent
+    reference). `accel_path` sends a CPU pool through the accelerator code path (staging
+    buffers, torch scatter), so that path is checked where no accelerator is."""
+    dst, ref = make_pool(64, spec, device=device), make_pool(64, spec, device=device)
     payload = torch.randn(spec.page_shape(len(pages))).to(spec.torch_dtype)
     ref.import_pages(pages, payload)
     raw = payload.reshape(-1).view(torch.uint8).numpy().tobytes()
-    writer, plan = PageWriter(dst), PageWriter(dst).plan(pages)
+    writer = PageWriter(dst)
+    if accel_path:
+        writer.cpu, writer.np_rows = False, None
+    plan = writer.plan(pages)
     row_bytes = writer.row_bytes
     bounds = [0, *sorted(set(cuts)), len(raw) // row_bytes]
     for r0, r1 in zip(bounds, bounds[1:]):
         if r1 > r0:
-            writer.write_bytes(plan, r0, memoryview(bytearray(raw[r0 * row_bytes:r1 * row_bytes])))
+            writer.write_bytes(plan, r0, memoryview(raw[r0 * row_bytes:r1 * row_bytes]))
     assert torch.equal(dst.kv, ref.kv)
 
 
@@ -46,6 +52,15 @@ def test_page_writer_matches_import_pages(pages):
     n_rows = 2 * TINY_SPEC.num_layers * len(pages)
     scatter_and_check(pages, [])
     scatter_and_check(pages, [1, n_rows // 3, n_rows // 2 + 1, n_rows - 1])
+
+
+@pytest.mark.parametrize("pages", [list(range(48)), [5, 9, 2, 40, 41, 7], list(range(63, 15, -1))])
+def test_page_writer_accelerator_path(pages):
+    """Staging buffers alternate and grow (48 pages uncut: 1.5 MiB, over the first buffer's
+    1 MiB); every piece lands where import_pages puts it."""
+    n_rows = 2 * TINY_SPEC.num_layers * len(pages)
+    scatter_and_check(pages, [], accel_path=True)
+    scatter_and_check(pages, [1, n_rows // 3, n_rows // 2 + 1, n_rows - 1], accel_path=True)
 
 
 def test_page_writer_bfloat16_and_tensor_path():
