@@ -255,6 +255,8 @@ class NodeBase:
         self._http, self.metrics_addr = await start_http(self.metrics, lambda: self.stats().__dict__,
                                                          self.config.host, self.config.metrics_port)
         await self.start_extra()
+        warm = self.engine.warm_up()  # before READY: the first requests must not pay for it
+        log.info("node %s warmed up in %.3f s", self.config.node_id, warm)
         tasks = [loop.create_task(self.ctrl.serve(self.stop)), loop.create_task(self.engine_loop())]
         if on_ready:
             on_ready(self.addresses())

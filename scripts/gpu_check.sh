@@ -2,7 +2,7 @@
 # The GPU paths end to end, on a machine with a CUDA device. Each step is time-bounded and
 # logged; a failing step does not stop the others, and the exit code says whether all passed.
 #
-#   PDTB_SYSTEM_PYTHON=1 bash scripts/gpu_check.sh [--out DIR] [--device cuda[:N]] [--skip-compare]
+#   PDTB_SYSTEM_PYTHON=1 bash scripts/gpu_check.sh [--out DIR] [--device cuda[:N]] [--skip-bench] [--skip-compare]
 #
 # 1. tests/test_cuda.py: engine vs transformers.generate on the GPU, exports across devices,
 #    tier moves to the pinned host tier, ZeroMQ transfers between CUDA pools of two processes;
@@ -12,12 +12,13 @@
 # Writes DIR/<step>.log and DIR/<step>.json; prints one line per step.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" DEVICE=cuda COMPARE=1
+OUT="" DEVICE=cuda COMPARE=1 BENCH=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --device) DEVICE="$2"; shift 2 ;;
     --skip-compare) COMPARE=0; shift ;;
+    --skip-bench) BENCH=0; shift ;;
     -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
   esac
@@ -47,11 +48,13 @@ for i in range(torch.cuda.device_count()):
     print("device", i, torch.cuda.get_device_name(i))
 EOF
 step tests 300 python -m pytest -q -x -p no:cacheprovider tests/test_cuda.py
-step engine-fp32 120 pdtb bench engine --device "$DEVICE" --batch 32 --json
-step engine-bf16 120 pdtb bench engine --device "$DEVICE" --dtype bfloat16 --batch 32 --json
-step transport-ipc 120 pdtb bench transport --device "$DEVICE" --endpoint ipc --json
-step transport-tcp 120 pdtb bench transport --device "$DEVICE" --endpoint tcp --json
-step transport-ipc-cpu 120 pdtb bench transport --device cpu --endpoint ipc --json  # same host, CPU pools
+if [ "$BENCH" = 1 ]; then
+  step engine-fp32 120 pdtb bench engine --device "$DEVICE" --batch 32 --json
+  step engine-bf16 120 pdtb bench engine --device "$DEVICE" --dtype bfloat16 --batch 32 --json
+  step transport-ipc 120 pdtb bench transport --device "$DEVICE" --endpoint ipc --json
+  step transport-tcp 120 pdtb bench transport --device "$DEVICE" --endpoint tcp --json
+  step transport-ipc-cpu 120 pdtb bench transport --device cpu --endpoint ipc --json  # same host, CPU pools
+fi
 if [ "$COMPARE" = 1 ]; then
   step compare 420 bash scripts/compare_fairness.sh --quick --device "$DEVICE" --out "$OUT/compare"
   [ -f "$OUT/compare/compare.txt" ] && cat "$OUT/compare/compare.txt"

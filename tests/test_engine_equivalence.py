@@ -162,3 +162,18 @@ def test_ignore_eos_keeps_going_past_eos_like_generate(llama_dir, hf_models):
     seqs = engine.generate([p for p, _ in found], SamplingParams(max_tokens=30, ignore_eos=True))
     for (p, want), s in zip(found, seqs):
         assert s.output_token_ids == want
+
+
+def test_warm_up_leaves_no_trace(llama_dir, hf_models):
+    """A node warms its engine up before serving: every page comes back, and what is served
+    next is still token-identical to generate."""
+    engine = make_engine(llama_dir, page_size=16, num_pages=64)
+    assert engine.warm_up() > 0
+    engine.pool.check()
+    assert engine.pool.num_free == 64 and not engine.has_work()
+    prompts = make_prompts((7, 40), engine.info.vocab_size, seed=2)
+    seqs = engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
+    for p, s in zip(prompts, seqs):
+        assert s.output_token_ids == hf_greedy(hf_models["llama"], p, 12, ignore_eos=True)
+    tiny = make_engine(llama_dir, page_size=16, num_pages=4)  # cannot spare the pages: skipped
+    assert tiny.warm_up() == 0.0 and tiny.pool.num_free == 4
