@@ -14,6 +14,7 @@ import zmq
 import zmq.asyncio
 
 from cluster.security import secure_server
+from kv_transport.endpoint_core import bounded
 from cluster.protocol import MAX_CONTROL_BYTES, ProtocolError, TokenBatch, TokenEvent, decode_message, encode_message
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,8 @@ class ControlServer:
     async def send(self, identity: bytes, msg) -> bool:
         """Send one message to a connected router; False (logged) if it is gone or stuck."""
         try:
-            await asyncio.wait_for(self.sock.send_multipart([identity, encode_message(msg)]), SEND_TIMEOUT_S)
+            # bounded, not wait_for: on Python >= 3.12 wait_for can call a send that went out a timeout
+            await bounded(self.sock.send_multipart([identity, encode_message(msg)]), SEND_TIMEOUT_S)
             return True
         except (zmq.ZMQError, asyncio.TimeoutError) as e:
             log.warning("control: cannot send %s to %r: %s", type(msg).__name__, identity, e)

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from kv_transport import checksum
 from kv_transport.base import AdmitFn, TransferState, TransportError
 from kv_transport.config import TransportConfig
+from kv_transport.endpoint_core import bounded
 from kv_transport.sender import to_host
 from kv_transport.wire import Ack, Credit
 from kv_transport.zmq_backend import ZmqReceiver, ZmqSender
@@ -59,7 +60,7 @@ async def ensure_process_group(config: TransportConfig, device: torch.device) ->
         raise TransportError("torch backend: initialise torch.distributed first, or set "
                              "dist_init_method, dist_rank and dist_world_size")
     # init blocks until every rank joined; keep the event loop responsive meanwhile.
-    await asyncio.wait_for(asyncio.to_thread(
+    await bounded(asyncio.to_thread(
         dist.init_process_group, _dist_backend(config, device),
         init_method=config.dist_init_method, rank=config.dist_rank,
         world_size=config.dist_world_size,
@@ -76,8 +77,8 @@ async def wait_work(work, timeout: float, use_thread: bool) -> None:
     NCCL's is_completed() is a cheap CUDA event query, so it is polled instead.
     """
     if use_thread:
-        await asyncio.wait_for(asyncio.to_thread(
-            work.wait, datetime.timedelta(seconds=timeout)), timeout + 1.0)
+        # bounded: a wait that finished in the pass its timeout fired is not reported as a timeout
+        await bounded(asyncio.to_thread(work.wait, datetime.timedelta(seconds=timeout)), timeout + 1.0)
         return
     deadline = time.monotonic() + timeout
     while not work.is_completed():

@@ -16,6 +16,7 @@ import zmq.asyncio
 
 from cluster.protocol import (AbortRequest, GenerateRequest, NodeStats, Ping, TokenBatch, TokenEvent,
                               decode_message, encode_message)
+from kv_transport.endpoint_core import bounded
 
 
 def expected_output(prompt_ids: list[int], max_tokens: int, tokens: list[int]) -> list[int]:
@@ -95,7 +96,7 @@ class FakeNode:
                          extra={"page_size": 16})
 
     async def _send(self, ident: bytes, msg) -> None:
-        await asyncio.wait_for(self._sock.send_multipart([ident, encode_message(msg)]), 2.0)
+        await bounded(self._sock.send_multipart([ident, encode_message(msg)]), 2.0)
 
     async def _generate(self, ident: bytes, req: GenerateRequest) -> None:
         out = expected_output(req.prompt_token_ids, req.params.max_tokens, self.cfg.tokens)
