@@ -83,8 +83,11 @@ class ControlServer:
             log.warning("control: cannot send %s to %r: %s", type(msg).__name__, identity, e)
             return False
 
-    def close(self) -> None:
-        self.sock.close(linger=0)
+    def close(self, linger_ms: int = 0) -> None:
+        """Close the socket. With `linger_ms`, messages already queued (a node's last words: the
+        failures of requests cut by a shutdown) get that long to leave before they are
+        dropped; the context's term() waits at most that long."""
+        self.sock.close(linger=linger_ms)
 
 
 class EventSink:

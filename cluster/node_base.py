@@ -25,6 +25,7 @@ from model_engine.config import EngineConfig
 from model_engine.engine import LLMEngine, StepEvent
 from model_engine.sequence import SamplingParams, Sequence, SeqStatus
 
+FINAL_LINGER_MS = 2000  # at shutdown: how long queued control messages may take to leave
 log = logging.getLogger(__name__)
 
 
@@ -277,5 +278,7 @@ class NodeBase:
             await self._http.cleanup()
             if self._auth is not None:
                 self._auth.stop()
-            self.ctrl.close()
+            # A sent message may still sit in zmq's queue: without a linger, closing drops the
+            # last failures flushed above and the router only sees the node stop answering.
+            self.ctrl.close(linger_ms=FINAL_LINGER_MS)
             self.ctx.term()
