@@ -47,12 +47,36 @@ def make_prompts(lengths, vocab: int = 512, seed: int = 0) -> list[list[int]]:
 
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int, ignore_eos: bool = False) -> list[int]:
-    """transformers.generate, one prompt at a time: the independent reference."""
+    """transformers.generate, one prompt at a time, on the model's device: the independent reference."""
     import torch
 
     # ignore_eos: keep going past an end-of-sequence token, as the engine does, rather than
     # suppressing it (min_new_tokens would change the token wherever EOS is the top choice)
     kw = {"eos_token_id": -1} if ignore_eos else {}
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+    out = model.generate(torch.tensor([prompt], device=model.device), max_new_tokens=max_new_tokens, do_sample=False,
                          pad_token_id=model.config.pad_token_id, **kw)
     return out[0, len(prompt):].tolist()
+
+
+def prefill_and_move(a, b, prompts: list[list[int]], params) -> tuple[list, list]:
+    """Prefill each prompt on engine `a` until its first token, export its pages, import them
+    into engine `b`'s pool and hand the sequence to `b`'s scheduler; then decode on `b` until
+    done. Returns (sequences, exports), in prompt order."""
+    from model_engine.kv_export import export_request, import_request
+
+    moved, exports = [], []
+    for p in prompts:
+        seq = a.make_sequence(p, params)
+        a.add(seq)
+        while seq.num_output_tokens == 0:  # prefill until the first token is sampled
+            a.step()
+        exp = export_request(a.pool, seq.request_id, seq.num_computed_tokens)
+        a.scheduler.finish(seq, seq.status, "moved")
+        b.pool.allocate("filler-" + seq.request_id, 3)  # make B's page ids differ from A's
+        assert import_request(b.pool, exp) is not None
+        moved.append(seq)
+        exports.append(exp)
+    b.scheduler.running.extend(moved)  # inherited requests skip prefill on B
+    while b.has_work():
+        b.step()
+    return moved, exports

@@ -17,8 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_engine, make_prompts
-from model_engine.kv_export import export_request, import_request
+from conftest import hf_greedy, make_engine, make_prompts, prefill_and_move
 from model_engine.sequence import SamplingParams
 from test_transport_procs import peers, run, send_ragged  # noqa: F401  (peers: a fixture)
 
@@ -34,14 +33,6 @@ def hf_cuda(model_dirs):
     return {arch: load_model(d, device="cuda", attn_implementation="sdpa")[0] for arch, d in model_dirs.items()}
 
 
-def greedy_on(model, prompt: list[int], n: int) -> list[int]:
-    """transformers.generate, one prompt at a time, on the model's device."""
-    ids = torch.tensor([prompt], device=model.device)
-    out = model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=-1,
-                         pad_token_id=model.config.pad_token_id)
-    return out[0, len(prompt):].tolist()
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("page_size", [1, 16, 7])
 def test_cuda_batched_greedy_matches_generate(model_dirs, hf_cuda, arch, page_size):
@@ -50,7 +41,7 @@ def test_cuda_batched_greedy_matches_generate(model_dirs, hf_cuda, arch, page_si
     prompts = make_prompts(LENGTHS, engine.info.vocab_size, seed=page_size)
     seqs = engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
     for p, s in zip(prompts, seqs):
-        assert s.output_token_ids == greedy_on(hf_cuda[arch], p, 24), f"prompt of {len(p)} tokens"
+        assert s.output_token_ids == hf_greedy(hf_cuda[arch], p, 24, ignore_eos=True), f"prompt of {len(p)} tokens"
     engine.pool.check()
     assert engine.pool.num_free == engine.pool.num_pages
 
@@ -64,26 +55,12 @@ def test_export_import_across_devices(llama_dir, hf_models, hf_cuda, src, dst):
     a = make_engine(llama_dir, page_size=16, device=src)
     b = make_engine(llama_dir, page_size=16, num_pages=512, device=dst)
     prompts = make_prompts((1, 23, 200), a.info.vocab_size, seed=7)
-    params = SamplingParams(max_tokens=20, ignore_eos=True)
-    moved = []
-    for p in prompts:
-        seq = a.make_sequence(p, params)
-        a.add(seq)
-        while seq.num_output_tokens == 0:
-            a.step()
-        exp = export_request(a.pool, seq.request_id, seq.num_computed_tokens)
-        assert exp.data.device.type == src
-        a.scheduler.finish(seq, seq.status, "moved")
-        b.pool.allocate("filler-" + seq.request_id, 3)  # make B's page ids differ from A's
-        assert import_request(b.pool, exp) is not None
-        moved.append(seq)
-    b.scheduler.running.extend(moved)  # inherited requests skip prefill on B
-    while b.has_work():
-        b.step()
+    moved, exports = prefill_and_move(a, b, prompts, SamplingParams(max_tokens=20, ignore_eos=True))
+    assert all(e.data.device.type == src for e in exports)
     for p, s in zip(prompts, moved):
         first = s.output_token_ids[0]
-        assert first == greedy_on(ref[src], p, 1)[0]
-        assert s.output_token_ids[1:] == greedy_on(ref[dst], p + [first], 19), f"prompt of {len(p)} tokens"
+        assert first == hf_greedy(ref[src], p, 1, ignore_eos=True)[0]
+        assert s.output_token_ids[1:] == hf_greedy(ref[dst], p + [first], 19, ignore_eos=True), f"prompt of {len(p)} tokens"
     assert a.pool.num_free == a.pool.num_pages
 
 
@@ -108,7 +85,7 @@ def test_cuda_tier_moves_to_pinned_host(llama_dir, hf_cuda, policy):
         engine.host_pool.check()
     assert "demote" in moves or "preempt" in moves
     for p, s in zip(prompts, seqs):
-        assert s.output_token_ids == greedy_on(hf_cuda["llama"], p, 40)
+        assert s.output_token_ids == hf_greedy(hf_cuda["llama"], p, 40, ignore_eos=True)
     assert engine.pool.num_free == 48 and engine.host_pool.num_free == 24
 
 

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import hf_greedy, make_engine, make_prompts
-from model_engine.kv_export import export_request, import_request
+from conftest import hf_greedy, make_engine, make_prompts, prefill_and_move
 from model_engine.sequence import SamplingParams
 
 LENGTHS = (1, 5, 17, 100, 333)
@@ -68,22 +67,7 @@ def test_export_import_continues_identically(llama_dir, hf_models, page_size):
     a = make_engine(llama_dir, page_size=page_size)
     b = make_engine(llama_dir, page_size=page_size, num_pages=512)
     prompts = make_prompts((1, 23, 200), a.info.vocab_size, seed=7)
-    params = SamplingParams(max_tokens=20, ignore_eos=True)
-    moved = []
-    for p in prompts:
-        seq = a.make_sequence(p, params)
-        a.add(seq)
-        while seq.num_output_tokens == 0:  # prefill until the first token is sampled
-            a.step()
-        exp = export_request(a.pool, seq.request_id, seq.num_computed_tokens)
-        a.scheduler.finish(seq, seq.status, "moved")
-        b.pool.allocate("filler-" + seq.request_id, 3)  # make B's page ids differ from A's
-        assert import_request(b.pool, exp) is not None
-        moved.append(seq)
-    for seq in moved:
-        b.scheduler.running.append(seq)  # inherited requests skip prefill on B
-    while b.has_work():
-        b.step()
+    moved, _ = prefill_and_move(a, b, prompts, SamplingParams(max_tokens=20, ignore_eos=True))
     for p, s in zip(prompts, moved):
         assert s.output_token_ids == hf_greedy(hf_models["llama"], p, 20, ignore_eos=True)
     assert a.pool.num_free == a.pool.num_pages
