@@ -31,6 +31,15 @@ MIN_AVG_RUN = 32  # pages; shorter runs are not worth a Python-level loop of sli
 
 
 @dataclass
+class _Stage:
+    """One staging buffer for an accelerator pool (pinned when the pool is on CUDA)."""
+
+    buf: torch.Tensor | None = None  # uint8
+    view: np.ndarray | None = None  # numpy view of buf: the memcpy target
+    done: "torch.cuda.Event | None" = None  # recorded after the last copy that read buf
+
+
+@dataclass
 class WritePlan:
     """Where the rows of one transfer go."""
 
@@ -69,7 +78,7 @@ class PageWriter:
         # byte view of the pool: numpy slices take negative steps, torch slices do not
         self.np_rows = pool.kv.view(-1).view(torch.uint8).numpy().reshape(
             self.num_lk * pool.num_pages, self.row_bytes) if self.cpu else None
-        self._stages: list[list] = []  # accelerator: [pinned uint8 buffer, its numpy view, event]
+        self._stages = (_Stage(), _Stage())  # accelerator pools only; filled on first use
         self._turn = 0
 
     def plan(self, pages: list[int]) -> WritePlan:
@@ -89,30 +98,27 @@ class PageWriter:
             self._write_np(plan, row0, np.frombuffer(data, dtype=np.uint8))
             return
         n = len(data)
-        stage = self._stage(n)
-        buf, view, done = stage
-        if done is not None:
-            done.synchronize()  # the copy that last read this buffer has finished
-        view[:n] = np.frombuffer(data, dtype=np.uint8)
+        stage = self._next_stage(n)
+        stage.view[:n] = np.frombuffer(data, dtype=np.uint8)
         cuda = self.rows.device.type == "cuda"  # elsewhere the copies below are synchronous
-        src = buf[:n].view(self.rows.dtype).view(-1, self.row_elems).to(self.rows.device, non_blocking=cuda)
+        src = stage.buf[:n].view(self.rows.dtype).view(-1, self.row_elems).to(self.rows.device, non_blocking=cuda)
         self.write(plan, row0, src)
         if cuda:
-            stage[2] = torch.cuda.Event()
-            stage[2].record()
+            stage.done = torch.cuda.Event()
+            stage.done.record()
 
-    def _stage(self, nbytes: int) -> list:
-        """The next of two pinned staging buffers, grown to hold `nbytes`."""
-        if len(self._stages) < 2:
-            self._stages.append([None, None, None])
-        self._turn = (self._turn + 1) % len(self._stages)
+    def _next_stage(self, nbytes: int) -> _Stage:
+        """The other staging buffer, free to overwrite (the copy that last read it has
+        finished) and at least `nbytes` long."""
+        self._turn ^= 1
         stage = self._stages[self._turn]
-        if stage[0] is None or stage[0].numel() < nbytes:
-            if stage[2] is not None:
-                stage[2].synchronize()
-            stage[0] = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8,
-                                   pin_memory=self.rows.device.type == "cuda")
-            stage[1], stage[2] = stage[0].numpy(), None
+        if stage.done is not None:
+            stage.done.synchronize()
+            stage.done = None
+        if stage.buf is None or stage.buf.numel() < nbytes:
+            stage.buf = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8,
+                                    pin_memory=self.rows.device.type == "cuda")
+            stage.view = stage.buf.numpy()
         return stage
 
     def write(self, plan: WritePlan, row0: int, src: torch.Tensor) -> None:
