@@ -11,6 +11,8 @@ import json
 import os
 from pathlib import Path
 
+from model_engine.tokenizer import record_tokenizer_class, recorded_class
+
 ARCHS = ("llama", "qwen2", "mistral")
 DEFAULT_ARCH = "llama"
 DEFAULT_SEED = 0
@@ -90,6 +92,7 @@ def init_tiny_model(out_dir: str | Path, arch: str = DEFAULT_ARCH, seed: int = D
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / "pdtb.json").write_text(json.dumps({"embedded": True, "arch": arch, "seed": seed}))
+    record_tokenizer_class(out)  # lets the router skip transformers (and torch) when that is exact
     return out
 
 
@@ -97,6 +100,8 @@ def ensure_default_model() -> Path:
     """Create the embedded default model on first use; reuse it afterwards."""
     path = default_model_dir()
     if (path / "pdtb.json").exists():
+        if recorded_class(path) is None:  # made before the record, or under another transformers
+            record_tokenizer_class(path)
         return path
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     init_tiny_model(tmp)

@@ -78,15 +78,12 @@ class ServedModel:
 def load_served_model(model_dir: str, name: str | None = None) -> ServedModel:
     """Read the tokenizer and config of `model_dir` (no weights). The name defaults to the
     directory's base name."""
-    import transformers
-    from transformers.utils import logging as hf_logging
+    from model_engine.model_info import read_model_info
+    from model_engine.tokenizer import load_tokenizer
 
-    from model_engine.loader import read_model_info
-
-    hf_logging.set_verbosity_error()
     logging.getLogger("transformers").setLevel(logging.ERROR)
     info = read_model_info(model_dir)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     eos = info.eos_token_ids
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos = eos + (tokenizer.eos_token_id,)

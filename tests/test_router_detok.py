@@ -113,8 +113,21 @@ def test_output_text_finish_releases_tail(tokenizer):
 @given(text=st.text(alphabet="abXY\n", max_size=30), stops=st.lists(st.text(alphabet="abXY\n", min_size=1, max_size=4),
        max_size=4), cuts=st.lists(st.integers(0, 30), max_size=8))
 def test_stop_matcher_equals_reference(text, stops, cuts):
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    expected = (text[:min(hits)], True) if hits else (text, False)
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
     chunks = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    # Brute force: the stream stops after the first chunk whose arrival makes the text so far
+    # contain a stop string, cut before the earliest such string in it. (A longer stop string
+    # that starts earlier but would complete in a later chunk never gets the chance: text =
+    # "XaX", stops "a" and "XaX", chunks "Xa" + "X" give "X".)
+    expected = (text, False)
+    for b in bounds[1:]:
+        hits = [i for i in (text[:b].find(s) for s in stops) if i >= 0]
+        if hits:
+            expected = (text[:min(hits)], True)
+            break
     assert feed_all(tuple(stops), chunks) == expected
+
+
+def test_stop_matcher_stops_at_the_first_chunk_that_completes_a_stop():
+    assert feed_all(("a", "XaX"), ["Xa", "X"]) == ("X", True)
+    assert feed_all(("a", "XaX"), ["XaX"]) == ("", True)
