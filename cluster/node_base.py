@@ -18,6 +18,7 @@ import zmq.asyncio
 
 from cluster.control import ControlServer, EventSink
 from cluster.node_metrics import NodeMetrics, start_http
+from cluster.step_log import StepLog
 from fairness.config import FairnessConfig
 from kv_transport.config import FaultConfig, TransportConfig
 from cluster.protocol import AbortRequest, GenerateRequest, NodeStats, Params, Ping, TokenEvent
@@ -43,6 +44,7 @@ class NodeConfig:
     drain_timeout_s: float = 30.0  # SIGTERM: finish in-flight work within this bound
     hold_timeout_s: float = 120.0  # prefill: how long a refused hand-off keeps retrying
     check_pages: bool = False  # run pool.check() after every step (tests)
+    step_log: str | None = None  # append one JSON line per engine step here (cluster/step_log.py)
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
     curve_dir: str | None = None  # ZeroMQ CURVE keys for every socket (cluster/security.py)
     transfer_timeout_s: float = 30.0  # a whole KV transfer, on both sides (TransportConfig)
@@ -90,6 +92,7 @@ class NodeBase:
         self.acct = NodeAccounting(self)
         self.stop = asyncio.Event()
         self.wake = asyncio.Event()
+        self.step_log = StepLog(config.step_log) if config.step_log else None
         self.draining = False
         self.ctx = zmq.asyncio.Context()
         from cluster.security import CurveKeys
@@ -199,6 +202,8 @@ class NodeBase:
             if self.engine.has_work():
                 t = time.time()
                 events = self.engine.step()
+                if self.step_log is not None:
+                    self.step_log.write(t, time.time() - t, self.engine.last_output)
                 self.metrics.steps.inc()
                 self.acct.on_output(self.engine.last_output, time.time())
                 if self.config.check_pages and not self.acct.check_conservation():
@@ -272,6 +277,8 @@ class NodeBase:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self.close_extra()
+            if self.step_log is not None:
+                self.step_log.close()
             pool = self.engine.pool  # the last word on leaks: every page should be free by now
             log.info("node %s stopped: %d of %d device pages free", self.config.node_id, pool.num_free,
                      pool.num_pages)

@@ -58,6 +58,9 @@ def parse(role: str, argv: list[str]) -> argparse.Namespace:
                          "seed=N. See kv_transport/faults.py")
     ap.add_argument("--addr-file", default=None, help="write the bound addresses here as JSON when ready")
     ap.add_argument("--check-pages", action="store_true", help="verify page states after every step")
+    ap.add_argument("--step-log", default=None, metavar="FILE",
+                    help="append one JSON line per engine step: what ran, how long, tier moves "
+                         "('{node}' in FILE becomes the node id)")
     ap.add_argument("--curve-dir", default=None, help="ZeroMQ CURVE keys (pdtb keys --out DIR) for every socket")
     ap.add_argument("--log-level", default="INFO")
     return ap.parse_args(argv)
@@ -147,14 +150,15 @@ def main(role: str, argv: list[str]) -> int:
 
     torch.set_num_threads(max(1, a.torch_threads))
     model_dir = resolve_model(a.model)
+    node_id = a.node_id or f"{role}-{os.getpid()}"
     try:
-        cfg = NodeConfig(role=role, node_id=a.node_id or f"{role}-{os.getpid()}",
+        cfg = NodeConfig(role=role, node_id=node_id,
                          engine=dataclasses.replace(engine_config(a, model_dir), torch_threads=a.torch_threads,
                                                     host_kv_pages=0 if role == "prefill" else a.host_kv_pages),
                          host=a.host, ctrl_port=a.ctrl_port, metrics_port=a.metrics_port, kv_port=a.kv_port,
                          transport=a.transport, policy=a.policy, fairness=fairness_config(a),
                          drain_timeout_s=a.drain_timeout, hold_timeout_s=a.hold_timeout, curve_dir=a.curve_dir,
-                         check_pages=a.check_pages, transfer_timeout_s=a.transfer_timeout,
+                         check_pages=a.check_pages, step_log=a.step_log and a.step_log.replace("{node}", node_id), transfer_timeout_s=a.transfer_timeout,
                          transport_faults=fault_config(a.transport_fault))
     except ValueError as e:
         raise CliError(str(e)) from None
@@ -172,6 +176,8 @@ def main(role: str, argv: list[str]) -> int:
             node = cls(cfg)
         except ValueError as e:
             raise CliError(str(e)) from None
+        except OSError as e:  # --step-log names a file that cannot be opened
+            raise CliError(f"cannot open {e.filename}: {e.strerror}") from None
         freeze_heap()
         await node.run(on_ready=lambda addrs: _write_addr(a.addr_file, addrs))
 
