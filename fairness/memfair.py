@@ -39,6 +39,7 @@ class MemFairPolicy(BasePolicy):
         self.over: dict[str, float] = {}  # use / entitlement
         self._turns: dict[str, tuple[frozenset, int]] = {}  # tenant -> (rows in its read turn, last step)
         self._seen: dict[str, float] = {}  # tenant -> state.now when it last had work here
+        self._long_chunk: dict[str, int] = {}  # tenant -> step its long prompt last got a chunk in
 
     def _refresh(self, running: list[Sequence], candidates: list[Sequence], state: SchedState) -> None:
         self.use = tenant_usage(running, state)
@@ -181,9 +182,17 @@ class MemFairPolicy(BasePolicy):
 
     def chunk_limit(self, seq, budget, state):
         """A long prompt does not stretch other tenants' steps (see the module doc)."""
-        if self._long(seq, state) and self._others_active(seq.tenant, state):
-            return min(budget, self._small_chunk(state))
-        return budget
+        if not (self._long(seq, state) and self._others_active(seq.tenant, state)):
+            return budget
+        if self._long_chunk.get(seq.tenant) == state.step or self._others_prompt_waiting(seq.tenant):
+            return 1  # a token, not a chunk: one long chunk per tenant per step, after others' prompts
+        self._long_chunk[seq.tenant] = state.step
+        return min(budget, self._small_chunk(state))
+
+    def _others_prompt_waiting(self, tenant: str) -> bool:
+        """Another tenant's prompt waits for its first chunk: this step is for it (the step's
+        length is what that request's other rows, and everyone's next token, wait for)."""
+        return any(c.tenant != tenant and not c.num_computed_tokens for c in self.candidates)
 
     def pick_victim(self, candidates, requester, state):
         return eviction.footprint(candidates, state, self.over)

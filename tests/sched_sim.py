@@ -74,6 +74,7 @@ def check_conservation(sched: Scheduler) -> None:
         assert len(sched.pool.pages_of(s.request_id)) >= SPEC.pages_for(s.num_computed_tokens)
 
 
-def state(pages: dict | None = None, device_total: int = 32, device_free: int = 0, now: float = 0.0) -> SchedState:
-    return SchedState(now, 0, SPEC.page_size, SPEC.bytes_per_page, device_total, device_free, 0, 0,
+def state(pages: dict | None = None, device_total: int = 32, device_free: int = 0, now: float = 0.0,
+          step: int = 0) -> SchedState:
+    return SchedState(now, step, SPEC.page_size, SPEC.bytes_per_page, device_total, device_free, 0, 0,
                       pages or {}, {})

@@ -246,18 +246,38 @@ def test_memfair_limits_a_long_prompt_chunk_while_others_are_active():
     """budget 2048 (the state default): long means more than 256 tokens; its chunk is 64."""
     pol = make_policy("memfair")
     whale, minnow = make_request(400, 4, tenant="w"), make_request(8, 4, tenant="m")
-    pol.reclaim([], [whale, minnow], state(device_total=120, device_free=120))
-    at = lambda t: state(device_total=120, device_free=120, now=t)  # noqa: E731
+    minnow.num_computed_tokens = 8  # decoding
+    at = lambda t, step=0: state(device_total=120, device_free=120, now=t, step=step)  # noqa: E731
+    pol.reclaim([minnow], [whale], at(0.0))
     assert pol.chunk_limit(whale, 512, at(0.0)) == 2048 // 32
     assert pol.chunk_limit(minnow, 512, at(0.0)) == 512  # a short prompt goes whole
-    pol.reclaim([], [whale], at(0.5))  # the minnow's tenant left half a second ago
-    assert pol.chunk_limit(whale, 512, at(0.5)) == 64  # still active: it may be between requests
-    pol.reclaim([], [whale], at(1.6))
-    assert pol.chunk_limit(whale, 512, at(1.6)) == 512  # gone for longer than active_window_s
+    pol.reclaim([], [whale], at(0.5, 1))  # the minnow's tenant left half a second ago
+    assert pol.chunk_limit(whale, 512, at(0.5, 1)) == 64  # still active: it may be between requests
+    pol.reclaim([], [whale], at(1.6, 2))
+    assert pol.chunk_limit(whale, 512, at(1.6, 2)) == 512  # gone for longer than active_window_s
     alone = make_policy("memfair")
     alone.reclaim([], [whale], at(0.0))
     assert alone.chunk_limit(whale, 512, at(0.0)) == 512  # nobody else to wait for it
     assert make_policy("fcfs").chunk_limit(whale, 512, at(0.0)) == 512
+
+
+def test_memfair_long_prompt_takes_one_chunk_per_tenant_per_step_and_yields_to_new_prompts():
+    pol = make_policy("memfair")
+    whale, second, minnow = (make_request(400, 4, tenant="w"), make_request(400, 4, tenant="w"),
+                             make_request(8, 4, tenant="m"))
+    minnow.num_computed_tokens = 8  # decoding
+    at = lambda step: state(device_total=120, device_free=120, step=step)  # noqa: E731
+    pol.reclaim([minnow, whale], [second], at(0))
+    assert pol.chunk_limit(whale, 512, at(0)) == 64
+    assert pol.chunk_limit(second, 512, at(0)) == 1  # the tenant's long chunk of this step is taken
+    assert pol.chunk_limit(second, 512, at(1)) == 64  # the next step's is not
+    newcomer = make_request(8, 4, tenant="m")  # another tenant's prompt waits for its first chunk
+    pol.reclaim([minnow, whale], [newcomer], at(2))
+    assert pol.chunk_limit(whale, 512, at(2)) == 1
+    assert pol.chunk_limit(newcomer, 512, at(2)) == 512
+    own = make_request(8, 4, tenant="w")  # the whale tenant's own small prompt does not count
+    pol.reclaim([minnow, whale], [own], at(3))
+    assert pol.chunk_limit(whale, 512, at(3)) == 64
 
 
 @pytest.mark.parametrize("frac", [0.0, -0.1, 1.5])
