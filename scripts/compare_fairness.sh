@@ -41,11 +41,14 @@ WL=(--workload whale-minnow --whales 6 --whale-prompt 1536 --whale-output 512 --
     --whale-interval 0.5 --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 30 --seed "$SEED"
     --slo ttft_ms=500 --slo tpot_ms=100)
 if [ "$QUICK" = 1 ]; then
+  # The same whales and KV budget, 20 s of minnows instead of 30. (Until 2026-11-22 the quick
+  # run had 4 whales in 352 pages: no whale was admitted while minnows decoded, so fcfs's
+  # minnows never shared a step with a whale's 512-token prefill chunk and the ITL comparison
+  # had nothing to measure. With 6, the 5th and 6th are admitted late, as in the full run.)
   POLICIES="${POLICIES:-fcfs memfair}"
-  WL=(--workload whale-minnow --whales 4 --whale-prompt 1536 --whale-output 512 --whale-start 1
+  WL=(--workload whale-minnow --whales 6 --whale-prompt 1536 --whale-output 512 --whale-start 1
       --whale-interval 0.5 --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 20 --seed "$SEED"
       --slo ttft_ms=500 --slo tpot_ms=100)
-  TOTAL=352 PREFILL=128
 fi
 BUDGET=512  # per-step token budget: whale prompts prefill in chunks, interleaved with decode
 POLICIES="${POLICIES:-fcfs memfair vtc mcsf priority}"
