@@ -182,6 +182,8 @@ class NodeRegistry:
         for handle in list(self._requests.values()):
             if node in handle.depends_on():
                 msg = f"{node.spec.role} node {node.node_id} stopped answering"
+                if node.stats is not None and node.stats.draining:  # its last words (the aborts) were lost
+                    msg = f"{node.spec.role} node {node.node_id} shut down: it was draining, then stopped answering"
                 handle.queue.put_nowait(RequestFailed(503, msg))
 
     # -- receiving -----------------------------------------------------------------------------

@@ -322,3 +322,27 @@ def test_dispatch_policy_prefers_idle_prefill_and_free_decode():
     a.pending_pages["r1"] = 20  # sent there recently, not yet in its stats
     assert pick_most_free([a, b]) is b
     assert pick_prefill([]) is None and pick_most_free([]) is None
+
+
+def test_a_silent_node_fails_its_requests_with_why():
+    """A node that goes silent fails the requests that depend on it; one that said it was draining
+    is reported as shut down, even when its own abort messages were lost on the way."""
+    import asyncio
+
+    from cluster.protocol import NodeStats
+    from router.nodes import NodeRegistry, RequestHandle
+
+    async def go():
+        reg = NodeRegistry([NodeSpec("colocated", "tcp://127.0.0.1:1"), NodeSpec("colocated", "tcp://127.0.0.1:2")])
+        crashed, drained = reg.nodes
+        crashed.stats = NodeStats("a", "colocated", 0, 100, 100)
+        drained.stats = NodeStats("b", "colocated", 0, 100, 100, draining=True)
+        for rid, node in (("r1", crashed), ("r2", drained), ("r3", drained)):
+            reg._requests[rid] = RequestHandle(rid, node, None)
+        reg._fail_dependents(crashed)
+        reg._fail_dependents(drained)
+        why = {rid: str(h.queue.get_nowait()) for rid, h in reg._requests.items()}
+        assert "stopped answering" in why["r1"] and "shut down" not in why["r1"]
+        assert all("shut down" in why[r] for r in ("r2", "r3"))
+
+    asyncio.run(go())
