@@ -31,7 +31,7 @@ class FaultConfig:
     truncate_prob: float = 0.0  # the last frame loses its second half
     disconnect_after_chunks: int | None = None  # after N chunks: drop the link, reconnect (once)
     kinds: tuple[str, ...] = ("header", "batch", "chunk")  # message kinds faults may hit
-    max_faults: int | None = None  # stop injecting after this many faults (None: unlimited)
+    max_faults: int | None = None  # stop drawing random faults after this many (None: unlimited); the disconnect is extra
     seed: int = 0  # seed of the fault random stream
 
     def __post_init__(self) -> None:

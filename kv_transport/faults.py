@@ -30,25 +30,30 @@ class FaultInjector:
 
     def __init__(self, config: FaultConfig) -> None:
         self.config = config
-        self._rng = random.Random(config.seed)
+        self._rng = random.Random(config.seed)  # decisions: the n-th message's fault depends on n alone
+        self._mangle_rng = random.Random(config.seed + 1)  # where to corrupt: apart, so frame sizes never shift decisions
         self._chunks = 0
         self._disconnected = False
         self.injected: list[tuple[str, Fault]] = []  # (message kind, fault), for tests and logs
 
     def _budget_left(self) -> bool:
         cap = self.config.max_faults
-        return cap is None or len(self.injected) < cap
+        return cap is None or sum(f is not Fault.DISCONNECT for _, f in self.injected) < cap
 
     def decide(self, kind: str) -> Fault | None:
         """The fault to apply to the next message of `kind`, or None."""
         c = self.config
-        if not c.enabled or kind not in c.kinds or not self._budget_left():
+        if not c.enabled or kind not in c.kinds:
             return None
+        # The disconnect is scheduled, not drawn: it happens once, at its chunk, whatever the
+        # random faults before it used of `max_faults` (which caps the random ones only).
         if kind == "chunk" and c.disconnect_after_chunks is not None and not self._disconnected:
             if self._chunks >= c.disconnect_after_chunks:
                 self._disconnected = True
                 return self._record(kind, Fault.DISCONNECT)
             self._chunks += 1
+        if not self._budget_left():
+            return None
         for fault, p in ((Fault.DROP, c.drop_prob), (Fault.DELAY, c.delay_prob),
                          (Fault.DUPLICATE, c.duplicate_prob), (Fault.CORRUPT, c.corrupt_prob),
                          (Fault.TRUNCATE, c.truncate_prob)):
@@ -66,7 +71,7 @@ class FaultInjector:
         out = list(frames)
         last = bytearray(frame_view(out[-1]))
         if fault is Fault.CORRUPT and last:
-            i = self._rng.randrange(len(last))
+            i = self._mangle_rng.randrange(len(last))
             last[i] ^= 0xFF
         elif fault is Fault.TRUNCATE:
             last = last[: len(last) // 2]

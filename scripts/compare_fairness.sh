@@ -2,7 +2,7 @@
 # Colocated vs disaggregated serving, policy by policy, on the same seeded whale-minnow workload.
 #
 #   scripts/compare_fairness.sh [--quick] [--out DIR] [--policies LIST] [--modes "colocated disagg"]
-#                               [--model DIR] [--seed N] [--device cpu|cuda[:N]]
+#                               [--model DIR] [--seed N] [--device cpu|cuda[:N]] [--step-log]
 #
 # Same KV page budget in both modes: the colocated node gets TOTAL device pages; the
 # disaggregated cluster splits them, PREFILL pages on the prefill node and the rest on the
@@ -12,10 +12,11 @@
 # embedded model is tiny), and noisier: it fights the router and the load client for the cores.
 # The whales need most of the decode pool (more than all of it together), so the policies are
 # compared under real KV pressure.
-# Writes DIR/MODE-POLICY.json for each run and DIR/report/report.md with plots.
+# Writes DIR/MODE-POLICY.json for each run and DIR/report/report.md with plots. With --step-log,
+# every node also writes one JSON line per engine step to DIR/run-MODE-POLICY/steps-NODE.jsonl.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-QUICK=0 OUT="" POLICIES="" MODES="colocated disagg" MODEL="" SEED=0 DEVICE=cpu
+QUICK=0 OUT="" POLICIES="" MODES="colocated disagg" MODEL="" SEED=0 DEVICE=cpu STEPLOG=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
@@ -25,13 +26,15 @@ while [ $# -gt 0 ]; do
     --model) MODEL="$2"; shift 2 ;;
     --seed) SEED="$2"; shift 2 ;;
     --device) DEVICE="$2"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --step-log) STEPLOG=1; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "compare_fairness: unknown option $1" >&2; exit 2 ;;
   esac
 done
 source "$ROOT/scripts/_env.sh"
 OUT="${OUT:-$ROOT/results/compare-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"  # nodes may run elsewhere: --step-log paths must be absolute
 [ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.common import resolve_model; print(resolve_model(None))')"
 
 # Workload and budget. Whale footprint = 64 x minnow footprint (1536+512 vs 24+8 tokens).
@@ -61,6 +64,7 @@ run_one() {  # run_one MODE POLICY
   else
     pages=$(( TOTAL - PREFILL )); extra=(--prefill-kv-pages "$PREFILL" -- --max-num-batched-tokens "$BUDGET" --device "$DEVICE")
   fi
+  [ "$STEPLOG" = 0 ] || extra+=(--step-log "$rd/steps-{node}.jsonl")
   echo "== $mode / $pol on $DEVICE: device pages $pages${PREFILL:+ (prefill $PREFILL in disagg)}, host $HOST" >&2
   local url
   url="$(bash "$ROOT/scripts/launch_cluster.sh" --mode "$mode" --model "$MODEL" --policy "$pol" --port 0 \

@@ -137,6 +137,28 @@ def test_fault_injector_is_seeded_and_capped():
     assert [capped.decide("header") for _ in range(4)] == [Fault.DROP, Fault.DROP, None, None]
     disc = FaultInjector(FaultConfig(disconnect_after_chunks=2))
     assert [disc.decide("chunk") for _ in range(5)] == [None, None, Fault.DISCONNECT, None, None]
+    # the disconnect is scheduled: random faults that spent max_faults before it do not cancel it
+    both = FaultInjector(FaultConfig(drop_prob=1, disconnect_after_chunks=3, max_faults=2))
+    got = [both.decide("chunk") for _ in range(6)]
+    assert got == [Fault.DROP, Fault.DROP, None, Fault.DISCONNECT, None, None]
+
+
+def test_fault_decisions_depend_on_the_message_index_alone():
+    """Corrupting a frame draws its byte position from its own stream: frames of other sizes
+    (transfers interleaving differently) must not shift the faults of later messages."""
+    cfg = FaultConfig(corrupt_prob=0.3, truncate_prob=0.1, drop_prob=0.1, seed=5)
+
+    def run(frame_len):
+        inj, out = FaultInjector(cfg), []
+        for _ in range(60):
+            f = inj.decide("chunk")
+            if f in (Fault.CORRUPT, Fault.TRUNCATE):
+                inj.mangle(f, [b"hdr", bytes(frame_len)])
+            out.append(f)
+        return out
+
+    small = run(3)
+    assert Fault.CORRUPT in small and small == run(1 << 20) == run(777)
 
 
 def test_fault_mangle_never_touches_the_original():
