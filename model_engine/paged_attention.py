@@ -113,8 +113,26 @@ def _decode_attention(q_flat, k, v, mask, scaling) -> torch.Tensor:
     q = q_flat.reshape(b, kvh, heads // kvh, hd)  # head h reads kv head h // groups
     if k.dtype != q.dtype:
         k, v = k.to(q.dtype), v.to(q.dtype)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+    if q.is_cuda or b * k.shape[2] < MATMUL_DECODE_MIN_KEYS:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+    else:
+        out = _matmul_attention(q, k, v, mask, scaling if scaling is not None else hd ** -0.5)
     return out.reshape(b, heads, hd)
+
+
+# On the CPU, SDPA's flash kernel tiles for long query blocks; with one query per row (times
+# the GQA fold) it spends most of its time on set-up. Two batched matmuls and a softmax are
+# 1.1-1.7x faster there from a few thousand keys in the batch up (batch 32 x 208 keys: 195 us
+# against 265-305 us per layer), and slower below (one row of 64 keys: 64 us against 29 us).
+MATMUL_DECODE_MIN_KEYS = 1024
+
+
+def _matmul_attention(q, k, v, mask, scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v for [B, kvh, g, hd] queries over [B, kvh, L, hd] keys."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
+    if mask is not None:
+        scores.add_(mask)
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
 def paged_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
