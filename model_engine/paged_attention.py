@@ -42,6 +42,7 @@ class AttnGroup:
     max_pages: int  # pages per row in flat_pages
     attn_mask: torch.Tensor  # [B_g, 1, groups * q_max, L] additive (0 / -inf)
     read_plan: ReadCachePlan | None = None  # pure-decode steps: use the read cache
+    flat_order: bool = False  # the step's only group, one query per row, rows in flat order
 
 
 @dataclass
@@ -77,7 +78,12 @@ class PagedKVCache:
                     pages = cache.index_select(1, g.flat_pages).view(2, b, g.max_pages * page_size, kvh, hd)
                     rc[:, :, :, : g.max_pages * page_size].copy_(pages.transpose(2, 3))
                 else:
-                    mine = new if len(m.groups) == 1 else new.index_select(1, g.flat_index)  # [2, B_g, kvh, hd]
+                    if plan.move_src is not None:  # rows kept from the last step, all moved at once
+                        whole = plan.cache.layer(layer_idx)  # old rows may lie past row B
+                        whole.index_copy_(1, plan.move_dst, whole.index_select(1, plan.move_src))
+                    if plan.fresh is not None:  # rows the cache did not hold: gather their pages
+                        _gather_rows(cache, rc, g, plan.fresh, page_size)
+                    mine = new if g.flat_order else new.index_select(1, g.flat_index)  # [2, B_g, kvh, hd]
                     rows_view.index_put_((plan.rows, plan.pos), mine.transpose(0, 1))
                 out.append((k, v))
             else:
@@ -90,6 +96,15 @@ class PagedKVCache:
         raise RuntimeError("PagedKVCache requires explicit position_ids")
 
 
+def _gather_rows(cache, rc, g: AttnGroup, rows: torch.Tensor, page_size: int) -> None:
+    """Copy the pages of the group's rows `rows` into those rows of the read cache `rc`."""
+    _, _, _, kvh, hd = cache.shape
+    span = g.max_pages * page_size
+    pages = g.flat_pages.view(-1, g.max_pages).index_select(0, rows).reshape(-1)
+    got = cache.index_select(1, pages).view(2, rows.numel(), span, kvh, hd).transpose(2, 3)
+    rc[:, :, :, :span].index_copy_(1, rows, got)
+
+
 def _group_attention(q_flat, k, v, g: AttnGroup, scaling) -> torch.Tensor:
     """q_flat [T, heads, hd] -> this group's outputs [n_g, heads, hd] in group token order."""
     b, q_max = g.q_gather.shape
@@ -100,7 +115,12 @@ def _group_attention(q_flat, k, v, g: AttnGroup, scaling) -> torch.Tensor:
     # query-length axis, [B, heads, q_max, hd] -> [B, kv_heads, groups * q_max, hd].
     q = q_flat[g.q_gather]  # [B, q_max, heads, hd]
     q = q.view(b, q_max, kvh, groups, hd).permute(0, 2, 3, 1, 4).reshape(b, kvh, groups * q_max, hd)
-    out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=g.attn_mask, scale=scaling)
+    if k.dtype != q.dtype:
+        k, v = k.to(q.dtype), v.to(q.dtype)
+    if q_max == 1 and not q.is_cuda and b * k.shape[2] >= MATMUL_DECODE_MIN_KEYS:  # decode rows
+        out = _matmul_attention(q, k, v, g.attn_mask, scaling if scaling is not None else hd ** -0.5)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=g.attn_mask, scale=scaling)
     out = out.view(b, kvh, groups, q_max, hd).permute(0, 3, 1, 2, 4).reshape(b * q_max, heads, hd)
     return out if q_max == 1 else out[g.pad_index]
 
@@ -143,7 +163,7 @@ def paged_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     m = pdtb_meta
     q_flat = query[0].transpose(0, 1)  # [T, heads, hd]
     kv = m.gathered[module.layer_idx]
-    if len(m.groups) == 1 and m.groups[0].q_gather.shape[1] == 1:
+    if m.groups[0].flat_order:
         k, v = kv[0]  # a pure decode step: T == B, flat order is row order
         return _decode_attention(q_flat, k, v, m.groups[0].attn_mask, scaling).unsqueeze(0), None
     out = torch.empty_like(q_flat)

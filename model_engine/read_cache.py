@@ -8,9 +8,17 @@ the runner keeps that gathered copy between steps and only appends the new token
     pool pages (authoritative, paged)   --gather on (re)build-->   read cache [layers, 2, B, kvh, cap, hd]
     new token K/V  --index_copy--> pool             --index_put--> read cache row b, position pos_b
 
-The pool stays the source of truth (export, import, eviction and tiering only ever see pages);
-the read cache is rebuilt whenever the decode rows' membership or order changes and dropped
-when it would exceed its byte budget. A step that also carries prefill chunks keeps using it
+The pool stays the source of truth (export, import, eviction and tiering only ever see pages).
+Each request keeps its row (its slot) while it stays in the batch; the attention group is laid
+out in slot order, not in the step's order. When the membership changes, a request that left
+frees its slot, a newcomer's pages are gathered into a free slot, and a request whose slot lies
+past the new batch size is moved down with one contiguous copy. So one whale joining or leaving
+a batch of whales gathers one whale, not all of them. A row is kept only if the cache holds
+exactly its positions [0, pos) (`covered`); a row that skipped steps, or came back from a
+preemption and recompute, is gathered afresh. The cache is rebuilt whole when its row or
+position capacity must grow, and dropped when it would exceed its byte budget.
+
+A step that also carries prefill chunks keeps using it
 for its decode rows (a prefill chunk is its own attention group and gathers its own pages), so
 chunked prefill beside a steady decode batch does not force a rebuild. On a GPU a paged kernel
 would replace it.
@@ -20,6 +28,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 HEADROOM = 128  # extra positions per (re)build so a steady batch rebuilds rarely
@@ -40,13 +49,18 @@ def key_length(max_pos: int) -> int:
 
 @dataclass
 class ReadCachePlan:
-    """What this step does with the read cache (built by the runner, used by PagedKVCache)."""
+    """What this step does with the read cache (built by the runner, used by PagedKVCache).
+    Rows are slots: row r of the attention group is row r of the cache."""
 
-    rebuild: bool  # gather from pages this step (else append only)
+    rebuild: bool  # gather every row from pages this step (else move/gather some, then append)
     rows: torch.Tensor  # [B] arange, the row of each sequence
-    pos: torch.Tensor  # [B] position of each sequence's new token
+    pos: torch.Tensor  # [B] position of each row's new token, in row order
     length: int  # keys attended this step (<= capacity)
     cache: "DecodeReadCache"  # whose buffer holds these rows
+    order: np.ndarray | None = None  # row r holds the request at index order[r] of the step's key; None: r
+    fresh: torch.Tensor | None = None  # rows to gather from pages (not in the cache)
+    move_src: torch.Tensor | None = None  # rows kept from the last step: old row index ...
+    move_dst: torch.Tensor | None = None  # ... and new row index (all moves at once)
 
 
 class DecodeReadCache:
@@ -55,57 +69,117 @@ class DecodeReadCache:
         self.shape_tail = (num_kv_heads, head_dim)
         self.num_layers = num_layers
         self.dtype, self.device, self.max_bytes = dtype, device, max_bytes
-        self.key: tuple | None = None  # request ids of the cached batch, in row order
-        self.capacity = 0
+        self.key: tuple | None = None  # request ids of the cached batch, in row (slot) order
+        self.slot_of: dict = {}  # request id -> its row
+        self.covered = np.zeros(0, np.int64)  # positions each row holds: [0, covered[r])
+        self.capacity = 0  # positions per row
+        self.row_capacity = 0  # rows the buffer is laid out for
         self.buf: torch.Tensor | None = None
         self._elem = torch.empty((), dtype=dtype).element_size()
         self._arange: torch.Tensor | None = None
         self._views: dict = {}  # (layer, batch, capacity, length) -> views of `buf`
 
+    def holds(self, positions) -> bool:
+        """True when row r holds exactly the positions before positions[r], for every row."""
+        return len(positions) == len(self.covered) and bool(np.array_equal(self.covered, positions))
+
     def plan(self, batch_key: tuple, positions, length: int, page_len: int) -> ReadCachePlan | None:
-        """Decide for a pure-decode step; None means "gather pages instead" (too big)."""
+        """Decide for this step's decode rows (`batch_key` and `positions`, each new token's
+        position, in the step's order); None means "gather pages instead" (too big)."""
+        pos = np.asarray(positions, np.int64).reshape(-1)
+        if length > self.capacity or page_len > self.capacity or len(batch_key) > self.row_capacity:
+            plan = self._rebuild_whole(batch_key, pos, length, page_len)
+        elif batch_key == self.key and self.holds(pos):  # steady: append only
+            plan = ReadCachePlan(False, self._rows(len(pos)), torch.as_tensor(pos, device=self.device), length, self)
+        else:
+            plan = self._reuse_rows(batch_key, pos, length)
+        if plan is None:
+            return None
+        if plan.order is not None:
+            batch_key, pos = tuple(batch_key[i] for i in plan.order), pos[plan.order]
+        if batch_key != self.key:
+            self.key, self.slot_of = batch_key, {rid: r for r, rid in enumerate(batch_key)}
+        self.covered = pos + 1  # this step appends each row's new token
+        return plan
+
+    def _rebuild_whole(self, batch_key: tuple, pos: np.ndarray, length: int, page_len: int):
         b = len(batch_key)
-        rebuild = batch_key != self.key or length > self.capacity
-        if rebuild:
-            cap = max(length, page_len) + HEADROOM
-            size = self.num_layers * 2 * b * cap * self.shape_tail[0] * self.shape_tail[1] * self._elem
-            if size > self.max_bytes:
-                self.invalidate()
-                return None
-            have = 0 if self.buf is None else self.buf.numel() * self._elem
-            if have < size:  # grow geometrically: a growing batch does not reallocate every time
-                size = min(max(size, have * 3 // 2), max(size, self.max_bytes))
-                # zeros, not empty: masked keys get weight 0, and 0 * NaN garbage would be NaN
-                self.buf = torch.zeros(size // self._elem, dtype=self.dtype, device=self.device)
-            self.key, self.capacity, self._views = batch_key, cap, {}
-        return ReadCachePlan(rebuild, self._rows(b), torch.as_tensor(positions, device=self.device),
-                             length, self)
+        cap = max(length, page_len) + HEADROOM
+        per_row = self.num_layers * 2 * cap * self.shape_tail[0] * self.shape_tail[1] * self._elem
+        rows = b + (b + 3) // 4  # spare rows: a request joining does not relayout the buffer
+        if rows * per_row > self.max_bytes:
+            rows = b
+        if rows * per_row > self.max_bytes:
+            self.invalidate()
+            return None
+        size = rows * per_row
+        have = 0 if self.buf is None else self.buf.numel() * self._elem
+        if have < size:  # grow geometrically: a growing batch does not reallocate every time
+            size = min(max(size, have * 3 // 2), max(size, self.max_bytes))
+            # zeros, not empty: masked keys get weight 0, and 0 * NaN garbage would be NaN
+            self.buf = torch.zeros(size // self._elem, dtype=self.dtype, device=self.device)
+        self.capacity, self.row_capacity, self._views = cap, rows, {}
+        self.key, self.slot_of = None, {}
+        return ReadCachePlan(True, self._rows(b), torch.as_tensor(pos, device=self.device), length, self)
+
+    def _reuse_rows(self, batch_key: tuple, pos: np.ndarray, length: int) -> ReadCachePlan:
+        """Rows the cache holds stay in their slots (moved down when their slot lies past the
+        new batch size); the others are gathered into free slots."""
+        b = len(batch_key)
+        slot: list[int | None] = [None] * b  # by index in batch_key
+        taken, movers = set(), []
+        for i, rid in enumerate(batch_key):
+            j = self.slot_of.get(rid)
+            if j is not None and self.covered[j] == pos[i]:
+                if j < b:
+                    slot[i] = j
+                    taken.add(j)
+                else:
+                    movers.append((i, j))
+        free = [r for r in range(b) if r not in taken]
+        src, dst, fresh = [], [], []
+        for i, j in movers:
+            slot[i] = r = free.pop()
+            src.append(j)
+            dst.append(r)
+        for i in range(b):
+            if slot[i] is None:
+                slot[i] = r = free.pop()
+                fresh.append(r)
+        order = np.empty(b, np.int64)
+        order[np.asarray(slot, np.int64)] = np.arange(b)
+        t = lambda a: torch.as_tensor(a, dtype=torch.long, device=self.device) if a else None  # noqa: E731
+        return ReadCachePlan(False, self._rows(b), torch.as_tensor(pos[order], device=self.device), length, self,
+                             None if np.array_equal(order, np.arange(b)) else order, t(fresh), t(src), t(dst))
 
     def _rows(self, b: int) -> torch.Tensor:
         if self._arange is None or self._arange.numel() < b:
             self._arange = torch.arange(max(b, 256), device=self.device)
         return self._arange[:b]
 
-    def layer(self, layer_idx: int, batch: int) -> torch.Tensor:
-        """View [2, B, kv_heads, capacity, head_dim] of one layer."""
+    def layer(self, layer_idx: int) -> torch.Tensor:
+        """View [2, row_capacity, kv_heads, capacity, head_dim] of one layer."""
         kvh, hd = self.shape_tail
-        per_layer = 2 * batch * kvh * self.capacity * hd
-        return self.buf[layer_idx * per_layer:(layer_idx + 1) * per_layer].view(2, batch, kvh, self.capacity, hd)
+        per_layer = 2 * self.row_capacity * kvh * self.capacity * hd
+        return self.buf[layer_idx * per_layer:(layer_idx + 1) * per_layer].view(
+            2, self.row_capacity, kvh, self.capacity, hd)
 
     def views(self, layer_idx: int, batch: int, length: int) -> tuple:
-        """(layer view, the same permuted to [B, cap, 2, kvh, hd] for appends, K [B, kvh, length,
-        hd], V): built once per (layer, length) while the cached batch stays the same."""
+        """(layer view of rows [0, B) [2, B, kvh, cap, hd], the same permuted to [B, cap, 2,
+        kvh, hd] for appends, K [B, kvh, length, hd], V): built once per (layer, batch, length)
+        while the buffer's layout stays the same."""
         key = (layer_idx, batch, self.capacity, length)
         got = self._views.get(key)
         if got is None:
             if len(self._views) > 8 * self.num_layers:
                 self._views.clear()
-            rc = self.layer(layer_idx, batch)
+            rc = self.layer(layer_idx)[:, :batch]
             got = self._views[key] = (rc, rc.permute(1, 3, 0, 2, 4), rc[0, :, :, :length], rc[1, :, :, :length])
         return got
 
     def invalidate(self) -> None:
-        self.key, self.capacity = None, 0
+        self.key, self.slot_of, self.capacity, self.row_capacity = None, {}, 0, 0
+        self.covered = np.zeros(0, np.int64)
         self._views = {}
 
 

@@ -99,22 +99,28 @@ class ModelRunner:
         plans = []
         for k, rows in members.items():
             rc = rcs[k]
-            if rc.key is None or len(rc.key) != len(rows) or \
-                    any(chunks[i].request_id != rid for i, rid in zip(rows, rc.key)):
+            if rc.key is None or len(rc.key) != len(rows):
                 return None
-            g_pos = pos_np[rows]
+            in_slots = [-1] * len(rows)  # the bucket's rows in cache-row (slot) order
+            for i in rows:
+                r = rc.slot_of.get(chunks[i].request_id)
+                if r is None:
+                    return None
+                in_slots[r] = i
+            g_pos = pos_np[in_slots]
             length = key_length(int(g_pos.max()))
-            if length > rc.capacity:
-                return None  # this bucket's cache must grow: the general path rebuilds it
-            plans.append((rows, g_pos, rc.plan(rc.key, g_pos, length, 0)))
+            if length > rc.capacity or not rc.holds(g_pos):
+                return None  # the cache must grow or gather a row: the general path does it
+            plans.append((in_slots, g_pos, rc.plan(rc.key, g_pos, length, 0)))
         groups = []
         for rows, g_pos, plan in plans:
             allowed = np.arange(plan.length)[None, :] <= g_pos[:, None]  # [B_g, L]
             mask = torch.from_numpy(np.where(allowed, np.float32(0), np.float32("-inf"))[:, None, None, :])
-            # plan.rows is arange(B_g): every row in flat order when one bucket holds them all
-            idx = plan.rows if len(plans) == 1 else self._t(np.asarray(rows, np.int64))
+            flat_order = len(plans) == 1 and rows == list(range(len(rows)))
+            # plan.rows is arange(B_g): the flat order itself when one bucket holds every row in slot order
+            idx = plan.rows if flat_order else self._t(np.asarray(rows, np.int64))
             groups.append(AttnGroup(idx[:, None], plan.rows, idx, idx[:0], 0,
-                                    mask.to(device=self.device, dtype=self.kv.dtype), plan))
+                                    mask.to(device=self.device, dtype=self.kv.dtype), plan, flat_order))
         t = self._t
         return t(np.asarray(ids, np.int64))[None], t(pos_np)[None], \
             StepMetadata(t(np.asarray(slots, np.int64)), groups), None
@@ -126,26 +132,31 @@ class ModelRunner:
         """Attention metadata for the sequences `rows` (indices into chunks); `bucket`: their
         read cache (decode rows), or -1 (prefill rows)."""
         ps = self.page_size
+        max_pages = int(npages[rows].max())
+        plan = None
+        if bucket >= 0 and self.read_cache is not None:  # decode rows, also beside prefill chunks
+            d_pos = pos[cu_start[rows]]  # one query each
+            plan = self.read_cache[bucket].plan(tuple(chunks[i].request_id for i in rows), d_pos,
+                                                key_length(int(d_pos.max())), max_pages * ps)
+            if plan is not None and plan.order is not None:
+                rows = rows[plan.order]  # group row r is cache row r
         g_lens, g_start = lens[rows], cu_start[rows]
-        q_max, max_pages = int(g_lens.max()), int(npages[rows].max())
+        q_max = int(g_lens.max())
         j = np.arange(q_max)
         q_gather = g_start[:, None] + np.minimum(j[None, :], (g_lens - 1)[:, None])  # [B_g, q_max]
         valid = j[None, :] < g_lens[:, None]
         flat_index = (g_start[:, None] + j[None, :])[valid]
         pad_index = (np.arange(len(rows))[:, None] * q_max + j[None, :])[valid]
         q_pos = pos[q_gather]  # padded query slots repeat the last real query: harmless
-        plan = None
-        if bucket >= 0 and self.read_cache is not None:  # decode rows, also beside prefill chunks
-            length = key_length(int(q_pos.max()))
-            plan = self.read_cache[bucket].plan(tuple(chunks[i].request_id for i in rows), q_pos[:, 0], length,
-                                                max_pages * ps)
         keys = plan.length if plan is not None else max_pages * ps
         allowed = np.arange(keys)[None, None, :] <= q_pos[:, :, None]  # [B_g, q_max, L]
         mask = np.where(allowed, np.float32(0), np.float32("-inf"))
         mask = np.repeat(mask[:, None], self.groups, axis=1).reshape(len(rows), 1, self.groups * q_max, keys)
         t = self._t
+        flat_order = len(rows) == len(lens) and q_max == 1 and bool(np.array_equal(rows, np.arange(len(rows))))
         return AttnGroup(t(q_gather), t(pad_index), t(flat_index), t(block_tables[rows, :max_pages].reshape(-1)),
-                         max_pages, torch.from_numpy(mask).to(device=self.device, dtype=self.kv.dtype), plan)
+                         max_pages, torch.from_numpy(mask).to(device=self.device, dtype=self.kv.dtype), plan,
+                         flat_order)
 
     @torch.inference_mode()
     def run(self, chunks: list[BatchChunk]) -> torch.Tensor:
@@ -157,8 +168,13 @@ class ModelRunner:
         elif logits_idx.numel() == 0:
             logits_idx = torch.tensor([ids.shape[1] - 1], device=self.device)  # lm_head on one row only
             keep_none = True
-        out = self.model(input_ids=ids, position_ids=pos, past_key_values=PagedKVCache(self.kv, meta),
-                         use_cache=True, logits_to_keep=logits_idx, pdtb_meta=meta)
+        try:
+            out = self.model(input_ids=ids, position_ids=pos, past_key_values=PagedKVCache(self.kv, meta),
+                             use_cache=True, logits_to_keep=logits_idx, pdtb_meta=meta)
+        except BaseException:
+            if self.read_cache is not None:
+                self.read_cache.invalidate()  # its rows' `covered` counted this step's appends
+            raise
         if keep_none:
             return out.logits[0, :0].float()
         return out.logits[0].float()

@@ -40,3 +40,18 @@ def test_matmul_attention_default_scale_and_no_mask():
     qq = q.reshape(b, kvh, -1, hd)
     torch.testing.assert_close(pa._matmul_attention(qq, k, v, None, hd ** -0.5),
                                F.scaled_dot_product_attention(qq, k, v), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("b,length", [(2, 100), (5, 600)])
+def test_group_attention_of_decode_rows_in_slot_order(b, length):
+    """A decode group whose rows are not in the step's flat order (read-cache slots): each
+    flat token gets its own row's attention, on both sides of the size threshold."""
+    q, k, v, mask = _case(b, length, masked_tail=5, seed=1)
+    kvh, hd = k.shape[1], k.shape[3]
+    flat = torch.randn(b + 2, q.shape[1], hd)  # two more tokens in the step (another group's)
+    where = torch.randperm(b + 2)[:b]  # flat position of group row r
+    flat[where] = q
+    g = pa.AttnGroup(where[:, None], torch.arange(b), where, where[:0], 0, mask)
+    got = pa._group_attention(flat, k, v, g, 0.2)  # group order: row r at index r
+    want = F.scaled_dot_product_attention(q.reshape(b, kvh, -1, hd), k, v, attn_mask=mask, scale=0.2)
+    torch.testing.assert_close(got, want.reshape(q.shape), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,106 @@
+"""The decode read cache keeps rows across membership changes (moved, not re-gathered) and
+always holds exactly what the pool holds for its rows."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from conftest import hf_greedy, make_engine, make_prompts
+from model_engine.read_cache import DecodeReadCache
+from model_engine.sequence import SamplingParams
+
+
+def _cache() -> DecodeReadCache:
+    return DecodeReadCache(num_layers=2, num_kv_heads=1, head_dim=4, dtype=torch.float32, device=torch.device("cpu"))
+
+
+def _ids(t):
+    return None if t is None else t.tolist()
+
+
+def test_plan_keeps_rows_in_their_slots_and_gathers_the_rest():
+    rc = _cache()
+    p = rc.plan(("a", "b", "c"), [10, 20, 30], 32, 32)
+    assert p.rebuild and rc.row_capacity >= 3 and rc.key == ("a", "b", "c")
+    p = rc.plan(("a", "c"), [11, 31], 32, 32)  # b left from the middle: c moves into its row
+    assert not p.rebuild and _ids(p.move_src) == [2] and _ids(p.move_dst) == [1] and p.fresh is None
+    assert p.order is None and rc.key == ("a", "c")
+    p = rc.plan(("c", "d"), [32, 5], 48, 48)  # a left, d is new: d takes a's row, c stays put
+    assert _ids(p.fresh) == [0] and p.move_src is None and p.order.tolist() == [1, 0]
+    assert rc.key == ("d", "c") and _ids(p.pos) == [5, 32]
+    p = rc.plan(("c", "d"), [33, 6], 48, 0)  # same rows in another order: nothing to copy
+    assert p.fresh is None and p.move_src is None and p.order.tolist() == [1, 0]
+    p = rc.plan(("d", "c"), [7, 34], 48, 0)  # steady, in row order: append only
+    assert p.order is None and p.fresh is None and p.move_src is None and not p.rebuild
+    p = rc.plan(("d", "c"), [8, 36], 48, 0)  # c skipped a step (e.g. recomputed): gathered afresh
+    assert _ids(p.fresh) == [1] and p.move_src is None and p.order is None
+    assert rc.plan(("c", "d", "e", "f", "g"), [37, 9, 1, 1, 1], 48, 48).rebuild  # more rows than laid out
+    assert rc.plan(("c",), [38], rc.capacity + 16, 0).rebuild  # longer than the rows hold
+
+
+def test_plan_gives_up_past_the_byte_budget():
+    rc = DecodeReadCache(2, 1, 4, torch.float32, torch.device("cpu"), max_bytes=4096)
+    assert rc.plan(("a",), [500], 512, 512) is None and rc.key is None
+
+
+def _check_rows_match_pool(engine) -> None:
+    """Every cached row holds, for every layer, exactly the K/V its pages hold."""
+    kv, ps = engine.pool.kv, engine.pool.spec.page_size
+    for rc in engine.runner.read_cache.buckets:
+        for i, rid in enumerate(rc.key or ()):
+            pages = engine.pool.pages_of(rid)
+            if not pages:
+                continue  # finished this step: its pages are free, its row is dead
+            n = int(rc.covered[i])
+            want = kv[:, :, pages].flatten(2, 3)[:, :, :n]  # [layers, 2, n, kvh, hd]
+            for layer in range(kv.shape[0]):
+                got = rc.layer(layer)[:, i, :, :n].transpose(1, 2)  # [2, n, kvh, hd]
+                assert torch.equal(got, want[layer]), (rid, layer, n)
+
+
+def test_rows_joining_and_leaving_stay_identical_to_generate(llama_dir, hf_models):
+    engine = make_engine(llama_dir, page_size=16, max_num_batched_tokens=64)
+    lens = (40, 9, 70, 23, 55, 3, 31)
+    outs = (30, 8, 25, 12, 20, 16, 10)  # rows leave from the middle of the batch
+    prompts = make_prompts(lens, engine.info.vocab_size, seed=21)
+    seqs = [engine.make_sequence(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(prompts, outs)]
+    kinds = {"whole": 0, "moved": 0, "gathered": 0, "reordered": 0}
+    for rc in engine.runner.read_cache.buckets:
+        def spy(*a, _plan=rc.plan):
+            p = _plan(*a)
+            if p is not None:
+                kinds["whole"] += p.rebuild
+                kinds["moved"] += p.move_src is not None
+                kinds["gathered"] += p.fresh is not None
+                kinds["reordered"] += p.order is not None
+            return p
+        rc.plan = spy
+    pending, steps = list(seqs), 0
+    while pending or engine.has_work():
+        if pending and steps % 4 == 0:
+            engine.add(pending.pop(0))
+        engine.step()
+        engine.pool.check()
+        _check_rows_match_pool(engine)
+        steps += 1
+    for p, n, s in zip(prompts, outs, seqs):
+        assert s.output_token_ids == hf_greedy(hf_models["llama"], p, n, ignore_eos=True)
+    print(kinds)
+    assert kinds["moved"] >= 1 and kinds["gathered"] >= 2 and kinds["reordered"] >= 1, kinds
+    assert np.all(engine.pool.num_free == engine.pool.num_pages)
+
+
+def test_rows_stay_true_to_the_pool_through_preemption(llama_dir, hf_models):
+    """A pool too small for the batch preempts and recomputes rows; a row that comes back is
+    never served from what the cache held before."""
+    engine = make_engine(llama_dir, page_size=4, num_pages=40)
+    prompts = make_prompts((30, 25, 20, 12), engine.info.vocab_size, seed=5)
+    seqs = [engine.make_sequence(p, SamplingParams(max_tokens=40, ignore_eos=True)) for p in prompts]
+    for s in seqs:
+        engine.add(s)
+    while engine.has_work():
+        engine.step()
+        _check_rows_match_pool(engine)
+    assert sum(s.num_preemptions for s in seqs) > 0
+    for p, s in zip(prompts, seqs):
+        assert s.output_token_ids == hf_greedy(hf_models["llama"], p, 40, ignore_eos=True)
