@@ -31,7 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-HEADROOM = 128  # extra positions per (re)build so a steady batch rebuilds rarely
+HEADROOM = 128  # extra positions per (re)build so a steady batch rebuilds rarely ...
+HEADROOM_SHARE = 4  # ... or a quarter of the length, if more: a 2,000-token row decoding 512
+# tokens is re-laid out once, not four times (each time every row of the bucket is gathered)
 BUCKET_EDGES = (256, 1024, 4096)  # keys attended: <= 256, <= 1024, <= 4096, longer
 
 
@@ -103,16 +105,17 @@ class DecodeReadCache:
         return plan
 
     def _rebuild_whole(self, batch_key: tuple, pos: np.ndarray, length: int, page_len: int):
-        b = len(batch_key)
-        cap = max(length, page_len) + HEADROOM
-        per_row = self.num_layers * 2 * cap * self.shape_tail[0] * self.shape_tail[1] * self._elem
-        rows = b + (b + 3) // 4  # spare rows: a request joining does not relayout the buffer
-        if rows * per_row > self.max_bytes:
-            rows = b
-        if rows * per_row > self.max_bytes:
+        b, need = len(batch_key), max(length, page_len)
+        per_pos = self.num_layers * 2 * self.shape_tail[0] * self.shape_tail[1] * self._elem
+        # spare rows and positions first, so that joins and growth do not relayout the buffer
+        for rows, cap in ((b + (b + 3) // 4, need + max(HEADROOM, need // HEADROOM_SHARE)),
+                          (b, need + HEADROOM)):
+            if rows * cap * per_pos <= self.max_bytes:
+                break
+        else:
             self.invalidate()
             return None
-        size = rows * per_row
+        size = rows * cap * per_pos
         have = 0 if self.buf is None else self.buf.numel() * self._elem
         if have < size:  # grow geometrically: a growing batch does not reallocate every time
             size = min(max(size, have * 3 // 2), max(size, self.max_bytes))
