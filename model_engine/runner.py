@@ -96,7 +96,7 @@ class ModelRunner:
             slots.append(c.page_table[p // ps] * ps + p % ps)
             members.setdefault(bucket_of(p + 1), []).append(i)
         pos_np = np.asarray(pos, np.int64)
-        plans = []
+        steady = []
         for k, rows in members.items():
             rc = rcs[k]
             if rc.key is None or len(rc.key) != len(rows):
@@ -111,7 +111,11 @@ class ModelRunner:
             length = key_length(int(g_pos.max()))
             if length > rc.capacity or not rc.holds(g_pos):
                 return None  # the cache must grow or gather a row: the general path does it
-            plans.append((in_slots, g_pos, rc.plan(rc.key, g_pos, length, 0)))
+            steady.append((rc, in_slots, g_pos, length))
+        # Plan only once every bucket is known to be steady: planning advances a cache's
+        # `covered`, so a bucket planned here and again by the general path (because a later
+        # bucket was not steady) would see its own rows as stale and gather them all afresh.
+        plans = [(in_slots, g_pos, rc.plan(rc.key, g_pos, length, 0)) for rc, in_slots, g_pos, length in steady]
         groups = []
         for rows, g_pos, plan in plans:
             allowed = np.arange(plan.length)[None, :] <= g_pos[:, None]  # [B_g, L]

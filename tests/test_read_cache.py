@@ -104,3 +104,40 @@ def test_rows_stay_true_to_the_pool_through_preemption(llama_dir, hf_models):
     assert sum(s.num_preemptions for s in seqs) > 0
     for p, s in zip(prompts, seqs):
         assert s.output_token_ids == hf_greedy(hf_models["llama"], p, 40, ignore_eos=True)
+
+
+def test_a_newcomer_in_one_bucket_does_not_regather_steady_rows_of_another(llama_dir, hf_models):
+    """Two long rows decode steadily in one length bucket; short requests join and leave the
+    short bucket. The long rows are gathered from their pages once, when they start decoding,
+    never again (a step that plans the long bucket as steady must not plan it twice)."""
+    engine = make_engine(llama_dir, page_size=16, max_num_batched_tokens=512)
+    long_p = make_prompts((300, 280), engine.info.vocab_size, seed=8)
+    short_p = make_prompts((9, 14, 6), engine.info.vocab_size, seed=9)
+    longs = [engine.make_sequence(p, SamplingParams(max_tokens=40, ignore_eos=True)) for p in long_p]
+    shorts = [engine.make_sequence(p, SamplingParams(max_tokens=5, ignore_eos=True)) for p in short_p]
+    long_ids = {s.request_id for s in longs}
+    gathered: list[str] = []  # request ids whose long row came from pages, not from the cache
+    rc = engine.runner.read_cache.buckets[1]  # 257-1024 keys
+
+    def spy(key, positions, length, page_len, _plan=rc.plan):
+        p = _plan(key, positions, length, page_len)
+        if p is not None:
+            rows = range(len(key)) if p.rebuild else (p.fresh.tolist() if p.fresh is not None else [])
+            gathered.extend(rc.key[r] for r in rows)
+        return p
+
+    rc.plan = spy
+    for s in longs:
+        engine.add(s)
+    steps = 0
+    while engine.has_work():
+        if steps in (6, 14, 22):
+            engine.add(shorts[(steps - 6) // 8])
+        engine.step()
+        _check_rows_match_pool(engine)
+        steps += 1
+    assert sorted(gathered) == sorted(long_ids), gathered  # each long row gathered exactly once
+    for p, s in zip(long_p, longs):
+        assert s.output_token_ids == hf_greedy(hf_models["llama"], p, 40, ignore_eos=True)
+    for p, s in zip(short_p, shorts):
+        assert s.output_token_ids == hf_greedy(hf_models["llama"], p, 5, ignore_eos=True)
