@@ -31,6 +31,9 @@ def parse(role: str, argv: list[str]) -> argparse.Namespace:
                     help="memfair: a prompt longer than this share of the step budget is long")
     ap.add_argument("--active-window", type=float, default=1.0, metavar="S",
                     help="memfair: a tenant that had work within S seconds still counts as active")
+    ap.add_argument("--long-yield-steps", type=int, default=0, metavar="N",
+                    help="memfair: while another tenant has decode rows in the step, a long prompt sits the step "
+                         "out, at most N steps in a row (default 0: it takes its small chunk every step)")
     ap.add_argument("--no-read-share", dest="read_share", action="store_false",
                     help="memfair: let a tenant's decode rows read more than its share of the device tier per step "
                          "while other tenants decode (default: they take turns)")
@@ -87,7 +90,7 @@ def fairness_config(a: argparse.Namespace):
                               request_cap_frac=a.request_cap_frac, dynamic_quota=a.dynamic_quota,
                               prefill_share_frac=a.prefill_share, read_share=a.read_share,
                               long_prompt_frac=a.long_prompt, active_window_s=a.active_window,
-                              read_turn_steps=a.read_turn_steps,
+                              read_turn_steps=a.read_turn_steps, long_yield_steps=a.long_yield_steps,
                               class_reservations=_pairs(a.reserve, "--reserve", int), tenant_bw_cap=a.tenant_bw_cap,
                               slo_ttft_s=_pairs(a.slo_ttft, "--slo-ttft", int),
                               slo_tpot_s=_pairs(a.slo_tpot, "--slo-tpot", int))

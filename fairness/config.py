@@ -12,6 +12,7 @@ class FairnessConfig:
     prefill_share_frac: float = 1 / 32  # memfair: while other tenants are active, a long prompt's chunk takes at most this share of a step
     long_prompt_frac: float = 1 / 8  # memfair: a prompt longer than this share of the step budget is long
     active_window_s: float = 1.0  # memfair: a tenant with work within this long is still active
+    long_yield_steps: int = 0  # memfair: while another tenant has decode rows, a long prompt sits out up to this many steps in a row (0: never)
     read_share: bool = True  # memfair: while other tenants decode, a tenant's decode rows read at most its entitlement of pages per step
     read_turn_steps: int = 16  # memfair: steps a turn of rows chosen by the read share lasts (rotation keeps read caches warm)
     dynamic_quota: bool = False  # per-request cap grows with the request's length, up to the pool
@@ -33,6 +34,8 @@ class FairnessConfig:
             raise ValueError("long_prompt_frac must be in (0, 1]")
         if self.active_window_s < 0:
             raise ValueError("active_window_s must be >= 0")
+        if self.long_yield_steps < 0:
+            raise ValueError("long_yield_steps must be >= 0")
         if self.read_turn_steps < 1:
             raise ValueError("read_turn_steps must be at least 1")
         if any(w <= 0 for w in self.tenant_weights.values()):

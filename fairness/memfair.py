@@ -40,6 +40,7 @@ class MemFairPolicy(BasePolicy):
         self._turns: dict[str, tuple[frozenset, int]] = {}  # tenant -> (rows in its read turn, last step)
         self._seen: dict[str, float] = {}  # tenant -> state.now when it last had work here
         self._long_chunk: dict[str, int] = {}  # tenant -> step its long prompt last got a chunk in
+        self._yielded: dict[str, int] = {}  # long prompt -> steps sat out in a row (long_yield_steps)
 
     def _refresh(self, running: list[Sequence], candidates: list[Sequence], state: SchedState) -> None:
         self.use = tenant_usage(running, state)
@@ -118,6 +119,26 @@ class MemFairPolicy(BasePolicy):
                 later.update(s.request_id for s in sorted(longs, key=lambda s: s.arrival_time)[1:])
         return [s for s in rows if s.request_id not in later] if later else rows
 
+    def _yield_to_decoders(self, rows: list[Sequence], state: SchedState) -> list[Sequence]:
+        """With `long_yield_steps` N > 0: a long prompt sits out a step that carries another
+        tenant's decode rows (its chunk would lengthen their inter-token gap), but never more
+        than N steps in a row, so it keeps progressing while others always decode."""
+        n = self.cfg.long_yield_steps
+        if n <= 0:
+            return rows
+        decoding = {s.tenant for s in rows if not s.in_prefill}
+        yielded: dict[str, int] = {}
+        out = []
+        for s in rows:
+            if s.in_prefill and self._long(s, state) and decoding - {s.tenant}:
+                k = self._yielded.get(s.request_id, 0)
+                if k < n:
+                    yielded[s.request_id] = k + 1
+                    continue
+            out.append(s)
+        self._yielded = yielded  # a prompt that stepped (or left) starts counting afresh
+        return out
+
     def _read_share(self, rows: list[Sequence], state: SchedState) -> list[Sequence]:
         """Decode rows that may step now while other tenants decode (see the module doc)."""
         by_tenant: dict[str, list[Sequence]] = {}
@@ -155,7 +176,8 @@ class MemFairPolicy(BasePolicy):
         return max(state.page_size, int(state.token_budget * self.cfg.prefill_share_frac))
 
     def step_order(self, running, state):
-        ordered = self._read_share(self._one_long_prompt(super().step_order(running, state), state), state)
+        ordered = self._one_long_prompt(super().step_order(running, state), state)
+        ordered = self._read_share(self._yield_to_decoders(ordered, state), state)
         # Under-quota tenants first; the tail (evicted first under pressure) is the most over.
         return sorted(ordered, key=lambda s: (self.over.get(s.tenant, 0.0) > 1.0, s.arrival_time))
 

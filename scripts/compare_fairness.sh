@@ -3,6 +3,7 @@
 #
 #   scripts/compare_fairness.sh [--quick] [--out DIR] [--policies LIST] [--modes "colocated disagg"]
 #                               [--model DIR] [--seed N] [--device cpu|cuda[:N]] [--step-log]
+#                               [--node-args "ARGS"]
 #
 # Same KV page budget in both modes: the colocated node gets TOTAL device pages; the
 # disaggregated cluster splits them, PREFILL pages on the prefill node and the rest on the
@@ -14,9 +15,10 @@
 # compared under real KV pressure.
 # Writes DIR/MODE-POLICY.json for each run and DIR/report/report.md with plots. With --step-log,
 # every node also writes one JSON line per engine step to DIR/run-MODE-POLICY/steps-NODE.jsonl.
+# --node-args passes more flags to every node, e.g. "--long-yield-steps 16" or "--no-read-share".
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-QUICK=0 OUT="" POLICIES="" MODES="colocated disagg" MODEL="" SEED=0 DEVICE=cpu STEPLOG=0
+QUICK=0 OUT="" POLICIES="" MODES="colocated disagg" MODEL="" SEED=0 DEVICE=cpu STEPLOG=0 NODE_ARGS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
@@ -27,7 +29,8 @@ while [ $# -gt 0 ]; do
     --seed) SEED="$2"; shift 2 ;;
     --device) DEVICE="$2"; shift 2 ;;
     --step-log) STEPLOG=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --node-args) NODE_ARGS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "compare_fairness: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -65,6 +68,9 @@ run_one() {  # run_one MODE POLICY
     pages=$(( TOTAL - PREFILL )); extra=(--prefill-kv-pages "$PREFILL" -- --max-num-batched-tokens "$BUDGET" --device "$DEVICE")
   fi
   [ "$STEPLOG" = 0 ] || extra+=(--step-log "$rd/steps-{node}.jsonl")
+  local node_args=()
+  read -r -a node_args <<< "$NODE_ARGS"
+  extra+=("${node_args[@]}")
   echo "== $mode / $pol on $DEVICE: device pages $pages${PREFILL:+ (prefill $PREFILL in disagg)}, host $HOST" >&2
   local url
   url="$(bash "$ROOT/scripts/launch_cluster.sh" --mode "$mode" --model "$MODEL" --policy "$pol" --port 0 \

@@ -242,6 +242,40 @@ def test_memfair_keeps_a_whale_prefill_chunk_small_while_another_tenant_decodes(
     assert sizes and max(sizes) <= 512 // 32 and sum(sizes) >= 16 * 28
 
 
+def test_memfair_long_yield_steps_keeps_whale_chunks_out_of_minnow_steps_but_not_forever():
+    """With long_yield_steps=4 the whale's prompt sits out steps in which the minnow decodes,
+    at most 4 in a row: a chunk in exactly every 5th such step, so it still finishes."""
+    sched = make_scheduler(make_policy("memfair", FairnessConfig(long_yield_steps=4)), num_pages=400, budget=512)
+    minnow = make_request(8, 200, tenant="m")
+    sched.add(minnow)
+    sim_step(sched)  # the minnow's prefill; from now on it decodes
+    whale = make_request(300, 4, tenant="w", arrival=1.0)
+    sched.add(whale)
+    had_chunk = []
+    while whale.in_prefill:
+        out = sched.schedule()
+        assert any(c.seq is minnow for c in out.chunks)  # the minnow steps every time
+        had_chunk.append(any(c.seq is whale for c in out.chunks))
+        apply_step(sched, out)
+        assert len(had_chunk) < 200, "the whale's prefill must progress"
+    assert minnow.status == SeqStatus.RUNNING  # the minnow decoded all along
+    gaps = [i for i, c in enumerate(had_chunk) if c]
+    assert len(gaps) >= 3 and all(b - a == 5 for a, b in zip(gaps, gaps[1:])), had_chunk
+    # default (0): a chunk in every step, as before
+    sched = make_scheduler(make_policy("memfair"), num_pages=400, budget=512)
+    minnow = make_request(8, 200, tenant="m")
+    sched.add(minnow)
+    sim_step(sched)
+    whale = make_request(300, 4, tenant="w", arrival=1.0)
+    sched.add(whale)
+    while whale.in_prefill:
+        out = sched.schedule()
+        assert any(c.seq is whale for c in out.chunks)
+        apply_step(sched, out)
+    with pytest.raises(ValueError, match="long_yield_steps"):
+        FairnessConfig(long_yield_steps=-1)
+
+
 def test_memfair_limits_a_long_prompt_chunk_while_others_are_active():
     """budget 2048 (the state default): long means more than 256 tokens; its chunk is 64."""
     pol = make_policy("memfair")
