@@ -117,7 +117,7 @@ def _group_attention(q_flat, k, v, g: AttnGroup, scaling) -> torch.Tensor:
     q = q.view(b, q_max, kvh, groups, hd).permute(0, 2, 3, 1, 4).reshape(b, kvh, groups * q_max, hd)
     if k.dtype != q.dtype:
         k, v = k.to(q.dtype), v.to(q.dtype)
-    if q_max == 1 and not q.is_cuda and b * k.shape[2] >= MATMUL_DECODE_MIN_KEYS:  # decode rows
+    if q_max == 1 and not q.is_cuda and use_matmul_decode(b, k.shape[2], torch.get_num_threads()):  # decode rows
         out = _matmul_attention(q, k, v, g.attn_mask, scaling if scaling is not None else hd ** -0.5)
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=g.attn_mask, scale=scaling)
@@ -133,18 +133,29 @@ def _decode_attention(q_flat, k, v, mask, scaling) -> torch.Tensor:
     q = q_flat.reshape(b, kvh, heads // kvh, hd)  # head h reads kv head h // groups
     if k.dtype != q.dtype:
         k, v = k.to(q.dtype), v.to(q.dtype)
-    if q.is_cuda or b * k.shape[2] < MATMUL_DECODE_MIN_KEYS:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
-    else:
+    if not q.is_cuda and use_matmul_decode(b, k.shape[2], torch.get_num_threads()):
         out = _matmul_attention(q, k, v, mask, scaling if scaling is not None else hd ** -0.5)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
     return out.reshape(b, heads, hd)
 
 
 # On the CPU, SDPA's flash kernel tiles for long query blocks; with one query per row (times
-# the GQA fold) it spends most of its time on set-up. Two batched matmuls and a softmax are
-# 1.1-1.7x faster there from a few thousand keys in the batch up (batch 32 x 208 keys: 195 us
-# against 265-305 us per layer), and slower below (one row of 64 keys: 64 us against 29 us).
+# the GQA fold) and two threads it spends much of its time on set-up and splitting work. Two
+# batched matmuls and a softmax are faster there for a batch of rows with a few thousand keys
+# in all: with 2 threads, batch 32 x 208 keys 307 against 457 us per layer, 16 x 300 keys 242
+# against 289 us. With a single thread SDPA is as fast or faster at every size measured (32 x
+# 208: 319 against 369 us), and with one or two rows it is faster at any thread count (1 x
+# 1,700 keys: 77 against 108 us), since then there is little to batch (tests/
+# test_decode_attention.py; figures from one 2-core machine).
 MATMUL_DECODE_MIN_KEYS = 1024
+MATMUL_DECODE_MIN_ROWS = 4
+
+
+def use_matmul_decode(rows: int, keys: int, threads: int) -> bool:
+    """Whether a CPU decode group of `rows` rows attending `keys` keys each uses the two-matmul
+    attention instead of SDPA (see above)."""
+    return threads > 1 and rows >= MATMUL_DECODE_MIN_ROWS and rows * keys >= MATMUL_DECODE_MIN_KEYS
 
 
 def _matmul_attention(q, k, v, mask, scale: float) -> torch.Tensor:

@@ -22,16 +22,32 @@ def _case(b: int, length: int, masked_tail: int, seed: int = 0):
     return q, k, v, mask
 
 
-@pytest.mark.parametrize("b,length", [(1, 64), (4, 128), (32, 208), (3, 1500)])
-def test_decode_attention_matches_sdpa(b, length):
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("b,length", [(1, 64), (4, 128), (32, 208), (3, 1500), (6, 700)])
+def test_decode_attention_matches_sdpa(b, length, threads):
     q, k, v, mask = _case(b, length, masked_tail=7)
     kvh, hd = k.shape[1], k.shape[3]
     want = F.scaled_dot_product_attention(q.reshape(b, kvh, -1, hd), k, v, attn_mask=mask, scale=0.2)
     got = pa._decode_attention(q, k, v, mask, 0.2)
     assert got.shape == q.shape
     torch.testing.assert_close(got, want.reshape(q.shape), rtol=1e-5, atol=1e-5)
-    # which path ran is decided by size alone; both are exercised by these cases
-    assert (b * length >= pa.MATMUL_DECODE_MIN_KEYS) == ((b, length) in {(32, 208), (3, 1500)})
+    # the matmul path runs for (32, 208) and (6, 700) with two threads, SDPA for the rest
+    uses_matmul = pa.use_matmul_decode(b, length, torch.get_num_threads())
+    assert uses_matmul == (threads == 2 and (b, length) in {(32, 208), (6, 700)})
+
+
+def test_matmul_decode_choice():
+    assert pa.use_matmul_decode(32, 208, 2) and pa.use_matmul_decode(4, 256, 2)
+    assert not pa.use_matmul_decode(32, 208, 1)  # one thread: SDPA
+    assert not pa.use_matmul_decode(3, 1700, 2)  # few rows: SDPA
+    assert not pa.use_matmul_decode(8, 100, 2)  # few keys in all: SDPA
 
 
 def test_matmul_attention_default_scale_and_no_mask():
@@ -43,7 +59,7 @@ def test_matmul_attention_default_scale_and_no_mask():
 
 
 @pytest.mark.parametrize("b,length", [(2, 100), (5, 600)])
-def test_group_attention_of_decode_rows_in_slot_order(b, length):
+def test_group_attention_of_decode_rows_in_slot_order(b, length, threads):
     """A decode group whose rows are not in the step's flat order (read-cache slots): each
     flat token gets its own row's attention, on both sides of the size threshold."""
     q, k, v, mask = _case(b, length, masked_tail=5, seed=1)
