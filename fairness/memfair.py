@@ -126,7 +126,13 @@ class MemFairPolicy(BasePolicy):
         n = self.cfg.long_yield_steps
         if n <= 0:
             return rows
-        decoding = {s.tenant for s in rows if not s.in_prefill}
+        decode_rows = [s for s in rows if not s.in_prefill]
+        if state.device_free < len(decode_rows):
+            # A prompt that sits out is not scheduled, so it could be the victim when a decode
+            # row needs a new page: with few free pages, yielding could cost it its prefill.
+            self._yielded = {}
+            return rows
+        decoding = {s.tenant for s in decode_rows}
         yielded: dict[str, int] = {}
         out = []
         for s in rows:

@@ -165,14 +165,14 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, chunks: list[BatchChunk]) -> torch.Tensor:
         """Forward the chunks; return float32 logits [num_wanting_logits, vocab]."""
-        ids, pos, meta, logits_idx = self.build_metadata(chunks)
-        keep_none = False
-        if logits_idx is None:  # every row samples: no gather before lm_head
-            logits_idx = 0
-        elif logits_idx.numel() == 0:
-            logits_idx = torch.tensor([ids.shape[1] - 1], device=self.device)  # lm_head on one row only
-            keep_none = True
-        try:
+        try:  # planning a read cache counts this step's appends: if the step fails, forget it
+            ids, pos, meta, logits_idx = self.build_metadata(chunks)
+            keep_none = False
+            if logits_idx is None:  # every row samples: no gather before lm_head
+                logits_idx = 0
+            elif logits_idx.numel() == 0:
+                logits_idx = torch.tensor([ids.shape[1] - 1], device=self.device)  # lm_head on one row only
+                keep_none = True
             out = self.model(input_ids=ids, position_ids=pos, past_key_values=PagedKVCache(self.kv, meta),
                              use_cache=True, logits_to_keep=logits_idx, pdtb_meta=meta)
         except BaseException:

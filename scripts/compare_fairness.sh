@@ -15,7 +15,8 @@
 # compared under real KV pressure.
 # Writes DIR/MODE-POLICY.json for each run and DIR/report/report.md with plots. With --step-log,
 # every node also writes one JSON line per engine step to DIR/run-MODE-POLICY/steps-NODE.jsonl.
-# --node-args passes more flags to every node, e.g. "--long-yield-steps 16" or "--no-read-share".
+# --node-args passes more flags to every node (split on spaces, no quoting), e.g.
+# "--long-yield-steps 16" or "--no-read-share".
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUICK=0 OUT="" POLICIES="" MODES="colocated disagg" MODEL="" SEED=0 DEVICE=cpu STEPLOG=0 NODE_ARGS=""
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
     --device) DEVICE="$2"; shift 2 ;;
     --step-log) STEPLOG=1; shift ;;
     --node-args) NODE_ARGS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "compare_fairness: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -70,7 +71,7 @@ run_one() {  # run_one MODE POLICY
   [ "$STEPLOG" = 0 ] || extra+=(--step-log "$rd/steps-{node}.jsonl")
   local node_args=()
   read -r -a node_args <<< "$NODE_ARGS"
-  extra+=("${node_args[@]}")
+  extra+=(${node_args[@]+"${node_args[@]}"})
   echo "== $mode / $pol on $DEVICE: device pages $pages${PREFILL:+ (prefill $PREFILL in disagg)}, host $HOST" >&2
   local url
   url="$(bash "$ROOT/scripts/launch_cluster.sh" --mode "$mode" --model "$MODEL" --policy "$pol" --port 0 \

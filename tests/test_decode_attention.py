@@ -1,5 +1,5 @@
-"""The decode attention's two CPU paths (SDPA below the size threshold, two matmuls above it)
-against SDPA on the same inputs, masks included."""
+"""The decode attention's two CPU paths (two matmuls for batches of rows with two or more
+threads, SDPA otherwise) against SDPA on the same inputs, masks included."""
 from __future__ import annotations
 
 import pytest
@@ -30,17 +30,28 @@ def threads(request):
     torch.set_num_threads(before)
 
 
+def _count_matmul(monkeypatch) -> list:
+    calls = []
+    real = pa._matmul_attention
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+    monkeypatch.setattr(pa, "_matmul_attention", counting)
+    return calls
+
+
 @pytest.mark.parametrize("b,length", [(1, 64), (4, 128), (32, 208), (3, 1500), (6, 700)])
-def test_decode_attention_matches_sdpa(b, length, threads):
+def test_decode_attention_matches_sdpa(b, length, threads, monkeypatch):
     q, k, v, mask = _case(b, length, masked_tail=7)
     kvh, hd = k.shape[1], k.shape[3]
     want = F.scaled_dot_product_attention(q.reshape(b, kvh, -1, hd), k, v, attn_mask=mask, scale=0.2)
+    calls = _count_matmul(monkeypatch)
     got = pa._decode_attention(q, k, v, mask, 0.2)
     assert got.shape == q.shape
     torch.testing.assert_close(got, want.reshape(q.shape), rtol=1e-5, atol=1e-5)
-    # the matmul path runs for (32, 208) and (6, 700) with two threads, SDPA for the rest
-    uses_matmul = pa.use_matmul_decode(b, length, torch.get_num_threads())
-    assert uses_matmul == (threads == 2 and (b, length) in {(32, 208), (6, 700)})
+    # the matmul path ran for (32, 208) and (6, 700) with two threads, SDPA for the rest
+    assert bool(calls) == (threads == 2 and (b, length) in {(32, 208), (6, 700)})
 
 
 def test_matmul_decode_choice():
@@ -59,7 +70,7 @@ def test_matmul_attention_default_scale_and_no_mask():
 
 
 @pytest.mark.parametrize("b,length", [(2, 100), (5, 600)])
-def test_group_attention_of_decode_rows_in_slot_order(b, length, threads):
+def test_group_attention_of_decode_rows_in_slot_order(b, length, threads, monkeypatch):
     """A decode group whose rows are not in the step's flat order (read-cache slots): each
     flat token gets its own row's attention, on both sides of the size threshold."""
     q, k, v, mask = _case(b, length, masked_tail=5, seed=1)
@@ -68,6 +79,8 @@ def test_group_attention_of_decode_rows_in_slot_order(b, length, threads):
     where = torch.randperm(b + 2)[:b]  # flat position of group row r
     flat[where] = q
     g = pa.AttnGroup(where[:, None], torch.arange(b), where, where[:0], 0, mask)
+    calls = _count_matmul(monkeypatch)
     got = pa._group_attention(flat, k, v, g, 0.2)  # group order: row r at index r
+    assert bool(calls) == (threads == 2 and b == 5)  # the matmul path: two threads, 5 rows
     want = F.scaled_dot_product_attention(q.reshape(b, kvh, -1, hd), k, v, attn_mask=mask, scale=0.2)
     torch.testing.assert_close(got, want.reshape(q.shape), rtol=1e-5, atol=1e-5)

@@ -276,6 +276,20 @@ def test_memfair_long_yield_steps_keeps_whale_chunks_out_of_minnow_steps_but_not
         FairnessConfig(long_yield_steps=-1)
 
 
+def test_memfair_long_prompt_does_not_yield_when_decode_rows_may_need_its_pages():
+    """A prompt that sits a step out is not scheduled, so a decode row growing by a page could
+    evict it: with fewer free pages than decode rows it takes its step instead."""
+    pol = make_policy("memfair", FairnessConfig(long_yield_steps=4))
+    whale = make_request(300, 4, tenant="w")
+    minnow = make_request(8, 30, tenant="m")
+    minnow.num_computed_tokens, minnow.token_ids = 9, minnow.token_ids + [5]  # decoding
+    assert not minnow.in_prefill and whale.in_prefill
+    roomy = state(device_total=100, device_free=50, step=1)
+    assert whale not in pol._yield_to_decoders([minnow, whale], roomy)
+    tight = state(device_total=100, device_free=0, step=2)
+    assert pol._yield_to_decoders([minnow, whale], tight) == [minnow, whale]
+
+
 def test_memfair_limits_a_long_prompt_chunk_while_others_are_active():
     """budget 2048 (the state default): long means more than 256 tokens; its chunk is 64."""
     pol = make_policy("memfair")

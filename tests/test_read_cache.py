@@ -3,6 +3,7 @@ always holds exactly what the pool holds for its rows."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from conftest import hf_greedy, make_engine, make_prompts
@@ -141,3 +142,23 @@ def test_a_newcomer_in_one_bucket_does_not_regather_steady_rows_of_another(llama
         assert s.output_token_ids == hf_greedy(hf_models["llama"], p, 40, ignore_eos=True)
     for p, s in zip(short_p, shorts):
         assert s.output_token_ids == hf_greedy(hf_models["llama"], p, 5, ignore_eos=True)
+
+
+def test_a_step_that_fails_after_planning_forgets_the_read_cache(llama_dir, monkeypatch):
+    """Planning counts the step's appends in `covered`; if the step then fails before the
+    forward (here while building its tensors), the caches are dropped, not left claiming
+    positions they never received."""
+    engine = make_engine(llama_dir, page_size=16)
+    for p in make_prompts((20, 30), engine.info.vocab_size, seed=3):
+        engine.add(engine.make_sequence(p, SamplingParams(max_tokens=20, ignore_eos=True)))
+    for _ in range(4):
+        engine.step()
+    runner = engine.runner
+    assert any(rc.key for rc in runner.read_cache.buckets)  # steady decode: cached rows
+
+    def boom(a):
+        raise RuntimeError("injected")
+    monkeypatch.setattr(runner, "_t", boom)  # fails after _steady_decode planned its buckets
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.step()
+    assert all(rc.key is None and not len(rc.covered) for rc in runner.read_cache.buckets)
