@@ -75,8 +75,7 @@ class PagedKVCache:
             if plan is not None:
                 rc, rows_view, k, v = plan.cache.views(layer_idx, b, plan.length)  # rc [2, B, kvh, cap, hd]
                 if plan.rebuild:
-                    pages = cache.index_select(1, g.flat_pages).view(2, b, g.max_pages * page_size, kvh, hd)
-                    rc[:, :, :, : g.max_pages * page_size].copy_(pages.transpose(2, 3))
+                    rc[:, :, :, : g.max_pages * page_size].copy_(_gather_pages(cache, g.flat_pages, b, g.max_pages))
                 else:
                     if plan.move_src is not None:  # rows kept from the last step, all moved at once
                         whole = plan.cache.layer(layer_idx)  # old rows may lie past row B
@@ -87,7 +86,7 @@ class PagedKVCache:
                     rows_view.index_put_((plan.rows, plan.pos), mine.transpose(0, 1))
                 out.append((k, v))
             else:
-                kv = cache.index_select(1, g.flat_pages).view(2, b, g.max_pages * page_size, kvh, hd).transpose(2, 3)
+                kv = _gather_pages(cache, g.flat_pages, b, g.max_pages)
                 out.append((kv[0], kv[1]))  # each [B_g, kv_heads, L, head_dim]
         m.gathered[layer_idx] = out
         return key_states, value_states  # attention reads the gathered pages from the metadata
@@ -96,13 +95,18 @@ class PagedKVCache:
         raise RuntimeError("PagedKVCache requires explicit position_ids")
 
 
+def _gather_pages(cache, flat_pages: torch.Tensor, rows: int, max_pages: int) -> torch.Tensor:
+    """The pages of `rows` rows (`flat_pages`: `max_pages` page ids per row, row-major) of one
+    layer's cache [2, pages, page_size, kvh, hd], as [2, rows, kvh, max_pages * page_size, hd]."""
+    _, _, page_size, kvh, hd = cache.shape
+    got = cache.index_select(1, flat_pages).view(2, rows, max_pages * page_size, kvh, hd)
+    return got.transpose(2, 3)
+
+
 def _gather_rows(cache, rc, g: AttnGroup, rows: torch.Tensor, page_size: int) -> None:
     """Copy the pages of the group's rows `rows` into those rows of the read cache `rc`."""
-    _, _, _, kvh, hd = cache.shape
-    span = g.max_pages * page_size
     pages = g.flat_pages.view(-1, g.max_pages).index_select(0, rows).reshape(-1)
-    got = cache.index_select(1, pages).view(2, rows.numel(), span, kvh, hd).transpose(2, 3)
-    rc[:, :, :, :span].index_copy_(1, rows, got)
+    rc[:, :, :, :g.max_pages * page_size].index_copy_(1, rows, _gather_pages(cache, pages, rows.numel(), g.max_pages))
 
 
 def _group_attention(q_flat, k, v, g: AttnGroup, scaling) -> torch.Tensor:
