@@ -219,17 +219,24 @@ def test_a_held_arrival_is_admitted_once_pages_free_up(name):
     assert "w" not in pol.held
 
 
+def _minnow_decoding_then_whale(policy, minnow_tokens: int, whale_prompt: int):
+    """Factory: a scheduler (400 pages, budget 512) whose minnow has prefilled and decodes,
+    and a whale prompt just added behind it."""
+    sched = make_scheduler(policy, num_pages=400, budget=512)
+    minnow = make_request(8, minnow_tokens, tenant="m")
+    sched.add(minnow)
+    sim_step(sched)  # the minnow's prefill; from now on it decodes
+    whale = make_request(whale_prompt, 4, tenant="w", arrival=1.0)
+    sched.add(whale)
+    return sched, minnow, whale
+
+
 def test_memfair_keeps_a_whale_prefill_chunk_small_while_another_tenant_decodes():
     """Stepped through the scheduler: once the minnow decodes, every step that carries a
     chunk of the whale's prompt carries at most 1/32 of the budget (and one does every step);
     fcfs takes it whole."""
     def chunks_of_whale(policy):
-        sched = make_scheduler(make_policy(policy), num_pages=400, budget=512)
-        minnow = make_request(8, 30, tenant="m")
-        sched.add(minnow)
-        sim_step(sched)  # the minnow's prefill; from now on it decodes
-        whale = make_request(1000, 4, tenant="w", arrival=1.0)
-        sched.add(whale)
+        sched, minnow, whale = _minnow_decoding_then_whale(make_policy(policy), 30, 1000)
         sizes = []
         while whale.in_prefill and minnow.status == SeqStatus.RUNNING:
             out = sched.schedule()
@@ -245,12 +252,8 @@ def test_memfair_keeps_a_whale_prefill_chunk_small_while_another_tenant_decodes(
 def test_memfair_long_yield_steps_keeps_whale_chunks_out_of_minnow_steps_but_not_forever():
     """With long_yield_steps=4 the whale's prompt sits out steps in which the minnow decodes,
     at most 4 in a row: a chunk in exactly every 5th such step, so it still finishes."""
-    sched = make_scheduler(make_policy("memfair", FairnessConfig(long_yield_steps=4)), num_pages=400, budget=512)
-    minnow = make_request(8, 200, tenant="m")
-    sched.add(minnow)
-    sim_step(sched)  # the minnow's prefill; from now on it decodes
-    whale = make_request(300, 4, tenant="w", arrival=1.0)
-    sched.add(whale)
+    sched, minnow, whale = _minnow_decoding_then_whale(make_policy("memfair", FairnessConfig(long_yield_steps=4)),
+                                                      200, 300)
     had_chunk = []
     while whale.in_prefill:
         out = sched.schedule()
@@ -262,12 +265,7 @@ def test_memfair_long_yield_steps_keeps_whale_chunks_out_of_minnow_steps_but_not
     gaps = [i for i, c in enumerate(had_chunk) if c]
     assert len(gaps) >= 3 and all(b - a == 5 for a, b in zip(gaps, gaps[1:])), had_chunk
     # default (0): a chunk in every step, as before
-    sched = make_scheduler(make_policy("memfair"), num_pages=400, budget=512)
-    minnow = make_request(8, 200, tenant="m")
-    sched.add(minnow)
-    sim_step(sched)
-    whale = make_request(300, 4, tenant="w", arrival=1.0)
-    sched.add(whale)
+    sched, minnow, whale = _minnow_decoding_then_whale(make_policy("memfair"), 200, 300)
     while whale.in_prefill:
         out = sched.schedule()
         assert any(c.seq is whale for c in out.chunks)
