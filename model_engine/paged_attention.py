@@ -43,6 +43,7 @@ class AttnGroup:
     attn_mask: torch.Tensor  # [B_g, 1, groups * q_max, L] additive (0 / -inf)
     read_plan: ReadCachePlan | None = None  # pure-decode steps: use the read cache
     flat_order: bool = False  # the step's only group, one query per row, rows in flat order
+    span: tuple[int, int] | None = None  # one query per row, rows are flat rows [start, end) in order
 
 
 @dataclass
@@ -82,7 +83,8 @@ class PagedKVCache:
                         whole.index_copy_(1, plan.move_dst, whole.index_select(1, plan.move_src))
                     if plan.fresh is not None:  # rows the cache did not hold: gather their pages
                         _gather_rows(cache, rc, g, plan.fresh, page_size)
-                    mine = new if g.flat_order else new.index_select(1, g.flat_index)  # [2, B_g, kvh, hd]
+                    mine = new if g.flat_order else new[:, g.span[0]:g.span[1]] if g.span is not None \
+                        else new.index_select(1, g.flat_index)  # [2, B_g, kvh, hd]
                     rows_view.index_put_((plan.rows, plan.pos), mine.transpose(0, 1))
                 out.append((k, v))
             else:
@@ -181,6 +183,10 @@ def paged_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     if m.groups[0].flat_order:
         k, v = kv[0]  # a pure decode step: T == B, flat order is row order
         return _decode_attention(q_flat, k, v, m.groups[0].attn_mask, scaling).unsqueeze(0), None
+    if all(g.span is not None for g in m.groups):  # decode rows, each group a span in order
+        outs = [_decode_attention(q_flat[g.span[0]:g.span[1]], k, v, g.attn_mask, scaling)
+                for g, (k, v) in zip(m.groups, kv)]
+        return torch.cat(outs).unsqueeze(0), None
     out = torch.empty_like(q_flat)
     for g, (k, v) in zip(m.groups, kv):
         out.index_copy_(0, g.flat_index, _group_attention(q_flat, k, v, g, scaling))

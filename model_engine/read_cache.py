@@ -139,15 +139,15 @@ class DecodeReadCache:
                     taken.add(j)
                 else:
                     movers.append((i, j))
-        free = [r for r in range(b) if r not in taken]
+        free = iter([r for r in range(b) if r not in taken])  # ascending: all-new rows keep step order
         src, dst, fresh = [], [], []
         for i, j in movers:
-            slot[i] = r = free.pop()
+            slot[i] = r = next(free)
             src.append(j)
             dst.append(r)
         for i in range(b):
             if slot[i] is None:
-                slot[i] = r = free.pop()
+                slot[i] = r = next(free)
                 fresh.append(r)
         order = np.empty(b, np.int64)
         order[np.asarray(slot, np.int64)] = np.arange(b)

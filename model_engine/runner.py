@@ -44,7 +44,8 @@ class ModelRunner:
             if self.device.type == "cpu" else None
 
     def build_metadata(self, chunks: list[BatchChunk]) -> tuple[torch.Tensor, torch.Tensor, StepMetadata, torch.Tensor | None]:
-        """(input ids, positions, attention metadata, rows wanting logits; None: every row)."""
+        """(input ids, positions, attention metadata, the flat rows whose logits are returned,
+        in the chunks' order; None: every row, flat order being the chunks' order)."""
         steady = self._steady_decode(chunks)
         if steady is not None:
             return steady
@@ -116,18 +117,26 @@ class ModelRunner:
         # `covered`, so a bucket planned here and again by the general path (because a later
         # bucket was not steady) would see its own rows as stale and gather them all afresh.
         plans = [(in_slots, g_pos, rc.plan(rc.key, g_pos, length, 0)) for rc, in_slots, g_pos, length in steady]
-        groups = []
+        # The model sees the rows bucket by bucket, each in its cache's slot order: every group
+        # is then a contiguous span of the flat rows, read and written with slices instead of
+        # per-layer gathers and scatters (5% of a 32-row step). One gather of the final hidden
+        # states (`logits_to_keep`) puts the logits back in the step's order.
+        perm = [i for rows, _, _ in plans for i in rows]  # step index of each flat row
+        groups, start = [], 0
         for rows, g_pos, plan in plans:
+            n = len(rows)
             allowed = np.arange(plan.length)[None, :] <= g_pos[:, None]  # [B_g, L]
             mask = torch.from_numpy(np.where(allowed, np.float32(0), np.float32("-inf"))[:, None, None, :])
-            flat_order = len(plans) == 1 and rows == list(range(len(rows)))
-            # plan.rows is arange(B_g): the flat order itself when one bucket holds every row in slot order
-            idx = plan.rows if flat_order else self._t(np.asarray(rows, np.int64))
+            idx = plan.rows if start == 0 else plan.rows + start  # flat rows [start, start + n)
             groups.append(AttnGroup(idx[:, None], plan.rows, idx, idx[:0], 0,
-                                    mask.to(device=self.device, dtype=self.kv.dtype), plan, flat_order))
+                                    mask.to(device=self.device, dtype=self.kv.dtype), plan, len(plans) == 1,
+                                    (start, start + n)))
+            start += n
         t = self._t
-        return t(np.asarray(ids, np.int64))[None], t(pos_np)[None], \
-            StepMetadata(t(np.asarray(slots, np.int64)), groups), None
+        order = np.asarray(perm, np.int64)
+        logits_idx = None if perm == list(range(len(perm))) else t(np.argsort(order))
+        return t(np.asarray(ids, np.int64)[order])[None], t(pos_np[order])[None], \
+            StepMetadata(t(np.asarray(slots, np.int64)[order]), groups), logits_idx
 
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)

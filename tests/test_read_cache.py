@@ -39,6 +39,13 @@ def test_plan_keeps_rows_in_their_slots_and_gathers_the_rest():
     assert rc.plan(("c",), [38], rc.capacity + 16, 0).rebuild  # longer than the rows hold
 
 
+def test_rows_new_to_the_cache_take_free_slots_in_step_order():
+    rc = _cache()
+    rc.plan(("a", "b", "c"), [10, 20, 30], 32, 32)
+    p = rc.plan(("d", "e", "f"), [4, 5, 6], 32, 0)  # a whole new batch, as after a finished one
+    assert _ids(p.fresh) == [0, 1, 2] and p.order is None and rc.key == ("d", "e", "f")
+
+
 def test_plan_gives_up_past_the_byte_budget():
     rc = DecodeReadCache(2, 1, 4, torch.float32, torch.device("cpu"), max_bytes=4096)
     assert rc.plan(("a",), [500], 512, 512) is None and rc.key is None
@@ -162,3 +169,45 @@ def test_a_step_that_fails_after_planning_forgets_the_read_cache(llama_dir, monk
     with pytest.raises(RuntimeError, match="injected"):
         engine.step()
     assert all(rc.key is None and not len(rc.covered) for rc in runner.read_cache.buckets)
+
+
+def test_steady_steps_feed_rows_in_slot_order_and_return_logits_in_step_order(llama_dir, hf_models):
+    """Rows that join, leave and cross a length bucket end up in cache slots that differ from
+    the scheduler's order. Steady steps then feed the model bucket by bucket in slot order,
+    every group a contiguous span of the flat rows, and gather the logits back into the step's
+    order: the tokens still equal `generate` for every request."""
+    engine = make_engine(llama_dir, page_size=16, max_num_batched_tokens=512)
+    lens = (240, 12, 230, 30, 7, 19, 250, 5)
+    outs = (40, 10, 35, 30, 14, 25, 20, 30)
+    prompts = make_prompts(lens, engine.info.vocab_size, seed=31)
+    seqs = [engine.make_sequence(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(prompts, outs)]
+    runner, seen = engine.runner, {"permuted": 0, "two_groups": 0}
+    real = runner._steady_decode
+
+    def spy(chunks):
+        got = real(chunks)
+        if got is not None:
+            groups = got[2].groups
+            spans = [g.span for g in groups]
+            assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+            assert spans[-1][1] == len(chunks) and all(g.span is not None for g in groups)
+            order = torch.arange(len(chunks)) if got[3] is None else got[3]
+            assert sorted(order.tolist()) == list(range(len(chunks)))
+            # the flat row that feeds chunk i carries chunk i's token and position
+            assert got[0][0, order].tolist() == [c.token_ids[0] for c in chunks]
+            assert got[1][0, order].tolist() == [c.start_pos for c in chunks]
+            seen["permuted"] += got[3] is not None
+            seen["two_groups"] += len(groups) > 1
+        return got
+
+    runner._steady_decode = spy
+    pending, steps = list(seqs), 0
+    while pending or engine.has_work():
+        if pending and steps % 3 == 0:
+            engine.add(pending.pop(0))
+        engine.step()
+        _check_rows_match_pool(engine)
+        steps += 1
+    for p, n, s in zip(prompts, outs, seqs):
+        assert s.output_token_ids == hf_greedy(hf_models["llama"], p, n, ignore_eos=True)
+    assert seen["permuted"] >= 3 and seen["two_groups"] >= 3, seen
