@@ -4,7 +4,10 @@ A minnow's inter-token gap is the length of the steps it shares. This measures, 
 and thread count, a base step of short decode rows and the time each addition puts on it:
 long decode rows (a whale decoding) and one prefill chunk of a long prompt at a given size
 and offset (a whale prefilling beside them). Median of `--reps` interleaved repeats of each
-composition, each timed after a warm-up step of the same composition (read caches built).
+composition. Each is timed as a decode step follows another in serving: a warm-up step of the
+same composition fills the decode rows' read caches, and the timed step feeds every decode row
+its next position, so it appends to those caches instead of gathering rows from their pages
+(`gathered_rows_timed` counts rows the timed steps did gather; 0 unless a cache was too small).
 
     pdtb bench steps [--threads 1] [--rows 10] [--row-len 30] [--long-rows 1,2,4] [--long-len 1800]
                      [--chunks 16,64,512] [--offsets 0,1000] [--reps 15] [--json]
@@ -60,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         pool.allocate(rid, -(-tokens // ps))
         return pool.pages_of(rid)
 
-    def decode(rid: str, ctx: int) -> BatchChunk:  # one new token at position ctx
-        return BatchChunk(rid, [rng.randrange(vocab)], ctx, owner(rid, ctx + 1), True)
+    def decode(rid: str, ctx: int) -> tuple[BatchChunk, BatchChunk]:  # (warm-up, timed) steps' rows
+        pages = owner(rid, ctx + 2)
+        return (BatchChunk(rid, [rng.randrange(vocab)], ctx, pages, True),
+                BatchChunk(rid, [rng.randrange(vocab)], ctx + 1, pages, True))
 
     base = [decode(f"row{i}", a.row_len) for i in range(a.rows)]
     longs = [decode(f"long{i}", a.long_len) for i in range(max(a.long_rows))]
@@ -73,21 +78,27 @@ def main(argv: list[str] | None = None) -> int:
         for off in a.offsets:
             chunk = BatchChunk("prompt", [rng.randrange(vocab) for _ in range(n)], off,
                                prompt[:-(-(off + n) // ps)], False)
-            comps[f"+chunk {n} @ {off}"] = [*base, chunk]
+            comps[f"+chunk {n} @ {off}"] = [*base, (chunk, chunk)]
     times: dict[str, list[float]] = {k: [] for k in comps}
+    caches, gathered = eng.runner.read_cache, 0
     for _ in range(a.reps):
-        for k, batch in comps.items():
-            eng.runner.run(batch)  # warm: the composition's read caches
+        for k, rows in comps.items():
+            eng.runner.run([warm for warm, _ in rows])  # fills the composition's read caches
+            before = caches.rows_gathered if caches is not None else 0
             t0 = time.perf_counter()
-            eng.runner.run(batch)
+            eng.runner.run([timed for _, timed in rows])
             times[k].append(1000 * (time.perf_counter() - t0))
+            gathered += (caches.rows_gathered if caches is not None else 0) - before
     med = {k: statistics.median(v) for k, v in times.items()}
     res = {"step_ms": med, "added_ms": {k: v - med["base"] for k, v in med.items() if k != "base"},
-           "threads": a.threads, "rows": a.rows, "row_len": a.row_len, "reps": a.reps}
+           "threads": a.threads, "rows": a.rows, "row_len": a.row_len, "reps": a.reps,
+           "gathered_rows_timed": gathered}
     if a.json:
         print(json.dumps(res))
         return 0
     print(f"base: {a.rows} decode rows of {a.row_len} tokens, {a.threads} thread(s): {med['base']:.2f} ms/step (median of {a.reps})")
     for k, v in res["added_ms"].items():
         print(f"  {k:28s} {med[k]:7.2f} ms  (+{v:.2f} ms, {med[k] / med['base']:.2f}x base)")
+    if gathered:
+        print(f"  ({gathered} decode rows were gathered from pages in timed steps: read caches too small)")
     return 0

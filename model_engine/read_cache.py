@@ -80,6 +80,7 @@ class DecodeReadCache:
         self._elem = torch.empty((), dtype=dtype).element_size()
         self._arange: torch.Tensor | None = None
         self._views: dict = {}  # (layer, batch, capacity, length) -> views of `buf`
+        self.rows_gathered = 0  # rows planned to be gathered from their pages, ever (a cost counter)
 
     def holds(self, positions) -> bool:
         """True when row r holds exactly the positions before positions[r], for every row."""
@@ -97,6 +98,7 @@ class DecodeReadCache:
             plan = self._reuse_rows(batch_key, pos, length)
         if plan is None:
             return None
+        self.rows_gathered += len(batch_key) if plan.rebuild else 0 if plan.fresh is None else plan.fresh.numel()
         if plan.order is not None:
             batch_key, pos = tuple(batch_key[i] for i in plan.order), pos[plan.order]
         if batch_key != self.key:
@@ -200,3 +202,7 @@ class ReadCaches:
     def invalidate(self) -> None:
         for c in self.buckets:
             c.invalidate()
+
+    @property
+    def rows_gathered(self) -> int:
+        return sum(c.rows_gathered for c in self.buckets)

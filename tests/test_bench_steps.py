@@ -16,6 +16,7 @@ def test_bench_steps_measures_each_composition(llama_dir):
     assert all(v > 0 for v in res["step_ms"].values())
     assert set(res["added_ms"]) == want - {"base"}
     assert res["threads"] == 1
+    assert res["gathered_rows_timed"] == 0  # timed steps append to the read caches, as serving does
 
 
 def test_bench_steps_refuses_bad_sizes(llama_dir):
