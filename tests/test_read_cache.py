@@ -66,6 +66,19 @@ def _check_rows_match_pool(engine) -> None:
                 assert torch.equal(got, want[layer]), (rid, layer, n)
 
 
+def _run_staggered(engine, seqs, every: int) -> None:
+    """Add one request every `every` steps and run until all end, checking after each step
+    that pages are conserved and cached rows equal the pool's."""
+    pending, steps = list(seqs), 0
+    while pending or engine.has_work():
+        if pending and steps % every == 0:
+            engine.add(pending.pop(0))
+        engine.step()
+        engine.pool.check()
+        _check_rows_match_pool(engine)
+        steps += 1
+
+
 def test_rows_joining_and_leaving_stay_identical_to_generate(llama_dir, hf_models):
     engine = make_engine(llama_dir, page_size=16, max_num_batched_tokens=64)
     lens = (40, 9, 70, 23, 55, 3, 31)
@@ -83,14 +96,7 @@ def test_rows_joining_and_leaving_stay_identical_to_generate(llama_dir, hf_model
                 kinds["reordered"] += p.order is not None
             return p
         rc.plan = spy
-    pending, steps = list(seqs), 0
-    while pending or engine.has_work():
-        if pending and steps % 4 == 0:
-            engine.add(pending.pop(0))
-        engine.step()
-        engine.pool.check()
-        _check_rows_match_pool(engine)
-        steps += 1
+    _run_staggered(engine, seqs, every=4)
     for p, n, s in zip(prompts, outs, seqs):
         assert s.output_token_ids == hf_greedy(hf_models["llama"], p, n, ignore_eos=True)
     print(kinds)
@@ -201,13 +207,7 @@ def test_steady_steps_feed_rows_in_slot_order_and_return_logits_in_step_order(ll
         return got
 
     runner._steady_decode = spy
-    pending, steps = list(seqs), 0
-    while pending or engine.has_work():
-        if pending and steps % 3 == 0:
-            engine.add(pending.pop(0))
-        engine.step()
-        _check_rows_match_pool(engine)
-        steps += 1
+    _run_staggered(engine, seqs, every=3)
     for p, n, s in zip(prompts, outs, seqs):
         assert s.output_token_ids == hf_greedy(hf_models["llama"], p, n, ignore_eos=True)
     assert seen["permuted"] >= 3 and seen["two_groups"] >= 3, seen
