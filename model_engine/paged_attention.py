@@ -9,9 +9,12 @@ chunk does not pad every decode row of the same step to 512 queries. Two hooks u
   the step's new K/V into the pool at `slot_mapping`, then gathers each group's pages into a
   padded batch `[B_g, kv_heads, max_pages_g * page_size, head_dim]` (or, for a steady decode
   batch, reads the decode read cache) and keeps them for the attention call.
-- `paged_attention` (registered as attention implementation "pdtb_paged") pads each group's
-  queries into `[B_g, heads, q_max_g, head_dim]`, runs SDPA with a per-sequence causal mask and
-  writes the results back to their flat positions.
+- `paged_attention` (registered as attention implementation "pdtb_paged") runs each group:
+  a decode group is a slice of the flat rows (one query each; two matmuls or SDPA), a prefill
+  group pads its queries into `[B_g, heads, q_max_g, head_dim]` and runs SDPA with a
+  per-sequence causal mask. The runner orders the flat tokens so that the groups are
+  consecutive runs of them (decode buckets first, then prefill rows), so the outputs are
+  simply concatenated.
 
 Slot arithmetic, for a token at position `pos` of a sequence with page table `pt`:
 
@@ -37,13 +40,13 @@ class AttnGroup:
 
     q_gather: torch.Tensor  # [B_g, q_max] flat token index of each padded query slot
     pad_index: torch.Tensor  # [n_g] padded slot (b * q_max + j) of each of the group's tokens
-    flat_index: torch.Tensor  # [n_g] flat position of each of the group's tokens
+    flat_index: torch.Tensor  # [n_g] flat position of each of the group's tokens (a contiguous run)
     flat_pages: torch.Tensor  # [B_g * max_pages] page ids, row-major, padded with page 0
     max_pages: int  # pages per row in flat_pages
     attn_mask: torch.Tensor  # [B_g, 1, groups * q_max, L] additive (0 / -inf)
     read_plan: ReadCachePlan | None = None  # pure-decode steps: use the read cache
     flat_order: bool = False  # the step's only group, one query per row, rows in flat order
-    span: tuple[int, int] | None = None  # one query per row, rows are flat rows [start, end) in order
+    span: tuple[int, int] | None = None  # decode group: rows are flat rows [start, end), one query each
 
 
 @dataclass
@@ -83,8 +86,7 @@ class PagedKVCache:
                         whole.index_copy_(1, plan.move_dst, whole.index_select(1, plan.move_src))
                     if plan.fresh is not None:  # rows the cache did not hold: gather their pages
                         _gather_rows(cache, rc, g, plan.fresh, page_size)
-                    mine = new if g.flat_order else new[:, g.span[0]:g.span[1]] if g.span is not None \
-                        else new.index_select(1, g.flat_index)  # [2, B_g, kvh, hd]
+                    mine = new if g.flat_order else new[:, g.span[0]:g.span[1]]  # [2, B_g, kvh, hd]
                     rows_view.index_put_((plan.rows, plan.pos), mine.transpose(0, 1))
                 out.append((k, v))
             else:
@@ -112,7 +114,8 @@ def _gather_rows(cache, rc, g: AttnGroup, rows: torch.Tensor, page_size: int) ->
 
 
 def _group_attention(q_flat, k, v, g: AttnGroup, scaling) -> torch.Tensor:
-    """q_flat [T, heads, hd] -> this group's outputs [n_g, heads, hd] in group token order."""
+    """Prefill rows (queries padded to the group's longest chunk): q_flat [T, heads, hd] ->
+    this group's outputs [n_g, heads, hd] in group token order."""
     b, q_max = g.q_gather.shape
     heads, hd = q_flat.shape[1], q_flat.shape[2]
     kvh = k.shape[1]
@@ -123,12 +126,9 @@ def _group_attention(q_flat, k, v, g: AttnGroup, scaling) -> torch.Tensor:
     q = q.view(b, q_max, kvh, groups, hd).permute(0, 2, 3, 1, 4).reshape(b, kvh, groups * q_max, hd)
     if k.dtype != q.dtype:
         k, v = k.to(q.dtype), v.to(q.dtype)
-    if q_max == 1 and not q.is_cuda and use_matmul_decode(b, k.shape[2], torch.get_num_threads()):  # decode rows
-        out = _matmul_attention(q, k, v, g.attn_mask, scaling if scaling is not None else hd ** -0.5)
-    else:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=g.attn_mask, scale=scaling)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=g.attn_mask, scale=scaling)
     out = out.view(b, kvh, groups, q_max, hd).permute(0, 3, 1, 2, 4).reshape(b * q_max, heads, hd)
-    return out if q_max == 1 else out[g.pad_index]
+    return out[g.pad_index]
 
 
 def _decode_attention(q_flat, k, v, mask, scaling) -> torch.Tensor:
@@ -183,14 +183,10 @@ def paged_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     if m.groups[0].flat_order:
         k, v = kv[0]  # a pure decode step: T == B, flat order is row order
         return _decode_attention(q_flat, k, v, m.groups[0].attn_mask, scaling).unsqueeze(0), None
-    if all(g.span is not None for g in m.groups):  # decode rows, each group a span in order
-        outs = [_decode_attention(q_flat[g.span[0]:g.span[1]], k, v, g.attn_mask, scaling)
-                for g, (k, v) in zip(m.groups, kv)]
-        return torch.cat(outs).unsqueeze(0), None
-    out = torch.empty_like(q_flat)
-    for g, (k, v) in zip(m.groups, kv):
-        out.index_copy_(0, g.flat_index, _group_attention(q_flat, k, v, g, scaling))
-    return out.unsqueeze(0), None
+    # groups are contiguous runs of flat tokens, in flat order (decode spans, then prefill rows)
+    outs = [_decode_attention(q_flat[g.span[0]:g.span[1]], k, v, g.attn_mask, scaling) if g.span is not None
+            else _group_attention(q_flat, k, v, g, scaling) for g, (k, v) in zip(m.groups, kv)]
+    return (outs[0] if len(outs) == 1 else torch.cat(outs)).unsqueeze(0), None
 
 
 def register() -> None:

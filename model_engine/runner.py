@@ -56,27 +56,51 @@ class ModelRunner:
         lens = np.fromiter((len(c.token_ids) for c in chunks), np.int64, b)
         starts = np.fromiter((c.start_pos for c in chunks), np.int64, b)
         npages = np.fromiter((len(c.page_table) for c in chunks), np.int64, b)
+        # Flat order: decode rows (one token each) by length bucket (read_cache.bucket_of), each
+        # bucket in its read cache's slot order, then the prefill rows in step order. Every
+        # attention group is then a contiguous run of flat tokens, so a group's outputs are
+        # concatenated and not scattered; the logits are gathered back into step order.
+        decode = lens == 1
+        bucket = np.searchsorted(BUCKET_EDGES, starts + 1)  # == bucket_of(position + 1)
+        parts, plans = [], []
+        for k in np.unique(bucket[decode]):
+            rows = np.flatnonzero(decode & (bucket == k))
+            plan = None
+            if self.read_cache is not None:
+                d_pos = starts[rows]
+                plan = self.read_cache[int(k)].plan(tuple(chunks[i].request_id for i in rows), d_pos,
+                                                    key_length(int(d_pos.max())), int(npages[rows].max()) * ps)
+                if plan is not None and plan.order is not None:
+                    rows = rows[plan.order]  # group row r is cache row r
+            parts.append(rows)
+            plans.append(plan)
+        prefill = np.flatnonzero(~decode)
+        perm = np.concatenate([*parts, prefill]) if parts else prefill  # step index of each flat row
+        lens, starts, npages = lens[perm], starts[perm], npages[perm]
         total, max_pages = int(lens.sum()), int(npages.max())
-        ids = np.fromiter((t for c in chunks for t in c.token_ids), np.int64, total)
+        ordered = [chunks[i] for i in perm]
+        ids = np.fromiter((t for c in ordered for t in c.token_ids), np.int64, total)
         seq_idx = np.repeat(np.arange(b), lens)
         cu_end = np.cumsum(lens)
         cu_start = cu_end - lens
-        offs = np.arange(total) - cu_start[seq_idx]
-        pos = starts[seq_idx] + offs
+        pos = starts[seq_idx] + (np.arange(total) - cu_start[seq_idx])
         block_tables = np.zeros((b, max_pages), np.int64)
-        flat = np.fromiter((p for c in chunks for p in c.page_table), np.int64, int(npages.sum()))
+        flat = np.fromiter((p for c in ordered for p in c.page_table), np.int64, int(npages.sum()))
         block_tables[np.arange(max_pages)[None, :] < npages[:, None]] = flat  # row-major fill
         slot_mapping = block_tables[seq_idx, pos // ps] * ps + pos % ps
-        # Attention groups: decode rows by length bucket (read_cache.bucket_of), prefill rows.
-        decode = lens == 1
-        bucket = np.searchsorted(BUCKET_EDGES, starts + 1)  # == bucket_of(position + 1)
-        sets = [(np.flatnonzero(decode & (bucket == k)), int(k)) for k in np.unique(bucket[decode])]
-        if not decode.all():
-            sets.append((np.flatnonzero(~decode), -1))
-        groups = [self._group(chunks, rows, lens, cu_start, pos, npages, block_tables, k) for rows, k in sets]
+        groups, first = [], 0
+        for rows, plan in zip(parts, plans):  # decode rows: flat row == flat token
+            n = len(rows)
+            groups.append(self._decode_group(first, n, pos[first:first + n], npages[first:first + n],
+                                             block_tables[first:first + n], plan, n == b))
+            first += n
+        if len(prefill):
+            groups.append(self._prefill_group(np.arange(first, b), lens, cu_start, pos, npages, block_tables))
         want = np.fromiter((c.wants_logits for c in chunks), bool, b)
+        at = np.empty(b, np.int64)
+        at[perm] = np.arange(b)  # flat row of each chunk
         t = self._t
-        return t(ids)[None], t(pos)[None], StepMetadata(t(slot_mapping), groups), t((cu_end - 1)[want])
+        return t(ids)[None], t(pos)[None], StepMetadata(t(slot_mapping), groups), t((cu_end - 1)[at[want]])
 
     def _steady_decode(self, chunks: list[BatchChunk]):
         """Metadata of a decode step whose rows are, bucket by bucket, the same as the last
@@ -141,18 +165,21 @@ class ModelRunner:
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
 
-    def _group(self, chunks, rows, lens, cu_start, pos, npages, block_tables, bucket: int) -> AttnGroup:
-        """Attention metadata for the sequences `rows` (indices into chunks); `bucket`: their
-        read cache (decode rows), or -1 (prefill rows)."""
+    def _decode_group(self, first: int, n: int, g_pos, g_npages, g_tables, plan, whole: bool) -> AttnGroup:
+        """Decode rows that are flat rows [first, first + n), one query each, in the order of
+        their read cache's slots (`plan`; None: no read cache, their pages are gathered)."""
+        max_pages = int(g_npages.max())
+        keys = plan.length if plan is not None else max_pages * self.page_size
+        allowed = np.arange(keys)[None, :] <= g_pos[:, None]  # [n, L]
+        mask = torch.from_numpy(np.where(allowed, np.float32(0), np.float32("-inf"))[:, None, None, :])
+        idx = torch.arange(first, first + n, device=self.device)
+        return AttnGroup(idx[:, None], idx - first, idx, self._t(g_tables[:, :max_pages].reshape(-1)), max_pages,
+                         mask.to(device=self.device, dtype=self.kv.dtype), plan, whole, (first, first + n))
+
+    def _prefill_group(self, rows, lens, cu_start, pos, npages, block_tables) -> AttnGroup:
+        """Attention metadata for the prefill rows `rows` (flat rows, the step's last ones)."""
         ps = self.page_size
         max_pages = int(npages[rows].max())
-        plan = None
-        if bucket >= 0 and self.read_cache is not None:  # decode rows, also beside prefill chunks
-            d_pos = pos[cu_start[rows]]  # one query each
-            plan = self.read_cache[bucket].plan(tuple(chunks[i].request_id for i in rows), d_pos,
-                                                key_length(int(d_pos.max())), max_pages * ps)
-            if plan is not None and plan.order is not None:
-                rows = rows[plan.order]  # group row r is cache row r
         g_lens, g_start = lens[rows], cu_start[rows]
         q_max = int(g_lens.max())
         j = np.arange(q_max)
@@ -161,15 +188,13 @@ class ModelRunner:
         flat_index = (g_start[:, None] + j[None, :])[valid]
         pad_index = (np.arange(len(rows))[:, None] * q_max + j[None, :])[valid]
         q_pos = pos[q_gather]  # padded query slots repeat the last real query: harmless
-        keys = plan.length if plan is not None else max_pages * ps
+        keys = max_pages * ps
         allowed = np.arange(keys)[None, None, :] <= q_pos[:, :, None]  # [B_g, q_max, L]
         mask = np.where(allowed, np.float32(0), np.float32("-inf"))
         mask = np.repeat(mask[:, None], self.groups, axis=1).reshape(len(rows), 1, self.groups * q_max, keys)
         t = self._t
-        flat_order = len(rows) == len(lens) and q_max == 1 and bool(np.array_equal(rows, np.arange(len(rows))))
         return AttnGroup(t(q_gather), t(pad_index), t(flat_index), t(block_tables[rows, :max_pages].reshape(-1)),
-                         max_pages, torch.from_numpy(mask).to(device=self.device, dtype=self.kv.dtype), plan,
-                         flat_order)
+                         max_pages, torch.from_numpy(mask).to(device=self.device, dtype=self.kv.dtype))
 
     @torch.inference_mode()
     def run(self, chunks: list[BatchChunk]) -> torch.Tensor:

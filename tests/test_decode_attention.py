@@ -69,18 +69,41 @@ def test_matmul_attention_default_scale_and_no_mask():
                                F.scaled_dot_product_attention(qq, k, v), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("b,length", [(2, 100), (5, 600)])
-def test_group_attention_of_decode_rows_in_slot_order(b, length, threads, monkeypatch):
-    """A decode group whose rows are not in the step's flat order (read-cache slots): each
-    flat token gets its own row's attention, on both sides of the size threshold."""
-    q, k, v, mask = _case(b, length, masked_tail=5, seed=1)
-    kvh, hd = k.shape[1], k.shape[3]
-    flat = torch.randn(b + 2, q.shape[1], hd)  # two more tokens in the step (another group's)
-    where = torch.randperm(b + 2)[:b]  # flat position of group row r
-    flat[where] = q
-    g = pa.AttnGroup(where[:, None], torch.arange(b), where, where[:0], 0, mask)
+class _Layer:  # what paged_attention reads off the attention module
+    layer_idx = 0
+
+
+@pytest.mark.parametrize("sizes", [(2, 5), (5, 3)])
+def test_groups_of_a_mixed_step_are_runs_of_flat_tokens(sizes, threads, monkeypatch):
+    """A step of two decode groups (length buckets, spans of flat rows) and a prefill row of 3
+    tokens after them: every flat token gets its own row's attention, against SDPA run per
+    group on the same inputs (GQA by repeating K/V), on both sides of the matmul threshold."""
+    (b1, b2), kvh, groups, hd, q_len = sizes, 2, 2, 32, 3
+    heads = kvh * groups
+    qa, ka, va, ma = _case(b1, 100, masked_tail=5, seed=1)
+    qb, kb, vb, mb = _case(b2, 600, masked_tail=9, seed=2)
+    gen = torch.Generator().manual_seed(3)
+    length = 48
+    kp, vp = (torch.randn(1, kvh, length, hd, generator=gen) for _ in range(2))
+    qp = torch.randn(q_len, heads, hd, generator=gen)
+    causal = torch.full((q_len, length), float("-inf"))
+    for j in range(q_len):
+        causal[j, :40 + j + 1] = 0  # the chunk's queries at positions 40..42
+    t0 = b1 + b2
+    prefill = pa.AttnGroup(torch.arange(t0, t0 + q_len)[None], torch.arange(q_len), torch.arange(t0, t0 + q_len),
+                           torch.zeros(0, dtype=torch.long), 0, causal[None, None].repeat(1, 1, groups, 1))
+    spans = [pa.AttnGroup(torch.arange(a, a + n)[:, None], torch.arange(n), torch.arange(a, a + n),
+                          torch.zeros(0, dtype=torch.long), 0, m, span=(a, a + n))
+             for a, n, m in ((0, b1, ma), (b1, b2, mb))]
+    meta = pa.StepMetadata(torch.zeros(0, dtype=torch.long), [*spans, prefill])
+    meta.gathered[0] = [(ka, va), (kb, vb), (kp, vp)]
+    query = torch.cat([qa, qb, qp]).transpose(0, 1)[None]  # [1, heads, T, hd]
     calls = _count_matmul(monkeypatch)
-    got = pa._group_attention(flat, k, v, g, 0.2)  # group order: row r at index r
-    assert bool(calls) == (threads == 2 and b == 5)  # the matmul path: two threads, 5 rows
-    want = F.scaled_dot_product_attention(q.reshape(b, kvh, -1, hd), k, v, attn_mask=mask, scale=0.2)
-    torch.testing.assert_close(got, want.reshape(q.shape), rtol=1e-5, atol=1e-5)
+    got, _ = pa.paged_attention(_Layer(), query, None, None, None, scaling=0.2, pdtb_meta=meta)
+    assert bool(calls) == (threads == 2 and sizes == (2, 5))  # 5 rows x 600 keys: the matmul path
+    want = [F.scaled_dot_product_attention(q.reshape(len(q), kvh, groups, hd), k, v, attn_mask=m, scale=0.2)
+            .reshape(q.shape) for q, k, v, m in ((qa, ka, va, ma), (qb, kb, vb, mb))]
+    rep = lambda x: x.repeat_interleave(groups, dim=1)  # noqa: E731
+    want.append(F.scaled_dot_product_attention(qp.transpose(0, 1)[None], rep(kp), rep(vp), attn_mask=causal,
+                                               scale=0.2)[0].transpose(0, 1))
+    torch.testing.assert_close(got[0], torch.cat(want), rtol=1e-5, atol=1e-5)

@@ -49,6 +49,27 @@ def test_chunked_prefill_and_staggered_arrivals(llama_dir, hf_models):
     assert mixed_appends >= 3  # ... whose decode rows appended to the read cache (no rebuild)
 
 
+def test_without_read_caches_every_group_gathers_its_pages(llama_dir, hf_models):
+    """The accelerator path (no read cache: each step gathers every group's pages), run on the
+    CPU: chunked prefill beside decode rows of two length buckets, rows joining and leaving."""
+    engine = make_engine(llama_dir, page_size=16, max_num_batched_tokens=64)
+    engine.runner.read_cache = None
+    prompts = make_prompts((270, 4, 61, 300, 12), engine.info.vocab_size, seed=13)
+    outs = (20, 30, 12, 25, 18)
+    seqs = [engine.make_sequence(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(prompts, outs)]
+    pending, steps, mixed = list(seqs), 0, 0
+    while pending or engine.has_work():
+        if pending and steps % 4 == 0:
+            engine.add(pending.pop(0))
+        engine.step()
+        sizes = [c.num_new_tokens for c in engine.last_output.chunks]
+        mixed += max(sizes) > 1 and min(sizes) == 1
+        steps += 1
+    for p, n, s in zip(prompts, outs, seqs):
+        assert s.output_token_ids == hf_greedy(hf_models["llama"], p, n, ignore_eos=True)
+    assert mixed >= 3 and engine.pool.num_free == engine.pool.num_pages
+
+
 def test_preemption_by_recompute_keeps_tokens(llama_dir, hf_models):
     """A pool too small for the batch preempts and recomputes, without changing tokens."""
     engine = make_engine(llama_dir, page_size=4, num_pages=40)
