@@ -25,6 +25,19 @@ from bench_client.traces import read_trace, trace_specs
 from pdtb.common import freeze_heap
 
 
+def _positive(kind):
+    """An argparse type: a number of `kind` above zero (a clear usage error otherwise)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not 0 < value < float("inf"):  # NaN fails too
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+        return value
+    return parse
+
+
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
@@ -35,9 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--workload", required=True, help="whale-minnow | multi-tenant | trace:FILE")
     ap.add_argument("--out", help="results JSON to write")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--concurrency", type=int, help="closed loop with N in flight (default: open loop)")
+    ap.add_argument("--concurrency", type=_positive(int), help="closed loop with N in flight (default: open loop)")
     ap.add_argument("--duration", type=float, help="seconds of arrivals (whale-minnow: 30, multi-tenant: 60)")
-    ap.add_argument("--max-requests", type=int, help="keep only the first N requests")
+    ap.add_argument("--max-requests", type=_positive(int), help="keep only the first N requests")
     g = ap.add_argument_group("whale-minnow (lengths: N | uniform:LO:HI | lognormal:MEDIAN:SIGMA)")
     d = wl.WhaleMinnowConfig()
     g.add_argument("--whales", type=int, default=d.whales)
@@ -63,9 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--on", type=float, help="on-phase seconds (with --off)")
     g.add_argument("--off", type=float, default=0.0, help="off-phase seconds")
     g = ap.add_argument_group("trace replay")
-    g.add_argument("--length-scale", type=float, default=1.0)
+    g.add_argument("--length-scale", type=_positive(float), default=1.0)
     g.add_argument("--max-context", type=int, help="clamp prompt+output to this many tokens")
-    g.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival offsets (0.1 = 10x faster)")
+    g.add_argument("--time-scale", type=_positive(float), default=1.0, help="multiply arrival offsets (0.1 = 10x faster)")
     g = ap.add_argument_group("requests")
     g.add_argument("--model", help="model name to send (default: the served one)")
     g.add_argument("--vocab-size", type=int, help="default: from /v1/models")
@@ -73,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--min-token-id", type=int, default=16, help="prompt ids are drawn from [this, vocab)")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--no-token-ids", action="store_true", help="count tokens by chunk, not token_ids")
-    g.add_argument("--request-timeout", type=float, default=600.0, help="s without a byte before failing")
+    g.add_argument("--request-timeout", type=_positive(float), default=600.0, help="s without a byte before failing")
     g.add_argument("--api-key")
     g = ap.add_argument_group("measurement and labels")
     g.add_argument("--sample-interval", type=float, default=0.5, help="s between /cluster samples (0: off)")

@@ -32,11 +32,12 @@ class RequestRecord:
     klass: str
     prompt_tokens: int  # prompt tokens sent
     requested_output_tokens: int  # max_tokens sent
-    output_tokens: int = 0  # tokens received
+    output_tokens: int = 0  # tokens received: the server's usage.completion_tokens if it sent one,
+    # else the tokens counted in the stream (token_ids, or one per chunk with text)
     scheduled_time: float = 0.0  # when the workload wanted it sent
     send_time: float = 0.0  # just before the HTTP request went out
     first_token_time: float | None = None
-    token_times: list[float] = field(default_factory=list)  # arrival of every output token
+    token_times: list[float] = field(default_factory=list)  # arrival of every token counted in the stream
     end_time: float | None = None  # [DONE], error or timeout
     status: str = FAILED  # "ok" or "failed"
     error: str | None = None

@@ -20,7 +20,7 @@ import numpy as np
 
 from bench_client.records import OK, RequestRecord, RequestSpec
 from bench_client.samples import cluster_sample
-from bench_client.sse import SSEParser, count_tokens, error_message
+from bench_client.sse import SSEParser, count_tokens, error_message, usage_tokens
 from bench_client.summary import pct
 
 
@@ -90,6 +90,7 @@ async def _read_stream(resp: aiohttp.ClientResponse, rec: RequestRecord, clock) 
             obj = json.loads(data)
             rec.error = rec.error or error_message(obj)
             rec.token_times.extend([now] * count_tokens(obj))
+            rec.output_tokens = usage_tokens(obj) or rec.output_tokens
             rec.server_timing = obj.get("pdtb_timing") or rec.server_timing
         rec.parse_s += time.perf_counter() - t
     return False
@@ -118,7 +119,9 @@ async def send_one(session: aiohttp.ClientSession, cfg: RunConfig, spec: Request
     except (aiohttp.ClientError, ValueError) as e:
         rec.error = f"{type(e).__name__}: {e}"
     rec.end_time = clock()
-    rec.output_tokens = len(rec.token_times)
+    # the server's count where it sent one: without token_ids a chunk whose text the router held
+    # back (a partial character) never arrives, and its token comes with a later chunk
+    rec.output_tokens = max(rec.output_tokens, len(rec.token_times))
     rec.first_token_time = rec.token_times[0] if rec.token_times else None
     rec.status = OK if rec.error is None else "failed"
     return rec

@@ -33,7 +33,10 @@ def service_events(rec: RequestRecord, w: ServiceWeights) -> list[tuple[float, f
     """(time, service) pairs earned by one request."""
     if rec.first_token_time is None:
         return []
-    events = [(t, w.output) for t in rec.token_times]
+    # without token_ids the stream may count fewer tokens than the server's usage reports (a
+    # held-back chunk's token comes with the next one): spread the reported tokens over them
+    per = w.output * max(rec.output_tokens, len(rec.token_times)) / max(1, len(rec.token_times))
+    events = [(t, per) for t in rec.token_times]
     prompt = (rec.first_token_time, rec.prompt_tokens * w.input)
     return [prompt] + events
 

@@ -49,6 +49,14 @@ def count_tokens(chunk: dict) -> int:
     return n
 
 
+def usage_tokens(chunk: dict) -> int | None:
+    """`usage.completion_tokens` of a chunk that carries usage (the last one, when the request
+    asked for `stream_options.include_usage`), else None."""
+    usage = chunk.get("usage")
+    n = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+
 def error_message(chunk: dict) -> str | None:
     """The message of an OpenAI-shaped error object, if the chunk is one."""
     err = chunk.get("error")

@@ -53,8 +53,23 @@ def tpot_s(r: RequestRecord) -> float | None:
 
 
 def itls_s(r: RequestRecord) -> list[float]:
+    """Inter-token gaps. Tokens that arrive together (one chunk of several tokens, or chunks
+    read off the socket at once) share the gap before them evenly, as SGLang's client does: n
+    tokens arriving t after the previous arrival give n gaps of t / n, so the gaps still sum to
+    the time between the first and the last token (vLLM's client records one gap per chunk
+    instead). Tokens that came with the first one add no gap."""
     t = r.token_times
-    return [b - a for a, b in zip(t, t[1:])]
+    out: list[float] = []
+    i, n = 1, len(t)
+    while i < n and t[i] == t[0]:
+        i += 1
+    while i < n:
+        j = i
+        while j < n and t[j] == t[i]:
+            j += 1
+        out.extend([(t[i] - t[i - 1]) / (j - i)] * (j - i))
+        i = j
+    return out
 
 
 def meets_slos(r: RequestRecord, slos: dict[str, float]) -> bool:

@@ -19,9 +19,11 @@ from bench_client.summary import summarize
 VOCAB, MAX_LEN = 1000, 512
 
 
-def make_app(first_s: float, itl_s: float, state: dict | None = None) -> web.Application:
+def make_app(first_s: float, itl_s: float, state: dict | None = None, hold: int = 1) -> web.Application:
     """A router stand-in: first token after `first_s`, then one token every `itl_s`. Tenant
-    "bad" fails after its first token; prompts over MAX_LEN are rejected with 400."""
+    "bad" fails after its first token; prompts over MAX_LEN are rejected with 400. Without
+    token_ids, `hold` > 1 sends text only with every `hold`-th token (as a detokenizer holding
+    back partial characters does); the usage chunk reports every token."""
     state = state if state is not None else {}
     state.update(in_flight=0, max_in_flight=0, bodies=[])
 
@@ -40,6 +42,7 @@ def make_app(first_s: float, itl_s: float, state: dict | None = None) -> web.App
             for i in range(n):
                 if i and body["user"] == "bad":
                     await resp.write(b'data: {"error": {"message": "node died", "type": "server_error"}}\n\n')
+                    n = 0  # no usage after an error
                     break
                 choice = {"index": 0, "text": "x", "finish_reason": "length" if i == n - 1 else None}
                 if body.get("return_token_ids"):
@@ -47,9 +50,13 @@ def make_app(first_s: float, itl_s: float, state: dict | None = None) -> web.App
                 chunk = {"choices": [choice]}
                 if i == n - 1:
                     chunk["pdtb_timing"] = {"prefill_s": 0.01}
-                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                if body.get("return_token_ids") or (i + 1) % hold == 0 or i == n - 1:
+                    await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 if i < n - 1:
                     await asyncio.sleep(itl_s)
+            if n and (body.get("stream_options") or {}).get("include_usage"):
+                usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n, "total_tokens": n}
+                await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
         finally:
             state["in_flight"] -= 1
@@ -107,6 +114,17 @@ def test_measured_ttft_and_itl_match_injected_delays():
     assert over["dispatch_lag_ms"]["p50"] < 15 and over["parse_us_per_token"]["p50"] < 2000
     assert [r.scheduled_time for r in res.records] == pytest.approx([0.05 * i for i in range(6)])
     assert res.samples and res.samples[0]["nodes"][1]["tenant_pages"] == {"whale": 50, "minnow": 10}
+
+
+def test_without_token_ids_the_output_count_comes_from_usage():
+    """Text arrives with every other token (held back in between): the stream shows 3 chunks
+    for 6 tokens, the usage chunk says 6, and the record keeps both."""
+    specs = [RequestSpec(0.0, "t", "c", 16, 6)]
+    res = run_against(make_app(0.05, 0.02, hold=2), specs, sample_interval=0, return_token_ids=False)
+    rec = res.records[0]
+    assert rec.status == "ok" and rec.output_tokens == 6 and len(rec.token_times) == 3
+    s = summarize(res.records, res.duration)["overall"]
+    assert s["tpot_ms"]["p50"] == pytest.approx((rec.end_time - rec.first_token_time) * 1000 / 5)
 
 
 def test_failures_closed_loop_and_request_shape():
@@ -192,3 +210,11 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert set(summary["fairness"]) >= {"service", "normalized_service", "jain_index", "max_service_gap"}
     assert summary["overall"]["failed"] == 0 and data["samples"]
     assert "class whale" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag,value", [("--concurrency", "0"), ("--concurrency", "-1"), ("--max-requests", "0"),
+                                        ("--time-scale", "-2"), ("--request-timeout", "nan")])
+def test_counts_and_scales_must_be_positive(flag, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--workload", "multi-tenant", "--dry-run", "--duration", "1", flag, value])
+    assert e.value.code == 2 and "above 0" in capsys.readouterr().err

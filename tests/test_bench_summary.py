@@ -126,3 +126,14 @@ def test_empty_and_single_tenant():
     assert one["fairness"]["max_service_gap"] is None  # a gap needs two backlogged tenants
     assert one["fairness"]["jain_index"] == pytest.approx(1.0)
     assert math.isclose(one["overall"]["ttft_ms"]["p99"], 500)
+
+
+def test_tokens_arriving_together_share_the_gap_before_them():
+    """SGLang's convention: a first chunk of 2 tokens, then chunks of 3, 1 and 2 tokens 0.3,
+    0.1 and 0.4 s apart: gaps 0.1 x 3, 0.1, 0.2 x 2 (the first chunk's second token adds none)."""
+    from bench_client.summary import itls_s
+
+    r = make_record("A", "c", 4, 0.0, [0.5, 0.5, 0.8, 0.8, 0.8, 0.9, 1.3, 1.3], 1.3)
+    assert itls_s(r) == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.2, 0.2])
+    assert sum(itls_s(r)) == pytest.approx(1.3 - 0.5)
+    assert itls_s(make_record("A", "c", 4, 0.0, [0.2, 0.2], 0.2)) == []
