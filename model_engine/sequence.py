@@ -23,6 +23,9 @@ class SeqStatus(enum.IntEnum):
         return self > SeqStatus.FINISHED_BOUNDARY
 
 
+GREEDY_BELOW = 1e-5  # a temperature below this samples greedily
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16  # generated tokens to produce at most
@@ -42,7 +45,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below this, logits / temperature overflows float32 (1e-38 gave inf, then NaN
+        # probabilities, and the sampler raised inside the node's step); vLLM uses the same bound.
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass(eq=False)

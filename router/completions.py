@@ -253,6 +253,9 @@ async def handle_completion(request: web.Request) -> web.StreamResponse:
     except asyncio.CancelledError:
         status = "499"
         raise
+    except Exception:
+        status = "500"  # error_middleware answers it
+        raise
     finally:
         state.handlers.discard(task)
         state.metrics.requests.labels(status).inc()

@@ -10,6 +10,9 @@ Accepted body fields (null means absent for every optional field):
   stop            a string or a list of up to 4 non-empty strings (text is cut before the match)
   stream, stream_options.include_usage, user (the tenant; default "default")
   vLLM extensions: ignore_eos, priority (int, lower first), return_token_ids, stop_token_ids
+                  (at most 256 ids)
+Strings must be valid Unicode (a lone surrogate such as "\ud800" is a 400), and so must the
+body's nesting depth stay within what the JSON parser handles.
 Rejected because they change the response shape: n != 1, best_of != 1, echo, logprobs.
 Unknown fields are ignored, as OpenAI-compatible servers do.
 
@@ -22,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 MAX_STOP_STRINGS = 4
+MAX_STOP_TOKEN_IDS = 256  # a node checks every sampled token against them
 
 
 class ApiError(Exception):
@@ -117,6 +121,16 @@ def _stop(value) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def _check_unicode(value, param: str) -> None:
+    """Strings (also in a list) must encode as UTF-8: JSON allows a lone surrogate escape."""
+    for v in value if isinstance(value, list) else [value]:
+        if isinstance(v, str):
+            try:
+                v.encode()
+            except UnicodeEncodeError:
+                raise bad_request(f"'{param}' is not valid Unicode (a lone surrogate?)", param) from None
+
+
 def _reject_unsupported(body: dict) -> None:
     for key in ("n", "best_of"):
         if body.get(key) not in (None, 1):
@@ -134,6 +148,8 @@ def parse_completion_request(raw: bytes, served_name: str, vocab_size: int) -> C
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise bad_request(f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise bad_request("request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
     model = _opt(body, "model", (str,), "a string", served_name)
@@ -155,6 +171,10 @@ def parse_completion_request(raw: bytes, served_name: str, vocab_size: int) -> C
     stream_options = _opt(body, "stream_options", (dict,), "an object", {})
     seed, priority = _int64(body, "seed", None), _int64(body, "priority", 0)
     stop_ids = _opt(body, "stop_token_ids", (list,), "a list of token ids", [])
+    if len(stop_ids) > MAX_STOP_TOKEN_IDS:
+        raise bad_request(f"'stop_token_ids' takes at most {MAX_STOP_TOKEN_IDS} ids", "stop_token_ids")
+    for key in ("prompt", "user", "stop"):
+        _check_unicode(body.get(key), key)
     return CompletionRequest(
         model=model,
         prompt=_prompt(body["prompt"], vocab_size),

@@ -106,6 +106,18 @@ def test_nan_is_rejected():
     assert err.status == 400 and err.param == "temperature"
 
 
+@pytest.mark.parametrize("raw,param", [
+    (b'{"prompt": "\\ud800 hi"}', "prompt"),  # a lone surrogate: valid JSON, not valid Unicode
+    (b'{"prompt": "hi", "user": "\\udfff"}', "user"),
+    (b'{"prompt": "hi", "stop": ["ok", "\\ud800"]}', "stop"),
+    (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None),  # deeper than json can parse
+    (json.dumps({"prompt": "hi", "stop_token_ids": list(range(300))}).encode(), "stop_token_ids"),
+])
+def test_malformed_strings_depth_and_huge_stop_lists_are_400(raw, param):
+    err = error_of(raw)
+    assert err.status == 400 and err.param == param
+
+
 def test_unknown_model_is_404():
     err = error_of({"model": "gpt-4", "prompt": "x"})
     assert (err.status, err.code, err.param) == (404, "model_not_found", "model")

@@ -14,6 +14,15 @@ def test_greedy_is_argmax():
     assert sample(logits, [SamplingParams(), SamplingParams()], [0, 0]) == [1, 0]
 
 
+@pytest.mark.parametrize("temperature", [1e-38, 1e-300, 9e-6])
+def test_a_temperature_too_small_for_float32_samples_greedily(temperature):
+    """logits / 1e-38 overflows float32 to inf (then NaN probabilities): such a request once
+    made the sampler raise inside a node's step, which took the node down."""
+    logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 1.0, 0.0]])
+    params = [SamplingParams(temperature=temperature, seed=1)] * 2
+    assert sample(logits, params, [0, 0]) == [1, 0]
+
+
 def test_top_p_keeps_only_the_nucleus():
     logits = torch.log(torch.tensor([[0.6, 0.3, 0.05, 0.05]]))
     p = SamplingParams(temperature=1.0, top_p=0.8, seed=None)
