@@ -22,6 +22,7 @@ from typing import AsyncIterator
 from aiohttp import web
 
 from cluster.protocol import GenerateRequest, Params
+from router.aio import within
 from router.config import RouterConfig, ServedModel
 from router.detok import OutputText, TextDelta
 from router.metrics import RouterMetrics
@@ -71,6 +72,7 @@ class CompletionRun:
         self.created = int(time.time())
         self.arrival = time.monotonic()
         self.handle: RequestHandle | None = None
+        self.released = False  # the handle was released (pieces() ended, or close())
         self.num_output_tokens = 0
         self.status = "200"  # for the requests counter; "499": the client went away
 
@@ -119,6 +121,15 @@ class CompletionRun:
             if not finished_by_node:
                 registry.abort(self.handle, reason)
             registry.release(self.handle)
+            self.released = True
+
+    def close(self) -> None:
+        """Abort and release a submitted request whose output was never read (the client went
+        away while the response headers were being written); a no-op once pieces() ended."""
+        if self.handle is not None and not self.released:
+            self.state.registry.abort(self.handle, "client disconnected before the response started")
+            self.state.registry.release(self.handle)
+            self.released = True
 
     def _observe(self, ev, now: float, last: float | None) -> float | None:
         """Count the event's tokens; returns the time of the latest token batch."""
@@ -156,15 +167,15 @@ class CompletionRun:
     async def stream_response(self, request: web.Request) -> web.StreamResponse:
         """Server-sent events: one chunk per piece, an optional usage chunk, then [DONE]."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await asyncio.wait_for(resp.prepare(request), self.state.config.request_timeout)
         try:
+            await within(resp.prepare(request), self.state.config.request_timeout)
             try:
                 await self._send_pieces(resp)
             except RequestFailed as e:
                 self.status = str(e.status)
                 await self._send(resp, failure_error(e).body())
             await self._write(resp, b"data: [DONE]\n\n")
-            await asyncio.wait_for(resp.write_eof(), self.state.config.request_timeout)
+            await within(resp.write_eof(), self.state.config.request_timeout)
         except (ConnectionResetError, asyncio.TimeoutError):
             self.status = "499"  # the client went away or stopped reading; pieces() sent the abort
         return resp
@@ -191,7 +202,7 @@ class CompletionRun:
         await self._write(resp, b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n")
 
     async def _write(self, resp: web.StreamResponse, data: bytes) -> None:
-        await asyncio.wait_for(resp.write(data), self.state.config.request_timeout)
+        await within(resp.write(data), self.state.config.request_timeout)
 
 
 def prepare(state: RouterState, raw: bytes) -> CompletionRun:
@@ -227,7 +238,7 @@ def tenant_slot(state: RouterState, tenant: str):
 async def read_body(request: web.Request, timeout: float) -> bytes:
     """The request body; aiohttp raises HTTPRequestEntityTooLarge past client_max_size."""
     try:
-        return await asyncio.wait_for(request.read(), timeout)
+        return await within(request.read(), timeout)
     except asyncio.TimeoutError:
         raise ApiError(408, "request body not received in time", "invalid_request_error", "timeout") from None
 
@@ -241,7 +252,10 @@ async def handle_completion(request: web.Request) -> web.StreamResponse:
         run = prepare(state, await read_body(request, state.config.request_timeout))
         with tenant_slot(state, run.req.tenant):
             run.submit()
-            resp = await (run.stream_response(request) if run.req.stream else run.json_response())
+            try:
+                resp = await (run.stream_response(request) if run.req.stream else run.json_response())
+            finally:
+                run.close()
             status = run.status
             return resp
     except ApiError as e:

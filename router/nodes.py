@@ -27,6 +27,7 @@ import zmq.asyncio
 
 from cluster.protocol import (AbortRequest, GenerateRequest, NodeStats, Ping, ProtocolError, TokenBatch,
                               TokenEvent, decode_message, encode_message)
+from router.aio import within
 from router.config import NodeSpec
 
 log = logging.getLogger("pdtb.router.nodes")
@@ -277,7 +278,7 @@ class NodeRegistry:
     async def next_event(self, handle: RequestHandle, timeout: float) -> TokenEvent:
         """The request's next event. Raises RequestFailed when it failed or nothing came in `timeout`."""
         try:
-            item = await asyncio.wait_for(handle.queue.get(), timeout)
+            item = await within(handle.queue.get(), timeout)
         except asyncio.TimeoutError:
             raise RequestFailed(503, f"no response from the nodes for {timeout:g} s") from None
         if isinstance(item, RequestFailed):
