@@ -55,6 +55,9 @@ class PipelineTokenizer:
     def __len__(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def get_vocab(self) -> dict[str, int]:
+        return self._tok.get_vocab(with_added_tokens=True)
+
 
 def _token_text(v) -> str | None:
     if isinstance(v, dict):

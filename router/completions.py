@@ -27,7 +27,7 @@ from router.config import RouterConfig, ServedModel
 from router.detok import OutputText, TextDelta
 from router.metrics import RouterMetrics
 from router.nodes import NodeRegistry, RequestFailed, RequestHandle
-from router.openai_api import (ApiError, CompletionRequest, check_lengths, choice_body, completion_body,
+from router.openai_api import (ApiError, CompletionRequest, bad_request, check_lengths, choice_body, completion_body,
                                parse_completion_request, usage_body)
 
 
@@ -205,12 +205,26 @@ class CompletionRun:
         await within(resp.write(data), self.state.config.request_timeout)
 
 
-def prepare(state: RouterState, raw: bytes) -> CompletionRun:
-    """Parse, tokenize and length-check a body. Raises ApiError (400/404)."""
+THREAD_TOKENIZE_CHARS = 16_384  # longer prompts are tokenized off the event loop
+
+
+async def prepare(state: RouterState, raw: bytes) -> CompletionRun:
+    """Parse, tokenize and length-check a body. Raises ApiError (400/404). A text that cannot
+    fit the context is refused before tokenizing, and a long one is tokenized in a thread: a
+    3 MB prompt took 3 s on the loop, long enough for the router to miss node pings and fail
+    other clients' requests."""
     model = state.model
     req = parse_completion_request(raw, model.name, model.vocab_size)
     if isinstance(req.prompt, str):
-        prompt_ids = list(model.tokenizer(req.prompt, add_special_tokens=True)["input_ids"])
+        limit = model.max_prompt_chars
+        if limit is not None and len(req.prompt) > limit:
+            raise bad_request(f"This model's maximum context length is {model.max_model_len} tokens; the prompt "
+                              f"has {len(req.prompt)} characters, more than that many tokens can hold "
+                              f"(at most {model.max_token_chars} characters a token).", "prompt")
+
+        def encode() -> list[int]:
+            return list(model.tokenizer(req.prompt, add_special_tokens=True)["input_ids"])
+        prompt_ids = await asyncio.to_thread(encode) if len(req.prompt) > THREAD_TOKENIZE_CHARS else encode()
     else:
         prompt_ids = list(req.prompt)
     max_tokens = check_lengths(req, len(prompt_ids), model.max_model_len)
@@ -249,7 +263,7 @@ async def handle_completion(request: web.Request) -> web.StreamResponse:
     status, task = "200", asyncio.current_task()
     state.handlers.add(task)
     try:
-        run = prepare(state, await read_body(request, state.config.request_timeout))
+        run = await prepare(state, await read_body(request, state.config.request_timeout))
         with tenant_slot(state, run.req.tenant):
             run.submit()
             try:

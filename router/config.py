@@ -73,6 +73,23 @@ class ServedModel:
     max_model_len: int  # prompt + output tokens at most
     vocab_size: int  # valid token ids are [0, vocab_size)
     eos_token_ids: tuple[int, ...] = ()
+    max_token_chars: int | None = None  # longest vocabulary entry (None: unknown)
+
+    @property
+    def max_prompt_chars(self) -> int | None:
+        """A text longer than this cannot fit the context: each token covers at most
+        `max_token_chars` characters. Checked before tokenizing, which takes seconds for MBs."""
+        return None if self.max_token_chars is None else self.max_model_len * self.max_token_chars
+
+
+def max_token_chars(tokenizer) -> int | None:
+    """Characters of the longest vocabulary entry, added tokens included. In byte-level BPE
+    vocabularies a character stands for one byte, so this also bounds the text of a token."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except (AttributeError, NotImplementedError):
+        return None
+    return max((len(t) for t in vocab), default=None)
 
 
 def load_served_model(model_dir: str, name: str | None = None) -> ServedModel:
@@ -87,4 +104,5 @@ def load_served_model(model_dir: str, name: str | None = None) -> ServedModel:
     eos = info.eos_token_ids
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos = eos + (tokenizer.eos_token_id,)
-    return ServedModel(name or Path(model_dir).name, tokenizer, info.max_model_len, info.vocab_size, eos)
+    return ServedModel(name or Path(model_dir).name, tokenizer, info.max_model_len, info.vocab_size, eos,
+                       max_token_chars(tokenizer))

@@ -166,11 +166,20 @@ class NodeRegistry:
 
     async def _ping_loop(self) -> None:
         was_healthy = {id(n): False for n in self.nodes}
+        last = time.monotonic()
         while True:
             self._seq += 1
             for node in self.nodes:
                 self._send(node, Ping(self._seq, self.router_id))
             now = time.monotonic()
+            if now - last > self.ping_interval + self.health_timeout / 2:
+                # This loop itself was held up (a long synchronous step): the nodes' answers
+                # may sit unread in the sockets, so silence proves nothing. Judge next round.
+                log.warning("router loop stalled %.1f s; node health is judged again next round", now - last)
+                last = now
+                await asyncio.sleep(self.ping_interval)
+                continue
+            last = now
             for node in self.nodes:
                 ok = self.is_healthy(node, now)
                 if was_healthy[id(node)] and not ok:

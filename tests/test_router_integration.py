@@ -207,6 +207,34 @@ def test_client_disconnect_aborts_on_both_nodes(served, tokens):
     run(go())
 
 
+def test_a_text_too_long_for_the_context_is_refused_without_tokenizing(served, tokens):
+    """A 4 MB prompt (under the body limit) once took seconds of tokenizing on the router's
+    loop, which then missed its nodes' pings and failed another client's stream. It is now a
+    400 from a character bound, while that stream runs on."""
+    assert served.max_prompt_chars is not None and served.max_prompt_chars < 4_000_000
+
+    async def go():
+        async with cluster(served, tokens, mode="colocated", node_kw={"colocated": {"delay": 0.02}},
+                           health_timeout=1.0) as c:
+            body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 60, "stream": True, "ignore_eos": True}
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+                async def victim():
+                    async with s.post(c.url + "/v1/completions", json=body) as resp:
+                        return resp.status, await resp.text()
+
+                task = asyncio.create_task(victim())
+                await asyncio.sleep(0.1)
+                big = {"model": "tiny", "prompt": "hello world " * 350_000, "max_tokens": 4}
+                async with s.post(c.url + "/v1/completions", json=big) as resp:
+                    err = await resp.json()
+                    assert resp.status == 400 and err["error"]["param"] == "prompt", err
+                    assert "characters" in err["error"]["message"]
+                status, text = await task
+            assert status == 200 and '"finish_reason": "length"' in text and "error" not in text
+
+    run(go())
+
+
 def test_decode_node_dies_mid_stream(served, tokens):
     async def go():
         async with cluster(served, tokens, node_kw={"decode": {"delay": 0.1}}) as c:
