@@ -59,7 +59,8 @@ class Piece:
 
 def failure_error(e: RequestFailed) -> ApiError:
     """The OpenAI-shaped error for a request that failed after it was accepted."""
-    kind = "server_error" if e.status >= 500 and e.status != 503 else "service_unavailable"
+    kind = "invalid_request_error" if e.status < 500 else "service_unavailable" if e.status == 503 \
+        else "server_error"
     return ApiError(e.status, str(e), kind, None)
 
 

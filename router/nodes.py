@@ -259,7 +259,7 @@ class NodeRegistry:
 
     def submit(self, req: GenerateRequest) -> RequestHandle:
         """Choose nodes, fill the routing fields of `req`, send it. Raises RequestFailed(503)."""
-        entry, decode = self._place()
+        entry, decode = self._place(len(req.prompt_token_ids), len(req.prompt_token_ids) + req.params.max_tokens)
         req.router_id = self.router_id
         if decode is not None:
             req.decode_node, req.decode_kv_addr = decode.node_id, decode.stats.kv_addr
@@ -267,18 +267,36 @@ class NodeRegistry:
         if not self._send(entry, req):
             raise RequestFailed(503, f"{entry.spec.role} node {entry.node_id} is not accepting requests")
         pages_node = decode or entry
-        page_size = int(pages_node.stats.extra.get("page_size", self.default_page_size) or self.default_page_size)
-        pages_node.pending_pages[req.request_id] = math.ceil((len(req.prompt_token_ids) + 1) / page_size)
+        pages_node.pending_pages[req.request_id] = self._pages_for(pages_node, len(req.prompt_token_ids) + 1)
         self._requests[req.request_id] = handle
         return handle
 
-    def _place(self) -> tuple[NodeState, NodeState | None]:
-        prefill, decode = pick_prefill(self._available("prefill")), pick_most_free(self._available("decode"))
+    def _page_size(self, node: NodeState) -> int:
+        return int(node.stats.extra.get("page_size", self.default_page_size) or self.default_page_size)
+
+    def _pages_for(self, node: NodeState, tokens: int) -> int:
+        return math.ceil(tokens / self._page_size(node))
+
+    def _place(self, prompt_tokens: int, peak_tokens: int) -> tuple[NodeState, NodeState | None]:
+        """(entry node, decode node or None). A request that no available pool could ever hold
+        (prefill: its prompt; decode or colocated: prompt + max_tokens) is a 400, not a node's
+        failure after the fact."""
+        fits = {role: [n for n in self._available(role) if self._pages_for(n, need) <= n.stats.pages_total]
+                for role, need in (("prefill", prompt_tokens + 1), ("decode", peak_tokens), ("colocated", peak_tokens))}
+        prefill, decode = pick_prefill(fits["prefill"]), pick_most_free(fits["decode"])
         if prefill and decode:
             return prefill, decode
-        colocated = pick_most_free(self._available("colocated"))
+        colocated = pick_most_free(fits["colocated"])
         if colocated:
             return colocated, None
+        too_small = [(role, n) for role in ("prefill", "decode", "colocated") for n in self._available(role)
+                     if n not in fits[role]]
+        if too_small:
+            role, n = max(too_small, key=lambda rn: rn[1].stats.pages_total)
+            need = self._pages_for(n, prompt_tokens + 1 if role == "prefill" else peak_tokens)
+            what = "its prompt" if role == "prefill" else "prompt + max_tokens"
+            raise RequestFailed(400, f"request needs up to {need} KV pages for {what}; the largest {role} "
+                                     f"node's pool has {n.stats.pages_total}")
         missing = [r for r, n in (("prefill", prefill), ("decode", decode)) if n is None]
         roles = {n.spec.role for n in self.nodes}
         what = "colocated" if "colocated" in roles and not {"prefill", "decode"} <= roles else " or ".join(missing)

@@ -235,6 +235,28 @@ def test_a_text_too_long_for_the_context_is_refused_without_tokenizing(served, t
     run(go())
 
 
+@pytest.mark.parametrize("mode", ["colocated", "disagg"])
+def test_a_request_no_pool_can_hold_is_400(served, tokens, mode):
+    """8 pages of 16 tokens hold 128: a prompt + max_tokens past that is the client's error,
+    answered before any node sees it (it was a node's failure, a 500)."""
+    small = {"colocated": {"pages_total": 8}, "decode": {"pages_total": 8}}
+
+    async def go():
+        async with cluster(served, tokens, mode=mode, node_kw=small) as c:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+                body = {"model": "tiny", "prompt": [5] * 100, "max_tokens": 40}
+                async with s.post(c.url + "/v1/completions", json=body) as resp:
+                    err = await resp.json()
+                    assert resp.status == 400 and err["error"]["type"] == "invalid_request_error", err
+                    assert "needs up to 9 KV pages" in err["error"]["message"]
+                async with s.post(c.url + "/v1/completions", json={**body, "max_tokens": 20}) as resp:
+                    assert resp.status == 200  # 120 tokens: 8 pages
+            entry = c.nodes["colocated" if mode == "colocated" else "prefill"]
+            assert len(entry.requests) == 1
+
+    run(go())
+
+
 def test_decode_node_dies_mid_stream(served, tokens):
     async def go():
         async with cluster(served, tokens, node_kw={"decode": {"delay": 0.1}}) as c:
