@@ -13,7 +13,9 @@ Accepted body fields (null means absent for every optional field):
                   (at most 256 ids)
 Strings must be valid Unicode (a lone surrogate such as "\ud800" is a 400), and so must the
 body's nesting depth stay within what the JSON parser handles.
-Rejected because they change the response shape: n != 1, best_of != 1, echo, logprobs.
+Rejected because they change the response shape: n != 1, best_of != 1, echo, logprobs; and,
+because they would change the output and are not implemented, any non-neutral frequency_penalty,
+presence_penalty, repetition_penalty, top_k, min_p, min_tokens, logit_bias or suffix.
 Unknown fields are ignored, as OpenAI-compatible servers do.
 
 Errors are `{"error": {"message", "type", "code", "param"}}` with an HTTP status (ApiError).
@@ -131,10 +133,18 @@ def _check_unicode(value, param: str) -> None:
                 raise bad_request(f"'{param}' is not valid Unicode (a lone surrogate?)", param) from None
 
 
+# Fields that would change the output if honoured: a value other than their neutral one is
+# refused rather than silently ignored.
+NEUTRAL = {"n": (1,), "best_of": (1,), "frequency_penalty": (0,), "presence_penalty": (0,),
+           "repetition_penalty": (1,), "top_k": (0, -1), "min_tokens": (0,), "min_p": (0,),
+           "logit_bias": ({},), "suffix": ("",)}
+
+
 def _reject_unsupported(body: dict) -> None:
-    for key in ("n", "best_of"):
-        if body.get(key) not in (None, 1):
-            raise bad_request(f"'{key}' other than 1 is not supported", key)
+    for key, neutral in NEUTRAL.items():
+        value = body.get(key)
+        if value is not None and (isinstance(value, bool) or value not in neutral):
+            raise bad_request(f"'{key}' is not supported (only {neutral[0]!r})", key)
     if body.get("echo"):
         raise bad_request("'echo' is not supported", "echo")
     if body.get("logprobs") is not None:

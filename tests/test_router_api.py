@@ -118,6 +118,17 @@ def test_malformed_strings_depth_and_huge_stop_lists_are_400(raw, param):
     assert err.status == 400 and err.param == param
 
 
+@pytest.mark.parametrize("key,value", [("frequency_penalty", 0.5), ("presence_penalty", -1), ("top_k", 3),
+                                       ("min_tokens", 10), ("logit_bias", {"5": -100}), ("suffix", "abc"),
+                                       ("repetition_penalty", 1.2), ("min_p", 0.1), ("n", 2)])
+def test_output_changing_fields_we_do_not_implement_are_400(key, value):
+    err = error_of({"prompt": "x", key: value})
+    assert err.status == 400 and err.param == key
+    neutral = {"frequency_penalty": 0, "presence_penalty": 0.0, "top_k": -1, "min_tokens": 0, "logit_bias": {},
+               "suffix": "", "repetition_penalty": 1.0, "min_p": 0, "n": 1}[key]
+    assert parse({"prompt": "x", key: neutral}).prompt == "x"  # the neutral value is fine
+
+
 def test_unknown_model_is_404():
     err = error_of({"model": "gpt-4", "prompt": "x"})
     assert (err.status, err.code, err.param) == (404, "model_not_found", "model")
