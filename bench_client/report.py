@@ -19,10 +19,24 @@ CLASS_ROWS = (("TTFT p50 (ms)", ("ttft_ms", "p50"), 1), ("TTFT p99 (ms)", ("ttft
               ("goodput (req/s)", ("goodput_rps",), 2), ("requests (failed)", None, 0))
 
 
+def _tail(path: str, depth: int) -> str:
+    return "/".join(Path(path).with_suffix("").parts[-depth:])
+
+
 def labels_for(paths: list[str], runs: list[dict]) -> list[str]:
-    """'mode/policy' per run; repeated labels get the file name added."""
+    """'mode/policy' per run, unique: a repeated label gets the file name added, then its
+    parent folders as far as needed (a/r.json and b/r.json), or its position (a file twice)."""
     base = [run_label(r["meta"]) for r in runs]
-    return [f"{b} ({Path(p).stem})" if base.count(b) > 1 else b for b, p in zip(base, paths)]
+    out = []
+    for i, (b, p) in enumerate(zip(base, paths)):
+        same = [q for q, c in zip(paths, base) if c == b]
+        if len(same) == 1:
+            out.append(b)
+            continue
+        depth = next((d for d in range(1, len(Path(p).parts) + 1)
+                      if [_tail(q, d) for q in same].count(_tail(p, d)) == 1), None)
+        out.append(f"{b} ({_tail(p, depth)})" if depth else f"{b} ({_tail(p, len(Path(p).parts))} #{i + 1})")
+    return out
 
 
 def _get(stats: dict | None, path):

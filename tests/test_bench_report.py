@@ -45,6 +45,11 @@ def test_report_same_label_and_bad_file(tmp_path, capsys):
     b = make_results(tmp_path / "two.json", "colocated", "fcfs", 0.05, True)
     assert main([str(a), str(b), "--out", str(tmp_path / "r")]) == 0
     assert "colocated/fcfs (one) | colocated/fcfs (two)" in (tmp_path / "r" / "report.md").read_text()
+    for d in ("x", "y"):  # the same file name in two folders: both runs kept, told apart by folder
+        (tmp_path / d).mkdir()
+        make_results(tmp_path / d / "r.json", "colocated", "fcfs", 0.05, True)
+    assert main([str(tmp_path / "x" / "r.json"), str(tmp_path / "y" / "r.json"), "--out", str(tmp_path / "r3")]) == 0
+    assert "colocated/fcfs (x/r) | colocated/fcfs (y/r)" in (tmp_path / "r3" / "report.md").read_text()
     (tmp_path / "bad.json").write_text("{}")
     assert main([str(tmp_path / "bad.json"), "--out", str(tmp_path / "r2")]) == 2
     assert "not a results file" in capsys.readouterr().err
@@ -70,3 +75,16 @@ def test_compare_ratios_and_what_the_whales_paid(tmp_path, capsys):
     assert lines[2].split()[:2] == ["disagg", "memfair"] and lines[2].split()[-2:] == ["20.0", "20.0"]
     assert compare([str(a), "--cost-class", "none"]) == 0
     assert "TPOT" not in capsys.readouterr().out
+
+
+def test_compare_refuses_two_baselines_and_shows_a_missing_class_as_missing(tmp_path, capsys):
+    from bench_client.compare import main as compare
+
+    a = make_results(tmp_path / "a.json", "disagg", "fcfs", 0.05, True)
+    b = make_results(tmp_path / "b.json", "disagg", "fcfs", 0.02, True)
+    with pytest.raises(SystemExit) as e:
+        compare([str(a), str(b)])
+    assert e.value.code == 2 and "several fcfs runs in mode disagg" in capsys.readouterr().err
+    assert compare([str(a), "--class", "dolphin", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)[0]
+    assert row["ttft_p99_ms"] is None and row["itl_p99_ms"] is None and row["tok_s"] > 0
