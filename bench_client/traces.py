@@ -1,10 +1,16 @@
 """Trace replay: read a request-length trace and scale it into a `list[RequestSpec]`.
 
-Two formats, told apart by the first non-blank character ('{' = JSON lines, else CSV):
+Two formats, told apart by the first non-blank character ('{' = JSON lines, else CSV; a UTF-8
+byte-order mark is skipped, and so are JSON-lines lines starting with '#'):
   JSON lines (native; also the Mooncake shape):  {"timestamp": ms from start, "input_length": N,
       "output_length": N, "tenant": optional, "priority": optional}; other keys (hash_ids) ignored.
   Azure LLM inference CSV:  TIMESTAMP (wall clock "YYYY-MM-DD HH:MM:SS.fffffff"), ContextTokens,
       GeneratedTokens.
+
+Every row is checked: a timestamp must be a finite number >= 0, lengths whole numbers (the
+prompt at least 1 token, the output at least 0), a priority a whole number; a row that is not
+gives `trace line N: ...`. An output length of 0 is replayed as 1 token (a request must ask for
+one) and counted in the info dict as `outputs_raised_to_one`.
 
 Scaling, applied in this order and recorded by `trace_specs` in its info dict:
   max_requests   keep the first N rows by time
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -42,16 +49,37 @@ def _azure_time(text: str) -> float:
     return whole + (float("0." + frac) if frac else 0.0)
 
 
+def _whole(value, what: str, least: int) -> int:
+    """A whole number >= least: ints, integral floats and numeric strings; never a bool."""
+    if isinstance(value, bool):
+        raise ValueError(f"{what} must be a whole number, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number != int(number):
+        raise ValueError(f"{what} must be a whole number, got {value!r}")
+    if number < least:
+        raise ValueError(f"{what} must be at least {least}, got {value!r}")
+    return int(number)
+
+
+def _row(timestamp_s: float, prompt, output, tenant=None, priority=None) -> TraceRow:
+    if not math.isfinite(timestamp_s) or timestamp_s < 0:
+        raise ValueError(f"timestamp must be a finite number >= 0, got {timestamp_s!r}")
+    return TraceRow(timestamp_s, _whole(prompt, "input length", 1), _whole(output, "output length", 0),
+                    "default" if tenant is None or tenant == "" else str(tenant),
+                    None if priority is None else _whole(priority, "priority", -(1 << 62)))
+
+
 def parse_jsonl(lines) -> list[TraceRow]:
     rows = []
     for n, line in enumerate(lines, 1):
-        if not line.strip():
+        if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
             d = json.loads(line)
-            rows.append(TraceRow(float(d["timestamp"]) / 1000.0, int(d["input_length"]), int(d["output_length"]),
-                                 str(d.get("tenant") or "default"),
-                                 None if d.get("priority") is None else int(d["priority"])))
+            if isinstance(d["timestamp"], bool):
+                raise ValueError(f"timestamp must be a number, got {d['timestamp']!r}")
+            rows.append(_row(float(d["timestamp"]) / 1000.0, d["input_length"], d["output_length"],
+                             d.get("tenant"), d.get("priority")))
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"trace line {n}: {e!r}") from None
     return rows
@@ -61,7 +89,7 @@ def parse_azure_csv(lines) -> list[TraceRow]:
     rows = []
     for n, d in enumerate(csv.DictReader(lines), 2):
         try:
-            rows.append(TraceRow(_azure_time(d["TIMESTAMP"]), int(d["ContextTokens"]), int(d["GeneratedTokens"])))
+            rows.append(_row(_azure_time(d["TIMESTAMP"]), d["ContextTokens"], d["GeneratedTokens"]))
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"trace line {n}: {e!r}") from None
     return rows
@@ -69,9 +97,10 @@ def parse_azure_csv(lines) -> list[TraceRow]:
 
 def read_trace(path: str | Path) -> tuple[list[TraceRow], str]:
     """The rows of a trace file and its format name ("jsonl" or "azure-csv")."""
-    text = Path(path).read_text()
+    text = Path(path).read_text(encoding="utf-8-sig")  # skips a byte-order mark
     lines = text.splitlines()
-    if text.lstrip().startswith("{"):
+    first = next((ln.lstrip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")), "")
+    if first.startswith("{"):
         return parse_jsonl(lines), "jsonl"
     return parse_azure_csv(lines), "azure-csv"
 
@@ -84,6 +113,7 @@ def trace_specs(rows: list[TraceRow], length_scale: float = 1.0, max_context: in
     rows = sorted(rows, key=lambda r: r.timestamp)[:max_requests]
     t0 = rows[0].timestamp if rows else 0.0
     specs, clamped = [], 0
+    raised = sum(1 for r in rows if r.output_length == 0)
     for r in rows:
         spec = RequestSpec((r.timestamp - t0) * time_scale, r.tenant, "trace",
                            max(1, round(r.input_length * length_scale)),
@@ -94,6 +124,7 @@ def trace_specs(rows: list[TraceRow], length_scale: float = 1.0, max_context: in
         specs.append(spec)
     info = {"length_scale": length_scale, "max_context": max_context, "time_scale": time_scale,
             "max_requests": max_requests, "requests": len(specs), "clamped_by_max_context": clamped,
+            "outputs_raised_to_one": raised,
             "span_s": specs[-1].send_time if specs else 0.0,
             "tenants": len({s.tenant for s in specs})}
     return specs, info

@@ -122,11 +122,43 @@ def test_trace_azure_csv(tmp_path):
     path.write_text(AZURE)
     rows, fmt = read_trace(path)
     assert fmt == "azure-csv" and len(rows) == 3
-    specs, _ = trace_specs(rows)
+    specs, info = trace_specs(rows)
     assert [s.send_time for s in specs] == pytest.approx([0.0, 2.25, 13.5])
     assert [(s.prompt_len, s.output_len) for s in specs] == [(374, 44), (396, 109), (2000, 1)]  # >= 1 token
+    assert info["outputs_raised_to_one"] == 1
     with pytest.raises(ValueError):
         parse_azure_csv(["TIMESTAMP,ContextTokens,GeneratedTokens", "yesterday,1,2"])
+
+
+@pytest.mark.parametrize("line,what", [
+    ('{"timestamp": NaN, "input_length": 5, "output_length": 3}', "timestamp"),
+    ('{"timestamp": -5, "input_length": 5, "output_length": 3}', "timestamp"),
+    ('{"timestamp": true, "input_length": 5, "output_length": 3}', "timestamp"),
+    ('{"timestamp": 0, "input_length": -7, "output_length": 3}', "input length"),
+    ('{"timestamp": 0, "input_length": 0, "output_length": 3}', "input length"),
+    ('{"timestamp": 0, "input_length": 10.9, "output_length": 3}', "input length"),
+    ('{"timestamp": 0, "input_length": true, "output_length": 3}', "input length"),
+    ('{"timestamp": 0, "input_length": 5, "output_length": -1}', "output length"),
+    ('{"timestamp": 0, "input_length": 5, "output_length": 3, "priority": 1.7}', "priority"),
+])
+def test_a_bad_trace_row_is_refused_with_its_line(line, what):
+    """Bad rows were accepted: a NaN timestamp fired the whole trace at t = 0, lengths were
+    truncated or raised to 1 without a word (found by review)."""
+    good = '{"timestamp": 0, "input_length": 5, "output_length": 3}'
+    with pytest.raises(ValueError, match=f"trace line 2: .*{what}"):
+        parse_jsonl([good, line])
+
+
+def test_trace_files_with_a_byte_order_mark_or_comments(tmp_path):
+    jsonl = tmp_path / "bom.jsonl"
+    jsonl.write_text("\ufeff# exported 2026-11-23\n" + '{"timestamp": 0, "input_length": 5.0, "output_length": 3, "tenant": 0}\n',
+                     encoding="utf-8")
+    rows, fmt = read_trace(jsonl)  # was read as an Azure CSV of 0 rows
+    assert fmt == "jsonl" and [(r.input_length, r.tenant) for r in rows] == [(5, "0")]
+    csv_path = tmp_path / "bom.csv"
+    csv_path.write_text("\ufeff" + AZURE, encoding="utf-8")
+    rows, fmt = read_trace(csv_path)  # was KeyError('TIMESTAMP')
+    assert fmt == "azure-csv" and len(rows) == 3
 
 
 def test_cli_builds_the_same_workload_for_the_same_seed(tmp_path, capsys):
