@@ -70,8 +70,10 @@ def markdown(runs: dict[str, dict]) -> str:
                 cells.append("-" if s is None else (f"{s['count']} ({s['failed']})" if path is None
                                                    else fmt(_get(s, path), digits)))
             rows.append([f"**{name}** {row_label}"] + cells)
-    for row_label, key, digits in (("Jain index (normalized service)", "jain_index", 3),
-                                   ("max service gap", "max_service_gap", 0)):
+    for row_label, key, digits in (("fair-share Jain index, mean over windows", "share_jain_mean", 3),
+                                   ("fair-share Jain index, worst window", "share_jain_min", 3),
+                                   ("max service gap", "max_service_gap", 0),
+                                   ("Jain index of completed / demanded service", "jain_index", 3)):
         rows.append([f"**fairness** {row_label}"] + [fmt(r["summary"]["fairness"].get(key), digits)
                                                       for r in runs.values()])
     out += ["", "## Side by side", "", "Latencies in ms over completed requests; goodput under each run's SLOs.", ""]

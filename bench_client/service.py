@@ -5,7 +5,16 @@ Service (VTC's measure): a request earns `w_in` per prompt token when its first 
 sent request would earn if it ran to completion: prompt x w_in + requested output x w_out.
 
   normalized service  = service received / service demanded, per tenant
-  Jain's index        = (sum x)^2 / (n * sum x^2) over the normalized service of all tenants
+  Jain's index        = (sum x)^2 / (n * sum x^2) over the normalized service of all tenants;
+                        1.0 whenever every request completes, whatever the order: it only sees
+                        requests that failed or were cut short
+  fair-share index    = per window (a, b] of `window` seconds: the service the backlogged tenants
+                        earned in it, S, is split max-min fairly (water-filling) among them, each
+                        capped by what it could have used (the unearned demand of its requests
+                        in flight in the window); Jain's index over earned / fair share. 1.0 when
+                        every tenant got its fair share of what was served, 0.5 for two tenants
+                        when one took the other's share. `share_jain_mean` and `share_jain_min`
+                        over the windows with at least two backlogged tenants and S > 0.
   max service gap     = over windows (a, b] of `window` seconds covering [0, duration]:
                         max over windows of (max - min) of the service each backlogged tenant
                         earned in that window, among windows with at least two backlogged tenants.
@@ -103,6 +112,44 @@ def max_service_gap(records: list[RequestRecord], w: ServiceWeights, window: flo
     return best
 
 
+def water_fill(total: float, caps: list[float]) -> list[float]:
+    """Max-min fair split of `total` among claimants capped at `caps` (sum <= total if all fit)."""
+    out, left, n = [0.0] * len(caps), total, len(caps)
+    for i in sorted(range(len(caps)), key=lambda i: caps[i]):
+        out[i] = min(caps[i], left / n)
+        left -= out[i]
+        n -= 1
+    return out
+
+
+def fair_share_jain(records: list[RequestRecord], w: ServiceWeights, window: float,
+                    duration: float) -> tuple[float | None, float | None]:
+    """(mean, min) over windows of Jain's index of earned / fair share (see the module doc)."""
+    if window <= 0 or duration <= 0:
+        return None, None
+    events = [(r, service_events(r, w)) for r in records]
+    indices = []
+    for k in range(math.ceil(duration / window)):
+        a, b = k * window, min((k + 1) * window, duration)
+        earned: dict[str, float] = {}
+        cap: dict[str, float] = {}
+        for r, ev in events:
+            if not (r.send_time < b and (math.inf if r.end_time is None else r.end_time) > a):
+                continue
+            before = sum(x for t, x in ev if t <= a)
+            demand = r.prompt_tokens * w.input + max(r.requested_output_tokens, r.output_tokens) * w.output
+            earned[r.tenant] = earned.get(r.tenant, 0.0) + sum(x for t, x in ev if a < t <= b)
+            cap[r.tenant] = cap.get(r.tenant, 0.0) + max(0.0, demand - before)
+        tenants = [t for t in cap if cap[t] > 0]
+        total = sum(earned[t] for t in tenants)
+        if len(tenants) < 2 or total <= 0:
+            continue
+        share = water_fill(total, [cap[t] for t in tenants])
+        indices.append(jain_index([earned[t] / s if s > 0 else 1.0 for t, s in zip(tenants, share)]))
+    indices = [x for x in indices if x is not None]
+    return (sum(indices) / len(indices), min(indices)) if indices else (None, None)
+
+
 def fairness(records: list[RequestRecord], w: ServiceWeights, window: float, duration: float) -> dict:
     """The results file's `summary.fairness` object."""
     curves = service_curves(records, w)
@@ -112,4 +159,5 @@ def fairness(records: list[RequestRecord], w: ServiceWeights, window: float, dur
     return {"service": service, "demand": wanted, "normalized_service": normalized,
             "jain_index": jain_index([v for v in normalized.values() if v is not None]),
             "max_service_gap": max_service_gap(records, w, window, duration),
+            **dict(zip(("share_jain_mean", "share_jain_min"), fair_share_jain(records, w, window, duration))),
             "weights": {"input": w.input, "output": w.output}, "window_s": window}

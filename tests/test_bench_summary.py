@@ -102,6 +102,35 @@ def test_fairness_by_hand():
     assert f["max_service_gap"] == pytest.approx(36)
 
 
+def test_water_fill_is_max_min_fair():
+    from bench_client.service import water_fill
+
+    assert water_fill(60, [100, 10]) == pytest.approx([50, 10])  # the small claim is met in full
+    assert water_fill(30, [100, 100, 5]) == pytest.approx([12.5, 12.5, 5])
+    assert water_fill(10, [100, 100]) == pytest.approx([5, 5])
+
+
+def _whale_and_minnow(minnow_served_at: float):
+    """Tenant W: one request (prompt 40, 30 output tokens asked), its first token at 0.1 and one
+    token every 0.1 s to 3.0; tenant M: one request (prompt 4, 3 tokens) sent at 0.05, served
+    at `minnow_served_at`."""
+    whale = make_record("W", "whale", 40, 0.0, [0.1 * (i + 1) for i in range(30)], 3.0)
+    m = minnow_served_at
+    return [whale, make_record("M", "minnow", 4, 0.05, [m, m + 0.01, m + 0.02], m + 0.02)]
+
+
+def test_fair_share_index_sees_who_waited():
+    """Served at once, the minnow gets its (small) fair share in the first window: 1.0. Made to
+    wait behind the whale for 2 s, it earns nothing in two windows in which its claim was
+    open and the whale took the whole service; by hand, window (0, 1]: S = 40 + 2 x 10 = 60,
+    caps W 100, M 10, fair shares 50 / 10, earned 60 / 0: Jain (1.2, 0) = 0.5."""
+    fair = summarize(_whale_and_minnow(0.15), duration=3.0, window=1.0)["fairness"]
+    late = summarize(_whale_and_minnow(2.5), duration=3.0, window=1.0)["fairness"]
+    assert fair["share_jain_min"] == pytest.approx(1.0) and fair["share_jain_mean"] == pytest.approx(1.0)
+    assert late["share_jain_min"] == pytest.approx(0.5)
+    assert fair["jain_index"] == pytest.approx(1.0) and late["jain_index"] == pytest.approx(1.0)  # blind to order
+
+
 def test_max_service_gap_half_second_windows():
     f = summarize(records(), duration=2.0, window=0.5)["fairness"]
     # (0,.5]: A and C backlogged (B's first request is sent at 0.5): 16 vs 0
