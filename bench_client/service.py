@@ -15,6 +15,9 @@ sent request would earn if it ran to completion: prompt x w_in + requested outpu
                         every tenant got its fair share of what was served, 0.5 for two tenants
                         when one took the other's share. `share_jain_mean` and `share_jain_min`
                         over the windows with at least two backlogged tenants and S > 0.
+                        Demand still open at a window's end counts as unmet in that window,
+                        whatever the policy: use windows several times longer than a request's
+                        latency (the default 1 s against minnows' 0.1-0.5 s).
   max service gap     = over windows (a, b] of `window` seconds covering [0, duration]:
                         max over windows of (max - min) of the service each backlogged tenant
                         earned in that window, among windows with at least two backlogged tenants.
