@@ -119,7 +119,10 @@ def test_prefill_killed_mid_work(llama_dir, tmp_path):
 def test_request_larger_than_decode_pool_is_refused_at_once(llama_dir, tmp_path):
     # An 8-page decode pool (128 tokens). Both requests need 13 pages at their longest: the first
     # does not even arrive in 8 pages, the second does (7 pages) but could never finish. Neither
-    # may be held until --hold-timeout (300 s, far past END_S): refused at the header, at once.
+    # may be held until --hold-timeout (300 s, far past END_S): the router knows the pool's size
+    # from the node's stats and refuses both with a 400 before any node sees them (the decode
+    # node's own refusal at the transfer header, for a router that did not, is
+    # tests/test_node_admission.py).
     with launched(tmp_path / "cbig", llama_dir, "--mode", "disagg", "--kv-pages", "8",
                   "--prefill-kv-pages", "256", "--", "--hold-timeout", "300") as (url, run_dir):
         vocab = vocab_of(url)
@@ -133,9 +136,8 @@ def test_request_larger_than_decode_pool_is_refused_at_once(llama_dir, tmp_path)
 
         outs, small = asyncio.run(go())
         for o in outs:
-            assert o.failed_with_reason and o.status == 200, o
-            assert "too_large: needs 13 pages, the decode pool has 8" in o.error, o.error
-            assert o.tokens == 1  # the first token came from the prefill node
+            assert o.status == 400 and o.tokens == 0, o
+            assert "needs up to 13 KV pages for prompt + max_tokens" in o.error, o.error
         assert small.ok and small.tokens == 8, small  # a request that fits is served as usual
         deferred = metric(ready_info(run_dir, "prefill-0")["metrics"], "pdtb_kv_transfers_total", outcome="deferred")
         assert deferred == 0, "the prefill node held a request that can never fit"
