@@ -197,7 +197,8 @@ class CompletionRun:
 
     def _chunk(self, choice: dict | None, usage: dict | None = None, extra: dict | None = None) -> dict:
         return completion_body(request_id=self.request_id, created=self.created, model=self.state.model.name,
-                               choice=choice, usage=usage, extra=extra, stream=True)
+                               choice=choice, usage=usage, extra=extra, stream=True,
+                               usage_key=self.req.include_usage)
 
     async def _send(self, resp: web.StreamResponse, body: dict) -> None:
         await self._write(resp, b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n")

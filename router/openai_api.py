@@ -169,9 +169,10 @@ def parse_completion_request(raw: bytes, served_name: str, vocab_size: int) -> C
     if body.get("prompt") is None:
         raise bad_request("'prompt' is required", "prompt")
     _reject_unsupported(body)
-    max_tokens = _opt(body, "max_tokens", (int,), "a positive integer")
-    if max_tokens is not None and max_tokens < 1:
+    max_tokens = _opt(body, "max_tokens", (int, float), "a positive integer")
+    if max_tokens is not None and (max_tokens < 1 or max_tokens != int(max_tokens)):
         raise bad_request("'max_tokens' must be a positive integer", "max_tokens")
+    max_tokens = None if max_tokens is None else int(max_tokens)  # 5.0 is 5, as pydantic reads it
     temperature = float(_opt(body, "temperature", (int, float), "a number", 1.0))
     if not 0.0 <= temperature <= 2.0:
         raise bad_request("'temperature' must be in [0, 2]", "temperature")
@@ -179,6 +180,8 @@ def parse_completion_request(raw: bytes, served_name: str, vocab_size: int) -> C
     if not 0.0 < top_p <= 1.0:
         raise bad_request("'top_p' must be in (0, 1]", "top_p")
     stream_options = _opt(body, "stream_options", (dict,), "an object", {})
+    if stream_options and not body.get("stream"):
+        raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
     seed, priority = _int64(body, "seed", None), _int64(body, "priority", 0)
     stop_ids = _opt(body, "stop_token_ids", (list,), "a list of token ids", [])
     if len(stop_ids) > MAX_STOP_TOKEN_IDS:
@@ -220,11 +223,14 @@ def check_lengths(req: CompletionRequest, num_prompt_tokens: int, max_model_len:
 
 
 def completion_body(*, request_id: str, created: int, model: str, choice: dict,
-                    usage: dict | None = None, extra: dict | None = None, stream: bool = False) -> dict:
-    """One response (stream=False) or one SSE chunk (stream=True) in OpenAI's text_completion shape."""
+                    usage: dict | None = None, extra: dict | None = None, stream: bool = False,
+                    usage_key: bool = False) -> dict:
+    """One response (stream=False) or one SSE chunk (stream=True) in OpenAI's text_completion
+    shape. A chunk carries `usage` when it has one, or as null when the client asked for usage
+    (`usage_key`: OpenAI's chunks then all have the key, null but on the last)."""
     body = {"id": request_id, "object": "text_completion", "created": created, "model": model,
             "choices": [choice] if choice else [], "system_fingerprint": None}
-    if usage is not None or not stream:
+    if usage is not None or not stream or usage_key:
         body["usage"] = usage
     body.update(extra or {})
     return body

@@ -84,7 +84,8 @@ def test_nulls_mean_absent():
     ({"model": NAME, "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"model": NAME, "prompt": "x", "stop": [1]}, "stop"),
     ({"model": NAME, "prompt": "x", "stream": "yes"}, "stream"),
-    ({"model": NAME, "prompt": "x", "stream_options": {"include_usage": 1}}, "include_usage"),
+    ({"model": NAME, "prompt": "x", "stream": True, "stream_options": {"include_usage": 1}}, "include_usage"),
+    ({"model": NAME, "prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),  # no stream
     ({"model": NAME, "prompt": "x", "stream_options": []}, "stream_options"),
     ({"model": NAME, "prompt": "x", "user": 5}, "user"),
     ({"model": NAME, "prompt": "x", "ignore_eos": 1}, "ignore_eos"),
@@ -127,6 +128,18 @@ def test_output_changing_fields_we_do_not_implement_are_400(key, value):
     neutral = {"frequency_penalty": 0, "presence_penalty": 0.0, "top_k": -1, "min_tokens": 0, "logit_bias": {},
                "suffix": "", "repetition_penalty": 1.0, "min_p": 0, "n": 1}[key]
     assert parse({"prompt": "x", key: neutral}).prompt == "x"  # the neutral value is fine
+
+
+def test_an_integral_float_max_tokens_is_that_integer():
+    assert parse({"prompt": "x", "max_tokens": 5.0}).max_tokens == 5
+
+
+def test_stream_chunks_carry_a_null_usage_when_usage_was_asked_for():
+    from router.openai_api import completion_body
+
+    kw = dict(request_id="r", created=0, model=NAME, choice={"index": 0, "text": "a"}, stream=True)
+    assert "usage" not in completion_body(**kw)
+    assert completion_body(**kw, usage_key=True)["usage"] is None
 
 
 def test_unknown_model_is_404():
