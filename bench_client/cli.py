@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", help="results JSON to write")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--concurrency", type=_positive(int), help="closed loop with N in flight (default: open loop)")
+    ap.add_argument("--max-concurrency", type=_positive(int),
+                    help="at most N requests in flight; later arrivals wait for a slot (open loop too)")
     ap.add_argument("--duration", type=float, help="seconds of arrivals (whale-minnow: 30, multi-tenant: 60)")
     ap.add_argument("--max-requests", type=_positive(int), help="keep only the first N requests")
     g = ap.add_argument_group("whale-minnow (lengths: N | uniform:LO:HI | lognormal:MEDIAN:SIGMA)")
@@ -98,6 +100,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quiet", action="store_true", help="no progress line")
     g.add_argument("--dry-run", action="store_true", help="print the request list's shape; send nothing")
     return ap
+
+
+def arrival_label(a: argparse.Namespace) -> str:
+    """How requests were sent, for the results' meta and the report."""
+    if a.concurrency:
+        label = f"closed-loop x{a.concurrency}"
+    elif a.workload.startswith("trace:"):
+        label = "trace replay (open loop)"
+    elif a.workload == "whale-minnow":
+        label = "whales at fixed times, poisson minnows (open loop)"
+    else:
+        label = "poisson (open loop)"
+    return label + (f", at most {a.max_concurrency} in flight" if a.max_concurrency else "")
 
 
 def parse_slos(items: list[str]) -> dict[str, float]:
@@ -204,14 +219,15 @@ async def _serve(a, specs, workload_info: dict, slos: dict, weights: ServiceWeig
         clamped += changed
     mode, policy = server_labels(nodes)
     cfg = RunConfig(url, a.model, vocab, a.min_token_id, a.seed, a.concurrency, a.request_timeout,
-                    a.sample_interval, not a.no_token_ids, a.temperature, not a.quiet, a.api_key)
+                    a.sample_interval, not a.no_token_ids, a.temperature, not a.quiet, a.api_key,
+                    a.max_concurrency)
     freeze_heap()  # the client's own collections would shift the token times it records
     res = await run(specs, cfg)
     summary = summarize(res.records, res.duration, slos, weights, a.fairness_window)
     meta = {"workload": a.workload, "options": vars(a), "seed": a.seed, "url": url,
             "mode": a.label_mode or mode, "policy": a.label_policy or policy,
             "start_time": res.start_time, "duration_s": res.duration,
-            "arrival": f"closed-loop x{a.concurrency}" if a.concurrency else "poisson/open-loop",
+            "arrival": arrival_label(a),
             "model": {"id": model.get("id"), "vocab_size": vocab, "max_model_len": max_len},
             "clamped_to_context": clamped, "client_overhead": res.client_overhead, **workload_info}
     if a.out:

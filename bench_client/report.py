@@ -16,7 +16,9 @@ PLOTS = (("ttft_cdf.png", "TTFT CDF per class"), ("itl_cdf.png", "ITL CDF per cl
 CLASS_ROWS = (("TTFT p50 (ms)", ("ttft_ms", "p50"), 1), ("TTFT p99 (ms)", ("ttft_ms", "p99"), 1),
               ("ITL p99 (ms)", ("itl_ms", "p99"), 1), ("TPOT p50 (ms)", ("tpot_ms", "p50"), 1),
               ("TPOT p99 (ms)", ("tpot_ms", "p99"), 1), ("output tok/s", ("output_tok_s",), 1),
-              ("goodput (req/s)", ("goodput_rps",), 2), ("requests (failed)", None, 0))
+              ("total tok/s (prompt + output)", ("total_tok_s",), 1), ("requests/s", ("request_rps",), 2),
+              ("goodput (req/s)", ("goodput_rps",), 2), ("SLO attainment", ("slo_attainment",), 3),
+              ("requests (failed)", None, 0))
 
 
 def _tail(path: str, depth: int) -> str:

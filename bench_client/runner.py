@@ -4,12 +4,15 @@
                                  its request as a task (bodies are built before the sleep)
   closed loop (concurrency N):   N workers each send the next spec as soon as their last one ended;
                                  send times in the specs are ignored
+  max_concurrency M (either):    at most M requests in flight; an arrival past that waits for a
+                                 slot (vLLM's --max-concurrency), its wait shows as dispatch lag
 Alongside, a monitor task samples `/cluster` every `sample_interval` s, measures the event loop's
 lag and prints progress on stderr. Every HTTP wait is bounded by `request_timeout` between reads.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -40,6 +43,7 @@ class RunConfig:
     temperature: float = 0.0
     progress: bool = True  # progress line on stderr
     api_key: str | None = None
+    max_concurrency: int | None = None  # cap on requests in flight (open loop too); None: none
 
 
 @dataclass
@@ -171,8 +175,11 @@ async def run(specs: list[RequestSpec], cfg: RunConfig) -> RunResult:
         def clock() -> float:
             return time.perf_counter() - t0
 
+        slots = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else contextlib.nullcontext()
+
         async def one(i: int, body: bytes, scheduled: float) -> None:
-            rec = records[i] = await send_one(session, cfg, specs[i], body, scheduled, clock)
+            async with slots:
+                rec = records[i] = await send_one(session, cfg, specs[i], body, scheduled, clock)
             prog.done += 1
             prog.failed += rec.status != OK
 

@@ -2,13 +2,17 @@
 
 Per request (status "ok" only; failed requests count in `count` and `failed`, nothing else):
   TTFT  = first_token_time - send_time
-  ITL   = every gap between consecutive streamed tokens (tokens of one chunk share a time: gap 0)
+  ITL   = every gap between consecutive streamed tokens; n tokens arriving together share the
+          gap before them (n gaps of gap / n, SGLang's convention; see itls_s)
   TPOT  = (E2E - TTFT) / (output tokens - 1), only with at least 2 output tokens
   E2E   = end_time - send_time
 Each is reported in ms as PCT = {mean, p50, p90, p95, p99, max}, percentiles linearly
 interpolated as numpy's default; every field is None when there is no sample.
-output_tok_s = output tokens of ok requests / duration; goodput_rps = ok requests meeting every
-given SLO / duration (no SLOs: every ok request; a 1-token request has no TPOT and meets a TPOT SLO).
+duration = first send ... last completion, as the run measured it (from the client's start).
+output_tok_s = output tokens of ok requests / duration; total_tok_s = prompt + output tokens of
+ok requests / duration; request_rps = ok requests / duration; goodput_rps = ok requests meeting
+every given SLO / duration (no SLOs: every ok request; a 1-token request has no TPOT and meets a
+TPOT SLO); slo_attainment = requests meeting every SLO / all requests (None without SLOs).
 """
 from __future__ import annotations
 
@@ -90,7 +94,11 @@ def stats(records: list[RequestRecord], duration: float, slos: dict[str, float])
             "ttft_ms": pct(ms(ttft_s)), "itl_ms": pct([g * 1000 for r in ok for g in itls_s(r)]),
             "tpot_ms": pct(ms(tpot_s)), "e2e_ms": pct(ms(e2e_s)),
             "output_tok_s": rate(sum(r.output_tokens for r in ok)),
-            "goodput_rps": rate(sum(meets_slos(r, slos) for r in ok))}
+            "total_tok_s": rate(sum(r.prompt_tokens + r.output_tokens for r in ok)),
+            "request_rps": rate(len(ok)),
+            "goodput_rps": rate(sum(meets_slos(r, slos) for r in ok)),
+            # the share of all requests (failed ones included) that finished within every SLO
+            "slo_attainment": (sum(meets_slos(r, slos) for r in ok) / len(records)) if slos and records else None}
 
 
 def _grouped(records: list[RequestRecord], key) -> dict[str, list[RequestRecord]]:

@@ -127,6 +127,18 @@ def test_without_token_ids_the_output_count_comes_from_usage():
     assert s["tpot_ms"]["p50"] == pytest.approx((rec.end_time - rec.first_token_time) * 1000 / 5)
 
 
+def test_max_concurrency_caps_an_open_loop():
+    """Six arrivals at once, at most two in flight: the rest wait for a slot (dispatch lag)."""
+    state: dict = {}
+    specs = [RequestSpec(0.0, "t", "c", 8, 3) for _ in range(6)]
+    res = run_against(make_app(0.05, 0.01, state), specs, sample_interval=0, max_concurrency=2)
+    assert [r.status for r in res.records] == ["ok"] * 6 and state["max_in_flight"] == 2
+    assert max(r.send_time - r.scheduled_time for r in res.records) > 0.05  # waited for a slot
+    s = summarize(res.records, res.duration, {"ttft_ms": 10_000})["overall"]
+    assert s["request_rps"] == pytest.approx(6 / res.duration)
+    assert s["total_tok_s"] == pytest.approx(6 * (8 + 3) / res.duration) and s["slo_attainment"] == 1.0
+
+
 def test_failures_closed_loop_and_request_shape():
     state: dict = {}
     specs = [RequestSpec(0.0, "good", "c", 10, 3, priority=1), RequestSpec(0.0, "bad", "c", 10, 3),
@@ -206,8 +218,10 @@ def test_cli_end_to_end(tmp_path, capsys):
     summary = data["summary"]
     assert set(summary) >= {"overall", "per_tenant", "per_class", "fairness"}
     assert set(summary["overall"]) == {"count", "failed", "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms",
-                                       "output_tok_s", "goodput_rps"}
-    assert set(summary["fairness"]) >= {"service", "normalized_service", "jain_index", "max_service_gap"}
+                                       "output_tok_s", "total_tok_s", "request_rps", "goodput_rps",
+                                       "slo_attainment"}
+    assert set(summary["fairness"]) >= {"service", "normalized_service", "jain_index", "max_service_gap",
+                                        "share_jain_mean", "share_jain_min"}
     assert summary["overall"]["failed"] == 0 and data["samples"]
     assert "class whale" in capsys.readouterr().out
 
