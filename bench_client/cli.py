@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="at most N requests in flight; later arrivals wait for a slot (open loop too)")
     ap.add_argument("--duration", type=float, help="seconds of arrivals (whale-minnow: 30, multi-tenant: 60)")
     ap.add_argument("--max-requests", type=_positive(int), help="keep only the first N requests")
+    ap.add_argument("--burstiness", type=_positive(float), default=1.0,
+                    help="random arrivals (minnows, multi-tenant): 1 Poisson, <1 burstier, >1 more even (gamma gaps)")
     g = ap.add_argument_group("whale-minnow (lengths: N | uniform:LO:HI | lognormal:MEDIAN:SIGMA)")
     d = wl.WhaleMinnowConfig()
     g.add_argument("--whales", type=int, default=d.whales)
@@ -109,9 +111,10 @@ def arrival_label(a: argparse.Namespace) -> str:
     elif a.workload.startswith("trace:"):
         label = "trace replay (open loop)"
     elif a.workload == "whale-minnow":
-        label = "whales at fixed times, poisson minnows (open loop)"
+        minnows = "poisson" if a.burstiness == 1.0 else f"gamma (burstiness {a.burstiness:g})"
+        label = f"whales at fixed times, {minnows} minnows (open loop)"
     else:
-        label = "poisson (open loop)"
+        label = "poisson (open loop)" if a.burstiness == 1.0 else f"gamma, burstiness {a.burstiness:g} (open loop)"
     return label + (f", at most {a.max_concurrency} in flight" if a.max_concurrency else "")
 
 
@@ -131,7 +134,7 @@ def build_workload(a: argparse.Namespace) -> tuple[list[wl.RequestSpec], dict]:
         cfg = wl.WhaleMinnowConfig(a.whales, a.whale_prompt, a.whale_output, a.whale_start, a.minnow_rate,
                                    a.minnow_prompt, a.minnow_output, a.duration or 30.0, a.whale_tenants,
                                    a.minnow_tenants, a.whale_priority, a.minnow_priority,
-                                   whale_interval=a.whale_interval)
+                                   whale_interval=a.whale_interval, burstiness=a.burstiness)
         specs, info = wl.whale_minnow(cfg, a.seed), {"whale_minnow": vars(cfg)}
     elif a.workload == "multi-tenant":
         if a.tenants_file:
@@ -141,9 +144,9 @@ def build_workload(a: argparse.Namespace) -> tuple[list[wl.RequestSpec], dict]:
             tenants, file_duration = wl.even_tenants(a.num_tenants, a.rate, a.weights, a.prompt, a.output,
                                                      a.on, a.off), None
         duration = a.duration or file_duration or 60.0
-        specs = wl.multi_tenant(tenants, duration, a.seed)
+        specs = wl.multi_tenant(tenants, duration, a.seed, a.burstiness)
         info = {"tenants": [dict(vars(t), prompt=vars(t.prompt), output=vars(t.output)) for t in tenants],
-                "duration": duration}
+                "duration": duration, "burstiness": a.burstiness}
     elif a.workload.startswith("trace:"):
         path = a.workload[len("trace:"):]
         rows, fmt = read_trace(path)

@@ -74,13 +74,18 @@ class LengthDist:
         return self.a * math.exp(self.b ** 2 / 2)
 
 
-def poisson_times(rng: random.Random, rate: float, start: float, end: float) -> list[float]:
-    """Arrival times of a Poisson process with `rate` per second on [start, end)."""
+def poisson_times(rng: random.Random, rate: float, start: float, end: float,
+                  burstiness: float = 1.0) -> list[float]:
+    """Arrival times with `rate` per second on [start, end): a Poisson process, or with
+    `burstiness` != 1 gamma-distributed gaps of the same mean (shape = burstiness, as vLLM's
+    client: below 1 burstier, above 1 more even; 1 draws exactly the Poisson stream)."""
+    if not burstiness > 0:
+        raise ValueError(f"burstiness must be > 0, got {burstiness!r}")
     out, t = [], start
     if rate <= 0:
         return out
     while True:
-        t += rng.expovariate(rate)
+        t += rng.expovariate(rate) if burstiness == 1.0 else rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
         if t >= end:
             return out
         out.append(t)
@@ -112,6 +117,7 @@ class WhaleMinnowConfig:
     whale_priority: int | None = None
     minnow_priority: int | None = None
     whale_interval: float | None = None  # seconds between whales (None: spread over the duration)
+    burstiness: float = 1.0  # minnow arrivals: 1 Poisson, < 1 burstier (gamma gaps, see poisson_times)
 
 
 def whale_minnow(cfg: WhaleMinnowConfig, seed: int) -> list[RequestSpec]:
@@ -127,7 +133,7 @@ def whale_minnow(cfg: WhaleMinnowConfig, seed: int) -> list[RequestSpec]:
         t = start + i * gap
         specs.append(RequestSpec(t, cfg.whale_tenants[i % len(cfg.whale_tenants)], "whale",
                                  wp.sample(wrng), wo.sample(wrng), cfg.whale_priority))
-    for t in poisson_times(mrng, cfg.minnow_rate, 0.0, cfg.duration):
+    for t in poisson_times(mrng, cfg.minnow_rate, 0.0, cfg.duration, cfg.burstiness):
         tenant = cfg.minnow_tenants[mrng.randrange(len(cfg.minnow_tenants))]
         specs.append(RequestSpec(t, tenant, "minnow", mp.sample(mrng), mo.sample(mrng), cfg.minnow_priority))
     return sorted(specs, key=lambda s: (s.send_time, s.klass))
@@ -185,12 +191,13 @@ def even_tenants(n: int, total_rate: float, weights: list[float] | None, prompt:
                        w, on=on, off=off) for i, w in enumerate(weights)]
 
 
-def multi_tenant(tenants: list[TenantSpec], duration: float, seed: int) -> list[RequestSpec]:
-    """Every tenant's Poisson arrivals, thinned to its on-phases, merged by send time."""
+def multi_tenant(tenants: list[TenantSpec], duration: float, seed: int, burstiness: float = 1.0) -> list[RequestSpec]:
+    """Every tenant's Poisson (or gamma, see poisson_times) arrivals, thinned to its on-phases,
+    merged by send time."""
     specs = []
     for t in tenants:
         rng = random.Random(f"{seed}/tenant/{t.name}")
-        for when in poisson_times(rng, t.rate, t.start, duration):
+        for when in poisson_times(rng, t.rate, t.start, duration, burstiness):
             p, o = t.prompt.sample(rng), t.output.sample(rng)  # drawn before thinning: stable lengths
             if t.active(when):
                 specs.append(RequestSpec(when, t.name, t.klass, p, o, t.priority))

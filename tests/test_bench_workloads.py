@@ -185,3 +185,21 @@ def test_real_traces():
     specs, info = trace_specs(rows, time_scale=0.5)
     assert info["span_s"] == pytest.approx(max(r.timestamp for r in rows) * 0.5, abs=1.0)
     json.dumps(info)
+
+
+def test_burstiness_keeps_the_rate_and_changes_the_spread():
+    """Gamma gaps of shape k and mean 1/rate: the coefficient of variation is 1/sqrt(k); k = 1
+    draws the very Poisson stream (seeded workloads unchanged)."""
+    import random
+    import statistics
+
+    from bench_client.workloads import poisson_times
+
+    assert poisson_times(random.Random(1), 5.0, 0, 200) == poisson_times(random.Random(1), 5.0, 0, 200, 1.0)
+    for k in (0.25, 4.0):
+        t = poisson_times(random.Random(2), 5.0, 0.0, 2000.0, k)
+        gaps = [b - a for a, b in zip(t, t[1:])]
+        assert len(t) / 2000.0 == pytest.approx(5.0, rel=0.1)
+        assert statistics.pstdev(gaps) / statistics.mean(gaps) == pytest.approx(k ** -0.5, rel=0.1)
+    with pytest.raises(ValueError):
+        poisson_times(random.Random(0), 1.0, 0, 1, 0.0)
