@@ -3,7 +3,8 @@ names, and ratios against the baseline policy of the same mode measured in the s
 then, when the runs have a `--cost-class` (default whale), what that class paid: its TTFT p50
 and TPOT p50.
 
-    mode  policy  minnow TTFT p99 (x fcfs)  minnow ITL p99 (x fcfs)  output tok/s (x fcfs)  failed  whale TTFT p50  whale TPOT p50
+    mode  policy  minnow TTFT p99 (x fcfs)  minnow ITL p99 (x fcfs)  output tok/s (x fcfs)  failed
+          fair-share worst (the fair-share Jain index's worst window)  whale TTFT p50  whale TPOT p50
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def rows_of(paths: list[str], klass: str, cost_class: str | None = None) -> list
         rows.append({"mode": m.get("mode"), "policy": m.get("policy"), "file": p,
                      "ttft_p99_ms": c["ttft_ms"]["p99"] if c else None, "itl_p99_ms": c["itl_ms"]["p99"] if c else None,
                      "tok_s": s["overall"]["output_tok_s"], "failed": s["overall"]["failed"],
+                     "share_jain_min": s.get("fairness", {}).get("share_jain_min"),
                      "cost_ttft_p50_ms": w["ttft_ms"]["p50"] if w else None,
                      "cost_tpot_p50_ms": w["tpot_ms"]["p50"] if w else None})
     return rows
@@ -68,11 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     costs = any(r["cost_ttft_p50_ms"] is not None for r in rows)
     print(f"{'mode':10} {'policy':9} {a.klass + ' TTFT p99 ms':>18} {'x' + a.baseline:>7} "
           f"{a.klass + ' ITL p99 ms':>17} {'x' + a.baseline:>7} {'output tok/s':>12} {'x' + a.baseline:>7} {'failed':>6}"
+          f" {'fair-share worst':>16}"
           f"{'  ' + a.cost_class + ' TTFT p50 ms' if costs else ''}{'  ' + a.cost_class + ' TPOT p50 ms' if costs else ''}")
     for r in sorted(rows, key=lambda r: (r["mode"] or "", r["policy"] != a.baseline, r["policy"] or "")):
         print(f"{r['mode'] or '?':10} {r['policy'] or '?':9} {_f(r['ttft_p99_ms']):>18} {_f(r['ttft_p99_ms_ratio'], 2):>7} "
               f"{_f(r['itl_p99_ms']):>17} {_f(r['itl_p99_ms_ratio'], 2):>7} {_f(r['tok_s']):>12} "
-              f"{_f(r['tok_s_ratio'], 2):>7} {r['failed']:>6}"
+              f"{_f(r['tok_s_ratio'], 2):>7} {r['failed']:>6} {_f(r['share_jain_min'], 3):>16}"
               + (f"  {_f(r['cost_ttft_p50_ms']):>{len(a.cost_class) + 12}}  {_f(r['cost_tpot_p50_ms']):>{len(a.cost_class) + 12}}"
                  if costs else ""))
     return 0
