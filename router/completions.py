@@ -55,6 +55,7 @@ class Piece:
     token_ids: list[int]  # the event's token ids
     finish_reason: str | None = None  # set on the last piece
     timing: dict = field(default_factory=dict)  # the node's timeline (last piece)
+    stop_reason: str | int | None = None  # last piece: the stop string or stop token id that ended it
 
 
 def failure_error(e: RequestFailed) -> ApiError:
@@ -115,7 +116,7 @@ class CompletionRun:
                     reason = "stop string matched"
                     metrics.e2e.observe(now - self.arrival)
                     finish = "stop" if delta.stopped else (ev.finish_reason or "stop")
-                    yield Piece(delta.text, ev.token_ids, finish, ev.timing or {})
+                    yield Piece(delta.text, ev.token_ids, finish, ev.timing or {}, self._stop_reason(out, finish))
                     return
                 yield Piece(delta.text, ev.token_ids)
         finally:
@@ -132,6 +133,16 @@ class CompletionRun:
             self.state.registry.release(self.handle)
             self.released = True
 
+    def _stop_reason(self, out: OutputText, finish: str) -> str | int | None:
+        """vLLM's `stop_reason`: the stop string matched, or the stop token id sampled last;
+        None for an end-of-sequence token, a length limit or an error."""
+        if out.stops.stopped:
+            return out.stops.matched
+        ids = out.token_ids
+        if finish == "stop" and ids and ids[-1] in self.req.stop_token_ids:
+            return ids[-1]
+        return None
+
     def _observe(self, ev, now: float, last: float | None) -> float | None:
         """Count the event's tokens; returns the time of the latest token batch."""
         self.num_output_tokens += len(ev.token_ids)
@@ -147,17 +158,19 @@ class CompletionRun:
 
     async def json_response(self) -> web.Response:
         """Collect the whole output into one `text_completion` response."""
-        text, ids, finish, timing = [], [], None, {}
+        text, ids, finish, timing, reason = [], [], None, {}, None
         try:
             async with aclosing(self.pieces()) as gen:
                 async for p in gen:
                     text.append(p.text)
                     ids.extend(p.token_ids)
                     finish, timing = p.finish_reason or finish, p.timing or timing
+                    reason = p.stop_reason if p.finish_reason else reason
         except RequestFailed as e:
             raise failure_error(e) from None
         rti = self.req.return_token_ids
-        choice = choice_body("".join(text), finish, ids if rti else None, self.prompt_ids if rti else None)
+        choice = choice_body("".join(text), finish, ids if rti else None, self.prompt_ids if rti else None,
+                             stop_reason=reason)
         extra = {"pdtb_timing": timing}
         if rti:
             extra["prompt_token_ids"] = self.prompt_ids
@@ -188,7 +201,7 @@ class CompletionRun:
                 if not (p.text or p.finish_reason or (rti and p.token_ids)):
                     continue
                 choice = choice_body(p.text, p.finish_reason, p.token_ids if rti else None,
-                                     self.prompt_ids if rti and first else None)
+                                     self.prompt_ids if rti and first else None, stop_reason=p.stop_reason)
                 timing = p.timing if p.finish_reason else timing
                 await self._send(resp, self._chunk(choice, extra={"pdtb_timing": timing} if p.finish_reason else None))
                 first = False

@@ -71,15 +71,17 @@ class StopMatcher:
         self._holdback = max((len(s) for s in self._stops), default=1) - 1
         self._pending = ""  # received, not yet released
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, text: str) -> str:
         """Add text; return what can be released. Sets `stopped` when a stop string matched."""
         if self.stopped:
             return ""
         self._pending += text
-        hits = [i for i in (self._pending.find(s) for s in self._stops) if i >= 0]
+        hits = [(i, s) for i, s in ((self._pending.find(s), s) for s in self._stops) if i >= 0]
         if hits:
-            out, self._pending, self.stopped = self._pending[:min(hits)], "", True
+            at, self.matched = min(hits, key=lambda h: h[0])  # the earliest match (first listed on a tie)
+            out, self._pending, self.stopped = self._pending[:at], "", True
             return out
         keep = self._partial_match_len()
         out, self._pending = self._pending[:len(self._pending) - keep], self._pending[len(self._pending) - keep:]

@@ -237,9 +237,10 @@ def completion_body(*, request_id: str, created: int, model: str, choice: dict,
 
 
 def choice_body(text: str, finish_reason: str | None, token_ids: list[int] | None = None,
-                prompt_token_ids: list[int] | None = None) -> dict:
-    """choices[0]; token ids are added only when the client asked for them."""
-    c = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+                prompt_token_ids: list[int] | None = None, stop_reason: str | int | None = None) -> dict:
+    """choices[0]; token ids are added only when the client asked for them. `stop_reason`
+    (vLLM's field): the stop string or stop token id that ended the output, else null."""
+    c = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
     if token_ids is not None:
         c["token_ids"] = token_ids
     if prompt_token_ids is not None:

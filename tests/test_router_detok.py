@@ -131,3 +131,9 @@ def test_stop_matcher_equals_reference(text, stops, cuts):
 def test_stop_matcher_stops_at_the_first_chunk_that_completes_a_stop():
     assert feed_all(("a", "XaX"), ["Xa", "X"]) == ("X", True)
     assert feed_all(("a", "XaX"), ["XaX"]) == ("", True)
+
+
+def test_the_stop_string_that_matched_first_is_recorded():
+    m = StopMatcher(("xyz", "END"))
+    assert m.feed("abc EN") == "abc " and m.matched is None
+    assert m.feed("D and xyz") == "" and m.stopped and m.matched == "END"  # END comes before xyz

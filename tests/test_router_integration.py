@@ -140,8 +140,9 @@ def test_colocated_token_prompt_and_stop_string(served, tokens):
     async def go():
         async with cluster(served, tokens, mode="colocated", node_kw={"colocated": {"delay": 0.01}}) as c:
             client = c.client()
-            r = await client.completions.create(model="tiny", prompt=prompt_ids, max_tokens=200, stop=[stop])
+            r = await client.completions.create(model="tiny", prompt=prompt_ids, max_tokens=200, stop=["zzz", stop])
             assert r.choices[0].text == text[:text.index(stop)] and r.choices[0].finish_reason == "stop"
+            assert r.choices[0].model_extra["stop_reason"] == stop  # vLLM's field: which stop ended it
             node = c.nodes["colocated"]
             await wait_until(lambda: node.aborts, what="abort after the stop string")
             assert node.aborts[0].request_id == node.requests[0].request_id
@@ -149,6 +150,9 @@ def test_colocated_token_prompt_and_stop_string(served, tokens):
                 model="tiny", prompt=prompt_ids, max_tokens=200, stop=stop, stream=True)]
             assert "".join(ch.choices[0].text for ch in chunks) == text[:text.index(stop)]
             assert chunks[-1].choices[0].finish_reason == "stop"
+            assert chunks[-1].choices[0].model_extra["stop_reason"] == stop
+            r = await client.completions.create(model="tiny", prompt=prompt_ids, max_tokens=3)
+            assert r.choices[0].finish_reason == "length" and r.choices[0].model_extra["stop_reason"] is None
 
     run(go())
 
@@ -396,3 +400,18 @@ def test_a_silent_node_fails_its_requests_with_why():
         assert all("shut down" in why[r] for r in ("r2", "r3"))
 
     asyncio.run(go())
+
+
+def test_stop_reason_of_a_stop_token(served):
+    from router.completions import CompletionRun
+    from router.detok import OutputText
+    from router.openai_api import parse_completion_request
+
+    run = CompletionRun.__new__(CompletionRun)  # only the request is needed
+    run.req = parse_completion_request(json.dumps({"prompt": "x", "stop_token_ids": [7, 9]}).encode(), "tiny", 512)
+    out = OutputText(served.tokenizer)
+    out.add([5, 9])
+    assert run._stop_reason(out, "stop") == 9
+    assert run._stop_reason(out, "length") is None
+    out.add([4])  # ended by an end-of-sequence token, not a stop token
+    assert run._stop_reason(out, "stop") is None
