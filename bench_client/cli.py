@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", help="results JSON to write")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--concurrency", type=_positive(int), help="closed loop with N in flight (default: open loop)")
+    ap.add_argument("--warmup", type=_positive(int), default=0,
+                    help="N requests (4 output tokens each) sent and awaited first, not recorded")
     ap.add_argument("--max-concurrency", type=_positive(int),
                     help="at most N requests in flight; later arrivals wait for a slot (open loop too)")
     ap.add_argument("--duration", type=float, help="seconds of arrivals (whale-minnow: 30, multi-tenant: 60)")
@@ -223,14 +225,14 @@ async def _serve(a, specs, workload_info: dict, slos: dict, weights: ServiceWeig
     mode, policy = server_labels(nodes)
     cfg = RunConfig(url, a.model, vocab, a.min_token_id, a.seed, a.concurrency, a.request_timeout,
                     a.sample_interval, not a.no_token_ids, a.temperature, not a.quiet, a.api_key,
-                    a.max_concurrency)
+                    a.max_concurrency, a.warmup)
     freeze_heap()  # the client's own collections would shift the token times it records
     res = await run(specs, cfg)
     summary = summarize(res.records, res.duration, slos, weights, a.fairness_window)
     meta = {"workload": a.workload, "options": vars(a), "seed": a.seed, "url": url,
             "mode": a.label_mode or mode, "policy": a.label_policy or policy,
             "start_time": res.start_time, "duration_s": res.duration,
-            "arrival": arrival_label(a),
+            "arrival": arrival_label(a), "warmup": {"requests": a.warmup, "failed": res.warmup_failed},
             "model": {"id": model.get("id"), "vocab_size": vocab, "max_model_len": max_len},
             "clamped_to_context": clamped, "client_overhead": res.client_overhead, **workload_info}
     if a.out:

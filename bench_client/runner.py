@@ -16,7 +16,7 @@ import contextlib
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 import numpy as np
@@ -44,6 +44,7 @@ class RunConfig:
     progress: bool = True  # progress line on stderr
     api_key: str | None = None
     max_concurrency: int | None = None  # cap on requests in flight (open loop too); None: none
+    warmup: int = 0  # requests sent (4 output tokens each) and awaited before the run; not recorded
 
 
 @dataclass
@@ -55,6 +56,7 @@ class RunResult:
     duration: float  # s from start until the last request ended
     start_time: float  # wall clock (epoch s) of the run's start
     client_overhead: dict  # dispatch lag, parse cost, loop lag
+    warmup_failed: int = 0  # warm-up requests that failed (they are not in `records`)
 
 
 @dataclass
@@ -170,6 +172,7 @@ async def run(specs: list[RequestSpec], cfg: RunConfig) -> RunResult:
     records: list[RequestRecord | None] = [None] * len(specs)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout,
                                      headers=headers) as session:
+        warmup_failed = await _warm_up(session, cfg, specs)
         start_wall, t0 = time.time(), time.perf_counter()
 
         def clock() -> float:
@@ -199,7 +202,21 @@ async def run(specs: list[RequestSpec], cfg: RunConfig) -> RunResult:
             print(("\r" if sys.stderr.isatty() else "") + f"[bench] {prog.done}/{prog.total} done, "
                   f"{prog.failed} failed, {duration:.1f}s", file=sys.stderr, flush=True)
     samples.sort(key=lambda s: s["t"])
-    return RunResult(records, samples, duration, start_wall, client_overhead(records, prog.loop_lag))
+    return RunResult(records, samples, duration, start_wall, client_overhead(records, prog.loop_lag), warmup_failed)
+
+
+async def _warm_up(session: aiohttp.ClientSession, cfg: RunConfig, specs: list[RequestSpec]) -> int:
+    """Send `cfg.warmup` requests shaped like the first specs but with 4 output tokens, all at
+    once, and wait for them (connections, the router's and nodes' first-request costs). Their
+    prompts come from another seed than the run's. Returns how many failed."""
+    if cfg.warmup <= 0 or not specs:
+        return 0
+    warm_cfg = replace(cfg, seed=cfg.seed + 7919)  # prompts unlike the run's (no prefix reuse)
+    shapes = [replace(specs[i % len(specs)], output_len=min(4, specs[i % len(specs)].output_len))
+              for i in range(cfg.warmup)]
+    recs = await asyncio.gather(*(send_one(session, warm_cfg, sp, request_body(warm_cfg, i, sp), 0.0, time.perf_counter)
+                                  for i, sp in enumerate(shapes)))
+    return sum(r.status != OK for r in recs)
 
 
 async def _open_loop(cfg: RunConfig, specs: list[RequestSpec], one, clock) -> None:

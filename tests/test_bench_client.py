@@ -139,6 +139,15 @@ def test_max_concurrency_caps_an_open_loop():
     assert s["total_tok_s"] == pytest.approx(6 * (8 + 3) / res.duration) and s["slo_attainment"] == 1.0
 
 
+def test_warm_up_requests_go_first_and_are_not_recorded():
+    state: dict = {}
+    specs = [RequestSpec(0.0, "t", "c", 8, 6) for _ in range(2)]
+    res = run_against(make_app(0.01, 0.005, state), specs, sample_interval=0, warmup=3)
+    assert len(res.records) == 2 and res.warmup_failed == 0
+    assert [b["max_tokens"] for b in state["bodies"]] == [4, 4, 4, 6, 6]  # the warm-up went first
+    assert state["bodies"][0]["prompt"] != state["bodies"][3]["prompt"]  # not the run's prompts
+
+
 def test_failures_closed_loop_and_request_shape():
     state: dict = {}
     specs = [RequestSpec(0.0, "good", "c", 10, 3, priority=1), RequestSpec(0.0, "bad", "c", 10, 3),
