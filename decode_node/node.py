@@ -85,7 +85,7 @@ class DecodeNode(NodeBase):
         await self.receiver.close()  # frees the pages of transfers still in flight (NACKed)
         left = self.receiver.take_completed()  # committed after the drain's last look
         for t in left:
-            self.engine.pool.free(t.request_id)
+            self._free_landed(t)
             self.routes[t.request_id] = str(t.extra.get("router_id", ""))
             self.fail(t.request_id, "node shut down before the request started")
         if left:
@@ -98,13 +98,20 @@ class DecodeNode(NodeBase):
         for t in self.receiver.take_completed():
             self._adopt(t)
 
+    def _free_landed(self, t: ReceivedTransfer) -> None:
+        """Free the pages of a landed transfer that will not be adopted, in the tier it landed
+        in (a parked arrival's pages are in the host tier: freeing the device tier there left
+        them owned by a request that no longer existed, until the node restarted)."""
+        pool = self.engine.host_pool if t.tier == "host" and self.engine.host_pool is not None else self.engine.pool
+        pool.free(t.request_id)
+
     def _adopt(self, t: ReceivedTransfer) -> None:
         self.metrics.kv_recv.inc(t.status.bytes_total)
         nbytes = t.status.bytes_total
         self.metrics.transfers.labels(outcome="received", **self.metrics.labels).inc()
         if t.request_id in self.aborted or t.request_id in self.seqs:
             log.info("dropping pages of %s: request already aborted or present", t.request_id)
-            self.engine.pool.free(t.request_id)
+            self._free_landed(t)
             return
         extra = t.extra
         try:
@@ -113,7 +120,7 @@ class DecodeNode(NodeBase):
                            len(t.prompt_token_ids), params, tenant=t.tenant, priority=int(extra.get("priority", 0)),
                            num_computed_tokens=t.num_computed_tokens)
         except (KeyError, TypeError, ValueError) as e:
-            self.engine.pool.free(t.request_id)
+            self._free_landed(t)
             self.routes[t.request_id] = str(extra.get("router_id", ""))
             self.fail(t.request_id, f"bad request metadata from prefill: {e}")
             return
