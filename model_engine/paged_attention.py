@@ -36,17 +36,21 @@ ATTN_NAME = "pdtb_paged"
 
 @dataclass
 class AttnGroup:
-    """Sequences of one step that share a padded attention call."""
+    """Sequences of one step that share an attention call: decode rows (`span`: they are the
+    flat rows [start, end), one query each) or prefill rows (`q_gather`, `pad_index`: their
+    queries padded to the longest chunk)."""
 
-    q_gather: torch.Tensor  # [B_g, q_max] flat token index of each padded query slot
-    pad_index: torch.Tensor  # [n_g] padded slot (b * q_max + j) of each of the group's tokens
-    flat_index: torch.Tensor  # [n_g] flat position of each of the group's tokens (a contiguous run)
     flat_pages: torch.Tensor  # [B_g * max_pages] page ids, row-major, padded with page 0
     max_pages: int  # pages per row in flat_pages
     attn_mask: torch.Tensor  # [B_g, 1, groups * q_max, L] additive (0 / -inf)
-    read_plan: ReadCachePlan | None = None  # pure-decode steps: use the read cache
-    flat_order: bool = False  # the step's only group, one query per row, rows in flat order
-    span: tuple[int, int] | None = None  # decode group: rows are flat rows [start, end), one query each
+    read_plan: ReadCachePlan | None = None  # decode rows: use the read cache
+    span: tuple[int, int] | None = None  # decode group: its flat rows [start, end)
+    q_gather: torch.Tensor | None = None  # prefill: [B_g, q_max] flat token index of each padded query slot
+    pad_index: torch.Tensor | None = None  # prefill: [n_g] padded slot (b * q_max + j) of each of its tokens
+
+    @property
+    def num_rows(self) -> int:
+        return self.span[1] - self.span[0] if self.span is not None else self.q_gather.shape[0]
 
 
 @dataclass
@@ -75,7 +79,7 @@ class PagedKVCache:
         cache.view(2, num_pages * page_size, kvh, hd).index_copy_(1, m.slot_mapping, new)
         out = []
         for g in m.groups:
-            b, plan = g.q_gather.shape[0], g.read_plan
+            b, plan = g.num_rows, g.read_plan
             if plan is not None:
                 rc, rows_view, k, v = plan.cache.views(layer_idx, b, plan.length)  # rc [2, B, kvh, cap, hd]
                 if plan.rebuild:
@@ -86,7 +90,7 @@ class PagedKVCache:
                         whole.index_copy_(1, plan.move_dst, whole.index_select(1, plan.move_src))
                     if plan.fresh is not None:  # rows the cache did not hold: gather their pages
                         _gather_rows(cache, rc, g, plan.fresh, page_size)
-                    mine = new if g.flat_order else new[:, g.span[0]:g.span[1]]  # [2, B_g, kvh, hd]
+                    mine = new[:, g.span[0]:g.span[1]]  # [2, B_g, kvh, hd], a view
                     rows_view.index_put_((plan.rows, plan.pos), mine.transpose(0, 1))
                 out.append((k, v))
             else:
@@ -180,9 +184,6 @@ def paged_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     m = pdtb_meta
     q_flat = query[0].transpose(0, 1)  # [T, heads, hd]
     kv = m.gathered[module.layer_idx]
-    if m.groups[0].flat_order:
-        k, v = kv[0]  # a pure decode step: T == B, flat order is row order
-        return _decode_attention(q_flat, k, v, m.groups[0].attn_mask, scaling).unsqueeze(0), None
     # groups are contiguous runs of flat tokens, in flat order (decode spans, then prefill rows)
     outs = [_decode_attention(q_flat[g.span[0]:g.span[1]], k, v, g.attn_mask, scaling) if g.span is not None
             else _group_attention(q_flat, k, v, g, scaling) for g, (k, v) in zip(m.groups, kv)]

@@ -91,8 +91,8 @@ class ModelRunner:
         groups, first = [], 0
         for rows, plan in zip(parts, plans):  # decode rows: flat row == flat token
             n = len(rows)
-            groups.append(self._decode_group(first, n, pos[first:first + n], npages[first:first + n],
-                                             block_tables[first:first + n], plan, n == b))
+            groups.append(self._decode_group(first, pos[first:first + n], plan, npages[first:first + n],
+                                             block_tables[first:first + n]))
             first += n
         if len(prefill):
             groups.append(self._prefill_group(np.arange(first, b), lens, cu_start, pos, npages, block_tables))
@@ -148,14 +148,8 @@ class ModelRunner:
         perm = [i for rows, _, _ in plans for i in rows]  # step index of each flat row
         groups, start = [], 0
         for rows, g_pos, plan in plans:
-            n = len(rows)
-            allowed = np.arange(plan.length)[None, :] <= g_pos[:, None]  # [B_g, L]
-            mask = torch.from_numpy(np.where(allowed, np.float32(0), np.float32("-inf"))[:, None, None, :])
-            idx = plan.rows if start == 0 else plan.rows + start  # flat rows [start, start + n)
-            groups.append(AttnGroup(idx[:, None], plan.rows, idx, idx[:0], 0,
-                                    mask.to(device=self.device, dtype=self.kv.dtype), plan, len(plans) == 1,
-                                    (start, start + n)))
-            start += n
+            groups.append(self._decode_group(start, g_pos, plan))
+            start += len(rows)
         t = self._t
         order = np.asarray(perm, np.int64)
         logits_idx = None if perm == list(range(len(perm))) else t(np.argsort(order))
@@ -165,16 +159,18 @@ class ModelRunner:
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
 
-    def _decode_group(self, first: int, n: int, g_pos, g_npages, g_tables, plan, whole: bool) -> AttnGroup:
-        """Decode rows that are flat rows [first, first + n), one query each, in the order of
-        their read cache's slots (`plan`; None: no read cache, their pages are gathered)."""
-        max_pages = int(g_npages.max())
+    def _decode_group(self, first: int, g_pos, plan, g_npages=None, g_tables=None) -> AttnGroup:
+        """Decode rows that are flat rows [first, first + len(g_pos)), one query each at
+        positions `g_pos`, in the order of their read cache's slots (`plan`; None: no read
+        cache, their pages are gathered). `g_npages` / `g_tables`: their page counts and block
+        tables, for gathering pages (none in a steady step, which gathers nothing)."""
+        max_pages = 0 if g_npages is None else int(g_npages.max())
         keys = plan.length if plan is not None else max_pages * self.page_size
         allowed = np.arange(keys)[None, :] <= g_pos[:, None]  # [n, L]
         mask = torch.from_numpy(np.where(allowed, np.float32(0), np.float32("-inf"))[:, None, None, :])
-        idx = torch.arange(first, first + n, device=self.device)
-        return AttnGroup(idx[:, None], idx - first, idx, self._t(g_tables[:, :max_pages].reshape(-1)), max_pages,
-                         mask.to(device=self.device, dtype=self.kv.dtype), plan, whole, (first, first + n))
+        pages = np.zeros(0, np.int64) if g_tables is None else g_tables[:, :max_pages].reshape(-1)
+        return AttnGroup(self._t(pages), max_pages, mask.to(device=self.device, dtype=self.kv.dtype), plan,
+                         span=(first, first + len(g_pos)))
 
     def _prefill_group(self, rows, lens, cu_start, pos, npages, block_tables) -> AttnGroup:
         """Attention metadata for the prefill rows `rows` (flat rows, the step's last ones)."""
@@ -185,7 +181,6 @@ class ModelRunner:
         j = np.arange(q_max)
         q_gather = g_start[:, None] + np.minimum(j[None, :], (g_lens - 1)[:, None])  # [B_g, q_max]
         valid = j[None, :] < g_lens[:, None]
-        flat_index = (g_start[:, None] + j[None, :])[valid]
         pad_index = (np.arange(len(rows))[:, None] * q_max + j[None, :])[valid]
         q_pos = pos[q_gather]  # padded query slots repeat the last real query: harmless
         keys = max_pages * ps
@@ -193,8 +188,9 @@ class ModelRunner:
         mask = np.where(allowed, np.float32(0), np.float32("-inf"))
         mask = np.repeat(mask[:, None], self.groups, axis=1).reshape(len(rows), 1, self.groups * q_max, keys)
         t = self._t
-        return AttnGroup(t(q_gather), t(pad_index), t(flat_index), t(block_tables[rows, :max_pages].reshape(-1)),
-                         max_pages, torch.from_numpy(mask).to(device=self.device, dtype=self.kv.dtype))
+        return AttnGroup(t(block_tables[rows, :max_pages].reshape(-1)), max_pages,
+                         torch.from_numpy(mask).to(device=self.device, dtype=self.kv.dtype),
+                         q_gather=t(q_gather), pad_index=t(pad_index))
 
     @torch.inference_mode()
     def run(self, chunks: list[BatchChunk]) -> torch.Tensor:

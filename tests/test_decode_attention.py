@@ -90,11 +90,10 @@ def test_groups_of_a_mixed_step_are_runs_of_flat_tokens(sizes, threads, monkeypa
     for j in range(q_len):
         causal[j, :40 + j + 1] = 0  # the chunk's queries at positions 40..42
     t0 = b1 + b2
-    prefill = pa.AttnGroup(torch.arange(t0, t0 + q_len)[None], torch.arange(q_len), torch.arange(t0, t0 + q_len),
-                           torch.zeros(0, dtype=torch.long), 0, causal[None, None].repeat(1, 1, groups, 1))
-    spans = [pa.AttnGroup(torch.arange(a, a + n)[:, None], torch.arange(n), torch.arange(a, a + n),
-                          torch.zeros(0, dtype=torch.long), 0, m, span=(a, a + n))
-             for a, n, m in ((0, b1, ma), (b1, b2, mb))]
+    no_pages = torch.zeros(0, dtype=torch.long)
+    prefill = pa.AttnGroup(no_pages, 0, causal[None, None].repeat(1, 1, groups, 1),
+                           q_gather=torch.arange(t0, t0 + q_len)[None], pad_index=torch.arange(q_len))
+    spans = [pa.AttnGroup(no_pages, 0, m, span=(a, a + n)) for a, n, m in ((0, b1, ma), (b1, b2, mb))]
     meta = pa.StepMetadata(torch.zeros(0, dtype=torch.long), [*spans, prefill])
     meta.gathered[0] = [(ka, va), (kb, vb), (kp, vp)]
     query = torch.cat([qa, qb, qp]).transpose(0, 1)[None]  # [1, heads, T, hd]
