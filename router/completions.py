@@ -120,18 +120,22 @@ class CompletionRun:
                     return
                 yield Piece(delta.text, ev.token_ids)
         finally:
-            if not finished_by_node:
-                registry.abort(self.handle, reason)
-            registry.release(self.handle)
-            self.released = True
+            self._end(None if finished_by_node else reason)
 
     def close(self) -> None:
         """Abort and release a submitted request whose output was never read (the client went
         away while the response headers were being written); a no-op once pieces() ended."""
-        if self.handle is not None and not self.released:
-            self.state.registry.abort(self.handle, "client disconnected before the response started")
-            self.state.registry.release(self.handle)
-            self.released = True
+        self._end("client disconnected before the response started")
+
+    def _end(self, abort_reason: str | None) -> None:
+        """Once: tell the nodes to drop the request (unless `abort_reason` is None: they
+        finished it) and forget it here."""
+        if self.handle is None or self.released:
+            return
+        if abort_reason is not None:
+            self.state.registry.abort(self.handle, abort_reason)
+        self.state.registry.release(self.handle)
+        self.released = True
 
     def _stop_reason(self, out: OutputText, finish: str) -> str | int | None:
         """vLLM's `stop_reason`: the stop string matched, or the stop token id sampled last;
