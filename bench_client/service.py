@@ -53,21 +53,22 @@ def service_events(rec: RequestRecord, w: ServiceWeights) -> list[tuple[float, f
     return [prompt] + events
 
 
+def _curve(events: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """Event times (sorted) and the accumulated service just after each."""
+    times, acc, total = [], [], 0.0
+    for t, s in sorted(events):
+        total += s
+        times.append(t)
+        acc.append(total)
+    return times, acc
+
+
 def service_curves(records: list[RequestRecord], w: ServiceWeights) -> dict[str, tuple[list[float], list[float]]]:
     """Per tenant: event times (sorted) and the accumulated service just after each."""
     by_tenant: dict[str, list[tuple[float, float]]] = {r.tenant: [] for r in records}
     for r in records:
         by_tenant[r.tenant].extend(service_events(r, w))
-    out = {}
-    for tenant, events in by_tenant.items():
-        events.sort()
-        times, acc, total = [], [], 0.0
-        for t, s in events:
-            total += s
-            times.append(t)
-            acc.append(total)
-        out[tenant] = (times, acc)
-    return out
+    return {tenant: _curve(events) for tenant, events in by_tenant.items()}
 
 
 def accumulated(curve: tuple[list[float], list[float]], t: float) -> float:
@@ -92,9 +93,13 @@ def jain_index(values: list[float]) -> float | None:
     return sum(values) ** 2 / (len(values) * sq)
 
 
+def _in_flight(r: RequestRecord, a: float, b: float) -> bool:
+    """Sent but not finished somewhere in the window (a, b]."""
+    return r.send_time < b and (math.inf if r.end_time is None else r.end_time) > a
+
+
 def _backlogged(records: list[RequestRecord], a: float, b: float) -> set[str]:
-    return {r.tenant for r in records
-            if r.send_time < b and (math.inf if r.end_time is None else r.end_time) > a}
+    return {r.tenant for r in records if _in_flight(r, a, b)}
 
 
 def max_service_gap(records: list[RequestRecord], w: ServiceWeights, window: float,
@@ -130,18 +135,18 @@ def fair_share_jain(records: list[RequestRecord], w: ServiceWeights, window: flo
     """(mean, min) over windows of Jain's index of earned / fair share (see the module doc)."""
     if window <= 0 or duration <= 0:
         return None, None
-    events = [(r, service_events(r, w)) for r in records]
+    curves = [(r, _curve(service_events(r, w))) for r in records]
     indices = []
     for k in range(math.ceil(duration / window)):
         a, b = k * window, min((k + 1) * window, duration)
         earned: dict[str, float] = {}
         cap: dict[str, float] = {}
-        for r, ev in events:
-            if not (r.send_time < b and (math.inf if r.end_time is None else r.end_time) > a):
+        for r, curve in curves:
+            if not _in_flight(r, a, b):
                 continue
-            before = sum(x for t, x in ev if t <= a)
+            before = accumulated(curve, a)
             demand = r.prompt_tokens * w.input + max(r.requested_output_tokens, r.output_tokens) * w.output
-            earned[r.tenant] = earned.get(r.tenant, 0.0) + sum(x for t, x in ev if a < t <= b)
+            earned[r.tenant] = earned.get(r.tenant, 0.0) + accumulated(curve, b) - before
             cap[r.tenant] = cap.get(r.tenant, 0.0) + max(0.0, demand - before)
         tenants = [t for t in cap if cap[t] > 0]
         total = sum(earned[t] for t in tenants)

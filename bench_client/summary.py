@@ -90,15 +90,16 @@ def stats(records: list[RequestRecord], duration: float, slos: dict[str, float])
         return [v * 1000 for v in map(f, ok) if v is not None]
 
     rate = (lambda n: n / duration) if duration > 0 else (lambda n: None)
+    good = sum(meets_slos(r, slos) for r in ok)
     return {"count": len(records), "failed": len(records) - len(ok),
             "ttft_ms": pct(ms(ttft_s)), "itl_ms": pct([g * 1000 for r in ok for g in itls_s(r)]),
             "tpot_ms": pct(ms(tpot_s)), "e2e_ms": pct(ms(e2e_s)),
             "output_tok_s": rate(sum(r.output_tokens for r in ok)),
             "total_tok_s": rate(sum(r.prompt_tokens + r.output_tokens for r in ok)),
             "request_rps": rate(len(ok)),
-            "goodput_rps": rate(sum(meets_slos(r, slos) for r in ok)),
+            "goodput_rps": rate(good),
             # the share of all requests (failed ones included) that finished within every SLO
-            "slo_attainment": (sum(meets_slos(r, slos) for r in ok) / len(records)) if slos and records else None}
+            "slo_attainment": good / len(records) if slos and records else None}
 
 
 def _grouped(records: list[RequestRecord], key) -> dict[str, list[RequestRecord]]:
