@@ -212,7 +212,8 @@ async def _warm_up(session: aiohttp.ClientSession, cfg: RunConfig, specs: list[R
     if cfg.warmup <= 0 or not specs:
         return 0
     warm_cfg = replace(cfg, seed=cfg.seed + 7919)  # prompts unlike the run's (no prefix reuse)
-    shapes = [replace(sp, output_len=min(4, sp.output_len)) for sp in (specs[i % len(specs)] for i in range(cfg.warmup))]
+    firsts = (specs[i % len(specs)] for i in range(cfg.warmup))
+    shapes = [replace(sp, output_len=min(4, sp.output_len)) for sp in firsts]
     recs = await asyncio.gather(*(send_one(session, warm_cfg, sp, request_body(warm_cfg, i, sp), 0.0, time.perf_counter)
                                   for i, sp in enumerate(shapes)))
     return sum(r.status != OK for r in recs)
