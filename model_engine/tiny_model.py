@@ -32,6 +32,15 @@ Héllo wörld, ça va? Grüße aus Zürich. 東京 와 서울 — emoji 🙂 and
 """
 
 
+# A ChatML-like template in plain text (the tiny tokenizer has no role tokens), so the embedded
+# model serves /v1/chat/completions as a real instruction-tuned checkpoint would.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>\n"
+    "{{ message['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers 5 saves and finds a template
+
+
 def default_model_dir() -> Path:
     """Cache directory of the embedded default model (PDTB_CACHE_DIR overrides the root)."""
     root = os.environ.get("PDTB_CACHE_DIR") or os.path.join(
@@ -84,6 +93,7 @@ def init_tiny_model(out_dir: str | Path, arch: str = DEFAULT_ARCH, seed: int = D
         raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHS}")
     out = Path(out_dir)
     tokenizer = _train_tokenizer(DEFAULT_VOCAB)
+    tokenizer.chat_template = CHAT_TEMPLATE
     vocab = len(tokenizer)
     config = _config(arch, vocab, tokenizer)
     torch.manual_seed(seed)
@@ -100,6 +110,10 @@ def ensure_default_model() -> Path:
     """Create the embedded default model on first use; reuse it afterwards."""
     path = default_model_dir()
     if (path / "pdtb.json").exists():
+        if not (path / CHAT_TEMPLATE_FILE).exists():  # made before the embedded model had one
+            tmp = path / f"{CHAT_TEMPLATE_FILE}.tmp{os.getpid()}"
+            tmp.write_text(CHAT_TEMPLATE)
+            os.replace(tmp, path / CHAT_TEMPLATE_FILE)
         if recorded_class(path) is None:  # made before the record, or under another transformers
             record_tokenizer_class(path)
         return path

@@ -33,7 +33,7 @@ MARKER_KEY = "router_tokenizer"
 INERT_KEYS = frozenset({
     "backend", "tokenizer_class", "bos_token", "eos_token", "pad_token", "unk_token", "sep_token",
     "cls_token", "mask_token", "model_max_length", "model_input_names", "padding_side", "truncation_side",
-    "name_or_path",
+    "name_or_path", "chat_template",  # the router renders a chat template itself (router/chat_template.py)
 })  # not here, so AutoTokenizer's: added_tokens_decoder and extra special tokens (which ids are special)
 
 

@@ -1,6 +1,7 @@
 """The router's aiohttp application.
 
     POST /v1/completions   OpenAI completions, JSON or SSE (router/completions.py)
+    POST /v1/chat/completions   the same for conversations, by the model's chat template (router/chat_api.py)
     GET  /v1/models        the served model, with max_model_len and vocab_size
     GET  /health           200 when every configured node answered recently, else 503 naming the others
     GET  /metrics          Prometheus text (router-side TTFT/ITL/E2E, requests by status, tokens)
@@ -17,7 +18,7 @@ import time
 
 from aiohttp import web
 
-from router.completions import STATE, RouterState, handle_completion
+from router.completions import STATE, RouterState, handle_chat_completion, handle_completion
 from router.config import RouterConfig, ServedModel
 from router.metrics import RouterMetrics
 from router.nodes import NodeRegistry
@@ -124,6 +125,7 @@ def build_app(config: RouterConfig, model: ServedModel, registry: NodeRegistry |
 
     app.cleanup_ctx.append(registry_ctx)
     app.router.add_post("/v1/completions", handle_completion)
+    app.router.add_post("/v1/chat/completions", handle_chat_completion)
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/metrics", handle_metrics)

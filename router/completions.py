@@ -1,6 +1,7 @@
-"""One completion request's path through the router.
+"""One completion request's path through the router (/v1/completions and /v1/chat/completions).
 
-    body -> parse/validate -> tokenize -> check lengths -> tenant slot (429) -> submit (503)
+    body -> parse/validate -> [chat: render the template] -> tokenize -> check lengths
+         -> tenant slot (429) -> submit (503)
          -> TokenEvents from the request's queue -> OutputText (detok, stop strings) -> Pieces
          -> one JSON response, or SSE chunks ending with `data: [DONE]`
 
@@ -23,12 +24,14 @@ from aiohttp import web
 
 from cluster.protocol import GenerateRequest, Params
 from router.aio import within
+from router.chat_api import ChatPrompt, chat_choice, chat_delta, parse_chat_request
 from router.config import RouterConfig, ServedModel
 from router.detok import OutputText, TextDelta
 from router.metrics import RouterMetrics
 from router.nodes import NodeRegistry, RequestFailed, RequestHandle
-from router.openai_api import (ApiError, CompletionRequest, bad_request, check_lengths, choice_body, completion_body,
+from router.openai_api import (ApiError, CompletionRequest, check_lengths, choice_body, completion_body,
                                parse_completion_request, usage_body)
+from router.prompts import prompt_ids_of
 
 
 @dataclass
@@ -70,7 +73,8 @@ class CompletionRun:
 
     def __init__(self, state: RouterState, req: CompletionRequest, prompt_ids: list[int], max_tokens: int):
         self.state, self.req, self.prompt_ids, self.max_tokens = state, req, prompt_ids, max_tokens
-        self.request_id = f"cmpl-{uuid.uuid4().hex}"
+        self.chat = isinstance(req.prompt, ChatPrompt)  # chat.completion shapes instead of text_completion
+        self.request_id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.arrival = time.monotonic()
         self.handle: RequestHandle | None = None
@@ -173,14 +177,18 @@ class CompletionRun:
         except RequestFailed as e:
             raise failure_error(e) from None
         rti = self.req.return_token_ids
-        choice = choice_body("".join(text), finish, ids if rti else None, self.prompt_ids if rti else None,
-                             stop_reason=reason)
+        if self.chat:
+            choice = chat_choice("".join(text), finish, ids if rti else None, stop_reason=reason)
+        else:
+            choice = choice_body("".join(text), finish, ids if rti else None, self.prompt_ids if rti else None,
+                                 stop_reason=reason)
         extra = {"pdtb_timing": timing}
         if rti:
             extra["prompt_token_ids"] = self.prompt_ids
         return web.json_response(completion_body(request_id=self.request_id, created=self.created,
                                                  model=self.state.model.name, choice=choice,
-                                                 usage=self._usage(), extra=extra))
+                                                 usage=self._usage(), extra=extra,
+                                                 object_name="chat.completion" if self.chat else "text_completion"))
 
     async def stream_response(self, request: web.Request) -> web.StreamResponse:
         """Server-sent events: one chunk per piece, an optional usage chunk, then [DONE]."""
@@ -200,12 +208,18 @@ class CompletionRun:
 
     async def _send_pieces(self, resp: web.StreamResponse) -> None:
         rti, first, timing = self.req.return_token_ids, True, {}
+        if self.chat:  # the role comes first, before any token (as vLLM and OpenAI send it)
+            await self._send(resp, self._chunk(chat_delta("", role=True),
+                                               extra={"prompt_token_ids": self.prompt_ids} if rti else None))
         async with aclosing(self.pieces()) as gen:
             async for p in gen:
                 if not (p.text or p.finish_reason or (rti and p.token_ids)):
                     continue
-                choice = choice_body(p.text, p.finish_reason, p.token_ids if rti else None,
-                                     self.prompt_ids if rti and first else None, stop_reason=p.stop_reason)
+                if self.chat:
+                    choice = chat_delta(p.text, p.finish_reason, p.token_ids if rti else None, p.stop_reason)
+                else:
+                    choice = choice_body(p.text, p.finish_reason, p.token_ids if rti else None,
+                                         self.prompt_ids if rti and first else None, stop_reason=p.stop_reason)
                 timing = p.timing if p.finish_reason else timing
                 await self._send(resp, self._chunk(choice, extra={"pdtb_timing": timing} if p.finish_reason else None))
                 first = False
@@ -215,7 +229,8 @@ class CompletionRun:
     def _chunk(self, choice: dict | None, usage: dict | None = None, extra: dict | None = None) -> dict:
         return completion_body(request_id=self.request_id, created=self.created, model=self.state.model.name,
                                choice=choice, usage=usage, extra=extra, stream=True,
-                               usage_key=self.req.include_usage)
+                               usage_key=self.req.include_usage,
+                               object_name="chat.completion.chunk" if self.chat else "text_completion")
 
     async def _send(self, resp: web.StreamResponse, body: dict) -> None:
         await self._write(resp, b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n")
@@ -224,28 +239,11 @@ class CompletionRun:
         await within(resp.write(data), self.state.config.request_timeout)
 
 
-THREAD_TOKENIZE_CHARS = 16_384  # longer prompts are tokenized off the event loop
-
-
-async def prepare(state: RouterState, raw: bytes) -> CompletionRun:
-    """Parse, tokenize and length-check a body. Raises ApiError (400/404). A text that cannot
-    fit the context is refused before tokenizing, and a long one is tokenized in a thread: a
-    3 MB prompt took 3 s on the loop, long enough for the router to miss node pings and fail
-    other clients' requests."""
+async def prepare(state: RouterState, raw: bytes, chat: bool = False) -> CompletionRun:
+    """Parse, [render,] tokenize and length-check a body. Raises ApiError (400/404)."""
     model = state.model
-    req = parse_completion_request(raw, model.name, model.vocab_size)
-    if isinstance(req.prompt, str):
-        limit = model.max_prompt_chars
-        if limit is not None and len(req.prompt) > limit:
-            raise bad_request(f"This model's maximum context length is {model.max_model_len} tokens; the prompt "
-                              f"has {len(req.prompt)} characters, more than that many tokens can hold "
-                              f"(at most {model.max_token_chars} characters a token).", "prompt")
-
-        def encode() -> list[int]:
-            return list(model.tokenizer(req.prompt, add_special_tokens=True)["input_ids"])
-        prompt_ids = await asyncio.to_thread(encode) if len(req.prompt) > THREAD_TOKENIZE_CHARS else encode()
-    else:
-        prompt_ids = list(req.prompt)
+    req = (parse_chat_request if chat else parse_completion_request)(raw, model.name, model.vocab_size)
+    prompt_ids = await prompt_ids_of(model, req.prompt)
     max_tokens = check_lengths(req, len(prompt_ids), model.max_model_len)
     return CompletionRun(state, req, prompt_ids, max_tokens)
 
@@ -278,11 +276,20 @@ async def read_body(request: web.Request, timeout: float) -> bytes:
 
 async def handle_completion(request: web.Request) -> web.StreamResponse:
     """POST /v1/completions."""
+    return await _handle(request, chat=False)
+
+
+async def handle_chat_completion(request: web.Request) -> web.StreamResponse:
+    """POST /v1/chat/completions."""
+    return await _handle(request, chat=True)
+
+
+async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
     state = request.app[STATE]
     status, task = "200", asyncio.current_task()
     state.handlers.add(task)
     try:
-        run = await prepare(state, await read_body(request, state.config.request_timeout))
+        run = await prepare(state, await read_body(request, state.config.request_timeout), chat)
         with tenant_slot(state, run.req.tenant):
             run.submit()
             try:

@@ -74,6 +74,7 @@ class ServedModel:
     vocab_size: int  # valid token ids are [0, vocab_size)
     eos_token_ids: tuple[int, ...] = ()
     max_token_chars: int | None = None  # longest vocabulary entry (None: unknown)
+    chat_template: object = field(default=None, repr=False)  # router.chat_template.ChatTemplate, or None
 
     @property
     def max_prompt_chars(self) -> int | None:
@@ -92,11 +93,13 @@ def max_token_chars(tokenizer) -> int | None:
     return max((len(t) for t in vocab), default=None)
 
 
-def load_served_model(model_dir: str, name: str | None = None) -> ServedModel:
-    """Read the tokenizer and config of `model_dir` (no weights). The name defaults to the
-    directory's base name."""
+def load_served_model(model_dir: str, name: str | None = None, chat_template: str | None = None) -> ServedModel:
+    """Read the tokenizer, config and chat template of `model_dir` (no weights). The name
+    defaults to the directory's base name; `chat_template` (a file or the template text)
+    overrides the checkpoint's template."""
     from model_engine.model_info import read_model_info
     from model_engine.tokenizer import load_tokenizer
+    from router.chat_template import load_chat_template
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     info = read_model_info(model_dir)
@@ -105,4 +108,4 @@ def load_served_model(model_dir: str, name: str | None = None) -> ServedModel:
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos = eos + (tokenizer.eos_token_id,)
     return ServedModel(name or Path(model_dir).name, tokenizer, info.max_model_len, info.vocab_size, eos,
-                       max_token_chars(tokenizer))
+                       max_token_chars(tokenizer), load_chat_template(model_dir, chat_template))

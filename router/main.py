@@ -91,6 +91,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--served-model-name", help="the model name clients send (default: the model directory name)")
+    ap.add_argument("--chat-template", help="chat template for /v1/chat/completions: a Jinja file or the template "
+                                            "text (default: the checkpoint's own, if it has one)")
     ap.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/*")
     ap.add_argument("--curve-dir", help="ZeroMQ CURVE keys (pdtb keys --out DIR) for the node connections")
     ap.add_argument("--request-timeout", type=float, default=600.0,
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                               api_key=a.api_key, curve_dir=a.curve_dir, request_timeout=a.request_timeout,
                               max_streams_per_tenant=a.max_streams_per_tenant,
                               shutdown_timeout=a.shutdown_timeout)
-        model = load_served_model(resolve_model(a.model), a.served_model_name)
+        model = load_served_model(resolve_model(a.model), a.served_model_name, a.chat_template)
     except (ValueError, OSError, CliError) as e:
         return die(str(e))
     freeze_heap()

@@ -51,7 +51,7 @@ class CompletionRequest:
     """A validated `/v1/completions` body."""
 
     model: str
-    prompt: str | tuple[int, ...]  # text to tokenize, or token ids as given
+    prompt: "str | tuple[int, ...] | ChatPrompt"  # text to tokenize, token ids as given, or a conversation (chat_api)
     max_tokens: int | None = None  # None: the default (16, or what fits)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -151,9 +151,8 @@ def _reject_unsupported(body: dict) -> None:
         raise bad_request("'logprobs' is not supported", "logprobs")
 
 
-def parse_completion_request(raw: bytes, served_name: str, vocab_size: int) -> CompletionRequest:
-    """Decode and validate a request body. Raises ApiError (400, or 404 for an unknown model).
-    Length checks against the model need the token count: see `check_lengths`."""
+def load_body(raw: bytes) -> dict:
+    """The JSON object of a request body. Raises ApiError(400)."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
@@ -162,16 +161,24 @@ def parse_completion_request(raw: bytes, served_name: str, vocab_size: int) -> C
         raise bad_request("request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
+    return body
+
+
+def check_model(body: dict, served_name: str) -> str:
+    """The requested model name; absent means the served one, another name is a 404."""
     model = _opt(body, "model", (str,), "a string", served_name)
     if model != served_name:
         raise ApiError(404, f"The model `{model}` does not exist.", "invalid_request_error",
                        "model_not_found", "model")
-    if body.get("prompt") is None:
-        raise bad_request("'prompt' is required", "prompt")
-    _reject_unsupported(body)
-    max_tokens = _opt(body, "max_tokens", (int, float), "a positive integer")
+    return model
+
+
+def generation_fields(body: dict, vocab_size: int, max_tokens_key: str = "max_tokens") -> dict:
+    """The CompletionRequest fields both endpoints share (sampling, stopping, streaming,
+    tenant, extensions), validated. `max_tokens_key`: the field that holds max_tokens."""
+    max_tokens = _opt(body, max_tokens_key, (int, float), "a positive integer")
     if max_tokens is not None and (max_tokens < 1 or max_tokens != int(max_tokens)):
-        raise bad_request("'max_tokens' must be a positive integer", "max_tokens")
+        raise bad_request(f"'{max_tokens_key}' must be a positive integer", max_tokens_key)
     max_tokens = None if max_tokens is None else int(max_tokens)  # 5.0 is 5, as pydantic reads it
     temperature = float(_opt(body, "temperature", (int, float), "a number", 1.0))
     if not 0.0 <= temperature <= 2.0:
@@ -186,11 +193,9 @@ def parse_completion_request(raw: bytes, served_name: str, vocab_size: int) -> C
     stop_ids = _opt(body, "stop_token_ids", (list,), "a list of token ids", [])
     if len(stop_ids) > MAX_STOP_TOKEN_IDS:
         raise bad_request(f"'stop_token_ids' takes at most {MAX_STOP_TOKEN_IDS} ids", "stop_token_ids")
-    for key in ("prompt", "user", "stop"):
+    for key in ("user", "stop"):
         _check_unicode(body.get(key), key)
-    return CompletionRequest(
-        model=model,
-        prompt=_prompt(body["prompt"], vocab_size),
+    return dict(
         max_tokens=max_tokens,
         temperature=temperature,
         top_p=top_p,
@@ -204,6 +209,19 @@ def parse_completion_request(raw: bytes, served_name: str, vocab_size: int) -> C
         priority=priority,
         return_token_ids=_opt(body, "return_token_ids", (bool,), "a boolean", False),
     )
+
+
+def parse_completion_request(raw: bytes, served_name: str, vocab_size: int) -> CompletionRequest:
+    """Decode and validate a request body. Raises ApiError (400, or 404 for an unknown model).
+    Length checks against the model need the token count: see `check_lengths`."""
+    body = load_body(raw)
+    model = check_model(body, served_name)
+    if body.get("prompt") is None:
+        raise bad_request("'prompt' is required", "prompt")
+    _reject_unsupported(body)
+    fields = generation_fields(body, vocab_size)
+    _check_unicode(body.get("prompt"), "prompt")
+    return CompletionRequest(model=model, prompt=_prompt(body["prompt"], vocab_size), **fields)
 
 
 def check_lengths(req: CompletionRequest, num_prompt_tokens: int, max_model_len: int) -> int:
@@ -224,11 +242,12 @@ def check_lengths(req: CompletionRequest, num_prompt_tokens: int, max_model_len:
 
 def completion_body(*, request_id: str, created: int, model: str, choice: dict,
                     usage: dict | None = None, extra: dict | None = None, stream: bool = False,
-                    usage_key: bool = False) -> dict:
+                    usage_key: bool = False, object_name: str = "text_completion") -> dict:
     """One response (stream=False) or one SSE chunk (stream=True) in OpenAI's text_completion
-    shape. A chunk carries `usage` when it has one, or as null when the client asked for usage
-    (`usage_key`: OpenAI's chunks then all have the key, null but on the last)."""
-    body = {"id": request_id, "object": "text_completion", "created": created, "model": model,
+    shape (or chat.completion[.chunk], by `object_name`). A chunk carries `usage` when it has
+    one, or as null when the client asked for usage (`usage_key`: OpenAI's chunks then all
+    have the key, null but on the last)."""
+    body = {"id": request_id, "object": object_name, "created": created, "model": model,
             "choices": [choice] if choice else [], "system_fingerprint": None}
     if usage is not None or not stream or usage_key:
         body["usage"] = usage

@@ -38,6 +38,23 @@ def check_against_hf(url: str, hf_model, prompts, max_tokens: int = 12) -> None:
         assert text == r.choices[0].text
 
 
+def check_chat_against_hf(url: str, model_dir: str, hf_model, max_tokens: int = 10) -> None:
+    """/v1/chat/completions: greedy output equals generate on transformers' rendering of the
+    conversation by the checkpoint's chat template."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
+    messages = [{"role": "system", "content": "Answer in one line."}, {"role": "user", "content": "What is a page?"}]
+    prompt = tok(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                 add_special_tokens=False)["input_ids"]
+    want = hf_greedy(hf_model, prompt, max_tokens, ignore_eos=True)
+    r = client.chat.completions.create(model=client.models.list().data[0].id, messages=messages,
+                                       max_completion_tokens=max_tokens, temperature=0, extra_body=EXTRA)
+    assert r.model_extra["prompt_token_ids"] == prompt and r.choices[0].model_extra["token_ids"] == want
+    assert r.choices[0].message.content == tok.decode(want, skip_special_tokens=True)
+
+
 async def _many_streams(url: str, prompts, max_tokens: int) -> list[int]:
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=300, max_retries=0)
     model = (await client.models.list()).data[0].id
@@ -57,6 +74,7 @@ def test_disagg_1p1d_matches_generate_and_frees_pages(llama_dir, hf_models, tmp_
     with launched(tmp_path / "c1", llama_dir, "--mode", "disagg", "--kv-pages", "600") as (url, run_dir):
         vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
         check_against_hf(url, hf_models["llama"], prompts_for(vocab, (1, 17, 130)))
+        check_chat_against_hf(url, llama_dir, hf_models["llama"])
         lens = [random.Random(i).choice((3, 20, 60, 150)) for i in range(64)]
         got = asyncio.run(_many_streams(url, prompts_for(vocab, lens, seed=1), 8))
         assert got == [8 + i % 5 for i in range(64)]
@@ -73,6 +91,7 @@ def test_disagg_2p2d_and_colocated_side_by_side(llama_dir, hf_models, tmp_path):
             vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
             prompts = prompts_for(vocab, (5, 40, 200, 2), seed=2)
             check_against_hf(url2, hf_models["llama"], prompts)
+            check_chat_against_hf(url2, llama_dir, hf_models["llama"])
             check_against_hf(url, hf_models["llama"], prompts)
             nodes = get_json(f"{url}/cluster")
             assert sorted(n["role"] for n in nodes) == ["decode", "decode", "prefill", "prefill"]

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster.protocol import MESSAGES, ProtocolError, decode_message
+from router.chat_api import ChatPrompt, parse_chat_request
 from router.openai_api import ApiError, CompletionRequest, parse_completion_request
 
 VOCAB = 512
@@ -25,16 +26,23 @@ FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop
           "user", "ignore_eos", "priority", "return_token_ids", "n", "echo", "logprobs", "extra_field"]
 
 
-def _check_parse(raw: bytes) -> None:
+def _check_parse(raw: bytes, parser=parse_completion_request) -> None:
     try:
-        req = parse_completion_request(raw, "tiny", VOCAB)
+        req = parser(raw, "tiny", VOCAB)
     except ApiError as e:
         assert 400 <= e.status < 500 and e.message
         return
     assert isinstance(req, CompletionRequest)
-    assert req.max_tokens >= 1
-    if not isinstance(req.prompt, str):
+    assert req.max_tokens is None or req.max_tokens >= 1  # None: the default, fitted to the prompt later
+    if isinstance(req.prompt, ChatPrompt):
+        assert req.prompt.messages and all(isinstance(m["content"], str) for m in req.prompt.messages)
+    elif not isinstance(req.prompt, str):
         assert all(0 <= t < VOCAB for t in req.prompt)
+
+
+def test_a_body_without_max_tokens_parses():
+    assert parse_completion_request(b'{"prompt": "x"}', "tiny", VOCAB).max_tokens is None
+    _check_parse(b'{"prompt": "x"}')
 
 
 @settings(max_examples=300, deadline=None)
@@ -47,6 +55,19 @@ def test_completion_parser_on_arbitrary_json_objects(body):
 @given(st.binary(max_size=200))
 def test_completion_parser_on_arbitrary_bytes(raw):
     _check_parse(raw)
+
+
+MESSAGE = st.dictionaries(st.sampled_from(["role", "content", "name", "tool_calls"]),
+                          st.sampled_from(["user", "system", "assistant", "robot"]) | JSON_VALUES, max_size=4)
+CHAT_FIELDS = ["model", "max_tokens", "max_completion_tokens", "temperature", "stop", "stream", "tools",
+               "response_format", "add_generation_prompt", "logprobs", "n", "user"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(MESSAGE, max_size=4) | JSON_VALUES,
+       st.dictionaries(st.sampled_from(CHAT_FIELDS), JSON_VALUES, max_size=6))
+def test_chat_parser_on_arbitrary_json_objects(messages, body):
+    _check_parse(json.dumps({**body, "messages": messages}).encode(), parse_chat_request)
 
 
 @settings(max_examples=300, deadline=None)
