@@ -66,10 +66,37 @@ class BasePolicy:
         headroom = len(self.running)
         if self.cfg.class_reservations:
             headroom += reserved_for_others(seq, self.running, self.cfg, state)
+        if seq.num_preemptions and not seq.num_computed_tokens:
+            # A recompute starts only when its whole context fits: admitted chunk by chunk, it
+            # would be the first victim again before its prefill ends, and the work is lost.
+            need_pages = max(need_pages, -(-(seq.num_tokens + 1) // state.page_size))
         return need_pages + headroom <= state.device_free
 
     def pick_victim(self, candidates: list[Sequence], requester: Sequence, state: SchedState) -> Sequence:
+        return self.choose_victim(self.spare_oldest(candidates, state), requester, state)
+
+    def choose_victim(self, candidates: list[Sequence], requester: Sequence, state: SchedState) -> Sequence:
+        """The policy's victim among `candidates` (never empty)."""
         return self.victim(candidates, state)
+
+    def spare_oldest(self, candidates: list[Sequence], state: SchedState) -> list[Sequence]:
+        """The progress guarantee every policy keeps: the oldest running request is not dropped
+        for recompute while another candidate can go instead (it may still be demoted, which
+        loses no work). Without it two requests that fit only one at a time can preempt each
+        other forever, each redoing its prefill and losing it again (memfair did, by
+        footprint). With it the oldest always finishes, and then the next oldest."""
+        if len(candidates) < 2 or not self.running:
+            return candidates
+        oldest = min(self.running, key=lambda s: (s.arrival_time, s.request_id))
+        if oldest not in candidates or self._demotable(oldest, state):
+            return candidates
+        return [c for c in candidates if c is not oldest]
+
+    @staticmethod
+    def _demotable(seq: Sequence, state: SchedState) -> bool:
+        """Evicting `seq` now would demote it to the host tier (scheduler.evict), not preempt it."""
+        n = state.pages.get(seq.request_id, 0)
+        return 0 < n <= state.host_free and seq.num_computed_tokens > 0
 
     def on_step(self, chunks: list, state: SchedState) -> None:
         if self.cfg.tenant_bw_cap is None:

@@ -54,6 +54,6 @@ class McsfPolicy(BasePolicy):
         self.planned.append(item)
         return True
 
-    def pick_victim(self, candidates, requester, state):
+    def choose_victim(self, candidates, requester, state):
         # the one predicted to run longest loses its pages
         return max(candidates, key=lambda s: (self.predictor(s), s.arrival_time))

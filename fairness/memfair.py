@@ -6,8 +6,9 @@
   below its entitlement is waiting. A single request never exceeds its cap (static, or
   dynamic: growing with its length).
 - Reclaim: when a waiting request of a tenant below its entitlement cannot fit, requests of
-  tenants above theirs are evicted (demoted to the host tier, else preempted), most
-  over-quota owner and largest footprint first, never pushing a tenant below its share.
+  tenants above theirs are demoted to the host tier (never preempted: a quota is not worth
+  lost work), most over-quota owner and largest footprint first, never pushing a tenant below
+  its share.
 - Victims under pressure: footprint-weighted, the same order.
 - Long prompts: while another tenant has work (now, or within `active_window_s`: a tenant
   between two requests is still there), a prompt longer than `long_prompt_frac` of the step
@@ -73,7 +74,7 @@ class MemFairPolicy(BasePolicy):
         wants += [(h.tenant, h.num_pages + 1, h.first_seen) for h in self.held.values()]
         wants.sort(key=lambda w: (self.over.get(w[0], 0.0), w[2]))
         victims: list[Sequence] = []
-        free, use = state.device_free, dict(self.use)
+        free, use, host_free = state.device_free, dict(self.use), state.host_free
         for tenant, need, _ in wants:
             if need <= free:
                 free -= need  # it will fit without anyone leaving
@@ -81,12 +82,19 @@ class MemFairPolicy(BasePolicy):
                 continue
             if use.get(tenant, 0) + need > self.ent.get(tenant, 0):
                 continue  # beyond its own share: it waits for free pages, it does not reclaim
-            pool = [s for s in running if s not in victims and use.get(s.tenant, 0) > self.ent.get(s.tenant, 0)]
+            # Reclaim demotes borrowers to the host tier; it never drops computed KV for
+            # recompute (a quota is not worth lost work, and a borrower preempted for a
+            # candidate that is then not admitted would redo its prefill again and again).
+            pool = [s for s in running if s not in victims and use.get(s.tenant, 0) > self.ent.get(s.tenant, 0)
+                    and s.num_computed_tokens > 0]
             while need > free and pool:
                 over = {t: use.get(t, 0) / e for t, e in self.ent.items() if e > 0}
                 v = eviction.footprint(pool, state, over)
                 pool.remove(v)
                 pages = state.pages.get(v.request_id, 0)
+                if not 0 < pages <= host_free:
+                    continue
+                host_free -= pages
                 victims.append(v)
                 use[v.tenant] -= pages
                 free += pages
@@ -222,5 +230,5 @@ class MemFairPolicy(BasePolicy):
         length is what that request's other rows, and everyone's next token, wait for)."""
         return any(c.tenant != tenant and not c.num_computed_tokens for c in self.candidates)
 
-    def pick_victim(self, candidates, requester, state):
+    def choose_victim(self, candidates, requester, state):
         return eviction.footprint(candidates, state, self.over)

@@ -21,5 +21,5 @@ class PriorityPolicy(BasePolicy):
     def admission_order(self, candidates, state):
         return sorted(candidates, key=lambda s: (self.effective(s, state.now), s.arrival_time))
 
-    def pick_victim(self, candidates, requester, state):
+    def choose_victim(self, candidates, requester, state):
         return max(candidates, key=lambda s: (s.priority, s.arrival_time))

@@ -39,7 +39,7 @@ class VtcPolicy(BasePolicy):
     def admission_order(self, candidates: list[Sequence], state: SchedState) -> list[Sequence]:
         return sorted(candidates, key=lambda s: (self.counters.get(s.tenant, 0.0), s.arrival_time))
 
-    def pick_victim(self, candidates, requester, state):
+    def choose_victim(self, candidates, requester, state):
         return max(candidates, key=lambda s: (self.counters.get(s.tenant, 0.0), s.arrival_time))
 
     def on_step(self, chunks, state) -> None:

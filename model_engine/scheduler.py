@@ -174,7 +174,11 @@ class Scheduler:
 
     def _admit(self, budget: int, scheduled: set[str], out: SchedulerOutput) -> int:
         state = self.state()
-        candidates = self.policy.admission_order([*self.parked, *self.waiting], state)
+        # A request evicted in this step does not come back in it: the policy evicted it to
+        # make room for someone else (promoting it again would undo that and copy it twice).
+        evicted = {m.request_id for m in out.moves}
+        candidates = self.policy.admission_order([s for s in (*self.parked, *self.waiting)
+                                                  if s.request_id not in evicted], state)
         for seq in candidates:
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break

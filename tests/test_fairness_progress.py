@@ -1,0 +1,107 @@
+"""Liveness under memory pressure: every policy drains every workload, no request is preempted
+forever, and reclaim never throws computed KV away (a review found memfair livelocking)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fairness import POLICIES, make_policy
+from model_engine.sequence import SeqStatus
+from sched_sim import apply_step, check_conservation, make_request, make_scheduler, sim_step
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_two_requests_that_fit_one_at_a_time_both_finish(name):
+    """16 pages, no host tier; each request fits alone (14 and 12 pages at their longest), not
+    together. memfair used to preempt them in turn forever (3000 steps, ~300 preemptions each)."""
+    sched = make_scheduler(make_policy(name), num_pages=16, budget=64)
+    a = make_request(31, 24, tenant="a", arrival=6.0, rid="a")
+    b = make_request(20, 28, tenant="b", arrival=9.0, rid="b")
+    for i in range(400):
+        if i == 6:
+            sched.add(a)
+        if i == 9:
+            sched.add(b)
+        apply_step(sched, sched.schedule())
+        check_conservation(sched)
+        if i > 9 and not sched.has_work():
+            break
+    assert not sched.has_work(), f"{name}: not drained after 400 steps"
+    assert a.num_output_tokens == 24 and b.num_output_tokens == 28
+    assert a.num_preemptions + b.num_preemptions <= 2
+
+
+def _random_run(name: str, seed: int):
+    rng = random.Random(seed)
+    sched = make_scheduler(make_policy(name), num_pages=rng.choice([16, 24, 40]), host_pages=rng.choice([4, 12, 40]),
+                           budget=rng.choice([8, 32, 64]), max_num_seqs=rng.choice([3, 8]))
+    for i in range(120):
+        op = rng.random()
+        if op < 0.3:
+            r = make_request(rng.randint(1, 40), rng.randint(1, 20), tenant=rng.choice("abc"),
+                             priority=rng.randint(0, 2), arrival=float(i))
+            try:
+                sched.add(r)
+            except ValueError:  # can never fit this pool
+                pass
+        elif op < 0.4 and sched.all_requests():
+            live = sched.all_requests()
+            pick = [s for s in live if s.status == SeqStatus.PARKED or s.num_preemptions] or live
+            sched.abort(rng.choice(pick).request_id)
+        else:
+            sim_step(sched)
+        check_conservation(sched)
+    return sched
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_drains_random_pressure(name):
+    """Random arrivals, aborts (of parked and preempted requests too) and steps on small pools
+    with small host tiers and step budgets; then no more arrivals: everything must finish.
+    Before the fix memfair failed to drain 51 of 120 such seeds in 3000 steps."""
+    stuck = []
+    for seed in range(24):
+        sched = _random_run(name, seed)
+        for _ in range(3000):
+            if not sched.has_work():
+                break
+            sim_step(sched)
+            check_conservation(sched)
+        if sched.has_work():
+            stuck.append((seed, max(s.num_preemptions for s in sched.all_requests())))
+    assert not stuck, f"{name}: (seed, most preemptions) not drained in 3000 steps: {stuck}"
+
+
+def test_memfair_reclaim_demotes_but_never_preempts():
+    """A returning under-share tenant reclaims by demotion only: with the host tier full, the
+    borrower keeps its pages (and its computed KV) and the newcomer waits for free pages."""
+    policy = make_policy("memfair")
+    sched = make_scheduler(policy, num_pages=32, host_pages=4, budget=64)
+    whale = make_request(100, 20, tenant="w", arrival=0.0, rid="whale")
+    sched.add(whale)
+    for _ in range(4):
+        sim_step(sched)
+    assert sched.pool.num_held("whale") >= 26  # borrowed most of the pool
+    sched.add(make_request(40, 4, tenant="m", arrival=1.0, rid="minnow"))
+    out = sched.schedule()
+    assert not [m for m in out.moves if m.kind == "preempt"] and whale.num_preemptions == 0
+    apply_step(sched, out)
+    check_conservation(sched)
+
+
+def test_a_request_demoted_for_another_is_not_promoted_in_the_same_step():
+    policy = make_policy("memfair")
+    sched = make_scheduler(policy, num_pages=32, host_pages=64, budget=64)
+    whale = make_request(100, 20, tenant="w", arrival=0.0, rid="whale")
+    sched.add(whale)
+    for _ in range(4):
+        sim_step(sched)
+    sched.add(make_request(40, 4, tenant="m", arrival=1.0, rid="minnow"))
+    for _ in range(6):
+        out = sched.schedule()
+        demoted = {m.request_id for m in out.moves if m.kind == "demote"}
+        promoted = {m.request_id for m in out.moves if m.kind == "promote"}
+        assert not demoted & promoted
+        apply_step(sched, out)
+        check_conservation(sched)
