@@ -46,6 +46,9 @@ class NodeAccounting:
                 tl["num_preemptions"] = tl.get("num_preemptions", 0) + 1
         for c in out.chunks:
             tl = c.seq.timeline
+            if c.wants_logits and "first_token" not in tl and "preempted_since" in tl:
+                # preempted before its first token: the wait for recompute is part of its TTFT
+                tl["recompute_ttft_s"] = tl.get("recompute_ttft_s", 0.0) + now - tl.pop("preempted_since")
             if c.wants_logits:
                 end_wait(tl, "preempted", now)
             end_wait(tl, "turn_wait", now)
@@ -53,7 +56,7 @@ class NodeAccounting:
             if seq.num_output_tokens:
                 seq.timeline.setdefault("turn_wait_since", now)
         before = {t: dict(v) for t, v in self.meter.per_tenant.items()}
-        self.meter.on_step(out, eng.pool.pages_of, eng.pool.bytes_per_page)
+        self.meter.on_step(out, eng.pool.spec.page_size, eng.pool.bytes_per_page)
         for t, kinds in self.meter.per_tenant.items():
             for k, v in kinds.items():
                 d = v - before.get(t, {}).get(k, 0)
@@ -63,6 +66,10 @@ class NodeAccounting:
     def add_received(self, seq, nbytes: int) -> None:
         self.meter.add(seq.request_id, seq.tenant, "received", nbytes)
         self.m_bytes.labels(tenant=seq.tenant, kind="received", **self.node.metrics.labels).inc(nbytes)
+
+    def forget(self, request_id: str) -> None:
+        """A request ended without a final timing (aborted, failed): drop its meters."""
+        self.meter.finish(request_id)
 
     def final_timing(self, seq) -> dict:
         """Extension object for the final event: phases, SLO attribution, KV bytes."""

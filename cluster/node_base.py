@@ -26,6 +26,7 @@ from model_engine.config import EngineConfig
 from model_engine.engine import LLMEngine, StepEvent
 from model_engine.sequence import SamplingParams, Sequence, SeqStatus
 
+CONSERVATION_EVERY = 64  # steps between page-conservation checks (every step with --check-pages)
 FINAL_LINGER_MS = 2000  # at shutdown: how long queued control messages may take to leave
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class NodeBase:
 
         self.acct = NodeAccounting(self)
         self.stop = asyncio.Event()
+        self.num_steps = 0  # engine steps run
         self.wake = asyncio.Event()
         self.step_log = StepLog(config.step_log) if config.step_log else None
         self.draining = False
@@ -165,10 +167,12 @@ class NodeBase:
         self.metrics.finished.labels(reason="error", **self.metrics.labels).inc()
         self.seqs.pop(request_id, None)
         self.routes.pop(request_id, None)
+        self.acct.forget(request_id)
 
     def _end(self, seq: Sequence) -> None:
         self.seqs.pop(seq.request_id, None)
         self.routes.pop(seq.request_id, None)
+        self.acct.forget(seq.request_id)
 
     # ---- stats ---------------------------------------------------------------------------------
     def stats(self, seq: int = 0) -> NodeStats:
@@ -206,8 +210,10 @@ class NodeBase:
                     self.step_log.write(t, time.time() - t, self.engine.last_output)
                 self.metrics.steps.inc()
                 self.acct.on_output(self.engine.last_output, time.time())
-                if self.config.check_pages and not self.acct.check_conservation():
-                    raise RuntimeError("page conservation broken")  # tests: fail loudly
+                self.num_steps += 1
+                if self.config.check_pages or self.num_steps % CONSERVATION_EVERY == 0:
+                    if not self.acct.check_conservation() and self.config.check_pages:
+                        raise RuntimeError("page conservation broken")  # tests: fail loudly
                 self.on_step_events(events, t)
                 await self.sink.flush()
                 if self._stalled(self.engine.last_output):

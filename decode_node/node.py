@@ -63,8 +63,12 @@ class DecodeNode(NodeBase):
             return bad
         sch = self.engine.scheduler
         st = sch.state()
+        try:
+            left = max(0, int(header.extra["params"]["max_tokens"]) - len(header.output_token_ids))
+        except (KeyError, TypeError, ValueError):
+            left = 0
         arrival = Arrival(header.request_id, header.tenant, int(header.extra.get("priority", 0)), header.num_pages,
-                          st.now, st.now)
+                          st.now, st.now, header.num_tokens, left)
         where = self.policy.place_arrival(arrival, len(sch.parked) + len(sch.waiting), st)
         if where == "device":
             return None

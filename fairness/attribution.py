@@ -3,11 +3,12 @@
 Timeline stamps (wall clock, set by whoever handles the request): router_arrival,
 prefill_queued, prefill_start, first_token, transfer_start, transfer_end, decode_admit,
 last_token. Accumulators: held_s (prefill kept the pages because decode deferred), parked_s
-(pages in the host tier), preempted_s (waiting for recompute), turn_wait_s (resident but not
+(pages in the host tier), preempted_s (waiting for recompute after the first token;
+recompute_ttft_s before it), turn_wait_s (resident but not
 served: the read share, a bandwidth cap or the step budget gave its turn to others),
 num_preemptions.
 
-TTFT = dispatch + queue + prefill. The decode phase (TPOT) = transfer + held + parked +
+TTFT = dispatch + queue + prefill + recompute before the first token. The decode phase (TPOT) = transfer + held + parked +
 preempted + turn wait + decode compute. A miss is attributed to the largest component of the phase
 that missed.
 """
@@ -47,8 +48,9 @@ def timing_summary(tl: dict) -> dict:
 
 
 def components(tl: dict, num_output: int) -> dict:
+    before = tl.get("recompute_ttft_s", 0.0)  # preempted before the first token, waiting to recompute
     ttft = {"dispatch": _gap(tl, "router_arrival", "prefill_queued"), "queue": _gap(tl, "prefill_queued", "prefill_start"),
-            "prefill": _gap(tl, "prefill_start", "first_token")}
+            "prefill": max(0.0, _gap(tl, "prefill_start", "first_token") - before), "recompute_before_first_token": before}
     decode_total = _gap(tl, "first_token", "last_token")
     held, parked, pre = tl.get("held_s", 0.0), tl.get("parked_s", 0.0), tl.get("preempted_s", 0.0)
     turn = tl.get("turn_wait_s", 0.0)

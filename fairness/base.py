@@ -30,6 +30,8 @@ class Arrival:
     num_pages: int  # device pages its KV needs
     first_seen: float  # state.now when first offered (held requests keep their place)
     last_seen: float
+    num_tokens: int = 0  # tokens of context it arrives with (0: unknown)
+    max_new_tokens: int = 0  # tokens it may still generate (0: unknown)
 
 
 class BasePolicy:
@@ -41,12 +43,16 @@ class BasePolicy:
         self.cfg = config or FairnessConfig()
         self._bw: dict[str, deque] = {}  # tenant -> (time, bytes) served in the cap window
         self.held: dict[str, Arrival] = {}  # arrivals deferred to the prefill side, by request id
+        self.incoming: dict[str, Arrival] = {}  # placed on the device tier, pages RESERVED, not yet adopted
         self.running: list[Sequence] = []
         self.candidates: list[Sequence] = []
 
     # ---- per step --------------------------------------------------------------------------
     def reclaim(self, running: list[Sequence], candidates: list[Sequence], state: SchedState) -> list[Sequence]:
         self.running, self.candidates = running, candidates
+        if self.incoming:  # adopted (now running or parked) or failed (its pages are gone)
+            known = {s.request_id for s in running} | {s.request_id for s in candidates}
+            self.incoming = {r: a for r, a in self.incoming.items() if r not in known and r in state.pages}
         return []
 
     def step_order(self, running: list[Sequence], state: SchedState) -> list[Sequence]:
@@ -116,12 +122,25 @@ class BasePolicy:
         where = self._place(arrival, queued, state)
         if where == "device":
             self.held.pop(arrival.request_id, None)
+            self.incoming[arrival.request_id] = arrival  # its reserved pages count for its tenant
         else:
             self.held[arrival.request_id] = arrival
         return where
 
+    def incoming_pages(self, state: SchedState) -> dict[str, int]:
+        """Device pages reserved per tenant for arrivals placed there but not yet adopted: they
+        are the tenant's as surely as its running requests' pages."""
+        out: dict[str, int] = {}
+        for rid, a in self.incoming.items():
+            out[a.tenant] = out.get(a.tenant, 0) + max(state.pages.get(rid, 0), a.num_pages)
+        return out
+
     def _place(self, arrival: Arrival, queued: int, state: SchedState) -> str:
+        from fairness.quotas import reserved_for_others
+
         headroom = len(self.running)  # one page per running request for its next token
+        if self.cfg.class_reservations:
+            headroom += reserved_for_others(arrival, self.running, self.cfg, state)
         older_held = any(h.first_seen < arrival.first_seen and h.request_id != arrival.request_id
                          for h in self.live_held(state))
         if queued == 0 and not older_held and arrival.num_pages + headroom <= state.device_free:

@@ -46,13 +46,34 @@ class McsfPolicy(BasePolicy):
         return sorted(candidates, key=lambda s: (self.predictor(s), s.arrival_time))
 
     def may_admit(self, seq, need_pages, state):
-        if not super().may_admit(seq, need_pages, state):
+        # No page-per-running-request watermark here (BasePolicy's): the feasibility check
+        # already plans every admitted request's growth to its predicted end, and the
+        # watermark on top made the admitted set smaller than MC-SF's.
+        if need_pages > state.device_free - self._reserved(seq, state):
             return False
         item = (seq.num_tokens, self.predictor(seq))
         if not feasible(self.planned + [item], state.device_total, state.page_size):
             return False
         self.planned.append(item)
         return True
+
+    def _reserved(self, seq, state) -> int:
+        from fairness.quotas import reserved_for_others
+
+        return reserved_for_others(seq, self.running, self.cfg, state) if self.cfg.class_reservations else 0
+
+    def _place(self, arrival, queued, state):
+        """An arrival goes to the device tier only if the plan stays feasible with it (its
+        prediction: the tokens its max_tokens still allows)."""
+        where = super()._place(arrival, queued, state)
+        if where != "device" or not arrival.num_tokens:
+            return where
+        item = (arrival.num_tokens, max(1, arrival.max_new_tokens))
+        planned = getattr(self, "planned", [(s.num_tokens, self.predictor(s)) for s in self.running])
+        if feasible(planned + [item], state.device_total, state.page_size):
+            self.planned = planned + [item]
+            return "device"
+        return "host" if arrival.num_pages <= state.host_free else "defer"
 
     def choose_victim(self, candidates, requester, state):
         # the one predicted to run longest loses its pages

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from fairness import eviction
 from fairness.base import BasePolicy
-from fairness.quotas import entitlements, request_cap, tenant_usage
+from fairness.quotas import entitlements, request_cap, request_cap_tokens, tenant_usage
 from model_engine.sched_policy import SchedState
 from model_engine.sequence import Sequence
 
@@ -104,13 +104,11 @@ class MemFairPolicy(BasePolicy):
         return victims
 
     def _place(self, arrival, queued, state):
-        use = tenant_usage(self.running, state)
-        under = use.get(arrival.tenant, 0) + arrival.num_pages <= self.ent.get(arrival.tenant, state.device_total)
-        starved = any(use.get(h.tenant, 0) < self.ent.get(h.tenant, 0)
-                      for h in self.live_held(state) if h.tenant != arrival.tenant)
-        others = any(t != arrival.tenant for t in self.ent)
-        reserve = 0 if under or not others else int(self.cfg.borrow_reserve_frac * state.device_total)
-        if (under or not starved) and arrival.num_pages + len(self.running) + reserve <= state.device_free:
+        """An arrival goes to the device tier only when `may_admit` would let it in there (the
+        same quota check: cap, share, borrowing); otherwise it is parked, or deferred."""
+        cap = request_cap_tokens(arrival.num_tokens or arrival.num_pages * state.page_size, self.cfg, state)
+        if arrival.num_pages + len(self.running) <= state.device_free and \
+                self._quota_ok(arrival.tenant, arrival.request_id, 0, arrival.num_pages, cap, state):
             return "device"
         return "host" if arrival.num_pages <= state.host_free else "defer"
 
@@ -201,20 +199,31 @@ class MemFairPolicy(BasePolicy):
     def may_admit(self, seq, need_pages, state):
         if not super().may_admit(seq, need_pages, state):
             return False
+        return self._quota_ok(seq.tenant, seq.request_id, state.pages.get(seq.request_id, 0), need_pages,
+                              request_cap(seq, self.cfg, state), state)
+
+    def _quota_ok(self, tenant: str, rid: str, holds: int, need: int, cap: float, state: SchedState) -> bool:
+        """May request `rid` of `tenant`, holding `holds` device pages, take `need` more? Usage
+        counts the pages reserved for the tenant's arrivals still landing, and a tenant new
+        to this step gets its share carved out as if it had been there."""
         use = tenant_usage(self.running, state)
-        others = {t for t in self.ent if t != seq.tenant}  # other tenants with work
-        if others and state.pages.get(seq.request_id, 0) + need_pages > request_cap(seq, self.cfg, state):
+        for t, n in self.incoming_pages(state).items():
+            use[t] = use.get(t, 0) + n
+        ent = self.ent if tenant in self.ent else entitlements(set(self.ent) | {tenant}, self.cfg, state.device_total)
+        others = {t for t in ent if t != tenant}  # other tenants with work
+        if others and holds + need > cap:
             return False  # the per-request cap binds only under contention
-        if use.get(seq.tenant, 0) + need_pages <= self.ent.get(seq.tenant, 0):
+        if use.get(tenant, 0) + need <= ent.get(tenant, 0):
             return True
         # Borrowing beyond the share: only while nobody below its own share is waiting, and
         # leaving a reserve free for the others, so that their next arrival does not have to
         # evict a borrower (which would ping-pong the borrower between tiers).
-        waiting = {s.tenant for s in self.candidates if s is not seq} | {h.tenant for h in self.held.values()}
-        if any(use.get(t, 0) < self.ent.get(t, 0) for t in waiting - {seq.tenant}):
+        waiting = {s.tenant for s in self.candidates if s.request_id != rid} | \
+            {h.tenant for h in self.held.values() if h.request_id != rid}
+        if any(use.get(t, 0) < ent.get(t, 0) for t in waiting - {tenant}):
             return False
         reserve = int(self.cfg.borrow_reserve_frac * state.device_total) if others else 0
-        return state.device_free - need_pages >= reserve
+        return state.device_free - need >= reserve
 
     def chunk_limit(self, seq, budget, state):
         """A long prompt does not stretch other tenants' steps (see the module doc)."""

@@ -23,10 +23,13 @@ class KVMeter:
         self.per_request[request_id][kind] += nbytes
         self.per_tenant[tenant][kind] += nbytes
 
-    def on_step(self, out, pages_of, page_bytes: int) -> None:
-        """Account one scheduler step: `pages_of(rid)` gives device pages after the step."""
+    def on_step(self, out, page_size: int, page_bytes: int) -> None:
+        """Account one scheduler step, after the engine ran it (sequences have advanced). The
+        pages attention read are those of the tokens computed so far, counted from the token
+        count: a request that finished this step has already given its pages back."""
         for c in out.chunks:
-            self.add(c.seq.request_id, c.seq.tenant, "attn_read", len(pages_of(c.seq.request_id)) * page_bytes)
+            pages = -(-c.seq.num_computed_tokens // page_size)
+            self.add(c.seq.request_id, c.seq.tenant, "attn_read", pages * page_bytes)
         for m in out.moves:
             if m.kind in ("demote", "promote"):
                 tenant = self.tenant_of.get(m.request_id, "?")

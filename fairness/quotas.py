@@ -29,9 +29,14 @@ def entitlements(tenants: set[str], cfg: FairnessConfig, total_pages: int) -> di
 
 def request_cap(seq: Sequence, cfg: FairnessConfig, state: SchedState) -> float:
     """Pages one request may hold. Dynamic: grows with its length (plus a page), up to the pool."""
+    return request_cap_tokens(seq.num_tokens, cfg, state)
+
+
+def request_cap_tokens(num_tokens: int, cfg: FairnessConfig, state: SchedState) -> float:
+    """`request_cap` of a request with `num_tokens` tokens of context."""
     cap = cfg.request_cap_frac * state.device_total
     if cfg.dynamic_quota:
-        cap = max(cap, -(-(seq.num_tokens + state.page_size) // state.page_size))
+        cap = max(cap, -(-(num_tokens + state.page_size) // state.page_size))
     return min(cap, state.device_total)
 
 

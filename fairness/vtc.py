@@ -3,7 +3,7 @@
 Each tenant has a counter charged w_in per input token prefilled and w_out per output token
 decoded. Admission serves the waiting tenant with the smallest counter. When a tenant goes
 from no work to some work its counter is lifted to the smallest counter among tenants that
-have work, so idle time cannot be banked. Victim: the newest request of the tenant with the
+have work (when all come back at once: that had work last), so idle time cannot be banked. Victim: the newest request of the tenant with the
 largest counter.
 """
 from __future__ import annotations
@@ -20,16 +20,22 @@ class VtcPolicy(BasePolicy):
         super().__init__(config)
         self.counters: dict[str, float] = {}
         self.active: set[str] = set()  # tenants with work at the previous step
+        self.last_floor: float | None = None  # smallest counter among tenants with work, when last anyone had some
 
     def lift(self, tenants_with_work: set[str]) -> None:
         """Apply the counter lift to tenants that just (re)gained work."""
         returning = tenants_with_work - self.active
         incumbents = [self.counters.get(t, 0.0) for t in tenants_with_work - returning]
-        floor = min(incumbents) if incumbents else None
+        # With no incumbent (everyone returns together after a moment with no work), the floor
+        # is where the smallest counter stood when someone last had work: otherwise a tenant
+        # far behind would bank its idle time whenever the server went idle in between.
+        floor = min(incumbents) if incumbents else self.last_floor
         for t in returning:
             c = self.counters.get(t, 0.0)
             self.counters[t] = max(c, floor) if floor is not None else c
         self.active = set(tenants_with_work)
+        if tenants_with_work:
+            self.last_floor = min(self.counters.get(t, 0.0) for t in tenants_with_work)
 
     def reclaim(self, running, candidates, state):
         super().reclaim(running, candidates, state)

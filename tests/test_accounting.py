@@ -57,3 +57,67 @@ def test_turn_wait_counts_the_steps_a_resident_row_was_left_out(read_share):
     else:
         assert not any(unserved.values())
         assert all("turn_wait_s" not in s.timeline for s in [*whales, minnow])
+
+
+def test_attention_reads_are_metered_through_the_last_step_and_forgotten_on_abort():
+    """The engine frees a request's pages in the step that finishes it, before accounting
+    sees the step: the read is counted from the tokens computed, not the pages still held.
+    An aborted request's meters are dropped (they used to stay forever)."""
+    cfg = FairnessConfig()
+    sched = make_scheduler(make_policy("fcfs", cfg), num_pages=64, budget=64)
+    one, three = make_request(40, 1, rid="one"), make_request(40, 3, rid="three")
+    acct = NodeAccounting(node_for(sched, [one, three], cfg))
+    page_bytes, ps = sched.pool.bytes_per_page, sched.pool.spec.page_size
+    want = {"one": 0, "three": 0}
+    for s in (one, three):
+        sched.add(s)
+    finals = {}
+    for i in range(5):
+        out = sched.schedule()
+        done = apply_step(sched, out)  # the fake forward pass; finishing frees the pages, as engine.step does
+        for c in out.chunks:  # by hand: pages covering the tokens attended this step
+            want[c.seq.request_id] += -(-c.seq.num_computed_tokens // ps) * page_bytes
+        acct.on_output(out, i * DT)
+        for s in done:
+            finals[s.request_id] = acct.final_timing(s)["kv_bytes"]["attn_read"]
+    assert finals == want and want["one"] == 10 * page_bytes
+    for k in range(50):
+        s = make_request(8, 50, rid=f"ab{k}")
+        sched.add(s)
+        out = sched.schedule()
+        apply_step(sched, out)
+        acct.on_output(out, 1.0)
+        sched.abort(s.request_id)
+        acct.forget(s.request_id)  # what the node does when a request ends without a final event
+    assert not acct.meter.per_request and not acct.meter.tenant_of
+
+
+def test_recompute_before_the_first_token_is_part_of_ttft():
+    """A request preempted before its first token waits for recompute inside its TTFT, not in
+    its decode phase (the review found it blamed on 'prefill', with a negative decode)."""
+    from fairness.attribution import attribute
+
+    cfg = FairnessConfig(slo_ttft_s={"*": 0.001})
+    sched = make_scheduler(make_policy("fcfs", cfg), num_pages=64, budget=8)
+    seq = make_request(40, 4, rid="long")
+    acct = NodeAccounting(node_for(sched, [seq], cfg))
+    sched.add(seq)
+    t = 0.0
+    seq.timeline.update(router_arrival=t, prefill_queued=t, prefill_start=t)
+    for step in range(20):
+        out = sched.schedule()
+        if step == 2:  # mid-prefill: preempted (as a victim would be), recomputed from scratch
+            sched.preempt(seq)
+            out.moves.append(SimpleNamespace(request_id="long", kind="preempt", num_pages=0, num_bytes=0, seconds=0.0))
+            out.chunks = []
+        apply_step(sched, out)
+        acct.on_output(out, t)
+        if any(c.wants_logits for c in out.chunks) and "first_token" not in seq.timeline:
+            seq.timeline["first_token"] = t
+        t += DT
+    seq.timeline["last_token"] = t
+    slo = attribute(seq.timeline, seq.num_output_tokens, 0, cfg)
+    comp = slo["components"]
+    assert comp["recompute_before_first_token"] > 0 and comp["recompute"] == 0.0
+    assert comp["prefill"] + comp["recompute_before_first_token"] == pytest.approx(seq.timeline["first_token"])
+    assert slo["cause"] in ("prefill", "recompute_before_first_token")

@@ -330,3 +330,65 @@ def test_memfair_long_prompt_takes_one_chunk_per_tenant_per_step_and_yields_to_n
 def test_prefill_share_outside_0_1_is_rejected(frac):
     with pytest.raises(ValueError, match="prefill_share_frac"):
         FairnessConfig(prefill_share_frac=frac)
+
+
+def test_vtc_idle_time_is_not_banked_when_everyone_returns_at_once():
+    """Tenant b was served a little long ago, a a lot since; after a moment with no work both
+    return in the same step. b must be lifted to where a stood, not be served first for its
+    whole backlog (the review's case: all 30 of b's requests went before any of a's)."""
+    from fairness.vtc import VtcPolicy
+
+    pol = VtcPolicy()
+    sched = make_scheduler(pol, num_pages=400, budget=64, max_num_seqs=1)  # one at a time: pure order
+    sched.add(make_request(8, 2, tenant="b", arrival=0.0))
+    while sched.has_work():
+        sim_step(sched)
+    for i in range(20):
+        sched.add(make_request(8, 20, tenant="a", arrival=1.0 + i))
+    while sched.has_work():
+        sim_step(sched)
+    sim_step(sched)  # a step with no work at all
+    for i in range(10):
+        sched.add(make_request(8, 2, tenant="a", arrival=100.0 + i))
+        sched.add(make_request(8, 2, tenant="b", arrival=100.5 + i))
+    order = []
+    while sched.has_work():
+        out = sched.schedule()
+        order += [c.seq.tenant for c in out.chunks if c.seq.num_computed_tokens == 0]
+        apply_step(sched, out)
+    assert "a" in order[:4], "".join(order)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 20), st.integers(1, 12)), max_size=3),
+       st.lists(st.tuples(st.integers(1, 20), st.integers(1, 12)), min_size=1, max_size=5),
+       st.integers(8, 40))
+def test_mcsf_through_the_scheduler_admits_the_brute_force_prefix(running, waiting, total):
+    """The same check through a real scheduler step, with requests already running and
+    holding pages (the review found the base watermark shrinking MC-SF's admitted set)."""
+    ps = 4
+    sched = make_scheduler(McsfPolicy(), num_pages=total, budget=4096)
+    run_items = []
+    for j, (plen, left) in enumerate(running):
+        s = make_request(plen, left + 1, rid=f"R{j}", arrival=float(j))
+        s.num_computed_tokens = plen
+        s.token_ids.append(7)  # decoding, one output token so far
+        if sched.pool.allocate(s.request_id, -(-(plen + 1) // ps)) is None:
+            break
+        sched.add_running(s)
+        run_items.append((s.num_tokens, left))
+    if not feasible(run_items, total, ps):
+        return
+    seqs = []
+    for j, (plen, mt) in enumerate(waiting):
+        s = make_request(plen, mt, rid=f"W{j}", arrival=10.0 + j)
+        try:
+            sched.add(s)
+        except ValueError:  # never fits this pool
+            continue
+        seqs.append(s)
+    order = sorted(seqs, key=lambda s: (s.params.max_tokens, s.arrival_time))
+    want = brute_force_prefix(run_items, [(s.num_tokens, s.params.max_tokens) for s in order], total, ps)
+    out = sched.schedule()
+    got = {c.seq.request_id for c in out.chunks if c.seq.request_id.startswith("W")}
+    assert got == {s.request_id for s in order[:want]}

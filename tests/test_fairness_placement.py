@@ -1,0 +1,72 @@
+"""Where an inherited request lands (device, host, or deferred at prefill) goes through the
+same quota check as admission, counting the pages of arrivals still landing (a review found
+memfair's placement skipping the per-request cap, the share check of waiting tenants, and
+every in-flight reservation)."""
+from __future__ import annotations
+
+from fairness import FairnessConfig, make_policy
+from fairness.base import Arrival
+from sched_sim import make_request, make_scheduler
+
+
+def _memfair_with(parked_b: bool = True, a_pages: int = 21):
+    """memfair on 100 device + 100 host pages: tenant a runs a request of `a_pages` pages,
+    tenant b has one request parked (below its share, waiting for device pages)."""
+    pol = make_policy("memfair")
+    sched = make_scheduler(pol, num_pages=100, host_pages=100, budget=512)
+    a = make_request(a_pages * 4 - 4, 50, tenant="a", rid="a_run")
+    a.num_computed_tokens = a.num_tokens
+    a.token_ids.append(7)
+    sched.pool.allocate("a_run", a_pages)
+    sched.add_running(a)
+    if parked_b:
+        b = make_request(8, 50, tenant="b", rid="b_parked")
+        b.num_computed_tokens = 8
+        b.token_ids.append(7)
+        sched.host_pool.allocate("b_parked", 3)
+        sched.add_parked(b)
+    pol.reclaim(sched.running, [*sched.parked, *sched.waiting], sched.state())
+    return pol, sched
+
+
+def test_an_arrival_beyond_its_share_does_not_take_the_device_while_another_tenant_waits():
+    pol, sched = _memfair_with()
+    st = sched.state()
+    assert pol.ent == {"a": 50.0, "b": 50.0}
+    assert not pol.may_admit(make_request(156, 4, tenant="a"), 40, st)
+    assert pol.place_arrival(Arrival("a2", "a", 0, 40, 0.0, 0.0, 160, 10), 1, st) == "host"
+    assert pol.place_arrival(Arrival("a3", "a", 0, 20, 0.0, 0.0, 80, 10), 1, st) == "device"  # 21 + 20 <= 50
+
+
+def test_a_new_tenant_gets_a_share_not_the_pool():
+    pol, sched = _memfair_with()
+    st = sched.state()
+    # c is not yet known: its entitlement is a third of the pool, and the cap (half) binds too
+    assert pol.place_arrival(Arrival("c1", "c", 0, 60, 0.0, 0.0, 240, 10), 1, st) == "host"
+    assert pol.place_arrival(Arrival("c2", "c", 0, 30, 0.0, 0.0, 120, 10), 1, st) == "device"
+
+
+def test_reserved_pages_of_arrivals_still_landing_count_for_their_tenant():
+    pol, sched = _memfair_with(parked_b=True, a_pages=2)
+    placed = []
+    for k in range(4):  # 18-page arrivals of tenant a, each header in before any payload lands
+        where = pol.place_arrival(Arrival(f"a{k}", "a", 0, 18, 0.0, 0.0, 72, 10), 0, sched.state())
+        if where == "device":
+            sched.pool.reserve(f"a{k}", 18)  # what the receiver does: RESERVED until the payload lands
+        placed.append(where)
+    # 2 + 18 + 18 = 38 fit a's 50; a third would make 56 while b waits below its share
+    assert placed == ["device", "device", "host", "host"]
+    assert set(pol.incoming) == {"a0", "a1"}
+    sched.pool.free("a0")  # that transfer failed: its reservation no longer counts
+    pol.reclaim(sched.running, [*sched.parked, *sched.waiting], sched.state())
+    assert set(pol.incoming) == {"a1"}
+
+
+def test_base_placement_keeps_class_reservations():
+    cfg = FairnessConfig(class_reservations={0: 0.5})
+    pol = make_policy("fcfs", cfg)
+    sched = make_scheduler(pol, num_pages=40, host_pages=40)
+    pol.reclaim([], [], sched.state())
+    # 40 free pages, 20 of them reserved for class 0: a class-1 arrival of 30 pages is parked
+    assert pol.place_arrival(Arrival("low", "t", 1, 30, 0.0, 0.0), 0, sched.state()) == "host"
+    assert pol.place_arrival(Arrival("high", "t", 0, 30, 0.0, 0.0), 0, sched.state()) == "device"
