@@ -64,6 +64,7 @@ class EndpointCore:
         self._tasks: list[asyncio.Task] = []
         self._started = False
         self._closed = False
+        self._closing = False  # close() has begun: no new transfers (it may still flush replies)
 
     # ---- supervision ------------------------------------------------------------------------
     async def _start_tasks(self, *coros) -> None:
@@ -97,7 +98,7 @@ class EndpointCore:
     def _check_usable(self) -> None:
         if self.error is not None:
             raise TransportError(f"{self.role} crashed: {self.error!r}") from self.error
-        if not self._started or self._closed:
+        if not self._started or self._closed or self._closing:
             raise TransportError(f"{self.role} is not started or already closed")
 
     def _remember(self, status: TransferStatus) -> None:

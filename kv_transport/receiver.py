@@ -34,7 +34,7 @@ from kv_transport.malloc_tuning import keep_freed_memory
 from kv_transport.page_writer import PageWriter, WritePlan
 from kv_transport.wire import (Ack, Cancel, Credit, KVChunk, KVTransferHeader, Nack,
                                TransferBatch, WireError, decode, encode)
-from model_engine.page_pool import PagePool
+from model_engine.page_pool import PagePool, PoolError
 
 FUSE_BYTES = 1024 * 1024  # write-then-checksum piece of a chunk: fits in L2
 
@@ -70,6 +70,7 @@ class ReceiverCore(EndpointCore):
         self._admit = admit
         self._writer = PageWriter(pool)
         self._writers: dict[int, PageWriter] = {id(pool): self._writer}  # per receiving pool
+        self._pools: dict[int, PagePool] = {id(pool): pool}  # every pool received into so far
         self._live: dict[str, _Inbound] = {}
         self._by_request: dict[str, str] = {}  # request_id -> transfer in flight
         self._completed: collections.deque[ReceivedTransfer] = collections.deque()
@@ -116,12 +117,14 @@ class ReceiverCore(EndpointCore):
             self._fail(inb, "cancelled", reason)
 
     async def close(self) -> None:
+        self._closing = True  # headers arriving during the flush below are refused, not reserved
         self._fail_all("receiver closed")
         try:
             await asyncio.wait_for(self._flush(), self.config.close_timeout_s)
         except Exception:  # best effort on the way out; the pages are already free
             log.debug("receiver: could not flush NACKs on close", exc_info=True)
         await self._stop_tasks()
+        self._fail_all("receiver closed")  # anything accepted despite the flag: never left reserved
 
     @property
     def num_reserved_pages(self) -> int:
@@ -212,6 +215,7 @@ class ReceiverCore(EndpointCore):
         writer = self._writers.get(id(target))
         if writer is None:
             writer = self._writers[id(target)] = PageWriter(target)
+            self._pools[id(target)] = target
         inb = _Inbound(h, peer, pages, writer.plan(pages), target, writer, status,
                        now + self.config.transfer_timeout_s, now)
         self._live[tid] = inb
@@ -235,8 +239,15 @@ class ReceiverCore(EndpointCore):
     def _refusal(self, h: KVTransferHeader) -> tuple[tuple[str, str] | None, PagePool]:
         """(refusal or None, pool to receive into). `admit` may answer with a PagePool of
         the same geometry (the host tier: the request arrives parked)."""
+        if self._closing:
+            return ("closed", "the receiver is closing"), self.pool
         if h.request_id in self._by_request:
             return ("busy", f"request {h.request_id} already has a transfer in flight"), self.pool
+        if any(p.num_held(h.request_id) for p in self._writers_pools()):
+            # Its pages from an earlier transfer are still here: reserving more under the same
+            # owner would let whoever frees that request free these RESERVED pages too, and a
+            # late write would land in pages handed to someone else.
+            return ("busy", f"request {h.request_id} already holds pages here"), self.pool
         answer = self._admit(h) if self._admit is not None else None
         if isinstance(answer, PagePool) and answer.spec == self.spec and self.accepts_other_pools:
             return None, answer
@@ -245,6 +256,10 @@ class ReceiverCore(EndpointCore):
         return (None if answer is None else ("refused", answer)), self.pool
 
     accepts_other_pools = True  # backends that write only into `self.pool` set False
+
+    def _writers_pools(self) -> list[PagePool]:
+        """Every pool this receiver has written into (the device pool, and any host tier)."""
+        return list(self._pools.values())
 
     def _write_pages(self, inb: _Inbound, offset: int, view: memoryview) -> None:
         """Copy whole slabs of payload (bytes at `offset`) into the reserved pages."""
@@ -331,7 +346,10 @@ class ReceiverCore(EndpointCore):
         """Free the transfer's pages, then (optionally) tell the sender."""
         if inb.status.state.finished:
             return
-        inb.pool.free(inb.header.request_id, inb.pages)
+        try:
+            inb.pool.free(inb.header.request_id, inb.pages)
+        except PoolError as e:  # someone freed them behind our back: report, do not crash the receiver
+            log.error("receiver: pages of %s were already freed: %s", inb.status.transfer_id, e)
         self._release(inb)
         self._finish_status(inb.status, S.FAILED, f"{code}: {reason}")
         log.info("receiver: transfer %s (%s) failed: %s: %s", inb.status.transfer_id,

@@ -168,6 +168,7 @@ class SenderCore(EndpointCore):
             self._finish(o, S.FAILED, reason, notify=True)
 
     async def close(self) -> None:
+        self._closing = True  # send() refuses from here on: nothing can start during the flush
         for o in list(self._live.values()):
             self._finish(o, S.FAILED, "transport closed", notify=True)
         try:  # best effort: tell the receiver to free what it reserved
@@ -175,6 +176,8 @@ class SenderCore(EndpointCore):
         except (asyncio.TimeoutError, TransportError, RuntimeError):
             pass
         await self._stop_tasks()
+        for o in list(self._live.values()):  # none should be left; never leave one unfinished
+            self._finish(o, S.FAILED, "transport closed", notify=True)
 
     # ---- backend hooks ---------------------------------------------------------------------
     def _stage(self, data: torch.Tensor, mode: str) -> torch.Tensor:

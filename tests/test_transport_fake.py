@@ -376,3 +376,50 @@ def test_stale_export_sums_fail_the_transfer(pages):
             p.assert_clean()
             await p.assert_next_transfer_ok()
     run(body())
+
+
+def test_a_second_transfer_for_a_request_that_still_holds_pages_is_refused():
+    """A request's landed pages are still held (not yet released by the node) when another
+    transfer for the same request id comes: it is refused ("busy"), never reserved under the
+    same owner, where freeing the first would free the new RESERVED pages too and let the
+    transfer write into pages handed to someone else (a review's late-writer case)."""
+    async def body():
+        async with Pair() as p:
+            first = p.export(4)
+            status = await p.tx.wait(p.tx.send(first), 2.0)
+            assert status.state is TransferState.DONE
+            landed = await p.rx.next_completed(2.0)
+            again = make_export(p.src, first.header.request_id, 6)
+            status = await p.tx.wait(p.tx.send(again), 2.0)
+            assert status.state is TransferState.FAILED and "busy" in status.reason
+            assert p.dst.state_counts()["reserved"] == 0 and p.dst.pages_of(landed.request_id) == landed.pages
+            p.dst.free(landed.request_id)  # released: the same id may come again
+            status = await p.tx.wait(p.tx.send(again), 2.0)
+            assert status.state is TransferState.DONE
+            p.assert_clean()
+    run(body())
+
+
+def test_close_refuses_new_transfers_on_both_sides():
+    """Headers arriving while the receiver closes are refused, not reserved and forgotten; a
+    sender that is closing refuses send() instead of leaving a transfer that never ends."""
+    slow = FaultConfig(delay_prob=1, delay_s=0.05, kinds=("chunk",))
+    async def body():
+        p = Pair(tx_faults=slow)
+        await p.__aenter__()
+        tid = p.tx.send(p.export(9))
+        await wait_until(lambda: p.dst.state_counts()["reserved"] == 9)
+        closing = asyncio.ensure_future(p.rx.close())
+        await asyncio.sleep(0)
+        late = p.tx.send(p.export(3))  # reaches the receiver while it flushes its NACKs
+        await closing
+        p.assert_clean()
+        assert not p.rx._live
+        for t in (tid, late):
+            assert (await p.tx.wait(t, 2.0)).state is TransferState.FAILED
+        closing = asyncio.ensure_future(p.tx.close())
+        await asyncio.sleep(0)
+        with pytest.raises(Exception, match="closed"):
+            p.tx.send(p.export(2))
+        await closing
+    run(body())
