@@ -13,8 +13,11 @@ Payloads land in a reused staging buffer, never directly in pool pages: a recv t
 out could otherwise still write into pages that were freed and handed to another request
 (the "late writer"). After a timeout the staging buffer is retired, and the peer is
 marked broken: gloo closes the pair on a timed-out wait, and NCCL has no tags to keep a
-stale recv from matching the next send. Later dist transfers fail fast with the reason;
-recovery is a new process group (restart the nodes). Each side runs its dist operations
+stale recv from matching the next send. Later dist transfers with that peer fail fast with
+the reason (other peers are unaffected); recovery is a new process group (restart the nodes).
+A header whose src_rank is not another rank of the group is refused before any dist call.
+A transfer cancelled after its header went out keeps its payload until the receiver's
+Credit (if one comes) is answered, so a recv posted before the Cancel arrived completes. Each side runs its dist operations
 one at a time, in Credit order, which is also the order NCCL needs.
 """
 from __future__ import annotations
@@ -110,7 +113,11 @@ class TorchSender(ZmqSender):
         self._owns_group = False
         self._jobs: collections.deque = collections.deque()
         self._job_evt: asyncio.Event | None = None
-        self.broken: str | None = None  # set after a failed dist op; dist sends then fail fast
+        self.broken: dict[int, str] = {}  # dst rank -> why; dist sends to it then fail fast
+        # Cancelled while WAITING: the receiver may already have posted its irecv and sent a
+        # Credit. Its payload is kept until that Credit is answered (or a transfer timeout
+        # passed), else the receiver's recv would wait for a send that never comes.
+        self._orphans: dict[str, tuple[torch.Tensor, float]] = {}
 
     async def start(self) -> None:
         self._owns_group = await ensure_process_group(self.config, self.device)
@@ -138,6 +145,22 @@ class TorchSender(ZmqSender):
             self._jobs.append((o, credit.rank, credit.tag))
             self._job_evt.set()
 
+    def _finish(self, o, state, reason=None, notify=False) -> None:
+        if o.header.mode == "dist" and o.status.state is S.WAITING and o.data is not None:
+            self._orphans[o.status.transfer_id] = (o.data, time.monotonic() + self.config.transfer_timeout_s)
+        super()._finish(o, state, reason, notify)
+
+    def _on_control(self, msg) -> None:
+        orphan = self._orphans.pop(getattr(msg, "transfer_id", ""), None) if isinstance(msg, Credit) else None
+        if orphan is not None:  # answer the recv the receiver posted before it saw our Cancel
+            self._jobs.append((orphan[0], msg.rank, msg.tag))
+            self._job_evt.set()
+            return
+        now = time.monotonic()
+        for tid in [t for t, (_, until) in self._orphans.items() if until < now]:
+            del self._orphans[tid]
+        super()._on_control(msg)
+
     async def _dist_worker(self) -> None:
         use_thread = _dist_backend(self.config, self.device) == "gloo"
         while True:
@@ -145,20 +168,32 @@ class TorchSender(ZmqSender):
             if job is None:
                 continue
             o, rank, tag = job
+            if isinstance(o, torch.Tensor):  # the payload of a cancelled transfer, for a posted recv
+                await self._send_orphan(o, rank, tag, use_thread)
+                continue
             if o.status.state.finished or o.data is None:
                 continue
-            if self.broken:
-                self._finish(o, S.FAILED, f"dist peer broken: {self.broken}", notify=True)
+            if rank in self.broken:
+                self._finish(o, S.FAILED, f"dist peer broken: {self.broken[rank]}", notify=True)
                 continue
             data = o.data.reshape(-1).view(torch.uint8)
             try:
                 work = dist.isend(data, dst=rank, tag=tag)
                 await wait_work(work, max(0.1, o.deadline - time.monotonic()), use_thread)
-            except (asyncio.TimeoutError, RuntimeError) as e:
-                self.broken = f"isend to rank {rank} failed: {e!r}"
-                self._finish(o, S.FAILED, self.broken, notify=True)
+            except (asyncio.TimeoutError, RuntimeError, ValueError) as e:
+                self.broken[rank] = f"isend to rank {rank} failed: {e!r}"
+                self._finish(o, S.FAILED, self.broken[rank], notify=True)
                 continue
             o.status.bytes_done = o.status.bytes_total  # DONE comes with the receiver's Ack
+
+    async def _send_orphan(self, data: torch.Tensor, rank: int, tag: int, use_thread: bool) -> None:
+        if rank in self.broken:
+            return
+        try:
+            work = dist.isend(data.reshape(-1).view(torch.uint8), dst=rank, tag=tag)
+            await wait_work(work, self.config.transfer_timeout_s, use_thread)
+        except (asyncio.TimeoutError, RuntimeError, ValueError) as e:
+            self.broken[rank] = f"isend to rank {rank} failed: {e!r}"
 
 
 class TorchReceiver(ZmqReceiver):
@@ -175,7 +210,7 @@ class TorchReceiver(ZmqReceiver):
         self._tags = itertools.count(1)
         self._staging: torch.Tensor | None = None  # reused; replaced after a failure
         self._retired: list = []  # (buffer, work) of timed-out recvs, kept alive
-        self.broken: str | None = None
+        self.broken: dict[int, str] = {}  # src rank -> why; its dist transfers then fail fast
 
     async def start(self) -> None:
         self._owns_group = await ensure_process_group(self.config, self.pool.kv.device)
@@ -190,8 +225,15 @@ class TorchReceiver(ZmqReceiver):
             dist.destroy_process_group()
 
     def _start_dist(self, inb) -> None:
-        if self.broken:
-            self._fail(inb, "dist_failed", f"dist peer broken: {self.broken}")
+        src = inb.header.src_rank
+        if not (isinstance(src, int) and 0 <= src < dist.get_world_size()) or src == dist.get_rank():
+            # checked before any dist call: an unknown rank makes gloo wait on its store for
+            # the whole timeout (blocking the loop), and our own rank can never send to us
+            self._fail(inb, "bad_message", f"src_rank {src!r} is not another rank of the process group "
+                                           f"(world size {dist.get_world_size()}, this rank {dist.get_rank()})")
+            return
+        if src in self.broken:
+            self._fail(inb, "dist_failed", f"dist peer broken: {self.broken[src]}")
             return
         self._jobs.append(inb)
         self._job_evt.set()
@@ -213,17 +255,19 @@ class TorchReceiver(ZmqReceiver):
         h = inb.header
         buf = self._staging_for(h.payload_bytes)
         tag = next(self._tags) % (1 << 31)
-        work = dist.irecv(buf, src=h.src_rank, tag=tag)
-        self._reply(inb.peer, Credit(h.transfer_id, 1, dist.get_rank(), tag), "credit", [inb])
-        await self._flush()
-        inb.status.state, inb.status.t_started = S.TRANSFERRING, time.monotonic()
+        work = None
         try:
+            work = dist.irecv(buf, src=h.src_rank, tag=tag)
+            self._reply(inb.peer, Credit(h.transfer_id, 1, dist.get_rank(), tag), "credit", [inb])
+            await self._flush()
+            inb.status.state, inb.status.t_started = S.TRANSFERRING, time.monotonic()
             await wait_work(work, max(0.1, inb.deadline - time.monotonic()), use_thread)
-        except (asyncio.TimeoutError, RuntimeError) as e:
-            self.broken = f"irecv from rank {h.src_rank} failed: {e!r}"
+        except (asyncio.TimeoutError, RuntimeError, ValueError) as e:
+            # this peer only: other ranks' pairs are untouched by a failure on this one
+            self.broken[h.src_rank] = f"irecv from rank {h.src_rank} failed: {e!r}"
             self._retired.append((self._staging, work))  # a late write lands here, not in pages
             self._staging = None
-            self._fail(inb, "dist_failed", self.broken)
+            self._fail(inb, "dist_failed", self.broken[h.src_rank])
             return
         if inb.status.state.finished:  # cancelled while we waited: pages already freed
             return

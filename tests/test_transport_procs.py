@@ -129,3 +129,58 @@ def test_receiver_survives_garbage(peers):
     config = TransportConfig(endpoint=endpoint, chunk_bytes=CHUNK, transfer_timeout_s=20.0)
     run(send_ragged(config, peer))
     assert peer.proc.poll() is None  # still serving
+
+
+def test_torch_gloo_survives_a_cancel_while_waiting_and_a_bad_src_rank(peers):
+    """Two ways a review broke the gloo receiver for good, each followed by transfers that
+    must still succeed: a sender cancel after the header went out (the receiver had posted its
+    irecv and its Credit was in flight; the recv waited for a send that never came, then the
+    receiver marked the pair broken), and a header naming a rank outside the group (gloo waited
+    on its store for the whole timeout, then the receiver's dist worker died)."""
+    import torch.distributed as dist
+    store = dist.TCPStore("127.0.0.1", 0, world_size=2, is_master=True,
+                          wait_for_workers=False, timeout=datetime.timedelta(seconds=30))
+    peer = peers("--backend", "torch", "--dist-port", str(store.port), "--inline-max-bytes", "4096")
+
+    async def body(config: TransportConfig):
+        pool = make_pool(512, seed=5)
+        tx = make_sender(config, TINY_SPEC)
+        await tx.start()
+        try:
+            for k in range(3):  # cancel right after the header left, before the Credit came back
+                tid = tx.send(make_export(pool, f"cancelled-{k}", 8))
+                while tx.poll(tid).state is TransferState.BOOTSTRAPPING:
+                    await asyncio.sleep(0)
+                tx.cancel(tid, "client aborted")
+                status = await tx.wait(tx.send(make_export(pool, f"after-cancel-{k}", 8)), 10.0)
+                assert status.state is TransferState.DONE, status.reason
+            n = 8
+            header = KVTransferHeader(
+                transfer_id="evil-1", request_id="evil", tenant="", num_tokens=16 * n, prompt_token_ids=[],
+                output_token_ids=[], num_computed_tokens=0, extra={}, num_pages=n, page_size=16,
+                dtype="float32", num_layers=4, num_kv_heads=2, head_dim=32,
+                payload_bytes=n * TINY_SPEC.bytes_per_page, mode="dist",
+                chunk_bytes=n * TINY_SPEC.bytes_per_page, num_chunks=1, checksum_algo="sum64", checksum=0,
+                src_rank=5)
+            ctx = zmq.Context()
+            s = ctx.socket(zmq.DEALER)
+            s.connect(config.endpoint)
+            s.send_multipart(encode(header))
+            assert s.poll(10_000), "no NACK for a header from a rank outside the group"
+            assert b"bad_message" in b"".join(s.recv_multipart())
+            s.close(0)
+            ctx.term()
+            status = await tx.wait(tx.send(make_export(pool, "after-bad-rank", 8)), 10.0)
+            assert status.state is TransferState.DONE, status.reason
+        finally:
+            await tx.close()
+    try:
+        dist.init_process_group("gloo", store=store, rank=0, world_size=2, timeout=datetime.timedelta(seconds=30))
+        config = TransportConfig(backend="torch", endpoint=peer.endpoint(), inline_max_bytes=4096,
+                                 transfer_timeout_s=4.0)
+        run(body(config))
+        counts = peer.counts()
+        assert counts["reserved"] == 0
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
