@@ -50,6 +50,9 @@ class NodeConfig:
     curve_dir: str | None = None  # ZeroMQ CURVE keys for every socket (cluster/security.py)
     transfer_timeout_s: float = 30.0  # a whole KV transfer, on both sides (TransportConfig)
     transport_faults: FaultConfig = field(default_factory=FaultConfig)  # chaos runs: faults on KV sends
+    dist_init_method: str | None = None  # torch transport: init_process_group's init_method (file:// or tcp://)
+    dist_rank: int = -1  # torch transport: this node's rank in the group of all prefill and decode nodes
+    dist_world_size: int = 0  # torch transport: prefill + decode nodes
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -57,6 +60,10 @@ class NodeConfig:
             raise ValueError(f"unknown role {self.role!r}")
         if self.transport not in ("zmq", "torch"):
             raise ValueError("transport must be zmq or torch")
+        if self.transport == "torch" and self.role != "colocated" and not (
+                self.dist_init_method and 0 <= self.dist_rank < self.dist_world_size):
+            raise ValueError("--transport torch needs --dist-init-method URL, --dist-rank R and --dist-world-size N "
+                             "(one rank per prefill and decode node; scripts/launch_cluster.sh sets them)")
         if not self.transfer_timeout_s > 0:
             raise ValueError("transfer_timeout_s must be positive")
 
@@ -65,7 +72,8 @@ class NodeConfig:
         t = self.transfer_timeout_s
         return TransportConfig(backend=self.transport, curve_dir=self.curve_dir, transfer_timeout_s=t,
                                idle_timeout_s=min(TransportConfig.idle_timeout_s, t), faults=self.transport_faults,
-                               **kw)
+                               dist_init_method=self.dist_init_method, dist_rank=self.dist_rank,
+                               dist_world_size=self.dist_world_size, **kw)
 
 
 def to_sampling(p: Params) -> SamplingParams:
@@ -266,6 +274,12 @@ class NodeBase:
             loop.add_signal_handler(sig, lambda: loop.create_task(self.drain()) if not self.draining else None)
         self._http, self.metrics_addr = await start_http(self.metrics, lambda: self.stats().__dict__,
                                                          self.config.host, self.config.metrics_port)
+        if self.config.transport == "torch" and self.config.role != "colocated":
+            # Every prefill and decode node joins the one process group at start-up (it blocks
+            # until all have joined; launch_cluster.sh starts them all before waiting for any).
+            from kv_transport.torch_backend import ensure_process_group
+
+            await ensure_process_group(self.config.transport_config(), self.engine.pool.kv.device)
         await self.start_extra()
         warm = self.engine.warm_up()  # before READY: the first requests must not pay for it
         log.info("node %s warmed up in %.3f s", self.config.node_id, warm)

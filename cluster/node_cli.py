@@ -20,6 +20,10 @@ def parse(role: str, argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--metrics-port", type=int, default=0, help="/metrics HTTP port (0: ephemeral)")
     ap.add_argument("--kv-port", type=int, default=0, help="decode: KV receiver port (0: ephemeral)")
     ap.add_argument("--transport", choices=["zmq", "torch"], default="zmq")
+    ap.add_argument("--dist-init-method", default=None,
+                    help="--transport torch: process-group rendezvous, file:///shared/path or tcp://HOST:PORT")
+    ap.add_argument("--dist-rank", type=int, default=-1, help="--transport torch: this node's rank")
+    ap.add_argument("--dist-world-size", type=int, default=0, help="--transport torch: prefill + decode nodes")
     ap.add_argument("--policy", default="fcfs", help="admission/fairness policy name")
     ap.add_argument("--host-kv-pages", type=int, default=0, help="host-tier KV pages (decode/colocated)")
     ap.add_argument("--tenant-weight", action="append", default=[], metavar="TENANT=W",
@@ -162,7 +166,8 @@ def main(role: str, argv: list[str]) -> int:
                          transport=a.transport, policy=a.policy, fairness=fairness_config(a),
                          drain_timeout_s=a.drain_timeout, hold_timeout_s=a.hold_timeout, curve_dir=a.curve_dir,
                          check_pages=a.check_pages, step_log=a.step_log and a.step_log.replace("{node}", node_id), transfer_timeout_s=a.transfer_timeout,
-                         transport_faults=fault_config(a.transport_fault))
+                         transport_faults=fault_config(a.transport_fault), dist_init_method=a.dist_init_method,
+                         dist_rank=a.dist_rank, dist_world_size=a.dist_world_size)
     except ValueError as e:
         raise CliError(str(e)) from None
     if cfg.transport_faults.enabled:

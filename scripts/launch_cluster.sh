@@ -2,7 +2,8 @@
 # Launch a pd-testbed cluster: nodes + router, on loopback by default.
 #
 #   scripts/launch_cluster.sh --mode disagg|colocated [--prefill N] [--decode M] [--colocated K]
-#       [--model DIR] [--policy NAME] [--transport zmq|torch] [--kv-pages N] [--host-kv-pages N]
+#       [--model DIR] [--policy NAME] [--transport zmq|torch] [--dist-init-method URL]
+#       [--kv-pages N] [--host-kv-pages N]
 #       [--prefill-kv-pages N] [--page-size T] [--port P] [--run-dir DIR] [--host IFACE] [--hosts-file FILE]
 #       [--router-args "..."] [--prefill-args "..."] [--decode-args "..."] [--curve-dir DIR] [--timeout S]
 #       [-- extra node flags]
@@ -17,6 +18,10 @@
 # once /health is 200. On any failure: prints the failing log's tail, stops what it started,
 # exits non-zero.
 #
+# --transport torch: KV payloads by torch.distributed (gloo on CPU, NCCL on GPUs); every prefill
+# and decode node joins one process group (decode nodes rank 0..M-1, prefill nodes after them),
+# rendezvous at --dist-init-method (default file://RUN_DIR/dist-init; tcp://HOST:PORT across hosts).
+#
 # Multi-host: --hosts-file lines "ROLE HOST" (e.g. "decode 10.0.0.2"); nodes of that role are
 # started there over ssh (same checkout path, its .venv), bound to HOST. See README.
 set -euo pipefail
@@ -24,9 +29,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 MODE=disagg NP=1 ND=1 NC=1 MODEL="" POLICY=fcfs TRANSPORT=zmq KV_PAGES=4096 HOST_KV_PAGES=0
 CURVE_DIR="" PREFILL_KV_PAGES="" PAGE_SIZE=16 PORT=8000 RUN_DIR="" HOST=127.0.0.1 HOSTS_FILE="" TIMEOUT=180 ROUTER_ARGS=""
-PREFILL_ARGS="" DECODE_ARGS=""
+PREFILL_ARGS="" DECODE_ARGS="" DIST_INIT=""
 EXTRA=()
 while [ $# -gt 0 ]; do
+  case "$1" in  # every option but --, -h and --help takes a value
+    --|-h|--help) ;;
+    -*) [ $# -ge 2 ] || { echo "launch_cluster: $1 needs a value" >&2; exit 2; } ;;
+  esac
   case "$1" in
     --mode) MODE="$2"; shift 2 ;;
     --prefill) NP="$2"; shift 2 ;;
@@ -35,6 +44,7 @@ while [ $# -gt 0 ]; do
     --model) MODEL="$2"; shift 2 ;;
     --policy) POLICY="$2"; shift 2 ;;
     --transport) TRANSPORT="$2"; shift 2 ;;
+    --dist-init-method) DIST_INIT="$2"; shift 2 ;;
     --kv-pages) KV_PAGES="$2"; shift 2 ;;
     --host-kv-pages) HOST_KV_PAGES="$2"; shift 2 ;;
     --prefill-kv-pages) PREFILL_KV_PAGES="$2"; shift 2 ;;
@@ -49,7 +59,7 @@ while [ $# -gt 0 ]; do
     --curve-dir) CURVE_DIR="$(cd "$2" && pwd)"; shift 2 ;;
     --timeout) TIMEOUT="$2"; shift 2 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "launch_cluster: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -58,6 +68,11 @@ case "$MODE" in disagg|colocated) ;; *) echo "launch_cluster: --mode must be dis
 source "$ROOT/scripts/_env.sh"
 RUN_DIR="${RUN_DIR:-$ROOT/runs/cluster-$(date +%Y%m%d-%H%M%S)-$$}"
 mkdir -p "$RUN_DIR"
+case "$TRANSPORT" in zmq|torch) ;; *) echo "launch_cluster: --transport must be zmq or torch" >&2; exit 2 ;; esac
+if [ "$TRANSPORT" = torch ] && [ -z "$DIST_INIT" ]; then
+  DIST_INIT="file://$(cd "$RUN_DIR" && pwd)/dist-init"  # single host; several hosts: --dist-init-method tcp://HOST:PORT
+  rm -f "${DIST_INIT#file://}"  # a file left by an earlier run would confuse the rendezvous
+fi
 RUN_DIR="$(cd "$RUN_DIR" && pwd)"
 if ls "$RUN_DIR"/*.pid >/dev/null 2>&1; then
   echo "launch_cluster: $RUN_DIR already has pid files; stop that cluster first" >&2; exit 2
@@ -98,6 +113,11 @@ start_node() {  # start_node ROLE INDEX
   local args=(--model "$MODEL" --node-id "$role-$idx" --host "$h" --page-size "$PAGE_SIZE"
               --kv-pages "$pages" --transport "$TRANSPORT" --policy "$POLICY" --host-kv-pages "$HOST_KV_PAGES"
               ${CURVE_DIR:+--curve-dir "$CURVE_DIR"} ${EXTRA[@]+"${EXTRA[@]}"} ${role_args[@]+"${role_args[@]}"})
+  if [ "$TRANSPORT" = torch ] && [ "$MODE" = disagg ]; then  # one process group: decode ranks first
+    local rank=$idx
+    [ "$role" = prefill ] && rank=$(( ND + idx ))
+    args+=(--dist-init-method "$DIST_INIT" --dist-rank "$rank" --dist-world-size "$(( NP + ND ))")
+  fi
   if is_local "$h"; then
     setsid pdtb "$role" "${args[@]}" > "$log" 2>&1 < /dev/null &
   else

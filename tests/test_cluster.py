@@ -96,3 +96,14 @@ def test_disagg_2p2d_and_colocated_side_by_side(llama_dir, hf_models, tmp_path):
             nodes = get_json(f"{url}/cluster")
             assert sorted(n["role"] for n in nodes) == ["decode", "decode", "prefill", "prefill"]
             wait_until(lambda: all_pages_free(url) and all_pages_free(url2), 30, what="all pages free")
+
+
+def test_disagg_with_the_torch_transport(llama_dir, hf_models, tmp_path):
+    """--transport torch from the launch script: one gloo process group of the prefill and
+    decode nodes (file rendezvous in the run dir); a 300-token prompt's KV (19 pages, over
+    the inline limit) moves by send/recv. Outputs equal generate; pages all come back."""
+    with launched(tmp_path / "ct", llama_dir, "--mode", "disagg", "--transport", "torch",
+                  "--kv-pages", "600") as (url, _):
+        vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
+        check_against_hf(url, hf_models["llama"], prompts_for(vocab, (17, 300), seed=4), max_tokens=6)
+        wait_until(lambda: all_pages_free(url), 30, what="all pages free")
