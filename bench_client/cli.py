@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="N requests (4 output tokens each) sent and awaited first, not recorded")
     ap.add_argument("--max-concurrency", type=_positive(int),
                     help="at most N requests in flight; later arrivals wait for a slot (open loop too)")
-    ap.add_argument("--duration", type=float, help="seconds of arrivals (whale-minnow: 30, multi-tenant: 60)")
+    ap.add_argument("--duration", type=_positive(float), help="seconds of arrivals (whale-minnow: 30, multi-tenant: 60)")
     ap.add_argument("--max-requests", type=_positive(int), help="keep only the first N requests")
     ap.add_argument("--burstiness", type=_positive(float), default=1.0,
                     help="random arrivals (minnows, multi-tenant): 1 Poisson, <1 burstier, >1 more even (gamma gaps)")
@@ -204,7 +204,41 @@ def main(argv: list[str] | None = None) -> int:
     if not a.url:
         print("pdtb bench serve: --url is required (except with --dry-run)", file=sys.stderr)
         return 2
+    if not specs:
+        print("pdtb bench serve: the workload has no requests", file=sys.stderr)
+        return 2
+    if a.out:  # found out now, not after the whole run
+        problem = _unwritable(a.out)
+        if problem:
+            print(f"pdtb bench serve: cannot write --out {a.out}: {problem}", file=sys.stderr)
+            return 2
     return asyncio.run(_serve(a, specs, workload_info, slos, ServiceWeights(w_in, w_out)))
+
+
+def _unwritable(path: str) -> str | None:
+    """Why `path` cannot be written as a results file, or None."""
+    import os
+
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "it is a directory"
+    if not os.path.isdir(parent):
+        return f"no such directory {parent}"
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return "permission denied"
+    return None
+
+
+def _why(e: BaseException) -> str:
+    """A readable reason for a failed request to the server (aiohttp's reprs are long)."""
+    if isinstance(e, aiohttp.ClientResponseError):
+        hint = " (pass --api-key)" if e.status == 401 else ""
+        return f"HTTP {e.status} {e.message}{hint}"
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return f"cannot connect to {e.host}:{e.port} ({e.os_error.strerror or e.os_error})"
+    if isinstance(e, asyncio.TimeoutError):
+        return "no answer in 15 s"
+    return f"{type(e).__name__}: {e}"
 
 
 async def _serve(a, specs, workload_info: dict, slos: dict, weights: ServiceWeights) -> int:
@@ -212,9 +246,11 @@ async def _serve(a, specs, workload_info: dict, slos: dict, weights: ServiceWeig
     try:
         model, nodes = await server_info(url, a.api_key)
     except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, IndexError, ValueError) as e:
-        if a.vocab_size is None or a.max_model_len is None:
-            print(f"pdtb bench serve: cannot read {url}/v1/models ({e!r}); pass --vocab-size and "
-                  f"--max-model-len to go on without it", file=sys.stderr)
+        auth = isinstance(e, aiohttp.ClientResponseError) and e.status in (401, 403)
+        if auth or isinstance(e, aiohttp.ClientConnectorError) or a.vocab_size is None or a.max_model_len is None:
+            extra = "" if auth or isinstance(e, aiohttp.ClientConnectorError) else \
+                "; pass --vocab-size and --max-model-len to go on without it"
+            print(f"pdtb bench serve: cannot read {url}/v1/models: {_why(e)}{extra}", file=sys.stderr)
             return 1
         model, nodes = {}, None
     vocab, max_len = a.vocab_size or model["vocab_size"], a.max_model_len or model["max_model_len"]
@@ -240,4 +276,9 @@ async def _serve(a, specs, workload_info: dict, slos: dict, weights: ServiceWeig
     print(format_table(summary))
     if a.out:
         print(f"results: {a.out}")
-    return 0 if any(r.status == OK for r in res.records) or not res.records else 1
+    if res.records and not any(r.status == OK for r in res.records):
+        reasons = Counter((r.error or r.status) for r in res.records)
+        print("pdtb bench serve: every request failed; " + "; ".join(
+            f"{n} x {why}" for why, n in reasons.most_common(3)), file=sys.stderr)
+        return 1
+    return 0

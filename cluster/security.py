@@ -53,6 +53,7 @@ def generate(directory: str | Path) -> Path:
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
     for name in ("server", "client"):
         zmq.auth.create_certificates(str(d), name)
+        (d / f"{name}.key_secret").chmod(0o600)  # secret keys: owner only, whatever the umask
     return d
 
 

@@ -31,6 +31,12 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError(f"device {self.device!r}: this torch build has no usable CUDA device "
+                                 f"(torch {torch.__version__})")
 
     def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
         max_len = min(self.max_model_len or model_max_len, model_max_len)

@@ -111,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         return die(str(e))
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # files that cannot be written, addresses that cannot be bound: one line
+        if isinstance(e, OSError) or type(e).__module__.startswith("zmq"):
+            return die(f"{type(e).__name__}: {e}")
+        raise
 
 
 if __name__ == "__main__":

@@ -80,6 +80,10 @@ def main(argv: list[str]) -> int:
     for i, p in enumerate(ids):
         if len(p) >= max_len:
             raise CliError(f"prompt {i} has {len(p)} tokens; the model's context is {max_len}")
+        if len(p) + a.max_tokens > max_len:  # the router refuses this; offline, say so and go on
+            print(f"pdtb generate: prompt {i}: {len(p)} + {a.max_tokens} tokens exceed the context "
+                  f"({max_len}); its output stops at {max_len - len(p)} tokens (finish_reason "
+                  f"\"length\")", file=sys.stderr)
     t0 = time.perf_counter()
     try:
         seqs = engine.generate(ids, params)
@@ -91,7 +95,8 @@ def main(argv: list[str]) -> int:
         out = tok.decode(s.output_token_ids, skip_special_tokens=True)
         if a.json:
             print(json.dumps({"prompt": text, "prompt_token_ids": s.prompt_token_ids,
-                              "token_ids": s.output_token_ids, "text": out}, ensure_ascii=False))
+                              "token_ids": s.output_token_ids, "text": out,
+                              "finish_reason": s.finish_reason}, ensure_ascii=False))
         else:
             print(f"--- {text!r}\n{out}")
     print(f"generated {n_out} tokens for {len(seqs)} prompts in {dt:.2f} s: {n_out / dt:.1f} tok/s",

@@ -60,6 +60,10 @@ fi
 BUDGET=512  # per-step token budget: whale prompts prefill in chunks, interleaved with decode
 POLICIES="${POLICIES:-fcfs memfair vtc mcsf priority}"
 POLICIES="${POLICIES//,/ }"
+KNOWN="$(python -c 'from fairness import POLICIES; print(" ".join(sorted(POLICIES)))')"
+for pol in $POLICIES; do  # a typo found now, not after the runs before it
+  case " $KNOWN " in *" $pol "*) ;; *) echo "compare_fairness: unknown policy $pol (known: $KNOWN)" >&2; exit 2 ;; esac
+done
 
 run_one() {  # run_one MODE POLICY
   local mode="$1" pol="$2" rd="$OUT/run-$1-$2" extra=() pages

@@ -6,12 +6,14 @@ set -euo pipefail
 RUN_DIR="" TIMEOUT=40
 while [ $# -gt 0 ]; do
   case "$1" in
-    --run-dir) RUN_DIR="$2"; shift 2 ;;
-    --timeout) TIMEOUT="$2"; shift 2 ;;
+    -h|--help) sed -n '2,4p' "$0"; echo "usage: stop_cluster.sh --run-dir DIR [--timeout S]"; exit 0 ;;
+    --run-dir|--timeout) [ $# -ge 2 ] || { echo "stop_cluster: $1 needs a value" >&2; exit 2; }
+      if [ "$1" = --run-dir ]; then RUN_DIR="$2"; else TIMEOUT="$2"; fi; shift 2 ;;
     *) echo "stop_cluster: unknown option $1" >&2; exit 2 ;;
   esac
 done
-[ -n "$RUN_DIR" ] && [ -d "$RUN_DIR" ] || { echo "stop_cluster: --run-dir DIR is required" >&2; exit 2; }
+[ -n "$RUN_DIR" ] || { echo "stop_cluster: --run-dir DIR is required" >&2; exit 2; }
+[ -d "$RUN_DIR" ] || { echo "stop_cluster: no such run dir: $RUN_DIR" >&2; exit 2; }
 
 pids=()
 for role in router prefill decode colocated; do

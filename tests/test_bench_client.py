@@ -241,3 +241,22 @@ def test_counts_and_scales_must_be_positive(flag, value, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--workload", "multi-tenant", "--dry-run", "--duration", "1", flag, value])
     assert e.value.code == 2 and "above 0" in capsys.readouterr().err
+
+
+def test_serve_refuses_an_unwritable_out_and_explains_a_dead_url(capsys, tmp_path):
+    """--out is checked before any request is sent (the results of a whole run were lost to a
+    bad path), and a server that cannot be reached gets one readable line, not aiohttp's repr."""
+    import socket
+
+    from bench_client.cli import main as serve_main
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    assert serve_main(["--url", url, "--workload", "whale-minnow", "--out", str(tmp_path / "no/dir/r.json")]) == 2
+    assert "cannot write --out" in capsys.readouterr().err
+    assert serve_main(["--url", url, "--workload", "whale-minnow", "--out", str(tmp_path / "r.json")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("pdtb bench serve: cannot read") and "cannot connect" in err and "ConnectionKey" not in err
+    assert not (tmp_path / "r.json").exists()
