@@ -46,6 +46,8 @@ def parse(role: str, argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--reserve", action="append", default=[], metavar="PRIORITY=FRAC",
                     help="share of device pages reserved for requests of this priority or more urgent")
     ap.add_argument("--tenant-bw-cap", type=float, default=None, help="KV bytes/s one tenant's attention may read")
+    ap.add_argument("--victim", choices=["lru", "newest", "least_progress", "footprint"], default=None,
+                    help="eviction victim choice, overriding the policy's own (fairness/eviction.py)")
     ap.add_argument("--slo-ttft", action="append", default=[], metavar="CLASS=S",
                     help="TTFT target in seconds for a priority class ('*' for all)")
     ap.add_argument("--slo-tpot", action="append", default=[], metavar="CLASS=S", help="TPOT target in seconds")
@@ -96,6 +98,7 @@ def fairness_config(a: argparse.Namespace):
                               long_prompt_frac=a.long_prompt, active_window_s=a.active_window,
                               read_turn_steps=a.read_turn_steps, long_yield_steps=a.long_yield_steps,
                               class_reservations=_pairs(a.reserve, "--reserve", int), tenant_bw_cap=a.tenant_bw_cap,
+                              victim=a.victim,
                               slo_ttft_s=_pairs(a.slo_ttft, "--slo-ttft", int),
                               slo_tpot_s=_pairs(a.slo_tpot, "--slo-tpot", int))
     except ValueError as e:

@@ -8,7 +8,6 @@ views here), `step_order`, `pick_victim` (zero or more), `admission_order`, `may
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 from fairness import eviction
@@ -41,7 +40,8 @@ class BasePolicy:
 
     def __init__(self, config: FairnessConfig | None = None) -> None:
         self.cfg = config or FairnessConfig()
-        self._bw: dict[str, deque] = {}  # tenant -> (time, bytes) served in the cap window
+        self._bw: dict[str, tuple[float, float]] = {}  # tenant -> (bucket bytes, when last charged): the cap
+        self._bw_left: dict[str, float] = {}  # tenant -> bytes it may still read this step (with a cap)
         self.held: dict[str, Arrival] = {}  # arrivals deferred to the prefill side, by request id
         self.incoming: dict[str, Arrival] = {}  # placed on the device tier, pages RESERVED, not yet adopted
         self.running: list[Sequence] = []
@@ -56,7 +56,39 @@ class BasePolicy:
         return []
 
     def step_order(self, running: list[Sequence], state: SchedState) -> list[Sequence]:
-        return [s for s in running if not self._over_bw(s.tenant, state)]
+        """Running rows in order, within each tenant's bandwidth budget when a cap is set.
+
+        The budget is a token bucket per tenant: it refills at the cap (bytes/s) up to one
+        window's worth, and every row that steps costs the bytes its attention reads. A row
+        steps only if its cost fits the bucket, or, for a row costing more than a whole window,
+        when the bucket is full (the bucket then goes negative and refills before the tenant
+        reads again). Over any stretch a tenant reads at most the cap, plus one window of burst."""
+        if self.cfg.tenant_bw_cap is None:
+            return running
+        self._bw_left = {}
+        out = []
+        for s in running:
+            if self._bw_take(s.tenant, state.pages.get(s.request_id, 0) * state.page_bytes, state):
+                out.append(s)
+        return out
+
+    def _bw_take(self, tenant: str, nbytes: int, state: SchedState) -> bool:
+        """Reserve `nbytes` of `tenant`'s bucket for this step; False if it does not fit."""
+        burst = self.cfg.tenant_bw_cap * self.cfg.bw_window_s
+        left = self._bw_left.get(tenant)
+        if left is None:
+            left = self._bw_level(tenant, state)
+        if nbytes <= left or (nbytes > burst and left >= burst):
+            self._bw_left[tenant] = left - nbytes
+            return True
+        self._bw_left[tenant] = left
+        return False
+
+    def _bw_level(self, tenant: str, state: SchedState) -> float:
+        """The tenant's bucket now: refilled at the cap since it was last charged, at most a window."""
+        burst = self.cfg.tenant_bw_cap * self.cfg.bw_window_s
+        level, since = self._bw.get(tenant, (burst, state.now))
+        return min(burst, level + self.cfg.tenant_bw_cap * max(0.0, state.now - since))
 
     def chunk_limit(self, seq: Sequence, budget: int, state: SchedState) -> int:
         return budget
@@ -76,10 +108,27 @@ class BasePolicy:
             # A recompute starts only when its whole context fits: admitted chunk by chunk, it
             # would be the first victim again before its prefill ends, and the work is lost.
             need_pages = max(need_pages, -(-(seq.num_tokens + 1) // state.page_size))
-        return need_pages + headroom <= state.device_free
+        if need_pages + headroom > state.device_free:
+            return False
+        if self.cfg.tenant_bw_cap is not None:  # its first step reads its pages too
+            return self._bw_take(seq.tenant, (state.pages.get(seq.request_id, 0) + need_pages) * state.page_bytes, state)
+        return True
 
     def pick_victim(self, candidates: list[Sequence], requester: Sequence, state: SchedState) -> Sequence:
-        return self.choose_victim(self.spare_oldest(candidates, state), requester, state)
+        candidates = self.spare_oldest(candidates, state)
+        if self.cfg.victim is not None:  # the victim choice, swapped in by name (--victim)
+            return self._named_victim(candidates, state)
+        return self.choose_victim(candidates, requester, state)
+
+    def _named_victim(self, candidates: list[Sequence], state: SchedState) -> Sequence:
+        from fairness.quotas import entitlements, tenant_usage
+
+        if self.cfg.victim != "footprint":
+            return eviction.VICTIMS[self.cfg.victim](candidates, state)
+        tenants = {s.tenant for s in self.running} | {s.tenant for s in self.candidates}
+        ent = entitlements(tenants, self.cfg, state.device_total)
+        use = tenant_usage(self.running, state)
+        return eviction.footprint(candidates, state, {t: use.get(t, 0) / e for t, e in ent.items() if e > 0})
 
     def choose_victim(self, candidates: list[Sequence], requester: Sequence, state: SchedState) -> Sequence:
         """The policy's victim among `candidates` (never empty)."""
@@ -107,9 +156,11 @@ class BasePolicy:
     def on_step(self, chunks: list, state: SchedState) -> None:
         if self.cfg.tenant_bw_cap is None:
             return
+        spent: dict[str, int] = {}
         for c in chunks:  # attention reads every page of the request once per step
-            nbytes = state.pages.get(c.seq.request_id, 0) * state.page_bytes
-            self._bw.setdefault(c.seq.tenant, deque()).append((state.now, nbytes))
+            spent[c.seq.tenant] = spent.get(c.seq.tenant, 0) + state.pages.get(c.seq.request_id, 0) * state.page_bytes
+        for t, nbytes in spent.items():
+            self._bw[t] = (self._bw_level(t, state) - nbytes, state.now)
 
     # ---- arrivals of inherited requests (decode side) ---------------------------------------------
     def place_arrival(self, arrival: Arrival, queued: int, state: SchedState) -> str:
@@ -156,11 +207,3 @@ class BasePolicy:
         return list(self.held.values())
 
     # ---- helpers --------------------------------------------------------------------------------
-    def _over_bw(self, tenant: str, state: SchedState) -> bool:
-        cap = self.cfg.tenant_bw_cap
-        q = self._bw.get(tenant)
-        if cap is None or not q:
-            return False
-        while q and q[0][0] < state.now - self.cfg.bw_window_s:
-            q.popleft()
-        return sum(b for _, b in q) > cap * self.cfg.bw_window_s

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+VICTIM_NAMES = ("lru", "newest", "least_progress", "footprint")  # fairness/eviction.py
+
 
 @dataclass(frozen=True)
 class FairnessConfig:
@@ -18,6 +20,7 @@ class FairnessConfig:
     dynamic_quota: bool = False  # per-request cap grows with the request's length, up to the pool
     class_reservations: dict = field(default_factory=dict)  # priority -> share of device pages reserved for <= it
     tenant_bw_cap: float | None = None  # KV bytes/s one tenant's attention may read (None: no cap)
+    victim: str | None = None  # eviction victim choice overriding the policy's: lru, newest, least_progress, footprint
     bw_window_s: float = 1.0  # window of the bandwidth cap
     aging_s: float = 2.0  # priority policy: one class of boost per this many seconds of waiting
     vtc_input_weight: float = 1.0  # VTC charge per input token
@@ -44,6 +47,8 @@ class FairnessConfig:
             raise ValueError("class reservations add up to more than the pool")
         if self.tenant_bw_cap is not None and self.tenant_bw_cap <= 0:
             raise ValueError("tenant_bw_cap must be positive")
+        if self.victim is not None and self.victim not in VICTIM_NAMES:
+            raise ValueError(f"victim must be one of {', '.join(VICTIM_NAMES)}, got {self.victim!r}")
 
     def weight(self, tenant: str) -> float:
         return float(self.tenant_weights.get(tenant, 1.0))

@@ -69,25 +69,37 @@ class MemFairPolicy(BasePolicy):
     def reclaim(self, running, candidates, state):
         super().reclaim(running, candidates, state)
         self._refresh(running, candidates, state)
-        # Everyone waiting for device pages: local candidates and arrivals held at prefill.
-        wants = [(c.tenant, self._need_now(c, state), c.arrival_time) for c in candidates]
-        wants += [(h.tenant, h.num_pages + 1, h.first_seen) for h in self.held.values()]
+        # Everyone waiting for device pages: local candidates and arrivals held at prefill, with
+        # whether the per-request cap would let them in at all (may_admit's test: reclaiming
+        # for a request the cap then refuses only moves a borrower for nothing).
+        contended = len(self.ent) > 1
+        wants = []
+        for c in candidates:
+            need = self._need_now(c, state)
+            cap_ok = not contended or state.pages.get(c.request_id, 0) + need <= request_cap(c, self.cfg, state)
+            wants.append((c.tenant, need, c.arrival_time, cap_ok))
+        for h in self.held.values():
+            cap = request_cap_tokens(h.num_tokens or h.num_pages * state.page_size, self.cfg, state)
+            wants.append((h.tenant, h.num_pages + 1, h.first_seen, not contended or h.num_pages <= cap))
         wants.sort(key=lambda w: (self.over.get(w[0], 0.0), w[2]))
         victims: list[Sequence] = []
         free, use, host_free = state.device_free, dict(self.use), state.host_free
-        for tenant, need, _ in wants:
-            if need <= free:
+        for tenant, need, _, cap_ok in wants:
+            # the page per running request for its next token (BasePolicy.may_admit) comes first:
+            # without it the rows that step before admission take the pages freed here
+            headroom = len(running) - len(victims)
+            if need + headroom <= free:
                 free -= need  # it will fit without anyone leaving
                 use[tenant] = use.get(tenant, 0) + need
                 continue
-            if use.get(tenant, 0) + need > self.ent.get(tenant, 0):
-                continue  # beyond its own share: it waits for free pages, it does not reclaim
+            if not cap_ok or use.get(tenant, 0) + need > self.ent.get(tenant, 0):
+                continue  # beyond its cap or its own share: it waits for free pages, it does not reclaim
             # Reclaim demotes borrowers to the host tier; it never drops computed KV for
             # recompute (a quota is not worth lost work, and a borrower preempted for a
             # candidate that is then not admitted would redo its prefill again and again).
             pool = [s for s in running if s not in victims and use.get(s.tenant, 0) > self.ent.get(s.tenant, 0)
                     and s.num_computed_tokens > 0]
-            while need > free and pool:
+            while need + len(running) - len(victims) > free and pool:
                 over = {t: use.get(t, 0) / e for t, e in self.ent.items() if e > 0}
                 v = eviction.footprint(pool, state, over)
                 pool.remove(v)
@@ -98,7 +110,7 @@ class MemFairPolicy(BasePolicy):
                 victims.append(v)
                 use[v.tenant] -= pages
                 free += pages
-            if need <= free:
+            if need + len(running) - len(victims) <= free:
                 free -= need
                 use[tenant] = use.get(tenant, 0) + need
         return victims

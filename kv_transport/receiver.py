@@ -185,6 +185,9 @@ class ReceiverCore(EndpointCore):
 
     def _on_bad_message(self, peer: bytes | None, e: WireError) -> None:
         log.warning("receiver: bad message from %r discarded: %s", peer, e)
+        for tid in e.batch_ids:  # a batch whose payloads do not add up: every transfer in it fails now
+            if tid not in self._history and tid not in self._live:
+                self._reply(peer, Nack(tid, "bad_message", str(e)), "nack")
         tid = e.transfer_id
         if tid is None or tid in self._history:
             return

@@ -265,7 +265,11 @@ def _dec_batch(f: Fields, payloads: list, limits: WireLimits) -> TransferBatch:
     for h in headers:
         if h.mode != "inline":
             raise WireFieldError("mode", "batched transfers must be inline", h.transfer_id)
-    _check_payloads(payloads, [h.payload_bytes for h in headers], None)
+    try:
+        _check_payloads(payloads, [h.payload_bytes for h in headers], None)
+    except WireSizeError as e:
+        e.batch_ids = tuple(h.transfer_id for h in headers)  # NACK each, not leave them to time out
+        raise
     return TransferBatch(headers)
 
 

@@ -22,6 +22,7 @@ class WireError(ValueError):
         super().__init__(f"{field}: {detail}")
         self.field = field
         self.transfer_id = transfer_id
+        self.batch_ids: tuple[str, ...] = ()  # a bad batch: the transfers it carried (each is NACKed)
 
 
 class WireVersionError(WireError):

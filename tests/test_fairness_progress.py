@@ -105,3 +105,22 @@ def test_a_request_demoted_for_another_is_not_promoted_in_the_same_step():
         assert not demoted & promoted
         apply_step(sched, out)
         check_conservation(sched)
+
+
+def test_memfair_reclaims_enough_for_the_request_it_reclaims_for():
+    """Reclaim plans with may_admit's own test (the page per running request, the cap): it
+    used to demote one borrower per step, each time too few pages for the newcomer once the
+    running rows had grown, which then waited 6 steps and cost 3 demotions."""
+    sched = make_scheduler(make_policy("memfair"), num_pages=20, host_pages=40, budget=64)
+    for k in range(6):  # tenant a: six decoding requests of 3 pages (18 of 20; its share is 10)
+        s = make_request(11, 30, tenant="a", rid=f"a{k}", arrival=float(k))
+        s.num_computed_tokens = 11
+        s.token_ids.append(7)
+        sched.pool.allocate(s.request_id, 3)
+        sched.add_running(s)
+    b = make_request(16, 4, tenant="b", rid="b", arrival=10.0)  # 4 pages, well within b's share
+    sched.add(b)
+    out = sched.schedule()
+    assert b.status == SeqStatus.RUNNING, [(m.request_id, m.kind) for m in out.moves]
+    apply_step(sched, out)
+    check_conservation(sched)

@@ -423,3 +423,21 @@ def test_close_refuses_new_transfers_on_both_sides():
             p.tx.send(p.export(2))
         await closing
     run(body())
+
+
+def test_a_truncated_batch_fails_every_transfer_in_it_at_once():
+    """A batch of small transfers whose payload frames do not add up is NACKed transfer by
+    transfer: each fails now with the reason, none waits out its timeout."""
+    async def body():
+        async with Pair(tx_faults=FaultConfig(truncate_prob=1, kinds=("batch",), max_faults=1)) as p:
+            exports = [p.export(1) for _ in range(6)]
+            t0 = time.monotonic()
+            tids = [p.tx.send(e) for e in exports]
+            states = [await p.tx.wait(t, TIMEOUT + 2) for t in tids]
+            failed = [s for s in states if s.state is TransferState.FAILED]
+            assert failed and all("payload" in s.reason for s in failed), [s.reason for s in failed]
+            assert time.monotonic() - t0 < TIMEOUT  # NACKed, not timed out
+            await p.settle()
+            p.assert_clean()
+            await p.assert_next_transfer_ok()
+    run(body())
