@@ -72,10 +72,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.klass + ' ITL p99 ms':>17} {'x' + a.baseline:>7} {'output tok/s':>12} {'x' + a.baseline:>7} {'failed':>6}"
           f" {'fair-share worst':>16}"
           f"{'  ' + a.cost_class + ' TTFT p50 ms' if costs else ''}{'  ' + a.cost_class + ' TPOT p50 ms' if costs else ''}")
+    labels = [(r["mode"], r["policy"]) for r in rows]
     for r in sorted(rows, key=lambda r: (r["mode"] or "", r["policy"] != a.baseline, r["policy"] or "")):
+        twin = labels.count((r["mode"], r["policy"])) > 1  # same labels: say which file it is
         print(f"{r['mode'] or '?':10} {r['policy'] or '?':9} {_f(r['ttft_p99_ms']):>18} {_f(r['ttft_p99_ms_ratio'], 2):>7} "
               f"{_f(r['itl_p99_ms']):>17} {_f(r['itl_p99_ms_ratio'], 2):>7} {_f(r['tok_s']):>12} "
               f"{_f(r['tok_s_ratio'], 2):>7} {r['failed']:>6} {_f(r['share_jain_min'], 3):>16}"
               + (f"  {_f(r['cost_ttft_p50_ms']):>{len(a.cost_class) + 12}}  {_f(r['cost_tpot_p50_ms']):>{len(a.cost_class) + 12}}"
-                 if costs else ""))
+                 if costs else "") + (f"  ({r['file']})" if twin else ""))
     return 0

@@ -75,7 +75,9 @@ def format_table(summary: dict) -> str:
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
     out = [line(_COLUMNS), line(["-" * w for w in widths])] + [line(r) for r in rows]
     f, o = summary["fairness"], summary["overall"]
-    out.append(f"goodput {fmt(o['goodput_rps'], 2)} req/s  fair-share Jain {fmt(f.get('share_jain_mean'), 3)} "
+    # goodput only means something against SLOs (without them it is the request rate), as vLLM prints it
+    good = f"goodput {fmt(o['goodput_rps'], 2)} req/s  " if o.get("slo_attainment") is not None else ""
+    out.append(f"{good}fair-share Jain {fmt(f.get('share_jain_mean'), 3)} "
                f"(worst window {fmt(f.get('share_jain_min'), 3)})  Jain(completed/demanded) {fmt(f['jain_index'], 3)}  "
                f"max service gap {fmt(f['max_service_gap'], 0)} (window {f['window_s']} s)  "
                f"duration {fmt(summary.get('duration_s'), 1)} s")

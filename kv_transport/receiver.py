@@ -173,15 +173,28 @@ class ReceiverCore(EndpointCore):
             if acked:
                 self._reply(peer, Ack(acked), "ack")
         elif isinstance(m, KVChunk):
+            if self._foreign(peer, m.transfer_id, "chunk"):
+                return
             await self._on_chunk(m, d.payloads[0])
         elif isinstance(m, Cancel):
             inb = self._live.get(m.transfer_id)
             if inb is None:
                 log.info("receiver: late cancel for %s discarded", m.transfer_id)
+            elif self._foreign(peer, m.transfer_id, "cancel"):
+                return
             else:
                 self._fail(inb, "cancelled", f"sender cancelled: {m.reason}", nack=False)
         else:
             log.warning("receiver: unexpected %s from %r discarded", type(m).__name__, peer)
+
+    def _foreign(self, peer: bytes | None, transfer_id: str, kind: str) -> bool:
+        """A chunk or Cancel for a live transfer from another connection than its header's:
+        discarded (only the sender that announced a transfer may feed or end it)."""
+        inb = self._live.get(transfer_id)
+        if inb is None or peer is None or inb.peer is None or peer == inb.peer:
+            return False
+        log.warning("receiver: %s for %s from another connection than its header's discarded", kind, transfer_id)
+        return True
 
     def _on_bad_message(self, peer: bytes | None, e: WireError) -> None:
         log.warning("receiver: bad message from %r discarded: %s", peer, e)

@@ -54,3 +54,43 @@ def test_zmq_fault_then_recovery(faults, reason, tmp_path):
             await tx.close()
             await rx.close()
     asyncio.run(asyncio.wait_for(body(), 20))
+
+
+def test_a_cancel_from_another_connection_is_discarded(tmp_path):
+    """Only the connection that announced a transfer may feed or cancel it: a Cancel for a
+    live transfer id sent over another socket is discarded, the transfer completes (a review
+    found any peer could end any transfer)."""
+    import zmq
+
+    from kv_transport.wire import Cancel, encode
+
+    config = TransportConfig(endpoint=f"ipc://{tmp_path}/kv.sock", chunk_bytes=2 * PAGE, window=1,
+                             inline_max_bytes=PAGE, transfer_timeout_s=5.0, tick_s=0.01)
+    src, dst = make_pool(64, seed=5), make_pool(64)
+    slow = FaultConfig(delay_prob=1, delay_s=0.03, kinds=("chunk",))
+
+    async def body():
+        rx = ZmqReceiver(config, dst)
+        await rx.start()
+        tx = ZmqSender(dataclasses.replace(config, endpoint=rx.endpoint, faults=slow), TINY_SPEC)
+        await tx.start()
+        ctx = zmq.Context()
+        other = ctx.socket(zmq.DEALER)
+        other.setsockopt(zmq.LINGER, 0)
+        other.connect(rx.endpoint)
+        try:
+            export = make_export(src, "victim", 12)
+            tid = tx.send(export)
+            while dst.state_counts()["reserved"] == 0:
+                await asyncio.sleep(0.005)
+            other.send_multipart(encode(Cancel(tid, "not yours")))
+            status = await tx.wait(tid, 5.0)
+            assert status.state is TransferState.DONE, status.reason
+            got = await rx.next_completed(2.0)
+            assert torch.equal(dst.export_pages(got.pages), export.data)
+        finally:
+            other.close()
+            ctx.term()
+            await tx.close()
+            await rx.close()
+    asyncio.run(asyncio.wait_for(body(), 20))
