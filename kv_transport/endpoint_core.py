@@ -68,9 +68,14 @@ class EndpointCore:
 
     # ---- supervision ------------------------------------------------------------------------
     async def _start_tasks(self, *coros) -> None:
-        if self._started:
-            raise TransportError(f"{self.role} already started")
-        await self._open()
+        try:
+            if self._started:
+                raise TransportError(f"{self.role} already started")
+            await self._open()
+        except BaseException:
+            for coro in coros:  # never started: close them (no "never awaited" warnings)
+                coro.close()
+            raise
         self._started = True
         for coro in coros:
             task = asyncio.create_task(coro, name=f"kv-{self.role}-{coro.__name__}")

@@ -109,6 +109,34 @@ class ZmqSender(SenderCore):
             self._ctx.term()
 
 
+def _inode(endpoint: str) -> tuple[int, int] | None:
+    """(device, inode) of an ipc endpoint's socket file, or None."""
+    if not endpoint.startswith("ipc://"):
+        return None
+    try:
+        st = os.stat(endpoint[len("ipc://"):])
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _ipc_in_use(endpoint: str) -> bool:
+    """True if a process accepts connections on this ipc endpoint's path now."""
+    import socket
+
+    if not endpoint.startswith("ipc://") or _inode(endpoint) is None:
+        return False
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(endpoint[len("ipc://"):])
+        return True
+    except OSError:  # refused or stale: a dead process's file, safe to bind over
+        return False
+    finally:
+        s.close()
+
+
 class ZmqReceiver(ReceiverCore):
     """ReceiverCore over a ROUTER socket bound to `config.endpoint`.
 
@@ -134,6 +162,10 @@ class ZmqReceiver(ReceiverCore):
             from cluster.security import CurveKeys, secure_server
 
             secure_server(s, CurveKeys.load(self.config.curve_dir))
+        if _ipc_in_use(self.config.endpoint):
+            s.close(linger=0)
+            raise TransportError(f"cannot bind {self.config.endpoint}: another process is listening there "
+                                 f"(libzmq would silently take the path over)")
         try:
             s.bind(bind_address(self.config.endpoint))
         except zmq.ZMQError as e:
@@ -141,6 +173,7 @@ class ZmqReceiver(ReceiverCore):
             raise TransportError(f"cannot bind {self.config.endpoint}: {e}") from e
         self._sock = s
         self.endpoint = s.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self._ipc_inode = _inode(self.endpoint)
 
     def _write(self, frames: list, peer: bytes | None):
         return self._sock.send_multipart([peer, *frames], copy=False)
@@ -159,6 +192,7 @@ class ZmqReceiver(ReceiverCore):
             self._sock.close(linger=0)
         if self._own_ctx:
             self._ctx.term()
-        if self._sock is not None and self.endpoint.startswith("ipc:///"):
-            with contextlib.suppress(OSError):  # the socket file we bound; libzmq may leave it
+        if self._sock is not None and self.endpoint.startswith("ipc:///") and \
+                _inode(self.endpoint) == getattr(self, "_ipc_inode", None):
+            with contextlib.suppress(OSError):  # the socket file we bound (not a successor's); libzmq may leave it
                 os.unlink(self.endpoint[len("ipc://"):])

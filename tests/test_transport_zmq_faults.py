@@ -94,3 +94,24 @@ def test_a_cancel_from_another_connection_is_discarded(tmp_path):
             await tx.close()
             await rx.close()
     asyncio.run(asyncio.wait_for(body(), 20))
+
+
+def test_a_second_receiver_cannot_take_over_a_live_ipc_path(tmp_path):
+    """libzmq binds over an ipc path another process listens on, silently, and the first
+    receiver's close then unlinks the second's socket file (a review's restart case). Now the
+    second bind is refused while the first lives, and succeeds over a dead one's stale file."""
+    from kv_transport.base import TransportError
+
+    endpoint = f"ipc://{tmp_path}/shared.sock"
+
+    async def body():
+        first = ZmqReceiver(TransportConfig(endpoint=endpoint), make_pool(8))
+        await first.start()
+        with pytest.raises(TransportError, match="listening"):
+            await ZmqReceiver(TransportConfig(endpoint=endpoint), make_pool(8)).start()
+        await first.close()
+        open(f"{tmp_path}/shared.sock", "w").close()  # a stale file, nobody listening
+        second = ZmqReceiver(TransportConfig(endpoint=endpoint), make_pool(8))
+        await second.start()
+        await second.close()
+    asyncio.run(asyncio.wait_for(body(), 20))
