@@ -40,6 +40,8 @@ class McsfPolicy(BasePolicy):
     def reclaim(self, running, candidates, state):
         super().reclaim(running, candidates, state)
         self.planned = [(s.num_tokens, self.predictor(s)) for s in running]
+        # arrivals placed on the device tier whose pages are still landing are in the plan too
+        self.planned += [(a.num_tokens, max(1, a.max_new_tokens)) for a in self.incoming.values() if a.num_tokens]
         return []
 
     def admission_order(self, candidates, state):
