@@ -13,9 +13,11 @@ ignore_eos, priority, return_token_ids, stop_token_ids):
                          (joined); null content only for an assistant turn
   max_completion_tokens  (or the older max_tokens) positive int
   add_generation_prompt  (vLLM) default true: end the prompt with the assistant's turn header
+  chat_template_kwargs   (vLLM) extra variables for the template, e.g. {"enable_thinking": false}
+Without max_tokens the reply may use the rest of the context (vLLM's chat default).
 Refused with 400, because they change the response or are not implemented: n != 1, logprobs,
 top_logprobs, tools, tool_choice, functions, function_call, non-text response_format,
-parallel_tool_calls, continue_final_message, a message with tool_calls, non-text content
+parallel_tool_calls, continue_final_message, echo, a message with tool_calls, non-text content
 parts, and the non-neutral sampling fields /v1/completions refuses.
 """
 from __future__ import annotations
@@ -26,6 +28,8 @@ from router.openai_api import (NEUTRAL, CompletionRequest, _check_unicode, bad_r
                                generation_fields, load_body)
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+RESERVED_TEMPLATE_VARS = frozenset({"messages", "add_generation_prompt", "tools", "documents", "bos_token",
+                                    "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token"})
 MAX_MESSAGES = 4096
 
 
@@ -35,6 +39,7 @@ class ChatPrompt:
 
     messages: tuple[dict, ...]  # {"role": str, "content": str[, "name": str]}, content as one string
     add_generation_prompt: bool = True  # end with the assistant's turn header
+    template_kwargs: tuple[tuple[str, object], ...] = ()  # chat_template_kwargs (vLLM): extra template variables
 
 
 def _content(value, i: int) -> str:
@@ -64,6 +69,8 @@ def _message(m, i: int) -> dict:
     if content is None and role != "assistant":
         raise bad_request("'content' is required", f"messages[{i}].content")
     out = {"role": role, "content": "" if content is None else _content(content, i)}
+    if isinstance(content, list):  # kept for templates that loop over parts (chat_template.py)
+        out["parts"] = [p["text"] for p in content]
     name = m.get("name")
     if name is not None:
         if not isinstance(name, str):
@@ -88,6 +95,8 @@ def _reject_unsupported(body: dict) -> None:
         raise bad_request("'logprobs' is not supported", "logprobs")
     if body.get("continue_final_message"):
         raise bad_request("'continue_final_message' is not supported", "continue_final_message")
+    if body.get("echo"):
+        raise bad_request("'echo' is not supported", "echo")
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
         raise bad_request("only the 'text' response_format is supported", "response_format")
@@ -109,7 +118,12 @@ def parse_chat_request(raw: bytes, served_name: str, vocab_size: int) -> Complet
     agp = body.get("add_generation_prompt", True)
     if not isinstance(agp, bool):
         raise bad_request("'add_generation_prompt' must be a boolean", "add_generation_prompt")
-    prompt = ChatPrompt(tuple(_message(m, i) for i, m in enumerate(messages)), agp)
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kwargs) \
+            or RESERVED_TEMPLATE_VARS & set(kwargs):
+        raise bad_request("'chat_template_kwargs' must be an object of template variables (not "
+                          f"{', '.join(sorted(RESERVED_TEMPLATE_VARS))})", "chat_template_kwargs")
+    prompt = ChatPrompt(tuple(_message(m, i) for i, m in enumerate(messages)), agp, tuple(kwargs.items()))
     return CompletionRequest(model=model, prompt=prompt, **fields)
 
 

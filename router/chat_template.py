@@ -17,6 +17,9 @@ A checkpoint with none cannot serve /v1/chat/completions (400 naming the flag), 
 from __future__ import annotations
 
 import json
+import logging
+import re
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -24,6 +27,13 @@ import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+log = logging.getLogger(__name__)
+SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
+# A template that loops over a message's content expects OpenAI's list of parts, not a string
+# (vLLM detects the same; given a string, such a loop would walk its characters).
+_ITERATES_CONTENT = re.compile(r"\{%-?\s*for\s+\w+\s+in\s+\w+(\[\s*['\"]content['\"]\s*\]|\.content)\s*-?%\}")
 
 
 class ChatTemplateError(ValueError):
@@ -65,19 +75,39 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template does not compile: {e}") from None
         self.source = source
         self.special_tokens = dict(special_tokens or {})
+        self.parts_content = bool(_ITERATES_CONTENT.search(source))  # content as [{"type": "text", ...}]
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text of `messages`. Raises ChatTemplateError when the template refuses
-        the conversation (e.g. roles that do not alternate) or fails on it."""
+    def _shape(self, m: dict) -> dict:
+        """A message as the template expects it: content a string, or a list of text parts."""
+        out = {k: v for k, v in m.items() if k != "parts"}
+        if self.parts_content:
+            texts = m.get("parts") if m.get("parts") is not None else [m["content"]]
+            out["content"] = [{"type": "text", "text": t} for t in texts]
+        return out
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, extra: dict | None = None,
+               max_chars: int | None = None, deadline: float | None = None) -> str:
+        """The prompt text of `messages` (`extra`: more template variables). Rendering stops
+        with ChatTemplateError past `max_chars` characters of output or past the monotonic
+        `deadline`, and when the template refuses the conversation (raise_exception, e.g.
+        roles that do not alternate) or fails on it."""
+        out, n = [], 0
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         tools=None, documents=None, **self.special_tokens)
+            for piece in self._template.generate(messages=[self._shape(m) for m in messages],
+                                                 add_generation_prompt=add_generation_prompt, tools=None,
+                                                 documents=None, **self.special_tokens, **(extra or {})):
+                out.append(piece)
+                n += len(piece)
+                if max_chars is not None and n > max_chars:
+                    raise ChatTemplateError(f"the rendered conversation passes {max_chars} characters, "
+                                            f"more than the context can hold")
+                if deadline is not None and time.monotonic() > deadline:
+                    raise ChatTemplateError("the chat template took too long on this conversation")
         except ChatTemplateError:
             raise
-        except jinja2.TemplateError as e:
-            raise ChatTemplateError(f"chat template failed on this conversation: {e}") from None
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        except Exception as e:  # anything the template does wrong is the request's error, not a 500
             raise ChatTemplateError(f"chat template failed on this conversation: {type(e).__name__}: {e}") from None
+        return "".join(out)
 
 
 def _token_text(v) -> str | None:
@@ -86,19 +116,31 @@ def _token_text(v) -> str | None:
     return v if isinstance(v, str) else None
 
 
-def special_tokens_of(model_dir: str | Path) -> dict[str, str]:
-    """bos_token, eos_token, ... as tokenizer_config.json names them (what templates use)."""
+def _json(path: Path) -> dict:
     try:
-        cfg = json.loads((Path(model_dir) / "tokenizer_config.json").read_text())
+        d = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(cfg, dict):
-        return {}
-    out = {}
-    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
-        text = _token_text(cfg.get(key))
-        if text is not None:
-            out[key] = text
+    return d if isinstance(d, dict) else {}
+
+
+def special_tokens_of(model_dir: str | Path) -> dict:
+    """bos_token, eos_token, ... and additional_special_tokens, as transformers passes them to
+    templates: tokenizer_config.json, then the older special_tokens_map.json for what it lacks."""
+    d = Path(model_dir)
+    sources = (_json(d / "tokenizer_config.json"), _json(d / "special_tokens_map.json"))
+    out: dict = {}
+    for key in SPECIAL_KEYS:
+        for src in sources:
+            text = _token_text(src.get(key))
+            if text is not None:
+                out[key] = text
+                break
+    for src in sources:
+        extra = src.get("additional_special_tokens")
+        if isinstance(extra, list):
+            out["additional_special_tokens"] = [t for t in map(_token_text, extra) if t is not None]
+            break
     return out
 
 
@@ -129,6 +171,16 @@ def find_chat_template_source(model_dir: str | Path, override: str | None = None
 
 
 def load_chat_template(model_dir: str | Path, override: str | None = None) -> ChatTemplate | None:
-    """The model's chat template, compiled, or None when it has none."""
+    """The model's chat template, compiled, or None when it has none. A checkpoint's template
+    that does not compile disables chat (with a warning) rather than the whole router; one
+    given with --chat-template is an error."""
     source = find_chat_template_source(model_dir, override)
-    return None if source is None else ChatTemplate(source, special_tokens_of(model_dir))
+    if source is None:
+        return None
+    try:
+        return ChatTemplate(source, special_tokens_of(model_dir))
+    except ChatTemplateError as e:
+        if override:
+            raise
+        log.warning("the checkpoint's chat template is unusable, /v1/chat/completions is off: %s", e)
+        return None

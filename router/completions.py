@@ -98,7 +98,7 @@ class CompletionRun:
         """The output, one Piece per node event. Raises RequestFailed. Use with `aclosing`."""
         registry, metrics = self.state.registry, self.state.metrics
         out = OutputText(self.state.model.tokenizer, self.req.stop)
-        finished_by_node, reason, last = False, "client disconnected", None
+        finished_by_node, reason, last, stop_id = False, "client disconnected", None, None
         try:
             while True:
                 try:
@@ -111,7 +111,10 @@ class CompletionRun:
                     raise RequestFailed(500, f"request {reason}")
                 now = time.monotonic()
                 last = self._observe(ev, now, last)
-                delta = out.add(ev.token_ids)
+                ids = ev.token_ids
+                if ev.finished and ids and ev.finish_reason == "stop" and ids[-1] in self.req.stop_token_ids:
+                    stop_id, ids = ids[-1], ids[:-1]  # as vLLM: a stop token's text is not output
+                delta = out.add(ids)
                 finished_by_node = ev.finished
                 if ev.finished and not delta.stopped:
                     tail = out.finish()
@@ -120,7 +123,7 @@ class CompletionRun:
                     reason = "stop string matched"
                     metrics.e2e.observe(now - self.arrival)
                     finish = "stop" if delta.stopped else (ev.finish_reason or "stop")
-                    yield Piece(delta.text, ev.token_ids, finish, ev.timing or {}, self._stop_reason(out, finish))
+                    yield Piece(delta.text, ev.token_ids, finish, ev.timing or {}, self._stop_reason(out, finish, stop_id))
                     return
                 yield Piece(delta.text, ev.token_ids)
         finally:
@@ -141,15 +144,12 @@ class CompletionRun:
         self.state.registry.release(self.handle)
         self.released = True
 
-    def _stop_reason(self, out: OutputText, finish: str) -> str | int | None:
+    def _stop_reason(self, out: OutputText, finish: str, stop_id: int | None) -> str | int | None:
         """vLLM's `stop_reason`: the stop string matched, or the stop token id sampled last;
         None for an end-of-sequence token, a length limit or an error."""
         if out.stops.stopped:
             return out.stops.matched
-        ids = out.token_ids
-        if finish == "stop" and ids and ids[-1] in self.req.stop_token_ids:
-            return ids[-1]
-        return None
+        return stop_id if finish == "stop" else None
 
     def _observe(self, ev, now: float, last: float | None) -> float | None:
         """Count the event's tokens; returns the time of the latest token batch."""

@@ -231,8 +231,9 @@ def check_lengths(req: CompletionRequest, num_prompt_tokens: int, max_model_len:
     if num_prompt_tokens >= max_model_len:
         raise bad_request(f"This model's maximum context length is {max_model_len} tokens; the prompt has "
                           f"{num_prompt_tokens} tokens, which leaves no room for output.", "prompt")
-    if req.max_tokens is None:
-        return min(DEFAULT_MAX_TOKENS, max_model_len - num_prompt_tokens)
+    if req.max_tokens is None:  # chat: the rest of the context, as vLLM (a reply is not cut at 16)
+        default = max_model_len - num_prompt_tokens if not isinstance(req.prompt, (str, tuple)) else DEFAULT_MAX_TOKENS
+        return min(default, max_model_len - num_prompt_tokens)
     if num_prompt_tokens + req.max_tokens > max_model_len:
         raise bad_request(f"This model's maximum context length is {max_model_len} tokens. However, you "
                           f"requested {num_prompt_tokens + req.max_tokens} tokens ({num_prompt_tokens} in the "

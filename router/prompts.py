@@ -1,22 +1,24 @@
 """A request's prompt as token ids: token ids as given, a text tokenized, or a conversation
 rendered by the model's chat template and then tokenized.
 
-A text that cannot fit the context is refused before tokenizing, and long inputs are rendered
-and tokenized in a thread: a 3 MB prompt took 3 s on the event loop, long enough for the
-router to miss node pings and fail other clients' requests. A chat template writes its own
+A text that cannot fit the context is refused before tokenizing, long texts are tokenized in a
+thread (a 3 MB prompt took 3 s on the event loop, long enough for the router to miss node pings
+and fail other clients' requests), and every conversation is rendered in a thread, bounded in
+time and in output size. A chat template writes its own
 special tokens (BOS), so its text is tokenized without adding any, as vLLM does.
 """
 from __future__ import annotations
 
 import asyncio
+import time
 
 from router.chat_api import ChatPrompt
 from router.chat_template import ChatTemplateError
 from router.config import ServedModel
 from router.openai_api import bad_request
 
-THREAD_CHARS = 16_384  # longer inputs are rendered and tokenized off the event loop
-THREAD_MESSAGES = 64  # conversations longer than this are rendered off the event loop
+THREAD_CHARS = 16_384  # longer texts are tokenized off the event loop (conversations always render off it)
+RENDER_TIMEOUT_S = 5.0  # a chat template that renders longer than this is the request's 400
 
 
 async def prompt_ids_of(model: ServedModel, prompt) -> list[int]:
@@ -43,14 +45,17 @@ async def _render(model: ServedModel, prompt: ChatPrompt) -> str:
         raise bad_request(f"This model's maximum context length is {model.max_model_len} tokens; the messages "
                           f"have {chars} characters, more than that many tokens can hold.", "messages")
 
+    deadline = time.monotonic() + RENDER_TIMEOUT_S
+
     def render() -> str:
-        return model.chat_template.render(list(prompt.messages), prompt.add_generation_prompt)
-    try:
-        if chars > THREAD_CHARS or len(prompt.messages) > THREAD_MESSAGES:
-            return await asyncio.to_thread(render)
-        return render()
+        return model.chat_template.render(list(prompt.messages), prompt.add_generation_prompt,
+                                          dict(prompt.template_kwargs), model.max_prompt_chars, deadline)
+    try:  # always off the loop: a template is a program, and some are slow
+        return await asyncio.wait_for(asyncio.to_thread(render), RENDER_TIMEOUT_S + 1.0)
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
+    except asyncio.TimeoutError:
+        raise bad_request("the chat template took too long on this conversation", "messages") from None
 
 
 async def _encode(model: ServedModel, text: str, add_special_tokens: bool) -> list[int]:

@@ -55,6 +55,23 @@ def check_chat_against_hf(url: str, model_dir: str, hf_model, max_tokens: int = 
     assert r.choices[0].message.content == tok.decode(want, skip_special_tokens=True)
 
 
+def check_stop_token(url: str, hf_model, prompt: list[int], max_tokens: int = 12) -> None:
+    """A stop token id ends the output at its first occurrence; its id is in token_ids and
+    stop_reason, its text is not in the text (as vLLM)."""
+    import transformers
+
+    want = hf_greedy(hf_model, prompt, max_tokens, ignore_eos=True)
+    stop = want[4]
+    k = want.index(stop)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
+    r = client.completions.create(model=client.models.list().data[0].id, prompt=prompt, max_tokens=max_tokens,
+                                  temperature=0, extra_body={**EXTRA, "stop_token_ids": [stop]})
+    c = r.choices[0]
+    assert c.token_ids == want[:k + 1] and c.finish_reason == "stop" and c.model_extra["stop_reason"] == stop
+    tok = transformers.AutoTokenizer.from_pretrained(hf_model.name_or_path)
+    assert c.text == tok.decode(want[:k], skip_special_tokens=True)
+
+
 async def _many_streams(url: str, prompts, max_tokens: int) -> list[int]:
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=300, max_retries=0)
     model = (await client.models.list()).data[0].id
@@ -75,6 +92,7 @@ def test_disagg_1p1d_matches_generate_and_frees_pages(llama_dir, hf_models, tmp_
         vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
         check_against_hf(url, hf_models["llama"], prompts_for(vocab, (1, 17, 130)))
         check_chat_against_hf(url, llama_dir, hf_models["llama"])
+        check_stop_token(url, hf_models["llama"], prompts_for(vocab, (9,), seed=7)[0])
         lens = [random.Random(i).choice((3, 20, 60, 150)) for i in range(64)]
         got = asyncio.run(_many_streams(url, prompts_for(vocab, lens, seed=1), 8))
         assert got == [8 + i % 5 for i in range(64)]

@@ -104,7 +104,8 @@ def test_parse_fields():
                "max_completion_tokens": 7, "max_tokens": 99, "temperature": 0, "stream": True,
                "stream_options": {"include_usage": True}, "user": "alice", "add_generation_prompt": False,
                "tools": [], "tool_choice": "none", "response_format": {"type": "text"}, "logprobs": False})
-    assert r.prompt == ChatPrompt(({"role": "system", "content": "s"}, {"role": "user", "content": "a\nb"},
+    assert r.prompt == ChatPrompt(({"role": "system", "content": "s"},
+                                   {"role": "user", "content": "a\nb", "parts": ["a", "b"]},
                                    {"role": "assistant", "content": ""}), add_generation_prompt=False)
     assert (r.max_tokens, r.temperature, r.stream, r.include_usage, r.tenant) == (7, 0.0, True, True, "alice")
     assert parse({"messages": [{"role": "user", "content": "x"}], "max_tokens": 3}).max_tokens == 3
@@ -199,3 +200,79 @@ def test_a_model_without_a_template_refuses_chat(served, tokens):
             assert getattr(info.value, "status_code", None) == 400 and "--chat-template" in str(info.value)
 
     run(go())
+
+
+PARTS_TEMPLATE = """{% for message in messages %}<|{{ message['role'] }}|>
+{% for part in message['content'] %}{% if part['type'] == 'text' %}[{{ part['text'] }}]{% endif %}{% endfor %}
+{% endfor %}{% if add_generation_prompt %}<|assistant|>
+{% endif %}"""
+THINK_TEMPLATE = """{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{{ eos_token }}{% endfor %}
+{% if add_generation_prompt %}<assistant>{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}{% endif %}"""
+
+
+def test_templates_that_loop_over_parts_get_parts(llama_dir):
+    """A template iterating message content gets OpenAI's list of text parts (a string would
+    be walked character by character), as transformers renders the same list."""
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Describe"},
+                                                      {"type": "text", "text": "this"}]},
+                         {"role": "assistant", "content": "ok"}]}
+    prompt = parse(body).prompt
+    ours = load_chat_template(llama_dir, PARTS_TEMPLATE).render(list(prompt.messages), True)
+    theirs = body["messages"][:1] + [{"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
+    assert ours == hf_render(llama_dir, theirs, PARTS_TEMPLATE) and "[Describe][this]" in ours
+
+
+def test_chat_template_kwargs_reach_the_template(llama_dir):
+    import transformers
+
+    prompt = parse({"messages": [{"role": "user", "content": "hi"}],
+                    "chat_template_kwargs": {"enable_thinking": False}}).prompt
+    ours = load_chat_template(llama_dir, THINK_TEMPLATE).render(list(prompt.messages), True, dict(prompt.template_kwargs))
+    tok = transformers.AutoTokenizer.from_pretrained(llama_dir)
+    theirs = tok.apply_chat_template([{"role": "user", "content": "hi"}], chat_template=THINK_TEMPLATE, tokenize=False,
+                                     add_generation_prompt=True, enable_thinking=False)
+    assert ours == theirs and ours.endswith("<think></think>")
+    for bad in ({"messages": 1}, [1], {"1x": 2}):
+        with pytest.raises(ApiError):
+            parse({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": bad})
+
+
+def test_special_tokens_also_come_from_the_older_special_tokens_map(llama_dir, tmp_path):
+    """Checkpoints that keep their special tokens in special_tokens_map.json render as
+    transformers renders them (the BOS/EOS of the embedded template went missing)."""
+    import shutil
+
+    d = tmp_path / "legacy"
+    shutil.copytree(llama_dir, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    moved = {k: cfg.pop(k) for k in ("bos_token", "eos_token", "pad_token")}
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (d / "special_tokens_map.json").write_text(json.dumps({**moved, "sep_token": "<|pad|>"}))
+    template = "{{ bos_token }}{{ sep_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}"
+    ours = load_chat_template(d, template)
+    assert ours.special_tokens["bos_token"] == "<|bos|>" and ours.special_tokens["sep_token"] == "<|pad|>"
+    assert ours.render([{"role": "user", "content": "hi"}]) == hf_render(d, [{"role": "user", "content": "hi"}],
+                                                                          template)
+
+
+def test_rendering_is_bounded_and_every_template_failure_is_the_requests_error():
+    import time
+
+    big = ChatTemplate("{% for i in range(100000) %}xxxxxxxxxx{% endfor %}")
+    with pytest.raises(ChatTemplateError, match="characters"):
+        big.render([], max_chars=1000)
+    with pytest.raises(ChatTemplateError, match="too long"):
+        big.render([], deadline=time.monotonic() - 1)
+    for source in ("{{ 1 / 0 }}", "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}",
+                   "{% for i in range(10**9) %}{% endfor %}"):
+        with pytest.raises(ChatTemplateError):
+            ChatTemplate(source).render([])
+
+
+def test_chat_without_max_tokens_may_use_the_rest_of_the_context():
+    from router.openai_api import check_lengths, parse_completion_request
+
+    chat = parse({"messages": [{"role": "user", "content": "hi"}]})
+    assert check_lengths(chat, 10, 64) == 54  # vLLM's chat default, not /v1/completions' 16
+    text = parse_completion_request(b'{"prompt": "hi"}', NAME, VOCAB)
+    assert check_lengths(text, 10, 64) == 16
