@@ -146,12 +146,13 @@ def test_request_larger_than_decode_pool_is_refused_at_once(llama_dir, tmp_path)
 
 def test_busy_decode_pool_holds_then_fails_after_hold_timeout_or_serves(llama_dir, tmp_path):
     # A 32-page decode pool. Request A (25 pages at its longest) occupies it; the decode node reads
-    # at most 1 KV byte/s per tenant, so A makes one step a second and outlasts the hold timeout
-    # whatever the machine's speed. B and C (16 pages each) fit the pool but not beside A: held.
+    # at most 800 KB/s of KV per tenant (a token bucket), and one step of A reads 19-25 pages of
+    # 32 KiB, so A makes about one step a second and outlasts the hold timeout whatever the
+    # machine's speed. B and C (16 pages each) fit the pool but not beside A: held.
     # B is held until --hold-timeout, then failed; C is held until A goes away, then served.
     hold = 4.0  # < fairness HELD_TTL_S (5 s): a held arrival B left behind would fail C (see DecodeNode.on_abort)
     with launched(tmp_path / "chold", llama_dir, "--mode", "disagg", "--kv-pages", "32", "--prefill-kv-pages",
-                  "256", "--prefill-args", f"--hold-timeout {hold}", "--decode-args", "--tenant-bw-cap 1") as (url, rd):
+                  "256", "--prefill-args", f"--hold-timeout {hold}", "--decode-args", "--tenant-bw-cap 800000") as (url, rd):
         vocab = vocab_of(url)
         held: list[int] = []
         pre_metrics = ready_info(rd, "prefill-0")["metrics"]
