@@ -69,6 +69,7 @@ class DecodeNode(NodeBase):
             left = 0
         arrival = Arrival(header.request_id, header.tenant, int(header.extra.get("priority", 0)), header.num_pages,
                           st.now, st.now, header.num_tokens, left)
+        self.policy.refresh(sch.running, [*sch.parked, *sch.waiting], st)  # an idle node's view is stale
         where = self.policy.place_arrival(arrival, len(sch.parked) + len(sch.waiting), st)
         if where == "device":
             return None

@@ -49,11 +49,17 @@ class BasePolicy:
 
     # ---- per step --------------------------------------------------------------------------
     def reclaim(self, running: list[Sequence], candidates: list[Sequence], state: SchedState) -> list[Sequence]:
+        self.refresh(running, candidates, state)
+        return []
+
+    def refresh(self, running: list[Sequence], candidates: list[Sequence], state: SchedState) -> None:
+        """Bring the policy's view of the node up to date. Every step begins with it (through
+        `reclaim`); the decode node also calls it before placing an arrival, since an idle node
+        does not step and its view would be that of its last step (tenants long gone)."""
         self.running, self.candidates = running, candidates
         if self.incoming:  # adopted (now running or parked) or failed (its pages are gone)
             known = {s.request_id for s in running} | {s.request_id for s in candidates}
             self.incoming = {r: a for r, a in self.incoming.items() if r not in known and r in state.pages}
-        return []
 
     def step_order(self, running: list[Sequence], state: SchedState) -> list[Sequence]:
         """Running rows in order, within each tenant's bandwidth budget when a cap is set.
@@ -170,7 +176,17 @@ class BasePolicy:
         prev = self.held.get(arrival.request_id)
         if prev is not None:  # a retry keeps its place in line
             arrival.first_seen = prev.first_seen
-        where = self._place(arrival, queued, state)
+        others_held = [h for h in self.live_held(state) if h.request_id != arrival.request_id]
+        idle = queued == 0 and not self.running and not self.candidates and \
+            not [r for r in self.incoming if r != arrival.request_id]
+        if idle and arrival.num_pages <= state.device_free and \
+                not any(h.first_seen < arrival.first_seen for h in others_held):
+            # Work conservation, as in admission: an idle pool takes the oldest arrival that
+            # fits whatever the quotas say (held arrivals each above their share used to
+            # refuse each other's borrowing on an empty pool, forever).
+            where = "device"
+        else:
+            where = self._place(arrival, queued, state)
         if where == "device":
             self.held.pop(arrival.request_id, None)
             self.incoming[arrival.request_id] = arrival  # its reserved pages count for its tenant

@@ -66,9 +66,12 @@ class MemFairPolicy(BasePolicy):
         tokens = seq.num_computed_tokens + 1 if seq.num_computed_tokens else seq.num_tokens
         return max(1, -(-tokens // state.page_size) - state.pages.get(seq.request_id, 0))
 
-    def reclaim(self, running, candidates, state):
-        super().reclaim(running, candidates, state)
+    def refresh(self, running, candidates, state):
+        super().refresh(running, candidates, state)
         self._refresh(running, candidates, state)
+
+    def reclaim(self, running, candidates, state):
+        super().reclaim(running, candidates, state)  # refreshes the view
         # Everyone waiting for device pages: local candidates and arrivals held at prefill, with
         # whether the per-request cap would let them in at all (may_admit's test: reclaiming
         # for a request the cap then refuses only moves a borrower for nothing).
@@ -227,12 +230,14 @@ class MemFairPolicy(BasePolicy):
             return False  # the per-request cap binds only under contention
         if use.get(tenant, 0) + need <= ent.get(tenant, 0):
             return True
-        # Borrowing beyond the share: only while nobody below its own share is waiting, and
-        # leaving a reserve free for the others, so that their next arrival does not have to
-        # evict a borrower (which would ping-pong the borrower between tiers).
-        waiting = {s.tenant for s in self.candidates if s.request_id != rid} | \
-            {h.tenant for h in self.held.values() if h.request_id != rid}
-        if any(use.get(t, 0) < ent.get(t, 0) for t in waiting - {tenant}):
+        # Borrowing beyond the share: only while nobody is waiting for pages within its own
+        # share, and leaving a reserve free for the others, so that their next arrival does not
+        # have to evict a borrower (which would ping-pong the borrower between tiers). A waiting
+        # request that would itself have to borrow blocks nobody (two of them used to block
+        # each other for as long as anything else ran).
+        waiting = [(s.tenant, self._need_now(s, state)) for s in self.candidates if s.request_id != rid]
+        waiting += [(h.tenant, h.num_pages) for h in self.held.values() if h.request_id != rid]
+        if any(t != tenant and use.get(t, 0) + need_t <= ent.get(t, 0) for t, need_t in waiting):
             return False
         reserve = int(self.cfg.borrow_reserve_frac * state.device_total) if others else 0
         return state.device_free - need >= reserve

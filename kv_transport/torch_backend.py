@@ -146,7 +146,11 @@ class TorchSender(ZmqSender):
             self._job_evt.set()
 
     def _finish(self, o, state, reason=None, notify=False) -> None:
-        if o.header.mode == "dist" and o.status.state is S.WAITING and o.data is not None:
+        # Finished (cancelled, failed) before its payload went: the receiver may have posted a
+        # recv for it already (WAITING: its Credit may be on the way; TRANSFERRING: the send is
+        # queued). Keep the payload so that recv completes; a queued job sends it, or a late Credit.
+        if o.header.mode == "dist" and o.status.state in (S.WAITING, S.TRANSFERRING) and o.data is not None \
+                and not o.status.state.finished and o.status.bytes_done < o.status.bytes_total:
             self._orphans[o.status.transfer_id] = (o.data, time.monotonic() + self.config.transfer_timeout_s)
         super()._finish(o, state, reason, notify)
 
@@ -172,6 +176,9 @@ class TorchSender(ZmqSender):
                 await self._send_orphan(o, rank, tag, use_thread)
                 continue
             if o.status.state.finished or o.data is None:
+                orphan = self._orphans.pop(o.status.transfer_id, None)
+                if orphan is not None:  # cancelled after the Credit: the posted recv still gets its bytes
+                    await self._send_orphan(orphan[0], rank, tag, use_thread)
                 continue
             if rank in self.broken:
                 self._finish(o, S.FAILED, f"dist peer broken: {self.broken[rank]}", notify=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fairness import FairnessConfig, make_policy
 from fairness.base import Arrival
-from sched_sim import make_request, make_scheduler
+from sched_sim import make_request, make_scheduler, state
 
 
 def _memfair_with(parked_b: bool = True, a_pages: int = 21):
@@ -66,7 +66,38 @@ def test_base_placement_keeps_class_reservations():
     cfg = FairnessConfig(class_reservations={0: 0.5})
     pol = make_policy("fcfs", cfg)
     sched = make_scheduler(pol, num_pages=40, host_pages=40)
-    pol.reclaim([], [], sched.state())
-    # 40 free pages, 20 of them reserved for class 0: a class-1 arrival of 30 pages is parked
+    busy = make_request(4, 8, tenant="t", rid="busy")  # the pool is not idle (idle, anything that fits goes)
+    busy.num_computed_tokens = 4
+    sched.pool.allocate("busy", 2)
+    sched.add_running(busy)
+    pol.reclaim(sched.running, [], sched.state())
+    # 38 free pages, 18 of them still reserved for class 0: a class-1 arrival of 30 pages is parked
     assert pol.place_arrival(Arrival("low", "t", 1, 30, 0.0, 0.0), 0, sched.state()) == "host"
     assert pol.place_arrival(Arrival("high", "t", 0, 30, 0.0, 0.0), 0, sched.state()) == "device"
+
+
+def test_an_idle_pool_takes_the_oldest_arrival_that_fits_whatever_the_quotas():
+    """Work conservation at placement, as at admission. Three tenants' arrivals, each above its
+    third of the pool, used to refuse each other's borrowing on an empty pool forever; and an
+    idle decode node's view was its last step's (tenants long gone), so a lone arrival over the
+    per-request cap was deferred for the whole hold timeout (a chaos review, 120 s)."""
+    pol = make_policy("memfair")
+    sched = make_scheduler(pol, num_pages=64)
+    pol.reclaim(sched.running, [], sched.state())
+    busy = state(device_total=64, device_free=10)
+    for u in ("alice", "bob", "carol"):  # all held while the pool was busy
+        assert pol.place_arrival(Arrival(f"r-{u}", u, 0, 25, 0.0, 0.0, 400, 8), 1, busy) == "defer"
+    placed = {u: pol.place_arrival(Arrival(f"r-{u}", u, 0, 25, 0.0, 1.0, 400, 8), 0, sched.state())
+              for u in ("alice", "bob", "carol")}
+    assert placed["alice"] == "device"  # the oldest, on an idle pool
+    sched.pool.reserve("r-alice", 25)
+    pol.refresh(sched.running, [], sched.state())
+    # bob and carol would both have to borrow: neither blocks the other any more
+    assert pol.place_arrival(Arrival("r-bob", "bob", 0, 25, 0.0, 2.0, 400, 8), 0, sched.state()) == "device"
+    # a node whose last step served other tenants, idle since: a lone big arrival gets in
+    stale = make_policy("memfair")
+    other = make_request(8, 4, tenant="x", rid="gone")
+    stale.reclaim([other], [], sched.state())
+    stale.refresh([], [], make_scheduler(num_pages=64).state())  # what the decode node now does first
+    assert stale.place_arrival(Arrival("big", "y", 0, 57, 0.0, 0.0, 900, 8), 0,
+                               make_scheduler(num_pages=64).state()) == "device"

@@ -154,6 +154,23 @@ def test_torch_gloo_survives_a_cancel_while_waiting_and_a_bad_src_rank(peers):
                 tx.cancel(tid, "client aborted")
                 status = await tx.wait(tx.send(make_export(pool, f"after-cancel-{k}", 8)), 10.0)
                 assert status.state is TransferState.DONE, status.reason
+            # cancelled right after the Credit arrived, before the send job ran (a router abort
+            # handled in the same loop pass): the posted recv must still get its bytes
+            from kv_transport.wire import Credit
+            victims, on_control = set(), tx._on_control
+
+            def cancel_on_credit(msg):
+                on_control(msg)
+                if isinstance(msg, Credit) and msg.transfer_id in victims:
+                    tx.cancel(msg.transfer_id, "client disconnected")
+            tx._on_control = cancel_on_credit
+            for k in range(3):
+                tid = tx.send(make_export(pool, f"cancelled-after-credit-{k}", 8))
+                victims.add(tid)
+                assert (await tx.wait(tid, 10.0)).state is TransferState.FAILED
+                status = await tx.wait(tx.send(make_export(pool, f"after-credit-cancel-{k}", 8)), 10.0)
+                assert status.state is TransferState.DONE, status.reason
+            tx._on_control = on_control
             n = 8
             header = KVTransferHeader(
                 transfer_id="evil-1", request_id="evil", tenant="", num_tokens=16 * n, prompt_token_ids=[],
