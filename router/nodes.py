@@ -54,6 +54,7 @@ class NodeState:
     stats: NodeStats | None = None  # latest answer to a ping
     last_seen: float | None = None  # monotonic time of `stats`
     pending_pages: dict[str, int] = field(default_factory=dict)  # request id -> pages sent, not yet in stats
+    refused_at: float | None = None  # monotonic time a request could not be sent to it (queue full: likely dead)
 
     @property
     def node_id(self) -> str:
@@ -160,9 +161,13 @@ class NodeRegistry:
     def is_healthy(self, node: NodeState, now: float | None = None) -> bool:
         return node.healthy(time.monotonic() if now is None else now, self.health_timeout)
 
-    def _available(self, role: str) -> list[NodeState]:
+    def _available(self, role: str, exclude: frozenset = frozenset()) -> list[NodeState]:
+        """Nodes of `role` that answered pings recently, are not draining, and have not refused
+        a request since their last answer (a node killed a moment ago still looks healthy until
+        the health timeout, but its queue no longer drains)."""
         now = time.monotonic()
-        return [n for n in self.nodes if n.spec.role == role and self.is_healthy(n, now) and not n.stats.draining]
+        return [n for n in self.nodes if n.spec.role == role and self.is_healthy(n, now) and not n.stats.draining
+                and id(n) not in exclude and not (n.refused_at is not None and n.refused_at >= n.last_seen)]
 
     async def _ping_loop(self) -> None:
         was_healthy = {id(n): False for n in self.nodes}
@@ -258,14 +263,21 @@ class NodeRegistry:
             return False
 
     def submit(self, req: GenerateRequest) -> RequestHandle:
-        """Choose nodes, fill the routing fields of `req`, send it. Raises RequestFailed(503)."""
-        entry, decode = self._place(len(req.prompt_token_ids), len(req.prompt_token_ids) + req.params.max_tokens)
-        req.router_id = self.router_id
-        if decode is not None:
-            req.decode_node, req.decode_kv_addr = decode.node_id, decode.stats.kv_addr
-        handle = RequestHandle(req.request_id, entry, decode)
-        if not self._send(entry, req):
-            raise RequestFailed(503, f"{entry.spec.role} node {entry.node_id} is not accepting requests")
+        """Choose nodes, fill the routing fields of `req`, send it; a node that cannot take it
+        (its queue is full: it stopped reading) is skipped and another tried. Raises
+        RequestFailed(503) when none can."""
+        tried: set[int] = set()
+        while True:
+            entry, decode = self._place(len(req.prompt_token_ids), len(req.prompt_token_ids) + req.params.max_tokens,
+                                        frozenset(tried))
+            req.router_id = self.router_id
+            req.decode_node, req.decode_kv_addr = (decode.node_id, decode.stats.kv_addr) if decode else ("", "")
+            handle = RequestHandle(req.request_id, entry, decode)
+            if self._send(entry, req):
+                break
+            entry.refused_at = time.monotonic()
+            tried.add(id(entry))
+            log.warning("%s node %s is not accepting requests; trying another", entry.spec.role, entry.node_id)
         pages_node = decode or entry
         pages_node.pending_pages[req.request_id] = self._pages_for(pages_node, len(req.prompt_token_ids) + 1)
         self._requests[req.request_id] = handle
@@ -277,11 +289,12 @@ class NodeRegistry:
     def _pages_for(self, node: NodeState, tokens: int) -> int:
         return math.ceil(tokens / self._page_size(node))
 
-    def _place(self, prompt_tokens: int, peak_tokens: int) -> tuple[NodeState, NodeState | None]:
+    def _place(self, prompt_tokens: int, peak_tokens: int,
+               exclude: frozenset = frozenset()) -> tuple[NodeState, NodeState | None]:
         """(entry node, decode node or None). A request that no available pool could ever hold
         (prefill: its prompt; decode or colocated: prompt + max_tokens) is a 400, not a node's
         failure after the fact."""
-        fits = {role: [n for n in self._available(role) if self._pages_for(n, need) <= n.stats.pages_total]
+        fits = {role: [n for n in self._available(role, exclude) if self._pages_for(n, need) <= n.stats.pages_total]
                 for role, need in (("prefill", prompt_tokens + 1), ("decode", peak_tokens), ("colocated", peak_tokens))}
         prefill, decode = pick_prefill(fits["prefill"]), pick_most_free(fits["decode"])
         if prefill and decode:
@@ -289,7 +302,7 @@ class NodeRegistry:
         colocated = pick_most_free(fits["colocated"])
         if colocated:
             return colocated, None
-        too_small = [(role, n) for role in ("prefill", "decode", "colocated") for n in self._available(role)
+        too_small = [(role, n) for role in ("prefill", "decode", "colocated") for n in self._available(role, exclude)
                      if n not in fits[role]]
         if too_small:
             role, n = max(too_small, key=lambda rn: rn[1].stats.pages_total)

@@ -414,3 +414,35 @@ def test_stop_reason_of_a_stop_token(served):
     assert run._stop_reason(out, "stop", 9) == 9
     assert run._stop_reason(out, "length", None) is None
     assert run._stop_reason(out, "stop", None) is None  # ended by an end-of-sequence token
+
+
+def test_a_node_that_cannot_take_a_request_is_skipped_for_another():
+    """A prefill node killed a moment ago still looks healthy until the health timeout, but its
+    queue no longer drains: the request goes to another prefill node, and the refusing one is
+    left out until it answers a ping again (a chaos review saw 48 instant 503s while another
+    prefill node was healthy)."""
+    import time as _time
+
+    from cluster.protocol import GenerateRequest, NodeStats, Params
+    from router.nodes import NodeRegistry, RequestFailed
+
+    reg = NodeRegistry([NodeSpec("prefill", "tcp://127.0.0.1:1"), NodeSpec("prefill", "tcp://127.0.0.1:2"),
+                        NodeSpec("decode", "tcp://127.0.0.1:3")])
+    now = _time.monotonic()
+    for i, n in enumerate(reg.nodes):
+        n.stats = NodeStats(f"n{i}", n.spec.role, 0, 100, 100, running=i, kv_addr="tcp://kv")
+        n.last_seen = now
+    dead, alive = reg.nodes[0], reg.nodes[1]  # the dead one is the idler: it would be chosen first
+    sent = []
+    reg._send = lambda node, msg: node is not dead and not sent.append(node)
+
+    def req(i):
+        return GenerateRequest(f"r{i}", [5, 6, 7], Params(4))
+    assert reg.submit(req(1)).entry is alive and dead.refused_at is not None
+    assert reg.submit(req(2)).entry is alive and sent == [alive, alive]  # not even tried again
+    dead.last_seen = _time.monotonic() + 1  # it answered a ping: back in the running
+    alive.last_seen = dead.last_seen
+    reg._send = lambda node, msg: False  # nobody takes it now
+    with pytest.raises(RequestFailed) as info:
+        reg.submit(req(3))
+    assert info.value.status == 503
