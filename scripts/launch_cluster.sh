@@ -133,6 +133,11 @@ wait_ready() {  # wait_ready ROLE-INDEX: until its log has the NODE READY line (
   pid="$(cat "$RUN_DIR/$1.pid")"
   while ! grep -q '^NODE READY ' "$log" 2>/dev/null; do
     kill -0 "$pid" 2>/dev/null || fail "$1 exited during start-up" "$log"
+    local other  # any node dying at start names itself (a torch group would otherwise time out on it)
+    for other in ${STARTED[@]+"${STARTED[@]}"}; do
+      kill -0 "$(cat "$RUN_DIR/$other.pid")" 2>/dev/null || grep -q '^NODE READY ' "$RUN_DIR/$other.log" \
+        || fail "$other exited during start-up" "$RUN_DIR/$other.log"
+    done
     [ $SECONDS -lt $deadline ] || fail "$1 not ready after ${TIMEOUT}s" "$log"
     sleep 0.2
   done
