@@ -239,10 +239,19 @@ class CompletionRun:
         await within(resp.write(data), self.state.config.request_timeout)
 
 
+THREAD_PARSE_BYTES = 1 << 20  # larger bodies are parsed and validated off the event loop
+
+
 async def prepare(state: RouterState, raw: bytes, chat: bool = False) -> CompletionRun:
-    """Parse, [render,] tokenize and length-check a body. Raises ApiError (400/404)."""
+    """Parse, [render,] tokenize and length-check a body. Raises ApiError (400/404). A body of
+    over a MiB is parsed in a thread: eight 7.7 MB bodies of one-character content parts held
+    the loop for 4 s when parsed on it (a review)."""
     model = state.model
-    req = (parse_chat_request if chat else parse_completion_request)(raw, model.name, model.vocab_size)
+    parse = parse_chat_request if chat else parse_completion_request
+    if len(raw) > THREAD_PARSE_BYTES:
+        req = await asyncio.to_thread(parse, raw, model.name, model.vocab_size)
+    else:
+        req = parse(raw, model.name, model.vocab_size)
     prompt_ids = await prompt_ids_of(model, req.prompt)
     max_tokens = check_lengths(req, len(prompt_ids), model.max_model_len)
     return CompletionRun(state, req, prompt_ids, max_tokens)

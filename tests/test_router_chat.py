@@ -276,3 +276,28 @@ def test_chat_without_max_tokens_may_use_the_rest_of_the_context():
     assert check_lengths(chat, 10, 64) == 54  # vLLM's chat default, not /v1/completions' 16
     text = parse_completion_request(b'{"prompt": "hi"}', NAME, VOCAB)
     assert check_lengths(text, 10, 64) == 16
+
+
+def test_a_large_body_is_parsed_off_the_loop_with_the_same_answers(served, tokens):
+    """Bodies over a MiB go through the same parser in a thread: a valid one is served, a bad
+    one is the same 400."""
+    import aiohttp
+
+    many = [{"type": "text", "text": "a"} for _ in range(60_000)]  # about 1.9 MB of JSON
+    good = {"messages": [{"role": "user", "content": many}], "max_tokens": 2}
+    bad = {"messages": [{"role": "user", "content": many + [{"type": "image_url"}]}], "max_tokens": 2}
+
+    async def go():
+        async with cluster(served, tokens, mode="colocated") as c:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as s:
+                async with s.post(c.url + "/v1/chat/completions", json=bad) as r:
+                    assert r.status == 400 and (await r.json())["error"]["param"] == "messages[0].content"
+                async with s.post(c.url + "/v1/chat/completions", json=good) as r:
+                    body = await r.json()
+                    assert r.status == 400 and "context" in body["error"]["message"]  # 60,000 parts: too long
+                small = {"messages": [{"role": "user", "content": many[:50]}], "max_tokens": 2,
+                         "padding_field": "x" * 1_200_000}  # large, but a valid request (unknown fields are ignored)
+                async with s.post(c.url + "/v1/chat/completions", json=small) as r:
+                    assert r.status == 200, await r.text()
+
+    run(go())
