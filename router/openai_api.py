@@ -8,7 +8,7 @@ Accepted body fields (null means absent for every optional field):
                   shrinks to fit); prompt_len + max_tokens > max_model_len -> 400 (as vLLM)
   temperature     [0, 2], default 1.0;  top_p (0, 1], default 1.0;  seed int
   stop            a string or a list of up to 4 non-empty strings (text is cut before the match)
-  stream, stream_options.include_usage, user (the tenant; default "default")
+  stream, stream_options.include_usage, user (the tenant, at most 256 characters; default "default")
   vLLM extensions: ignore_eos, priority (int, lower first), return_token_ids, stop_token_ids
                   (at most 256 ids)
 Strings must be valid Unicode (a lone surrogate such as "\ud800" is a 400), and so must the
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_TOKEN_IDS = 256  # a node checks every sampled token against them
+MAX_USER_CHARS = 256  # the tenant name is a label value in every node's per-tenant metrics
 
 
 class ApiError(Exception):
@@ -193,6 +194,9 @@ def generation_fields(body: dict, vocab_size: int, max_tokens_key: str = "max_to
     stop_ids = _opt(body, "stop_token_ids", (list,), "a list of token ids", [])
     if len(stop_ids) > MAX_STOP_TOKEN_IDS:
         raise bad_request(f"'stop_token_ids' takes at most {MAX_STOP_TOKEN_IDS} ids", "stop_token_ids")
+    user = body.get("user")
+    if isinstance(user, str) and len(user) > MAX_USER_CHARS:
+        raise bad_request(f"'user' (the tenant) takes at most {MAX_USER_CHARS} characters", "user")
     for key in ("user", "stop"):
         _check_unicode(body.get(key), key)
     return dict(

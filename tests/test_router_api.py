@@ -78,6 +78,7 @@ def test_nulls_mean_absent():
     ({"model": NAME, "prompt": "x", "top_p": 0}, "top_p"),
     ({"model": NAME, "prompt": "x", "top_p": 1.01}, "top_p"),
     ({"model": NAME, "prompt": "x", "seed": 1.5}, "seed"),
+    ({"model": NAME, "prompt": "x", "user": "u" * 257}, "user"),  # a label value in every node's metrics
     ({"model": NAME, "prompt": "x", "seed": 1 << 64}, "seed"),
     ({"model": NAME, "prompt": "x", "priority": -(1 << 70)}, "priority"),
     ({"model": NAME, "prompt": "x", "stop": ""}, "stop"),
