@@ -103,13 +103,9 @@ class BasePolicy:
         return sorted(candidates, key=lambda s: s.arrival_time)
 
     def may_admit(self, seq: Sequence, need_pages: int, state: SchedState) -> bool:
-        from fairness.quotas import reserved_for_others
-
         # Watermark: leave a page per running request for its next token, so that admitting
         # one request does not force an eviction on the very next step (admit/evict thrash).
-        headroom = len(self.running)
-        if self.cfg.class_reservations:
-            headroom += reserved_for_others(seq, self.running, self.cfg, state)
+        headroom = len(self.running) + self._reserved(seq, state)
         if seq.num_preemptions and not seq.num_computed_tokens:
             # A recompute starts only when its whole context fits: admitted chunk by chunk, it
             # would be the first victim again before its prefill ends, and the work is lost.
@@ -203,11 +199,7 @@ class BasePolicy:
         return out
 
     def _place(self, arrival: Arrival, queued: int, state: SchedState) -> str:
-        from fairness.quotas import reserved_for_others
-
-        headroom = len(self.running)  # one page per running request for its next token
-        if self.cfg.class_reservations:
-            headroom += reserved_for_others(arrival, self.running, self.cfg, state)
+        headroom = len(self.running) + self._reserved(arrival, state)  # a page per running request
         older_held = any(h.first_seen < arrival.first_seen and h.request_id != arrival.request_id
                          for h in self.live_held(state))
         if queued == 0 and not older_held and arrival.num_pages + headroom <= state.device_free:
@@ -215,6 +207,13 @@ class BasePolicy:
         if arrival.num_pages <= state.host_free:
             return "host"
         return "defer"
+
+    def _reserved(self, req, state: SchedState) -> int:
+        """Free pages `req` (a Sequence or an Arrival: its priority) may not take: the unused
+        reservations of more urgent classes."""
+        from fairness.quotas import reserved_for_others
+
+        return reserved_for_others(req, self.running, self.cfg, state) if self.cfg.class_reservations else 0
 
     def live_held(self, state: SchedState) -> list[Arrival]:
         """Deferred arrivals still being retried (expired ones are dropped)."""

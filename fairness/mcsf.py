@@ -36,6 +36,7 @@ class McsfPolicy(BasePolicy):
     def __init__(self, config=None, predictor: Callable[[Sequence], int] = remaining_by_max_tokens) -> None:
         super().__init__(config)
         self.predictor = predictor
+        self.planned: list[tuple[int, int]] = []  # (tokens, predicted remaining) of what runs or will
 
     def reclaim(self, running, candidates, state):
         super().reclaim(running, candidates, state)
@@ -59,11 +60,6 @@ class McsfPolicy(BasePolicy):
         self.planned.append(item)
         return True
 
-    def _reserved(self, seq, state) -> int:
-        from fairness.quotas import reserved_for_others
-
-        return reserved_for_others(seq, self.running, self.cfg, state) if self.cfg.class_reservations else 0
-
     def _place(self, arrival, queued, state):
         """An arrival goes to the device tier only if the plan stays feasible with it (its
         prediction: the tokens its max_tokens still allows)."""
@@ -71,9 +67,8 @@ class McsfPolicy(BasePolicy):
         if where != "device" or not arrival.num_tokens:
             return where
         item = (arrival.num_tokens, max(1, arrival.max_new_tokens))
-        planned = getattr(self, "planned", [(s.num_tokens, self.predictor(s)) for s in self.running])
-        if feasible(planned + [item], state.device_total, state.page_size):
-            self.planned = planned + [item]
+        if feasible(self.planned + [item], state.device_total, state.page_size):
+            self.planned.append(item)
             return "device"
         return "host" if arrival.num_pages <= state.host_free else "defer"
 

@@ -82,8 +82,7 @@ class MemFairPolicy(BasePolicy):
             cap_ok = not contended or state.pages.get(c.request_id, 0) + need <= request_cap(c, self.cfg, state)
             wants.append((c.tenant, need, c.arrival_time, cap_ok))
         for h in self.held.values():
-            cap = request_cap_tokens(h.num_tokens or h.num_pages * state.page_size, self.cfg, state)
-            wants.append((h.tenant, h.num_pages + 1, h.first_seen, not contended or h.num_pages <= cap))
+            wants.append((h.tenant, h.num_pages + 1, h.first_seen, not contended or h.num_pages <= self._cap_of(h, state)))
         wants.sort(key=lambda w: (self.over.get(w[0], 0.0), w[2]))
         victims: list[Sequence] = []
         free, use, host_free = state.device_free, dict(self.use), state.host_free
@@ -121,11 +120,14 @@ class MemFairPolicy(BasePolicy):
     def _place(self, arrival, queued, state):
         """An arrival goes to the device tier only when `may_admit` would let it in there (the
         same quota check: cap, share, borrowing); otherwise it is parked, or deferred."""
-        cap = request_cap_tokens(arrival.num_tokens or arrival.num_pages * state.page_size, self.cfg, state)
         if arrival.num_pages + len(self.running) <= state.device_free and \
-                self._quota_ok(arrival.tenant, arrival.request_id, 0, arrival.num_pages, cap, state):
+                self._quota_ok(arrival.tenant, arrival.request_id, 0, arrival.num_pages, self._cap_of(arrival, state), state):
             return "device"
         return "host" if arrival.num_pages <= state.host_free else "defer"
+
+    def _cap_of(self, arrival, state: SchedState) -> float:
+        """`request_cap` of an arrival (its token count, or its pages' worth if not given)."""
+        return request_cap_tokens(arrival.num_tokens or arrival.num_pages * state.page_size, self.cfg, state)
 
     def _one_long_prompt(self, rows: list[Sequence], state: SchedState) -> list[Sequence]:
         """While other tenants are active, one long prompt per tenant steps (the oldest): two

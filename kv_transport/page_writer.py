@@ -69,6 +69,7 @@ class PageWriter:
 
     def __init__(self, pool: PagePool) -> None:
         spec = pool.spec
+        self.pool = pool  # the pool it writes into
         self.num_pool_pages = pool.num_pages
         self.num_lk = 2 * spec.num_layers
         self.row_elems = spec.page_size * spec.num_kv_heads * spec.head_dim

@@ -70,7 +70,6 @@ class ReceiverCore(EndpointCore):
         self._admit = admit
         self._writer = PageWriter(pool)
         self._writers: dict[int, PageWriter] = {id(pool): self._writer}  # per receiving pool
-        self._pools: dict[int, PagePool] = {id(pool): pool}  # every pool received into so far
         self._live: dict[str, _Inbound] = {}
         self._by_request: dict[str, str] = {}  # request_id -> transfer in flight
         self._completed: collections.deque[ReceivedTransfer] = collections.deque()
@@ -231,7 +230,6 @@ class ReceiverCore(EndpointCore):
         writer = self._writers.get(id(target))
         if writer is None:
             writer = self._writers[id(target)] = PageWriter(target)
-            self._pools[id(target)] = target
         inb = _Inbound(h, peer, pages, writer.plan(pages), target, writer, status,
                        now + self.config.transfer_timeout_s, now)
         self._live[tid] = inb
@@ -259,7 +257,7 @@ class ReceiverCore(EndpointCore):
             return ("closed", "the receiver is closing"), self.pool
         if h.request_id in self._by_request:
             return ("busy", f"request {h.request_id} already has a transfer in flight"), self.pool
-        if any(p.num_held(h.request_id) for p in self._writers_pools()):
+        if any(w.pool.num_held(h.request_id) for w in self._writers.values()):
             # Its pages from an earlier transfer are still here: reserving more under the same
             # owner would let whoever frees that request free these RESERVED pages too, and a
             # late write would land in pages handed to someone else.
@@ -272,10 +270,6 @@ class ReceiverCore(EndpointCore):
         return (None if answer is None else ("refused", answer)), self.pool
 
     accepts_other_pools = True  # backends that write only into `self.pool` set False
-
-    def _writers_pools(self) -> list[PagePool]:
-        """Every pool this receiver has written into (the device pool, and any host tier)."""
-        return list(self._pools.values())
 
     def _write_pages(self, inb: _Inbound, offset: int, view: memoryview) -> None:
         """Copy whole slabs of payload (bytes at `offset`) into the reserved pages."""

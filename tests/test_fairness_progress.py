@@ -73,17 +73,23 @@ def test_every_policy_drains_random_pressure(name):
     assert not stuck, f"{name}: (seed, most preemptions) not drained in 3000 steps: {stuck}"
 
 
-def test_memfair_reclaim_demotes_but_never_preempts():
-    """A returning under-share tenant reclaims by demotion only: with the host tier full, the
-    borrower keeps its pages (and its computed KV) and the newcomer waits for free pages."""
-    policy = make_policy("memfair")
-    sched = make_scheduler(policy, num_pages=32, host_pages=4, budget=64)
+def _whale_borrowing_then_minnow(host_pages: int):
+    """Factory: memfair on 32 device pages; a whale that prefilled 4 steps alone (borrowing most
+    of the pool), then a minnow of another tenant added. Returns (scheduler, whale)."""
+    sched = make_scheduler(make_policy("memfair"), num_pages=32, host_pages=host_pages, budget=64)
     whale = make_request(100, 20, tenant="w", arrival=0.0, rid="whale")
     sched.add(whale)
     for _ in range(4):
         sim_step(sched)
-    assert sched.pool.num_held("whale") >= 26  # borrowed most of the pool
     sched.add(make_request(40, 4, tenant="m", arrival=1.0, rid="minnow"))
+    return sched, whale
+
+
+def test_memfair_reclaim_demotes_but_never_preempts():
+    """A returning under-share tenant reclaims by demotion only: with the host tier full, the
+    borrower keeps its pages (and its computed KV) and the newcomer waits for free pages."""
+    sched, whale = _whale_borrowing_then_minnow(host_pages=4)
+    assert sched.pool.num_held("whale") >= 26  # borrowed most of the pool
     out = sched.schedule()
     assert not [m for m in out.moves if m.kind == "preempt"] and whale.num_preemptions == 0
     apply_step(sched, out)
@@ -91,13 +97,7 @@ def test_memfair_reclaim_demotes_but_never_preempts():
 
 
 def test_a_request_demoted_for_another_is_not_promoted_in_the_same_step():
-    policy = make_policy("memfair")
-    sched = make_scheduler(policy, num_pages=32, host_pages=64, budget=64)
-    whale = make_request(100, 20, tenant="w", arrival=0.0, rid="whale")
-    sched.add(whale)
-    for _ in range(4):
-        sim_step(sched)
-    sched.add(make_request(40, 4, tenant="m", arrival=1.0, rid="minnow"))
+    sched, _ = _whale_borrowing_then_minnow(host_pages=64)
     for _ in range(6):
         out = sched.schedule()
         demoted = {m.request_id for m in out.moves if m.kind == "demote"}
