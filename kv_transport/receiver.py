@@ -56,6 +56,7 @@ class _Inbound:
     next_chunk: int = 0
     running: int = 0  # running checksum of the chunks received
     owed: int = 0  # credits earned by consumed chunks, not yet returned
+    granted: int = 0  # chunks [0, granted) the sender may send (the last Credit's upto)
 
 
 class ReceiverCore(EndpointCore):
@@ -245,7 +246,8 @@ class ReceiverCore(EndpointCore):
             self._commit(inb)
             return True
         if h.mode == "chunked":
-            self._reply(peer, Credit(tid, self.config.window), "credit", [inb])
+            inb.granted = min(h.num_chunks, self.config.window)
+            self._reply(peer, Credit(tid, inb.granted), "credit", [inb])
         else:
             self._start_dist(inb)
         return False
@@ -301,8 +303,8 @@ class ReceiverCore(EndpointCore):
             # and the copy, so the next chunks travel while this one is being written. Returning
             # them in batches of window/2 halves the control messages and cannot stall the
             # sender: it always keeps at least window - window/2 + 1 credits.
-            owed, inb.owed = inb.owed, 0
-            await self._emit(encode(Credit(h.transfer_id, owed)), "credit", [inb], inb.peer)
+            inb.granted, inb.owed = min(h.num_chunks, inb.granted + inb.owed), 0
+            await self._emit(encode(Credit(h.transfer_id, inb.granted)), "credit", [inb], inb.peer)
             if inb.status.state.finished:
                 return
         now = time.monotonic()

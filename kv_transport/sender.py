@@ -62,7 +62,7 @@ class _Outbound:
     status: TransferStatus
     deadline: float  # monotonic time at which it fails with a timeout
     frame0: bytes = b""  # encoded header, reused when sent alone
-    credits: int = 0  # chunks we may still send
+    upto: int = 0  # chunks [0, upto) may be sent: the highest Credit.upto seen
     next_chunk: int = 0
     sums: list[int] = field(default_factory=list)  # running checksum after chunk i
     inline_bytes: int = 0  # counted in the sender's inline in-flight budget
@@ -278,7 +278,7 @@ class SenderCore(EndpointCore):
         if o.header.mode == "dist":
             self._on_ready(o, credit)
             return
-        o.credits += credit.credits
+        o.upto = max(o.upto, credit.upto)  # cumulative: a duplicate or a late one grants nothing
         if o.status.state is S.WAITING:
             o.status.state = S.TRANSFERRING
             o.status.t_started = time.monotonic()
@@ -350,7 +350,7 @@ class SenderCore(EndpointCore):
         sent = False
         for o in list(self._streaming):  # one chunk per transfer per round: round robin
             h = o.header
-            if o.status.state is not S.TRANSFERRING or o.credits <= 0 or \
+            if o.status.state is not S.TRANSFERRING or o.next_chunk >= o.upto or \
                     o.next_chunk >= h.num_chunks or o.view is None:
                 continue
             off = o.next_chunk * h.chunk_bytes
@@ -359,7 +359,6 @@ class SenderCore(EndpointCore):
                 self._checksum_next(o)
             chunk = KVChunk(h.transfer_id, o.next_chunk, off, len(piece), o.sums[o.next_chunk])
             o.next_chunk += 1
-            o.credits -= 1
             await self._emit(encode(chunk, [piece]), "chunk", [o])
             o.status.bytes_done += len(piece)
             sent = True

@@ -1,4 +1,4 @@
-"""Wire format of the KV transport, version 1 (the reference is kv_transport/README.md).
+"""Wire format of the KV transport, version 2 (the reference is kv_transport/README.md).
 
 Every message is one multipart message:
 
@@ -23,7 +23,7 @@ import msgpack
 from kv_transport.wire_check import (Fields, WireChecksumError, WireError, WireFieldError,
                                      WireLimits, WireSizeError, WireVersionError, frame_view)
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2  # 2: Credit.upto is cumulative (1 carried a delta, which duplicates inflated)
 MODES = ("inline", "chunked", "dist")  # where a transfer's payload travels
 
 __all__ = ["WIRE_VERSION", "MODES", "MsgType", "KVTransferHeader", "TransferBatch", "KVChunk",
@@ -97,11 +97,13 @@ class KVChunk:
 
 @dataclass
 class Credit:
-    """Receiver grants `credits` more chunks; the first credit means the pages are reserved."""
+    """Receiver lets the sender send chunks [0, upto); the first credit means the pages are
+    reserved. Cumulative, so a duplicated, late or reordered Credit grants nothing new and a
+    lost one is made good by the next."""
 
     MSG_TYPE: ClassVar[MsgType] = MsgType.CREDIT
     transfer_id: str
-    credits: int  # additional chunks the sender may have in flight
+    upto: int  # chunks with index < upto may be sent (dist mode: 1, "send the payload")
     rank: int = -1  # dist mode: the receiver's rank, send the payload to it
     tag: int = 0  # dist mode: the tag to send the payload with
 
@@ -285,7 +287,7 @@ def _dec_chunk(f: Fields, payloads: list, limits: WireLimits) -> KVChunk:
 
 def _dec_credit(f: Fields, payloads: list, limits: WireLimits) -> Credit:
     _check_payloads(payloads, [], None)
-    return Credit(f.id("transfer_id"), f.int("credits", 0, 1 << 20), f.int("rank", -1, 1 << 20),
+    return Credit(f.id("transfer_id"), f.int("upto", 0, 1 << 31), f.int("rank", -1, 1 << 20),
                   f.int("tag", 0, (1 << 31) - 1))
 
 

@@ -286,7 +286,7 @@ def test_sender_never_exceeds_the_credit_window():
                 await emit(frames, kind, owners, peer)
 
             def counting_credit(o, credit):
-                granted[credit.transfer_id] = granted.get(credit.transfer_id, 0) + credit.credits
+                granted[credit.transfer_id] = max(granted.get(credit.transfer_id, 0), credit.upto)
                 on_credit(o, credit)
 
             p.tx._emit, p.tx._on_credit = counting_emit, counting_credit
@@ -441,3 +441,34 @@ def test_a_truncated_batch_fails_every_transfer_in_it_at_once():
             p.assert_clean()
             await p.assert_next_transfer_ok()
     run(body())
+
+
+def test_duplicated_credits_do_not_widen_the_window():
+    """Every Credit the receiver sends arrives twice: the sender still never has more than
+    `window` chunks of a transfer ahead of what the receiver has taken in."""
+    async def body():
+        dup = FaultConfig(duplicate_prob=1.0, kinds=("credit",))
+        async with Pair(rx_faults=dup, window=2) as p:
+            sent, taken, worst = {}, {}, [0]
+            emit, on_chunk = p.tx._emit, p.rx._on_chunk
+
+            async def counting_emit(frames, kind, owners, peer=None):
+                if kind == "chunk":
+                    tid = owners[0].header.transfer_id
+                    sent[tid] = sent.get(tid, 0) + 1
+                    worst[0] = max(worst[0], sent[tid] - taken.get(tid, 0))
+                await emit(frames, kind, owners, peer)
+
+            async def counting_chunk(c, view):
+                taken[c.transfer_id] = taken.get(c.transfer_id, 0) + 1
+                await on_chunk(c, view)
+
+            p.tx._emit, p.rx._on_chunk = counting_emit, counting_chunk
+            status, _, _ = await p.transfer(40)  # 20 chunks of 2 pages
+            assert status.state is TransferState.DONE
+            assert any(f.value == "duplicate" for _, f in p.rx.faults.injected)
+            assert worst[0] <= 2, f"{worst[0]} chunks in flight with a window of 2"
+            await p.assert_next_transfer_ok()
+        p.assert_clean()
+    run(body())
+
