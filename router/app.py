@@ -74,7 +74,10 @@ async def handle_models(request: web.Request) -> web.Response:
 
 async def handle_health(request: web.Request) -> web.Response:
     """GET /health: 200 only when every configured node answered within the health timeout."""
-    registry = request.app[STATE].registry
+    state = request.app[STATE]
+    if state.shutting_down:
+        return web.json_response({"status": "shutting down"}, status=503)
+    registry = state.registry
     missing = [{"role": n.spec.role, "address": n.spec.address} for n in registry.nodes
                if not registry.is_healthy(n)]
     if missing:

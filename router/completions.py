@@ -45,6 +45,7 @@ class RouterState:
     streams_by_tenant: dict[str, int] = field(default_factory=dict)  # open requests per tenant
     started: float = field(default_factory=time.time)  # wall-clock start, for /v1/models
     handlers: set = field(default_factory=set)  # asyncio tasks of in-flight completion handlers
+    shutting_down: bool = False  # drain() began: new completions are refused (503)
 
 
 STATE = web.AppKey("state", RouterState)
@@ -298,6 +299,8 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
     status, task = "200", asyncio.current_task()
     state.handlers.add(task)
     try:
+        if state.shutting_down:  # a keep-alive connection may still send one during the grace period
+            raise ApiError(503, "the router is shutting down", "service_unavailable", None)
         run = await prepare(state, await read_body(request, state.config.request_timeout), chat)
         with tenant_slot(state, run.req.tenant):
             run.submit()
@@ -327,6 +330,7 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
 async def drain(state: RouterState, grace: float) -> int:
     """Shutdown: wait up to `grace` seconds for in-flight completions, then cancel the rest (which
     aborts them at their nodes). Returns how many were cancelled."""
+    state.shutting_down = True
     deadline = time.monotonic() + grace
     while state.handlers and time.monotonic() < deadline:
         await asyncio.sleep(0.05)

@@ -17,7 +17,7 @@ import aiohttp
 import openai
 import pytest
 
-from router.completions import STATE
+from router.completions import STATE, drain
 from router.config import NodeSpec, RouterConfig, load_served_model
 from router.fake_node import FakeNode, FakeNodeConfig, expected_output
 from router.main import start_router
@@ -446,3 +446,28 @@ def test_a_node_that_cannot_take_a_request_is_skipped_for_another():
     with pytest.raises(RequestFailed) as info:
         reg.submit(req(3))
     assert info.value.status == 503
+
+
+def test_shutdown_grace_refuses_new_requests_and_finishes_running_ones(served, tokens):
+    """During drain (the router's SIGTERM grace period) a kept-alive connection can still send
+    requests: they get a 503 at once, /health says so, and the stream already running finishes."""
+    async def go():
+        async with cluster(served, tokens, node_kw={"decode": {"delay": 0.05}}) as c:
+            body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 20, "stream": True}
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+                async with s.post(c.url + "/v1/completions", json=body) as resp:
+                    assert resp.status == 200
+                    await read_sse(resp, 2)
+                    drained = asyncio.create_task(drain(c.state, 8.0))
+                    await asyncio.sleep(0.05)  # drain() has begun
+                    async with s.post(c.url + "/v1/completions", json={**body, "stream": False}) as late:
+                        assert late.status == 503
+                        assert "shutting down" in (await late.json())["error"]["message"]
+                    async with s.get(c.url + "/health") as h:
+                        assert h.status == 503
+                    rest = await read_sse(resp)
+                    assert rest[-1] == "[DONE]" and rest[-2]["choices"][0]["finish_reason"] == "length"
+                assert await asyncio.wait_for(drained, 10) == 0  # nothing had to be cancelled
+            assert len(c.nodes["prefill"].requests) == 1  # the late one never reached a node
+
+    run(go())
