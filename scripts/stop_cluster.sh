@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Stop a cluster started by launch_cluster.sh: SIGTERM (router first, then prefill, decode,
-# colocated nodes drain), then SIGKILL whatever is left after --timeout seconds (default 40).
+# Stop a cluster started by launch_cluster.sh: SIGTERM the router, prefill and colocated nodes,
+# and once they have exited the decode nodes (each drains what it has in flight), then SIGKILL
+# whatever is left after --timeout seconds (default 40).
 # Leaves no process behind; removes the pid files.
 set -euo pipefail
 RUN_DIR="" TIMEOUT=40
 while [ $# -gt 0 ]; do
   case "$1" in
-    -h|--help) sed -n '2,4p' "$0"; echo "usage: stop_cluster.sh --run-dir DIR [--timeout S]"; exit 0 ;;
+    -h|--help) sed -n '2,5p' "$0"; echo "usage: stop_cluster.sh --run-dir DIR [--timeout S]"; exit 0 ;;
     --run-dir|--timeout) [ $# -ge 2 ] || { echo "stop_cluster: $1 needs a value" >&2; exit 2; }
       if [ "$1" = --run-dir ]; then RUN_DIR="$2"; else TIMEOUT="$2"; fi; shift 2 ;;
     *) echo "stop_cluster: unknown option $1" >&2; exit 2 ;;
@@ -15,22 +16,33 @@ done
 [ -n "$RUN_DIR" ] || { echo "stop_cluster: --run-dir DIR is required" >&2; exit 2; }
 [ -d "$RUN_DIR" ] || { echo "stop_cluster: no such run dir: $RUN_DIR" >&2; exit 2; }
 
+# Two phases, so that nothing in flight is lost to the order of shutdown. First the router
+# (it stops accepting and waits out its grace period for the requests it has), the prefill
+# nodes (they finish their prompts and hand the pages off) and colocated nodes; then, once
+# those have exited, the decode nodes, which until then keep taking hand-offs and serving the
+# router's streams. A decode node that drained first would refuse the last hand-offs.
 pids=()
-for role in router prefill decode colocated; do
-  for f in "$RUN_DIR/$role"-*.pid; do
-    [ -f "$f" ] || continue
-    pid="$(cat "$f")"
-    if kill -0 "$pid" 2>/dev/null; then
-      kill -TERM "$pid" 2>/dev/null || true
-      pids+=("$pid")
-    fi
-  done
-  [ "$role" = router ] && sleep 0.2  # let the router stop accepting before nodes drain
-done
 deadline=$(( SECONDS + TIMEOUT ))
-for pid in ${pids[@]+"${pids[@]}"}; do
-  while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
-done
+term_and_wait() {  # role...: SIGTERM their processes, wait (to the deadline) until they exit
+  local role f pid phase=()
+  for role in "$@"; do
+    for f in "$RUN_DIR/$role"-*.pid; do
+      [ -f "$f" ] || continue
+      pid="$(cat "$f")"
+      if kill -0 "$pid" 2>/dev/null; then
+        kill -TERM "$pid" 2>/dev/null || true
+        pids+=("$pid")
+        phase+=("$pid")
+      fi
+    done
+    [ "$role" = router ] && sleep 0.2  # let the router stop accepting before nodes drain
+  done
+  for pid in ${phase[@]+"${phase[@]}"}; do
+    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+  done
+}
+term_and_wait router prefill colocated
+term_and_wait decode
 for pid in ${pids[@]+"${pids[@]}"}; do
   if kill -0 "$pid" 2>/dev/null; then
     echo "stop_cluster: pid $pid did not exit after ${TIMEOUT}s, killing" >&2
