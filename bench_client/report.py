@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from bench_client.attribution import TPOT_PARTS, TTFT_PARTS
 from bench_client.results import fmt, load_results, run_label
 
 PLOTS = (("ttft_cdf.png", "TTFT CDF per class"), ("itl_cdf.png", "ITL CDF per class"),
@@ -80,8 +81,34 @@ def markdown(runs: dict[str, dict]) -> str:
                                                       for r in runs.values()])
     out += ["", "## Side by side", "", "Latencies in ms over completed requests; goodput under each run's SLOs.", ""]
     out += _table(["metric"] + labels, rows)
+    attr_rows = attribution_rows(runs, classes)
+    if attr_rows:
+        out += ["", "## SLO attribution (from the nodes)", "",
+                "Per class: requests whose final chunk carried the nodes' attribution, how many missed the "
+                "nodes' SLO targets and the component each miss was blamed on, and the mean time per "
+                "component (ms) over those requests.", ""]
+        out += _table(["metric"] + labels, attr_rows)
     out += ["", "## Plots", ""] + [f"### {title}\n\n![{title}]({name})\n" for name, title in PLOTS]
     return "\n".join(out) + "\n"
+
+
+def attribution_rows(runs: dict[str, dict], classes: list[str]) -> list[list[str]]:
+    """Rows of the attribution table; none when no run carried an attribution."""
+    per = [r["summary"].get("slo_attribution", {}).get("per_class", {}) for r in runs.values()]
+    if not any(g.get("requests") for p in per for g in p.values()):
+        return []
+    rows = []
+    for c in classes:
+        groups = [p.get(c) for p in per]
+        rows.append([f"**class {c}** attributed (missed ttft / tpot)"] + [
+            "-" if g is None else f"{g['requests']} ({g['missed'].get('ttft', 0)} / {g['missed'].get('tpot', 0)})"
+            for g in groups])
+        rows.append([f"**class {c}** causes of misses"] + [
+            "-" if g is None else (", ".join(f"{k} {v}" for k, v in g["causes"].items()) or "-") for g in groups])
+        seen = [k for k in (*TTFT_PARTS, *TPOT_PARTS) if any(g and g["mean_ms"].get(k) for g in groups)]
+        rows += [[f"**class {c}** mean {k} (ms)"] + ["-" if g is None else fmt(g["mean_ms"].get(k), 1) for g in groups]
+                 for k in seen]
+    return rows
 
 
 def write_report(paths: list[str], out_dir: str | Path) -> Path:

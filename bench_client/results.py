@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bench_client.attribution import format_lines
 from bench_client.records import RequestRecord
 
 RESULTS_VERSION = 1
@@ -81,4 +82,7 @@ def format_table(summary: dict) -> str:
                f"(worst window {fmt(f.get('share_jain_min'), 3)})  Jain(completed/demanded) {fmt(f['jain_index'], 3)}  "
                f"max service gap {fmt(f['max_service_gap'], 0)} (window {f['window_s']} s)  "
                f"duration {fmt(summary.get('duration_s'), 1)} s")
+    attr = format_lines(summary.get("slo_attribution") or {})
+    if attr:
+        out += ["SLO attribution by the nodes (pdtb_timing; misses against the nodes' SLO targets):", *attr]
     return "\n".join(out)

@@ -129,6 +129,8 @@ async def send_one(session: aiohttp.ClientSession, cfg: RunConfig, spec: Request
     # back (a partial character) never arrives, and its token comes with a later chunk
     rec.output_tokens = max(rec.output_tokens, len(rec.token_times))
     rec.first_token_time = rec.token_times[0] if rec.token_times else None
+    if rec.error is None and rec.first_token_time is None:  # as vLLM's client: no TTFT, no success
+        rec.error = "the stream ended without an output token"
     rec.status = OK if rec.error is None else "failed"
     return rec
 

@@ -8,16 +8,19 @@ Per request (status "ok" only; failed requests count in `count` and `failed`, no
   E2E   = end_time - send_time
 Each is reported in ms as PCT = {mean, p50, p90, p95, p99, max}, percentiles linearly
 interpolated as numpy's default; every field is None when there is no sample.
-duration = first send ... last completion, as the run measured it (from the client's start).
+duration = first send ... last completion (the earliest send_time to the latest end_time; a
+workload whose first request is due at 2 s does not count those 2 s). The fairness windows
+still run over the client's clock from its start (`run_s`, RunResult.duration).
 output_tok_s = output tokens of ok requests / duration; total_tok_s = prompt + output tokens of
 ok requests / duration; request_rps = ok requests / duration; goodput_rps = ok requests meeting
 every given SLO / duration (no SLOs: every ok request; a 1-token request has no TPOT and meets a
-TPOT SLO); slo_attainment = requests meeting every SLO / all requests (None without SLOs).
+TPOT SLO; a request with no TTFT or E2E meets none); slo_attainment = requests meeting every SLO / all requests (None without SLOs).
 """
 from __future__ import annotations
 
 import math
 
+from bench_client.attribution import attribution
 from bench_client.records import OK, RequestRecord
 from bench_client.service import ServiceWeights, fairness
 
@@ -77,9 +80,17 @@ def itls_s(r: RequestRecord) -> list[float]:
 
 
 def meets_slos(r: RequestRecord, slos: dict[str, float]) -> bool:
-    """An ok request within every SLO (ms); an undefined figure (TPOT of one token) passes."""
+    """An ok request within every SLO (ms). Only TPOT may be undefined (one output token) and
+    pass; a missing TTFT or E2E (a record with no token) fails its SLO."""
     got = {"ttft_ms": ttft_s(r), "tpot_ms": tpot_s(r), "e2e_ms": e2e_s(r)}
-    return r.status == OK and all(got[k] is None or got[k] * 1000 <= limit for k, limit in slos.items())
+    return r.status == OK and all((k == "tpot_ms" if got[k] is None else got[k] * 1000 <= limit)
+                                  for k, limit in slos.items())
+
+
+def span_s(records: list[RequestRecord]) -> float | None:
+    """First send to last completion, over every request (None without a completed one)."""
+    ends = [r.end_time for r in records if r.end_time is not None]
+    return max(ends) - min(r.send_time for r in records) if ends else None
 
 
 def stats(records: list[RequestRecord], duration: float, slos: dict[str, float]) -> dict:
@@ -111,14 +122,18 @@ def _grouped(records: list[RequestRecord], key) -> dict[str, list[RequestRecord]
 
 def summarize(records: list[RequestRecord], duration: float, slos: dict[str, float] | None = None,
               service_weights: ServiceWeights | None = None, window: float = 1.0) -> dict:
-    """The results file's `summary`: overall, per tenant, per class, fairness."""
+    """The results file's `summary`: overall, per tenant, per class, fairness, the nodes' SLO
+    attribution. `duration`: the run's clock from the client's start to its end."""
     slos = dict(slos or {})
     bad = set(slos) - set(SLO_KEYS)
     if bad:
         raise ValueError(f"unknown SLO {sorted(bad)} (want {', '.join(SLO_KEYS)})")
     w = service_weights or ServiceWeights()
-    return {"overall": stats(records, duration, slos),
-            "per_tenant": {k: stats(v, duration, slos) for k, v in _grouped(records, lambda r: r.tenant).items()},
-            "per_class": {k: stats(v, duration, slos) for k, v in _grouped(records, lambda r: r.klass).items()},
+    span = span_s(records)
+    span = duration if span is None else span  # the rates' denominator (see the module doc)
+    return {"overall": stats(records, span, slos),
+            "per_tenant": {k: stats(v, span, slos) for k, v in _grouped(records, lambda r: r.tenant).items()},
+            "per_class": {k: stats(v, span, slos) for k, v in _grouped(records, lambda r: r.klass).items()},
             "fairness": fairness(records, w, window, duration),
-            "duration_s": duration, "slos": slos}
+            "slo_attribution": attribution(records),
+            "duration_s": span, "run_s": duration, "slos": slos}

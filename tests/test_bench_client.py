@@ -37,7 +37,7 @@ def make_app(first_s: float, itl_s: float, state: dict | None = None, hold: int 
         state["in_flight"] += 1
         state["max_in_flight"] = max(state["max_in_flight"], state["in_flight"])
         try:
-            n = body["max_tokens"]
+            n = 0 if body["user"] == "empty" else body["max_tokens"]  # "empty": [DONE] and nothing else
             await asyncio.sleep(first_s)
             for i in range(n):
                 if i and body["user"] == "bad":
@@ -135,8 +135,9 @@ def test_max_concurrency_caps_an_open_loop():
     assert [r.status for r in res.records] == ["ok"] * 6 and state["max_in_flight"] == 2
     assert max(r.send_time - r.scheduled_time for r in res.records) > 0.05  # waited for a slot
     s = summarize(res.records, res.duration, {"ttft_ms": 10_000})["overall"]
-    assert s["request_rps"] == pytest.approx(6 / res.duration)
-    assert s["total_tok_s"] == pytest.approx(6 * (8 + 3) / res.duration) and s["slo_attainment"] == 1.0
+    span = max(r.end_time for r in res.records) - min(r.send_time for r in res.records)
+    assert s["request_rps"] == pytest.approx(6 / span)
+    assert s["total_tok_s"] == pytest.approx(6 * (8 + 3) / span) and s["slo_attainment"] == 1.0
 
 
 def test_warm_up_requests_go_first_and_are_not_recorded():
@@ -260,3 +261,18 @@ def test_serve_refuses_an_unwritable_out_and_explains_a_dead_url(capsys, tmp_pat
     err = capsys.readouterr().err.strip()
     assert err.startswith("pdtb bench serve: cannot read") and "cannot connect" in err and "ConnectionKey" not in err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_a_stream_without_tokens_fails_and_rates_start_at_the_first_send():
+    """A stream that ends with [DONE] but never carried a token is a failure (as vLLM's client:
+    no TTFT, no success), not an ok request that meets every SLO. Throughput is over first
+    send to last completion: arrivals due from 0.4 s do not count the 0.4 s before them."""
+    specs = [RequestSpec(0.4, "t", "c", 8, 3), RequestSpec(0.4, "empty", "c", 8, 3)]
+    res = run_against(make_app(0.05, 0.01), specs, sample_interval=0)
+    ok, empty = res.records
+    assert ok.status == "ok" and empty.status == "failed" and "without an output token" in empty.error
+    summary = summarize(res.records, res.duration, {"ttft_ms": 10_000})
+    span = max(r.end_time for r in res.records) - min(r.send_time for r in res.records)
+    assert summary["duration_s"] == pytest.approx(span) and summary["run_s"] == res.duration >= 0.4 + span
+    s = summary["overall"]
+    assert s["failed"] == 1 and s["request_rps"] == pytest.approx(1 / span) and s["slo_attainment"] == 0.5

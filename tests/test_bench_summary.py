@@ -9,7 +9,8 @@ import pytest
 
 from bench_client.records import RequestRecord
 from bench_client.service import ServiceWeights, jain_index
-from bench_client.summary import percentile, summarize
+from bench_client.attribution import format_lines
+from bench_client.summary import meets_slos, percentile, summarize
 
 
 def make_record(tenant, klass, prompt, send, tokens, end, status="ok", requested=None, error=None):
@@ -57,8 +58,9 @@ def test_overall_latencies_by_hand():
     approx_pct(s["tpot_ms"], (150 + t) / 2, (150 + t) / 2, 150 + 0.9 * (t - 150), 150 + 0.95 * (t - 150),
                150 + 0.99 * (t - 150), t)
     approx_pct(s["e2e_ms"], 1700 / 3, 400, 880, 940, 988, 1000)
-    assert s["output_tok_s"] == pytest.approx((3 + 1 + 4) / 2.0)  # ok requests only
-    assert s["goodput_rps"] == pytest.approx(3 / 2.0)  # no SLOs: every ok request
+    # rates over first send (r1, 0.0) to last completion (r3, 1.5), not the run's 2.0 s
+    assert s["output_tok_s"] == pytest.approx((3 + 1 + 4) / 1.5)  # ok requests only
+    assert s["goodput_rps"] == pytest.approx(3 / 1.5)  # no SLOs: every ok request
 
 
 def test_groups_and_edge_cases():
@@ -74,15 +76,15 @@ def test_groups_and_edge_cases():
     long = s["per_class"]["long"]
     assert (long["count"], long["failed"]) == (3, 2)
     approx_pct(long["itl_ms"], 800 / 3, 100, 500, 550, 590, 600)
-    assert long["output_tok_s"] == pytest.approx(2.0)
+    assert long["output_tok_s"] == pytest.approx(4 / 1.5)
 
 
 def test_goodput_under_slos():
     s = lambda **slos: summarize(records(), 2.0, slos)["overall"]["goodput_rps"]
     # r1 (TTFT 100, TPOT 150) meets both; r2 misses TTFT 250; r3 misses TPOT 200
-    assert s(ttft_ms=250, tpot_ms=200) == pytest.approx(0.5)
-    assert s(e2e_ms=350) == pytest.approx(0.5)  # only r2 (300 ms)
-    assert s(tpot_ms=1) == pytest.approx(0.5)  # only r2: a one-token request has no TPOT to miss
+    assert s(ttft_ms=250, tpot_ms=200) == pytest.approx(1 / 1.5)
+    assert s(e2e_ms=350) == pytest.approx(1 / 1.5)  # only r2 (300 ms)
+    assert s(tpot_ms=1) == pytest.approx(1 / 1.5)  # only r2: a one-token request has no TPOT to miss
     with pytest.raises(ValueError):
         summarize(records(), 2.0, {"latency_ms": 1})
 
@@ -166,3 +168,38 @@ def test_tokens_arriving_together_share_the_gap_before_them():
     assert itls_s(r) == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.2, 0.2])
     assert sum(itls_s(r)) == pytest.approx(1.3 - 0.5)
     assert itls_s(make_record("A", "c", 4, 0.0, [0.2, 0.2], 0.2)) == []
+
+
+def test_a_record_without_a_first_token_meets_no_ttft_slo():
+    """An ok record with no token (an old results file, or a server that sent nothing) has no
+    TTFT: it fails a TTFT SLO; only TPOT may be undefined and pass (one output token)."""
+    none = make_record("a", "c", 4, 0.0, [], 5.0)
+    one = make_record("a", "c", 4, 0.0, [0.2], 0.3)
+    assert not meets_slos(none, {"ttft_ms": 500}) and meets_slos(none, {"e2e_ms": 6000})
+    assert meets_slos(one, {"ttft_ms": 500, "tpot_ms": 1})
+    s = summarize([none, one], 5.0, {"ttft_ms": 500})["overall"]
+    assert s["goodput_rps"] == pytest.approx(1 / 5.0) and s["slo_attainment"] == 0.5
+
+
+def _timed(tenant, klass, comps, missed=(), cause=None, status="ok"):
+    r = make_record(tenant, klass, 4, 0.0, [0.1, 0.2], 0.3, status=status)
+    r.server_timing = {"prefill_s": 0.05, "slo": {"components": comps, "missed": list(missed), "cause": cause}}
+    return r
+
+
+def test_slo_attribution_is_summed_by_hand():
+    recs = [_timed("w", "whale", {"queue": 0.010, "prefill": 0.090, "turn_wait": 2.0}, ["tpot"], "turn_wait"),
+            _timed("w", "whale", {"queue": 0.030, "prefill": 0.110, "turn_wait": 1.0}, ["ttft", "tpot"], "turn_wait"),
+            _timed("m", "minnow", {"queue": 0.004, "prefill": 0.002}),
+            _timed("m", "minnow", {"queue": 9.0}, ["ttft"], "queue", status="failed"),  # failed: not counted
+            make_record("m", "minnow", 4, 0.0, [0.1], 0.2)]  # no timing (a stop string ended it)
+    recs[-1].server_timing = {"slo": "garbage"}  # malformed: skipped
+    a = summarize(recs, 1.0)["slo_attribution"]
+    w, m = a["per_class"]["whale"], a["per_class"]["minnow"]
+    assert w["requests"] == 2 and w["missed"] == {"tpot": 2, "ttft": 1} and w["causes"] == {"turn_wait": 2}
+    assert w["mean_ms"] == pytest.approx({"queue": 20.0, "prefill": 100.0, "turn_wait": 1500.0})
+    assert m == {"requests": 1, "missed": {}, "causes": {}, "mean_ms": pytest.approx({"queue": 4.0, "prefill": 2.0})}
+    assert a["overall"]["requests"] == 3 and a["per_tenant"]["w"] == w
+    lines = format_lines(a)
+    assert lines[0].startswith("  class minnow: 1 attributed, missed none")
+    assert "causes turn_wait 2" in lines[1] and "turn_wait 1500.0" in lines[1]
