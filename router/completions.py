@@ -327,11 +327,21 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
         state.metrics.requests.labels(status).inc()
 
 
-async def drain(state: RouterState, grace: float) -> int:
-    """Shutdown: wait up to `grace` seconds for in-flight completions, then cancel the rest (which
-    aborts them at their nodes). Returns how many were cancelled."""
+async def drain(state: RouterState, grace: float, last_words_s: float = 2.0) -> int:
+    """Shutdown: wait up to `grace` seconds for in-flight completions; then fail the rest with a
+    503 that each handler sends its client (an error event and [DONE] on a stream, an error
+    response otherwise) and aborts at its nodes, and give the handlers `last_words_s` to do it
+    before cancelling any still running (a client that stopped reading). Returns how many
+    requests were cut."""
     state.shutting_down = True
     deadline = time.monotonic() + grace
+    while state.handlers and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if not state.handlers:
+        return 0
+    cut = len(state.handlers)
+    state.registry.fail_all(f"the router shut down: the request was still running after the {grace:g} s grace period")
+    deadline = time.monotonic() + last_words_s
     while state.handlers and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     left = list(state.handlers)
@@ -339,4 +349,4 @@ async def drain(state: RouterState, grace: float) -> int:
         task.cancel()
     if left:
         await asyncio.wait(left, timeout=5.0)
-    return len(left)
+    return cut

@@ -76,7 +76,7 @@ async def serve(config: RouterConfig, model: ServedModel) -> int:
             await site.stop()  # stop accepting connections
         cancelled = await drain(runner.app[STATE], config.shutdown_timeout)
         if cancelled:
-            log.warning("aborted %d request(s) still running after the grace period", cancelled)
+            log.warning("failed %d request(s) still running after the grace period (503)", cancelled)
         await asyncio.wait_for(runner.cleanup(), 10.0)
     log.info("router stopped")
     return 1 if fatal else 0

@@ -133,10 +133,17 @@ class NodeRegistry:
             task.add_done_callback(self._task_done)
             self._tasks.append(task)
 
+    def fail_all(self, reason: str) -> int:
+        """Fail every open request with a 503 `reason` (its handler reports it to the client and
+        aborts it at its nodes). Returns how many there were."""
+        handles = list(self._requests.values())
+        for handle in handles:
+            handle.queue.put_nowait(RequestFailed(503, reason))
+        return len(handles)
+
     async def close(self) -> None:
         """Fail every open request, stop the tasks, close the sockets."""
-        for handle in list(self._requests.values()):
-            handle.queue.put_nowait(RequestFailed(503, "router shutting down"))
+        self.fail_all("router shutting down")
         for task in self._tasks:
             task.cancel()
         if self._tasks:

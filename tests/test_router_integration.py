@@ -471,3 +471,31 @@ def test_shutdown_grace_refuses_new_requests_and_finishes_running_ones(served, t
             assert len(c.nodes["prefill"].requests) == 1  # the late one never reached a node
 
     run(go())
+
+
+def test_requests_past_the_grace_period_end_with_an_error_not_a_cut_connection(served, tokens):
+    """When the grace period runs out, each request still running gets a 503 it can read (an
+    error event and [DONE] on a stream, an error response otherwise) and is aborted at its
+    nodes; before, the handlers were cancelled and the clients saw the connection break."""
+    async def go():
+        async with cluster(served, tokens, node_kw={"decode": {"delay": 0.05}}) as c:
+            body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 500, "stream": True}
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+
+                async def json_request():
+                    async with s.post(c.url + "/v1/completions", json={**body, "stream": False}) as r:
+                        return r.status, await r.json()
+
+                late_json = asyncio.ensure_future(json_request())
+                async with s.post(c.url + "/v1/completions", json=body) as resp:
+                    assert resp.status == 200
+                    await read_sse(resp, 2)
+                    await wait_until(lambda: c.state.registry.num_open_requests == 2, what="both requests open")
+                    assert await asyncio.wait_for(drain(c.state, 0.3), 10) == 2
+                    rest = await read_sse(resp)
+                assert rest[-1] == "[DONE]" and "grace period" in rest[-2]["error"]["message"], rest[-3:]
+                status, err = await asyncio.wait_for(late_json, 10)
+                assert status == 503 and "grace period" in err["error"]["message"]
+            await wait_until(lambda: len(c.nodes["decode"].aborts) == 2, what="both aborted at the decode node")
+
+    run(go())
