@@ -10,7 +10,8 @@ Queues and a request's path through them:
     (RESIDENT) -> `take_completed` -> scheduler.running (continuous-batching decode; one token
     event per step to the request's router) -> finished: final event with the timeline, pages
     freed. Aborts free pages at any point. SIGTERM: new headers are refused, transfers already
-    landing and running requests finish within the drain timeout, the rest fail.
+    landing and running requests finish within the drain timeout, the rest fail. On adoption
+    the node sends the router an empty event: from then on the request needs only this node.
 
 The decode node never saw the prompt being admitted: it *inherits* the pages. Whether to take
 them is decided here, by `fairness` policies, against this node's own pool.
@@ -23,7 +24,7 @@ from collections import OrderedDict
 
 from cluster import kv_meta
 from cluster.node_base import NodeBase, to_sampling
-from cluster.protocol import Params
+from cluster.protocol import Params, TokenEvent
 from fairness.base import Arrival
 from kv_transport import ReceivedTransfer, TransportConfig, make_receiver
 from model_engine.engine import StepEvent
@@ -142,6 +143,10 @@ class DecodeNode(NodeBase):
             self.engine.scheduler.add_parked(seq)
         else:
             self.engine.scheduler.add_running(seq)
+        # An event without tokens tells the router this node holds the request now: it no longer
+        # depends on its prefill node, which may exit (a drain, a scale-down) before this
+        # request's first decode step, which can be far off for a parked or held-back one.
+        self.sink.add(self.routes[seq.request_id], TokenEvent(seq.request_id, []))
 
     def on_step_events(self, events: list[StepEvent], t: float) -> None:
         now = time.time()

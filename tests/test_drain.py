@@ -180,6 +180,42 @@ def test_sigterm_decode_past_drain_timeout_fails_the_rest_with_a_reason(llama_di
         wait_until(lambda: prefill_pages_free(url), 30, what="prefill pages free")
 
 
+def test_requests_parked_at_decode_outlive_their_prefill_node(llama_dir, tmp_path):
+    """A request the decode node adopted into its host tier (the device tier is full) sends no
+    token for a while; its prefill node then drains and exits. The request needs only the
+    decode node now and must finish. The router used to count it as depending on the prefill
+    node until its first decode token, and failed it when that node stopped answering."""
+    run_dir = tmp_path / "pk"
+    run_dir.mkdir()
+    with ExitStack() as stack:
+        dec = start_node(stack, "decode", llama_dir, run_dir, "--kv-pages", "240", "--host-kv-pages", "1024")
+        pre = start_node(stack, "prefill", llama_dir, run_dir, "--kv-pages", "400")
+        ctrls = [f"{p[2].stem}={wait_ready(*p)['ctrl']}" for p in (dec, pre)]
+        url = start_router(stack, llama_dir, run_dir, ctrls)
+        vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
+
+        def nodes(role):
+            return [x for x in get_json(f"{url}/cluster") if x["role"] == role]
+
+        async def go():
+            rng, started = random.Random(4), []
+            async with session() as s:
+                # 238 of the 240 device pages at its peak: the next arrivals are parked in the host tier
+                whale = asyncio.ensure_future(stream(s, url, prompt(vocab, 2800, rng), 1000, started=started))
+                await until(lambda: started, END_S, "the long stream to start")
+                shorts = [asyncio.ensure_future(stream(s, url, prompt(vocab, 1000, rng), 40)) for _ in range(3)]
+                await until(lambda: nodes("decode")[0]["waiting"] == 3 and nodes("prefill")[0]["running"] == 0
+                            and not nodes("prefill")[0]["extra"].get("handoffs"), END_S, "three parked at decode")
+                pre[0].send_signal(signal.SIGTERM)
+                assert await asyncio.to_thread(pre[0].wait, 60) == 0
+                await until(lambda: not nodes("prefill")[0]["healthy"], 15, "the router to see prefill gone")
+                return await asyncio.wait_for(asyncio.gather(whale, *shorts), END_S)
+
+        outs = asyncio.run(go())
+        bad = [(o.tokens, o.error) for o, n in zip(outs, [1000, 40, 40, 40]) if not (o.ok and o.tokens == n)]
+        assert not bad, bad
+
+
 # ---- the scripts ------------------------------------------------------------------------------------
 def tree(pids) -> set[int]:
     out = set(pids)
