@@ -37,6 +37,7 @@ class ControlServer:
         self.address = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.handler = handler
         self.bad_frames = 0
+        self.unreachable: set[bytes] = set()  # identities a send found disconnected (EHOSTUNREACH)
 
     async def serve(self, stop: asyncio.Event, tick_s: float = 0.1) -> None:
         while not stop.is_set():
@@ -80,6 +81,8 @@ class ControlServer:
             await bounded(self.sock.send_multipart([identity, encode_message(msg)]), SEND_TIMEOUT_S)
             return True
         except (zmq.ZMQError, asyncio.TimeoutError) as e:
+            if isinstance(e, zmq.ZMQError) and e.errno == zmq.EHOSTUNREACH:
+                self.unreachable.add(identity)  # ROUTER_MANDATORY: no such peer connected now
             log.warning("control: cannot send %s to %r: %s", type(msg).__name__, identity, e)
             return False
 
@@ -91,11 +94,18 @@ class ControlServer:
 
 
 class EventSink:
-    """Collects TokenEvents per router identity; `flush` sends one TokenBatch per router."""
+    """Collects TokenEvents per router identity; `flush` sends one TokenBatch per router.
 
-    def __init__(self, server: ControlServer, node_id: str) -> None:
+    A batch the router's socket is not connected for (the router exited or died) is lost, and
+    the requests it streamed can never be told apart from complete ones: `on_gone(router_id)`
+    is called so that the node ends that router's requests and frees their pages, instead of
+    generating for nobody until max_tokens (or a drain's timeout)."""
+
+    def __init__(self, server: ControlServer, node_id: str,
+                 on_gone: Callable[[str], None] | None = None) -> None:
         self.server = server
         self.node_id = node_id
+        self.on_gone = on_gone
         self._pending: dict[bytes, list[TokenEvent]] = {}
 
     def add(self, router_id: str, event: TokenEvent) -> None:
@@ -104,4 +114,7 @@ class EventSink:
     async def flush(self) -> None:
         pending, self._pending = self._pending, {}
         for ident, events in pending.items():
-            await self.server.send(ident, TokenBatch(self.node_id, events))
+            if not await self.server.send(ident, TokenBatch(self.node_id, events)) and \
+                    ident in self.server.unreachable and self.on_gone is not None:
+                self.server.unreachable.discard(ident)
+                self.on_gone(ident.decode(errors="replace"))

@@ -110,7 +110,7 @@ class NodeBase:
         self.keys = CurveKeys.load(config.curve_dir) if config.curve_dir else None
         self._auth = None
         self.ctrl = ControlServer(self.ctx, f"tcp://{config.host}:{config.ctrl_port}", self._on_message, self.keys)
-        self.sink = EventSink(self.ctrl, config.node_id)
+        self.sink = EventSink(self.ctrl, config.node_id, on_gone=self._router_gone)
         self.routes: dict[str, str] = {}  # request id -> router identity
         self.seqs: dict[str, Sequence] = {}  # live requests on this node
         self.metrics_addr = ""
@@ -141,6 +141,16 @@ class NodeBase:
         seq = self.engine.scheduler.abort(request_id, f"abort: {reason}")
         if seq is not None:
             self._end(seq)
+
+    def _router_gone(self, router_id: str) -> None:
+        """The router `router_id` is not connected (events to it were lost): end its requests
+        here as if it had aborted them, which frees their pages."""
+        rids = [rid for rid, r in self.routes.items() if r == router_id]
+        for rid in rids:
+            self.on_abort(rid, "router gone")
+        if rids:
+            log.warning("router %s is gone: aborted its %d request(s)", router_id, len(rids))
+            self.wake.set()
 
     def abort_all(self, reason: str) -> None:
         """Fail every live request on this node and free its pages."""

@@ -58,10 +58,13 @@ def wait_ready(proc: subprocess.Popen, addr: Path, log: Path) -> dict:
     return get_json_file(addr)
 
 
-def start_router(stack: ExitStack, model: str, run_dir: Path, nodes: list[str]) -> str:
+def start_router(stack: ExitStack, model: str, run_dir: Path, nodes: list[str], procs: list | None = None) -> str:
+    """Start a router on the nodes; returns its URL (and appends its process to `procs`)."""
     rlog = run_dir / "router.log"
     router = stack.enter_context(process(["router", "--model", model, "--port", "0",
                                           *(a for n in nodes for a in ("--node", n))], rlog))
+    if procs is not None:
+        procs.append(router)
 
     def url():
         m = re.search(r"router listening on (http://\S+)", rlog.read_text())
@@ -214,6 +217,36 @@ def test_requests_parked_at_decode_outlive_their_prefill_node(llama_dir, tmp_pat
         outs = asyncio.run(go())
         bad = [(o.tokens, o.error) for o, n in zip(outs, [1000, 40, 40, 40]) if not (o.ok and o.tokens == n)]
         assert not bad, bad
+
+
+def test_a_dead_routers_requests_are_ended_at_the_node(llama_dir, tmp_path):
+    """The router is SIGKILLed mid-stream. Its requests' events cannot be delivered, so the node
+    ends them (as if aborted) and frees their pages, instead of generating for nobody until
+    max_tokens or, on SIGTERM, until its drain timeout."""
+    run_dir = tmp_path / "rg"
+    run_dir.mkdir()
+    with ExitStack() as stack:
+        node, addr, log = start_node(stack, "colocated", llama_dir, run_dir, "--kv-pages", "400",
+                                     "--drain-timeout", "1")
+        procs: list = []
+        url = start_router(stack, llama_dir, run_dir, [f"colocated={wait_ready(node, addr, log)['ctrl']}"], procs)
+        vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
+
+        async def go():
+            rng, started = random.Random(6), []
+            async with session() as s:
+                tasks = [asyncio.ensure_future(stream(s, url, prompt(vocab, 24, rng), 3500, started=started))
+                         for _ in range(4)]
+                await until(lambda: len(started) >= 4, END_S, "streams to start")
+                procs[0].kill()
+                await asyncio.wait_for(asyncio.gather(*tasks), END_S)  # the client sees the connection drop
+
+        asyncio.run(go())
+        wait_until(lambda: "is gone: aborted its 4 request(s)" in log.read_text(), 30, what="the node to end them")
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(timeout=60) == 0
+        text = log.read_text()
+        assert drained_line(log) == (400, 400) and "before the request finished" not in text, text[-2000:]
 
 
 # ---- the scripts ------------------------------------------------------------------------------------
