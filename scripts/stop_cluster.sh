@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stop a cluster started by launch_cluster.sh: SIGTERM the router, prefill and colocated nodes,
-# and once they have exited the decode nodes (each drains what it has in flight), then SIGKILL
-# whatever is left after --timeout seconds (default 40).
+# and once they have exited the decode nodes (each drains what it has in flight); SIGKILL
+# whatever is left --timeout seconds (default 40) after its SIGTERM.
 # Leaves no process behind; removes the pid files.
 set -euo pipefail
 RUN_DIR="" TIMEOUT=40
@@ -21,10 +21,11 @@ done
 # nodes (they finish their prompts and hand the pages off) and colocated nodes; then, once
 # those have exited, the decode nodes, which until then keep taking hand-offs and serving the
 # router's streams. A decode node that drained first would refuse the last hand-offs.
+# Each phase gets --timeout seconds: the decode nodes' drain does not lose its time to a
+# router that used all of the first phase's.
 pids=()
-deadline=$(( SECONDS + TIMEOUT ))
-term_and_wait() {  # role...: SIGTERM their processes, wait (to the deadline) until they exit
-  local role f pid phase=()
+term_and_wait() {  # role...: SIGTERM their processes, wait (up to --timeout) until they exit
+  local role f pid phase=() deadline=$(( SECONDS + TIMEOUT ))
   for role in "$@"; do
     for f in "$RUN_DIR/$role"-*.pid; do
       [ -f "$f" ] || continue
@@ -45,7 +46,7 @@ term_and_wait router prefill colocated
 term_and_wait decode
 for pid in ${pids[@]+"${pids[@]}"}; do
   if kill -0 "$pid" 2>/dev/null; then
-    echo "stop_cluster: pid $pid did not exit after ${TIMEOUT}s, killing" >&2
+    echo "stop_cluster: pid $pid did not exit within ${TIMEOUT}s of its SIGTERM, killing" >&2
     kill -KILL "$pid" 2>/dev/null || true
   fi
   kill -KILL -- "-$pid" 2>/dev/null || true  # anything it started (its own session)
