@@ -58,6 +58,9 @@ if [ "$QUICK" = 1 ]; then
       --slo ttft_ms=500 --slo tpot_ms=100)
 fi
 BUDGET=512  # per-step token budget: whale prompts prefill in chunks, interleaved with decode
+# The nodes attribute each request's misses of the same SLOs as the client's goodput uses (the
+# client then reports the causes per class: `SLO attribution` under each run's table).
+NODE_SLO=(--slo-ttft '*=0.5' --slo-tpot '*=0.1')
 POLICIES="${POLICIES:-fcfs memfair vtc mcsf priority}"
 POLICIES="${POLICIES//,/ }"
 KNOWN="$(python -c 'from fairness import POLICIES; print(" ".join(sorted(POLICIES)))')"
@@ -72,6 +75,7 @@ run_one() {  # run_one MODE POLICY
   else
     pages=$(( TOTAL - PREFILL )); extra=(--prefill-kv-pages "$PREFILL" -- --max-num-batched-tokens "$BUDGET" --device "$DEVICE")
   fi
+  extra+=("${NODE_SLO[@]}")
   [ "$STEPLOG" = 0 ] || extra+=(--step-log "$rd/steps-{node}.jsonl")
   local node_args=()
   read -r -a node_args <<< "$NODE_ARGS"
