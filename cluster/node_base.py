@@ -129,6 +129,8 @@ class NodeBase:
                 self.on_generate(msg)
             self.wake.set()
         elif isinstance(msg, AbortRequest):
+            if msg.final:
+                self._final_timing(msg.request_id)
             self.on_abort(msg.request_id, msg.reason)
             self.wake.set()
         else:
@@ -141,6 +143,15 @@ class NodeBase:
         seq = self.engine.scheduler.abort(request_id, f"abort: {reason}")
         if seq is not None:
             self._end(seq)
+
+    def _final_timing(self, request_id: str) -> None:
+        """A request the router ended (stop string): send its last event, with the timeline,
+        before it is aborted here. Nothing if this node does not hold it."""
+        seq = self.seqs.get(request_id)
+        if seq is None:
+            return
+        ev = TokenEvent(request_id, [], True, "stop", timing=self.acct.final_timing(seq))
+        self.sink.add(self.routes.get(request_id, ""), ev)
 
     def _router_gone(self, router_id: str) -> None:
         """The router `router_id` is not connected (events to it were lost): end its requests

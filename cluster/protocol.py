@@ -64,6 +64,10 @@ class GenerateRequest:
 class AbortRequest:
     request_id: str
     reason: str = "aborted by client"
+    # The router ended the request itself (a stop string matched): the node holding it answers
+    # with a final event, finish_reason "stop", carrying its timeline (pdtb_timing) as a node-
+    # finished request's last event does, instead of dropping it silently.
+    final: bool = False
 
 
 @dataclass

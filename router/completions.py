@@ -7,7 +7,10 @@
 
 The nodes get an AbortRequest whenever the request ends before a node finished it: a stop
 string matched, the client went away (aiohttp cancels the handler), a write stalled, a node
-failed or fell silent, or the request timed out waiting for its next event.
+failed or fell silent, or the request timed out waiting for its next event. After a stop
+string the abort asks for a last event (`final`): the text goes out at once, and the last chunk
+(finish_reason "stop") waits for the node's timeline, at most FINAL_TIMING_S, to carry it as
+`pdtb_timing`.
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ class RouterState:
 
 
 STATE = web.AppKey("state", RouterState)
+FINAL_TIMING_S = 0.5  # how long a request ended by a stop string waits for its node's timeline
 
 
 @dataclass
@@ -120,6 +124,16 @@ class CompletionRun:
                 if ev.finished and not delta.stopped:
                     tail = out.finish()
                     delta = TextDelta(delta.text + tail.text, tail.stopped)
+                if delta.stopped and not ev.finished:
+                    # A stop string ended it here while its node still runs: the text goes out
+                    # now, then the last piece with the node's timeline, which the abort asks for.
+                    reason = "stop string matched"
+                    metrics.e2e.observe(now - self.arrival)
+                    if delta.text or ids:
+                        yield Piece(delta.text, ev.token_ids)
+                    finished_by_node = True  # the abort goes out in _final_timing
+                    yield Piece("", [], "stop", await self._final_timing(), self._stop_reason(out, "stop", stop_id))
+                    return
                 if delta.stopped or ev.finished:
                     reason = "stop string matched"
                     metrics.e2e.observe(now - self.arrival)
@@ -129,6 +143,22 @@ class CompletionRun:
                 yield Piece(delta.text, ev.token_ids)
         finally:
             self._end(None if finished_by_node else reason)
+
+    async def _final_timing(self) -> dict:
+        """Abort the request at its nodes asking the one that holds it for its last event, and
+        return that event's timeline (pdtb_timing), or {} if none came within FINAL_TIMING_S
+        (the output is complete already; only the attribution is missing then)."""
+        registry = self.state.registry
+        registry.abort(self.handle, "stop string matched", final=True)
+        deadline = time.monotonic() + FINAL_TIMING_S
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                ev = await registry.next_event(self.handle, left)
+            except RequestFailed:
+                return {}
+            if ev.finished:  # token events still in flight before it are past the stop string
+                return ev.timing or {}
+        return {}
 
     def close(self) -> None:
         """Abort and release a submitted request whose output was never read (the client went

@@ -87,6 +87,9 @@ class FakeNode:
                 task = self._streams.pop(msg.request_id, None)
                 if task:
                     task.cancel()
+                    if msg.final:  # as a real node: the last event, with the timeline
+                        await self._send(ident, TokenBatch(self.cfg.node_id, [TokenEvent(
+                            msg.request_id, [], True, "stop", timing=dict(self.cfg.timing))]))
 
     def _stats(self, seq: int) -> NodeStats:
         busy = len(self._streams)

@@ -332,11 +332,12 @@ class NodeRegistry:
             raise item
         return item
 
-    def abort(self, handle: RequestHandle, reason: str) -> None:
-        """Tell every node involved to drop the request (best effort, never blocks)."""
+    def abort(self, handle: RequestHandle, reason: str, final: bool = False) -> None:
+        """Tell every node involved to drop the request (best effort, never blocks). With
+        `final`, the node holding it first sends a last event with its timeline."""
         for node in (handle.entry, handle.decode):
             if node is not None:
-                self._send(node, AbortRequest(handle.request_id, reason))
+                self._send(node, AbortRequest(handle.request_id, reason, final))
 
     def release(self, handle: RequestHandle) -> None:
         """Forget the request: later events for it are dropped."""

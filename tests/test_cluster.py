@@ -72,6 +72,29 @@ def check_stop_token(url: str, hf_model, prompt: list[int], max_tokens: int = 12
     assert c.text == tok.decode(want[:k], skip_special_tokens=True)
 
 
+def check_stop_string(url: str, hf_model, prompt: list[int], max_tokens: int = 16) -> None:
+    """A stop string ends the output at the router while the node still runs: the output is cut
+    before it, and the last response still carries the node's timeline with its SLO attribution
+    (the abort asks the node holding the request for it), streaming or not."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(hf_model.name_or_path)
+    want = hf_greedy(hf_model, prompt, max_tokens, ignore_eos=True)
+    text = tok.decode(want, skip_special_tokens=True)
+    stop = next(s for k in range(6, 12) if (s := tok.decode(want[k:k + 2], skip_special_tokens=True).strip())
+                and text.index(s) > 0)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
+    model = client.models.list().data[0].id
+    kw = dict(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stop=[stop], extra_body=EXTRA)
+    r = client.completions.create(**kw)
+    assert r.choices[0].text == text[:text.index(stop)] and r.choices[0].model_extra["stop_reason"] == stop
+    timing = r.model_extra["pdtb_timing"]
+    assert "first_token" in timing["stamps"] and "decode_s" in timing and "components" in timing["slo"], timing
+    chunks = list(client.completions.create(stream=True, **kw))
+    assert "".join(c.choices[0].text for c in chunks) == text[:text.index(stop)]
+    assert chunks[-1].choices[0].finish_reason == "stop" and "slo" in chunks[-1].model_extra["pdtb_timing"]
+
+
 async def _many_streams(url: str, prompts, max_tokens: int) -> list[int]:
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=300, max_retries=0)
     model = (await client.models.list()).data[0].id
@@ -93,6 +116,7 @@ def test_disagg_1p1d_matches_generate_and_frees_pages(llama_dir, hf_models, tmp_
         check_against_hf(url, hf_models["llama"], prompts_for(vocab, (1, 17, 130)))
         check_chat_against_hf(url, llama_dir, hf_models["llama"])
         check_stop_token(url, hf_models["llama"], prompts_for(vocab, (9,), seed=7)[0])
+        check_stop_string(url, hf_models["llama"], prompts_for(vocab, (9,), seed=8)[0])
         lens = [random.Random(i).choice((3, 20, 60, 150)) for i in range(64)]
         got = asyncio.run(_many_streams(url, prompts_for(vocab, lens, seed=1), 8))
         assert got == [8 + i % 5 for i in range(64)]

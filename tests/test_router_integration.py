@@ -143,14 +143,16 @@ def test_colocated_token_prompt_and_stop_string(served, tokens):
             r = await client.completions.create(model="tiny", prompt=prompt_ids, max_tokens=200, stop=["zzz", stop])
             assert r.choices[0].text == text[:text.index(stop)] and r.choices[0].finish_reason == "stop"
             assert r.choices[0].model_extra["stop_reason"] == stop  # vLLM's field: which stop ended it
+            assert r.model_extra["pdtb_timing"] == {"fake": True}  # the node's timeline, asked for with the abort
             node = c.nodes["colocated"]
             await wait_until(lambda: node.aborts, what="abort after the stop string")
-            assert node.aborts[0].request_id == node.requests[0].request_id
+            assert node.aborts[0].request_id == node.requests[0].request_id and node.aborts[0].final
             chunks = [ch async for ch in await client.completions.create(
                 model="tiny", prompt=prompt_ids, max_tokens=200, stop=stop, stream=True)]
             assert "".join(ch.choices[0].text for ch in chunks) == text[:text.index(stop)]
             assert chunks[-1].choices[0].finish_reason == "stop"
             assert chunks[-1].choices[0].model_extra["stop_reason"] == stop
+            assert chunks[-1].model_extra["pdtb_timing"] == {"fake": True}
             r = await client.completions.create(model="tiny", prompt=prompt_ids, max_tokens=3)
             assert r.choices[0].finish_reason == "length" and r.choices[0].model_extra["stop_reason"] is None
 
