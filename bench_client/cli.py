@@ -25,6 +25,19 @@ from bench_client.traces import read_trace, trace_specs
 from pdtb.common import freeze_heap
 
 
+def _at_least(least: int):
+    """An argparse type: a whole number >= `least`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {text}")
+        return value
+    return parse
+
+
 def _positive(kind):
     """An argparse type: a number of `kind` above zero (a clear usage error otherwise)."""
     def parse(text: str):
@@ -83,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--off", type=float, default=0.0, help="off-phase seconds")
     g = ap.add_argument_group("trace replay")
     g.add_argument("--length-scale", type=_positive(float), default=1.0)
-    g.add_argument("--max-context", type=int, help="clamp prompt+output to this many tokens")
+    g.add_argument("--max-context", type=_at_least(2), help="clamp prompt+output to this many tokens (>= 2)")
     g.add_argument("--time-scale", type=_positive(float), default=1.0, help="multiply arrival offsets (0.1 = 10x faster)")
     g = ap.add_argument_group("requests")
     g.add_argument("--model", help="model name to send (default: the served one)")
@@ -200,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if a.dry_run:
         print(describe(specs))
+        trace = workload_info.get("trace")
+        if trace and (trace["clamped_by_max_context"] or trace["outputs_raised_to_one"]):
+            print(f"  trace: {trace['clamped_by_max_context']} request(s) clamped by --max-context "
+                  f"(prompt cut, output kept), {trace['outputs_raised_to_one']} output length(s) of 0 sent as 1")
         return 0
     if not a.url:
         print("pdtb bench serve: --url is required (except with --dry-run)", file=sys.stderr)
@@ -258,6 +275,14 @@ async def _serve(a, specs, workload_info: dict, slos: dict, weights: ServiceWeig
     for i, s in enumerate(specs):
         specs[i], changed = wl.clamp_to_context(s, max_len)
         clamped += changed
+    if clamped:  # said out loud: a replayed trace is not what it was (also in meta.clamped_to_context)
+        print(f"pdtb bench serve: {clamped} request(s) longer than the model's context ({max_len} tokens) "
+              f"were shortened to fit it (prompt cut, output kept; --max-context sets a smaller limit)",
+              file=sys.stderr)
+    trace = workload_info.get("trace")
+    if trace and trace["outputs_raised_to_one"]:
+        print(f"pdtb bench serve: {trace['outputs_raised_to_one']} trace output length(s) of 0 are sent as 1 token",
+              file=sys.stderr)
     mode, policy = server_labels(nodes)
     cfg = RunConfig(url, a.model, vocab, a.min_token_id, a.seed, a.concurrency, a.request_timeout,
                     a.sample_interval, not a.no_token_ids, a.temperature, not a.quiet, a.api_key,

@@ -4,13 +4,16 @@ Two formats, told apart by the first non-blank character ('{' = JSON lines, else
 byte-order mark is skipped, and so are JSON-lines lines starting with '#'):
   JSON lines (native; also the Mooncake shape):  {"timestamp": ms from start, "input_length": N,
       "output_length": N, "tenant": optional, "priority": optional}; other keys (hash_ids) ignored.
-  Azure LLM inference CSV:  TIMESTAMP (wall clock "YYYY-MM-DD HH:MM:SS.fffffff"), ContextTokens,
-      GeneratedTokens.
+  Azure LLM inference CSV:  TIMESTAMP (wall clock "YYYY-MM-DD HH:MM:SS[.fffffff]", optionally
+      with "T" for the space and a UTC offset "+00:00" or "Z", as the 2024 traces have; a time
+      without an offset is read as UTC, so no local timezone or daylight-saving change moves
+      it), ContextTokens, GeneratedTokens.
 
 Every row is checked: a timestamp must be a finite number >= 0, lengths whole numbers (the
 prompt at least 1 token, the output at least 0), a priority a whole number; a row that is not
-gives `trace line N: ...`. An output length of 0 is replayed as 1 token (a request must ask for
-one) and counted in the info dict as `outputs_raised_to_one`.
+gives `trace line N: ...` (N counts every line of the file, blank ones included). A file
+without a single request is an error. An output length of 0 is replayed as 1 token (a request
+must ask for one) and counted in the info dict as `outputs_raised_to_one`.
 
 Scaling, applied in this order and recorded by `trace_specs` in its info dict:
   max_requests   keep the first N rows by time
@@ -20,9 +23,11 @@ Scaling, applied in this order and recorded by `trace_specs` in its info dict:
 """
 from __future__ import annotations
 
+import calendar
 import csv
 import json
 import math
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -42,22 +47,38 @@ class TraceRow:
     priority: int | None = None
 
 
+_AZURE_TIME = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(\.\d+)?\s*(Z|[+-]\d{2}:?\d{2})?")
+
+
 def _azure_time(text: str) -> float:
-    """'2023-11-16 18:15:46.6805900' -> seconds (naive clock; only differences matter)."""
-    base, _, frac = text.strip().partition(".")
-    whole = datetime.strptime(base, "%Y-%m-%d %H:%M:%S").timestamp()
-    return whole + (float("0." + frac) if frac else 0.0)
+    """'2023-11-16 18:15:46.6805900' or '2024-05-10 00:00:00.009930+00:00' -> seconds since the
+    epoch, UTC (no offset: read as UTC; only differences matter)."""
+    m = _AZURE_TIME.fullmatch(text.strip())
+    if m is None:
+        raise ValueError(f"TIMESTAMP must look like 'YYYY-MM-DD HH:MM:SS[.fff][+HH:MM]', got {text!r}")
+    day, clock, frac, zone = m.groups()
+    whole = calendar.timegm(datetime.strptime(f"{day} {clock}", "%Y-%m-%d %H:%M:%S").timetuple())
+    if zone and zone != "Z":
+        sign = -1 if zone[0] == "-" else 1
+        digits = zone[1:].replace(":", "")
+        whole -= sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
+    return whole + (float(frac) if frac else 0.0)
 
 
-def _whole(value, what: str, least: int) -> int:
+def _whole(value, what: str, least: int, most: int | None = None) -> int:
     """A whole number >= least: ints, integral floats and numeric strings; never a bool."""
     if isinstance(value, bool):
         raise ValueError(f"{what} must be a whole number, got {value!r}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        raise ValueError(f"{what} is out of range: {str(value)[:40]}...") from None
     if not math.isfinite(number) or number != int(number):
         raise ValueError(f"{what} must be a whole number, got {value!r}")
     if number < least:
         raise ValueError(f"{what} must be at least {least}, got {value!r}")
+    if most is not None and number > most:
+        raise ValueError(f"{what} must be at most {most}, got {value!r}")
     return int(number)
 
 
@@ -66,7 +87,7 @@ def _row(timestamp_s: float, prompt, output, tenant=None, priority=None) -> Trac
         raise ValueError(f"timestamp must be a finite number >= 0, got {timestamp_s!r}")
     return TraceRow(timestamp_s, _whole(prompt, "input length", 1), _whole(output, "output length", 0),
                     "default" if tenant is None or tenant == "" else str(tenant),
-                    None if priority is None else _whole(priority, "priority", -(1 << 62)))
+                    None if priority is None else _whole(priority, "priority", -(1 << 62), 1 << 62))
 
 
 def parse_jsonl(lines) -> list[TraceRow]:
@@ -76,10 +97,14 @@ def parse_jsonl(lines) -> list[TraceRow]:
             continue
         try:
             d = json.loads(line)
+            if not isinstance(d, dict):
+                raise ValueError(f"each line must be one JSON object, got {type(d).__name__}")
             if isinstance(d["timestamp"], bool):
                 raise ValueError(f"timestamp must be a number, got {d['timestamp']!r}")
             rows.append(_row(float(d["timestamp"]) / 1000.0, d["input_length"], d["output_length"],
                              d.get("tenant"), d.get("priority")))
+        except OverflowError:
+            raise ValueError(f"trace line {n}: timestamp out of range") from None
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"trace line {n}: {e!r}") from None
     return rows
@@ -87,11 +112,12 @@ def parse_jsonl(lines) -> list[TraceRow]:
 
 def parse_azure_csv(lines) -> list[TraceRow]:
     rows = []
-    for n, d in enumerate(csv.DictReader(lines), 2):
+    reader = csv.DictReader(lines)
+    for d in reader:  # reader.line_num: the file's line (DictReader skips blank lines)
         try:
             rows.append(_row(_azure_time(d["TIMESTAMP"]), d["ContextTokens"], d["GeneratedTokens"]))
         except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"trace line {n}: {e!r}") from None
+            raise ValueError(f"trace line {reader.line_num}: {e!r}") from None
     return rows
 
 
@@ -100,9 +126,11 @@ def read_trace(path: str | Path) -> tuple[list[TraceRow], str]:
     text = Path(path).read_text(encoding="utf-8-sig")  # skips a byte-order mark
     lines = text.splitlines()
     first = next((ln.lstrip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")), "")
-    if first.startswith("{"):
-        return parse_jsonl(lines), "jsonl"
-    return parse_azure_csv(lines), "azure-csv"
+    rows, fmt = (parse_jsonl(lines), "jsonl") if first.startswith(("{", "[")) else (parse_azure_csv(lines), "azure-csv")
+    if not rows:
+        raise ValueError(f"trace {path}: no requests in it (JSON lines of {{\"timestamp\", \"input_length\", "
+                         f"\"output_length\"}}, or an Azure CSV with TIMESTAMP,ContextTokens,GeneratedTokens)")
+    return rows, fmt
 
 
 def trace_specs(rows: list[TraceRow], length_scale: float = 1.0, max_context: int | None = None,
@@ -110,6 +138,8 @@ def trace_specs(rows: list[TraceRow], length_scale: float = 1.0, max_context: in
     """Scaled request list (class "trace") and what was applied."""
     if length_scale <= 0 or time_scale < 0:
         raise ValueError("length_scale must be > 0 and time_scale >= 0")
+    if max_context is not None and max_context < 2:
+        raise ValueError(f"max_context must be at least 2 (a prompt and an output token), got {max_context}")
     rows = sorted(rows, key=lambda r: r.timestamp)[:max_requests]
     t0 = rows[0].timestamp if rows else 0.0
     specs, clamped = [], 0
@@ -118,7 +148,7 @@ def trace_specs(rows: list[TraceRow], length_scale: float = 1.0, max_context: in
         spec = RequestSpec((r.timestamp - t0) * time_scale, r.tenant, "trace",
                            max(1, round(r.input_length * length_scale)),
                            max(1, round(r.output_length * length_scale)), r.priority)
-        if max_context:
+        if max_context is not None:
             spec, changed = clamp_to_context(spec, max_context)
             clamped += changed
         specs.append(spec)

@@ -174,6 +174,58 @@ def test_cli_builds_the_same_workload_for_the_same_seed(tmp_path, capsys):
     assert main(["--workload", "nope", "--dry-run"]) == 2
 
 
+def test_azure_timestamps_with_offsets_are_utc_whatever_the_local_zone(tmp_path, monkeypatch):
+    """The 2024 Azure traces carry a UTC offset ('...009930+00:00'): they did not load. A time
+    without one was read in the machine's local zone, so a trace across a daylight-saving
+    change shifted by an hour (found by review)."""
+    import time
+
+    csv_2024 = "TIMESTAMP,ContextTokens,GeneratedTokens\n" \
+               "2024-05-10 00:00:00.009930+00:00,100,10\n2024-05-10T00:00:01.5Z,50,5\n" \
+               "2024-05-10 02:00:03+02:00,20,2\n"
+    rows = parse_azure_csv(csv_2024.splitlines())
+    assert [r.timestamp - rows[0].timestamp for r in rows] == pytest.approx([0.0, 1.49007, 2.99007])
+    dst = ["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-05 00:59:00,1,1", "2023-11-05 01:30:00,1,1",
+           "2023-11-05 02:10:00,1,1"]
+    for zone in ("UTC", "America/New_York"):
+        monkeypatch.setenv("TZ", zone)
+        time.tzset()
+        specs, _ = trace_specs(parse_azure_csv(dst))
+        assert [sp.send_time for sp in specs] == [0.0, 1860.0, 4260.0], zone
+    monkeypatch.delenv("TZ")
+    time.tzset()
+
+
+def test_trace_errors_name_the_real_line_and_never_trace_back(tmp_path):
+    header = "TIMESTAMP,ContextTokens,GeneratedTokens"
+    with pytest.raises(ValueError, match="trace line 6: "):  # DictReader skips blank lines: was 'line 3'
+        parse_azure_csv([header, "", "", "", "2023-11-16 18:15:46.1,5,5", "2023-11-16 18:15:47.1,0,5"])
+    huge = "1" * 400
+    for line in (f'{{"timestamp": 0, "input_length": {huge}, "output_length": 5}}',
+                 f'{{"timestamp": {huge}, "input_length": 5, "output_length": 5}}',
+                 '{"timestamp": 0, "input_length": 5, "output_length": 5, "priority": 1e300}',
+                 '[{"timestamp": 0, "input_length": 5, "output_length": 5}]'):
+        with pytest.raises(ValueError, match="trace line 1: "):  # OverflowError escaped; 1e300 passed
+            parse_jsonl([line])
+    for text in ("", header + "\n"):
+        (tmp_path / "empty").write_text(text)
+        with pytest.raises(ValueError, match="no requests"):  # was a silent 0-request workload
+            read_trace(tmp_path / "empty")
+
+
+def test_max_context_below_two_is_refused(tmp_path, capsys):
+    (tmp_path / "t.jsonl").write_text(JSONL)
+    for bad in ("1", "0", "-5"):  # gave outputs of 0 or -6 tokens; 0 silently turned clamping off
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--workload", f"trace:{tmp_path / 't.jsonl'}", "--max-context", bad])
+    with pytest.raises(ValueError, match="at least 2"):
+        trace_specs(parse_jsonl(JSONL.splitlines()), max_context=1)
+    specs, info = trace_specs(parse_jsonl(JSONL.splitlines()), max_context=2)
+    assert all((sp.prompt_len, sp.output_len) == (1, 1) for sp in specs)
+    assert main(["--workload", f"trace:{tmp_path / 't.jsonl'}", "--max-context", "2", "--dry-run"]) == 0
+    assert "clamped by --max-context" in capsys.readouterr().out
+
+
 @pytest.mark.skipif(not TRACES.is_dir(), reason=f"shared traces not found at {TRACES}")
 def test_real_traces():
     rows, fmt = read_trace(TRACES / "azure_llm_conv_2023.csv")
