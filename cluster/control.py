@@ -37,7 +37,7 @@ class ControlServer:
         self.address = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.handler = handler
         self.bad_frames = 0
-        self.unreachable: set[bytes] = set()  # identities a send found disconnected (EHOSTUNREACH)
+        self.last_unreachable = False  # the last failed send found its peer disconnected (EHOSTUNREACH)
 
     async def serve(self, stop: asyncio.Event, tick_s: float = 0.1) -> None:
         while not stop.is_set():
@@ -81,8 +81,8 @@ class ControlServer:
             await bounded(self.sock.send_multipart([identity, encode_message(msg)]), SEND_TIMEOUT_S)
             return True
         except (zmq.ZMQError, asyncio.TimeoutError) as e:
-            if isinstance(e, zmq.ZMQError) and e.errno == zmq.EHOSTUNREACH:
-                self.unreachable.add(identity)  # ROUTER_MANDATORY: no such peer connected now
+            # ROUTER_MANDATORY: no such peer connected now (a slow peer times out instead)
+            self.last_unreachable = isinstance(e, zmq.ZMQError) and e.errno == zmq.EHOSTUNREACH
             log.warning("control: cannot send %s to %r: %s", type(msg).__name__, identity, e)
             return False
 
@@ -96,10 +96,11 @@ class ControlServer:
 class EventSink:
     """Collects TokenEvents per router identity; `flush` sends one TokenBatch per router.
 
-    A batch the router's socket is not connected for (the router exited or died) is lost, and
-    the requests it streamed can never be told apart from complete ones: `on_gone(router_id)`
-    is called so that the node ends that router's requests and frees their pages, instead of
-    generating for nobody until max_tokens (or a drain's timeout)."""
+    A batch the router's socket is not connected for (the router exited or died, or its
+    connection dropped) is lost, and the requests it streamed can never be told apart from
+    complete ones: `on_gone(router_id)` is called so that the node ends that router's requests
+    and frees their pages, instead of generating for nobody until max_tokens (or a drain's
+    timeout). A send that merely timed out (a slow router) does not count."""
 
     def __init__(self, server: ControlServer, node_id: str,
                  on_gone: Callable[[str], None] | None = None) -> None:
@@ -115,6 +116,5 @@ class EventSink:
         pending, self._pending = self._pending, {}
         for ident, events in pending.items():
             if not await self.server.send(ident, TokenBatch(self.node_id, events)) and \
-                    ident in self.server.unreachable and self.on_gone is not None:
-                self.server.unreachable.discard(ident)
+                    self.server.last_unreachable and self.on_gone is not None:
                 self.on_gone(ident.decode(errors="replace"))

@@ -28,6 +28,8 @@ from model_engine.sequence import SamplingParams, Sequence, SeqStatus
 
 CONSERVATION_EVERY = 64  # steps between page-conservation checks (every step with --check-pages)
 FINAL_LINGER_MS = 2000  # at shutdown: how long queued control messages may take to leave
+LOST_MEMORY_S = 300.0  # how long a node remembers the requests it ended for a router that went away
+LOST_MAX = 10000  # ... and at most this many per router
 log = logging.getLogger(__name__)
 
 
@@ -112,6 +114,7 @@ class NodeBase:
         self.ctrl = ControlServer(self.ctx, f"tcp://{config.host}:{config.ctrl_port}", self._on_message, self.keys)
         self.sink = EventSink(self.ctrl, config.node_id, on_gone=self._router_gone)
         self.routes: dict[str, str] = {}  # request id -> router identity
+        self._lost: dict[str, tuple[float, list[str]]] = {}  # router id -> (when, requests ended by _router_gone)
         self.seqs: dict[str, Sequence] = {}  # live requests on this node
         self.metrics_addr = ""
         self.kv_addr = ""
@@ -119,6 +122,8 @@ class NodeBase:
 
     # ---- messages -------------------------------------------------------------------------
     def _on_message(self, ident: bytes, msg) -> None:
+        if self._lost:
+            self._tell_lost(ident.decode(errors="replace"))
         if isinstance(msg, Ping):
             asyncio.get_running_loop().create_task(self.ctrl.send(ident, self.stats(msg.seq)))
         elif isinstance(msg, GenerateRequest):
@@ -155,12 +160,28 @@ class NodeBase:
 
     def _router_gone(self, router_id: str) -> None:
         """The router `router_id` is not connected (events to it were lost): end its requests
-        here as if it had aborted them, which frees their pages."""
+        here as if it had aborted them, which frees their pages. If it was only reconnecting,
+        it learns why they ended from its next message on (`_tell_lost`)."""
         rids = [rid for rid, r in self.routes.items() if r == router_id]
         for rid in rids:
             self.on_abort(rid, "router gone")
         if rids:
             log.warning("router %s is gone: aborted its %d request(s)", router_id, len(rids))
+            now = time.monotonic()
+            for r in [r for r, (t, _) in self._lost.items() if now - t > LOST_MEMORY_S]:
+                del self._lost[r]
+            self._lost.setdefault(router_id, (now, []))[1].extend(rids[:LOST_MAX])
+            self.wake.set()
+
+    def _tell_lost(self, router_id: str) -> None:
+        """A router whose requests `_router_gone` ended is back (its connection had dropped):
+        fail them there with the reason, rather than leave it waiting for their timeout."""
+        entry = self._lost.pop(router_id, None)
+        for rid in entry[1] if entry else ():
+            self.sink.add(router_id, TokenEvent(rid, [], True, "error",
+                                                "the node lost its connection to the router: token events were "
+                                                "dropped, so the node ended the request"))
+        if entry:
             self.wake.set()
 
     def abort_all(self, reason: str) -> None:

@@ -332,6 +332,8 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
         if state.shutting_down:  # a keep-alive connection may still send one during the grace period
             raise ApiError(503, "the router is shutting down", "service_unavailable", None)
         run = await prepare(state, await read_body(request, state.config.request_timeout), chat)
+        if state.shutting_down:  # began while the body was read or rendered: drain() cannot fail it later
+            raise ApiError(503, "the router is shutting down", "service_unavailable", None)
         with tenant_slot(state, run.req.tenant):
             run.submit()
             try:

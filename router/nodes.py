@@ -249,8 +249,9 @@ class NodeRegistry:
                 handle.queue.put_nowait(held)
             handle.held.clear()
         elif node is handle.decode:
-            handle.handed_off = True
-            node.pending_pages.pop(handle.request_id, None)  # its pages now show in the node's stats
+            handle.handed_off = True  # the decode node holds it (an event without tokens: just adopted)
+            if event.token_ids or event.finished:  # its pages now show in the node's device-tier stats
+                node.pending_pages.pop(handle.request_id, None)  # (an adopted request may be parked in host)
             if handle.entry_started:
                 handle.queue.put_nowait(event)
             else:

@@ -120,3 +120,42 @@ def test_a_parked_arrival_aborted_before_adoption_frees_its_host_pages(llama_dir
         host.check()
     finally:
         node.ctx.destroy(linger=0)
+
+
+def test_a_router_whose_connection_dropped_learns_why_its_requests_ended(llama_dir):
+    """Events to a router that is not connected are lost: the node ends that router's requests
+    (pages freed) and, if the router was only reconnecting, fails them there on its next
+    message with the reason, instead of leaving it to wait out its request timeout (found by
+    review: a reset connection hung a stream for the full 20 s timeout)."""
+    from cluster.node_base import NodeConfig
+    from cluster.protocol import Ping
+    from decode_node.node import DecodeNode
+    from kv_transport.base import ReceivedTransfer, TransferStatus
+    from model_engine.config import EngineConfig
+
+    async def go():
+        node = DecodeNode(NodeConfig("decode", "d0", EngineConfig(llama_dir, num_pages=32)))
+        try:
+            pool = node.engine.pool
+            for rid, router in (("a", "r1"), ("b", "r1"), ("c", "r2")):
+                pages = pool.allocate(rid, 3)
+                extra = {"params": {"max_tokens": 8}, "router_id": router}
+                node._adopt(ReceivedTransfer(f"t-{rid}", rid, "t", 40, pages, [5] * 40, [6], 40, extra,
+                                             TransferStatus(f"t-{rid}", rid, TransferState.DONE, bytes_total=1)))
+            node.sink._pending.clear()  # the adoption events
+            node._router_gone("r1")
+            assert sorted(node.seqs) == ["c"] and pool.pages_of("a") == pool.pages_of("b") == []
+            node._on_message(b"r2", Ping(1, "r2"))  # another router: nothing to tell it
+            assert b"r2" not in node.sink._pending
+            node._on_message(b"r1", Ping(2, "r1"))  # r1 is back
+            events = node.sink._pending[b"r1"]
+            assert sorted(e.request_id for e in events) == ["a", "b"]
+            assert all(e.finished and e.finish_reason == "error" and "lost its connection" in e.error for e in events)
+            node.sink._pending.clear()
+            node._on_message(b"r1", Ping(3, "r1"))  # told once
+            assert not node.sink._pending
+            await asyncio.sleep(0)  # the Ping replies' tasks
+        finally:
+            node.ctx.destroy(linger=0)
+
+    asyncio.run(go())

@@ -501,3 +501,32 @@ def test_requests_past_the_grace_period_end_with_an_error_not_a_cut_connection(s
             await wait_until(lambda: len(c.nodes["decode"].aborts) == 2, what="both aborted at the decode node")
 
     run(go())
+
+
+def test_a_request_whose_body_arrives_during_the_drain_is_refused(served, tokens):
+    """A request still sending its body when the drain began is refused with a 503 once it is
+    read; it used to be submitted after the grace period's failures went out, ran, and was
+    cancelled: a cut connection (found by review)."""
+    async def go():
+        async with cluster(served, tokens) as c:
+            go_on = asyncio.Event()
+            body = json.dumps({"model": "tiny", "prompt": PROMPT, "max_tokens": 50, "stream": True}).encode()
+
+            async def slow_body():
+                yield body[:10]
+                await go_on.wait()
+                yield body[10:]
+
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+                req = asyncio.ensure_future(s.post(c.url + "/v1/completions", data=slow_body(),
+                                                   headers={"Content-Type": "application/json"}))
+                await wait_until(lambda: c.state.handlers, what="the handler reading the body")
+                drained = asyncio.ensure_future(drain(c.state, 0.2))
+                await asyncio.sleep(0.4)  # the grace period is over
+                go_on.set()
+                async with await req as resp:
+                    assert resp.status == 503 and "shutting down" in (await resp.json())["error"]["message"]
+                await asyncio.wait_for(drained, 10)
+            assert not c.nodes["prefill"].requests  # it never reached a node
+
+    run(go())
