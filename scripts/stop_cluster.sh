@@ -41,14 +41,16 @@ term_and_wait() {  # role...: SIGTERM their processes, wait (up to --timeout) un
   for pid in ${phase[@]+"${phase[@]}"}; do
     while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
   done
+  for pid in ${phase[@]+"${phase[@]}"}; do  # this phase's leftovers go before the next phase starts
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "stop_cluster: pid $pid did not exit within ${TIMEOUT}s of its SIGTERM, killing" >&2
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  done
 }
 term_and_wait router prefill colocated
 term_and_wait decode
 for pid in ${pids[@]+"${pids[@]}"}; do
-  if kill -0 "$pid" 2>/dev/null; then
-    echo "stop_cluster: pid $pid did not exit within ${TIMEOUT}s of its SIGTERM, killing" >&2
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
   kill -KILL -- "-$pid" 2>/dev/null || true  # anything it started (its own session)
 done
 rm -f "$RUN_DIR"/*.pid
