@@ -10,10 +10,21 @@ from prometheus_client import Counter as PCounter
 from prometheus_client import Gauge
 
 
+MAX_TENANT_LABELS = 512  # distinct tenant names a node keeps per-tenant series for; the rest are OTHER
+OTHER = "_other"
+
+
 class NodeAccounting:
+    """Per-tenant figures (metrics label values, /cluster stats, KV bytes) are kept for at most
+    MAX_TENANT_LABELS tenant names, first come first kept; later ones count under "_other".
+    Tenant names come from clients (the OpenAI `user`): unbounded, they grew every node's
+    /metrics and its stats reply to each ping without limit (1.5 MB per 2,000 names), until
+    the reply would pass the control plane's frame limit."""
+
     def __init__(self, node) -> None:
         self.node = node
-        self.meter = KVMeter()
+        self._labels: set[str] = set()
+        self.meter = KVMeter(tenant_key=self.label)
         self.evictions: Counter = Counter()  # (tenant, kind) -> count
         r, lbl = node.metrics.registry, ["role", "node"]
         self.m_tenant_pages = Gauge("pdtb_tenant_kv_pages", "KV pages held per tenant and tier", lbl + ["tenant", "tier"], registry=r)
@@ -22,6 +33,15 @@ class NodeAccounting:
         self.m_slo = PCounter("pdtb_slo_misses", "SLO misses by tenant and attributed cause", lbl + ["tenant", "cause"], registry=r)
         self.m_conservation = node.metrics.conservation_errors
         self._tenants_seen: set[str] = set()
+
+    def label(self, tenant: str) -> str:
+        """The name `tenant`'s figures are kept under (see the class doc)."""
+        if tenant in self._labels:
+            return tenant
+        if len(self._labels) < MAX_TENANT_LABELS:
+            self._labels.add(tenant)
+            return tenant
+        return OTHER
 
     def on_output(self, out, now: float) -> None:
         """Stamp tier moves on timelines and meter bytes, after one scheduler step."""
@@ -33,8 +53,8 @@ class NodeAccounting:
             if seq is None:
                 continue
             tl = seq.timeline
-            self.evictions[(seq.tenant, m.kind)] += 1
-            self.m_evictions.labels(tenant=seq.tenant, kind=m.kind, **lbl).inc()
+            self.evictions[(self.label(seq.tenant), m.kind)] += 1
+            self.m_evictions.labels(tenant=self.label(seq.tenant), kind=m.kind, **lbl).inc()
             if m.kind != "promote":  # from here on it is parked or dropped, not waiting a turn
                 end_wait(tl, "turn_wait", now)
             if m.kind == "demote":
@@ -65,7 +85,7 @@ class NodeAccounting:
 
     def add_received(self, seq, nbytes: int) -> None:
         self.meter.add(seq.request_id, seq.tenant, "received", nbytes)
-        self.m_bytes.labels(tenant=seq.tenant, kind="received", **self.node.metrics.labels).inc(nbytes)
+        self.m_bytes.labels(tenant=self.label(seq.tenant), kind="received", **self.node.metrics.labels).inc(nbytes)
 
     def forget(self, request_id: str) -> None:
         """A request ended without a final timing (aborted, failed): drop its meters."""
@@ -79,16 +99,16 @@ class NodeAccounting:
         out["kv_bytes"] = self.meter.finish(seq.request_id)
         out["num_preemptions"] = int(seq.timeline.get("num_preemptions", 0))
         if slo["cause"]:
-            self.m_slo.labels(tenant=seq.tenant, cause=slo["cause"], **self.node.metrics.labels).inc()
+            self.m_slo.labels(tenant=self.label(seq.tenant), cause=slo["cause"], **self.node.metrics.labels).inc()
         return out
 
     def tenant_stats(self) -> dict:
         eng = self.node.engine
         dev, host = Counter(), Counter()
         for s in eng.scheduler.all_requests():
-            dev[s.tenant] += len(eng.pool.pages_of(s.request_id))
+            dev[self.label(s.tenant)] += len(eng.pool.pages_of(s.request_id))
             if eng.host_pool is not None:
-                host[s.tenant] += len(eng.host_pool.pages_of(s.request_id))
+                host[self.label(s.tenant)] += len(eng.host_pool.pages_of(s.request_id))
         lbl = self.node.metrics.labels
         for t in self._tenants_seen | set(dev) | set(host):
             self.m_tenant_pages.labels(tenant=t, tier="device", **lbl).set(dev.get(t, 0))

@@ -72,7 +72,12 @@ class ControlServer:
             self.bad_frames += 1
             log.warning("control: dropped bad frame from %r: %s", frames[0][:32], e)
             return
-        self.handler(frames[0], msg)
+        try:
+            self.handler(frames[0], msg)
+        except Exception:  # a message no check foresaw must not take the node down with it
+            self.bad_frames += 1
+            log.exception("control: handling %s from %r failed; the message is dropped", type(msg).__name__,
+                          frames[0][:32])
 
     async def send(self, identity: bytes, msg) -> bool:
         """Send one message to a connected router; False (logged) if it is gone or stuck."""

@@ -71,11 +71,31 @@ class NodeConfig:
 
     def transport_config(self, **kw) -> TransportConfig:
         """This node's KV transport settings (`kw`: the endpoint and other per-instance fields)."""
+        if self.transport == "torch":
+            keep_gloo_on_loopback(self.host)
         t = self.transfer_timeout_s
         return TransportConfig(backend=self.transport, curve_dir=self.curve_dir, transfer_timeout_s=t,
                                idle_timeout_s=min(TransportConfig.idle_timeout_s, t), faults=self.transport_faults,
                                dist_init_method=self.dist_init_method, dist_rank=self.dist_rank,
                                dist_world_size=self.dist_world_size, **kw)
+
+
+def keep_gloo_on_loopback(host: str) -> None:
+    """gloo listens on the address the machine's hostname resolves to (often a LAN address),
+    whatever --host says. A node bound to loopback (the default) sets GLOO_SOCKET_IFNAME to the
+    loopback interface, unless the user set it; a node given another --host (several hosts)
+    leaves gloo's own choice. NCCL's bootstrap is steered the same way by NCCL_SOCKET_IFNAME."""
+    import os
+
+    if host not in ("127.0.0.1", "localhost", "::1") or os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address in ("127.0.0.1", "::1") for a in addrs):
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
+            return
 
 
 def to_sampling(p: Params) -> SamplingParams:
@@ -127,7 +147,10 @@ class NodeBase:
         if isinstance(msg, Ping):
             asyncio.get_running_loop().create_task(self.ctrl.send(ident, self.stats(msg.seq)))
         elif isinstance(msg, GenerateRequest):
-            self.routes[msg.request_id] = msg.router_id or ident.decode()
+            if msg.request_id in self.seqs or msg.request_id in self.routes:
+                log.warning("request %s: duplicate request id from %r dropped", msg.request_id, ident[:32])
+                return  # (its events would mix with the live request's; routers use unique ids)
+            self.routes[msg.request_id] = msg.router_id or ident.decode(errors="replace")
             if self.draining:
                 self.fail(msg.request_id, "node is draining")
             else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Callable
 
 KINDS = ("attn_read", "received", "demoted", "promoted")
 
@@ -17,11 +18,12 @@ class KVMeter:
     per_tenant: dict = field(default_factory=lambda: defaultdict(lambda: dict.fromkeys(KINDS, 0)))
     per_request: dict = field(default_factory=lambda: defaultdict(lambda: dict.fromkeys(KINDS, 0)))
     tenant_of: dict = field(default_factory=dict)  # request id -> tenant (live requests only)
+    tenant_key: Callable[[str], str] = lambda t: t  # the per_tenant key of a tenant (a node bounds them)
 
     def add(self, request_id: str, tenant: str, kind: str, nbytes: int) -> None:
         self.tenant_of[request_id] = tenant
         self.per_request[request_id][kind] += nbytes
-        self.per_tenant[tenant][kind] += nbytes
+        self.per_tenant[self.tenant_key(tenant)][kind] += nbytes
 
     def on_step(self, out, page_size: int, page_bytes: int) -> None:
         """Account one scheduler step, after the engine ran it (sequences have advanced). The

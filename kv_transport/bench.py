@@ -154,7 +154,10 @@ async def transport_run(args, big: KVExport, small: list[KVExport], chunk: int,
     from kv_transport.base import TransferState
     peer_args = ["--backend", args.backend,
                  "--endpoint", endpoint_for(args.endpoint, "kv", args.ipc_dir),
-                 "--num-pages", str(2 * big.header.num_pages + 64), "--chunk-bytes",
+                 # room for the big transfer twice over and for every small request at once (they are
+                 # all sent before any is waited for; a 1 MiB --size-mib left too few pages for them)
+                 "--num-pages", str(2 * big.header.num_pages + sum(e.header.num_pages for e in small) + 64),
+                 "--chunk-bytes",
                  str(chunk), "--checksum", args.checksum, "--window", str(args.window),
                  "--socket-buffer", str(config_for(args, "", chunk).socket_buffer_bytes),
                  "--device", args.device]

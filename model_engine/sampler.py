@@ -12,7 +12,8 @@ def _sample_one(logits: torch.Tensor, params: SamplingParams, step: int) -> int:
     probs = torch.softmax(logits.float() / params.temperature, dim=-1)
     if params.top_p < 1.0:
         sorted_p, order = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < params.top_p  # always keeps the top token
+        keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < params.top_p
+        keep[0] = True  # the top token always: a top_p below float32's range (7e-46) kept none
         sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
     gen = None

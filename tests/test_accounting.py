@@ -121,3 +121,27 @@ def test_recompute_before_the_first_token_is_part_of_ttft():
     assert comp["recompute_before_first_token"] > 0 and comp["recompute"] == 0.0
     assert comp["prefill"] + comp["recompute_before_first_token"] == pytest.approx(seq.timeline["first_token"])
     assert slo["cause"] in ("prefill", "recompute_before_first_token")
+
+
+def test_per_tenant_figures_are_kept_for_a_bounded_number_of_tenants(monkeypatch):
+    """Tenant names come from clients: 2,000 distinct ones grew every node's /metrics by 1.5 MB
+    and its stats reply to each ping alike, without limit (found by review). Past the cap,
+    later tenants count under "_other"."""
+    import cluster.accounting as accounting
+
+    monkeypatch.setattr(accounting, "MAX_TENANT_LABELS", 3)
+    cfg = FairnessConfig()
+    sched = make_scheduler(make_policy("fcfs", cfg), num_pages=400, budget=4096)
+    seqs = [make_request(20, 2, tenant=f"t{i}", rid=f"r{i}") for i in range(10)]
+    for s in seqs:
+        sched.add(s)
+    acct = NodeAccounting(node_for(sched, seqs, cfg))
+    acct.on_output(sched.schedule(), 0.0)
+    for s in seqs:
+        acct.add_received(s, 100)
+    stats = acct.tenant_stats()
+    assert set(stats["kv_bytes"]) == set(stats["tenant_pages"]) == {"t0", "t1", "t2", "_other"}
+    assert stats["kv_bytes"]["_other"]["received"] == 700
+    assert stats["tenant_pages"]["_other"] == sum(len(sched.pool.pages_of(s.request_id)) for s in seqs[3:]) > 0
+    text = acct.node.metrics.render().decode()
+    assert 'tenant="t2"' in text and 'tenant="_other"' in text and 'tenant="t9"' not in text

@@ -144,8 +144,14 @@ def test_disagg_with_the_torch_transport(llama_dir, hf_models, tmp_path):
     """--transport torch from the launch script: one gloo process group of the prefill and
     decode nodes (file rendezvous in the run dir); a 300-token prompt's KV (19 pages, over
     the inline limit) moves by send/recv. Outputs equal generate; pages all come back."""
+    import psutil
+
     with launched(tmp_path / "ct", llama_dir, "--mode", "disagg", "--transport", "torch",
-                  "--kv-pages", "600") as (url, _):
+                  "--kv-pages", "600") as (url, run_dir):
         vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
         check_against_hf(url, hf_models["llama"], prompts_for(vocab, (17, 300), seed=4), max_tokens=6)
         wait_until(lambda: all_pages_free(url), 30, what="all pages free")
+        # every listening socket, gloo's included, on loopback (gloo follows the hostname otherwise)
+        for pid_file in run_dir.glob("*.pid"):
+            for c in psutil.Process(int(pid_file.read_text())).net_connections(kind="inet"):
+                assert c.status != psutil.CONN_LISTEN or c.laddr.ip in ("127.0.0.1", "::1"), (pid_file.name, c)

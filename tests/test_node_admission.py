@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -155,6 +156,58 @@ def test_a_router_whose_connection_dropped_learns_why_its_requests_ended(llama_d
             node._on_message(b"r1", Ping(3, "r1"))  # told once
             assert not node.sink._pending
             await asyncio.sleep(0)  # the Ping replies' tasks
+        finally:
+            node.ctx.destroy(linger=0)
+
+    asyncio.run(go())
+
+
+def test_a_loopback_node_keeps_gloo_on_the_loopback_interface(monkeypatch):
+    """gloo listens where the hostname resolves (a LAN address on most machines) unless told;
+    a node on the default --host 127.0.0.1 points it at the loopback interface (found by
+    review: the torch transport's listeners bound 192.0.2.2 under a LAN hostname)."""
+    import psutil
+
+    from cluster.node_base import keep_gloo_on_loopback
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    keep_gloo_on_loopback("10.0.0.5")  # several hosts: gloo's own choice
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
+    keep_gloo_on_loopback("127.0.0.1")
+    name = os.environ["GLOO_SOCKET_IFNAME"]
+    assert any(a.address == "127.0.0.1" for a in psutil.net_if_addrs()[name])
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")  # the user's choice stands
+    keep_gloo_on_loopback("127.0.0.1")
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
+
+
+def test_odd_control_messages_do_not_take_the_node_down(llama_dir):
+    """A GenerateRequest from a peer whose identity is not UTF-8 (and no router_id) raised in the
+    handler and killed the node; any handler error now drops just that message. A second
+    request with a live request's id is dropped (its events would mix with the first's)."""
+    from cluster.control import ControlServer
+    from cluster.node_base import NodeConfig
+    from cluster.protocol import encode_message
+    from colocated_node.node import ColocatedNode
+    from model_engine.config import EngineConfig
+
+    async def go():
+        node = ColocatedNode(NodeConfig("colocated", "c0", EngineConfig(llama_dir, num_pages=64)))
+        try:
+            req = GenerateRequest("x1", [5] * 20, Params(max_tokens=4))
+            node.ctrl._dispatch([b"\xff\xfe-peer", encode_message(req)])
+            assert "x1" in node.seqs and node.routes["x1"].endswith("-peer")
+            node.ctrl._dispatch([b"other", encode_message(GenerateRequest("x1", [6] * 30, Params(max_tokens=9)))])
+            assert node.seqs["x1"].num_prompt_tokens == 20 and node.routes["x1"].endswith("-peer")
+
+            def broken(ident, msg):
+                raise RuntimeError("a case no check foresaw")
+
+            bad_before = node.ctrl.bad_frames
+            node.ctrl.handler = broken
+            node.ctrl._dispatch([b"r", encode_message(req)])  # logged and dropped, not raised
+            assert node.ctrl.bad_frames == bad_before + 1
         finally:
             node.ctx.destroy(linger=0)
 

@@ -51,3 +51,11 @@ def test_greedy_output_is_varied(llama_dir):
 def test_invalid_params_rejected(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+@pytest.mark.parametrize("top_p", [7e-46, 1e-300])
+def test_a_top_p_below_float32_keeps_the_top_token(top_p):
+    """top_p rounds to 0 in float32 below ~7e-46: no token was kept, multinomial raised inside
+    the node's step and took the node down (one HTTP request did it; found by review)."""
+    logits = torch.tensor([[0.1, 3.0, 0.2, -1.0]])
+    assert sample(logits, [SamplingParams(temperature=1.0, top_p=top_p, seed=3)], [0]) == [1]
