@@ -78,6 +78,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.parked: list[Sequence] = []
         self.num_steps = 0
+        self.prefill_only = False  # a prefill node's engine: requests leave after their prompt
         self._in_step = False  # inside schedule(): state() snapshots are reused
         self._state_key: tuple | None = None  # pool versions of the cached snapshot
         self._state: SchedState | None = None
@@ -85,8 +86,11 @@ class Scheduler:
 
     # ---- queues --------------------------------------------------------------------------------
     def peak_pages(self, num_prompt_tokens: int, max_tokens: int) -> int:
-        """Device pages a request holds at its longest (prompt + max_tokens, capped at the context)."""
-        return self.pool.spec.pages_for(min(num_prompt_tokens + max_tokens, self.config.max_model_len))
+        """Device pages a request holds at its longest (prompt + max_tokens, capped at the context;
+        on a prefill-only engine just the prompt: its first token is sampled, not computed, and
+        the decode side computes the rest)."""
+        grows = 0 if self.prefill_only else max_tokens
+        return self.pool.spec.pages_for(min(num_prompt_tokens + grows, self.config.max_model_len))
 
     def check_fits(self, seq: Sequence) -> None:
         if seq.num_tokens >= self.config.max_model_len:

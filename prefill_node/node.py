@@ -31,7 +31,10 @@ from model_engine.kv_export import export_request
 from model_engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
-RETRY_S = (0.01, 0.5)  # backoff bounds for a hand-off the decode side refused for lack of pages
+# Backoff bounds for a hand-off the decode side refused for lack of pages. The decode node does
+# not say when pages free up, so the cap is how long its pool may sit idle with hand-offs held
+# here (0.5 s left it idle a third of the time under backpressure; a retry is one header).
+RETRY_S = (0.01, 0.1)
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Handoff:
 class PrefillNode(NodeBase):
     def __init__(self, config, engine=None, transport: TransportConfig | None = None) -> None:
         super().__init__(config, engine)
+        self.engine.scheduler.prefill_only = True  # a prompt needs its own pages here, not its output's
         self.transport = transport or config.transport_config()
         self.senders: dict[str, object] = {}
         self.handoffs: dict[str, Handoff] = {}

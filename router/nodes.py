@@ -303,7 +303,7 @@ class NodeRegistry:
         (prefill: its prompt; decode or colocated: prompt + max_tokens) is a 400, not a node's
         failure after the fact."""
         fits = {role: [n for n in self._available(role, exclude) if self._pages_for(n, need) <= n.stats.pages_total]
-                for role, need in (("prefill", prompt_tokens + 1), ("decode", peak_tokens), ("colocated", peak_tokens))}
+                for role, need in (("prefill", prompt_tokens), ("decode", peak_tokens), ("colocated", peak_tokens))}
         prefill, decode = pick_prefill(fits["prefill"]), pick_most_free(fits["decode"])
         if prefill and decode:
             return prefill, decode
@@ -314,7 +314,7 @@ class NodeRegistry:
                      if n not in fits[role]]
         if too_small:
             role, n = max(too_small, key=lambda rn: rn[1].stats.pages_total)
-            need = self._pages_for(n, prompt_tokens + 1 if role == "prefill" else peak_tokens)
+            need = self._pages_for(n, prompt_tokens if role == "prefill" else peak_tokens)
             what = "its prompt" if role == "prefill" else "prompt + max_tokens"
             raise RequestFailed(400, f"request needs up to {need} KV pages for {what}; the largest {role} "
                                      f"node's pool has {n.stats.pages_total}")

@@ -20,6 +20,7 @@ from kv_transport import FaultConfig, TransferMeta, TransferState, TransportConf
 from kv_transport.fake import FakeNetwork, FakeReceiver, FakeSender
 from kv_transport.testing import TINY_SPEC, make_export, make_pool
 from pdtb.common import CliError
+from model_engine.sequence import SamplingParams, Sequence
 
 
 def header(prompt_len: int, max_tokens: int) -> SimpleNamespace:
@@ -212,3 +213,25 @@ def test_odd_control_messages_do_not_take_the_node_down(llama_dir):
             node.ctx.destroy(linger=0)
 
     asyncio.run(go())
+
+
+def test_a_prefill_node_needs_pages_for_the_prompt_only(llama_dir):
+    """The prefill computes the prompt and samples the first token; the decode side computes
+    the rest. It used to refuse a prompt that fits its pool when prompt + max_tokens did not
+    (8 pages: a 100-token prompt with max_tokens 100 failed), and the router wanted a page more
+    than the prompt's (found by review)."""
+    from cluster.node_base import NodeConfig
+    from model_engine.config import EngineConfig
+    from prefill_node.node import PrefillNode
+
+    node = PrefillNode(NodeConfig("prefill", "p0", EngineConfig(llama_dir, num_pages=8)))  # 128 tokens
+    try:
+        for n, max_tokens in ((100, 100), (128, 1), (128, 3000)):
+            assert validate_prompt(node.engine, GenerateRequest("r", [5] * n, Params(max_tokens=max_tokens))) is None
+        assert "needs up to 9 KV pages" in validate_prompt(node.engine, GenerateRequest("r", [5] * 129, Params(max_tokens=1)))
+        seq = Sequence.from_prompt("s", [5] * 100, SamplingParams(max_tokens=100))
+        node.engine.scheduler.check_fits(seq)  # raised: needs up to 13 pages, the pool has 8
+    finally:
+        node.ctx.destroy(linger=0)
+    colocated = make_engine(llama_dir, num_pages=8)  # a colocated engine still needs the output's pages
+    assert validate_prompt(colocated, GenerateRequest("r", [5] * 100, Params(max_tokens=100))) is not None

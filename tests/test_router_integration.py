@@ -530,3 +530,18 @@ def test_a_request_whose_body_arrives_during_the_drain_is_refused(served, tokens
             assert not c.nodes["prefill"].requests  # it never reached a node
 
     run(go())
+
+
+def test_a_prefill_pool_holds_exactly_its_prompt(served, tokens):
+    """The router wanted a page more than the prompt's on the prefill node: a prompt filling an
+    8-page prefill pool exactly (128 tokens) was a 400 (found by review)."""
+    async def go():
+        async with cluster(served, tokens, node_kw={"prefill": {"pages_total": 8}}) as c:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+                body = {"model": "tiny", "prompt": [5] * 128, "max_tokens": 1}
+                async with s.post(c.url + "/v1/completions", json=body) as resp:
+                    assert resp.status == 200, await resp.text()
+                async with s.post(c.url + "/v1/completions", json={**body, "prompt": [5] * 129}) as resp:
+                    assert resp.status == 400 and "needs up to 9 KV pages for its prompt" in await resp.text()
+
+    run(go())
