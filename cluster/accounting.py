@@ -105,7 +105,7 @@ class NodeAccounting:
     def tenant_stats(self) -> dict:
         eng = self.node.engine
         dev, host = Counter(), Counter()
-        for s in eng.scheduler.all_requests():
+        for s in self.node.seqs.values():  # the node's live requests (a prefill's held hand-offs too)
             dev[self.label(s.tenant)] += len(eng.pool.pages_of(s.request_id))
             if eng.host_pool is not None:
                 host[self.label(s.tenant)] += len(eng.host_pool.pages_of(s.request_id))

@@ -157,9 +157,12 @@ class NodeBase:
                 self.on_generate(msg)
             self.wake.set()
         elif isinstance(msg, AbortRequest):
+            live = msg.request_id in self.seqs
             if msg.final:
                 self._final_timing(msg.request_id)
             self.on_abort(msg.request_id, msg.reason)
+            if live and msg.request_id not in self.seqs:  # ended here: "stop" (a stop string), else "abort"
+                self.metrics.finished.labels(reason="stop" if msg.final else "abort", **self.metrics.labels).inc()
             self.wake.set()
         else:
             log.warning("unexpected %s on control socket", type(msg).__name__)
@@ -188,6 +191,7 @@ class NodeBase:
         rids = [rid for rid, r in self.routes.items() if r == router_id]
         for rid in rids:
             self.on_abort(rid, "router gone")
+            self.metrics.finished.labels(reason="abort", **self.metrics.labels).inc()
         if rids:
             log.warning("router %s is gone: aborted its %d request(s)", router_id, len(rids))
             now = time.monotonic()
@@ -269,7 +273,7 @@ class NodeBase:
         if host is not None:
             self.metrics.set_pages("host", host.num_pages, host.num_free)
         self.metrics.running.set(len(self.engine.scheduler.running))
-        self.metrics.waiting.set(len(self.engine.scheduler.waiting))
+        self.metrics.waiting.set(len(self.engine.scheduler.waiting) + len(self.engine.scheduler.parked))
 
     # ---- loop ------------------------------------------------------------------------------------
     async def engine_loop(self) -> None:

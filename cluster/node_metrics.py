@@ -13,10 +13,10 @@ class NodeMetrics:
         self.registry = r = CollectorRegistry()
         lbl = {"role": role, "node": node_id}
         self.labels = lbl
-        self.pages_total = Gauge("pdtb_kv_pages_total", "KV pages in a tier", ["role", "node", "tier"], registry=r)
+        self.pages_total = Gauge("pdtb_kv_pages_capacity", "KV pages in a tier (free or not)", ["role", "node", "tier"], registry=r)
         self.pages_free = Gauge("pdtb_kv_pages_free", "free KV pages in a tier", ["role", "node", "tier"], registry=r)
         self.running = Gauge("pdtb_requests_running", "requests running", ["role", "node"], registry=r).labels(**lbl)
-        self.waiting = Gauge("pdtb_requests_waiting", "requests waiting", ["role", "node"], registry=r).labels(**lbl)
+        self.waiting = Gauge("pdtb_requests_waiting", "requests waiting: queued, or parked in the host tier (as /stats)", ["role", "node"], registry=r).labels(**lbl)
         self.prompt_tokens = Counter("pdtb_prompt_tokens", "prompt tokens prefilled", ["role", "node"], registry=r).labels(**lbl)
         self.gen_tokens = Counter("pdtb_generation_tokens", "tokens generated", ["role", "node"], registry=r).labels(**lbl)
         self.kv_sent = Counter("pdtb_kv_bytes_sent", "KV payload bytes sent", ["role", "node"], registry=r).labels(**lbl)

@@ -140,6 +140,7 @@ class PrefillNode(NodeBase):
         self.engine.pool.free(rid)
         self.seqs.pop(rid, None)
         self.routes.pop(rid, None)
+        self.acct.forget(rid)  # its meters (they stayed forever after every hand-off)
 
     def on_abort(self, request_id: str, reason: str) -> None:
         h = self.handoffs.get(request_id)

@@ -104,6 +104,7 @@ async def handle_cluster(request: web.Request) -> web.Response:
             "host_pages_total": s.host_pages_total if s else 0, "host_pages_free": s.host_pages_free if s else 0,
             "running": s.running if s else 0, "waiting": s.waiting if s else 0,
             "queued_tokens": s.queued_tokens if s else 0, "kv_addr": s.kv_addr if s else "",
+            "metrics_addr": s.metrics_addr if s else "",
             "draining": s.draining if s else False, "healthy": registry.is_healthy(n, now),
             "seconds_since_seen": None if n.last_seen is None else round(now - n.last_seen, 3),
             "extra": s.extra if s else {}})

@@ -11,7 +11,9 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1
 class RouterMetrics:
     """Request counts by HTTP status, latency histograms, in-flight gauge, token counters.
 
-    status: the HTTP status the request ended with; "499" when the client went away first.
+    status: the HTTP status the request ended with; "499" when the client went away first. A
+    stream that failed after its 200 went out counts under the status of its error event (e.g.
+    "503" when its node stopped answering): the client got that error, in the stream.
     ITL: a batch of k tokens arriving `gap` seconds after the previous one counts k times gap/k.
     """
 

@@ -235,3 +235,37 @@ def test_a_prefill_node_needs_pages_for_the_prompt_only(llama_dir):
         node.ctx.destroy(linger=0)
     colocated = make_engine(llama_dir, num_pages=8)  # a colocated engine still needs the output's pages
     assert validate_prompt(colocated, GenerateRequest("r", [5] * 100, Params(max_tokens=100))) is not None
+
+
+def test_a_prefill_node_accounts_for_its_held_hand_offs_and_forgets_them(llama_dir):
+    """Pages a prefill node holds for a hand-off are its tenants' pages (they were left out of
+    the per-tenant figures once the request left the scheduler), and a released hand-off's
+    meters are dropped (they stayed forever); an abort is counted as a finished request
+    (found by a review of the metrics)."""
+    from cluster.node_base import NodeConfig
+    from cluster.protocol import AbortRequest
+    from prefill_node.node import PrefillNode
+    from model_engine.config import EngineConfig
+
+    async def go():
+        node = PrefillNode(NodeConfig("prefill", "p0", EngineConfig(llama_dir, num_pages=64)))
+        try:
+            for i, tenant in enumerate(("a", "a", "b")):
+                req = GenerateRequest(f"h{i}", [5] * 40, Params(max_tokens=8), tenant=tenant,
+                                      decode_kv_addr="tcp://127.0.0.1:9")
+                node._on_message(b"r1", req)
+            while node.engine.has_work():  # as the node's engine loop does
+                events = node.engine.step()
+                node.acct.on_output(node.engine.last_output, 0.0)
+                node.on_step_events(events, 0.0)
+            assert sorted(node.handoffs) == ["h0", "h1", "h2"]
+            assert node.acct.tenant_stats()["tenant_pages"] == {"a": 6, "b": 3}  # 40 tokens: 3 pages each
+            node._release("h0")
+            assert "h0" not in node.acct.meter.per_request and "h1" in node.acct.meter.per_request
+            node._on_message(b"r1", AbortRequest("h1", "client disconnected"))
+            text = node.metrics.render().decode()
+            assert 'reason="abort"' in text and node.acct.tenant_stats()["tenant_pages"] == {"b": 3}
+        finally:
+            node.ctx.destroy(linger=0)
+
+    asyncio.run(go())
