@@ -140,6 +140,8 @@ def parse_slos(items: list[str]) -> dict[str, float]:
         if not sep or key not in SLO_KEYS:
             raise ValueError(f"--slo {item!r}: want KEY=MS with KEY in {', '.join(SLO_KEYS)}")
         out[key] = float(value)
+        if not 0 < out[key] < float("inf"):
+            raise ValueError(f"--slo {item!r}: the target must be a positive number of ms")
     return out
 
 
@@ -207,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         slos = parse_slos(a.slo)
         w_in, w_out = (float(x) for x in _csv(a.service_weights))
+        if not (0 <= w_in < float("inf") and 0 <= w_out < float("inf") and w_in + w_out > 0):
+            raise ValueError(f"--service-weights {a.service_weights!r}: two finite numbers >= 0, not both 0")
         specs, workload_info = build_workload(a)
     except (ValueError, OSError, KeyError) as e:
         print(f"pdtb bench serve: {e}", file=sys.stderr)

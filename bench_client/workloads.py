@@ -42,6 +42,8 @@ class LengthDist:
     def __post_init__(self) -> None:
         if self.kind not in ("fixed", "uniform", "lognormal"):
             raise ValueError(f"unknown length distribution {self.kind!r}")
+        if not (math.isfinite(self.a) and math.isfinite(self.b)) or self.a > 1e9 or self.b > (1e9 if self.kind == "uniform" else 10):
+            raise ValueError(f"{self.kind} length parameters out of range: {self.a}, {self.b}")
         if self.a < 1 or (self.kind == "uniform" and self.b < self.a) or (self.kind == "lognormal" and self.b < 0):
             raise ValueError(f"bad {self.kind} length parameters {self.a}, {self.b}")
 
@@ -74,21 +76,30 @@ class LengthDist:
         return self.a * math.exp(self.b ** 2 / 2)
 
 
+MAX_REQUESTS = 1_000_000  # a generated workload beyond this is a typo, not a benchmark
+
+
 def poisson_times(rng: random.Random, rate: float, start: float, end: float,
                   burstiness: float = 1.0) -> list[float]:
     """Arrival times with `rate` per second on [start, end): a Poisson process, or with
     `burstiness` != 1 gamma-distributed gaps of the same mean (shape = burstiness, as vLLM's
     client: below 1 burstier, above 1 more even; 1 draws exactly the Poisson stream)."""
-    if not burstiness > 0:
-        raise ValueError(f"burstiness must be > 0, got {burstiness!r}")
+    if not 1e-6 <= burstiness <= 1e6:
+        raise ValueError(f"burstiness must be in [1e-6, 1e6], got {burstiness!r}")
+    if not (math.isfinite(rate) and rate >= 0 and math.isfinite(start) and math.isfinite(end)):
+        raise ValueError(f"arrival rate and times must be finite (rate >= 0), got rate {rate!r} on [{start!r}, {end!r})")
     out, t = [], start
     if rate <= 0:
         return out
+    if rate * (end - start) > MAX_REQUESTS:
+        raise ValueError(f"{rate:g} requests/s for {end - start:g} s is more than {MAX_REQUESTS:,} requests")
     while True:
         t += rng.expovariate(rate) if burstiness == 1.0 else rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
         if t >= end:
             return out
         out.append(t)
+        if len(out) > 2 * MAX_REQUESTS:  # a burstiness that piles them up
+            raise ValueError(f"more than {2 * MAX_REQUESTS:,} arrivals")
 
 
 def clamp_to_context(spec: RequestSpec, max_len: int) -> tuple[RequestSpec, bool]:
@@ -127,6 +138,11 @@ def whale_minnow(cfg: WhaleMinnowConfig, seed: int) -> list[RequestSpec]:
     mp, mo = LengthDist.parse(cfg.minnow_prompt), LengthDist.parse(cfg.minnow_output)
     wrng, mrng = random.Random(f"{seed}/whale"), random.Random(f"{seed}/minnow")
     specs = []
+    if not (0 <= cfg.whales <= MAX_REQUESTS and cfg.whale_tenants and cfg.minnow_tenants):
+        raise ValueError(f"whales must be in [0, {MAX_REQUESTS:,}] and tenant lists non-empty")
+    if not (math.isfinite(cfg.duration) and cfg.duration > 0 and math.isfinite(cfg.whale_start) and cfg.whale_start >= 0
+            and (cfg.whale_interval is None or (math.isfinite(cfg.whale_interval) and cfg.whale_interval >= 0))):
+        raise ValueError("duration must be > 0, whale start and interval finite and >= 0")
     start = min(cfg.whale_start, cfg.duration)
     for i in range(cfg.whales):
         gap = cfg.whale_interval if cfg.whale_interval is not None else (cfg.duration - start) / cfg.whales
@@ -184,7 +200,11 @@ def parse_tenants(doc: dict) -> tuple[list[TenantSpec], float | None]:
 def even_tenants(n: int, total_rate: float, weights: list[float] | None, prompt: str, output: str,
                  on: float | None = None, off: float = 0.0) -> list[TenantSpec]:
     """`n` tenants t0..t{n-1} sharing `total_rate` by weight, with the same lengths and cycle."""
+    if n < 1:
+        raise ValueError(f"--num-tenants must be at least 1, got {n}")
     weights = weights or [1.0] * n
+    if not all(0 < w < float("inf") for w in weights):
+        raise ValueError(f"tenant weights must be positive and finite, got {weights}")
     if len(weights) != n:
         raise ValueError(f"{len(weights)} weights for {n} tenants")
     return [TenantSpec(f"t{i}", total_rate * w / sum(weights), LengthDist.parse(prompt), LengthDist.parse(output),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import time
 from dataclasses import dataclass, field
@@ -66,8 +67,13 @@ class NodeConfig:
                 self.dist_init_method and 0 <= self.dist_rank < self.dist_world_size):
             raise ValueError("--transport torch needs --dist-init-method URL, --dist-rank R and --dist-world-size N "
                              "(one rank per prefill and decode node; scripts/launch_cluster.sh sets them)")
-        if not self.transfer_timeout_s > 0:
-            raise ValueError("transfer_timeout_s must be positive")
+        if not self.transfer_timeout_s > 0 or not math.isfinite(self.transfer_timeout_s):
+            raise ValueError("transfer_timeout_s must be positive and finite")
+        if not (0 <= self.drain_timeout_s < math.inf and 0 < self.hold_timeout_s < math.inf):
+            raise ValueError("drain and hold timeouts must be finite, the hold timeout positive")
+        for name in ("ctrl_port", "metrics_port", "kv_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ValueError(f"{name.replace('_', '-')} must be in [0, 65535], got {getattr(self, name)}")
 
     def transport_config(self, **kw) -> TransportConfig:
         """This node's KV transport settings (`kw`: the endpoint and other per-instance fields)."""
@@ -359,6 +365,8 @@ class NodeBase:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for t in done:
                 if t.exception():
+                    log.error("node %s is going down: %s failed", self.config.node_id, t.get_name(),
+                              exc_info=t.exception())  # the whole traceback in the node's log
                     raise t.exception()  # a failed task brings the node down loudly
         finally:
             self.stop.set()

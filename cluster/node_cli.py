@@ -71,7 +71,7 @@ def parse(role: str, argv: list[str]) -> argparse.Namespace:
                     help="append one JSON line per engine step: what ran, how long, tier moves "
                          "('{node}' in FILE becomes the node id)")
     ap.add_argument("--curve-dir", default=None, help="ZeroMQ CURVE keys (pdtb keys --out DIR) for every socket")
-    ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return ap.parse_args(argv)
 
 
@@ -149,6 +149,8 @@ def _write_addr(path: str | None, addrs: dict) -> None:
 
 def main(role: str, argv: list[str]) -> int:
     a = parse(role, argv)
+    if a.torch_threads < 1:
+        raise CliError("--torch-threads must be at least 1")
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
     import dataclasses

@@ -29,6 +29,15 @@ class FairnessConfig:
     slo_tpot_s: dict = field(default_factory=dict)  # class (priority) -> TPOT target (s); "*" for all
 
     def __post_init__(self) -> None:
+        import math
+
+        numbers = [v for v in vars(self).values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        for table in (self.tenant_weights, self.class_reservations, self.slo_ttft_s, self.slo_tpot_s):
+            numbers += list(table.values())
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers):
+            raise ValueError("fairness settings must be finite numbers (NaN passed every range check)")
+        if any(v < 0 for v in (*self.class_reservations.values(), *self.slo_ttft_s.values(), *self.slo_tpot_s.values())):
+            raise ValueError("class reservations and SLO targets must be >= 0")
         if not 0.0 < self.request_cap_frac <= 1.0:
             raise ValueError("request_cap_frac must be in (0, 1]")
         if not 0.0 < self.prefill_share_frac <= 1.0:

@@ -63,13 +63,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if min(a.batch, a.prompt_len, a.max_tokens, a.page_size, a.repeat) < 1:
+        ap.error("--batch, --prompt-len, --max-tokens, --page-size and --repeat must be at least 1")
+    if a.dtype not in ("float32", "float16", "bfloat16"):
+        ap.error(f"--dtype must be float32, float16 or bfloat16, got {a.dtype!r}")
     from model_engine.config import EngineConfig
     from model_engine.engine import LLMEngine
     from model_engine.loader import load_model
     from pdtb.common import resolve_model
 
     model_dir = resolve_model(a.model)
+    EngineConfig(model_dir, page_size=a.page_size, device=a.device, dtype=a.dtype)  # its checks (device), before loading
     hf_model, tok, info = load_model(model_dir, a.device, a.dtype, attn_implementation="sdpa")
+    longest = a.prompt_len + a.prompt_len // 4 + a.max_tokens  # prompts are drawn up to 1.25x --prompt-len
+    if longest > info.max_model_len:
+        ap.error(f"--prompt-len and --max-tokens need up to {longest} tokens; the model's context is {info.max_model_len}")
     prompts = _prompts(a.batch, a.prompt_len, info.vocab_size, a.seed)
     pages = sum(-(-(len(p) + a.max_tokens) // a.page_size) for p in prompts) + a.batch
     engine = LLMEngine(EngineConfig(model_dir, page_size=a.page_size, num_pages=pages, device=a.device,

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 
 from pdtb.common import CliError, die
 
@@ -114,7 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # files that cannot be written, addresses that cannot be bound: one line
         if isinstance(e, OSError) or type(e).__module__.startswith("zmq"):
             return die(f"{type(e).__name__}: {e}")
-        raise
+        # Anything else is still one line (bad input no check foresaw: a results file of another
+        # shape, a flag value out of range), with the traceback for whoever debugs it.
+        if os.environ.get("PDTB_DEBUG"):
+            raise
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        return die(f"{type(e).__name__}: {first} (at {os.path.basename(where.filename)}:{where.lineno}; "
+                   f"PDTB_DEBUG=1 shows the traceback)", 1)
 
 
 if __name__ == "__main__":

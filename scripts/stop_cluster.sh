@@ -14,6 +14,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$RUN_DIR" ] || { echo "stop_cluster: --run-dir DIR is required" >&2; exit 2; }
+case "$TIMEOUT" in ''|*[!0-9]*) echo "stop_cluster: --timeout wants a whole number of seconds, got '$TIMEOUT'" >&2; exit 2 ;; esac
 [ -d "$RUN_DIR" ] || { echo "stop_cluster: no such run dir: $RUN_DIR" >&2; exit 2; }
 
 # Two phases, so that nothing in flight is lost to the order of shutdown. First the router

@@ -70,3 +70,56 @@ def test_model_init_writes_standard_checkpoint(tmp_path):
     from transformers import AutoConfig
 
     assert AutoConfig.from_pretrained(tmp_path / "m").model_type == "qwen2"
+
+
+BAD_FLAGS = [  # found by a review that tried every subcommand: each was a traceback, a hang or exit 0
+    ["bench", "controller", "--sizes", "1"],
+    ["bench", "controller", "--sizes", "abc"],
+    ["bench", "controller", "--steps", "0"],
+    ["bench", "controller", "--policies", "nosuch"],
+    ["bench", "engine", "--batch", "0"],
+    ["bench", "engine", "--repeat", "0"],
+    ["bench", "engine", "--page-size", "0"],
+    ["bench", "engine", "--dtype", "float7"],
+    ["bench", "engine", "--device", "tpu"],
+    ["bench", "engine", "--prompt-len", "100000"],
+    ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--minnow-rate", "nan"],
+    ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--minnow-rate", "1e9"],
+    ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--whales", "100000000"],
+    ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--burstiness", "1e-300"],
+    ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--whale-tenants", ","],
+    ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--whale-prompt", "lognormal:100:1e308"],
+    ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--minnow-rate", "-1"],
+    ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--slo", "ttft_ms=nan"],
+    ["bench", "serve", "--workload", "multi-tenant", "--dry-run", "--num-tenants", "0"],
+    ["colocated", "--ctrl-port", "70000"],
+    ["colocated", "--active-window", "nan"],
+    ["colocated", "--reserve", "1=-5"],
+    ["colocated", "--log-level", "bogus"],
+]
+
+
+@pytest.mark.parametrize("args", BAD_FLAGS, ids=lambda a: " ".join(a[:2] + a[-2:]))
+def test_bad_flags_are_an_error_not_a_traceback_a_hang_or_success(llama_dir, args, capsys):
+    from pdtb.cli import main
+
+    if args[0] in ("colocated",) or args[:2] == ["bench", "engine"]:
+        args = [*args, "--model", llama_dir]
+    try:
+        rc = main(args)
+    except SystemExit as e:  # argparse's usage errors
+        rc = e.code
+    assert rc not in (0, None), args
+    err = capsys.readouterr().err
+    assert err.strip() and "Traceback" not in err, err
+
+
+def test_an_unforeseen_error_is_one_line(tmp_path, capsys):
+    """Input no check foresaw (a results file of another shape) ends as one line with where it
+    happened, not a traceback; PDTB_DEBUG=1 gives the traceback."""
+    from pdtb.cli import main
+
+    (tmp_path / "r.json").write_text("5")
+    assert main(["compare", str(tmp_path / "r.json")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("pdtb: error: TypeError") and "PDTB_DEBUG" in err[0]
