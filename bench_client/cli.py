@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--on", type=float, help="on-phase seconds (with --off)")
     g.add_argument("--off", type=float, default=0.0, help="off-phase seconds")
     g = ap.add_argument_group("trace replay")
-    g.add_argument("--length-scale", type=_positive(float), default=1.0)
+    g.add_argument("--length-scale", type=_positive(float), default=1.0, help="multiply both lengths (at most 1e6)")
     g.add_argument("--max-context", type=_at_least(2), help="clamp prompt+output to this many tokens (>= 2)")
     g.add_argument("--time-scale", type=_positive(float), default=1.0, help="multiply arrival offsets (0.1 = 10x faster)")
     g = ap.add_argument_group("requests")

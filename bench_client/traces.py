@@ -113,12 +113,20 @@ def parse_jsonl(lines) -> list[TraceRow]:
 def parse_azure_csv(lines) -> list[TraceRow]:
     rows = []
     reader = csv.DictReader(lines)
-    for d in reader:  # reader.line_num: the file's line (DictReader skips blank lines)
+    for d in _csv_rows(reader):  # reader.line_num: the file's line (DictReader skips blank lines)
         try:
             rows.append(_row(_azure_time(d["TIMESTAMP"]), d["ContextTokens"], d["GeneratedTokens"]))
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"trace line {reader.line_num}: {e!r}") from None
     return rows
+
+
+def _csv_rows(reader):
+    """The reader's rows; a malformed CSV (a field past csv's size limit, a NUL) names its line."""
+    try:
+        yield from reader
+    except csv.Error as e:
+        raise ValueError(f"trace line {reader.line_num}: {e}") from None
 
 
 def read_trace(path: str | Path) -> tuple[list[TraceRow], str]:
@@ -136,8 +144,8 @@ def read_trace(path: str | Path) -> tuple[list[TraceRow], str]:
 def trace_specs(rows: list[TraceRow], length_scale: float = 1.0, max_context: int | None = None,
                 time_scale: float = 1.0, max_requests: int | None = None) -> tuple[list[RequestSpec], dict]:
     """Scaled request list (class "trace") and what was applied."""
-    if length_scale <= 0 or time_scale < 0:
-        raise ValueError("length_scale must be > 0 and time_scale >= 0")
+    if not (0 < length_scale <= 1e6 and 0 <= time_scale < float("inf")):
+        raise ValueError("length_scale must be in (0, 1e6] and time_scale finite and >= 0")
     if max_context is not None and max_context < 2:
         raise ValueError(f"max_context must be at least 2 (a prompt and an output token), got {max_context}")
     rows = sorted(rows, key=lambda r: r.timestamp)[:max_requests]

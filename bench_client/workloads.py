@@ -178,6 +178,8 @@ class TenantSpec:
 
 def parse_tenants(doc: dict) -> tuple[list[TenantSpec], float | None]:
     """Tenants (and the duration, if given) from the tenants-file JSON document."""
+    if not isinstance(doc, dict) or not all(isinstance(r, dict) for r in doc.get("tenants") or []):
+        raise ValueError("tenants file: want a JSON object {\"tenants\": [{\"name\": ..., ...}, ...]}")
     rows = doc.get("tenants") or []
     if not rows:
         raise ValueError("tenants file: 'tenants' must be a non-empty list")
@@ -200,6 +202,8 @@ def parse_tenants(doc: dict) -> tuple[list[TenantSpec], float | None]:
 def even_tenants(n: int, total_rate: float, weights: list[float] | None, prompt: str, output: str,
                  on: float | None = None, off: float = 0.0) -> list[TenantSpec]:
     """`n` tenants t0..t{n-1} sharing `total_rate` by weight, with the same lengths and cycle."""
+    if on is not None and not (0 < on < float("inf") and 0 <= off < float("inf")):
+        raise ValueError(f"--on must be > 0 and --off >= 0 (finite), got {on}, {off}")
     if n < 1:
         raise ValueError(f"--num-tenants must be at least 1, got {n}")
     weights = weights or [1.0] * n

@@ -54,7 +54,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--socket-buffer-mib", type=float, default=0.0)
     p.add_argument("--device", default="cpu", help="where both pools live: cpu or cuda[:N]")
     p.add_argument("--json", action="store_true")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if min(a.size_mib, a.reps, a.window, a.small_requests) < 1:
+        p.error("--size-mib, --reps, --window and --small-requests must be at least 1")
+    if not (0 < a.chunk_mib <= 1024 and 0 <= a.socket_buffer_mib <= 1024):
+        p.error("--chunk-mib must be in (0, 1024] and --socket-buffer-mib in [0, 1024]")
+    return a
 
 
 def endpoint_for(kind: str, tag: str, ipc_dir: str) -> str:

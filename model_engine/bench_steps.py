@@ -40,7 +40,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    if min([a.rows, a.row_len, a.long_len, a.reps, a.threads, *a.long_rows, *a.chunks]) < 1 or min(a.offsets, default=0) < 0:
+    if not (a.long_rows and a.chunks and a.offsets):
+        ap.error("--long-rows, --chunks and --offsets need at least one value each")
+    if min([a.rows, a.row_len, a.long_len, a.reps, a.threads, a.page_size, *a.long_rows, *a.chunks]) < 1 or min(a.offsets) < 0:
         ap.error("sizes, counts and repeats must be positive (offsets non-negative)")
     return a
 
