@@ -37,7 +37,6 @@ class ControlServer:
         self.address = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.handler = handler
         self.bad_frames = 0
-        self.last_unreachable = False  # the last failed send found its peer disconnected (EHOSTUNREACH)
 
     async def serve(self, stop: asyncio.Event, tick_s: float = 0.1) -> None:
         while not stop.is_set():
@@ -81,15 +80,18 @@ class ControlServer:
 
     async def send(self, identity: bytes, msg) -> bool:
         """Send one message to a connected router; False (logged) if it is gone or stuck."""
+        return await self.deliver(identity, msg) is None
+
+    async def deliver(self, identity: bytes, msg) -> str | None:
+        """`send`, telling why it failed: None (sent), "gone" (ROUTER_MANDATORY: no such peer is
+        connected now) or "stuck" (a peer too slow to take it in time)."""
         try:
             # bounded, not wait_for: on Python >= 3.12 wait_for can call a send that went out a timeout
             await bounded(self.sock.send_multipart([identity, encode_message(msg)]), SEND_TIMEOUT_S)
-            return True
+            return None
         except (zmq.ZMQError, asyncio.TimeoutError) as e:
-            # ROUTER_MANDATORY: no such peer connected now (a slow peer times out instead)
-            self.last_unreachable = isinstance(e, zmq.ZMQError) and e.errno == zmq.EHOSTUNREACH
             log.warning("control: cannot send %s to %r: %s", type(msg).__name__, identity, e)
-            return False
+            return "gone" if isinstance(e, zmq.ZMQError) and e.errno == zmq.EHOSTUNREACH else "stuck"
 
     def close(self, linger_ms: int = 0) -> None:
         """Close the socket. With `linger_ms`, messages already queued (a node's last words: the
@@ -120,6 +122,6 @@ class EventSink:
     async def flush(self) -> None:
         pending, self._pending = self._pending, {}
         for ident, events in pending.items():
-            if not await self.server.send(ident, TokenBatch(self.node_id, events)) and \
-                    self.server.last_unreachable and self.on_gone is not None:
+            why = await self.server.deliver(ident, TokenBatch(self.node_id, events))
+            if why == "gone" and self.on_gone is not None:
                 self.on_gone(ident.decode(errors="replace"))

@@ -168,7 +168,7 @@ class NodeBase:
                 self._final_timing(msg.request_id)
             self.on_abort(msg.request_id, msg.reason)
             if live and msg.request_id not in self.seqs:  # ended here: "stop" (a stop string), else "abort"
-                self.metrics.finished.labels(reason="stop" if msg.final else "abort", **self.metrics.labels).inc()
+                self.metrics.count_finished("stop" if msg.final else "abort")
             self.wake.set()
         else:
             log.warning("unexpected %s on control socket", type(msg).__name__)
@@ -197,7 +197,7 @@ class NodeBase:
         rids = [rid for rid, r in self.routes.items() if r == router_id]
         for rid in rids:
             self.on_abort(rid, "router gone")
-            self.metrics.finished.labels(reason="abort", **self.metrics.labels).inc()
+            self.metrics.count_finished("abort")
         if rids:
             log.warning("router %s is gone: aborted its %d request(s)", router_id, len(rids))
             now = time.monotonic()
@@ -238,7 +238,7 @@ class NodeBase:
         if finished:
             ev.finish_reason = "stop" if seq.status == SeqStatus.FINISHED_STOPPED else "length"
             ev.timing = self.acct.final_timing(seq)
-            self.metrics.finished.labels(reason=ev.finish_reason, **self.metrics.labels).inc()
+            self.metrics.count_finished(ev.finish_reason)
         self.sink.add(self.routes.get(seq.request_id, ""), ev)
         if finished:
             self._end(seq)
@@ -247,7 +247,7 @@ class NodeBase:
         """End a request with an error event (its pages are freed by the caller)."""
         log.info("request %s failed: %s", request_id, reason)
         self.sink.add(self.routes.get(request_id, ""), TokenEvent(request_id, [], True, "error", reason))
-        self.metrics.finished.labels(reason="error", **self.metrics.labels).inc()
+        self.metrics.count_finished("error")
         self.seqs.pop(request_id, None)
         self.routes.pop(request_id, None)
         self.acct.forget(request_id)

@@ -33,6 +33,10 @@ class NodeMetrics:
         self.conservation_errors = Counter("pdtb_page_conservation_errors", "page state checks that failed",
                                            ["role", "node"], registry=r).labels(**lbl)
 
+    def count_finished(self, reason: str) -> None:
+        """One request ended on this node: stop, length, error or abort."""
+        self.finished.labels(reason=reason, **self.labels).inc()
+
     def set_pages(self, tier: str, total: int, free: int) -> None:
         self.pages_total.labels(tier=tier, **self.labels).set(total)
         self.pages_free.labels(tier=tier, **self.labels).set(free)

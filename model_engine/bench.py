@@ -65,15 +65,16 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if min(a.batch, a.prompt_len, a.max_tokens, a.page_size, a.repeat) < 1:
         ap.error("--batch, --prompt-len, --max-tokens, --page-size and --repeat must be at least 1")
-    if a.dtype not in ("float32", "float16", "bfloat16"):
-        ap.error(f"--dtype must be float32, float16 or bfloat16, got {a.dtype!r}")
     from model_engine.config import EngineConfig
     from model_engine.engine import LLMEngine
     from model_engine.loader import load_model
     from pdtb.common import resolve_model
 
     model_dir = resolve_model(a.model)
-    EngineConfig(model_dir, page_size=a.page_size, device=a.device, dtype=a.dtype)  # its checks (device), before loading
+    try:  # EngineConfig's own checks of the device and dtype, before anything is loaded
+        EngineConfig(model_dir, page_size=a.page_size, device=a.device, dtype=a.dtype)
+    except ValueError as e:
+        ap.error(str(e))
     hf_model, tok, info = load_model(model_dir, a.device, a.dtype, attn_implementation="sdpa")
     longest = a.prompt_len + a.prompt_len // 4 + a.max_tokens  # prompts are drawn up to 1.25x --prompt-len
     if longest > info.max_model_len:
