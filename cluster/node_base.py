@@ -22,7 +22,7 @@ from cluster.node_metrics import NodeMetrics, start_http
 from cluster.step_log import StepLog
 from fairness.config import FairnessConfig
 from kv_transport.config import FaultConfig, TransportConfig
-from cluster.protocol import AbortRequest, GenerateRequest, NodeStats, Params, Ping, TokenEvent
+from cluster.protocol import AbortRequest, GenerateRequest, NodeDown, NodeStats, Params, Ping, TokenEvent
 from model_engine.config import EngineConfig
 from model_engine.engine import LLMEngine, StepEvent
 from model_engine.sequence import SamplingParams, Sequence, SeqStatus
@@ -170,11 +170,17 @@ class NodeBase:
             if live and msg.request_id not in self.seqs:  # ended here: "stop" (a stop string), else "abort"
                 self.metrics.count_finished("stop" if msg.final else "abort")
             self.wake.set()
+        elif isinstance(msg, NodeDown):
+            self.on_node_down(msg.node_id, msg.reason)
+            self.wake.set()
         else:
             log.warning("unexpected %s on control socket", type(msg).__name__)
 
     def on_generate(self, req: GenerateRequest) -> None:
         raise NotImplementedError
+
+    def on_node_down(self, node_id: str, reason: str) -> None:
+        """A router says decode node `node_id` stopped answering (prefill nodes act on it)."""
 
     def on_abort(self, request_id: str, reason: str) -> None:
         seq = self.engine.scheduler.abort(request_id, f"abort: {reason}")

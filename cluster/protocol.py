@@ -8,6 +8,7 @@ request's `router_id`, carried through the KV transfer.
     router --GenerateRequest--> prefill | colocated
     router --AbortRequest-----> any node
     router --Ping-------------> any node     --NodeStats--> router
+    router --NodeDown---------> prefill      (a decode node stopped answering: move hand-offs off it)
     node   --TokenBatch-------> router       (first token from prefill, the rest from decode)
 
 Every message is one frame: a msgpack map with "type" (class name) and "v" (PROTOCOL_VERSION).
@@ -57,6 +58,10 @@ class GenerateRequest:
     router_id: str = ""  # DEALER identity events go back to
     decode_node: str = ""  # disaggregated: node id of the chosen decode node
     decode_kv_addr: str = ""  # disaggregated: KV transport endpoint of that node
+    # disaggregated: other decode nodes the prefill node may hand the request to, in order, when
+    # the chosen one cannot take it (draining, dead, full); node ids and KV endpoints, pairwise
+    fallback_nodes: list[str] = field(default_factory=list)
+    fallback_kv_addrs: list[str] = field(default_factory=list)
     arrival_time: float = 0.0  # router wall-clock time.time() when the request arrived
 
 
@@ -78,6 +83,9 @@ class TokenEvent:
     finish_reason: str | None = None  # "stop" | "length" | "error"
     error: str | None = None  # why it failed, when finish_reason == "error"
     timing: dict = field(default_factory=dict)  # server timeline (final event), seconds
+    # prefill -> router: the hand-off now goes to this decode node (one of the request's
+    # fallbacks); an event with only this set is a notice, not output
+    decode_node: str = ""
 
 
 @dataclass
@@ -90,6 +98,15 @@ class TokenBatch:
 class Ping:
     seq: int
     router_id: str = ""
+
+
+@dataclass
+class NodeDown:
+    """Router -> prefill nodes: decode node `node_id` stopped answering; hand-offs bound to it
+    move to their fallbacks (or fail) now, instead of at their transfer timeout."""
+
+    node_id: str
+    reason: str = ""
 
 
 @dataclass
@@ -110,7 +127,7 @@ class NodeStats:
     extra: dict = field(default_factory=dict)
 
 
-MESSAGES: dict[str, type] = {c.__name__: c for c in (GenerateRequest, AbortRequest, TokenBatch, Ping, NodeStats)}
+MESSAGES: dict[str, type] = {c.__name__: c for c in (GenerateRequest, AbortRequest, TokenBatch, Ping, NodeStats, NodeDown)}
 _NESTED = {"Params": Params, "TokenEvent": TokenEvent}
 
 

@@ -10,6 +10,15 @@ Queues and a request's path through them:
     draining, bad_metadata; a transport fault or timeout): error event, pages freed.
 The request metadata sent with the KV is sealed (cluster/kv_meta.py) right before each send.
 
+Fallbacks: the router names, with the chosen decode node, up to a few other decode nodes that
+could hold the request. A hand-off the chosen node cannot take moves to the next of them at
+once (the router is told with a `decode_node` notice) instead of failing: refused for good
+(draining, too_large) or a transport failure drops that node from the request's list; refused
+"no_pages" rotates to the next node (backoff only once every node has refused in turn); a
+router's `NodeDown` moves hand-offs off a decode node that stopped answering (their transfers
+would otherwise wait out the transfer timeout). A "bad_metadata" refusal fails at once: it is
+this request's fault, not the node's. No fallbacks (one decode node): as before.
+
 A request that ends at its first token (EOS, max_tokens=1) finishes here without a transfer.
 The prefill node owns a request's pages until the decode side confirms receipt.
 """
@@ -22,7 +31,7 @@ from dataclasses import dataclass
 
 from cluster import kv_meta
 from cluster.node_base import NodeBase
-from cluster.protocol import GenerateRequest
+from cluster.protocol import GenerateRequest, TokenEvent
 from colocated_node.node import accept_request
 from fairness.attribution import end_wait
 from kv_transport import TransferMeta, TransferState, TransportConfig, make_sender
@@ -41,11 +50,16 @@ RETRY_S = (0.01, 0.1)
 class Handoff:
     seq: Sequence
     req: GenerateRequest
+    targets: list[tuple[str, str]]  # (decode node id, KV address): the current one first, then fallbacks
     transfer_id: str | None = None
     deadline: float = 0.0  # monotonic: give up holding after this
     retry_at: float = 0.0  # monotonic: next attempt
     backoff: float = RETRY_S[0]
     attempts: int = 0
+    refusals: int = 0  # "no_pages" refusals since the last backoff (one per target, then back off)
+
+    def retarget(self) -> None:
+        self.req.decode_node, self.req.decode_kv_addr = self.targets[0]
 
 
 class PrefillNode(NodeBase):
@@ -79,8 +93,12 @@ class PrefillNode(NodeBase):
                 continue
             self.emit(seq, [ev.token_id])
             self.engine.scheduler.detach(seq)  # pages stay, owned by the request id
-            mono = time.monotonic()
-            self.handoffs[seq.request_id] = Handoff(seq, self.reqs.pop(seq.request_id), deadline=mono + self.config.hold_timeout_s)
+            self._hand_off(seq, self.reqs.pop(seq.request_id))
+
+    def _hand_off(self, seq: Sequence, req: GenerateRequest) -> None:
+        h = Handoff(seq, req, [(req.decode_node, req.decode_kv_addr), *zip(req.fallback_nodes, req.fallback_kv_addrs)],
+                    deadline=time.monotonic() + self.config.hold_timeout_s)
+        self.handoffs[seq.request_id] = h
 
     # ---- hand-offs -----------------------------------------------------------------------------
     async def _sender(self, addr: str):
@@ -111,8 +129,6 @@ class PrefillNode(NodeBase):
         mono = time.monotonic()
         for rid, h in list(self.handoffs.items()):
             if h.transfer_id is None:
-                if mono >= h.retry_at:
-                    await self._start_transfer(h)
                 continue
             st = self.senders[h.req.decode_kv_addr].poll(h.transfer_id)
             if st is None or not st.state.finished:
@@ -124,15 +140,64 @@ class PrefillNode(NodeBase):
                     self.metrics.transfer_s.observe(st.duration_s)
                 self._release(rid)
             elif "no_pages" in (st.reason or "") and mono < h.deadline:
-                # Backpressure: the decode pool is full. Keep the pages and try again later.
+                # Backpressure: the decode pool is full. Keep the pages and try again later,
+                # at the next decode node of the request's list if it has one.
                 self.metrics.transfers.labels(outcome="deferred", **self.metrics.labels).inc()
-                h.transfer_id, h.retry_at = None, mono + h.backoff
+                h.transfer_id, h.retry_at = None, mono
                 h.seq.timeline.setdefault("held_since", time.time())
-                h.backoff = min(h.backoff * 2, RETRY_S[1])
+                h.refusals += 1
+                if h.refusals >= len(h.targets):  # every node refused in turn: back off
+                    h.refusals, h.retry_at = 0, mono + h.backoff
+                    h.backoff = min(h.backoff * 2, RETRY_S[1])
+                if len(h.targets) > 1:
+                    h.targets.append(h.targets.pop(0))
+                    self._moved(h, f"{st.reason}")
+            elif len(h.targets) > 1 and mono < h.deadline and "bad_metadata" not in (st.reason or ""):
+                self.metrics.transfers.labels(outcome="failed", **self.metrics.labels).inc()
+                h.targets.pop(0)  # that node cannot take it (draining, too small, unreachable)
+                h.transfer_id, h.retry_at = None, mono
+                self._moved(h, st.reason or "transfer failed")
             else:
                 self.metrics.transfers.labels(outcome="failed", **self.metrics.labels).inc()
                 # fail() before _release(): the error event needs the route _release forgets
                 self.fail(rid, f"KV transfer to the decode node failed: {st.reason}")
+                self._release(rid)
+        for h in list(self.handoffs.values()):  # after the above: a moved hand-off starts at once
+            if h.transfer_id is None and mono >= h.retry_at:
+                await self._start_transfer(h)
+
+    def _moved(self, h: Handoff, why: str) -> None:
+        """The hand-off goes to `h.targets[0]` now: tell the request's router."""
+        old = h.req.decode_node
+        h.retarget()
+        log.info("request %s: hand-off moves from decode node %s to %s (%s)", h.seq.request_id, old,
+                 h.req.decode_node, why)
+        self.sink.add(self.routes.get(h.seq.request_id, ""), TokenEvent(h.seq.request_id, [], decode_node=h.req.decode_node))
+
+    def on_node_down(self, node_id: str, reason: str) -> None:
+        """Move every hand-off off decode node `node_id` (cancelling a transfer in flight to it),
+        or fail those that have nowhere else to go."""
+        for rid, req in self.reqs.items():  # not handed off yet: bound elsewhere from the start
+            pairs = [t for t in zip(req.fallback_nodes, req.fallback_kv_addrs) if t[0] != node_id]
+            if req.decode_node == node_id and pairs:
+                (req.decode_node, req.decode_kv_addr), pairs = pairs[0], pairs[1:]
+                self.sink.add(self.routes.get(rid, ""), TokenEvent(rid, [], decode_node=req.decode_node))
+            req.fallback_nodes, req.fallback_kv_addrs = [n for n, _ in pairs], [a for _, a in pairs]
+        for rid, h in list(self.handoffs.items()):
+            if not any(t[0] == node_id for t in h.targets):
+                continue
+            current = h.targets[0][0] == node_id
+            h.targets = [t for t in h.targets if t[0] != node_id]
+            if not current:
+                continue
+            if h.transfer_id is not None:
+                self.senders[h.req.decode_kv_addr].cancel(h.transfer_id, f"decode node {node_id} is down")
+                h.transfer_id = None
+            if h.targets:
+                h.retry_at = time.monotonic()
+                self._moved(h, f"decode node {node_id} is down")
+            else:
+                self.fail(rid, f"decode node {node_id} stopped answering{': ' + reason if reason else ''}")
                 self._release(rid)
 
     def _release(self, rid: str) -> None:

@@ -9,6 +9,14 @@
 A request in disaggregated mode depends on its prefill node until its decode node sends a first
 event, then on the decode node alone. Decode events that overtake the prefill node's first token
 (different connections) are held until that token arrives, so the output stays in order.
+
+Fallbacks: with the chosen decode node the router names up to FALLBACKS other decode nodes that
+fit the request; the prefill node moves the hand-off to one of them when the chosen one cannot
+take it and says so with a `decode_node` notice. Events from a decode node the request is not
+(yet) bound to are set aside until a notice names that node; once the request is handed off,
+any other decode node that sends events for it is told to drop it. A decode node that stops
+answering fails only the requests that were handed to it, or that have no fallback left: the
+prefill nodes are told (`NodeDown`) and move the others.
 Queues carry TokenEvent items, or a RequestFailed that `next_event` raises.
 """
 from __future__ import annotations
@@ -25,7 +33,7 @@ from typing import Callable
 import zmq
 import zmq.asyncio
 
-from cluster.protocol import (AbortRequest, GenerateRequest, NodeStats, Ping, ProtocolError, TokenBatch,
+from cluster.protocol import (AbortRequest, GenerateRequest, NodeDown, NodeStats, Ping, ProtocolError, TokenBatch,
                               TokenEvent, decode_message, encode_message)
 from router.aio import within
 from router.config import NodeSpec
@@ -35,6 +43,7 @@ MAX_RECV_BYTES = 16 << 20  # TokenBatch and NodeStats are small; larger frames d
 SEND_HWM = 10_000
 MAX_DRAIN = 256  # messages read from one socket per poll
 CLOSE_LINGER_MS = 200  # bounded: ctx.term() waits at most this long for unsent messages
+FALLBACKS = 3  # other decode nodes a disaggregated request may be handed to
 
 
 class RequestFailed(Exception):
@@ -88,6 +97,8 @@ class RequestHandle:
     entry_started: bool = False  # the entry node has sent its first event
     handed_off: bool = False  # the decode node has sent an event: the prefill node is no longer needed
     held: list[TokenEvent] = field(default_factory=list)  # decode events that overtook the first token
+    fallbacks: list[str] = field(default_factory=list)  # decode node ids the prefill node may move it to
+    strays: dict[int, tuple[NodeState, list[TokenEvent]]] = field(default_factory=dict)  # other decode nodes' events
 
     def depends_on(self) -> list[NodeState]:
         if self.decode is None:
@@ -197,11 +208,20 @@ class NodeRegistry:
                 if was_healthy[id(node)] and not ok:
                     log.warning("node %s (%s) stopped answering", node.node_id, node.spec.address)
                     self._fail_dependents(node)
+                    if node.spec.role == "decode":
+                        for p in self.nodes:
+                            if p.spec.role == "prefill" and self.is_healthy(p, now):
+                                self._send(p, NodeDown(node.node_id, "it stopped answering the router's pings"))
                 was_healthy[id(node)] = ok
             await asyncio.sleep(self.ping_interval)
 
     def _fail_dependents(self, node: NodeState) -> None:
+        now = time.monotonic()
         for handle in list(self._requests.values()):
+            if node is handle.decode and not handle.handed_off and self.is_healthy(handle.entry, now) and any(
+                    n.node_id in handle.fallbacks and n is not node and self.is_healthy(n, now)
+                    for n in self.nodes if n.spec.role == "decode"):
+                continue  # its prefill node moves the hand-off to a fallback (NodeDown) or fails it
             if node in handle.depends_on():
                 msg = f"{node.spec.role} node {node.node_id} stopped answering"
                 if node.stats is not None and node.stats.draining:  # its last words (the aborts) were lost
@@ -242,6 +262,10 @@ class NodeRegistry:
         handle = self._requests.get(event.request_id)
         if handle is None:
             return  # finished or aborted here already; late events are expected
+        if node is handle.entry and event.decode_node:
+            self._move(handle, event.decode_node)
+            if not event.token_ids and not event.finished:
+                return  # a notice only
         if node is handle.entry:
             handle.entry_started = True
             handle.queue.put_nowait(event)
@@ -249,6 +273,8 @@ class NodeRegistry:
                 handle.queue.put_nowait(held)
             handle.held.clear()
         elif node is handle.decode:
+            if not handle.handed_off:
+                self._drop_strays(handle)  # no other decode node may hold it from now on
             handle.handed_off = True  # the decode node holds it (an event without tokens: just adopted)
             if event.token_ids or event.finished:  # its pages now show in the node's device-tier stats
                 node.pending_pages.pop(handle.request_id, None)  # (an adopted request may be parked in host)
@@ -256,8 +282,36 @@ class NodeRegistry:
                 handle.queue.put_nowait(event)
             else:
                 handle.held.append(event)
+        elif handle.decode is not None and node.spec.role == "decode":
+            if handle.handed_off:  # a second holder (a hand-off that timed out at the sender but landed)
+                log.warning("request %s: events from decode node %s, but it is handed to %s; dropping it there",
+                            event.request_id, node.node_id, handle.decode.node_id)
+                self._send(node, AbortRequest(handle.request_id, "the request is held by another decode node"))
+            else:  # a fallback that took it before its prefill node's notice came in
+                handle.strays.setdefault(id(node), (node, []))[1].append(event)
         else:
             log.warning("event for %s from unrelated node %s", event.request_id, node.spec.address)
+
+    def _move(self, handle: RequestHandle, node_id: str) -> None:
+        """The prefill node handed `handle`'s request to decode node `node_id` instead."""
+        new = next((n for n in self.nodes if n.spec.role == "decode" and n.node_id == node_id), None)
+        if handle.decode is None or handle.handed_off or new is None or new is handle.decode:
+            if new is None or (handle.handed_off and new is not handle.decode):
+                log.warning("request %s: ignoring a move to decode node %r (%s)", handle.request_id, node_id,
+                            "unknown node" if new is None else "already handed off")
+            return
+        pages = handle.decode.pending_pages.pop(handle.request_id, None)
+        if pages is not None:
+            new.pending_pages[handle.request_id] = pages
+        handle.decode = new
+        _, early = handle.strays.pop(id(new), (None, []))
+        for event in early:
+            self._on_event(new, event)
+
+    def _drop_strays(self, handle: RequestHandle) -> None:
+        for node, _ in handle.strays.values():
+            self._send(node, AbortRequest(handle.request_id, "the request is held by another decode node"))
+        handle.strays.clear()
 
     # -- sending -------------------------------------------------------------------------------
     def _send(self, node: NodeState, msg) -> bool:
@@ -280,7 +334,9 @@ class NodeRegistry:
                                         frozenset(tried))
             req.router_id = self.router_id
             req.decode_node, req.decode_kv_addr = (decode.node_id, decode.stats.kv_addr) if decode else ("", "")
-            handle = RequestHandle(req.request_id, entry, decode)
+            others = self._fallbacks(decode, len(req.prompt_token_ids) + req.params.max_tokens) if decode else []
+            req.fallback_nodes, req.fallback_kv_addrs = [n.node_id for n in others], [n.stats.kv_addr for n in others]
+            handle = RequestHandle(req.request_id, entry, decode, fallbacks=req.fallback_nodes)
             if self._send(entry, req):
                 break
             entry.refused_at = time.monotonic()
@@ -290,6 +346,12 @@ class NodeRegistry:
         pages_node.pending_pages[req.request_id] = self._pages_for(pages_node, len(req.prompt_token_ids) + 1)
         self._requests[req.request_id] = handle
         return handle
+
+    def _fallbacks(self, chosen: NodeState, peak_tokens: int) -> list[NodeState]:
+        """Up to FALLBACKS other available decode nodes that could hold the request, most free first."""
+        others = [n for n in self._available("decode") if n is not chosen and n.stats.kv_addr
+                  and self._pages_for(n, peak_tokens) <= n.stats.pages_total]
+        return sorted(others, key=lambda n: -n.free_pages_estimate())[:FALLBACKS]
 
     def _page_size(self, node: NodeState) -> int:
         return int(node.stats.extra.get("page_size", self.default_page_size) or self.default_page_size)
@@ -343,6 +405,7 @@ class NodeRegistry:
     def release(self, handle: RequestHandle) -> None:
         """Forget the request: later events for it are dropped."""
         self._requests.pop(handle.request_id, None)
+        self._drop_strays(handle)
         for node in (handle.entry, handle.decode):
             if node is not None:
                 node.pending_pages.pop(handle.request_id, None)

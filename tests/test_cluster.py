@@ -140,6 +140,35 @@ def test_disagg_2p2d_and_colocated_side_by_side(llama_dir, hf_models, tmp_path):
             wait_until(lambda: all_pages_free(url) and all_pages_free(url2), 30, what="all pages free")
 
 
+def test_a_hand_off_bound_to_a_dead_decode_node_moves_to_the_other(llama_dir, hf_models, tmp_path):
+    """Decode node 0 is killed; requests sent before the router notices are still bound to it
+    by the router (equal pools: it alternates between the two). Their prefill node moves the
+    hand-offs to decode node 1, a fallback the router named, when the transfer fails or the
+    router reports the node down. Every request completes with generate's tokens (before,
+    the ones bound to the dead node failed)."""
+    import os
+    import signal
+
+    with launched(tmp_path / "cf", llama_dir, "--mode", "disagg", "--decode", "2", "--kv-pages", "400") as (url, run_dir):
+        vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
+        prompts = prompts_for(vocab, (5, 30, 70, 12), seed=9)
+        check_against_hf(url, hf_models["llama"], prompts[:1], max_tokens=4)  # both links in use
+        os.kill(int((run_dir / "decode-0.pid").read_text()), signal.SIGKILL)
+
+        async def all_of_them():
+            client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
+            model = (await client.models.list()).data[0].id
+            rs = await asyncio.gather(*(client.completions.create(model=model, prompt=p, max_tokens=6, temperature=0,
+                                                                  extra_body=EXTRA) for p in prompts))
+            return [r.choices[0].token_ids for r in rs]
+
+        got = asyncio.run(asyncio.wait_for(all_of_them(), 100))
+        assert got == [hf_greedy(hf_models["llama"], p, 6, ignore_eos=True) for p in prompts]
+        assert "hand-off moves from decode node" in (run_dir / "prefill-0.log").read_text()
+        wait_until(lambda: all(n["pages_free"] == n["pages_total"] for n in get_json(f"{url}/cluster")
+                               if n["healthy"]), 30, what="pages free on the live nodes")
+
+
 def test_disagg_with_the_torch_transport(llama_dir, hf_models, tmp_path):
     """--transport torch from the launch script: one gloo process group of the prefill and
     decode nodes (file rendezvous in the run dir); a 300-token prompt's KV (19 pages, over

@@ -1,0 +1,245 @@
+"""Hand-off fallbacks: a prefill node moves a hand-off its decode node cannot take to another
+decode node the router named, and the router follows it (no processes here; the real-cluster
+check is in tests/test_cluster.py)."""
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from cluster.protocol import GenerateRequest, NodeDown, NodeStats, Params, TokenEvent
+from kv_transport import TransferState
+from router.config import NodeSpec
+
+X, Y, Z = ("dx", "tcp://127.0.0.1:11"), ("dy", "tcp://127.0.0.1:12"), ("dz", "tcp://127.0.0.1:13")
+
+
+class FakeSender:
+    """Stands in for a KV sender: every transfer waits until the test ends it."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.status: dict[str, SimpleNamespace] = {}
+        self.cancelled: list[str] = []
+
+    def send(self, export, meta) -> str:
+        tid = f"t{len(self.sent)}-{meta.extra['router_id']}"
+        self.sent.append(tid)
+        self.status[tid] = SimpleNamespace(state=TransferState.TRANSFERRING, reason=None, bytes_total=100,
+                                           duration_s=0.01)
+        return tid
+
+    def end(self, state: TransferState, reason: str | None = None) -> None:
+        st = self.status[self.sent[-1]]
+        st.state, st.reason = state, reason
+
+    def poll(self, tid):
+        return self.status.get(tid)
+
+    def cancel(self, tid, reason="cancelled") -> None:
+        self.cancelled.append(tid)
+        self.end(TransferState.FAILED, reason)
+
+
+def prefill_node(llama_dir):
+    from cluster.node_base import NodeConfig
+    from model_engine.config import EngineConfig
+    from prefill_node.node import PrefillNode
+
+    node = PrefillNode(NodeConfig("prefill", "p0", EngineConfig(llama_dir, num_pages=64)))
+    node.senders = {addr: FakeSender() for _, addr in (X, Y, Z)}
+    node.events = []
+    node.sink.add = lambda route, ev: node.events.append(ev)
+    return node
+
+
+def submit(node, rid: str, fallbacks=(Y,)) -> None:
+    """Send the node request `rid` bound to X, with `fallbacks`."""
+    req = GenerateRequest(rid, [5] * 40, Params(max_tokens=8), decode_node=X[0], decode_kv_addr=X[1],
+                          fallback_nodes=[n for n, _ in fallbacks], fallback_kv_addrs=[a for _, a in fallbacks])
+    node._on_message(b"r1", req)
+
+
+def prefill(node) -> None:
+    while node.engine.has_work():  # as the node's engine loop does
+        events = node.engine.step()
+        node.acct.on_output(node.engine.last_output, 0.0)
+        node.on_step_events(events, 0.0)
+
+
+def hand_off(node, rid: str, fallbacks=(Y,)) -> None:
+    """Submit `rid` bound to X with `fallbacks`, and run the node until its hand-off exists."""
+    submit(node, rid, fallbacks)
+    prefill(node)
+    assert rid in node.handoffs
+
+
+def notices(node) -> list[str]:
+    return [ev.decode_node for ev in node.events if ev.decode_node]
+
+
+def run(node, coro_fn):
+    async def go():
+        try:
+            await coro_fn()
+        finally:
+            node.ctx.destroy(linger=0)
+    asyncio.run(go())
+
+
+def test_a_refusal_for_good_moves_the_hand_off_to_the_next_decode_node(llama_dir):
+    node = prefill_node(llama_dir)
+
+    async def go():
+        hand_off(node, "r")
+        await node.poll_io()
+        node.senders[X[1]].end(TransferState.FAILED, "receiver: refused: draining: the decode node is shutting down")
+        await node.poll_io()  # the refusal is seen: the hand-off moves to Y and starts there at once
+        assert notices(node) == [Y[0]] and node.handoffs["r"].req.decode_kv_addr == Y[1]
+        assert len(node.senders[Y[1]].sent) == 1
+        node.senders[Y[1]].end(TransferState.DONE)
+        await node.poll_io()
+        assert "r" not in node.handoffs and node.engine.pool.num_free == node.engine.pool.num_pages
+        assert not [ev for ev in node.events if ev.finish_reason == "error"]
+
+    run(node, go)
+
+
+def test_without_a_fallback_a_refusal_still_fails_the_request(llama_dir):
+    node = prefill_node(llama_dir)
+
+    async def go():
+        hand_off(node, "r", fallbacks=())
+        await node.poll_io()
+        node.senders[X[1]].end(TransferState.FAILED, "receiver: refused: draining: the decode node is shutting down")
+        await node.poll_io()
+        errors = [ev for ev in node.events if ev.finish_reason == "error"]
+        assert len(errors) == 1 and "draining" in errors[0].error and not notices(node)
+        assert "r" not in node.handoffs and node.engine.pool.num_free == node.engine.pool.num_pages
+
+    run(node, go)
+
+
+def test_bad_metadata_fails_at_once_rather_than_trying_another_node(llama_dir):
+    node = prefill_node(llama_dir)
+
+    async def go():
+        hand_off(node, "r")
+        await node.poll_io()
+        node.senders[X[1]].end(TransferState.FAILED, "receiver: refused: bad_metadata: request metadata digest")
+        await node.poll_io()
+        assert not notices(node) and [ev.finish_reason for ev in node.events if ev.finished] == ["error"]
+        assert not node.senders[Y[1]].sent
+
+    run(node, go)
+
+
+def test_a_full_decode_node_passes_the_turn_to_the_next_and_backs_off_only_after_all_refused(llama_dir):
+    node = prefill_node(llama_dir)
+
+    async def go():
+        hand_off(node, "r", fallbacks=(Y, Z))
+        await node.poll_io()
+        node.senders[X[1]].end(TransferState.FAILED, "receiver: no_pages: need 3 pages, 0 free")
+        await node.poll_io()
+        assert notices(node) == [Y[0]] and len(node.senders[Y[1]].sent) == 1  # no wait in between
+        node.senders[Y[1]].end(TransferState.FAILED, "receiver: no_pages: need 3 pages, 0 free")
+        await node.poll_io()
+        assert len(node.senders[Z[1]].sent) == 1
+        node.senders[Z[1]].end(TransferState.FAILED, "receiver: no_pages: need 3 pages, 0 free")
+        await node.poll_io()  # all three refused: back to X, after a backoff
+        h = node.handoffs["r"]
+        assert notices(node) == [Y[0], Z[0], X[0]] and h.transfer_id is None and h.retry_at > time.monotonic()
+        assert len(node.senders[X[1]].sent) == 1
+
+    run(node, go)
+
+
+def test_node_down_cancels_the_transfer_and_moves_or_fails_the_hand_offs(llama_dir):
+    node = prefill_node(llama_dir)
+
+    async def go():
+        hand_off(node, "moves")
+        hand_off(node, "stuck", fallbacks=())
+        await node.poll_io()
+        assert len(node.senders[X[1]].sent) == 2
+        submit(node, "queued", fallbacks=(Z, Y))  # not prefilled yet, bound to X too
+        node._on_message(b"r1", NodeDown(X[0], "it stopped answering"))
+        assert len(node.senders[X[1]].cancelled) == 2
+        assert notices(node) == [Z[0], Y[0]] and node.handoffs["moves"].req.decode_node == Y[0]
+        errors = [ev for ev in node.events if ev.finish_reason == "error"]
+        assert [ev.request_id for ev in errors] == ["stuck"] and "stopped answering" in errors[0].error
+        await node.poll_io()
+        assert len(node.senders[Y[1]].sent) == 1
+        prefill(node)
+        assert node.handoffs["queued"].targets == [Z, Y]  # X is off its list
+        # a request sent after that (the router saw X answer again: a restart) goes to X
+        hand_off(node, "later")
+        assert node.handoffs["later"].req.decode_node == X[0]
+
+    run(node, go)
+
+
+# ---- the router's side -------------------------------------------------------------------------
+def registry():
+    from router.nodes import NodeRegistry
+
+    reg = NodeRegistry([NodeSpec("prefill", "tcp://127.0.0.1:1"), NodeSpec("decode", "tcp://127.0.0.1:2"),
+                        NodeSpec("decode", "tcp://127.0.0.1:3")])
+    p, a, b = reg.nodes
+    now = time.monotonic()
+    p.stats, p.last_seen = NodeStats("p", "prefill", 0, 100, 100), now
+    a.stats, a.last_seen = NodeStats("a", "decode", 0, 100, 90, kv_addr="tcp://127.0.0.1:22"), now
+    b.stats, b.last_seen = NodeStats("b", "decode", 0, 100, 50, kv_addr="tcp://127.0.0.1:23"), now
+    return reg, p, a, b
+
+
+def drain(handle) -> list[TokenEvent]:
+    out = []
+    while not handle.queue.empty():
+        out.append(handle.queue.get_nowait())
+    return out
+
+
+def test_the_router_names_fallbacks_and_follows_a_move():
+    async def go():
+        reg, p, a, b = registry()
+        sent = []
+        reg._send = lambda node, msg: sent.append((node, msg)) or True
+        req = GenerateRequest("r", [5] * 20, Params(max_tokens=4))
+        handle = reg.submit(req)
+        assert handle.decode is a and (req.fallback_nodes, req.fallback_kv_addrs) == (["b"], ["tcp://127.0.0.1:23"])
+        assert "r" in a.pending_pages
+        reg._on_event(p, TokenEvent("r", [7]))
+        # b adopted it before p's notice came in: its events wait for the notice
+        reg._on_event(b, TokenEvent("r", []))
+        reg._on_event(b, TokenEvent("r", [8]))
+        assert [e.token_ids for e in drain(handle)] == [[7]]
+        reg._on_event(p, TokenEvent("r", [], decode_node="b"))
+        # (its pages moved to b's estimate, and left it with b's token event: they show in b's stats)
+        assert handle.decode is b and handle.handed_off and not a.pending_pages and not b.pending_pages
+        assert [e.token_ids for e in drain(handle)] == [[], [8]]
+        # a has it too (a transfer that timed out at p but landed): told to drop it
+        reg._on_event(a, TokenEvent("r", [9]))
+        assert not drain(handle) and [(n, type(m).__name__) for n, m in sent[1:]] == [(a, "AbortRequest")]
+
+    asyncio.run(go())
+
+
+def test_a_dead_decode_node_fails_only_requests_without_a_way_out():
+    async def go():
+        reg, p, a, b = registry()
+        reg._send = lambda node, msg: True
+        moving = reg.submit(GenerateRequest("moving", [5] * 20, Params(max_tokens=4)))
+        b.last_seen = None  # b is down too: nothing left to move to
+        stuck = reg.submit(GenerateRequest("stuck", [5] * 20, Params(max_tokens=4)))
+        b.last_seen = time.monotonic()
+        assert moving.fallbacks == ["b"] and stuck.fallbacks == []
+        reg._fail_dependents(a)
+        assert moving.queue.empty()  # its prefill node moves it (NodeDown)
+        with pytest.raises(Exception, match="stopped answering"):
+            raise stuck.queue.get_nowait()
+
+    asyncio.run(go())
