@@ -42,6 +42,10 @@ def parse(role: str, argv: list[str]) -> argparse.Namespace:
                     help="memfair: let a tenant's decode rows read more than its share of the device tier per step "
                          "while other tenants decode (default: they take turns)")
     ap.add_argument("--read-turn-steps", type=int, default=16, help="memfair: steps one turn of the read share lasts")
+    ap.add_argument("--starve-after", type=float, default=2.0, metavar="S",
+                    help="memfair: a request waiting S seconds for device pages is let in whatever its quota")
+    ap.add_argument("--aging", type=float, default=2.0, metavar="S",
+                    help="priority: a request gains one class of urgency per S seconds unserved")
     ap.add_argument("--dynamic-quota", action="store_true", help="per-request cap grows with its length")
     ap.add_argument("--reserve", action="append", default=[], metavar="PRIORITY=FRAC",
                     help="share of device pages reserved for requests of this priority or more urgent")
@@ -98,7 +102,7 @@ def fairness_config(a: argparse.Namespace):
                               long_prompt_frac=a.long_prompt, active_window_s=a.active_window,
                               read_turn_steps=a.read_turn_steps, long_yield_steps=a.long_yield_steps,
                               class_reservations=_pairs(a.reserve, "--reserve", int), tenant_bw_cap=a.tenant_bw_cap,
-                              victim=a.victim,
+                              victim=a.victim, starve_after_s=a.starve_after, aging_s=a.aging,
                               slo_ttft_s=_pairs(a.slo_ttft, "--slo-ttft", int),
                               slo_tpot_s=_pairs(a.slo_tpot, "--slo-tpot", int))
     except ValueError as e:

@@ -22,7 +22,8 @@ class FairnessConfig:
     tenant_bw_cap: float | None = None  # KV bytes/s one tenant's attention may read (None: no cap)
     victim: str | None = None  # eviction victim choice overriding the policy's: lru, newest, least_progress, footprint
     bw_window_s: float = 1.0  # window of the bandwidth cap
-    aging_s: float = 2.0  # priority policy: one class of boost per this many seconds of waiting
+    starve_after_s: float = 2.0  # memfair: a request waiting this long for device pages is let in whatever its quota (reclaiming other tenants' borrowed pages)
+    aging_s: float = 2.0  # priority policy: one class of boost per this many seconds unserved
     vtc_input_weight: float = 1.0  # VTC charge per input token
     vtc_output_weight: float = 2.0  # VTC charge per output token
     slo_ttft_s: dict = field(default_factory=dict)  # class (priority) -> TTFT target (s); "*" for all
@@ -48,6 +49,10 @@ class FairnessConfig:
             raise ValueError("active_window_s must be >= 0")
         if self.long_yield_steps < 0:
             raise ValueError("long_yield_steps must be >= 0")
+        if self.starve_after_s <= 0:
+            raise ValueError("starve_after_s must be positive")
+        if self.aging_s <= 0:
+            raise ValueError("aging_s must be positive")
         if self.read_turn_steps < 1:
             raise ValueError("read_turn_steps must be at least 1")
         if any(w <= 0 for w in self.tenant_weights.values()):

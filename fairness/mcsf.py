@@ -57,6 +57,9 @@ class McsfPolicy(BasePolicy):
         item = (seq.num_tokens, self.predictor(seq))
         if not feasible(self.planned + [item], state.device_total, state.page_size):
             return False
+        if self.cfg.tenant_bw_cap is not None and not self._bw_take(
+                seq.tenant, (state.pages.get(seq.request_id, 0) + need_pages) * state.page_bytes, state):
+            return False  # its first step reads its pages too (BasePolicy.may_admit's charge)
         self.planned.append(item)
         return True
 

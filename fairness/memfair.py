@@ -3,12 +3,18 @@
 - Entitlement: each tenant with work is entitled to its weighted share of the device tier.
 - Admission: candidates of the tenants furthest below their entitlement first; a request may
   take pages beyond its tenant's entitlement (borrowing) only while no other tenant that is
-  below its entitlement is waiting. A single request never exceeds its cap (static, or
-  dynamic: growing with its length).
-- Reclaim: when a waiting request of a tenant below its entitlement cannot fit, requests of
-  tenants above theirs are demoted to the host tier (never preempted: a quota is not worth
-  lost work), most over-quota owner and largest footprint first, never pushing a tenant below
-  its share.
+  below its entitlement is waiting. Under contention a request's device pages beyond its cap
+  (static, or dynamic: growing with its length) are borrowed too: it is admitted or promoted
+  beyond the cap only while no other request within its quota waits, so a cap delays a long
+  request but never strands it.
+- Reclaim: when a waiting request within its quota cannot fit, requests of tenants above
+  their entitlement, and requests that grew beyond their cap while decoding, are demoted to
+  the host tier (never preempted: a quota is not worth lost work), most over-quota owner and
+  largest footprint first, never pushing a tenant below its share for a borrower.
+- No starvation: a request that has waited `starve_after_s` for device pages (a long request
+  beyond its cap, a borrower while others keep borrowing) is let in whatever its quota: it
+  reclaims other tenants' borrowed and beyond-cap pages like a request within its quota, and
+  is not reclaimed itself for `read_turn_steps` steps after it gets in.
 - Victims under pressure: footprint-weighted, the same order.
 - Long prompts: while another tenant has work (now, or within `active_window_s`: a tenant
   between two requests is still there), a prompt longer than `long_prompt_frac` of the step
@@ -42,6 +48,8 @@ class MemFairPolicy(BasePolicy):
         self._seen: dict[str, float] = {}  # tenant -> state.now when it last had work here
         self._long_chunk: dict[str, int] = {}  # tenant -> step its long prompt last got a chunk in
         self._yielded: dict[str, int] = {}  # long prompt -> steps sat out in a row (long_yield_steps)
+        self._since: dict[str, float] = {}  # candidate -> state.now since when it waits for device pages
+        self._shielded: dict[str, int] = {}  # request let in as starving -> last step it may not be reclaimed
 
     def _refresh(self, running: list[Sequence], candidates: list[Sequence], state: SchedState) -> None:
         self.use = tenant_usage(running, state)
@@ -52,6 +60,18 @@ class MemFairPolicy(BasePolicy):
             self._seen[t] = state.now
         for t in [t for t, seen in self._seen.items() if state.now - seen > self.cfg.active_window_s]:
             del self._seen[t]
+        since = {}
+        for c in candidates:
+            since[c.request_id] = self._since.get(c.request_id, state.now)
+        for s in running:  # let in since the last look: shield one that was starving
+            if s.request_id in self._since and state.now - self._since[s.request_id] >= self.cfg.starve_after_s:
+                self._shielded[s.request_id] = state.step + self.cfg.read_turn_steps
+        self._since = since
+        live = {s.request_id for s in running}
+        self._shielded = {r: until for r, until in self._shielded.items() if r in live and until >= state.step}
+
+    def _starving(self, seq: Sequence, state: SchedState) -> bool:
+        return state.now - self._since.get(seq.request_id, state.now) >= self.cfg.starve_after_s
 
     def _others_active(self, tenant: str, state: SchedState) -> bool:
         """Another tenant has work, or had some within `active_window_s`."""
@@ -79,14 +99,17 @@ class MemFairPolicy(BasePolicy):
         wants = []
         for c in candidates:
             need = self._need_now(c, state)
-            cap_ok = not contended or state.pages.get(c.request_id, 0) + need <= request_cap(c, self.cfg, state)
-            wants.append((c.tenant, need, c.arrival_time, cap_ok))
+            starving = self._starving(c, state)
+            cap_ok = starving or not contended or state.pages.get(c.request_id, 0) + need <= request_cap(c, self.cfg, state)
+            wants.append((c.tenant, need, (not starving, c.arrival_time), cap_ok, starving))
         for h in self.held.values():
-            wants.append((h.tenant, h.num_pages + 1, h.first_seen, not contended or h.num_pages <= self._cap_of(h, state)))
-        wants.sort(key=lambda w: (self.over.get(w[0], 0.0), w[2]))
+            wants.append((h.tenant, h.num_pages + 1, (True, h.first_seen),
+                          not contended or h.num_pages <= self._cap_of(h, state), False))
+        # the starving first, then by how far below its share the tenant is
+        wants.sort(key=lambda w: (w[2][0], self.over.get(w[0], 0.0), w[2][1]))
         victims: list[Sequence] = []
         free, use, host_free = state.device_free, dict(self.use), state.host_free
-        for tenant, need, _, cap_ok in wants:
+        for tenant, need, _, cap_ok, starving in wants:
             # the page per running request for its next token (BasePolicy.may_admit) comes first:
             # without it the rows that step before admission take the pages freed here
             headroom = len(running) - len(victims)
@@ -94,13 +117,15 @@ class MemFairPolicy(BasePolicy):
                 free -= need  # it will fit without anyone leaving
                 use[tenant] = use.get(tenant, 0) + need
                 continue
-            if not cap_ok or use.get(tenant, 0) + need > self.ent.get(tenant, 0):
+            if not starving and (not cap_ok or use.get(tenant, 0) + need > self.ent.get(tenant, 0)):
                 continue  # beyond its cap or its own share: it waits for free pages, it does not reclaim
             # Reclaim demotes borrowers to the host tier; it never drops computed KV for
             # recompute (a quota is not worth lost work, and a borrower preempted for a
             # candidate that is then not admitted would redo its prefill again and again).
-            pool = [s for s in running if s not in victims and use.get(s.tenant, 0) > self.ent.get(s.tenant, 0)
-                    and s.num_computed_tokens > 0]
+            pool = [s for s in running if s not in victims and s.num_computed_tokens > 0
+                    and s.request_id not in self._shielded and not (starving and s.tenant == tenant) and (
+                        use.get(s.tenant, 0) > self.ent.get(s.tenant, 0)
+                        or (contended and state.pages.get(s.request_id, 0) > request_cap(s, self.cfg, state)))]
             while need + len(running) - len(victims) > free and pool:
                 over = {t: use.get(t, 0) / e for t, e in self.ent.items() if e > 0}
                 v = eviction.footprint(pool, state, over)
@@ -120,7 +145,8 @@ class MemFairPolicy(BasePolicy):
     def _place(self, arrival, queued, state):
         """An arrival goes to the device tier only when `may_admit` would let it in there (the
         same quota check: cap, share, borrowing); otherwise it is parked, or deferred."""
-        if arrival.num_pages + len(self.running) <= state.device_free and \
+        headroom = len(self.running) + self._reserved(arrival, state)  # as may_admit: class reservations too
+        if arrival.num_pages + headroom <= state.device_free and \
                 self._quota_ok(arrival.tenant, arrival.request_id, 0, arrival.num_pages, self._cap_of(arrival, state), state):
             return "device"
         return "host" if arrival.num_pages <= state.host_free else "defer"
@@ -216,6 +242,8 @@ class MemFairPolicy(BasePolicy):
     def may_admit(self, seq, need_pages, state):
         if not super().may_admit(seq, need_pages, state):
             return False
+        if self._starving(seq, state):
+            return True  # waited long enough: its quota delays it no longer
         return self._quota_ok(seq.tenant, seq.request_id, state.pages.get(seq.request_id, 0), need_pages,
                               request_cap(seq, self.cfg, state), state)
 
@@ -228,18 +256,18 @@ class MemFairPolicy(BasePolicy):
             use[t] = use.get(t, 0) + n
         ent = self.ent if tenant in self.ent else entitlements(set(self.ent) | {tenant}, self.cfg, state.device_total)
         others = {t for t in ent if t != tenant}  # other tenants with work
-        if others and holds + need > cap:
-            return False  # the per-request cap binds only under contention
-        if use.get(tenant, 0) + need <= ent.get(tenant, 0):
+        over_cap = bool(others) and holds + need > cap  # the per-request cap binds only under contention
+        if not over_cap and use.get(tenant, 0) + need <= ent.get(tenant, 0):
             return True
-        # Borrowing beyond the share: only while nobody is waiting for pages within its own
-        # share, and leaving a reserve free for the others, so that their next arrival does not
-        # have to evict a borrower (which would ping-pong the borrower between tiers). A waiting
-        # request that would itself have to borrow blocks nobody (two of them used to block
-        # each other for as long as anything else ran).
+        # Borrowing (beyond the share, or beyond the request's cap): only while nobody is waiting
+        # for pages within their quota, and leaving a reserve free for the others, so that their
+        # next arrival does not have to evict a borrower (which would ping-pong the borrower
+        # between tiers). A waiting request that would itself have to borrow blocks nobody (two
+        # of them used to block each other for as long as anything else ran). Beyond its cap, a
+        # request also gives way to its own tenant's requests within the share.
         waiting = [(s.tenant, self._need_now(s, state)) for s in self.candidates if s.request_id != rid]
         waiting += [(h.tenant, h.num_pages) for h in self.held.values() if h.request_id != rid]
-        if any(t != tenant and use.get(t, 0) + need_t <= ent.get(t, 0) for t, need_t in waiting):
+        if any((t != tenant or over_cap) and use.get(t, 0) + need_t <= ent.get(t, 0) for t, need_t in waiting):
             return False
         reserve = int(self.cfg.borrow_reserve_frac * state.device_total) if others else 0
         return state.device_free - need >= reserve

@@ -1,10 +1,13 @@
 """`vtc`: Virtual Token Counter (Sheng et al., OSDI 2024) applied to KV admission.
 
 Each tenant has a counter charged w_in per input token prefilled and w_out per output token
-decoded. Admission serves the waiting tenant with the smallest counter. When a tenant goes
-from no work to some work its counter is lifted to the smallest counter among tenants that
-have work (when all come back at once: that had work last), so idle time cannot be banked. Victim: the newest request of the tenant with the
-largest counter.
+decoded. Admission serves the waiting tenant with the smallest counter. When a tenant's queue
+goes from empty to non-empty (waiting, parked, or held at the prefill side: work that waits
+for device pages) its counter is lifted to the smallest counter among tenants with waiting
+work (when all come back at once: where that stood when someone last had waiting work), so
+idle time cannot be banked, as in the paper. Requests already running do not count: a
+tenant that only decodes does not set the floor, and is lifted when new work of its waits.
+Victim: the newest request of the tenant with the largest counter.
 """
 from __future__ import annotations
 
@@ -19,11 +22,12 @@ class VtcPolicy(BasePolicy):
     def __init__(self, config=None) -> None:
         super().__init__(config)
         self.counters: dict[str, float] = {}
-        self.active: set[str] = set()  # tenants with work at the previous step
-        self.last_floor: float | None = None  # smallest counter among tenants with work, when last anyone had some
+        self.active: set[str] = set()  # tenants with waiting work at the previous step
+        self.last_floor: float | None = None  # smallest counter among tenants with waiting work, when last anyone had some
 
     def lift(self, tenants_with_work: set[str]) -> None:
-        """Apply the counter lift to tenants that just (re)gained work."""
+        """Apply the counter lift to tenants whose queue just became non-empty
+        (`tenants_with_work`: the tenants with waiting work now)."""
         returning = tenants_with_work - self.active
         incumbents = [self.counters.get(t, 0.0) for t in tenants_with_work - returning]
         # With no incumbent (everyone returns together after a moment with no work), the floor
@@ -39,7 +43,7 @@ class VtcPolicy(BasePolicy):
 
     def reclaim(self, running, candidates, state):
         super().reclaim(running, candidates, state)
-        self.lift({s.tenant for s in running} | {s.tenant for s in candidates})
+        self.lift({s.tenant for s in candidates} | {h.tenant for h in self.live_held(state)})
         return []
 
     def admission_order(self, candidates: list[Sequence], state: SchedState) -> list[Sequence]:

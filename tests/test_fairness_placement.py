@@ -4,7 +4,9 @@ memfair's placement skipping the per-request cap, the share check of waiting ten
 every in-flight reservation)."""
 from __future__ import annotations
 
-from fairness import FairnessConfig, make_policy
+import pytest
+
+from fairness import POLICIES, FairnessConfig, make_policy
 from fairness.base import Arrival
 from sched_sim import make_request, make_scheduler, state
 
@@ -62,9 +64,12 @@ def test_reserved_pages_of_arrivals_still_landing_count_for_their_tenant():
     assert set(pol.incoming) == {"a1"}
 
 
-def test_base_placement_keeps_class_reservations():
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_placement_keeps_class_reservations(name):
+    """Every policy's placement (memfair's has its own quota check: it left the reservations
+    out, found by a review) keeps unused reservations of more urgent classes."""
     cfg = FairnessConfig(class_reservations={0: 0.5})
-    pol = make_policy("fcfs", cfg)
+    pol = make_policy(name, cfg)
     sched = make_scheduler(pol, num_pages=40, host_pages=40)
     busy = make_request(4, 8, tenant="t", rid="busy")  # the pool is not idle (idle, anything that fits goes)
     busy.num_computed_tokens = 4

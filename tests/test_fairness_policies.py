@@ -356,7 +356,10 @@ def test_vtc_idle_time_is_not_banked_when_everyone_returns_at_once():
         out = sched.schedule()
         order += [c.seq.tenant for c in out.chunks if c.seq.num_computed_tokens == 0]
         apply_step(sched, out)
-    assert "a" in order[:4], "".join(order)
+    # b is lifted to where a's counter stood when a's queue last emptied (the paper's l): a's
+    # last request then ran alone, 8 + 20 x 2 = 48 units, and b (12 a request) is owed those
+    # 4 requests, no more (before the lift existed: all 10 of b's before any of a's)
+    assert order[:5] == list("bbbba"), "".join(order)
 
 
 @settings(max_examples=200, deadline=None)
@@ -414,7 +417,7 @@ def test_each_victim_choice_can_be_selected(victim, expect):
     assert pol.pick_victim(list(reqs.values()), reqs["cold"], st) is reqs[expect]
 
 
-@pytest.mark.parametrize("name", ["fcfs", "memfair", "vtc"])
+@pytest.mark.parametrize("name", POLICIES)
 def test_the_bandwidth_cap_holds_for_admissions_too(name):
     """A capped tenant with a deep backlog reads at most cap x time plus one window of burst,
     counting the reads of newly admitted prompts (the review measured 103x the cap: only
@@ -437,3 +440,30 @@ def test_the_bandwidth_cap_holds_for_admissions_too(name):
         apply_step(sched, out)
     assert read <= cap * seconds + 11 * page  # the cap, plus one row of burst
     assert read >= cap * seconds * 0.5  # and it does progress
+
+
+def test_vtc_lift_floor_is_the_smallest_counter_among_tenants_with_waiting_work():
+    """The reference lifts a tenant whose queue becomes non-empty to the smallest counter among
+    tenants with waiting work. Counting running requests too, a tenant with one long request
+    running set a low floor, and its own new burst was never lifted: 150 requests of the
+    returning tenants went before the backlogged tenant's next one. Now it is served within a
+    few admissions."""
+    from fairness.vtc import VtcPolicy
+
+    pol = VtcPolicy()
+    sched = make_scheduler(pol, num_pages=400, budget=64, max_num_seqs=2)
+    sched.add(make_request(8, 1000, tenant="r", arrival=0.0, rid="r-long"))  # one long request, nothing queued
+    for i in range(300):
+        sched.add(make_request(8, 2, tenant="a", arrival=0.1 + i * 1e-3, rid=f"a{i}"))  # a's backlog
+    for _ in range(300):
+        apply_step(sched, sched.schedule())
+    for i in range(100):  # c returns with a burst; r (running, its queue empty) sends one too
+        sched.add(make_request(8, 2, tenant="c", arrival=100 + i * 1e-3, rid=f"c{i}"))
+        sched.add(make_request(8, 2, tenant="r", arrival=100.0005 + i * 1e-3, rid=f"r{i}"))
+    order = []
+    for _ in range(60):
+        out = sched.schedule()
+        order += [c.seq.tenant for c in out.chunks if c.seq.num_computed_tokens == 0]
+        apply_step(sched, out)
+    assert "a" in order[:3], "".join(order)
+    assert abs(order[:60].count("a") - order[:60].count("c")) <= 3, "".join(order)

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from fairness import POLICIES, make_policy
-from model_engine.sequence import SeqStatus
-from sched_sim import apply_step, check_conservation, make_request, make_scheduler, sim_step
+from fairness import POLICIES, FairnessConfig, make_policy
+from model_engine.sequence import SamplingParams, Sequence, SeqStatus
+from sched_sim import FakeClock, apply_step, check_conservation, make_request, make_scheduler, sim_step
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
@@ -124,3 +124,88 @@ def test_memfair_reclaims_enough_for_the_request_it_reclaims_for():
     assert b.status == SeqStatus.RUNNING, [(m.request_id, m.kind) for m in out.moves]
     apply_step(sched, out)
     check_conservation(sched)
+
+
+# ---- starvation cases found by the session-13 review of the policies -------------------------------
+def _trickle_of_b(sched, clock, big, steps: int, limit: int, **b_kw) -> int:
+    """Step `sched` while tenant b always has work (up to `limit` requests of its own at once);
+    return the step at which `big` finished (or `steps` if it did not)."""
+    k = 0
+    for step in range(steps):
+        clock.t = step * 0.05
+        if sum(s.tenant == "b" for s in sched.all_requests()) < limit:
+            sched.add(make_request(20, 30, tenant="b", arrival=clock.t, rid=f"b{k}", **b_kw))
+            k += 1
+        apply_step(sched, sched.schedule())
+        check_conservation(sched)
+        if big.status.finished:
+            return step
+    return steps
+
+
+def test_memfair_a_request_beyond_its_cap_is_delayed_not_stranded():
+    """Default cap (half the tier while another tenant has work): a request that grew past it
+    and was demoted used to stay parked for good while the other tenant kept having work
+    (2,926 of 3,000 steps parked, 74 of 120 tokens). It now borrows like anyone beyond their
+    quota, and after `starve_after_s` of waiting it is let in whatever its quota."""
+    clock = FakeClock()
+    sched = make_scheduler(make_policy("memfair"), num_pages=40, host_pages=80, budget=64, clock=clock)
+    big = make_request(8, 120, tenant="a", rid="a-long")  # grows to 32 pages: the cap is 20
+    sched.add(big)
+    done = _trickle_of_b(sched, clock, big, 3000, limit=3)
+    assert big.status.name == "FINISHED_LENGTH" and big.num_output_tokens == 120 and done < 1500
+
+
+def test_memfair_an_inherited_request_beyond_its_cap_gets_in():
+    """The decode path of the case above: a 24-page arrival (cap 20) while b decodes."""
+    from fairness.base import Arrival
+
+    clock = FakeClock()
+    pol = make_policy("memfair")
+    sched = make_scheduler(pol, num_pages=40, host_pages=80, budget=64, clock=clock)
+    sched.add(make_request(20, 30, tenant="b", rid="b-first"))
+    apply_step(sched, sched.schedule())
+    st = sched.state()
+    pol.refresh(sched.running, [*sched.parked, *sched.waiting], st)
+    where = pol.place_arrival(Arrival("w", "a", 0, 24, st.now, st.now, 95, 20), 0, st)
+    seq = Sequence("w", [5] * 95 + [7], 95, SamplingParams(max_tokens=20, ignore_eos=True), tenant="a",
+                   num_computed_tokens=95)
+    if where == "host":
+        sched.host_pool.allocate("w", 24)
+        sched.add_parked(seq)
+    else:
+        sched.pool.allocate("w", 24)
+        sched.add_running(seq)
+    done = _trickle_of_b(sched, clock, seq, 2000, limit=2)
+    assert seq.status.name == "FINISHED_LENGTH" and done < 1000
+
+
+def test_priority_a_resident_low_class_row_ages_too():
+    """Running rows stepped in raw class order: a low-class request already resident got 8 of
+    30 tokens, then nothing for as long as higher classes kept the step budget full. Rows now
+    age since the last step that carried them, so it keeps getting tokens."""
+    from fairness.base import Arrival
+
+    clock = FakeClock()
+    pol = make_policy("priority", FairnessConfig(aging_s=1.0))
+    sched = make_scheduler(pol, num_pages=2000, budget=8, max_num_seqs=4000, clock=clock)
+
+    def inherited(rid, prio, max_tokens):
+        s = Sequence(rid, [5] * 8 + [7], 8, SamplingParams(max_tokens=max_tokens, ignore_eos=True), tenant=rid[:2],
+                     priority=prio, num_computed_tokens=8)
+        s.arrival_time = clock.t
+        sched.pool.allocate(rid, 3)
+        sched.add_running(s)
+        return s
+
+    low = inherited("lo", 5, 30)
+    got = []
+    for step in range(1, 601):
+        clock.t = step * 0.05
+        if step <= 400:  # one class-0 request per step keeps the 8-token budget full
+            inherited(f"hi{step}", 0, 20)
+        apply_step(sched, sched.schedule())
+        check_conservation(sched)
+        got.append(low.num_output_tokens)
+    # 5 classes at 1 s a class: a token every ~5 s (100 steps) once the budget is full
+    assert got[-1] - got[99] >= 4, (got[99], got[-1])
