@@ -244,6 +244,9 @@ class MemFairPolicy(BasePolicy):
             return False
         if self._starving(seq, state):
             return True  # waited long enough: its quota delays it no longer
+        if not seq.num_computed_tokens and self._long(seq, state) and self._others_active(seq.tenant, state) and any(
+                s.tenant == seq.tenant and s.in_prefill and self._long(s, state) for s in self.running):
+            return False  # one long prompt per tenant steps at a time (_one_long_prompt): a second would only hold pages
         return self._quota_ok(seq.tenant, seq.request_id, state.pages.get(seq.request_id, 0), need_pages,
                               request_cap(seq, self.cfg, state), state)
 
@@ -276,15 +279,19 @@ class MemFairPolicy(BasePolicy):
         """A long prompt does not stretch other tenants' steps (see the module doc)."""
         if not (self._long(seq, state) and self._others_active(seq.tenant, state)):
             return budget
-        if self._long_chunk.get(seq.tenant) == state.step or self._others_prompt_waiting(seq.tenant):
+        if self._long_chunk.get(seq.tenant) == state.step or self._others_prompt_waiting(seq.tenant, state):
             return 1  # a token, not a chunk: one long chunk per tenant per step, after others' prompts
         self._long_chunk[seq.tenant] = state.step
         return min(budget, self._small_chunk(state))
 
-    def _others_prompt_waiting(self, tenant: str) -> bool:
-        """Another tenant's prompt waits for its first chunk: this step is for it (the step's
-        length is what that request's other rows, and everyone's next token, wait for)."""
-        return any(c.tenant != tenant and not c.num_computed_tokens for c in self.candidates)
+    def _others_prompt_waiting(self, tenant: str, state: SchedState) -> bool:
+        """Another tenant's prompt waits for its first chunk and fits the free pages: this step
+        is for it (the step's length is what that request's other rows, and everyone's next
+        token, wait for). One that cannot get in yet does not hold the long prompts back (they
+        crawled at a token a step behind a prompt waiting for room)."""
+        free = state.device_free - len(self.running)
+        return any(c.tenant != tenant and not c.num_computed_tokens and self._need_now(c, state) <= free
+                   for c in self.candidates)
 
     def choose_victim(self, candidates, requester, state):
         return eviction.footprint(candidates, state, self.over)

@@ -82,7 +82,9 @@ def test_one_long_prompt_per_tenant_while_another_tenant_is_active():
         assert all(c.num_new_tokens <= 16 for c in out.chunks)
         apply_step(sched, out)
         assert len(steps) < 200
-    assert steps[0][0] == [first, second]  # both admitted in one step (a first chunk each)
+    # the second is not admitted while the first is in prefill: it would only hold pages (both
+    # used to be admitted, the second then crawling at a token a step; found by a review)
+    assert steps[0][0] == [first]
     for chunks, first_long in steps[1:]:
         assert chunks == ([first] if first_long else [second])  # one long prompt at a time, the older first
     assert sum(f for _, f in steps[1:]) == 400 // 16 - 1
@@ -97,3 +99,26 @@ def test_turn_wait_is_a_decode_component_and_can_be_the_cause(turn_wait, cause):
     assert comp["tpot"]["decode_compute"] == pytest.approx(4.0 - turn_wait)
     got = attribute(tl, 11, 0, FairnessConfig(slo_tpot_s={"*": 0.1}))
     assert got["missed"] == ["tpot"] and got["cause"] == cause
+
+
+def test_a_prompt_that_cannot_get_in_does_not_make_long_prompts_crawl():
+    """Another tenant's prompt waiting for room (31 pages, not free) made every long prompt
+    take a token a step instead of its small chunk: 8 prompts of 40 tokens took 177 steps
+    (found by a review). They take their 4-token chunks now, one prompt at a time: 80 steps."""
+    from sched_sim import FakeClock
+
+    clock = FakeClock()
+    sched = make_scheduler(make_policy("memfair"), num_pages=48, budget=64, max_num_seqs=64, clock=clock)
+    sched.add(make_request(4, 150, tenant="m", rid="m-decoder"))  # another tenant decodes all along
+    apply_step(sched, sched.schedule())
+    for i in range(8):  # long prompts: more than 64 / 8 tokens
+        sched.add(make_request(40, 4, tenant="w", arrival=1.0 + i, rid=f"w{i}"))
+    apply_step(sched, sched.schedule())
+    sched.add(make_request(120, 4, tenant="b", arrival=1.5, rid="b-big"))  # 31 pages: waits for room
+    for step in range(1, 400):
+        clock.t = 2 + step * 0.05
+        apply_step(sched, sched.schedule())
+        check_conservation(sched)
+        if all(s.tenant != "w" for s in sched.all_requests()):
+            break
+    assert step <= 100, step
