@@ -69,15 +69,19 @@ def _target(table: dict, cls: int):
 def attribute(tl: dict, num_output: int, priority: int, cfg: FairnessConfig) -> dict:
     """Components plus, when targets are set for this class, which SLOs missed and why."""
     comp = components(tl, num_output)
-    out = {"components": {**comp["ttft"], **comp["tpot"]}, "missed": [], "cause": None}
+    # "cause": the dominant one over every missed SLO; "causes": each missed SLO's own (a TTFT
+    # miss and a TPOT miss of one request can have different causes)
+    out = {"components": {**comp["ttft"], **comp["tpot"]}, "missed": [], "cause": None, "causes": {}}
     t_ttft, t_tpot = _target(cfg.slo_ttft_s, priority), _target(cfg.slo_tpot_s, priority)
     worst = None
     if t_ttft is not None and comp["ttft_s"] > t_ttft:
         out["missed"].append("ttft")
         worst = max(comp["ttft"].items(), key=lambda kv: kv[1])
+        out["causes"]["ttft"] = worst[0]
     if t_tpot is not None and comp["tpot_s"] is not None and comp["tpot_s"] > t_tpot:
         out["missed"].append("tpot")
         cand = max(comp["tpot"].items(), key=lambda kv: kv[1])
+        out["causes"]["tpot"] = cand[0]
         worst = cand if worst is None or cand[1] > worst[1] else worst
     out["cause"] = worst[0] if worst else None
     return out

@@ -21,10 +21,37 @@ def remaining_by_max_tokens(seq: Sequence) -> int:
 
 def feasible(items: list[tuple[int, int]], total_pages: int, page_size: int) -> bool:
     """items: (current tokens, predicted remaining tokens). True if memory fits at every
-    predicted completion time."""
-    for t in sorted({r for _, r in items}):
-        mem = sum(-(-(c + t) // page_size) for c, r in items if r >= t)
+    predicted completion time.
+
+    At time t the items still running (r >= t) hold sum ceil((c + t) / ps) pages. With
+    c = q * ps + m that is q + ceil((m + t) / ps): the q's add up, and the rest depends only on
+    m, one of ps values. Sweeping t from the last completion down, items join as t passes
+    their r, so each t costs O(ps), not O(n): O(n log n + T ps) in all (the direct sum was
+    O(n T), quadratic with many distinct predictions; a review measured 2.7 s a step at 3,000
+    requests)."""
+    if not items:
+        return True
+    ps = page_size
+    order = sorted(items, key=lambda x: -x[1])
+    counts = [0] * ps  # active items by c % ps
+    whole = 0  # sum of c // ps over active items
+    i = 0
+    for t in sorted({r for _, r in items}, reverse=True):
+        while i < len(order) and order[i][1] >= t:
+            c = order[i][0]
+            whole += c // ps
+            counts[c % ps] += 1
+            i += 1
+        mem = whole + sum(k * ((m + t + ps - 1) // ps) for m, k in enumerate(counts) if k)
         if mem > total_pages:
+            return False
+    return True
+
+
+def feasible_direct(items: list[tuple[int, int]], total_pages: int, page_size: int) -> bool:
+    """`feasible` as its definition reads (the reference its tests compare with)."""
+    for t in sorted({r for _, r in items}):
+        if sum(-(-(c + t) // page_size) for c, r in items if r >= t) > total_pages:
             return False
     return True
 
@@ -41,6 +68,7 @@ class McsfPolicy(BasePolicy):
     def reclaim(self, running, candidates, state):
         super().reclaim(running, candidates, state)
         self.planned = [(s.num_tokens, self.predictor(s)) for s in running]
+        self._blocked = False  # a candidate failed the check this step: the prefix ends there
         # arrivals placed on the device tier whose pages are still landing are in the plan too
         self.planned += [(a.num_tokens, max(1, a.max_new_tokens)) for a in self.incoming.values() if a.num_tokens]
         return []
@@ -54,8 +82,11 @@ class McsfPolicy(BasePolicy):
         # watermark on top made the admitted set smaller than MC-SF's.
         if need_pages > state.device_free - self._reserved(seq, state):
             return False
+        if getattr(self, "_blocked", False):
+            return False  # MC-SF admits the longest feasible prefix of the shortest-first order
         item = (seq.num_tokens, self.predictor(seq))
         if not feasible(self.planned + [item], state.device_total, state.page_size):
+            self._blocked = True
             return False
         if self.cfg.tenant_bw_cap is not None and not self._bw_take(
                 seq.tenant, (state.pages.get(seq.request_id, 0) + need_pages) * state.page_bytes, state):

@@ -35,6 +35,9 @@ from model_engine.sched_policy import SchedState
 from model_engine.sequence import Sequence
 
 
+RECLAIM_TRIES = 16  # waiting requests per step that may look for borrowers to demote
+
+
 class MemFairPolicy(BasePolicy):
     name = "memfair"
     strict_order = False  # a blocked whale does not block the minnows behind it
@@ -109,6 +112,12 @@ class MemFairPolicy(BasePolicy):
         wants.sort(key=lambda w: (w[2][0], self.over.get(w[0], 0.0), w[2][1]))
         victims: list[Sequence] = []
         free, use, host_free = state.device_free, dict(self.use), state.host_free
+        # who could give pages back, found once: running with computed KV, not shielded; and
+        # which of them are beyond their cap
+        movable = [s for s in running if s.num_computed_tokens > 0 and s.request_id not in self._shielded]
+        capped = {s.request_id for s in movable
+                  if contended and state.pages.get(s.request_id, 0) > request_cap(s, self.cfg, state)}
+        tries = 0  # waiting requests that looked for victims this step (bounded: the cost per step)
         for tenant, need, _, cap_ok, starving in wants:
             # the page per running request for its next token (BasePolicy.may_admit) comes first:
             # without it the rows that step before admission take the pages freed here
@@ -122,10 +131,14 @@ class MemFairPolicy(BasePolicy):
             # Reclaim demotes borrowers to the host tier; it never drops computed KV for
             # recompute (a quota is not worth lost work, and a borrower preempted for a
             # candidate that is then not admitted would redo its prefill again and again).
-            pool = [s for s in running if s not in victims and s.num_computed_tokens > 0
-                    and s.request_id not in self._shielded and not (starving and s.tenant == tenant) and (
-                        use.get(s.tenant, 0) > self.ent.get(s.tenant, 0)
-                        or (contended and state.pages.get(s.request_id, 0) > request_cap(s, self.cfg, state)))]
+            over_share = {t for t, n in use.items() if n > self.ent.get(t, 0)}
+            if not over_share and not capped:
+                break  # nobody borrows: nothing to reclaim for anyone after this one either
+            if tries >= RECLAIM_TRIES:
+                break  # the most deserving waiters had their look; the rest get theirs next steps
+            tries += 1
+            pool = [s for s in movable if (s.tenant in over_share or s.request_id in capped)
+                    and not (starving and s.tenant == tenant) and s not in victims]
             while need + len(running) - len(victims) > free and pool:
                 over = {t: use.get(t, 0) / e for t, e in self.ent.items() if e > 0}
                 v = eviction.footprint(pool, state, over)

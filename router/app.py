@@ -115,7 +115,7 @@ def build_app(config: RouterConfig, model: ServedModel, registry: NodeRegistry |
     """The router application. The registry is started with the app and closed after the last
     in-flight request ended (aiohttp's cleanup runs after the handlers' shutdown grace)."""
     registry = registry or NodeRegistry(config.nodes, ping_interval=config.ping_interval,
-                                        health_timeout=config.health_timeout,
+                                        health_timeout=config.health_timeout, hang_timeout=config.hang_timeout,
                                         default_page_size=config.default_page_size,
                                         curve_dir=config.curve_dir)
     middlewares = [error_middleware] + ([auth_middleware(config.api_key)] if config.api_key else [])

@@ -42,7 +42,10 @@ class RouterConfig:
     request_timeout: float = 600.0  # seconds a request may wait for its next event
     max_streams_per_tenant: int = 1024  # concurrent requests per tenant (`user`) before 429
     ping_interval: float = 0.5  # seconds between pings to every node
-    health_timeout: float = 3.0  # a node silent this long is unhealthy
+    health_timeout: float = 3.0  # a node silent this long whose connection dropped is down
+    # a node silent this long is down even though its connection stands (a hung process, a
+    # dead host); until then silence over a live connection is a long step, not a death
+    hang_timeout: float = 30.0
     shutdown_timeout: float = 10.0  # grace for in-flight requests on SIGTERM
     max_body_bytes: int = 8 << 20  # larger request bodies get 413
     default_page_size: int = 16  # for the pending-pages estimate when a node does not report one
@@ -55,9 +58,11 @@ class RouterConfig:
             raise ValueError("configure prefill and decode nodes (disaggregated) or colocated nodes")
         if len({n.address for n in self.nodes}) != len(self.nodes):
             raise ValueError("node addresses must be distinct")
-        for name in ("request_timeout", "ping_interval", "health_timeout", "shutdown_timeout"):
+        for name in ("request_timeout", "ping_interval", "health_timeout", "hang_timeout", "shutdown_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.hang_timeout < self.health_timeout:
+            raise ValueError("hang_timeout must be at least health_timeout")
         if self.max_streams_per_tenant < 1 or self.max_body_bytes < 1 or self.default_page_size < 1:
             raise ValueError("max_streams_per_tenant, max_body_bytes and default_page_size must be positive")
         if not 0 <= self.port < 65536:

@@ -60,7 +60,8 @@ async def serve(config: RouterConfig, model: ServedModel) -> int:
         stop.set()
 
     registry = NodeRegistry(config.nodes, ping_interval=config.ping_interval,
-                            health_timeout=config.health_timeout, default_page_size=config.default_page_size,
+                            health_timeout=config.health_timeout, hang_timeout=config.hang_timeout,
+                            default_page_size=config.default_page_size,
                             on_fatal=on_fatal, curve_dir=config.curve_dir)
     runner, url = await start_router(config, model, registry)
     loop = asyncio.get_running_loop()
@@ -98,6 +99,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--request-timeout", type=float, default=600.0,
                     help="seconds a request may wait for its next token before it fails")
     ap.add_argument("--max-streams-per-tenant", type=int, default=1024)
+    ap.add_argument("--health-timeout", type=float, default=3.0, metavar="S",
+                    help="a node silent S seconds whose connection dropped is down: its requests fail")
+    ap.add_argument("--hang-timeout", type=float, default=30.0, metavar="S",
+                    help="a node silent S seconds is down even while connected (hung, or its host died); "
+                         "shorter silences over a live connection are long engine steps")
     ap.add_argument("--shutdown-timeout", type=float, default=10.0)
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return ap.parse_args(argv)
@@ -117,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         config = RouterConfig(tuple(NodeSpec.parse(n) for n in a.node), host=a.host, port=a.port,
                               api_key=a.api_key, curve_dir=a.curve_dir, request_timeout=a.request_timeout,
                               max_streams_per_tenant=a.max_streams_per_tenant,
-                              shutdown_timeout=a.shutdown_timeout)
+                              shutdown_timeout=a.shutdown_timeout, health_timeout=a.health_timeout,
+                              hang_timeout=a.hang_timeout)
         model = load_served_model(resolve_model(a.model), a.served_model_name, a.chat_template)
     except (ValueError, OSError, CliError) as e:
         return die(str(e))

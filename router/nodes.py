@@ -2,7 +2,11 @@
 
     router DEALER (identity = router_id) ──connect──▶ node ROUTER (control address), one per node
     ping loop  every ping_interval: Ping(seq) to each node; NodeStats -> NodeState.stats, last_seen;
-               a node silent for health_timeout fails the requests that depend on it
+               a node is down when it has been silent for health_timeout and its connection has
+               dropped (a socket monitor sees the peer's TCP close: a process that died), or silent
+               for hang_timeout whatever the connection (hung, or its host died); a node down fails
+               the requests that depend on it. A live node is silent while one long engine step
+               runs (a 2,048-token prefill chunk took 1-6 s on 2 shared cores): that is not death.
     reader     one Poller over all DEALERs; TokenBatch events -> the request's asyncio.Queue
     submit     choose nodes (pick_* below), send GenerateRequest to the prefill/colocated node
 
@@ -64,13 +68,19 @@ class NodeState:
     last_seen: float | None = None  # monotonic time of `stats`
     pending_pages: dict[str, int] = field(default_factory=dict)  # request id -> pages sent, not yet in stats
     refused_at: float | None = None  # monotonic time a request could not be sent to it (queue full: likely dead)
+    connected: bool = False  # the DEALER's connection stands (socket monitor events)
+    monitor: zmq.asyncio.Socket | None = field(default=None, repr=False)
 
     @property
     def node_id(self) -> str:
         return self.stats.node_id if self.stats else self.spec.address
 
-    def healthy(self, now: float, timeout: float) -> bool:
-        return self.last_seen is not None and now - self.last_seen <= timeout
+    def healthy(self, now: float, timeout: float, hang_timeout: float | None = None) -> bool:
+        """Answered within `timeout`, or (with `hang_timeout`) within that while connected."""
+        if self.last_seen is None:
+            return False
+        silent = now - self.last_seen
+        return silent <= timeout or (hang_timeout is not None and self.connected and silent <= hang_timeout)
 
     def free_pages_estimate(self) -> int:
         return (self.stats.pages_free if self.stats else 0) - sum(self.pending_pages.values())
@@ -110,12 +120,14 @@ class NodeRegistry:
     """Connects to every configured node and dispatches requests to them."""
 
     def __init__(self, specs: tuple[NodeSpec, ...] | list[NodeSpec], *, router_id: str | None = None,
-                 ping_interval: float = 0.5, health_timeout: float = 3.0, default_page_size: int = 16,
+                 ping_interval: float = 0.5, health_timeout: float = 3.0, hang_timeout: float | None = None,
+                 default_page_size: int = 16,
                  on_fatal: Callable[[BaseException], None] | None = None, curve_dir: str | None = None) -> None:
         self.curve_dir = curve_dir
         self.router_id = router_id or f"router-{os.getpid()}-{secrets.token_hex(4)}"
         self.nodes = [NodeState(s) for s in specs]
         self.ping_interval, self.health_timeout = ping_interval, health_timeout
+        self.hang_timeout = hang_timeout if hang_timeout is not None else max(health_timeout, 30.0)
         self.default_page_size = default_page_size
         self._on_fatal = on_fatal
         self._requests: dict[str, RequestHandle] = {}
@@ -137,6 +149,7 @@ class NodeRegistry:
                 from cluster.security import CurveKeys, secure_client
 
                 secure_client(s, CurveKeys.load(self.curve_dir))
+            node.monitor = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
             s.connect(node.spec.address)
             node.socket = s
         for coro in (self._ping_loop(), self._reader()):
@@ -162,8 +175,12 @@ class NodeRegistry:
         self._tasks.clear()
         for node in self.nodes:
             if node.socket is not None:
+                node.socket.disable_monitor()
                 node.socket.close(linger=CLOSE_LINGER_MS)  # lets last aborts leave; IMMEDIATE: none queue for dead peers
                 node.socket = None
+            if node.monitor is not None:
+                node.monitor.close(linger=0)
+                node.monitor = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -177,7 +194,7 @@ class NodeRegistry:
 
     # -- health --------------------------------------------------------------------------------
     def is_healthy(self, node: NodeState, now: float | None = None) -> bool:
-        return node.healthy(time.monotonic() if now is None else now, self.health_timeout)
+        return node.healthy(time.monotonic() if now is None else now, self.health_timeout, self.hang_timeout)
 
     def _available(self, role: str, exclude: frozenset = frozenset()) -> list[NodeState]:
         """Nodes of `role` that answered pings recently, are not draining, and have not refused
@@ -230,13 +247,27 @@ class NodeRegistry:
 
     # -- receiving -----------------------------------------------------------------------------
     async def _reader(self) -> None:
+        from zmq.utils.monitor import parse_monitor_message
+
         poller = zmq.asyncio.Poller()
-        by_socket = {}
+        by_socket, by_monitor = {}, {}
         for node in self.nodes:
             poller.register(node.socket, zmq.POLLIN)
             by_socket[node.socket] = node
+            if node.monitor is not None:
+                poller.register(node.monitor, zmq.POLLIN)
+                by_monitor[node.monitor] = node
         while True:
             for sock, _ in await poller.poll(timeout=int(self.ping_interval * 1000)):
+                node = by_monitor.get(sock)
+                if node is not None:  # connection events: a dropped connection is how a dead process shows
+                    while True:
+                        try:
+                            event = parse_monitor_message(sock.recv_multipart(zmq.NOBLOCK).result())["event"]
+                        except zmq.Again:
+                            break
+                        node.connected = event == zmq.EVENT_CONNECTED
+                    continue
                 for _ in range(MAX_DRAIN):  # bounded, so one chatty node cannot starve the loop
                     try:  # with NOBLOCK, zmq.asyncio returns an already completed future
                         frame = sock.recv(zmq.NOBLOCK).result()

@@ -65,7 +65,12 @@ def check_conservation(sched: Scheduler) -> None:
         if pool is None:
             continue
         pool.check()
-        assert sum(pool.state_counts().values()) == pool.num_pages
+        # the per-page states (state_counts) against the free list and the owners' page lists:
+        # free + reserved + resident + parked == total, each term counted from its own record
+        counts = pool.state_counts()
+        owned = sum(len(pool.pages_of(o)) for o in pool.owners())
+        assert counts["free"] == pool.num_free and counts["free"] + owned == pool.num_pages, counts
+        assert counts["reserved"] + counts["resident"] + counts["parked"] == owned, counts
     dev = set(sched.pool.owners())
     assert dev <= {s.request_id for s in sched.running} | {s.request_id for s in sched.waiting}
     if sched.host_pool is not None:

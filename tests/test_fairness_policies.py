@@ -128,6 +128,20 @@ def test_vtc_serves_the_smallest_counter_and_charges_tokens():
     assert order[0] is b1  # b was lifted to a's counter only if a had work; b < a here
 
 
+def _fits_every_step(items, total, ps) -> bool:
+    horizon = max((r for _, r in items), default=0)
+    return all(sum(-(-(c + t) // ps) for c, r in items if r >= t) <= total for t in range(horizon + 1))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 200), st.integers(1, 50)), max_size=30), st.integers(1, 400),
+       st.sampled_from([1, 4, 7, 16]))
+def test_mcsf_fast_feasibility_equals_the_direct_sum(items, total, ps):
+    from fairness.mcsf import feasible_direct
+
+    assert feasible(items, total, ps) == feasible_direct(items, total, ps) == _fits_every_step(items, total, ps)
+
+
 def brute_force_prefix(running, waiting, total, ps):
     """Largest prefix of `waiting` (sorted shortest first) whose memory fits at every time step."""
     def ok(items):
@@ -149,8 +163,8 @@ def brute_force_prefix(running, waiting, total, ps):
 def test_mcsf_admits_the_brute_force_prefix(running, waiting, total):
     ps = 4
     waiting = sorted(waiting, key=lambda x: x[1])
-    if not feasible(running, total, ps):
-        return
+    if not _fits_every_step(running, total, ps):
+        return  # the running set itself does not fit (checked by brute force, not by `feasible`)
     pol = McsfPolicy()
     pol.planned = list(running)
     pol.running, pol.candidates = [], []

@@ -122,3 +122,13 @@ def test_a_prompt_that_cannot_get_in_does_not_make_long_prompts_crawl():
         if all(s.tenant != "w" for s in sched.all_requests()):
             break
     assert step <= 100, step
+
+
+def test_a_request_missing_both_slos_keeps_each_miss_cause():
+    """A TTFT miss blamed on the queue and a TPOT miss blamed on the host tier: `cause` is the
+    larger, `causes` keeps both (only one was recorded; found by a review)."""
+    tl = {"router_arrival": 0.0, "prefill_queued": 0.0, "prefill_start": 2.0, "first_token": 2.1,
+          "decode_admit": 2.1, "last_token": 12.1, "parked_s": 6.0}
+    got = attribute(tl, 11, 0, FairnessConfig(slo_ttft_s={"*": 0.5}, slo_tpot_s={"*": 0.1}))
+    assert got["missed"] == ["ttft", "tpot"] and got["cause"] == "parked_in_host"
+    assert got["causes"] == {"ttft": "queue", "tpot": "parked_in_host"}

@@ -264,8 +264,10 @@ def test_a_request_no_pool_can_hold_is_400(served, tokens, mode):
 
 
 def test_decode_node_dies_mid_stream(served, tokens):
+    """A node that stops answering while its connection stands (hung) is down after the hang
+    timeout."""
     async def go():
-        async with cluster(served, tokens, node_kw={"decode": {"delay": 0.1}}) as c:
+        async with cluster(served, tokens, node_kw={"decode": {"delay": 0.1}}, hang_timeout=1.0) as c:
             body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 100, "stream": True}
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
                 async with s.post(c.url + "/v1/completions", json=body) as resp:
@@ -279,6 +281,34 @@ def test_decode_node_dies_mid_stream(served, tokens):
             with pytest.raises(openai.APIStatusError) as info:
                 await c.client().completions.create(model="tiny", prompt="x", max_tokens=2)
             assert info.value.status_code == 503
+
+    run(go())
+
+
+def test_a_long_step_is_not_a_death_but_a_closed_connection_is(served, tokens):
+    """A node in one long engine step answers no ping: the router took 3 s of silence for death
+    and failed every request there (a review: 12 of 14 requests, on steps of 1-6 s carrying a
+    2,048-token prefill chunk). Silence over a live connection is now tolerated up to the hang
+    timeout; a node whose connection drops (its process died) is down after the health timeout."""
+    async def go():
+        async with cluster(served, tokens, mode="colocated", node_kw={"colocated": {"delay": 0.05}},
+                           health_timeout=0.5, hang_timeout=20.0) as c:
+            node = c.nodes["colocated"]
+            body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 30, "stream": True, "ignore_eos": True}
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as s:
+                async with s.post(c.url + "/v1/completions", json=body) as resp:
+                    await read_sse(resp, 2)
+                    node.cfg.answer_pings, node.cfg.delay = False, 2.0  # a 2 s step: 4x the health timeout
+                    await asyncio.sleep(1.5)
+                    node.cfg.answer_pings, node.cfg.delay = True, 0.05
+                    events = await read_sse(resp)
+            assert events[-1] == "[DONE]" and not any("error" in e for e in events[:-1] if isinstance(e, dict)), events
+            registry = c.state.registry
+            (state,) = registry.nodes
+            assert state.connected
+            await node.close()  # the process is gone: its connection drops
+            await wait_until(lambda: not registry.is_healthy(state), timeout=5.0, what="the node judged down")
+            assert not state.connected
 
     run(go())
 
