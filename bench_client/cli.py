@@ -100,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--time-scale", type=_positive(float), default=1.0, help="multiply arrival offsets (0.1 = 10x faster)")
     g = ap.add_argument_group("requests")
     g.add_argument("--model", help="model name to send (default: the served one)")
+    g.add_argument("--api", choices=("completions", "chat"), default="completions",
+                   help="completions: token-id prompts to /v1/completions; chat: the same ids as text, one user "
+                        "message to /v1/chat/completions (prompt lengths then are what the template makes: the "
+                        "server's usage is recorded)")
+    g.add_argument("--tokenizer", help="chat: checkpoint dir whose tokenizer turns prompt ids into text "
+                                       "(default: the embedded model)")
     g.add_argument("--vocab-size", type=int, help="default: from /v1/models")
     g.add_argument("--max-model-len", type=int, help="default: from /v1/models")
     g.add_argument("--min-token-id", type=int, default=16, help="prompt ids are drawn from [this, vocab)")
@@ -288,9 +294,16 @@ async def _serve(a, specs, workload_info: dict, slos: dict, weights: ServiceWeig
         print(f"pdtb bench serve: {trace['outputs_raised_to_one']} trace output length(s) of 0 are sent as 1 token",
               file=sys.stderr)
     mode, policy = server_labels(nodes)
+    detokenize = None
+    if a.api == "chat":
+        from model_engine.tokenizer import load_tokenizer
+        from pdtb.common import resolve_model
+
+        tok = load_tokenizer(resolve_model(a.tokenizer))
+        detokenize = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     cfg = RunConfig(url, a.model, vocab, a.min_token_id, a.seed, a.concurrency, a.request_timeout,
                     a.sample_interval, not a.no_token_ids, a.temperature, not a.quiet, a.api_key,
-                    a.max_concurrency, a.warmup)
+                    a.max_concurrency, a.warmup, api=a.api, detokenize=detokenize)
     freeze_heap()  # the client's own collections would shift the token times it records
     res = await run(specs, cfg)
     summary = summarize(res.records, res.duration, slos, weights, a.fairness_window)

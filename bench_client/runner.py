@@ -17,6 +17,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import aiohttp
 import numpy as np
@@ -45,6 +46,8 @@ class RunConfig:
     api_key: str | None = None
     max_concurrency: int | None = None  # cap on requests in flight (open loop too); None: none
     warmup: int = 0  # requests sent (4 output tokens each) and awaited before the run; not recorded
+    api: str = "completions"  # "completions" (token-id prompts) or "chat" (/v1/chat/completions)
+    detokenize: Callable[[list[int]], str] | None = None  # chat: prompt ids -> the user message's text
 
 
 @dataclass
@@ -72,8 +75,12 @@ def request_body(cfg: RunConfig, index: int, spec: RequestSpec) -> bytes:
     """The JSON body of request `index`: seeded random prompt ids, exact output length."""
     rng = np.random.default_rng([cfg.seed, index])
     low = min(cfg.min_token_id, cfg.vocab_size - 1)
-    body = {"prompt": rng.integers(low, cfg.vocab_size, spec.prompt_len).tolist(),
-            "max_tokens": spec.output_len, "temperature": cfg.temperature, "stream": True,
+    ids = rng.integers(low, cfg.vocab_size, spec.prompt_len).tolist()
+    if cfg.api == "chat":  # the text of the same ids as one user message (the template adds its tokens)
+        prompt = {"messages": [{"role": "user", "content": cfg.detokenize(ids)}]}
+    else:
+        prompt = {"prompt": ids}
+    body = {**prompt, "max_tokens": spec.output_len, "temperature": cfg.temperature, "stream": True,
             "stream_options": {"include_usage": True}, "user": spec.tenant, "ignore_eos": True,
             "return_token_ids": cfg.return_token_ids}
     if cfg.model:
@@ -97,6 +104,7 @@ async def _read_stream(resp: aiohttp.ClientResponse, rec: RequestRecord, clock) 
             rec.error = rec.error or error_message(obj)
             rec.token_times.extend([now] * count_tokens(obj))
             rec.output_tokens = usage_tokens(obj) or rec.output_tokens
+            rec.prompt_tokens = usage_tokens(obj, "prompt_tokens") or rec.prompt_tokens  # chat: what the template made
             rec.server_timing = obj.get("pdtb_timing") or rec.server_timing
         rec.parse_s += time.perf_counter() - t
     return False
@@ -109,7 +117,7 @@ async def send_one(session: aiohttp.ClientSession, cfg: RunConfig, spec: Request
                         scheduled_time=scheduled, priority=spec.priority)
     rec.send_time = clock()
     try:
-        async with session.post(cfg.url + "/v1/completions", data=body,
+        async with session.post(cfg.url + ("/v1/chat/completions" if cfg.api == "chat" else "/v1/completions"), data=body,
                                 headers={"Content-Type": "application/json"}) as resp:
             if resp.status != 200:
                 text = await resp.text()

@@ -1,4 +1,5 @@
-"""Incremental server-sent-events parsing and token counting for `/v1/completions` chunks.
+"""Incremental server-sent-events parsing and token counting for `/v1/completions` and
+`/v1/chat/completions` chunks.
 
 The parser takes bytes as they come off the socket (any split, `\\n` or `\\r\\n` line ends) and
 returns the `data` of every event completed so far; it never buffers more than one event, so a
@@ -37,23 +38,24 @@ class SSEParser:
 
 
 def count_tokens(chunk: dict) -> int:
-    """Output tokens in one completion chunk: len(token_ids) where the server sent them, else one
-    per choice with non-empty text."""
+    """Output tokens in one completion or chat chunk: len(token_ids) where the server sent them,
+    else one per choice with non-empty text (`text`, or a chat chunk's `delta.content`)."""
     n = 0
     for choice in chunk.get("choices") or []:
         ids = choice.get("token_ids")
+        delta = choice.get("delta")
         if ids is not None:
             n += len(ids)
-        elif choice.get("text"):
+        elif choice.get("text") or (isinstance(delta, dict) and delta.get("content")):
             n += 1
     return n
 
 
-def usage_tokens(chunk: dict) -> int | None:
-    """`usage.completion_tokens` of a chunk that carries usage (the last one, when the request
-    asked for `stream_options.include_usage`), else None."""
+def usage_tokens(chunk: dict, key: str = "completion_tokens") -> int | None:
+    """`usage.completion_tokens` (or another `key` of usage) of a chunk that carries usage (the
+    last one, when the request asked for `stream_options.include_usage`), else None."""
     usage = chunk.get("usage")
-    n = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    n = usage.get(key) if isinstance(usage, dict) else None
     return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
 
 

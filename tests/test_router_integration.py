@@ -575,3 +575,28 @@ def test_a_prefill_pool_holds_exactly_its_prompt(served, tokens):
                     assert resp.status == 400 and "needs up to 9 KV pages for its prompt" in await resp.text()
 
     run(go())
+
+
+@pytest.mark.parametrize("token_ids", [True, False])
+def test_the_load_test_client_in_chat_mode_against_the_router(served, tokens, token_ids):
+    """`pdtb bench serve --api chat`: prompts as one user message of text, streamed from
+    /v1/chat/completions; tokens counted from token_ids or from delta.content, the prompt
+    length taken from the server's usage (what the chat template made of the text)."""
+    from bench_client.records import RequestSpec
+    from bench_client.runner import RunConfig, run as run_client
+
+    specs = [RequestSpec(0.01 * i, f"t{i % 2}", "c", 12 + i, 5) for i in range(4)]
+
+    async def go():
+        async with cluster(served, tokens, mode="colocated") as c:
+            cfg = RunConfig(c.url, None, served.vocab_size, progress=False, sample_interval=0, api="chat",
+                            return_token_ids=token_ids,
+                            detokenize=lambda ids: served.tokenizer.decode(ids, skip_special_tokens=True))
+            return await run_client(specs, cfg)
+
+    res = run(go())
+    for rec, spec in zip(res.records, specs):
+        assert rec.status == "ok", rec.error
+        assert rec.output_tokens == 5  # from token_ids, or from the usage chunk
+        assert len(rec.token_times) == 5 if token_ids else 1 <= len(rec.token_times) <= 5  # one per content chunk
+        assert rec.prompt_tokens != spec.prompt_len  # the template's tokens are counted: the server's figure
