@@ -69,6 +69,7 @@ class NodeState:
     pending_pages: dict[str, int] = field(default_factory=dict)  # request id -> pages sent, not yet in stats
     refused_at: float | None = None  # monotonic time a request could not be sent to it (queue full: likely dead)
     connected: bool = False  # the DEALER's connection stands (socket monitor events)
+    dropped_at: float | None = None  # monotonic time its connection last dropped
     monitor: zmq.asyncio.Socket | None = field(default=None, repr=False)
 
     @property
@@ -80,7 +81,11 @@ class NodeState:
         if self.last_seen is None:
             return False
         silent = now - self.last_seen
-        return silent <= timeout or (hang_timeout is not None and self.connected and silent <= hang_timeout)
+        # the connection vouches for a silent node only if it has not dropped since its last
+        # answer: a node restarted on the same port reconnects at once, but its stats (its KV
+        # address) are the dead one's until it answers
+        steady = self.connected and (self.dropped_at is None or self.dropped_at < self.last_seen)
+        return silent <= timeout or (hang_timeout is not None and steady and silent <= hang_timeout)
 
     def free_pages_estimate(self) -> int:
         return (self.stats.pages_free if self.stats else 0) - sum(self.pending_pages.values())
@@ -267,6 +272,8 @@ class NodeRegistry:
                         except zmq.Again:
                             break
                         node.connected = event == zmq.EVENT_CONNECTED
+                        if not node.connected:
+                            node.dropped_at = time.monotonic()
                     continue
                 for _ in range(MAX_DRAIN):  # bounded, so one chatty node cannot starve the loop
                     try:  # with NOBLOCK, zmq.asyncio returns an already completed future

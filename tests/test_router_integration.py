@@ -600,3 +600,21 @@ def test_the_load_test_client_in_chat_mode_against_the_router(served, tokens, to
         assert rec.output_tokens == 5  # from token_ids, or from the usage chunk
         assert len(rec.token_times) == 5 if token_ids else 1 <= len(rec.token_times) <= 5  # one per content chunk
         assert rec.prompt_tokens != spec.prompt_len  # the template's tokens are counted: the server's figure
+
+
+def test_a_reconnected_node_is_not_vouched_for_by_its_new_connection():
+    """A node restarted on the same port reconnects at once; until it answers a ping the router
+    holds the dead process's stats (its old KV address), so the new connection must not keep it
+    healthy through a silence (the chaos test of a restart caught requests sent to the old
+    address)."""
+    from router.nodes import NodeState
+
+    n = NodeState(NodeSpec("decode", "tcp://127.0.0.1:1"))
+    n.last_seen, n.connected = 100.0, True
+    assert n.healthy(110.0, 3.0, 30.0)  # silent over a steady connection: a long step
+    n.connected, n.dropped_at = False, 101.0  # the process died
+    assert not n.healthy(110.0, 3.0, 30.0)
+    n.connected = True  # a new process on the same port: connected, not answered yet
+    assert not n.healthy(110.0, 3.0, 30.0) and n.healthy(103.5, 3.0, 30.0) is False
+    n.last_seen = 111.0  # it answered: its own stats now
+    assert n.healthy(112.0, 3.0, 30.0) and n.healthy(130.0, 3.0, 30.0)
