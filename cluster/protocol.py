@@ -86,6 +86,8 @@ class TokenEvent:
     # prefill -> router: the hand-off now goes to this decode node (one of the request's
     # fallbacks); an event with only this set is a notice, not output
     decode_node: str = ""
+    # with decode_node: the KV reached that node (the prefill node no longer holds the request)
+    delivered: bool = False
 
 
 @dataclass

@@ -257,8 +257,7 @@ class MemFairPolicy(BasePolicy):
             return False
         if self._starving(seq, state):
             return True  # waited long enough: its quota delays it no longer
-        if not seq.num_computed_tokens and self._long(seq, state) and self._others_active(seq.tenant, state) and any(
-                s.tenant == seq.tenant and s.in_prefill and self._long(s, state) for s in self.running):
+        if self._second_long_prompt(seq, state):
             return False  # one long prompt per tenant steps at a time (_one_long_prompt): a second would only hold pages
         return self._quota_ok(seq.tenant, seq.request_id, state.pages.get(seq.request_id, 0), need_pages,
                               request_cap(seq, self.cfg, state), state)
@@ -297,6 +296,12 @@ class MemFairPolicy(BasePolicy):
         self._long_chunk[seq.tenant] = state.step
         return min(budget, self._small_chunk(state))
 
+    def _second_long_prompt(self, seq: Sequence, state: SchedState) -> bool:
+        """A long prompt not started yet while its tenant's other long prompt is in prefill and
+        another tenant is active: not admitted (may_admit), and so not waited for either."""
+        return not seq.num_computed_tokens and self._long(seq, state) and self._others_active(seq.tenant, state) \
+            and any(s.tenant == seq.tenant and s.in_prefill and self._long(s, state) for s in self.running)
+
     def _others_prompt_waiting(self, tenant: str, state: SchedState) -> bool:
         """Another tenant's prompt waits for its first chunk and fits the free pages: this step
         is for it (the step's length is what that request's other rows, and everyone's next
@@ -304,7 +309,7 @@ class MemFairPolicy(BasePolicy):
         crawled at a token a step behind a prompt waiting for room)."""
         free = state.device_free - len(self.running)
         return any(c.tenant != tenant and not c.num_computed_tokens and self._need_now(c, state) <= free
-                   for c in self.candidates)
+                   and not self._second_long_prompt(c, state) for c in self.candidates)
 
     def choose_victim(self, candidates, requester, state):
         return eviction.footprint(candidates, state, self.over)

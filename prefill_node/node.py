@@ -12,7 +12,8 @@ The request metadata sent with the KV is sealed (cluster/kv_meta.py) right befor
 
 Fallbacks: the router names, with the chosen decode node, up to a few other decode nodes that
 could hold the request. A hand-off the chosen node cannot take moves to the next of them at
-once (the router is told with a `decode_node` notice) instead of failing: refused for good
+once (the router is told with a `decode_node` notice, and with `delivered` when the KV has
+landed) instead of failing: refused for good
 (draining, too_large) or a transport failure drops that node from the request's list; refused
 "no_pages" rotates to the next node (backoff only once every node has refused in turn); a
 router's `NodeDown` moves hand-offs off a decode node that stopped answering (their transfers
@@ -134,6 +135,9 @@ class PrefillNode(NodeBase):
             if st is None or not st.state.finished:
                 continue
             if st.state == TransferState.DONE:
+                if h.req.fallback_nodes:  # the router may have fallbacks in mind: the request is that node's now
+                    self.sink.add(self.routes.get(rid, ""), TokenEvent(rid, [], decode_node=h.req.decode_node,
+                                                                       delivered=True))
                 self.metrics.kv_sent.inc(st.bytes_total)
                 self.metrics.transfers.labels(outcome="done", **self.metrics.labels).inc()
                 if st.duration_s is not None:

@@ -16,11 +16,13 @@ event, then on the decode node alone. Decode events that overtake the prefill no
 
 Fallbacks: with the chosen decode node the router names up to FALLBACKS other decode nodes that
 fit the request; the prefill node moves the hand-off to one of them when the chosen one cannot
-take it and says so with a `decode_node` notice. Events from a decode node the request is not
-(yet) bound to are set aside until a notice names that node; once the request is handed off,
-any other decode node that sends events for it is told to drop it. A decode node that stops
-answering fails only the requests that were handed to it, or that have no fallback left: the
-prefill nodes are told (`NodeDown`) and move the others.
+take it and says so with a `decode_node` notice, and says `delivered` once the KV has landed.
+A decode node that sends events for a request not yet handed off holds it (it adopted the KV,
+maybe from a transfer its sender had given up on): it becomes the request's decode node, and
+the prefill node is told to drop its hand-off. Once the request is handed off, any other decode
+node that sends events for it is told to drop it. A decode node that stops answering fails the
+requests handed (or delivered) to it, and those with no fallback left; the prefill nodes are
+told (`NodeDown`) and move the others. An abort goes to the fallbacks too (a move may be under way).
 Queues carry TokenEvent items, or a RequestFailed that `next_event` raises.
 """
 from __future__ import annotations
@@ -112,8 +114,7 @@ class RequestHandle:
     entry_started: bool = False  # the entry node has sent its first event
     handed_off: bool = False  # the decode node has sent an event: the prefill node is no longer needed
     held: list[TokenEvent] = field(default_factory=list)  # decode events that overtook the first token
-    fallbacks: list[str] = field(default_factory=list)  # decode node ids the prefill node may move it to
-    strays: dict[int, tuple[NodeState, list[TokenEvent]]] = field(default_factory=dict)  # other decode nodes' events
+    fallbacks: list[str] = field(default_factory=list)  # decode node ids that may hold it: the chosen one and its fallbacks
 
     def depends_on(self) -> list[NodeState]:
         if self.decode is None:
@@ -302,6 +303,8 @@ class NodeRegistry:
             return  # finished or aborted here already; late events are expected
         if node is handle.entry and event.decode_node:
             self._move(handle, event.decode_node)
+            if event.delivered and handle.decode is not None and handle.decode.node_id == event.decode_node:
+                handle.handed_off = True  # it depends on that decode node alone now
             if not event.token_ids and not event.finished:
                 return  # a notice only
         if node is handle.entry:
@@ -311,8 +314,6 @@ class NodeRegistry:
                 handle.queue.put_nowait(held)
             handle.held.clear()
         elif node is handle.decode:
-            if not handle.handed_off:
-                self._drop_strays(handle)  # no other decode node may hold it from now on
             handle.handed_off = True  # the decode node holds it (an event without tokens: just adopted)
             if event.token_ids or event.finished:  # its pages now show in the node's device-tier stats
                 node.pending_pages.pop(handle.request_id, None)  # (an adopted request may be parked in host)
@@ -325,8 +326,13 @@ class NodeRegistry:
                 log.warning("request %s: events from decode node %s, but it is handed to %s; dropping it there",
                             event.request_id, node.node_id, handle.decode.node_id)
                 self._send(node, AbortRequest(handle.request_id, "the request is held by another decode node"))
-            else:  # a fallback that took it before its prefill node's notice came in
-                handle.strays.setdefault(id(node), (node, []))[1].append(event)
+            else:  # it adopted the KV (a move whose notice is still on its way, or a transfer the
+                # sender gave up on that landed after all): it holds the request now
+                log.info("request %s: decode node %s holds it (the router had %s)", event.request_id, node.node_id,
+                         handle.decode.node_id)
+                self._move(handle, node.node_id)
+                self._send(handle.entry, AbortRequest(handle.request_id, f"held by decode node {node.node_id}"))
+                self._on_event(node, event)
         else:
             log.warning("event for %s from unrelated node %s", event.request_id, node.spec.address)
 
@@ -342,14 +348,6 @@ class NodeRegistry:
         if pages is not None:
             new.pending_pages[handle.request_id] = pages
         handle.decode = new
-        _, early = handle.strays.pop(id(new), (None, []))
-        for event in early:
-            self._on_event(new, event)
-
-    def _drop_strays(self, handle: RequestHandle) -> None:
-        for node, _ in handle.strays.values():
-            self._send(node, AbortRequest(handle.request_id, "the request is held by another decode node"))
-        handle.strays.clear()
 
     # -- sending -------------------------------------------------------------------------------
     def _send(self, node: NodeState, msg) -> bool:
@@ -374,7 +372,9 @@ class NodeRegistry:
             req.decode_node, req.decode_kv_addr = (decode.node_id, decode.stats.kv_addr) if decode else ("", "")
             others = self._fallbacks(decode, len(req.prompt_token_ids) + req.params.max_tokens) if decode else []
             req.fallback_nodes, req.fallback_kv_addrs = [n.node_id for n in others], [n.stats.kv_addr for n in others]
-            handle = RequestHandle(req.request_id, entry, decode, fallbacks=req.fallback_nodes)
+            # the decode nodes that may come to hold it: the chosen one and its fallbacks (none without fallbacks)
+            handle = RequestHandle(req.request_id, entry, decode,
+                                   fallbacks=[decode.node_id, *req.fallback_nodes] if req.fallback_nodes else [])
             if self._send(entry, req):
                 break
             entry.refused_at = time.monotonic()
@@ -439,11 +439,14 @@ class NodeRegistry:
         for node in (handle.entry, handle.decode):
             if node is not None:
                 self._send(node, AbortRequest(handle.request_id, reason, final))
+        if not handle.handed_off and handle.fallbacks:  # a move may be under way: the new holder drops it too
+            for node in self.nodes:
+                if node.spec.role == "decode" and node is not handle.decode and node.node_id in handle.fallbacks:
+                    self._send(node, AbortRequest(handle.request_id, reason))
 
     def release(self, handle: RequestHandle) -> None:
         """Forget the request: later events for it are dropped."""
         self._requests.pop(handle.request_id, None)
-        self._drop_strays(handle)
         for node in (handle.entry, handle.decode):
             if node is not None:
                 node.pending_pages.pop(handle.request_id, None)

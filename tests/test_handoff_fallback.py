@@ -103,6 +103,8 @@ def test_a_refusal_for_good_moves_the_hand_off_to_the_next_decode_node(llama_dir
         await node.poll_io()
         assert "r" not in node.handoffs and node.engine.pool.num_free == node.engine.pool.num_pages
         assert not [ev for ev in node.events if ev.finish_reason == "error"]
+        last = node.events[-1]  # the router learns that the request is Y's alone now
+        assert last.delivered and last.decode_node == Y[0] and not last.token_ids
 
     run(node, go)
 
@@ -213,17 +215,67 @@ def test_the_router_names_fallbacks_and_follows_a_move():
         assert handle.decode is a and (req.fallback_nodes, req.fallback_kv_addrs) == (["b"], ["tcp://127.0.0.1:23"])
         assert "r" in a.pending_pages
         reg._on_event(p, TokenEvent("r", [7]))
-        # b adopted it before p's notice came in: its events wait for the notice
-        reg._on_event(b, TokenEvent("r", []))
+        reg._on_event(p, TokenEvent("r", [], decode_node="b"))  # p moved it
+        assert handle.decode is b and not handle.handed_off and "r" in b.pending_pages and not a.pending_pages
+        reg._on_event(b, TokenEvent("r", []))  # b adopted it
         reg._on_event(b, TokenEvent("r", [8]))
-        assert [e.token_ids for e in drain(handle)] == [[7]]
-        reg._on_event(p, TokenEvent("r", [], decode_node="b"))
-        # (its pages moved to b's estimate, and left it with b's token event: they show in b's stats)
-        assert handle.decode is b and handle.handed_off and not a.pending_pages and not b.pending_pages
-        assert [e.token_ids for e in drain(handle)] == [[], [8]]
+        assert handle.handed_off and [e.token_ids for e in drain(handle)] == [[7], [], [8]]
         # a has it too (a transfer that timed out at p but landed): told to drop it
         reg._on_event(a, TokenEvent("r", [9]))
         assert not drain(handle) and [(n, type(m).__name__) for n, m in sent[1:]] == [(a, "AbortRequest")]
+
+    asyncio.run(go())
+
+
+def test_a_decode_node_that_adopted_the_request_holds_it_before_any_notice():
+    """b's events come before p's notice (different connections), or b adopted a transfer p had
+    given up on while p tries another node: b holds the request. Its output is passed on at
+    once (it was set aside until a notice that might never come, then thrown away, found by a
+    review), and p is told to drop its hand-off."""
+    async def go():
+        reg, p, a, b = registry()
+        sent = []
+        reg._send = lambda node, msg: sent.append((node, msg)) or True
+        handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
+        reg._on_event(p, TokenEvent("r", [7]))
+        reg._on_event(b, TokenEvent("r", [8]))
+        reg._on_event(b, TokenEvent("r", [9], finished=True, finish_reason="length"))
+        assert handle.decode is b and handle.handed_off
+        assert [e.token_ids for e in drain(handle)] == [[7], [8], [9]]
+        assert [(n, m.request_id) for n, m in sent[1:]] == [(p, "r")]  # p drops its hand-off
+
+    asyncio.run(go())
+
+
+def test_a_delivered_hand_off_depends_on_its_decode_node_alone():
+    """The KV reached a, then a died before its first event: the prefill node no longer holds
+    the request, so a NodeDown cannot move it; it must fail now, not at the request timeout
+    (a review: 600 s)."""
+    async def go():
+        reg, p, a, b = registry()
+        reg._send = lambda node, msg: True
+        handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
+        reg._on_event(p, TokenEvent("r", [7]))
+        reg._on_event(p, TokenEvent("r", [], decode_node="a", delivered=True))
+        assert handle.handed_off and handle.decode is a
+        drain(handle)
+        reg._fail_dependents(a)
+        with pytest.raises(Exception, match="stopped answering"):
+            raise handle.queue.get_nowait()
+
+    asyncio.run(go())
+
+
+def test_an_abort_reaches_every_decode_node_that_may_hold_the_request():
+    """A client gone while a move notice is on its way: the node the request moved to gets the
+    abort too (it decoded to max_tokens for nobody)."""
+    async def go():
+        reg, p, a, b = registry()
+        sent = []
+        reg._send = lambda node, msg: sent.append((node, msg)) or True
+        handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
+        reg.abort(handle, "client disconnected")
+        assert {n.node_id for n, m in sent[1:] if type(m).__name__ == "AbortRequest"} == {"p", "a", "b"}
 
     asyncio.run(go())
 
@@ -236,7 +288,7 @@ def test_a_dead_decode_node_fails_only_requests_without_a_way_out():
         b.last_seen = None  # b is down too: nothing left to move to
         stuck = reg.submit(GenerateRequest("stuck", [5] * 20, Params(max_tokens=4)))
         b.last_seen = time.monotonic()
-        assert moving.fallbacks == ["b"] and stuck.fallbacks == []
+        assert moving.fallbacks == ["a", "b"] and stuck.fallbacks == []
         reg._fail_dependents(a)
         assert moving.queue.empty()  # its prefill node moves it (NodeDown)
         with pytest.raises(Exception, match="stopped answering"):
