@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import secrets
 import signal
 import time
 from dataclasses import dataclass, field
@@ -144,6 +145,7 @@ class NodeBase:
         self.seqs: dict[str, Sequence] = {}  # live requests on this node
         self.metrics_addr = ""
         self.kv_addr = ""
+        self.incarnation = secrets.token_hex(8)  # in every NodeStats: a router sees a restart
         self._http = None
 
     # ---- messages -------------------------------------------------------------------------
@@ -274,7 +276,7 @@ class NodeBase:
                          running=len(sch.running), waiting=len(sch.waiting) + len(sch.parked), queued_tokens=queued,
                          kv_addr=self.kv_addr, metrics_addr=self.metrics_addr, draining=self.draining,
                          extra={"page_size": self.engine.spec.page_size, "policy": self.policy.name,
-                       **self.acct.tenant_stats(), **self.extra_stats()})
+                       **self.acct.tenant_stats(), **self.extra_stats()}, incarnation=self.incarnation)
 
     def extra_stats(self) -> dict:
         return {}

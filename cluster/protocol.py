@@ -127,6 +127,7 @@ class NodeStats:
     metrics_addr: str = ""  # http://host:port/metrics
     draining: bool = False
     extra: dict = field(default_factory=dict)
+    incarnation: str = ""  # random per process start: a change means the node restarted
 
 
 MESSAGES: dict[str, type] = {c.__name__: c for c in (GenerateRequest, AbortRequest, TokenBatch, Ping, NodeStats, NodeDown)}

@@ -618,3 +618,26 @@ def test_a_reconnected_node_is_not_vouched_for_by_its_new_connection():
     assert not n.healthy(110.0, 3.0, 30.0) and n.healthy(103.5, 3.0, 30.0) is False
     n.last_seen = 111.0  # it answered: its own stats now
     assert n.healthy(112.0, 3.0, 30.0) and n.healthy(130.0, 3.0, 30.0)
+
+
+def test_a_node_restarted_within_the_health_timeout_fails_the_dead_processs_requests():
+    """A node restarted on the same port faster than the health timeout was never seen as down:
+    the dead process's requests waited for their timeout (found by a review). Its new
+    incarnation in NodeStats now fails them at once."""
+    import time as _time
+
+    from cluster.protocol import NodeStats, encode_message
+    from router.nodes import NodeRegistry, RequestHandle
+
+    async def go():
+        reg = NodeRegistry([NodeSpec("colocated", "tcp://127.0.0.1:1")])
+        (node,) = reg.nodes
+        reg._on_frame(node, encode_message(NodeStats("c0", "colocated", 1, 100, 100, incarnation="aaaa")))
+        handle = reg._requests["r1"] = RequestHandle("r1", node, None)
+        reg._on_frame(node, encode_message(NodeStats("c0", "colocated", 2, 100, 90, incarnation="aaaa")))
+        assert handle.queue.empty()  # the same process
+        reg._on_frame(node, encode_message(NodeStats("c0", "colocated", 3, 100, 100, incarnation="bbbb")))
+        assert "restarted" in str(handle.queue.get_nowait())
+        assert reg.is_healthy(node, _time.monotonic())  # the new process serves
+
+    asyncio.run(go())
