@@ -136,8 +136,7 @@ class PrefillNode(NodeBase):
                 continue
             if st.state == TransferState.DONE:
                 if h.req.fallback_nodes:  # the router may have fallbacks in mind: the request is that node's now
-                    self.sink.add(self.routes.get(rid, ""), TokenEvent(rid, [], decode_node=h.req.decode_node,
-                                                                       delivered=True))
+                    self._notify(rid, h.req.decode_node, delivered=True)
                 self.metrics.kv_sent.inc(st.bytes_total)
                 self.metrics.transfers.labels(outcome="done", **self.metrics.labels).inc()
                 if st.duration_s is not None:
@@ -176,7 +175,11 @@ class PrefillNode(NodeBase):
         h.retarget()
         log.info("request %s: hand-off moves from decode node %s to %s (%s)", h.seq.request_id, old,
                  h.req.decode_node, why)
-        self.sink.add(self.routes.get(h.seq.request_id, ""), TokenEvent(h.seq.request_id, [], decode_node=h.req.decode_node))
+        self._notify(h.seq.request_id, h.req.decode_node)
+
+    def _notify(self, rid: str, decode_node: str, delivered: bool = False) -> None:
+        """Tell the request's router which decode node it goes to (a notice, not output)."""
+        self.sink.add(self.routes.get(rid, ""), TokenEvent(rid, [], decode_node=decode_node, delivered=delivered))
 
     def on_node_down(self, node_id: str, reason: str) -> None:
         """Move every hand-off off decode node `node_id` (cancelling a transfer in flight to it),
@@ -185,7 +188,7 @@ class PrefillNode(NodeBase):
             pairs = [t for t in zip(req.fallback_nodes, req.fallback_kv_addrs) if t[0] != node_id]
             if req.decode_node == node_id and pairs:
                 (req.decode_node, req.decode_kv_addr), pairs = pairs[0], pairs[1:]
-                self.sink.add(self.routes.get(rid, ""), TokenEvent(rid, [], decode_node=req.decode_node))
+                self._notify(rid, req.decode_node)
             req.fallback_nodes, req.fallback_kv_addrs = [n for n, _ in pairs], [a for _, a in pairs]
         for rid, h in list(self.handoffs.items()):
             if not any(t[0] == node_id for t in h.targets):
@@ -201,7 +204,7 @@ class PrefillNode(NodeBase):
                 h.retry_at = time.monotonic()
                 self._moved(h, f"decode node {node_id} is down")
             else:
-                self.fail(rid, f"decode node {node_id} stopped answering{': ' + reason if reason else ''}")
+                self.fail(rid, f"decode node {node_id} {reason or 'stopped answering'}")
                 self._release(rid)
 
     def _release(self, rid: str) -> None:

@@ -230,20 +230,21 @@ class NodeRegistry:
                 ok = self.is_healthy(node, now)
                 if was_healthy[id(node)] and not ok:
                     log.warning("node %s (%s) stopped answering", node.node_id, node.spec.address)
-                    self._node_lost(node, "it stopped answering the router's pings")
+                    self._node_lost(node, "stopped answering")
                 was_healthy[id(node)] = ok
             await asyncio.sleep(self.ping_interval)
 
-    def _node_lost(self, node: NodeState, why: str) -> None:
-        """`node`'s process is gone: fail what depends on it; prefill nodes move hand-offs off it."""
-        self._fail_dependents(node, why)
+    def _node_lost(self, node: NodeState, what: str) -> None:
+        """`node`'s process is gone ("stopped answering", "restarted"): fail what depends on it;
+        prefill nodes move hand-offs off it."""
+        self._fail_dependents(node, what)
         if node.spec.role == "decode":
             now = time.monotonic()
             for p in self.nodes:
                 if p.spec.role == "prefill" and self.is_healthy(p, now):
-                    self._send(p, NodeDown(node.node_id, why))
+                    self._send(p, NodeDown(node.node_id, what))
 
-    def _fail_dependents(self, node: NodeState, why: str = "") -> None:
+    def _fail_dependents(self, node: NodeState, what: str = "stopped answering") -> None:
         now = time.monotonic()
         for handle in list(self._requests.values()):
             if node is handle.decode and not handle.handed_off and self.is_healthy(handle.entry, now) and any(
@@ -251,7 +252,7 @@ class NodeRegistry:
                     for n in self.nodes if n.spec.role == "decode"):
                 continue  # its prefill node moves the hand-off to a fallback (NodeDown) or fails it
             if node in handle.depends_on():
-                msg = f"{node.spec.role} node {node.node_id} " + ("restarted" if why == "restarted" else "stopped answering")
+                msg = f"{node.spec.role} node {node.node_id} {what}"
                 if node.stats is not None and node.stats.draining:  # its last words (the aborts) were lost
                     msg = f"{node.spec.role} node {node.node_id} shut down: it was draining, then stopped answering"
                 handle.queue.put_nowait(RequestFailed(503, msg))

@@ -168,7 +168,7 @@ def test_node_down_cancels_the_transfer_and_moves_or_fails_the_hand_offs(llama_d
         await node.poll_io()
         assert len(node.senders[X[1]].sent) == 2
         submit(node, "queued", fallbacks=(Z, Y))  # not prefilled yet, bound to X too
-        node._on_message(b"r1", NodeDown(X[0], "it stopped answering"))
+        node._on_message(b"r1", NodeDown(X[0], "stopped answering"))
         assert len(node.senders[X[1]].cancelled) == 2
         assert notices(node) == [Z[0], Y[0]] and node.handoffs["moves"].req.decode_node == Y[0]
         errors = [ev for ev in node.events if ev.finish_reason == "error"]
