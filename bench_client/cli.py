@@ -85,6 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--minnow-tenants", type=_csv, default=d.minnow_tenants, help="comma list")
     g.add_argument("--whale-priority", type=int)
     g.add_argument("--minnow-priority", type=int)
+    g.add_argument("--context-whales", type=int, default=d.context_whales,
+                   help="long-context whales besides --whales: nearly all prompt (as the longest requests "
+                        "of real traces), in class whale")
+    g.add_argument("--context-whale-prompt", default=d.context_whale_prompt)
+    g.add_argument("--context-whale-output", default=d.context_whale_output)
+    g.add_argument("--context-whale-start", type=float, help="first long-context whale's send time, s "
+                   "(default: --whale-start)")
+    g.add_argument("--context-whale-interval", type=float,
+                   help="seconds between long-context whales (default: spread evenly over the duration)")
     g = ap.add_argument_group("multi-tenant (or --tenants-file, see bench_client/workloads.py)")
     g.add_argument("--tenants-file", help="JSON tenants spec")
     g.add_argument("--num-tenants", type=int, default=4)
@@ -157,7 +166,11 @@ def build_workload(a: argparse.Namespace) -> tuple[list[wl.RequestSpec], dict]:
         cfg = wl.WhaleMinnowConfig(a.whales, a.whale_prompt, a.whale_output, a.whale_start, a.minnow_rate,
                                    a.minnow_prompt, a.minnow_output, a.duration or 30.0, a.whale_tenants,
                                    a.minnow_tenants, a.whale_priority, a.minnow_priority,
-                                   whale_interval=a.whale_interval, burstiness=a.burstiness)
+                                   whale_interval=a.whale_interval, burstiness=a.burstiness,
+                                   context_whales=a.context_whales, context_whale_prompt=a.context_whale_prompt,
+                                   context_whale_output=a.context_whale_output,
+                                   context_whale_start=a.context_whale_start,
+                                   context_whale_interval=a.context_whale_interval)
         specs, info = wl.whale_minnow(cfg, a.seed), {"whale_minnow": vars(cfg)}
     elif a.workload == "multi-tenant":
         if a.tenants_file:

@@ -7,7 +7,14 @@ Length distributions are written as strings (CLI flags and the tenants file shar
 
 whale-minnow: `whales` long requests evenly spaced over [whale_start, duration) among a Poisson
 stream of short minnows at `minnow_rate`. The defaults (3072+1024 vs 48+16 tokens) make a whale's
-KV footprint (prompt + output tokens) 64 times a minnow's.
+KV footprint (prompt + output tokens) 64 times a minnow's. Optionally `context_whales` more whales
+of the long-context kind, whose footprint is nearly all prompt (default 4032+64, the same 64
+times): in the Azure conversation trace (`../shared/traces`) the requests with the longest
+contexts (top decile, about 4,000 tokens) generate a median of 56 tokens, 1.4% of their context,
+while the shorter ones generate about a quarter of theirs. Such whales load the prefill side and
+the steps a colocated node shares with decoding requests; whales with long outputs hold decode
+memory for long. They come from their own seeded stream and go round-robin over the whale
+tenants, in class "whale".
 
 multi-tenant: each tenant has its own Poisson rate, length distributions, class, priority and an
 optional on/off cycle. The tenants file (`--tenants-file`) is JSON:
@@ -129,6 +136,19 @@ class WhaleMinnowConfig:
     minnow_priority: int | None = None
     whale_interval: float | None = None  # seconds between whales (None: spread over the duration)
     burstiness: float = 1.0  # minnow arrivals: 1 Poisson, < 1 burstier (gamma gaps, see poisson_times)
+    context_whales: int = 0  # long-context whales (nearly all prompt), besides `whales`
+    context_whale_prompt: str = "4032"
+    context_whale_output: str = "64"
+    context_whale_start: float | None = None  # None: whale_start
+    context_whale_interval: float | None = None  # None: spread over [start, duration)
+
+
+def _spaced(n: int, start: float, interval: float | None, duration: float) -> list[float]:
+    """`n` send times from `start` (capped at the duration), `interval` apart or spread evenly
+    over [start, duration)."""
+    start = min(start, duration)
+    gap = interval if interval is not None else (duration - start) / max(n, 1)
+    return [start + i * gap for i in range(n)]
 
 
 def whale_minnow(cfg: WhaleMinnowConfig, seed: int) -> list[RequestSpec]:
@@ -138,17 +158,23 @@ def whale_minnow(cfg: WhaleMinnowConfig, seed: int) -> list[RequestSpec]:
     mp, mo = LengthDist.parse(cfg.minnow_prompt), LengthDist.parse(cfg.minnow_output)
     wrng, mrng = random.Random(f"{seed}/whale"), random.Random(f"{seed}/minnow")
     specs = []
-    if not (0 <= cfg.whales <= MAX_REQUESTS and cfg.whale_tenants and cfg.minnow_tenants):
-        raise ValueError(f"whales must be in [0, {MAX_REQUESTS:,}] and tenant lists non-empty")
-    if not (math.isfinite(cfg.duration) and cfg.duration > 0 and math.isfinite(cfg.whale_start) and cfg.whale_start >= 0
-            and (cfg.whale_interval is None or (math.isfinite(cfg.whale_interval) and cfg.whale_interval >= 0))):
-        raise ValueError("duration must be > 0, whale start and interval finite and >= 0")
-    start = min(cfg.whale_start, cfg.duration)
-    for i in range(cfg.whales):
-        gap = cfg.whale_interval if cfg.whale_interval is not None else (cfg.duration - start) / cfg.whales
-        t = start + i * gap
+    if not (0 <= cfg.whales <= MAX_REQUESTS and 0 <= cfg.context_whales <= MAX_REQUESTS
+            and cfg.whale_tenants and cfg.minnow_tenants):
+        raise ValueError(f"whales and context whales must be in [0, {MAX_REQUESTS:,}] and tenant lists non-empty")
+    cstart = cfg.whale_start if cfg.context_whale_start is None else cfg.context_whale_start
+    if not (math.isfinite(cfg.duration) and cfg.duration > 0
+            and all(math.isfinite(x) and x >= 0 for x in (cfg.whale_start, cstart))
+            and all(x is None or (math.isfinite(x) and x >= 0) for x in (cfg.whale_interval, cfg.context_whale_interval))):
+        raise ValueError("duration must be > 0, whale starts and intervals finite and >= 0")
+    for i, t in enumerate(_spaced(cfg.whales, cfg.whale_start, cfg.whale_interval, cfg.duration)):
         specs.append(RequestSpec(t, cfg.whale_tenants[i % len(cfg.whale_tenants)], "whale",
                                  wp.sample(wrng), wo.sample(wrng), cfg.whale_priority))
+    if cfg.context_whales:
+        cp, co = LengthDist.parse(cfg.context_whale_prompt), LengthDist.parse(cfg.context_whale_output)
+        crng = random.Random(f"{seed}/context-whale")
+        for i, t in enumerate(_spaced(cfg.context_whales, cstart, cfg.context_whale_interval, cfg.duration)):
+            tenant = cfg.whale_tenants[(cfg.whales + i) % len(cfg.whale_tenants)]
+            specs.append(RequestSpec(t, tenant, "whale", cp.sample(crng), co.sample(crng), cfg.whale_priority))
     for t in poisson_times(mrng, cfg.minnow_rate, 0.0, cfg.duration, cfg.burstiness):
         tenant = cfg.minnow_tenants[mrng.randrange(len(cfg.minnow_tenants))]
         specs.append(RequestSpec(t, tenant, "minnow", mp.sample(mrng), mo.sample(mrng), cfg.minnow_priority))

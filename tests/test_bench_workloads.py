@@ -46,6 +46,37 @@ def test_whale_minnow_seeded_and_options():
     assert [s for s in fewer if s.klass == "minnow"] == minnows
 
 
+def test_long_context_whales_come_on_top_of_the_others():
+    base = wl.WhaleMinnowConfig(whales=2, duration=10, whale_start=1.0, whale_interval=0.5, whale_tenants=("A", "B", "C"))
+    cfg = wl.WhaleMinnowConfig(**{**vars(base), "context_whales": 4, "context_whale_start": 3.0,
+                                  "context_whale_interval": 1.5})
+    plain, mixed = wl.whale_minnow(base, 3), wl.whale_minnow(cfg, 3)
+    extra = [s for s in mixed if s not in plain]
+    assert [s for s in mixed if s in plain] == plain  # the whales and minnows of the plain run, unchanged
+    assert [s.send_time for s in extra] == pytest.approx([3.0, 4.5, 6.0, 7.5])
+    assert {(s.prompt_len, s.output_len, s.klass) for s in extra} == {(4032, 64, "whale")}
+    minnow = next(s for s in plain if s.klass == "minnow")
+    assert {footprint(s) for s in extra} == {64 * footprint(minnow)}  # the default keeps the 64x footprint
+    assert [s.tenant for s in extra] == ["C", "A", "B", "C"]  # round-robin on from the whales before them
+    # spread evenly from --whale-start when neither start nor interval is given
+    spread = wl.whale_minnow(wl.WhaleMinnowConfig(**{**vars(base), "whales": 0, "context_whales": 3}), 3)
+    assert [s.send_time for s in spread if s.klass == "whale"] == pytest.approx([1.0, 4.0, 7.0])
+    for bad in ({"context_whales": -1}, {"context_whale_interval": -1.0}, {"context_whale_start": float("nan")}):
+        with pytest.raises(ValueError):
+            wl.whale_minnow(wl.WhaleMinnowConfig(**{**vars(base), "context_whales": 1, **bad}), 3)
+
+
+def test_long_context_whales_from_the_command_line():
+    a = build_parser().parse_args(["--url", "http://x", "--workload", "whale-minnow", "--whales", "1",
+                                   "--duration", "5", "--context-whales", "2", "--context-whale-prompt", "100",
+                                   "--context-whale-output", "uniform:3:5", "--context-whale-start", "2",
+                                   "--context-whale-interval", "1"])
+    specs, info = build_workload(a)
+    ctx = [s for s in specs if s.klass == "whale" and s.prompt_len == 100]
+    assert [s.send_time for s in ctx] == pytest.approx([2.0, 3.0]) and all(3 <= s.output_len <= 5 for s in ctx)
+    assert info["whale_minnow"]["context_whales"] == 2
+
+
 def test_length_distributions():
     rng = random.Random(1)
     assert wl.LengthDist.parse("64").sample(rng) == 64 == wl.LengthDist.parse("fixed:64").sample(rng)
