@@ -226,6 +226,13 @@ class Scheduler:
         need = self.pool.spec.pages_for(num_tokens) - self.pool.num_held(seq.request_id)
         while need > self.pool.num_free:
             candidates = [s for s in self.running if s.request_id not in scheduled]
+            if candidates == [seq]:
+                # Nobody else to take pages from: what it lacks is held outside the running set
+                # (pages reserved for transfers landing, prompts waiting for their hand-off),
+                # which is released without this scheduler. It waits for them and keeps its own:
+                # dropping them for a recompute made two such prompts of a prefill node take
+                # turns redoing each other's prefill for as long as a hand-off waited.
+                return False
             victim = self.policy.pick_victim(candidates, seq, self.state())
             self.evict(victim, out)
             if victim is seq:
