@@ -30,7 +30,11 @@ def parse(role: str, argv: list[str]) -> argparse.Namespace:
                     help="fairness weight of a tenant (repeatable; default 1)")
     ap.add_argument("--request-cap-frac", type=float, default=0.5, help="one request's max share of the device tier")
     ap.add_argument("--prefill-share", type=float, default=1 / 32,
-                    help="memfair: while another tenant is active, a long prompt's chunk takes at most this share of a step")
+                    help="memfair: in a step with another tenant's requests, a long prompt's chunk takes at most this "
+                         "share of the step budget")
+    ap.add_argument("--prefill-idle-share", type=float, default=1 / 4,
+                    help="memfair: in a step without another tenant's requests, while one is active, this share "
+                         "(give it --prefill-share's value for the small chunk whenever another tenant is active)")
     ap.add_argument("--long-prompt", type=float, default=1 / 8,
                     help="memfair: a prompt longer than this share of the step budget is long")
     ap.add_argument("--active-window", type=float, default=1.0, metavar="S",
@@ -98,7 +102,8 @@ def fairness_config(a: argparse.Namespace):
     try:
         return FairnessConfig(tenant_weights=_pairs(a.tenant_weight, "--tenant-weight"),
                               request_cap_frac=a.request_cap_frac, dynamic_quota=a.dynamic_quota,
-                              prefill_share_frac=a.prefill_share, read_share=a.read_share,
+                              prefill_share_frac=a.prefill_share,
+                              prefill_idle_frac=a.prefill_idle_share, read_share=a.read_share,
                               long_prompt_frac=a.long_prompt, active_window_s=a.active_window,
                               read_turn_steps=a.read_turn_steps, long_yield_steps=a.long_yield_steps,
                               class_reservations=_pairs(a.reserve, "--reserve", int), tenant_bw_cap=a.tenant_bw_cap,

@@ -11,7 +11,8 @@ class FairnessConfig:
     tenant_weights: dict = field(default_factory=dict)  # tenant -> weight (absent: 1.0)
     request_cap_frac: float = 0.5  # under contention, one request holds at most this share of the device tier
     borrow_reserve_frac: float = 0.1  # a tenant beyond its share leaves this much free while others have work
-    prefill_share_frac: float = 1 / 32  # memfair: while other tenants are active, a long prompt's chunk takes at most this share of a step
+    prefill_share_frac: float = 1 / 32  # memfair: beside other tenants' requests, a long prompt's chunk takes at most this share of a step
+    prefill_idle_frac: float = 1 / 4  # memfair: ... and while they are active but have none in the step, this share
     long_prompt_frac: float = 1 / 8  # memfair: a prompt longer than this share of the step budget is long
     active_window_s: float = 1.0  # memfair: a tenant with work within this long is still active
     long_yield_steps: int = 0  # memfair: while another tenant has decode rows, a long prompt sits out up to this many steps in a row (0: never)
@@ -43,6 +44,8 @@ class FairnessConfig:
             raise ValueError("request_cap_frac must be in (0, 1]")
         if not 0.0 < self.prefill_share_frac <= 1.0:
             raise ValueError("prefill_share_frac must be in (0, 1]")
+        if not 0.0 < self.prefill_idle_frac <= 1.0:
+            raise ValueError("prefill_idle_frac must be in (0, 1]")
         if not 0.0 < self.long_prompt_frac <= 1.0:
             raise ValueError("long_prompt_frac must be in (0, 1]")
         if self.active_window_s < 0:

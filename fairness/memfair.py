@@ -18,9 +18,12 @@
 - Victims under pressure: footprint-weighted, the same order.
 - Long prompts: while another tenant has work (now, or within `active_window_s`: a tenant
   between two requests is still there), a prompt longer than `long_prompt_frac` of the step
-  budget prefills in chunks of `prefill_share_frac` of it, one such prompt per tenant at a
-  time. Other tenants' steps, their first tokens and their inter-token gaps, stay short; the
-  whale pays for its own size with more, smaller steps.
+  budget prefills in chunks, one such prompt per tenant at a time: of `prefill_share_frac` of
+  the budget in a step that carries another tenant's requests (their inter-token gaps stay
+  short), of `prefill_idle_frac` of it in a step that carries none (a request of theirs that
+  arrives waits for one such step at most, and a whale made of prompt does not crawl at the
+  small chunk's cost per token for as long as others come and go). The whale pays for its own
+  size with more, smaller steps.
 - Read share: KV bandwidth is the other half of memory. While other tenants decode, a tenant's
   decode rows read at most its entitlement of pages per step; its other rows keep their pages
   and take turns (least recently served first, a turn lasting `read_turn_steps`). A borrower
@@ -240,7 +243,7 @@ class MemFairPolicy(BasePolicy):
         return [s for s in rows if s.in_prefill or s.request_id in keep]
 
     def _small_chunk(self, state: SchedState) -> int:
-        """The chunk of a long prompt while other tenants are active."""
+        """The chunk of a long prompt in a step that carries other tenants' requests."""
         return max(state.page_size, int(state.token_budget * self.cfg.prefill_share_frac))
 
     def step_order(self, running, state):
@@ -255,10 +258,13 @@ class MemFairPolicy(BasePolicy):
     def may_admit(self, seq, need_pages, state):
         if not super().may_admit(seq, need_pages, state):
             return False
+        if self._second_long_prompt(seq, state):
+            # One long prompt per tenant steps at a time (_one_long_prompt): a second would only
+            # hold pages. Starving or not: let in, it sat out beside the first, whose next chunk
+            # could evict it, and then it evicted the first the same way (a livelock).
+            return False
         if self._starving(seq, state):
             return True  # waited long enough: its quota delays it no longer
-        if self._second_long_prompt(seq, state):
-            return False  # one long prompt per tenant steps at a time (_one_long_prompt): a second would only hold pages
         return self._quota_ok(seq.tenant, seq.request_id, state.pages.get(seq.request_id, 0), need_pages,
                               request_cap(seq, self.cfg, state), state)
 
@@ -294,7 +300,9 @@ class MemFairPolicy(BasePolicy):
         if self._long_chunk.get(seq.tenant) == state.step or self._others_prompt_waiting(seq.tenant, state):
             return 1  # a token, not a chunk: one long chunk per tenant per step, after others' prompts
         self._long_chunk[seq.tenant] = state.step
-        return min(budget, self._small_chunk(state))
+        if any(s.tenant != seq.tenant for s in self.running):
+            return min(budget, self._small_chunk(state))
+        return min(budget, max(state.page_size, int(state.token_budget * self.cfg.prefill_idle_frac)))
 
     def _second_long_prompt(self, seq: Sequence, state: SchedState) -> bool:
         """A long prompt not started yet while its tenant's other long prompt is in prefill and

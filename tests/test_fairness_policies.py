@@ -303,22 +303,47 @@ def test_memfair_long_prompt_does_not_yield_when_decode_rows_may_need_its_pages(
 
 
 def test_memfair_limits_a_long_prompt_chunk_while_others_are_active():
-    """budget 2048 (the state default): long means more than 256 tokens; its chunk is 64."""
+    """budget 2048 (the state default): long means more than 256 tokens; its chunk is 64 beside
+    another tenant's requests and 512 while that tenant is active with none in the step."""
     pol = make_policy("memfair")
     whale, minnow = make_request(400, 4, tenant="w"), make_request(8, 4, tenant="m")
     minnow.num_computed_tokens = 8  # decoding
     at = lambda t, step=0: state(device_total=120, device_free=120, now=t, step=step)  # noqa: E731
-    pol.reclaim([minnow], [whale], at(0.0))
-    assert pol.chunk_limit(whale, 512, at(0.0)) == 2048 // 32
-    assert pol.chunk_limit(minnow, 512, at(0.0)) == 512  # a short prompt goes whole
-    pol.reclaim([], [whale], at(0.5, 1))  # the minnow's tenant left half a second ago
-    assert pol.chunk_limit(whale, 512, at(0.5, 1)) == 64  # still active: it may be between requests
-    pol.reclaim([], [whale], at(1.6, 2))
-    assert pol.chunk_limit(whale, 512, at(1.6, 2)) == 512  # gone for longer than active_window_s
+    pol.reclaim([minnow, whale], [], at(0.0))
+    assert pol.chunk_limit(whale, 2048, at(0.0)) == 2048 // 32
+    assert pol.chunk_limit(minnow, 2048, at(0.0)) == 2048  # a short prompt goes whole
+    pol.reclaim([whale], [], at(0.5, 1))  # the minnow's tenant left half a second ago
+    # still active (it may be between requests), but nothing of it waits on this step
+    assert pol.chunk_limit(whale, 2048, at(0.5, 1)) == 2048 // 4
+    assert pol.chunk_limit(whale, 100, at(0.5, 2)) == 100  # never more than the budget left
+    pol.reclaim([whale], [], at(1.6, 3))
+    assert pol.chunk_limit(whale, 2048, at(1.6, 3)) == 2048  # gone for longer than active_window_s
     alone = make_policy("memfair")
-    alone.reclaim([], [whale], at(0.0))
-    assert alone.chunk_limit(whale, 512, at(0.0)) == 512  # nobody else to wait for it
-    assert make_policy("fcfs").chunk_limit(whale, 512, at(0.0)) == 512
+    alone.reclaim([whale], [], at(0.0))
+    assert alone.chunk_limit(whale, 2048, at(0.0)) == 2048  # nobody else to wait for it
+    assert make_policy("fcfs").chunk_limit(whale, 2048, at(0.0)) == 2048
+    # the idle share set to the small one: the small chunk whenever another tenant is active
+    old = make_policy("memfair", FairnessConfig(prefill_idle_frac=1 / 32))
+    old.reclaim([minnow], [], at(0.0))
+    old.reclaim([whale], [], at(0.5, 1))
+    assert old.chunk_limit(whale, 2048, at(0.5, 1)) == 64
+
+
+def test_memfair_a_starving_second_long_prompt_still_waits_for_its_tenants_first():
+    """The starvation guard lets a request in whatever its quota, but not a tenant's second
+    long prompt beside its first still in prefill: it would only sit out holding pages, where
+    the first's next chunk can evict it."""
+    pol = make_policy("memfair")
+    first, second = make_request(400, 4, tenant="w"), make_request(400, 4, tenant="w")
+    minnow = make_request(8, 4, tenant="m")
+    first.num_computed_tokens, minnow.num_computed_tokens = 64, 8  # first in prefill, minnow decoding
+    at = lambda t: state(device_total=400, device_free=300, now=t)  # noqa: E731
+    pol.reclaim([minnow, first], [second], at(0.0))
+    pol.reclaim([minnow, first], [second], at(10.0))  # waited far past starve_after_s
+    assert pol._starving(second, at(10.0))
+    assert not pol.may_admit(second, 2, at(10.0))
+    first.num_computed_tokens, first.token_ids = 400, first.token_ids + [5]  # its prefill is done
+    assert pol.may_admit(second, 2, at(10.0))
 
 
 def test_memfair_long_prompt_takes_one_chunk_per_tenant_per_step_and_yields_to_new_prompts():
@@ -344,6 +369,8 @@ def test_memfair_long_prompt_takes_one_chunk_per_tenant_per_step_and_yields_to_n
 def test_prefill_share_outside_0_1_is_rejected(frac):
     with pytest.raises(ValueError, match="prefill_share_frac"):
         FairnessConfig(prefill_share_frac=frac)
+    with pytest.raises(ValueError, match="prefill_idle_frac"):
+        FairnessConfig(prefill_idle_frac=frac)
 
 
 def test_vtc_idle_time_is_not_banked_when_everyone_returns_at_once():
