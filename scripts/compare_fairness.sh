@@ -14,8 +14,8 @@
 # Two kinds of whale, each 64 times a minnow's footprint: 6 with long outputs arrive close
 # together, need more than the decode pool and hold it (KV pressure); then long-context whales
 # (1984+64 tokens, nearly all prompt, as the longest requests of the Azure conversation trace)
-# arrive every 1.2 s and load the prefill side and the steps a colocated node shares with decoding
-# minnows. --context-whales N sets their number (default 12 quick, 20 full; 0 gives the
+# arrive every second from t = 4 s and load the prefill side and the steps a colocated node shares
+# with decoding minnows. --context-whales N sets their number (default 16 quick, 26 full; 0 gives the
 # workload of the runs before session 14, 2026-11-23).
 # Writes DIR/MODE-POLICY.json for each run and DIR/report/report.md with plots. With --step-log,
 # every node also writes one JSON line per engine step to DIR/run-MODE-POLICY/steps-NODE.jsonl.
@@ -52,7 +52,7 @@ PAGE=16 TOTAL=448 PREFILL=160 HOST=512
 WL=(--workload whale-minnow --whales 6 --whale-prompt 1536 --whale-output 512 --whale-start 1
     --whale-interval 0.5 --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 30 --seed "$SEED"
     --slo ttft_ms=500 --slo tpot_ms=100)
-CTX_DEFAULT=20
+CTX_DEFAULT=26
 if [ "$QUICK" = 1 ]; then
   # The same whales and KV budget, 20 s of minnows instead of 30. (Until 2026-11-22 the quick
   # run had 4 whales in 352 pages: no whale was admitted while minnows decoded, so fcfs's
@@ -62,12 +62,12 @@ if [ "$QUICK" = 1 ]; then
   WL=(--workload whale-minnow --whales 6 --whale-prompt 1536 --whale-output 512 --whale-start 1
       --whale-interval 0.5 --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 20 --seed "$SEED"
       --slo ttft_ms=500 --slo tpot_ms=100)
-  CTX_DEFAULT=12
+  CTX_DEFAULT=16
 fi
 CTX="${CTX:-$CTX_DEFAULT}"
 case "$CTX" in ''|*[!0-9]*) echo "compare_fairness: --context-whales wants a count, got $CTX" >&2; exit 2 ;; esac
 WL+=(--context-whales "$CTX" --context-whale-prompt 1984 --context-whale-output 64 --context-whale-start 4
-     --context-whale-interval 1.2)
+     --context-whale-interval 1)
 BUDGET=512  # per-step token budget: whale prompts prefill in chunks, interleaved with decode
 # The nodes attribute each request's misses of the same SLOs as the client's goodput uses (the
 # client then reports the causes per class: `SLO attribution` under each run's table).
