@@ -9,6 +9,8 @@ aging only bounds how long any one request can be passed over.
 """
 from __future__ import annotations
 
+import math
+
 from fairness.base import BasePolicy
 
 
@@ -20,8 +22,12 @@ class PriorityPolicy(BasePolicy):
         self._served: dict[str, float] = {}  # request id -> state.now of the last step that carried it
 
     def effective(self, seq, now: float) -> float:
+        # Whole classes: a request passed over for less than aging_s keeps its class, so within
+        # a class the order is arrival. (Aging by fractions of a class made equal rows take
+        # turns step by step, the last served going last: two prompts of one class prefilled
+        # side by side, each holding its pages twice as long.)
         waited = max(0.0, now - self._served.get(seq.request_id, seq.arrival_time))
-        return seq.priority - waited / self.cfg.aging_s
+        return seq.priority - math.floor(waited / self.cfg.aging_s)
 
     def refresh(self, running, candidates, state):
         super().refresh(running, candidates, state)
