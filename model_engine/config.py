@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from model_engine.kv_spec import DTYPES
 from model_engine.scheduler import SchedulerConfig
 
+DECODE_ATTENTION = ("auto", "torch")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -19,10 +21,16 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's own context length
     torch_threads: int | None = None  # torch intra-op threads (None: torch default)
     host_kv_pages: int = 0  # pages in the host tier (pinned host memory on a GPU); 0: none
+    # "auto": decode rows of a float32 CPU pool use the C paged kernel (model_engine/csrc),
+    # built at first use, where a C compiler is found; "torch": the read cache and batched
+    # matmuls (always the path on a GPU, for other dtypes, and where the kernel cannot be built)
+    decode_attention: str = "auto"
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
             raise ValueError("page_size must be >= 1")
+        if self.decode_attention not in DECODE_ATTENTION:
+            raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}")
         if self.host_kv_pages < 0:
             raise ValueError("host_kv_pages must be >= 0")
         if self.num_pages < 1:

@@ -49,9 +49,19 @@ class LLMEngine:
                                   pin_memory=config.device.startswith("cuda")) if config.host_kv_pages else None
         self.scheduler = Scheduler(config.scheduler_config(info.max_model_len), self.pool, policy=policy,
                                    host_pool=self.host_pool)
-        self.runner = ModelRunner(model, self.pool.kv, config.page_size, config.device)
+        self.runner = ModelRunner(model, self.pool.kv, config.page_size, config.device,
+                                  kernel=self._decode_kernel(config))
         self._ids = itertools.count()
         self.last_output: SchedulerOutput | None = None
+
+    def _decode_kernel(self, config: EngineConfig):
+        """The CPU paged decode kernel where it applies (see EngineConfig.decode_attention)."""
+        if config.decode_attention != "auto" or self.pool.kv.device.type != "cpu" \
+                or self.pool.kv.dtype != torch.float32:
+            return None
+        from model_engine import cpu_kernel
+
+        return cpu_kernel.load()
 
     # ---- requests -------------------------------------------------------------------------
     def make_sequence(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,

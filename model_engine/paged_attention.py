@@ -40,13 +40,18 @@ class AttnGroup:
     flat rows [start, end), one query each) or prefill rows (`q_gather`, `pad_index`: their
     queries padded to the longest chunk)."""
 
-    flat_pages: torch.Tensor  # [B_g * max_pages] page ids, row-major, padded with page 0
+    flat_pages: torch.Tensor | None  # [B_g * max_pages] page ids, row-major, padded with page 0 (None: kernel)
     max_pages: int  # pages per row in flat_pages
-    attn_mask: torch.Tensor  # [B_g, 1, groups * q_max, L] additive (0 / -inf)
+    attn_mask: torch.Tensor | None  # [B_g, 1, groups * q_max, L] additive (0 / -inf); None: kernel
     read_plan: ReadCachePlan | None = None  # decode rows: use the read cache
     span: tuple[int, int] | None = None  # decode group: its flat rows [start, end)
     q_gather: torch.Tensor | None = None  # prefill: [B_g, q_max] flat token index of each padded query slot
     pad_index: torch.Tensor | None = None  # prefill: [n_g] padded slot (b * q_max + j) of each of its tokens
+    # decode rows read in place by the C kernel (StepMetadata.kernel), no gather, no padding:
+    pages: torch.Tensor | None = None  # the rows' page tables back to back
+    page_start: torch.Tensor | None = None  # [B_g] offset of each row's table in `pages`
+    lens: torch.Tensor | None = None  # [B_g] keys of each row (its new token's position + 1)
+    max_len: int = 0  # max(lens)
 
     @property
     def num_rows(self) -> int:
@@ -60,6 +65,7 @@ class StepMetadata:
     slot_mapping: torch.Tensor  # [T] pool slot of each new token
     groups: list[AttnGroup]
     gathered: dict = field(default_factory=dict)  # layer -> [(k, v) per group], set by update()
+    kernel: object = None  # cpu_kernel.DecodeKernel for the groups that carry `lens`
 
 
 class PagedKVCache:
@@ -80,7 +86,9 @@ class PagedKVCache:
         out = []
         for g in m.groups:
             b, plan = g.num_rows, g.read_plan
-            if plan is not None:
+            if g.lens is not None:  # the kernel reads this layer's pool, the new tokens included
+                out.append((cache[0], cache[1]))  # each [pages, page_size, kv_heads, head_dim]
+            elif plan is not None:
                 rc, rows_view, k, v = plan.cache.views(layer_idx, b, plan.length)  # rc [2, B, kvh, cap, hd]
                 if plan.rebuild:
                     rc[:, :, :, : g.max_pages * page_size].copy_(_gather_pages(cache, g.flat_pages, b, g.max_pages))
@@ -135,6 +143,15 @@ def _group_attention(q_flat, k, v, g: AttnGroup, scaling) -> torch.Tensor:
     return out[g.pad_index]
 
 
+def _kernel_attention(kernel, q_flat, k_pool, v_pool, g: AttnGroup, scaling) -> torch.Tensor:
+    """Decode rows [span) through the C kernel, straight from the pool's pages."""
+    q = q_flat[g.span[0]:g.span[1]]
+    if q.dtype != k_pool.dtype:
+        q = q.to(k_pool.dtype)
+    return kernel(q, k_pool, v_pool, g.pages, g.page_start, g.lens, g.max_len,
+                  scaling if scaling is not None else q.shape[-1] ** -0.5)
+
+
 def _decode_attention(q_flat, k, v, mask, scaling) -> torch.Tensor:
     """One query per row, rows in flat order: the GQA fold is a view, no gather or permute.
     q_flat [B, heads, hd] -> [B, heads, hd]."""
@@ -185,7 +202,8 @@ def paged_attention(module, query, key, value, attention_mask, dropout=0.0, scal
     q_flat = query[0].transpose(0, 1)  # [T, heads, hd]
     kv = m.gathered[module.layer_idx]
     # groups are contiguous runs of flat tokens, in flat order (decode spans, then prefill rows)
-    outs = [_decode_attention(q_flat[g.span[0]:g.span[1]], k, v, g.attn_mask, scaling) if g.span is not None
+    outs = [_kernel_attention(m.kernel, q_flat, k, v, g, scaling) if g.lens is not None
+            else _decode_attention(q_flat[g.span[0]:g.span[1]], k, v, g.attn_mask, scaling) if g.span is not None
             else _group_attention(q_flat, k, v, g, scaling) for g, (k, v) in zip(m.groups, kv)]
     return (outs[0] if len(outs) == 1 else torch.cat(outs)).unsqueeze(0), None
 

@@ -33,20 +33,22 @@ class BatchChunk:
 class ModelRunner:
     """Owns the model and the device tier's KV tensor; runs one step at a time."""
 
-    def __init__(self, model, kv: torch.Tensor, page_size: int, device: str | torch.device) -> None:
+    def __init__(self, model, kv: torch.Tensor, page_size: int, device: str | torch.device,
+                 kernel=None) -> None:
         cfg = model.config
         self.groups = cfg.num_attention_heads // getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)
         self.model = model
         self.kv = kv
         self.page_size = page_size
         self.device = torch.device(device)
+        self.kernel = kernel  # cpu_kernel.DecodeKernel: decode rows read their pages in place
         self.read_cache = ReadCaches(kv.shape[0], kv.shape[4], kv.shape[5], kv.dtype, self.device) \
-            if self.device.type == "cpu" else None
+            if self.device.type == "cpu" and kernel is None else None
 
     def build_metadata(self, chunks: list[BatchChunk]) -> tuple[torch.Tensor, torch.Tensor, StepMetadata, torch.Tensor | None]:
         """(input ids, positions, attention metadata, the flat rows whose logits are returned,
         in the chunks' order; None: every row, flat order being the chunks' order)."""
-        steady = self._steady_decode(chunks)
+        steady = self._kernel_decode(chunks) if self.kernel is not None else self._steady_decode(chunks)
         if steady is not None:
             return steady
         # Index arithmetic in numpy: one small op costs ~1 us there against ~5-10 us in torch,
@@ -61,7 +63,8 @@ class ModelRunner:
         # attention group is then a contiguous run of flat tokens, so a group's outputs are
         # concatenated and not scattered; the logits are gathered back into step order.
         decode = lens == 1
-        bucket = np.searchsorted(BUCKET_EDGES, starts + 1)  # == bucket_of(position + 1)
+        # == bucket_of(position + 1); the kernel reads each row's own keys: one group for all
+        bucket = np.zeros(b, np.int64) if self.kernel is not None else np.searchsorted(BUCKET_EDGES, starts + 1)
         parts, plans = [], []
         for k in np.unique(bucket[decode]):
             rows = np.flatnonzero(decode & (bucket == k))
@@ -100,7 +103,33 @@ class ModelRunner:
         at = np.empty(b, np.int64)
         at[perm] = np.arange(b)  # flat row of each chunk
         t = self._t
-        return t(ids)[None], t(pos)[None], StepMetadata(t(slot_mapping), groups), t((cu_end - 1)[at[want]])
+        return t(ids)[None], t(pos)[None], StepMetadata(t(slot_mapping), groups, kernel=self.kernel), \
+            t((cu_end - 1)[at[want]])
+
+    def _kernel_decode(self, chunks: list[BatchChunk]):
+        """Metadata of a step of decode rows only, for the C kernel: the rows stay in step order
+        as one group, whatever their lengths, and the kernel reads each row's pages where they
+        lie (page tables back to back, `page_start` the offset of each). None when a chunk is
+        not a one-token row that samples (the general path handles the step)."""
+        ps = self.page_size
+        ids, pos, slots, pages, starts = [], [], [], [], []
+        for c in chunks:
+            if len(c.token_ids) != 1 or not c.wants_logits:
+                return None
+            p = c.start_pos
+            ids.append(c.token_ids[0])
+            pos.append(p)
+            slots.append(c.page_table[p // ps] * ps + p % ps)
+            starts.append(len(pages))
+            pages.extend(c.page_table)
+        t = self._list
+        lens = [p + 1 for p in pos]
+        group = AttnGroup(None, 0, None, span=(0, len(chunks)), pages=t(pages), page_start=t(starts),
+                          lens=t(lens), max_len=max(lens))
+        return t(ids)[None], t(pos)[None], StepMetadata(t(slots), [group], kernel=self.kernel), None
+
+    def _list(self, a: list[int]) -> torch.Tensor:
+        return torch.tensor(a, dtype=torch.int64, device=self.device)
 
     def _steady_decode(self, chunks: list[BatchChunk]):
         """Metadata of a decode step whose rows are, bucket by bucket, the same as the last
@@ -164,6 +193,12 @@ class ModelRunner:
         positions `g_pos`, in the order of their read cache's slots (`plan`; None: no read
         cache, their pages are gathered). `g_npages` / `g_tables`: their page counts and block
         tables, for gathering pages (none in a steady step, which gathers nothing)."""
+        if self.kernel is not None:  # pages read in place: page tables back to back, no padding
+            starts = np.concatenate(([0], np.cumsum(g_npages)[:-1]))
+            flat = g_tables[np.arange(g_tables.shape[1])[None, :] < g_npages[:, None]]  # row-major
+            t = self._t
+            return AttnGroup(None, 0, None, span=(first, first + len(g_pos)), pages=t(flat), page_start=t(starts),
+                             lens=t(g_pos + 1), max_len=int(g_pos.max()) + 1)
         max_pages = 0 if g_npages is None else int(g_npages.max())
         keys = plan.length if plan is not None else max_pages * self.page_size
         allowed = np.arange(keys)[None, :] <= g_pos[:, None]  # [n, L]

@@ -41,11 +41,16 @@ CHAT_TEMPLATE = (
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers 5 saves and finds a template
 
 
+def cache_root() -> Path:
+    """The project's cache directory (PDTB_CACHE_DIR overrides it): the embedded model, the
+    CPU attention kernel's build."""
+    return Path(os.environ.get("PDTB_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pd-testbed"))
+
+
 def default_model_dir() -> Path:
-    """Cache directory of the embedded default model (PDTB_CACHE_DIR overrides the root)."""
-    root = os.environ.get("PDTB_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pd-testbed")
-    return Path(root) / f"tiny-{DEFAULT_ARCH}-seed{DEFAULT_SEED}"
+    """Cache directory of the embedded default model."""
+    return cache_root() / f"tiny-{DEFAULT_ARCH}-seed{DEFAULT_SEED}"
 
 
 def _train_tokenizer(vocab_size: int):

@@ -9,10 +9,12 @@ from model_engine.sequence import SamplingParams
 LENGTHS = (1, 5, 17, 100, 333)
 
 
+@pytest.mark.parametrize("attention", ["auto", "torch"])  # the C kernel where it builds; torch
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("page_size", [1, 16, 7])
-def test_batched_greedy_matches_generate(model_dirs, hf_models, arch, page_size):
-    engine = make_engine(model_dirs[arch], page_size=page_size, num_pages=4096)
+def test_batched_greedy_matches_generate(model_dirs, hf_models, arch, page_size, attention):
+    engine = make_engine(model_dirs[arch], page_size=page_size, num_pages=4096, decode_attention=attention)
+    assert (engine.runner.kernel is None) == (attention == "torch" or not kernel_builds())
     prompts = make_prompts(LENGTHS, engine.info.vocab_size, seed=page_size)
     seqs = engine.generate(prompts, SamplingParams(max_tokens=24))
     for p, s in zip(prompts, seqs):
@@ -21,16 +23,25 @@ def test_batched_greedy_matches_generate(model_dirs, hf_models, arch, page_size)
     assert engine.pool.num_free == engine.pool.num_pages
 
 
-def test_chunked_prefill_and_staggered_arrivals(llama_dir, hf_models):
+@pytest.mark.parametrize("attention", ["auto", "torch"])
+def test_chunked_prefill_and_staggered_arrivals(llama_dir, hf_models, attention):
     """A small token budget forces chunked prefill; requests join while others decode."""
-    engine = make_engine(llama_dir, page_size=16, max_num_batched_tokens=40)
+    engine = make_engine(llama_dir, page_size=16, max_num_batched_tokens=40, decode_attention=attention)
     prompts = make_prompts((300, 3, 77, 150, 9, 41), engine.info.vocab_size, seed=3)
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     seqs = [engine.make_sequence(p, params) for p in prompts]
     pending = list(seqs)
-    plans = []
-    for rc in engine.runner.read_cache.buckets:
+    plans, kernel_groups = [], []
+    for rc in engine.runner.read_cache.buckets if engine.runner.read_cache is not None else ():
         rc.plan = lambda *a, _plan=rc.plan: plans.append(_plan(*a)) or plans[-1]
+    build = engine.runner.build_metadata
+
+    def counting_kernel_groups(chunks):
+        out = build(chunks)
+        kernel_groups.append(sum(g.lens is not None for g in out[2].groups))
+        return out
+
+    engine.runner.build_metadata = counting_kernel_groups
     steps = mixed_appends = 0
     while pending or engine.has_work():
         if pending and steps % 3 == 0:
@@ -41,18 +52,25 @@ def test_chunked_prefill_and_staggered_arrivals(llama_dir, hf_models):
         assert engine.last_output.num_batched_tokens <= 40
         sizes = [c.num_new_tokens for c in engine.last_output.chunks]
         if max(sizes) > 1 and min(sizes) == 1:  # prefill chunks beside decode rows ...
-            mixed_appends += any(p is not None and not p.rebuild for p in plans)
+            mixed_appends += kernel_groups[-1] == 1 if engine.runner.kernel is not None \
+                else any(p is not None and not p.rebuild for p in plans)  # ... in one kernel group, or
         steps += 1
     for p, s in zip(prompts, seqs):
         assert s.output_token_ids == hf_greedy(hf_models["llama"], p, 30, ignore_eos=True)
     assert engine.pool.num_free == engine.pool.num_pages
-    assert mixed_appends >= 3  # ... whose decode rows appended to the read cache (no rebuild)
+    assert mixed_appends >= 3  # ... appended to the read cache (no rebuild)
+
+
+def kernel_builds() -> bool:
+    from model_engine import cpu_kernel
+
+    return cpu_kernel.load() is not None
 
 
 def test_without_read_caches_every_group_gathers_its_pages(llama_dir, hf_models):
     """The accelerator path (no read cache: each step gathers every group's pages), run on the
     CPU: chunked prefill beside decode rows of two length buckets, rows joining and leaving."""
-    engine = make_engine(llama_dir, page_size=16, max_num_batched_tokens=64)
+    engine = make_engine(llama_dir, page_size=16, max_num_batched_tokens=64, decode_attention="torch")
     engine.runner.read_cache = None
     prompts = make_prompts((270, 4, 61, 300, 12), engine.info.vocab_size, seed=13)
     outs = (20, 30, 12, 25, 18)
@@ -127,7 +145,7 @@ def test_length_buckets_split_decode_rows_and_stay_identical(llama_dir, hf_model
     one row crosses a bucket edge mid-generation, and tokens still match generate."""
     from model_engine.read_cache import BUCKET_EDGES
 
-    engine = make_engine(llama_dir, page_size=16)
+    engine = make_engine(llama_dir, page_size=16, decode_attention="torch")
     lens = (3, 30, BUCKET_EDGES[0] - 8, 300)  # the third crosses the first edge while decoding
     prompts = make_prompts(lens, engine.info.vocab_size, seed=11)
     params = SamplingParams(max_tokens=20, ignore_eos=True)

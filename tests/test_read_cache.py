@@ -6,9 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import hf_greedy, make_engine, make_prompts
+from conftest import hf_greedy, make_prompts
+from conftest import make_engine as _make_engine
 from model_engine.read_cache import DecodeReadCache
 from model_engine.sequence import SamplingParams
+
+
+def make_engine(model_dir: str, **kw):
+    """An engine whose decode rows take the torch path: the read cache is what these tests test
+    (the C kernel, where it applies, reads pages in place and keeps no read cache)."""
+    return _make_engine(model_dir, decode_attention="torch", **kw)
 
 
 def _cache() -> DecodeReadCache:

@@ -1,0 +1,134 @@
+"""The CPU decode attention kernel (csrc/paged_decode.c): built at first use, called via ctypes.
+
+The C file needs nothing but a C compiler: no torch headers, no Python headers, so a build
+takes about a second. It is compiled with the system compiler (`$CC`, else cc, gcc or clang)
+at -O3 -march=native into the project's cache (tiny_model.cache_root()/kernels/<key>/), the
+key hashing the source, the compiler's version, the flags and this CPU's model and feature
+flags, so a cache shared between machines never hands one CPU another's build. A build is
+written under a temporary name and renamed into place: nodes that start together may each
+build, none loads half a file. Where no compiler works, `load()` returns None, says why once
+in the log, and the runner keeps the torch path (read cache and batched matmuls).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+from model_engine.tiny_model import cache_root
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
+FLAGS = ("-O3", "-march=native", "-std=gnu11", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC")
+BUILD_TIMEOUT_S = 120.0
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+
+
+class KernelBuildError(RuntimeError):
+    pass
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_signature() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = [ln for ln in text.splitlines()[:64] if ln.startswith(("model name", "flags", "Features", "CPU part"))]
+    return "\n".join(dict.fromkeys(keep))  # the first processor's lines
+
+
+def build(cache_dir: Path | None = None) -> Path:
+    """Compile the kernel if this machine has no build of it yet; return the library's path."""
+    cc = _compiler()
+    if cc is None:
+        raise KernelBuildError("no C compiler found (set CC, or install cc, gcc or clang)")
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise KernelBuildError(f"{cc} --version failed: {e}") from None
+    src = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([src, version.encode(), " ".join(FLAGS).encode(),
+                                     _cpu_signature().encode()])).hexdigest()[:16]
+    out_dir = (cache_dir or cache_root() / "kernels") / key
+    lib = out_dir / "paged_decode.so"
+    if lib.exists():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".paged_decode.so.tmp{os.getpid()}"
+    try:
+        res = subprocess.run([cc, *FLAGS, "-o", str(tmp), str(SOURCE), "-lm"], capture_output=True,
+                             text=True, timeout=BUILD_TIMEOUT_S)
+        if res.returncode != 0:
+            msg = (res.stderr or res.stdout).strip().splitlines()
+            raise KernelBuildError(f"{cc} failed: {msg[0] if msg else 'exit ' + str(res.returncode)}")
+        os.replace(tmp, lib)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise KernelBuildError(f"{cc} failed: {e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return lib
+
+
+class DecodeKernel:
+    """`pdtb_paged_decode_f32` with its argument types; see the C file for the layout."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fn = ctypes.CDLL(str(path)).pdtb_paged_decode_f32
+        self._fn.restype = None
+        self._fn.argtypes = [_P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, ctypes.c_float, _I]
+        self._scratch = torch.empty(0, dtype=torch.float32)  # per-thread score rows
+        self._kv_of = torch.empty(0, dtype=torch.int64)  # the kv head of each query head
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor,
+                 page_start: torch.Tensor, lens: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
+        """q [rows, heads, head_dim] float32 (rows may be strided); k, v: one layer's pool
+        [pages, page_size, kv_heads, head_dim], contiguous; pages, page_start, lens: int64
+        (see the C file). Returns [rows, heads, head_dim]."""
+        rows, heads, hd = q.shape
+        _, page_size, kvh, hd_k = k.shape
+        if q.stride(2) != 1 or q.stride(1) != hd:
+            q = q.contiguous()
+        if not (k.is_contiguous() and v.is_contiguous() and hd_k == hd and heads % kvh == 0
+                and q.dtype == k.dtype == v.dtype == torch.float32):
+            raise ValueError("paged decode kernel: float32, contiguous pool layers and matching head sizes only")
+        out = torch.empty((rows, heads, hd), dtype=torch.float32)
+        threads = torch.get_num_threads()
+        per = heads * (-(-max_len // 16) * 16)
+        if self._scratch.numel() < threads * per:
+            self._scratch = torch.empty(max(threads * per, 2 * self._scratch.numel()), dtype=torch.float32)
+        if self._kv_of.numel() < heads:
+            self._kv_of = torch.empty(heads, dtype=torch.int64)
+        self._fn(q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), pages.data_ptr(), page_start.data_ptr(),
+                 lens.data_ptr(), out.data_ptr(), self._scratch.data_ptr(), per, self._kv_of.data_ptr(), rows,
+                 heads, kvh, hd, page_size, scale, threads)
+        return out
+
+
+@functools.cache
+def load() -> DecodeKernel | None:
+    """The kernel, built if needed (once per process); None, logged once, where it cannot be
+    built or loaded."""
+    try:
+        return DecodeKernel(build())
+    except (KernelBuildError, OSError, AttributeError) as e:
+        log.warning("CPU paged decode kernel unavailable, using the torch attention path: %s", e)
+        return None
