@@ -31,6 +31,7 @@ from kv_transport.config import MiB, TransportConfig
 from kv_transport.zmq_backend import apply_socket_options
 from kv_transport.malloc_tuning import keep_freed_memory
 from kv_transport.testing import TINY_SPEC
+from model_engine import host_memory
 from model_engine.page_pool import PagePool
 
 
@@ -74,8 +75,7 @@ def run_raw(args: argparse.Namespace) -> None:
     poller.register(sys.stdin, zmq.POLLIN)
     land = None
     if args.land_bytes:
-        land = torch.empty(args.land_bytes, dtype=torch.uint8)
-        land.fill_(0)  # faulted in, as a node's pool is
+        land = host_memory.zeros((args.land_bytes,), torch.uint8)  # the same memory as a node's pool
     nbytes, stop_at = 0, time.monotonic() + args.max_s
     while time.monotonic() < stop_at:
         ready = dict(poller.poll(1000))

@@ -15,6 +15,7 @@ import enum
 
 import torch
 
+from model_engine import host_memory
 from model_engine.kv_spec import KVSpec
 
 
@@ -41,8 +42,11 @@ class PagePool:
         self.spec = spec
         self.num_pages = num_pages
         self.tier = tier
-        self.kv = torch.zeros(spec.page_shape(num_pages), dtype=spec.torch_dtype, device=device,
-                              pin_memory=pin_memory and torch.cuda.is_available())
+        pin = pin_memory and torch.cuda.is_available()
+        if torch.device(device).type == "cpu" and not pin:  # scattered page reads: huge pages help
+            self.kv = host_memory.zeros(spec.page_shape(num_pages), spec.torch_dtype)
+        else:
+            self.kv = torch.zeros(spec.page_shape(num_pages), dtype=spec.torch_dtype, device=device, pin_memory=pin)
         self._owned_state = PageState.RESIDENT if tier == "device" else PageState.PARKED
         self._state = [PageState.FREE] * num_pages
         self._owner: list[str | None] = [None] * num_pages

@@ -19,6 +19,9 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="per-step token budget")
     ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--decode-attention", choices=["auto", "torch"], default="auto",
+                    help="auto: decode rows of a float32 CPU pool use the C paged kernel, built at first use "
+                         "(falls back to torch where no C compiler works); torch: read cache + batched matmuls")
 
 
 def engine_config(a: argparse.Namespace, model_dir: str):
@@ -27,7 +30,8 @@ def engine_config(a: argparse.Namespace, model_dir: str):
     try:
         return EngineConfig(model_dir, page_size=a.page_size, num_pages=a.kv_pages, device=a.device,
                             dtype=a.dtype, max_num_seqs=a.max_num_seqs,
-                            max_num_batched_tokens=a.max_num_batched_tokens, max_model_len=a.max_model_len)
+                            max_num_batched_tokens=a.max_num_batched_tokens, max_model_len=a.max_model_len,
+                            decode_attention=a.decode_attention)
     except ValueError as e:
         raise CliError(str(e)) from None
 

@@ -60,7 +60,7 @@ def test_default_model_created_once_and_reused(tmp_path):
     for _ in range(2):
         r = run_pdtb("generate", "--prompt", "hi", "--max-tokens", "3", "--json", env_extra=env)
         assert r.returncode == 0, r.stderr
-    made = list(tmp_path.iterdir())
+    made = [p for p in tmp_path.iterdir() if p.name != "kernels"]  # (the CPU attention kernel's build)
     assert len(made) == 1 and (made[0] / "config.json").exists()
 
 
