@@ -46,6 +46,7 @@ class WritePlan:
     num_pages: int  # n: pages of the request
     runs: list[tuple[int, int, int, int]] | None  # (first i, first page, length, step +-1)
     rows: np.ndarray | torch.Tensor | None  # pool row of every payload row, if runs is None
+    page_ids: np.ndarray | None = None  # CPU pools: the pages, for the C landing copy's row list
 
 
 def find_runs(pages: list[int]) -> list[tuple[int, int, int, int]]:
@@ -67,7 +68,7 @@ def find_runs(pages: list[int]) -> list[tuple[int, int, int, int]]:
 class PageWriter:
     """Writes payload rows into one pool's pages."""
 
-    def __init__(self, pool: PagePool) -> None:
+    def __init__(self, pool: PagePool, use_c_copy: bool = True) -> None:
         spec = pool.spec
         self.pool = pool  # the pool it writes into
         self.num_pool_pages = pool.num_pages
@@ -81,17 +82,38 @@ class PageWriter:
             self.num_lk * pool.num_pages, self.row_bytes) if self.cpu else None
         self._stages = (_Stage(), _Stage())  # accelerator pools only; filled on first use
         self._turn = 0
+        self.copier = None  # cpu_kernel.RowCopier: landing copy and sum64 in one pass (CPU pools)
+        if self.cpu and use_c_copy:
+            from model_engine import cpu_kernel
+
+            self.copier = cpu_kernel.row_copier()
 
     def plan(self, pages: list[int]) -> WritePlan:
+        ids = np.asarray(pages, dtype=np.int64) if self.cpu else None
         runs = find_runs(pages)
         usable = self.cpu or all(step == 1 for _, _, _, step in runs)
         if usable and len(pages) >= MIN_AVG_RUN * len(runs):
-            return WritePlan(len(pages), runs, None)
+            return WritePlan(len(pages), runs, None, ids)
         rows = (np.arange(self.num_lk)[:, None] * self.num_pool_pages
                 + np.asarray(pages, dtype=np.int64)[None, :]).ravel()
         if not self.cpu:
             rows = torch.from_numpy(rows).to(self.rows.device)
-        return WritePlan(len(pages), None, rows)
+        return WritePlan(len(pages), None, rows, ids)
+
+    def write_bytes_sum64(self, plan: WritePlan, row0: int, data: memoryview, acc: int) -> int | None:
+        """Write whole payload rows (bytes from payload row `row0`) and fold them into the running
+        sum64 `acc`, in one pass (csrc/copy_rows.c). None, having written nothing, where that
+        copy does not apply (not a CPU pool, no C compiler, rows not a multiple of 8 bytes): the
+        caller then writes and sums separately."""
+        if self.copier is None or self.row_bytes % 8 or len(data) % self.row_bytes:
+            return None
+        k = len(data) // self.row_bytes
+        if plan.rows is not None:
+            rows = plan.rows[row0:row0 + k]
+        else:  # payload row r = lk * n + i lands in pool row lk * P + pages[i]
+            lk, i = np.divmod(np.arange(row0, row0 + k, dtype=np.int64), plan.num_pages)
+            rows = lk * self.num_pool_pages + plan.page_ids[i]
+        return self.copier(self.np_rows.ctypes.data, np.ascontiguousarray(rows), data, self.row_bytes, acc)
 
     def write_bytes(self, plan: WritePlan, row0: int, data: memoryview) -> None:
         """Write whole payload rows, given as raw bytes starting at payload row `row0`."""

@@ -311,16 +311,23 @@ class ReceiverCore(EndpointCore):
         if inb.status.state is S.WAITING:
             inb.status.state, inb.status.t_started = S.TRANSFERRING, now
         inb.last_seen = now
-        # Write and sum in cache-sized pieces: the sum reads the bytes the write just pulled
-        # into cache (about 46 GB/s here, against 10 GB/s for a cold pass). Pages written
+        # sum64 on a CPU pool: the C landing copy sums each word as it copies it. Otherwise write
+        # and sum in cache-sized pieces: the sum reads the bytes the write just pulled into
+        # cache (about 46 GB/s here, against 10 GB/s for a cold pass). Pages written
         # before a mismatch is found are still only reserved: the failure frees them and
         # nobody has read them.
         row = inb.writer.row_bytes
-        step = max(row, FUSE_BYTES // row * row)
-        for off in range(0, len(view), step):
-            piece = view[off:off + step]
-            self._write_pages(inb, offset + off, piece)
-            inb.running = checksum.update(h.checksum_algo, inb.running, piece)
+        fused = inb.writer.write_bytes_sum64(inb.plan, offset // row, view, inb.running) \
+            if h.checksum_algo == "sum64" else None
+        if fused is not None:  # one pass: C copy into the pages, summing as it goes
+            inb.running = fused
+            inb.status.bytes_done += len(view)
+        else:
+            step = max(row, FUSE_BYTES // row * row)
+            for off in range(0, len(view), step):
+                piece = view[off:off + step]
+                self._write_pages(inb, offset + off, piece)
+                inb.running = checksum.update(h.checksum_algo, inb.running, piece)
         if inb.running != c.checksum:
             self._fail(inb, "checksum", f"running checksum after chunk {c.chunk_index} "
                                         f"{inb.running:#x} != {c.checksum:#x}")

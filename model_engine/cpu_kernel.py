@@ -1,6 +1,9 @@
-"""The CPU decode attention kernel (csrc/paged_decode.c): built at first use, called via ctypes.
+"""The project's C helpers for the CPU (csrc/*.c): built at first use, called via ctypes.
 
-The C file needs nothing but a C compiler: no torch headers, no Python headers, so a build
+- csrc/paged_decode.c: decode attention straight over the paged pool (`load()`);
+- csrc/copy_rows.c: a transfer's landing copy and checksum in one pass (`row_copier()`).
+
+The C files need nothing but a C compiler: no torch headers, no Python headers, so a build
 takes about a second. It is compiled with the system compiler (`$CC`, else cc, gcc or clang)
 at -O3 -march=native into the project's cache (tiny_model.cache_root()/kernels/<key>/), the
 key hashing the source, the compiler's version, the flags and this CPU's model and feature
@@ -27,7 +30,7 @@ from model_engine.tiny_model import cache_root
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
+SOURCES = tuple(sorted((Path(__file__).with_name("csrc")).glob("*.c")))
 FLAGS = ("-O3", "-march=native", "-std=gnu11", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC")
 BUILD_TIMEOUT_S = 120.0
 
@@ -64,17 +67,16 @@ def build(cache_dir: Path | None = None) -> Path:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise KernelBuildError(f"{cc} --version failed: {e}") from None
-    src = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([src, version.encode(), " ".join(FLAGS).encode(),
-                                     _cpu_signature().encode()])).hexdigest()[:16]
+    key = hashlib.sha256(b"\0".join([*(p.read_bytes() for p in SOURCES), version.encode(),
+                                     " ".join(FLAGS).encode(), _cpu_signature().encode()])).hexdigest()[:16]
     out_dir = (cache_dir or cache_root() / "kernels") / key
-    lib = out_dir / "paged_decode.so"
+    lib = out_dir / "libpdtb_cpu.so"
     if lib.exists():
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".paged_decode.so.tmp{os.getpid()}"
+    tmp = out_dir / f".libpdtb_cpu.so.tmp{os.getpid()}"
     try:
-        res = subprocess.run([cc, *FLAGS, "-o", str(tmp), str(SOURCE), "-lm"], capture_output=True,
+        res = subprocess.run([cc, *FLAGS, "-o", str(tmp), *map(str, SOURCES), "-lm"], capture_output=True,
                              text=True, timeout=BUILD_TIMEOUT_S)
         if res.returncode != 0:
             msg = (res.stderr or res.stdout).strip().splitlines()
@@ -90,9 +92,8 @@ def build(cache_dir: Path | None = None) -> Path:
 class DecodeKernel:
     """`pdtb_paged_decode_f32` with its argument types; see the C file for the layout."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fn = ctypes.CDLL(str(path)).pdtb_paged_decode_f32
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fn = lib.pdtb_paged_decode_f32
         self._fn.restype = None
         self._fn.argtypes = [_P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, ctypes.c_float, _I]
         self._scratch = torch.empty(0, dtype=torch.float32)  # per-thread score rows
@@ -123,12 +124,44 @@ class DecodeKernel:
         return out
 
 
+class RowCopier:
+    """`pdtb_copy_rows_sum64`: copy payload rows into pool rows, returning the running sum64."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fn = lib.pdtb_copy_rows_sum64
+        self._fn.restype = ctypes.c_uint64
+        self._fn.argtypes = [_P, _P, _P, _I, _I, ctypes.c_uint64]
+
+    def __call__(self, dst_ptr: int, rows, src, row_bytes: int, acc: int) -> int:
+        """rows: int64 numpy array (the pool row of each payload row); src: a buffer of
+        len(rows) * row_bytes bytes (a zmq frame's memoryview, a numpy array)."""
+        import numpy as np
+
+        src = np.frombuffer(src, dtype=np.uint8)
+        if rows.dtype != np.int64 or not rows.flags.c_contiguous or len(src) != len(rows) * row_bytes \
+                or row_bytes % 8:
+            raise ValueError("copy_rows: int64 rows, whole rows of a multiple of 8 bytes")
+        return self._fn(dst_ptr, rows.ctypes.data, src.ctypes.data, len(rows), row_bytes, acc)
+
+
 @functools.cache
-def load() -> DecodeKernel | None:
-    """The kernel, built if needed (once per process); None, logged once, where it cannot be
-    built or loaded."""
+def library() -> ctypes.CDLL | None:
+    """The helpers' library, built if needed (once per process); None, logged once, where it
+    cannot be built or loaded."""
     try:
-        return DecodeKernel(build())
-    except (KernelBuildError, OSError, AttributeError) as e:
-        log.warning("CPU paged decode kernel unavailable, using the torch attention path: %s", e)
+        return ctypes.CDLL(str(build()))
+    except (KernelBuildError, OSError) as e:
+        log.warning("the C helpers are unavailable (torch attention and numpy copies instead): %s", e)
         return None
+
+
+def load() -> DecodeKernel | None:
+    """The decode attention kernel, or None (see `library`)."""
+    lib = library()
+    return None if lib is None else DecodeKernel(lib)
+
+
+def row_copier() -> RowCopier | None:
+    """The landing copy, or None (see `library`)."""
+    lib = library()
+    return None if lib is None else RowCopier(lib)

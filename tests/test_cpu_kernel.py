@@ -118,7 +118,7 @@ def test_no_compiler_is_a_clear_error_and_the_engine_falls_back(llama_dir, tmp_p
 def test_a_compiler_error_names_the_compiler(tmp_path, monkeypatch):
     bad = tmp_path / "bad.c"
     bad.write_text("this is not C\n")
-    monkeypatch.setattr(cpu_kernel, "SOURCE", bad)
+    monkeypatch.setattr(cpu_kernel, "SOURCES", (bad,))
     if cpu_kernel._compiler() is None:
         pytest.skip("no C compiler here")
     with pytest.raises(cpu_kernel.KernelBuildError, match="failed"):
