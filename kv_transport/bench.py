@@ -1,7 +1,7 @@
 """`pdtb bench transport`: KV transport throughput against its own ceilings, in one run.
 
     pdtb bench transport [--backend zmq|torch] [--endpoint ipc|tcp] [--size-mib 64]
-                         [--small-requests N] [--reps 5] [--checksum sum64|crc32] [--json]
+                         [--small-requests N] [--reps 10] [--checksum sum64|crc32] [--json]
                          [--chunk-mib 4] [--window 4] [--socket-buffer-mib 0]
 
 Measured, all with the tiny model's page geometry (4 layers, 2 KV heads, head_dim 32,
@@ -47,7 +47,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--endpoint", choices=("ipc", "tcp"), default="ipc")
     p.add_argument("--size-mib", type=int, default=64)
     p.add_argument("--small-requests", type=int, default=2000)
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--reps", type=int, default=10,
+                   help="interleaved reps of each side (a 64 MiB rep takes ~20 ms: the best of 5 was noisy)")
     p.add_argument("--chunk-mib", type=float, default=4.0)
     p.add_argument("--checksum", choices=("sum64", "crc32"), default="sum64")
     p.add_argument("--window", type=int, default=4)
