@@ -5,9 +5,10 @@
 
 The C files need nothing but a C compiler: no torch headers, no Python headers, so a build
 takes about a second. It is compiled with the system compiler (`$CC`, else cc, gcc or clang)
-at -O3 -march=native into the project's cache (tiny_model.cache_root()/kernels/<key>/), the
-key hashing the source, the compiler's version, the flags and this CPU's model and feature
-flags, so a cache shared between machines never hands one CPU another's build. A build is
+at -O3 -march=native -fopenmp (or the fallbacks of FLAG_SETS) into the project's cache
+(tiny_model.cache_root()/kernels/<key>/), the key hashing the sources, the compiler's version,
+the flags and this CPU's model and feature flags, so a cache shared between machines never
+hands one CPU another's build. A build is
 written under a temporary name and renamed into place: nodes that start together may each
 build, none loads half a file. Where no compiler works, `load()` returns None, says why once
 in the log, and the runner keeps the torch path (read cache and batched matmuls).
@@ -31,7 +32,11 @@ from model_engine.tiny_model import cache_root
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(sorted((Path(__file__).with_name("csrc")).glob("*.c")))
-FLAGS = ("-O3", "-march=native", "-std=gnu11", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC")
+BASE_FLAGS = ("-O3", "-std=gnu11", "-fno-math-errno", "-shared", "-fPIC")
+# Tried in order, the first that builds wins: this CPU's instructions and OpenMP threads; then
+# without -march=native (a compiler that does not know it); then without OpenMP (one thread:
+# clang without libomp, say). The C files compile under all three.
+FLAG_SETS = (("-march=native", "-fopenmp"), ("-fopenmp",), ())
 BUILD_TIMEOUT_S = 120.0
 
 _P = ctypes.c_void_p
@@ -59,7 +64,7 @@ def _cpu_signature() -> str:
 
 
 def build(cache_dir: Path | None = None) -> Path:
-    """Compile the kernel if this machine has no build of it yet; return the library's path."""
+    """Compile the C files if this machine has no build of them yet; return the library's path."""
     cc = _compiler()
     if cc is None:
         raise KernelBuildError("no C compiler found (set CC, or install cc, gcc or clang)")
@@ -67,8 +72,18 @@ def build(cache_dir: Path | None = None) -> Path:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise KernelBuildError(f"{cc} --version failed: {e}") from None
+    errors = []
+    for extra in FLAG_SETS:
+        try:
+            return _build_with(cc, version, (*BASE_FLAGS, *extra), cache_dir)
+        except KernelBuildError as e:
+            errors.append(str(e))
+    raise KernelBuildError(errors[0])
+
+
+def _build_with(cc: str, version: str, flags: tuple[str, ...], cache_dir: Path | None) -> Path:
     key = hashlib.sha256(b"\0".join([*(p.read_bytes() for p in SOURCES), version.encode(),
-                                     " ".join(FLAGS).encode(), _cpu_signature().encode()])).hexdigest()[:16]
+                                     " ".join(flags).encode(), _cpu_signature().encode()])).hexdigest()[:16]
     out_dir = (cache_dir or cache_root() / "kernels") / key
     lib = out_dir / "libpdtb_cpu.so"
     if lib.exists():
@@ -76,11 +91,11 @@ def build(cache_dir: Path | None = None) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".libpdtb_cpu.so.tmp{os.getpid()}"
     try:
-        res = subprocess.run([cc, *FLAGS, "-o", str(tmp), *map(str, SOURCES), "-lm"], capture_output=True,
+        res = subprocess.run([cc, *flags, "-o", str(tmp), *map(str, SOURCES), "-lm"], capture_output=True,
                              text=True, timeout=BUILD_TIMEOUT_S)
         if res.returncode != 0:
             msg = (res.stderr or res.stdout).strip().splitlines()
-            raise KernelBuildError(f"{cc} failed: {msg[0] if msg else 'exit ' + str(res.returncode)}")
+            raise KernelBuildError(f"{cc} {' '.join(flags)} failed: {msg[0] if msg else 'exit ' + str(res.returncode)}")
         os.replace(tmp, lib)
     except (OSError, subprocess.SubprocessError) as e:
         raise KernelBuildError(f"{cc} failed: {e}") from None

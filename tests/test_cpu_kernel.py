@@ -104,6 +104,27 @@ def test_build_is_cached_per_machine(tmp_path, monkeypatch):
     assert cpu_kernel.build(tmp_path) != first  # another CPU never loads this build
 
 
+@needs_kernel
+@pytest.mark.parametrize("extra", cpu_kernel.FLAG_SETS)
+def test_every_fallback_build_computes_the_same(extra, tmp_path, monkeypatch):
+    """The builds tried after -march=native -fopenmp (no native instructions; no OpenMP: one
+    thread) give the same answers."""
+    import ctypes
+    import subprocess
+
+    cc = cpu_kernel._compiler()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    lib = cpu_kernel._build_with(cc, version, (*cpu_kernel.BASE_FLAGS, *extra), tmp_path)
+    k = cpu_kernel.DecodeKernel(ctypes.CDLL(str(lib)))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    lens = [1, 17, 130, 40]
+    q, kp, vp, tables = make_case(lens, 16, 4, 2, 64, seed=9)
+    pages = torch.tensor([p for t in tables for p in t], dtype=torch.int64)
+    starts = torch.tensor(np.concatenate(([0], np.cumsum([len(t) for t in tables])[:-1])), dtype=torch.int64)
+    out = k(q, kp, vp, pages, starts, torch.tensor(lens), max(lens), 0.125)
+    torch.testing.assert_close(out.double(), reference(q, kp, vp, tables, lens, 0.125), atol=2e-5, rtol=1e-4)
+
+
 def test_no_compiler_is_a_clear_error_and_the_engine_falls_back(llama_dir, tmp_path, monkeypatch):
     from conftest import make_engine
 

@@ -19,7 +19,11 @@
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#ifdef _OPENMP
 #include <omp.h>
+#else
+static inline int omp_get_thread_num(void) { return 0; }  /* built without OpenMP: one thread */
+#endif
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));  /* unaligned loads allowed */
 typedef float v8 __attribute__((vector_size(32)));
