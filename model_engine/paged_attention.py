@@ -10,6 +10,9 @@ chunk does not pad every decode row of the same step to 512 queries. Two hooks u
   padded batch `[B_g, kv_heads, max_pages_g * page_size, head_dim]` (or, for a steady decode
   batch, reads the decode read cache) and keeps them for the attention call.
 - `paged_attention` (registered as attention implementation "pdtb_paged") runs each group:
+  on a float32 CPU pool with the C helpers built, the decode rows are one group that the C
+  kernel (`StepMetadata.kernel`, csrc/paged_decode.c) runs straight over the pool's pages,
+  each row its own keys (nothing gathered, padded or masked); otherwise
   a decode group is a slice of the flat rows (one query each; two matmuls or SDPA), a prefill
   group pads its queries into `[B_g, heads, q_max_g, head_dim]` and runs SDPA with a
   per-sequence causal mask. The runner orders the flat tokens so that the groups are

@@ -1,7 +1,8 @@
 """Decode read cache: a contiguous copy of the running batch's K/V for attention on the CPU.
 
-Without a paged-attention kernel (there is none for the CPU), every layer of every step would
-gather each sequence's pages into a padded `[B, kv_heads, L, head_dim]` batch: the whole KV of
+The torch decode path (`--decode-attention torch`, or where the C kernel of csrc/paged_decode.c
+does not apply: no C compiler, a dtype other than float32). Without a paged-attention kernel,
+every layer of every step would gather each sequence's pages into a padded `[B, kv_heads, L, head_dim]` batch: the whole KV of
 the batch copied 2 x layers times per step. During steady decode the batch does not change, so
 the runner keeps that gathered copy between steps and only appends the new token to it:
 

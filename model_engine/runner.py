@@ -111,15 +111,12 @@ class ModelRunner:
         as one group, whatever their lengths, and the kernel reads each row's pages where they
         lie (page tables back to back, `page_start` the offset of each). None when a chunk is
         not a one-token row that samples (the general path handles the step)."""
-        ps = self.page_size
-        ids, pos, slots, pages, starts = [], [], [], [], []
+        rows = self._one_token_rows(chunks)
+        if rows is None:
+            return None
+        ids, pos, slots = rows
+        pages, starts = [], []
         for c in chunks:
-            if len(c.token_ids) != 1 or not c.wants_logits:
-                return None
-            p = c.start_pos
-            ids.append(c.token_ids[0])
-            pos.append(p)
-            slots.append(c.page_table[p // ps] * ps + p % ps)
             starts.append(len(pages))
             pages.extend(c.page_table)
         t = self._list
@@ -127,6 +124,20 @@ class ModelRunner:
         group = AttnGroup(None, 0, None, span=(0, len(chunks)), pages=t(pages), page_start=t(starts),
                           lens=t(lens), max_len=max(lens))
         return t(ids)[None], t(pos)[None], StepMetadata(t(slots), [group], kernel=self.kernel), None
+
+    def _one_token_rows(self, chunks: list[BatchChunk]):
+        """(token ids, positions, pool slots) of a step made only of one-token rows that sample
+        (a decode step); None otherwise."""
+        ps = self.page_size
+        ids, pos, slots = [], [], []
+        for c in chunks:
+            if len(c.token_ids) != 1 or not c.wants_logits:
+                return None
+            p = c.start_pos
+            ids.append(c.token_ids[0])
+            pos.append(p)
+            slots.append(c.page_table[p // ps] * ps + p % ps)
+        return ids, pos, slots
 
     def _list(self, a: list[int]) -> torch.Tensor:
         return torch.tensor(a, dtype=torch.int64, device=self.device)
@@ -136,18 +147,12 @@ class ModelRunner:
         step's in the same order (their read caches hold them): only positions, slots and masks
         change, so none of the general path's padding arithmetic is needed. None otherwise."""
         rcs = self.read_cache
-        if rcs is None:
+        rows = None if rcs is None else self._one_token_rows(chunks)
+        if rows is None:
             return None
-        ps = self.page_size
-        ids, pos, slots = [], [], []
+        ids, pos, slots = rows
         members: dict[int, list[int]] = {}  # bucket -> row indices, in order
-        for i, c in enumerate(chunks):
-            if len(c.token_ids) != 1 or not c.wants_logits:
-                return None
-            p = c.start_pos
-            ids.append(c.token_ids[0])
-            pos.append(p)
-            slots.append(c.page_table[p // ps] * ps + p % ps)
+        for i, p in enumerate(pos):
             members.setdefault(bucket_of(p + 1), []).append(i)
         pos_np = np.asarray(pos, np.int64)
         steady = []
