@@ -25,6 +25,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from model_engine.tiny_model import cache_root
@@ -124,8 +125,10 @@ class DecodeKernel:
         if q.stride(2) != 1 or q.stride(1) != hd:
             q = q.contiguous()
         if not (k.is_contiguous() and v.is_contiguous() and hd_k == hd and heads % kvh == 0
-                and q.dtype == k.dtype == v.dtype == torch.float32):
-            raise ValueError("paged decode kernel: float32, contiguous pool layers and matching head sizes only")
+                and q.dtype == k.dtype == v.dtype == torch.float32
+                and all(t.dtype == torch.int64 and t.is_contiguous() for t in (pages, page_start, lens))):
+            raise ValueError("paged decode kernel: float32, contiguous pool layers, matching head sizes and "
+                             "contiguous int64 tables only")
         out = torch.empty((rows, heads, hd), dtype=torch.float32)
         threads = torch.get_num_threads()
         per = heads * (-(-max_len // 16) * 16)
@@ -150,8 +153,6 @@ class RowCopier:
     def __call__(self, dst_ptr: int, rows, src, row_bytes: int, acc: int) -> int:
         """rows: int64 numpy array (the pool row of each payload row); src: a buffer of
         len(rows) * row_bytes bytes (a zmq frame's memoryview, a numpy array)."""
-        import numpy as np
-
         src = np.frombuffer(src, dtype=np.uint8)
         if rows.dtype != np.int64 or not rows.flags.c_contiguous or len(src) != len(rows) * row_bytes \
                 or row_bytes % 8:

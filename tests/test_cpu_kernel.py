@@ -93,6 +93,9 @@ def test_kernel_refuses_what_it_cannot_read():
         run_kernel(q.double(), k.double(), v.double(), tables, [4], 1.0)
     with pytest.raises(ValueError):
         run_kernel(q, k.transpose(1, 2), v, tables, [4], 1.0)  # not the pool's layout
+    with pytest.raises(ValueError):  # int32 tables would be read as int64
+        kernel(q, k, v, torch.tensor(tables[0], dtype=torch.int32), torch.zeros(1, dtype=torch.int64),
+               torch.tensor([4]), 4, 1.0)
 
 
 @needs_kernel
