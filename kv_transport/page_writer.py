@@ -89,16 +89,16 @@ class PageWriter:
             self.copier = cpu_kernel.row_copier()
 
     def plan(self, pages: list[int]) -> WritePlan:
-        ids = np.asarray(pages, dtype=np.int64) if self.cpu else None
+        ids = np.asarray(pages, dtype=np.int64)
+        kept = ids if self.cpu else None  # (only the C landing copy reads it)
         runs = find_runs(pages)
         usable = self.cpu or all(step == 1 for _, _, _, step in runs)
         if usable and len(pages) >= MIN_AVG_RUN * len(runs):
-            return WritePlan(len(pages), runs, None, ids)
-        rows = (np.arange(self.num_lk)[:, None] * self.num_pool_pages
-                + np.asarray(pages, dtype=np.int64)[None, :]).ravel()
+            return WritePlan(len(pages), runs, None, kept)
+        rows = (np.arange(self.num_lk)[:, None] * self.num_pool_pages + ids[None, :]).ravel()
         if not self.cpu:
             rows = torch.from_numpy(rows).to(self.rows.device)
-        return WritePlan(len(pages), None, rows, ids)
+        return WritePlan(len(pages), None, rows, kept)
 
     def write_bytes_sum64(self, plan: WritePlan, row0: int, data: memoryview, acc: int) -> int | None:
         """Write whole payload rows (bytes from payload row `row0`) and fold them into the running
