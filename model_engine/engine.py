@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model_engine import paged_attention
+from model_engine import hf_compat, paged_attention
 from model_engine.config import EngineConfig
 from model_engine.loader import ModelInfo, load_model
 from model_engine.page_pool import PagePool
@@ -49,8 +49,9 @@ class LLMEngine:
                                   pin_memory=config.device.startswith("cuda")) if config.host_kv_pages else None
         self.scheduler = Scheduler(config.scheduler_config(info.max_model_len), self.pool, policy=policy,
                                    host_pool=self.host_pool)
-        self.runner = ModelRunner(model, self.pool.kv, config.page_size, config.device,
-                                  kernel=self._decode_kernel(config))
+        kernel = self._decode_kernel(config)
+        hf_compat.check_model(model, self.pool.kv, config.page_size, kernel)
+        self.runner = ModelRunner(model, self.pool.kv, config.page_size, config.device, kernel=kernel)
         self._ids = itertools.count()
         self.last_output: SchedulerOutput | None = None
 

@@ -3,13 +3,17 @@
 The runner flattens every scheduled token of a step into one row (batch 1, T tokens) and
 passes a `StepMetadata` to `model(...)`. The step's sequences are split into attention groups
 by query length (decode rows, one query each; prefill rows, many), so a 512-token prefill
-chunk does not pad every decode row of the same step to 512 queries. Two hooks use it:
+chunk does not pad every decode row of the same step to 512 queries.
 
-- `PagedKVCache.update` (called by each attention layer as `past_key_values.update`) writes
-  the step's new K/V into the pool at `slot_mapping`, then gathers each group's pages into a
-  padded batch `[B_g, kv_heads, max_pages_g * page_size, head_dim]` (or, for a steady decode
-  batch, reads the decode read cache) and keeps them for the attention call.
-- `paged_attention` (registered as attention implementation "pdtb_paged") runs each group:
+The model runs with `use_cache=False` and no cache object: transformers' only contact with the
+pool is the attention function registered through its public `AttentionInterface` (as
+"pdtb_paged"), which receives each layer's new K/V after RoPE and the step's metadata through
+the forward's `**kwargs` (`pdtb_meta`). Per layer it does two things:
+
+- `read_pages` writes the step's new K/V into the pool at `slot_mapping`, then gathers each
+  group's pages into a padded batch `[B_g, kv_heads, max_pages_g * page_size, head_dim]` (or,
+  for a steady decode batch, reads the decode read cache).
+- `attend` runs each group:
   on a float32 CPU pool with the C helpers built, the decode rows are one group that the C
   kernel (`StepMetadata.kernel`, csrc/paged_decode.c) runs straight over the pool's pages,
   each row its own keys (nothing gathered, padded or masked); otherwise
@@ -67,51 +71,44 @@ class StepMetadata:
 
     slot_mapping: torch.Tensor  # [T] pool slot of each new token
     groups: list[AttnGroup]
-    gathered: dict = field(default_factory=dict)  # layer -> [(k, v) per group], set by update()
+    kv: torch.Tensor | None = None  # the pool [layers, 2, pages, page_size, kv_heads, head_dim]
     kernel: object = None  # cpu_kernel.DecodeKernel for the groups that carry `lens`
+    layers_run: list[int] = field(default_factory=list)  # layer_idx of each attention call, in order
 
 
-class PagedKVCache:
-    """Duck-typed `past_key_values` that reads and writes a PagePool's tensor."""
-
-    def __init__(self, kv: torch.Tensor, meta: StepMetadata) -> None:
-        self.kv = kv  # [layers, 2, pages, page_size, kv_heads, head_dim]
-        self.meta = meta
-
-    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
-        m = self.meta
-        _, _, num_pages, page_size, kvh, hd = self.kv.shape
-        cache = self.kv[layer_idx]  # [2, pages, page_size, kv_heads, head_dim]
-        new = torch.stack((key_states[0], value_states[0])).transpose(1, 2)  # [2, T, kvh, hd]
-        if new.dtype != cache.dtype:
-            new = new.to(cache.dtype)
-        cache.view(2, num_pages * page_size, kvh, hd).index_copy_(1, m.slot_mapping, new)
-        out = []
-        for g in m.groups:
-            b, plan = g.num_rows, g.read_plan
-            if g.lens is not None:  # the kernel reads this layer's pool, the new tokens included
-                out.append((cache[0], cache[1]))  # each [pages, page_size, kv_heads, head_dim]
-            elif plan is not None:
-                rc, rows_view, k, v = plan.cache.views(layer_idx, b, plan.length)  # rc [2, B, kvh, cap, hd]
-                if plan.rebuild:
-                    rc[:, :, :, : g.max_pages * page_size].copy_(_gather_pages(cache, g.flat_pages, b, g.max_pages))
-                else:
-                    if plan.move_src is not None:  # rows kept from the last step, all moved at once
-                        whole = plan.cache.layer(layer_idx)  # old rows may lie past row B
-                        whole.index_copy_(1, plan.move_dst, whole.index_select(1, plan.move_src))
-                    if plan.fresh is not None:  # rows the cache did not hold: gather their pages
-                        _gather_rows(cache, rc, g, plan.fresh, page_size)
-                    mine = new[:, g.span[0]:g.span[1]]  # [2, B_g, kvh, hd], a view
-                    rows_view.index_put_((plan.rows, plan.pos), mine.transpose(0, 1))
-                out.append((k, v))
+def read_pages(m: StepMetadata, layer: int, key_states: torch.Tensor, value_states: torch.Tensor) -> list:
+    """Write the step's new K/V (`[1, kv_heads, T, head_dim]`, RoPE applied) into layer `layer`
+    of the pool at `slot_mapping`, then return what each group attends over, in group order:
+    the layer's pool pages themselves for the C kernel, the read cache's rows, or the group's
+    pages gathered into a padded batch `[B_g, kv_heads, max_pages_g * page_size, head_dim]`."""
+    _, _, num_pages, page_size, kvh, hd = m.kv.shape
+    cache = m.kv[layer]  # [2, pages, page_size, kv_heads, head_dim]
+    new = torch.stack((key_states[0], value_states[0])).transpose(1, 2)  # [2, T, kvh, hd]
+    if new.dtype != cache.dtype:
+        new = new.to(cache.dtype)
+    cache.view(2, num_pages * page_size, kvh, hd).index_copy_(1, m.slot_mapping, new)
+    out = []
+    for g in m.groups:
+        b, plan = g.num_rows, g.read_plan
+        if g.lens is not None:  # the kernel reads this layer's pool, the new tokens included
+            out.append((cache[0], cache[1]))  # each [pages, page_size, kv_heads, head_dim]
+        elif plan is not None:
+            rc, rows_view, k, v = plan.cache.views(layer, b, plan.length)  # rc [2, B, kvh, cap, hd]
+            if plan.rebuild:
+                rc[:, :, :, : g.max_pages * page_size].copy_(_gather_pages(cache, g.flat_pages, b, g.max_pages))
             else:
-                kv = _gather_pages(cache, g.flat_pages, b, g.max_pages)
-                out.append((kv[0], kv[1]))  # each [B_g, kv_heads, L, head_dim]
-        m.gathered[layer_idx] = out
-        return key_states, value_states  # attention reads the gathered pages from the metadata
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:  # only used when position_ids is None
-        raise RuntimeError("PagedKVCache requires explicit position_ids")
+                if plan.move_src is not None:  # rows kept from the last step, all moved at once
+                    whole = plan.cache.layer(layer)  # old rows may lie past row B
+                    whole.index_copy_(1, plan.move_dst, whole.index_select(1, plan.move_src))
+                if plan.fresh is not None:  # rows the cache did not hold: gather their pages
+                    _gather_rows(cache, rc, g, plan.fresh, page_size)
+                mine = new[:, g.span[0]:g.span[1]]  # [2, B_g, kvh, hd], a view
+                rows_view.index_put_((plan.rows, plan.pos), mine.transpose(0, 1))
+            out.append((k, v))
+        else:
+            kv = _gather_pages(cache, g.flat_pages, b, g.max_pages)
+            out.append((kv[0], kv[1]))  # each [B_g, kv_heads, L, head_dim]
+    return out
 
 
 def _gather_pages(cache, flat_pages: torch.Tensor, rows: int, max_pages: int) -> torch.Tensor:
@@ -198,17 +195,26 @@ def _matmul_attention(q, k, v, mask, scale: float) -> torch.Tensor:
 
 def paged_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                     pdtb_meta: StepMetadata | None = None, **kwargs):
-    """Attention over gathered pages. `query` is [1, heads, T, head_dim]."""
+    """The registered attention function: `query` [1, heads, T, head_dim], `key`/`value`
+    [1, kv_heads, T, head_dim] (the step's new tokens, RoPE applied). Writes K/V into the pool
+    and attends over each row's pages; `attention_mask` is unused (transformers builds none
+    for an attention name it has no mask function for; the groups carry their own)."""
     if pdtb_meta is None:
-        raise RuntimeError("pdtb_paged attention called without step metadata")
-    m = pdtb_meta
-    q_flat = query[0].transpose(0, 1)  # [T, heads, hd]
-    kv = m.gathered[module.layer_idx]
-    # groups are contiguous runs of flat tokens, in flat order (decode spans, then prefill rows)
+        raise RuntimeError("pdtb_paged attention called without step metadata (pdtb_meta)")
+    layer = module.layer_idx
+    pdtb_meta.layers_run.append(layer)
+    kv = read_pages(pdtb_meta, layer, key, value)
+    return attend(pdtb_meta, query[0].transpose(0, 1), kv, scaling).unsqueeze(0), None
+
+
+def attend(m: StepMetadata, q_flat: torch.Tensor, kv: list, scaling) -> torch.Tensor:
+    """Each group's attention over its (k, v) from `read_pages`: q_flat [T, heads, hd] ->
+    [T, heads, hd]. Groups are contiguous runs of flat tokens, in flat order (decode spans,
+    then prefill rows), so their outputs are concatenated."""
     outs = [_kernel_attention(m.kernel, q_flat, k, v, g, scaling) if g.lens is not None
             else _decode_attention(q_flat[g.span[0]:g.span[1]], k, v, g.attn_mask, scaling) if g.span is not None
             else _group_attention(q_flat, k, v, g, scaling) for g, (k, v) in zip(m.groups, kv)]
-    return (outs[0] if len(outs) == 1 else torch.cat(outs)).unsqueeze(0), None
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 def register() -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from model_engine.paged_attention import AttnGroup, PagedKVCache, StepMetadata
+from model_engine.paged_attention import AttnGroup, StepMetadata
 from model_engine.read_cache import BUCKET_EDGES, ReadCaches, bucket_of, key_length
 
 
@@ -103,7 +103,7 @@ class ModelRunner:
         at = np.empty(b, np.int64)
         at[perm] = np.arange(b)  # flat row of each chunk
         t = self._t
-        return t(ids)[None], t(pos)[None], StepMetadata(t(slot_mapping), groups, kernel=self.kernel), \
+        return t(ids)[None], t(pos)[None], StepMetadata(t(slot_mapping), groups, self.kv, kernel=self.kernel), \
             t((cu_end - 1)[at[want]])
 
     def _kernel_decode(self, chunks: list[BatchChunk]):
@@ -123,7 +123,7 @@ class ModelRunner:
         lens = [p + 1 for p in pos]
         group = AttnGroup(None, 0, None, span=(0, len(chunks)), pages=t(pages), page_start=t(starts),
                           lens=t(lens), max_len=max(lens))
-        return t(ids)[None], t(pos)[None], StepMetadata(t(slots), [group], kernel=self.kernel), None
+        return t(ids)[None], t(pos)[None], StepMetadata(t(slots), [group], self.kv, kernel=self.kernel), None
 
     def _one_token_rows(self, chunks: list[BatchChunk]):
         """(token ids, positions, pool slots) of a step made only of one-token rows that sample
@@ -188,7 +188,7 @@ class ModelRunner:
         order = np.asarray(perm, np.int64)
         logits_idx = None if perm == list(range(len(perm))) else t(np.argsort(order))
         return t(np.asarray(ids, np.int64)[order])[None], t(pos_np[order])[None], \
-            StepMetadata(t(np.asarray(slots, np.int64)[order]), groups), logits_idx
+            StepMetadata(t(np.asarray(slots, np.int64)[order]), groups, self.kv), logits_idx
 
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
@@ -243,8 +243,9 @@ class ModelRunner:
             elif logits_idx.numel() == 0:
                 logits_idx = torch.tensor([ids.shape[1] - 1], device=self.device)  # lm_head on one row only
                 keep_none = True
-            out = self.model(input_ids=ids, position_ids=pos, past_key_values=PagedKVCache(self.kv, meta),
-                             use_cache=True, logits_to_keep=logits_idx, pdtb_meta=meta)
+            # No cache object: the attention function reads and writes the pool (paged_attention)
+            out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=logits_idx,
+                             pdtb_meta=meta)
         except BaseException:
             if self.read_cache is not None:
                 self.read_cache.invalidate()  # its rows' `covered` counted this step's appends

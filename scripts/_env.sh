@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Sourced by quickstart.sh and test.sh: create .venv if missing (torch first, so pip takes the
-# CPU wheel instead of a multi-GB CUDA build), install the project, and activate the venv.
-# Idempotent: a stamp file keyed on pyproject.toml skips the installs when nothing changed.
+# CPU wheel instead of a multi-GB CUDA build), install the project with the exact versions of
+# requirements.lock, and activate the venv. Idempotent: a stamp file keyed on pyproject.toml and
+# the lock skips the installs when nothing changed; a venv stamped "unmanaged" (the ones
+# scripts/check_latest.sh builds) is used as it is.
 # PDTB_SYSTEM_PYTHON=1 skips the venv and uses python3 as it is (GPU machines: see README).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${PDTB_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
-TORCH_SPEC="${PDTB_TORCH_SPEC:-torch==2.13.0}"
+LOCK="$ROOT/requirements.lock"
+TORCH_SPEC="${PDTB_TORCH_SPEC:-$(grep -E '^torch==' "$LOCK")}"
 
 if [ "${PDTB_SYSTEM_PYTHON:-0}" = 1 ]; then
   # Use the Python already there (a GPU machine's CUDA build of torch, say): no venv, no installs.
@@ -29,15 +32,17 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 stamp="$VENV/.pdtb-installed"
-want="$(cat "$ROOT/pyproject.toml" | sha1sum | cut -d' ' -f1)"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+want="$(cat "$ROOT/pyproject.toml" "$LOCK" | sha1sum | cut -d' ' -f1)"
+have="$(cat "$stamp" 2>/dev/null || true)"
+if [ "$have" != unmanaged ] && [ "$have" != "$want" ]; then
   if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     echo "[pdtb] installing $TORCH_SPEC" >&2
     "$VENV/bin/pip" install -q --disable-pip-version-check "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" >&2 || true
     "$VENV/bin/python" -c "import torch" || { echo "[pdtb] torch install failed" >&2; exit 1; }
   fi
-  echo "[pdtb] installing pd-testbed and test dependencies" >&2
-  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[test]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  echo "[pdtb] installing pd-testbed and test dependencies (versions of requirements.lock)" >&2
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[test]" -c "$LOCK" 2>&1 \
+    | grep -v "^WARNING: Location" >&2 || true
   "$VENV/bin/python" -c "import model_engine, transformers, zmq, msgpack, uvloop, aiohttp, pytest" \
     || { echo "[pdtb] project install failed" >&2; exit 1; }
   echo "$want" > "$stamp"

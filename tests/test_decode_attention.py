@@ -69,10 +69,6 @@ def test_matmul_attention_default_scale_and_no_mask():
                                F.scaled_dot_product_attention(qq, k, v), rtol=1e-5, atol=1e-5)
 
 
-class _Layer:  # what paged_attention reads off the attention module
-    layer_idx = 0
-
-
 @pytest.mark.parametrize("sizes", [(2, 5), (5, 3)])
 def test_groups_of_a_mixed_step_are_runs_of_flat_tokens(sizes, threads, monkeypatch):
     """A step of two decode groups (length buckets, spans of flat rows) and a prefill row of 3
@@ -95,10 +91,9 @@ def test_groups_of_a_mixed_step_are_runs_of_flat_tokens(sizes, threads, monkeypa
                            q_gather=torch.arange(t0, t0 + q_len)[None], pad_index=torch.arange(q_len))
     spans = [pa.AttnGroup(no_pages, 0, m, span=(a, a + n)) for a, n, m in ((0, b1, ma), (b1, b2, mb))]
     meta = pa.StepMetadata(torch.zeros(0, dtype=torch.long), [*spans, prefill])
-    meta.gathered[0] = [(ka, va), (kb, vb), (kp, vp)]
-    query = torch.cat([qa, qb, qp]).transpose(0, 1)[None]  # [1, heads, T, hd]
+    q_flat = torch.cat([qa, qb, qp])  # [T, heads, hd]
     calls = _count_matmul(monkeypatch)
-    got, _ = pa.paged_attention(_Layer(), query, None, None, None, scaling=0.2, pdtb_meta=meta)
+    got = pa.attend(meta, q_flat, [(ka, va), (kb, vb), (kp, vp)], 0.2)[None]
     assert bool(calls) == (threads == 2 and sizes == (2, 5))  # 5 rows x 600 keys: the matmul path
     want = [F.scaled_dot_product_attention(q.reshape(len(q), kvh, groups, hd), k, v, attn_mask=m, scale=0.2)
             .reshape(q.shape) for q, k, v, m in ((qa, ka, va, ma), (qb, kb, vb, mb))]

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The engine-equivalence and cluster tests against the newest releases pyproject.toml allows
+# (default), or with every direct dependency at the lower bound pyproject.toml declares
+# (--lowest), each in a venv of its own (.venv-latest, .venv-lowest), built afresh. Prints the
+# versions it ran on. torch stays at the lock's CPU build in both: the newest torch on PyPI is a
+# multi-GB CUDA build, and torch is not what these checks are about.
+#
+#   bash scripts/check_latest.sh [--lowest] [pytest args...]
+#   Refreshing the lock:  bash scripts/check_latest.sh && bash scripts/lock.sh
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+MODE=latest
+if [ "${1:-}" = --lowest ]; then MODE=lowest; shift; fi
+VENV="$ROOT/.venv-$MODE"
+PY="${PYTHON:-python3}"
+TORCH_SPEC="$(grep -E '^torch==' "$ROOT/requirements.lock")"
+PIP=("$VENV/bin/pip" install -q --disable-pip-version-check)
+
+echo "[check] building $VENV ($MODE)" >&2
+rm -rf "$VENV"
+"$PY" -m venv "$VENV"
+"${PIP[@]}" "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+if [ "$MODE" = lowest ]; then
+  # name>=X in pyproject.toml's dependencies and test extra -> name==X (torch: the lock's)
+  "$VENV/bin/python" - "$ROOT/pyproject.toml" > "$VENV/lower-bounds.txt" <<'PYEOF'
+import re, sys
+text = open(sys.argv[1]).read()
+deps = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M).group(1)
+test = re.search(r"^test = \[(.*?)\]", text, re.M).group(1)
+for name, low in re.findall(r'"([A-Za-z0-9_.\-]+)>=([0-9][0-9.]*)', deps + test):
+    if name != "torch":
+        print(f"{name}=={low}")
+PYEOF
+  cat "$VENV/lower-bounds.txt" >&2
+  "${PIP[@]}" -e "$ROOT[test]" -c "$VENV/lower-bounds.txt" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+else
+  "${PIP[@]}" --upgrade --upgrade-strategy eager -e "$ROOT[test]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+fi
+"$VENV/bin/python" -c "import model_engine, transformers, zmq, msgpack, uvloop, aiohttp, pytest" \
+  || { echo "[check] install failed" >&2; exit 1; }
+echo unmanaged > "$VENV/.pdtb-installed"  # scripts/_env.sh uses this venv as it is
+echo "== versions ($MODE)"
+"$VENV/bin/python" - <<'PYEOF'
+import importlib.metadata as md
+for n in ["torch", "transformers", "tokenizers", "huggingface_hub", "pyzmq", "msgpack", "uvloop", "aiohttp",
+          "numpy", "psutil", "prometheus-client", "matplotlib", "jinja2", "pytest", "hypothesis", "openai"]:
+    print(f"  {n}=={md.version(n)}")
+PYEOF
+cd "$ROOT"
+export PDTB_VENV="$VENV" TOKENIZERS_PARALLELISM=false
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_engine_equivalence.py tests/test_hf_compat.py \
+  tests/test_cluster.py "$@"
