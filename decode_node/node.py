@@ -3,7 +3,7 @@
 Queues and a request's path through them:
 
     KV header arrives -> refused for good if the node is draining, the metadata seal does not
-    match (cluster/kv_meta.py) or the request can never fit ("too_large": its pages at prompt +
+    match (pdtb/nodes/kv_meta.py) or the request can never fit ("too_large": its pages at prompt +
     max_tokens exceed the whole device tier; the prefill side fails it at once) -> admission
     policy (fairness interface): accept | refuse "no_pages" (the prefill side keeps its pages and
     retries: backpressure) -> pages RESERVED while the payload lands -> verified and committed
@@ -22,13 +22,13 @@ import logging
 import time
 from collections import OrderedDict
 
-from cluster import kv_meta
-from cluster.node_base import NodeBase, to_sampling
-from cluster.protocol import Params, TokenEvent
+from pdtb.nodes import kv_meta
+from pdtb.nodes.node_base import NodeBase, to_sampling
+from pdtb.nodes.protocol import Params, TokenEvent
 from fairness.base import Arrival
 from kv_transport import ReceivedTransfer, TransportConfig, make_receiver
-from model_engine.engine import StepEvent
-from model_engine.sequence import Sequence
+from pdtb.engine.engine import StepEvent
+from pdtb.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 ABORTED_MEMORY = 4096  # request ids remembered as aborted, for transfers that land afterwards

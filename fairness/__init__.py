@@ -1,7 +1,7 @@
 """Decode-side fairness controller: admission of inherited pages against memory quotas,
 victim choice for eviction to the host tier, bandwidth caps, SLO attribution.
 
-Policies are small objects (one file each) answering `model_engine.sched_policy.SchedPolicy`,
+Policies are small objects (one file each) answering `pdtb.engine.sched_policy.SchedPolicy`,
 registered here by name and chosen with `--policy`.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The seam between the scheduler and the fairness controller: `BasePolicy` answers every
-question of `model_engine.sched_policy.SchedPolicy` with first-come first-served defaults;
+question of `pdtb.engine.sched_policy.SchedPolicy` with first-come first-served defaults;
 each policy file overrides only what it changes. Policies take the clock from `SchedState`.
 
 Call order within one scheduler step: `reclaim` (begins the step: policies refresh per-step
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from fairness import eviction
 from fairness.config import FairnessConfig
-from model_engine.sched_policy import SchedState
-from model_engine.sequence import Sequence
+from pdtb.engine.sched_policy import SchedState
+from pdtb.engine.sequence import Sequence
 
 
 HELD_TTL_S = 5.0  # a deferred arrival not retried within this long is forgotten

@@ -15,10 +15,10 @@ import random
 import time
 
 from fairness import POLICIES, make_policy
-from model_engine.kv_spec import KVSpec
-from model_engine.page_pool import PagePool
-from model_engine.scheduler import Scheduler, SchedulerConfig
-from model_engine.sequence import SamplingParams, Sequence
+from pdtb.engine.kv_spec import KVSpec
+from pdtb.engine.page_pool import PagePool
+from pdtb.engine.scheduler import Scheduler, SchedulerConfig
+from pdtb.engine.sequence import SamplingParams, Sequence
 
 SPEC = KVSpec(num_layers=1, num_kv_heads=1, head_dim=1, page_size=16, dtype="float32")
 

@@ -5,8 +5,8 @@ the state, and returns one candidate. Ties are broken by arrival (newest loses).
 """
 from __future__ import annotations
 
-from model_engine.sched_policy import SchedState
-from model_engine.sequence import Sequence
+from pdtb.engine.sched_policy import SchedState
+from pdtb.engine.sequence import Sequence
 
 
 def lru(cands: list[Sequence], state: SchedState) -> Sequence:

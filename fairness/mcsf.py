@@ -12,7 +12,7 @@ from typing import Callable
 
 from fairness import eviction
 from fairness.base import BasePolicy
-from model_engine.sequence import Sequence
+from pdtb.engine.sequence import Sequence
 
 
 def remaining_by_max_tokens(seq: Sequence) -> int:

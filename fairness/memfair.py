@@ -34,8 +34,8 @@ from __future__ import annotations
 from fairness import eviction
 from fairness.base import BasePolicy
 from fairness.quotas import entitlements, request_cap, request_cap_tokens, tenant_usage
-from model_engine.sched_policy import SchedState
-from model_engine.sequence import Sequence
+from pdtb.engine.sched_policy import SchedState
+from pdtb.engine.sequence import Sequence
 
 
 RECLAIM_TRIES = 16  # waiting requests per step that may look for borrowers to demote

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from fairness.config import FairnessConfig
-from model_engine.sched_policy import SchedState
-from model_engine.sequence import Sequence
+from pdtb.engine.sched_policy import SchedState
+from pdtb.engine.sequence import Sequence
 
 
 def tenant_usage(seqs: list[Sequence], state: SchedState) -> dict[str, int]:

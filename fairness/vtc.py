@@ -12,8 +12,8 @@ Victim: the newest request of the tenant with the largest counter.
 from __future__ import annotations
 
 from fairness.base import BasePolicy
-from model_engine.sched_policy import SchedState
-from model_engine.sequence import Sequence
+from pdtb.engine.sched_policy import SchedState
+from pdtb.engine.sequence import Sequence
 
 
 class VtcPolicy(BasePolicy):

@@ -10,8 +10,8 @@ from __future__ import annotations
 from kv_transport.base import (KVReceiver, KVSender, ReceivedTransfer, TransferMeta,
                                TransferState, TransferStatus, TransportError)
 from kv_transport.config import FaultConfig, TransportConfig
-from model_engine.kv_spec import KVSpec
-from model_engine.page_pool import PagePool
+from pdtb.engine.kv_spec import KVSpec
+from pdtb.engine.page_pool import PagePool
 
 __all__ = ["make_sender", "make_receiver", "TransportConfig", "FaultConfig", "TransferMeta",
            "TransferState", "TransferStatus", "ReceivedTransfer", "TransportError",

@@ -29,7 +29,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from model_engine.kv_export import KVExport
+from pdtb.engine.kv_export import KVExport
 from kv_transport.wire import KVTransferHeader
 
 
@@ -105,7 +105,7 @@ class ReceivedTransfer:
 
 # admit(header) -> None to accept into the receiver's pool, another PagePool of the same
 # geometry to accept into (the host tier), or a reason string to refuse (sent in a NACK).
-AdmitFn = Callable[[KVTransferHeader], "str | None | PagePool"]  # noqa: F821 (PagePool: model_engine)
+AdmitFn = Callable[[KVTransferHeader], "str | None | PagePool"]  # noqa: F821 (PagePool: pdtb.engine)
 
 
 class KVSender(Protocol):

@@ -37,8 +37,8 @@ import zmq
 from kv_transport.config import MiB, TransportConfig
 from kv_transport.testing import TINY_SPEC as BENCH_SPEC, PeerProcess, make_pool
 from kv_transport.zmq_backend import apply_socket_options
-from model_engine.kv_export import KVExport, export_request
-from model_engine.page_pool import PagePool
+from pdtb.engine.kv_export import KVExport, export_request
+from pdtb.engine.page_pool import PagePool
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -31,8 +31,8 @@ from kv_transport.config import MiB, TransportConfig
 from kv_transport.zmq_backend import apply_socket_options
 from kv_transport.malloc_tuning import keep_freed_memory
 from kv_transport.testing import TINY_SPEC
-from model_engine import host_memory
-from model_engine.page_pool import PagePool
+from pdtb.engine import host_memory
+from pdtb.engine.page_pool import PagePool
 
 
 

@@ -64,7 +64,7 @@ def _update_tensor(algo: str, value: int, data: torch.Tensor) -> int:
 def running_from_blocks(blocks: np.ndarray, block_bytes: int, chunk_bytes: int, nbytes: int,
                         whole: bool = False) -> list[int] | None:
     """Running sum64 after each `chunk_bytes` chunk of an `nbytes` payload, from the sums of its
-    `block_bytes` blocks (model_engine.kv_export.block_sums); with `whole`, just [the sum of
+    `block_bytes` blocks (pdtb.engine.kv_export.block_sums); with `whole`, just [the sum of
     everything]. None when the blocks do not cover the payload or chunks do not start on
     block boundaries."""
     if len(blocks) != -(-nbytes // block_bytes):

@@ -86,7 +86,7 @@ class TransportConfig:
     dist_rank: int = -1  # torch backend: this process's rank (with dist_init_method)
     dist_world_size: int = 0  # torch backend: world size (with dist_init_method)
     dist_backend: str = "auto"  # "auto" (nccl on CUDA pools, else gloo), "gloo" or "nccl"
-    curve_dir: str | None = None  # ZeroMQ CURVE keys (see cluster/security.py); None: no encryption
+    curve_dir: str | None = None  # ZeroMQ CURVE keys (see pdtb/security.py); None: no encryption
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

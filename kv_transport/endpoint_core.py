@@ -17,7 +17,7 @@ from kv_transport.base import TransferStatus, TransportError
 from kv_transport.config import TransportConfig
 from kv_transport.faults import Fault, FaultInjector
 from kv_transport.wire import WireLimits
-from model_engine.kv_spec import KVSpec
+from pdtb.engine.kv_spec import KVSpec
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from kv_transport.config import TransportConfig
 from kv_transport.receiver import ReceiverCore
 from kv_transport.sender import SenderCore
 from kv_transport.wire_check import frame_view
-from model_engine.kv_spec import KVSpec
-from model_engine.page_pool import PagePool
+from pdtb.engine.kv_spec import KVSpec
+from pdtb.engine.page_pool import PagePool
 
 
 def _copy(frames: list) -> list[bytearray]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from model_engine.page_pool import PagePool
+from pdtb.engine.page_pool import PagePool
 
 MIN_AVG_RUN = 32  # pages; shorter runs are not worth a Python-level loop of slices
 
@@ -84,7 +84,7 @@ class PageWriter:
         self._turn = 0
         self.copier = None  # cpu_kernel.RowCopier: landing copy and sum64 in one pass (CPU pools)
         if self.cpu and use_c_copy:
-            from model_engine import cpu_kernel
+            from pdtb.engine import cpu_kernel
 
             self.copier = cpu_kernel.row_copier()
 

@@ -34,7 +34,7 @@ from kv_transport.malloc_tuning import keep_freed_memory
 from kv_transport.page_writer import PageWriter, WritePlan
 from kv_transport.wire import (Ack, Cancel, Credit, KVChunk, KVTransferHeader, Nack,
                                TransferBatch, WireError, decode, encode)
-from model_engine.page_pool import PagePool, PoolError
+from pdtb.engine.page_pool import PagePool, PoolError
 
 FUSE_BYTES = 1024 * 1024  # write-then-checksum piece of a chunk: fits in L2
 

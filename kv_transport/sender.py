@@ -35,8 +35,8 @@ from kv_transport.config import TransportConfig
 from kv_transport.endpoint_core import EndpointCore
 from kv_transport.wire import (Ack, Cancel, Credit, KVChunk, KVTransferHeader, Nack,
                                TransferBatch, WireError, decode, encode)
-from model_engine.kv_export import SUM_BLOCK_BYTES, KVExport
-from model_engine.kv_spec import KVSpec
+from pdtb.engine.kv_export import SUM_BLOCK_BYTES, KVExport
+from pdtb.engine.kv_spec import KVSpec
 
 log = logging.getLogger(__name__)
 S = TransferState

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from model_engine.kv_export import KVExport, export_request
-from model_engine.kv_spec import KVSpec
-from model_engine.page_pool import PagePool
+from pdtb.engine.kv_export import KVExport, export_request
+from pdtb.engine.kv_spec import KVSpec
+from pdtb.engine.page_pool import PagePool
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_SPEC = KVSpec(num_layers=4, num_kv_heads=2, head_dim=32, page_size=16, dtype="float32")

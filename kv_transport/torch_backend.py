@@ -39,8 +39,8 @@ from kv_transport.endpoint_core import bounded
 from kv_transport.sender import to_host
 from kv_transport.wire import Ack, Credit
 from kv_transport.zmq_backend import ZmqReceiver, ZmqSender
-from model_engine.kv_spec import KVSpec
-from model_engine.page_pool import PagePool
+from pdtb.engine.kv_spec import KVSpec
+from pdtb.engine.page_pool import PagePool
 
 log = logging.getLogger(__name__)
 S = TransferState

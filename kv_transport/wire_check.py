@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from model_engine.kv_spec import KVSpec
+from pdtb.engine.kv_spec import KVSpec
 
 
 class WireError(ValueError):

@@ -24,8 +24,8 @@ from kv_transport.config import TransportConfig
 from kv_transport.endpoint_core import bounded
 from kv_transport.receiver import ReceiverCore
 from kv_transport.sender import SenderCore
-from model_engine.kv_spec import KVSpec
-from model_engine.page_pool import PagePool
+from pdtb.engine.kv_spec import KVSpec
+from pdtb.engine.page_pool import PagePool
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class ZmqSender(SenderCore):
         s.setsockopt(zmq.MAXMSGSIZE, self.config.max_header_bytes)
         s.setsockopt(zmq.IMMEDIATE, 1)
         if self.config.curve_dir:
-            from cluster.security import CurveKeys, secure_client
+            from pdtb.security import CurveKeys, secure_client
 
             secure_client(s, CurveKeys.load(self.config.curve_dir))
         s.connect(self.config.endpoint)
@@ -159,7 +159,7 @@ class ZmqReceiver(ReceiverCore):
                                          self.config.max_header_bytes))
         s.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unroutable replies raise instead of vanishing
         if self.config.curve_dir:
-            from cluster.security import CurveKeys, secure_server
+            from pdtb.security import CurveKeys, secure_server
 
             secure_server(s, CurveKeys.load(self.config.curve_dir))
         if _ipc_in_use(self.config.endpoint):

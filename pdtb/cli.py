@@ -28,7 +28,7 @@ commands:
 
 
 def _model_init(argv: list[str]) -> int:
-    from model_engine.tiny_model import ARCHS, DEFAULT_SEED, init_tiny_model
+    from pdtb.engine.tiny_model import ARCHS, DEFAULT_SEED, init_tiny_model
 
     ap = argparse.ArgumentParser(prog="pdtb model init")
     ap.add_argument("--out", required=True, help="directory to write")
@@ -41,7 +41,7 @@ def _model_init(argv: list[str]) -> int:
 
 
 def _keys(argv: list[str]) -> int:
-    from cluster.security import generate
+    from pdtb.security import generate
 
     ap = argparse.ArgumentParser(prog="pdtb keys", description="write ZeroMQ CURVE server and client key pairs")
     ap.add_argument("--out", required=True)
@@ -63,23 +63,23 @@ def _dispatch(argv: list[str]) -> int:
 
         return main(rest)
     if cmd == "bench" and rest[:1] == ["engine"]:
-        from model_engine.bench import main
+        from pdtb.engine.bench import main
 
         return main(rest[1:])
     if cmd == "bench" and rest[:1] == ["serve"]:
-        from bench_client.cli import main
+        from pdtb.bench.cli import main
 
         return main(rest[1:])
     if cmd == "compare":
-        from bench_client.compare import main
+        from pdtb.bench.compare import main
 
         return main(rest)
     if cmd == "report":
-        from bench_client.report import main
+        from pdtb.bench.report import main
 
         return main(rest)
     if cmd == "bench" and rest[:1] == ["steps"]:
-        from model_engine.bench_steps import main
+        from pdtb.engine.bench_steps import main
 
         return main(rest[1:])
     if cmd == "bench" and rest[:1] == ["controller"]:
@@ -91,7 +91,7 @@ def _dispatch(argv: list[str]) -> int:
 
         return main(rest[1:])
     if cmd in ("prefill", "decode", "colocated"):
-        from cluster.node_cli import main
+        from pdtb.nodes.node_cli import main
 
         return main(cmd, rest)
     if cmd == "demo":
@@ -99,7 +99,7 @@ def _dispatch(argv: list[str]) -> int:
 
         return main(rest)
     if cmd == "router":
-        from router.main import main
+        from pdtb.router.main import main
 
         return main(rest)
     raise CliError(f"unknown command {' '.join(argv[:2])!r}\n{USAGE}")

@@ -11,8 +11,8 @@ class CliError(Exception):
 
 def resolve_model(model_dir: str | None) -> str:
     """`--model DIR` validated, or the embedded default (created on first use)."""
-    from model_engine.model_info import ModelLoadError, read_model_info
-    from model_engine.tiny_model import ensure_default_model
+    from pdtb.engine.model_info import ModelLoadError, read_model_info
+    from pdtb.engine.tiny_model import ensure_default_model
 
     if model_dir is None:
         return str(ensure_default_model())

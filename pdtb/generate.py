@@ -25,7 +25,7 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
 
 
 def engine_config(a: argparse.Namespace, model_dir: str):
-    from model_engine.config import EngineConfig
+    from pdtb.engine.config import EngineConfig
 
     try:
         return EngineConfig(model_dir, page_size=a.page_size, num_pages=a.kv_pages, device=a.device,
@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--ignore-eos", action="store_true")
     ap.add_argument("--json", action="store_true", help="one JSON object per prompt, in input order")
     a = ap.parse_args(argv)
-    from model_engine.sequence import SamplingParams
+    from pdtb.engine.sequence import SamplingParams
 
     if a.max_tokens < 1:
         raise CliError(f"--max-tokens must be a positive integer, got {a.max_tokens}")
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         raise CliError(str(e)) from None
     model_dir = resolve_model(a.model)
-    from model_engine.engine import LLMEngine
+    from pdtb.engine.engine import LLMEngine
 
     engine = LLMEngine(engine_config(a, model_dir))
     tok = engine.tokenizer

@@ -8,7 +8,7 @@ Queues and a request's path through them:
     decode node) -> DONE: pages freed | refused "no_pages": held, retried with backoff until
     hold_timeout_s (backpressure, nothing dropped) | FAILED (any other refusal: too_large,
     draining, bad_metadata; a transport fault or timeout): error event, pages freed.
-The request metadata sent with the KV is sealed (cluster/kv_meta.py) right before each send.
+The request metadata sent with the KV is sealed (pdtb/nodes/kv_meta.py) right before each send.
 
 Fallbacks: the router names, with the chosen decode node, up to a few other decode nodes that
 could hold the request. A hand-off the chosen node cannot take moves to the next of them at
@@ -30,15 +30,15 @@ import logging
 import time
 from dataclasses import dataclass
 
-from cluster import kv_meta
-from cluster.node_base import NodeBase
-from cluster.protocol import GenerateRequest, TokenEvent
-from colocated_node.node import accept_request
+from pdtb.nodes import kv_meta
+from pdtb.nodes.node_base import NodeBase
+from pdtb.nodes.protocol import GenerateRequest, TokenEvent
+from pdtb.colocated.node import accept_request
 from fairness.attribution import end_wait
 from kv_transport import TransferMeta, TransferState, TransportConfig, make_sender
-from model_engine.engine import StepEvent
-from model_engine.kv_export import export_request
-from model_engine.sequence import Sequence
+from pdtb.engine.engine import StepEvent
+from pdtb.engine.kv_export import export_request
+from pdtb.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 # Backoff bounds for a hand-off the decode side refused for lack of pages. The decode node does
@@ -121,7 +121,7 @@ class PrefillNode(NodeBase):
                             extra={"router_id": req.router_id, "priority": req.priority,
                                    "params": dataclasses.asdict(req.params), "timeline": dict(seq.timeline),
                                    "attempts": h.attempts})
-        # sealed last: the digest covers exactly what the header will carry (cluster/kv_meta.py)
+        # sealed last: the digest covers exactly what the header will carry (pdtb/nodes/kv_meta.py)
         meta = kv_meta.seal(meta, seq.request_id, export.header.num_tokens, export.header.num_pages)
         h.transfer_id = (await self._sender(req.decode_kv_addr)).send(export, meta)
         h.attempts += 1

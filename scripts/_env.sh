@@ -43,7 +43,7 @@ if [ "$have" != unmanaged ] && [ "$have" != "$want" ]; then
   echo "[pdtb] installing pd-testbed and test dependencies (versions of requirements.lock)" >&2
   "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[test]" -c "$LOCK" 2>&1 \
     | grep -v "^WARNING: Location" >&2 || true
-  "$VENV/bin/python" -c "import model_engine, transformers, zmq, msgpack, uvloop, aiohttp, pytest" \
+  "$VENV/bin/python" -c "import pdtb.engine, transformers, zmq, msgpack, uvloop, aiohttp, pytest" \
     || { echo "[pdtb] project install failed" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi

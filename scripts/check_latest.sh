@@ -36,7 +36,7 @@ PYEOF
 else
   "${PIP[@]}" --upgrade --upgrade-strategy eager -e "$ROOT[test]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
 fi
-"$VENV/bin/python" -c "import model_engine, transformers, zmq, msgpack, uvloop, aiohttp, pytest" \
+"$VENV/bin/python" -c "import pdtb.engine, transformers, zmq, msgpack, uvloop, aiohttp, pytest" \
   || { echo "[check] install failed" >&2; exit 1; }
 echo unmanaged > "$VENV/.pdtb-installed"  # scripts/_env.sh uses this venv as it is
 echo "== versions ($MODE)"

@@ -11,7 +11,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory) -> dict[str, str]:
     """One tiny checkpoint per supported family, written once per test session."""
-    from model_engine.tiny_model import ARCHS, init_tiny_model
+    from pdtb.engine.tiny_model import ARCHS, init_tiny_model
 
     root = tmp_path_factory.mktemp("models")
     return {arch: str(init_tiny_model(root / arch, arch=arch, seed=1)) for arch in ARCHS}
@@ -25,15 +25,15 @@ def llama_dir(model_dirs) -> str:
 @pytest.fixture(scope="session")
 def hf_models(model_dirs):
     """Reference models on plain sdpa, for equality checks against transformers.generate."""
-    from model_engine.loader import load_model
+    from pdtb.engine.loader import load_model
 
     return {arch: load_model(d, attn_implementation="sdpa")[0] for arch, d in model_dirs.items()}
 
 
 def make_engine(model_dir: str, policy=None, **kw):
     """Factory: an LLMEngine with small defaults, overridable per test."""
-    from model_engine.config import EngineConfig
-    from model_engine.engine import LLMEngine
+    from pdtb.engine.config import EngineConfig
+    from pdtb.engine.engine import LLMEngine
 
     kw.setdefault("num_pages", 1024)
     return LLMEngine(EngineConfig(model_dir, **kw), policy=policy)
@@ -62,7 +62,7 @@ def prefill_and_move(a, b, prompts: list[list[int]], params) -> tuple[list, list
     """Prefill each prompt on engine `a` until its first token, export its pages, import them
     into engine `b`'s pool and hand the sequence to `b`'s scheduler; then decode on `b` until
     done. Returns (sequences, exports), in prompt order."""
-    from model_engine.kv_export import export_request, import_request
+    from pdtb.engine.kv_export import export_request, import_request
 
     moved, exports = [], []
     for p in prompts:

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import itertools
 
-from model_engine.kv_spec import KVSpec
-from model_engine.page_pool import PagePool
-from model_engine.scheduler import Scheduler, SchedulerConfig
-from model_engine.sched_policy import SchedState
-from model_engine.sequence import SamplingParams, Sequence, SeqStatus
+from pdtb.engine.kv_spec import KVSpec
+from pdtb.engine.page_pool import PagePool
+from pdtb.engine.scheduler import Scheduler, SchedulerConfig
+from pdtb.engine.sched_policy import SchedState
+from pdtb.engine.sequence import SamplingParams, Sequence, SeqStatus
 
 SPEC = KVSpec(num_layers=1, num_kv_heads=1, head_dim=2, page_size=4, dtype="float32")
 _ids = itertools.count()

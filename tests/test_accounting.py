@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from cluster.accounting import NodeAccounting
-from cluster.node_metrics import NodeMetrics
+from pdtb.nodes.accounting import NodeAccounting
+from pdtb.nodes.node_metrics import NodeMetrics
 from fairness import FairnessConfig, make_policy
 from sched_sim import apply_step, make_request, make_scheduler
 
@@ -127,7 +127,7 @@ def test_per_tenant_figures_are_kept_for_a_bounded_number_of_tenants(monkeypatch
     """Tenant names come from clients: 2,000 distinct ones grew every node's /metrics by 1.5 MB
     and its stats reply to each ping alike, without limit (found by review). Past the cap,
     later tenants count under "_other"."""
-    import cluster.accounting as accounting
+    import pdtb.nodes.accounting as accounting
 
     monkeypatch.setattr(accounting, "MAX_TENANT_LABELS", 3)
     cfg = FairnessConfig()

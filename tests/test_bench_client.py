@@ -10,11 +10,11 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench_client.cli import main
-from bench_client.records import RequestSpec
-from bench_client.runner import RunConfig, request_body, run
-from bench_client.sse import SSEParser, count_tokens
-from bench_client.summary import summarize
+from pdtb.bench.cli import main
+from pdtb.bench.records import RequestSpec
+from pdtb.bench.runner import RunConfig, request_body, run
+from pdtb.bench.sse import SSEParser, count_tokens
+from pdtb.bench.summary import summarize
 
 VOCAB, MAX_LEN = 1000, 512
 
@@ -249,7 +249,7 @@ def test_serve_refuses_an_unwritable_out_and_explains_a_dead_url(capsys, tmp_pat
     bad path), and a server that cannot be reached gets one readable line, not aiohttp's repr."""
     import socket
 
-    from bench_client.cli import main as serve_main
+    from pdtb.bench.cli import main as serve_main
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from bench_client.records import RequestRecord
-from bench_client.report import PLOTS, main
-from bench_client.results import build_results, load_results, write_results
-from bench_client.samples import cluster_sample
-from bench_client.summary import summarize
+from pdtb.bench.records import RequestRecord
+from pdtb.bench.report import PLOTS, main
+from pdtb.bench.results import build_results, load_results, write_results
+from pdtb.bench.samples import cluster_sample
+from pdtb.bench.summary import summarize
 
 
 def make_results(path, mode, policy, ttft, tenant_pages):
@@ -56,7 +56,7 @@ def test_report_same_label_and_bad_file(tmp_path, capsys):
 
 
 def test_compare_ratios_and_what_the_whales_paid(tmp_path, capsys):
-    from bench_client.compare import main as compare
+    from pdtb.bench.compare import main as compare
 
     a = make_results(tmp_path / "a.json", "disagg", "fcfs", 0.05, True)
     b = make_results(tmp_path / "b.json", "disagg", "memfair", 0.02, True)
@@ -79,7 +79,7 @@ def test_compare_ratios_and_what_the_whales_paid(tmp_path, capsys):
 
 
 def test_compare_refuses_two_baselines_and_shows_a_missing_class_as_missing(tmp_path, capsys):
-    from bench_client.compare import main as compare
+    from pdtb.bench.compare import main as compare
 
     a = make_results(tmp_path / "a.json", "disagg", "fcfs", 0.05, True)
     b = make_results(tmp_path / "b.json", "disagg", "fcfs", 0.02, True)

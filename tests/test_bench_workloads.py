@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bench_client import workloads as wl
-from bench_client.cli import build_parser, build_workload, main
-from bench_client.records import RequestSpec
-from bench_client.traces import parse_azure_csv, parse_jsonl, read_trace, trace_specs
+from pdtb.bench import workloads as wl
+from pdtb.bench.cli import build_parser, build_workload, main
+from pdtb.bench.records import RequestSpec
+from pdtb.bench.traces import parse_azure_csv, parse_jsonl, read_trace, trace_specs
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
@@ -276,7 +276,7 @@ def test_burstiness_keeps_the_rate_and_changes_the_spread():
     import random
     import statistics
 
-    from bench_client.workloads import poisson_times
+    from pdtb.bench.workloads import poisson_times
 
     assert poisson_times(random.Random(1), 5.0, 0, 200) == poisson_times(random.Random(1), 5.0, 0, 200, 1.0)
     for k in (0.25, 4.0):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from model_engine import cpu_kernel
+from pdtb.engine import cpu_kernel
 
 kernel = cpu_kernel.load()
 needs_kernel = pytest.mark.skipif(kernel is None, reason="no C compiler: the kernel cannot be built here")

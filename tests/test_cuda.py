@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import hf_greedy, make_engine, make_prompts, prefill_and_move
-from model_engine.sequence import SamplingParams
+from pdtb.engine.sequence import SamplingParams
 from test_transport_procs import peers, run, send_ragged  # noqa: F401  (peers: a fixture)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -28,7 +28,7 @@ LENGTHS = (1, 5, 17, 100, 333)
 @pytest.fixture(scope="module")
 def hf_cuda(model_dirs):
     """Reference models on the GPU, plain sdpa."""
-    from model_engine.loader import load_model
+    from pdtb.engine.loader import load_model
 
     return {arch: load_model(d, device="cuda", attn_implementation="sdpa")[0] for arch, d in model_dirs.items()}
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model_engine import paged_attention as pa
+from pdtb.engine import paged_attention as pa
 
 
 def _case(b: int, length: int, masked_tail: int, seed: int = 0):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import hf_greedy, make_engine, make_prompts, prefill_and_move
-from model_engine.sequence import SamplingParams
+from pdtb.engine.sequence import SamplingParams
 
 LENGTHS = (1, 5, 17, 100, 333)
 
@@ -62,7 +62,7 @@ def test_chunked_prefill_and_staggered_arrivals(llama_dir, hf_models, attention)
 
 
 def kernel_builds() -> bool:
-    from model_engine import cpu_kernel
+    from pdtb.engine import cpu_kernel
 
     return cpu_kernel.load() is not None
 
@@ -143,7 +143,7 @@ def test_tier_moves_keep_tokens_identical(llama_dir, hf_models, policy):
 def test_length_buckets_split_decode_rows_and_stay_identical(llama_dir, hf_models):
     """Decode rows of very different lengths attend in separate groups (read-cache buckets),
     one row crosses a bucket edge mid-generation, and tokens still match generate."""
-    from model_engine.read_cache import BUCKET_EDGES
+    from pdtb.engine.read_cache import BUCKET_EDGES
 
     engine = make_engine(llama_dir, page_size=16, decode_attention="torch")
     lens = (3, 30, BUCKET_EDGES[0] - 8, 300)  # the third crosses the first edge while decoding

@@ -14,9 +14,9 @@ import sys
 import pytest
 
 from fairness import POLICIES, FairnessConfig, make_policy
-from model_engine.page_pool import PagePool
-from model_engine.scheduler import Scheduler, SchedulerConfig
-from model_engine.sequence import SamplingParams, Sequence, SeqStatus
+from pdtb.engine.page_pool import PagePool
+from pdtb.engine.scheduler import Scheduler, SchedulerConfig
+from pdtb.engine.sequence import SamplingParams, Sequence, SeqStatus
 from sched_sim import SPEC, FakeClock, apply_step
 
 

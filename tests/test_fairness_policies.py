@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from fairness import POLICIES, FairnessConfig, eviction, make_policy
 from fairness.mcsf import McsfPolicy, feasible
 from fairness.vtc import VtcPolicy
-from model_engine.sequence import SeqStatus
+from pdtb.engine.sequence import SeqStatus
 from sched_sim import (FakeClock, apply_step, check_conservation, make_request, make_scheduler, sim_step,
                        state)
 
@@ -191,7 +191,7 @@ def test_priority_rows_of_one_class_go_in_arrival_order_not_by_turns():
     class whose chunks fill the step budget took turns, each holding its pages until all were
     done (a disaggregated run's prefill node took 551 steps where fcfs took 142). Whole
     classes keep arrival order until a row has waited aging_s (2 s)."""
-    from model_engine.scheduler import ScheduledChunk
+    from pdtb.engine.scheduler import ScheduledChunk
 
     pol = make_policy("priority")
     first, second = make_request(256, 2, arrival=0.0), make_request(256, 2, arrival=0.001)

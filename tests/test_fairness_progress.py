@@ -7,7 +7,7 @@ import random
 import pytest
 
 from fairness import POLICIES, FairnessConfig, make_policy
-from model_engine.sequence import SamplingParams, Sequence, SeqStatus
+from pdtb.engine.sequence import SamplingParams, Sequence, SeqStatus
 from sched_sim import FakeClock, apply_step, check_conservation, make_request, make_scheduler, sim_step
 
 

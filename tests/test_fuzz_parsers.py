@@ -9,9 +9,9 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.protocol import MESSAGES, ProtocolError, decode_message
-from router.chat_api import ChatPrompt, parse_chat_request
-from router.openai_api import ApiError, CompletionRequest, parse_completion_request
+from pdtb.nodes.protocol import MESSAGES, ProtocolError, decode_message
+from pdtb.router.chat_api import ChatPrompt, parse_chat_request
+from pdtb.router.openai_api import ApiError, CompletionRequest, parse_completion_request
 
 VOCAB = 512
 JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True)

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from cluster.protocol import GenerateRequest, NodeDown, NodeStats, Params, TokenEvent
+from pdtb.nodes.protocol import GenerateRequest, NodeDown, NodeStats, Params, TokenEvent
 from kv_transport import TransferState
-from router.config import NodeSpec
+from pdtb.router.config import NodeSpec
 
 X, Y, Z = ("dx", "tcp://127.0.0.1:11"), ("dy", "tcp://127.0.0.1:12"), ("dz", "tcp://127.0.0.1:13")
 
@@ -44,8 +44,8 @@ class FakeSender:
 
 
 def prefill_node(llama_dir):
-    from cluster.node_base import NodeConfig
-    from model_engine.config import EngineConfig
+    from pdtb.nodes.node_base import NodeConfig
+    from pdtb.engine.config import EngineConfig
     from prefill_node.node import PrefillNode
 
     node = PrefillNode(NodeConfig("prefill", "p0", EngineConfig(llama_dir, num_pages=64)))
@@ -186,7 +186,7 @@ def test_node_down_cancels_the_transfer_and_moves_or_fails_the_hand_offs(llama_d
 
 # ---- the router's side -------------------------------------------------------------------------
 def registry():
-    from router.nodes import NodeRegistry
+    from pdtb.router.nodes import NodeRegistry
 
     reg = NodeRegistry([NodeSpec("prefill", "tcp://127.0.0.1:1"), NodeSpec("decode", "tcp://127.0.0.1:2"),
                         NodeSpec("decode", "tcp://127.0.0.1:3")])

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from conftest import make_engine, make_prompts
-from model_engine import hf_compat
-from model_engine.sequence import SamplingParams
+from pdtb.engine import hf_compat
+from pdtb.engine.sequence import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = ("model_engine", "cluster", "prefill_node", "decode_node", "colocated_node", "kv_transport", "fairness",
-        "router", "bench_client", "pdtb")
+OURS = ("pdtb.engine", "cluster", "prefill_node", "decode_node", "pdtb.colocated", "kv_transport", "fairness",
+        "router", "pdtb.bench", "pdtb")
 
 
 def _ours(obj) -> bool:
@@ -67,7 +67,7 @@ def test_model_that_skips_the_attention_interface_is_refused(llama_dir):
     naming the installed version and the supported range."""
     import transformers
 
-    from model_engine.loader import load_model
+    from pdtb.engine.loader import load_model
 
     model = load_model(llama_dir, attn_implementation="sdpa")[0]
     with pytest.raises(hf_compat.UnsupportedModel) as err:
@@ -79,7 +79,7 @@ def test_model_that_skips_the_attention_interface_is_refused(llama_dir):
 
 
 def test_model_whose_forward_raises_is_refused_with_the_supported_range(llama_dir):
-    from model_engine.loader import load_model
+    from pdtb.engine.loader import load_model
 
     model = load_model(llama_dir, attn_implementation="sdpa")[0]
 
@@ -93,7 +93,7 @@ def test_model_whose_forward_raises_is_refused_with_the_supported_range(llama_di
 
 
 def test_generate_cli_reports_an_unsupported_model_in_one_line(llama_dir, monkeypatch, capsys):
-    from model_engine import hf_compat as hc
+    from pdtb.engine import hf_compat as hc
     from pdtb.cli import main
 
     def refuse(*a, **kw):

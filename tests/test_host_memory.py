@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from model_engine import host_memory
-from model_engine.kv_spec import KVSpec
-from model_engine.page_pool import PagePool
+from pdtb.engine import host_memory
+from pdtb.engine.kv_spec import KVSpec
+from pdtb.engine.page_pool import PagePool
 
 
 def test_large_tensors_are_zeroed_contiguous_and_huge_page_aligned():

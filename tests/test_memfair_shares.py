@@ -7,7 +7,7 @@ import pytest
 
 from fairness import FairnessConfig, make_policy
 from fairness.attribution import attribute, components
-from model_engine.sequence import SeqStatus
+from pdtb.engine.sequence import SeqStatus
 from sched_sim import apply_step, check_conservation, make_request, make_scheduler, sim_step
 
 

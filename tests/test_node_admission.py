@@ -10,17 +10,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from cluster import kv_meta
-from cluster.node_cli import fault_config
-from cluster.protocol import GenerateRequest, Params
-from colocated_node.node import validate_prompt
+from pdtb.nodes import kv_meta
+from pdtb.nodes.node_cli import fault_config
+from pdtb.nodes.protocol import GenerateRequest, Params
+from pdtb.colocated.node import validate_prompt
 from conftest import make_engine
 from decode_node.node import never_fits
 from kv_transport import FaultConfig, TransferMeta, TransferState, TransportConfig
 from kv_transport.fake import FakeNetwork, FakeReceiver, FakeSender
 from kv_transport.testing import TINY_SPEC, make_export, make_pool
 from pdtb.common import CliError
-from model_engine.sequence import SamplingParams, Sequence
+from pdtb.engine.sequence import SamplingParams, Sequence
 
 
 def header(prompt_len: int, max_tokens: int) -> SimpleNamespace:
@@ -100,10 +100,10 @@ def test_a_parked_arrival_aborted_before_adoption_frees_its_host_pages(llama_dir
     host pages until a restart; found by review, 30 of 256 pages in one run)."""
     import time
 
-    from cluster.node_base import NodeConfig
+    from pdtb.nodes.node_base import NodeConfig
     from decode_node.node import DecodeNode
     from kv_transport.base import ReceivedTransfer, TransferStatus
-    from model_engine.config import EngineConfig
+    from pdtb.engine.config import EngineConfig
 
     node = DecodeNode(NodeConfig("decode", "d0", EngineConfig(llama_dir, num_pages=32, host_kv_pages=32)))
     try:
@@ -129,11 +129,11 @@ def test_a_router_whose_connection_dropped_learns_why_its_requests_ended(llama_d
     (pages freed) and, if the router was only reconnecting, fails them there on its next
     message with the reason, instead of leaving it to wait out its request timeout (found by
     review: a reset connection hung a stream for the full 20 s timeout)."""
-    from cluster.node_base import NodeConfig
-    from cluster.protocol import Ping
+    from pdtb.nodes.node_base import NodeConfig
+    from pdtb.nodes.protocol import Ping
     from decode_node.node import DecodeNode
     from kv_transport.base import ReceivedTransfer, TransferStatus
-    from model_engine.config import EngineConfig
+    from pdtb.engine.config import EngineConfig
 
     async def go():
         node = DecodeNode(NodeConfig("decode", "d0", EngineConfig(llama_dir, num_pages=32)))
@@ -169,7 +169,7 @@ def test_a_loopback_node_keeps_gloo_on_the_loopback_interface(monkeypatch):
     review: the torch transport's listeners bound 192.0.2.2 under a LAN hostname)."""
     import psutil
 
-    from cluster.node_base import keep_gloo_on_loopback
+    from pdtb.nodes.node_base import keep_gloo_on_loopback
 
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
@@ -187,11 +187,11 @@ def test_odd_control_messages_do_not_take_the_node_down(llama_dir):
     """A GenerateRequest from a peer whose identity is not UTF-8 (and no router_id) raised in the
     handler and killed the node; any handler error now drops just that message. A second
     request with a live request's id is dropped (its events would mix with the first's)."""
-    from cluster.control import ControlServer
-    from cluster.node_base import NodeConfig
-    from cluster.protocol import encode_message
-    from colocated_node.node import ColocatedNode
-    from model_engine.config import EngineConfig
+    from pdtb.nodes.control import ControlServer
+    from pdtb.nodes.node_base import NodeConfig
+    from pdtb.nodes.protocol import encode_message
+    from pdtb.colocated.node import ColocatedNode
+    from pdtb.engine.config import EngineConfig
 
     async def go():
         node = ColocatedNode(NodeConfig("colocated", "c0", EngineConfig(llama_dir, num_pages=64)))
@@ -220,8 +220,8 @@ def test_a_prefill_node_needs_pages_for_the_prompt_only(llama_dir):
     the rest. It used to refuse a prompt that fits its pool when prompt + max_tokens did not
     (8 pages: a 100-token prompt with max_tokens 100 failed), and the router wanted a page more
     than the prompt's (found by review)."""
-    from cluster.node_base import NodeConfig
-    from model_engine.config import EngineConfig
+    from pdtb.nodes.node_base import NodeConfig
+    from pdtb.engine.config import EngineConfig
     from prefill_node.node import PrefillNode
 
     node = PrefillNode(NodeConfig("prefill", "p0", EngineConfig(llama_dir, num_pages=8)))  # 128 tokens
@@ -242,10 +242,10 @@ def test_a_prefill_node_accounts_for_its_held_hand_offs_and_forgets_them(llama_d
     the per-tenant figures once the request left the scheduler), and a released hand-off's
     meters are dropped (they stayed forever); an abort is counted as a finished request
     (found by a review of the metrics)."""
-    from cluster.node_base import NodeConfig
-    from cluster.protocol import AbortRequest
+    from pdtb.nodes.node_base import NodeConfig
+    from pdtb.nodes.protocol import AbortRequest
     from prefill_node.node import PrefillNode
-    from model_engine.config import EngineConfig
+    from pdtb.engine.config import EngineConfig
 
     async def go():
         node = PrefillNode(NodeConfig("prefill", "p0", EngineConfig(llama_dir, num_pages=64)))

@@ -7,9 +7,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from model_engine.kv_export import export_request, import_request
-from model_engine.kv_spec import KVSpec
-from model_engine.page_pool import PagePool, PageState, PoolError
+from pdtb.engine.kv_export import export_request, import_request
+from pdtb.engine.kv_spec import KVSpec
+from pdtb.engine.page_pool import PagePool, PageState, PoolError
 
 SPEC = KVSpec(num_layers=2, num_kv_heads=1, head_dim=2, page_size=4, dtype="float32")
 OWNERS = [f"r{i}" for i in range(5)]

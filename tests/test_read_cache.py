@@ -8,8 +8,8 @@ import torch
 
 from conftest import hf_greedy, make_prompts
 from conftest import make_engine as _make_engine
-from model_engine.read_cache import DecodeReadCache
-from model_engine.sequence import SamplingParams
+from pdtb.engine.read_cache import DecodeReadCache
+from pdtb.engine.sequence import SamplingParams
 
 
 def make_engine(model_dir: str, **kw):

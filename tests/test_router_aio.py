@@ -1,11 +1,11 @@
-"""`router.aio.within`: a bounded wait that never swallows its caller's cancellation."""
+"""`pdtb.router.aio.within`: a bounded wait that never swallows its caller's cancellation."""
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 
-from router.aio import within
+from pdtb.router.aio import within
 
 
 def test_a_cancellation_landing_as_the_awaited_item_arrives_still_cancels():

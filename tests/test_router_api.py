@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from router.config import NodeSpec, RouterConfig
-from router.openai_api import ApiError, check_lengths, parse_completion_request
+from pdtb.router.config import NodeSpec, RouterConfig
+from pdtb.router.openai_api import ApiError, check_lengths, parse_completion_request
 
 NAME, VOCAB, MAX_LEN = "tiny", 512, 64
 
@@ -136,7 +136,7 @@ def test_an_integral_float_max_tokens_is_that_integer():
 
 
 def test_stream_chunks_carry_a_null_usage_when_usage_was_asked_for():
-    from router.openai_api import completion_body
+    from pdtb.router.openai_api import completion_body
 
     kw = dict(request_id="r", created=0, model=NAME, choice={"index": 0, "text": "a"}, stream=True)
     assert "usage" not in completion_body(**kw)

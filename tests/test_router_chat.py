@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from router.chat_api import ChatPrompt, parse_chat_request
-from router.chat_template import ChatTemplate, ChatTemplateError, find_chat_template_source, load_chat_template
-from router.openai_api import ApiError
+from pdtb.router.chat_api import ChatPrompt, parse_chat_request
+from pdtb.router.chat_template import ChatTemplate, ChatTemplateError, find_chat_template_source, load_chat_template
+from pdtb.router.openai_api import ApiError
 from test_router_integration import TEXT, cluster, reference, run, served, tokens  # noqa: F401 (fixtures)
 
 NAME, VOCAB = "tiny", 512
@@ -270,7 +270,7 @@ def test_rendering_is_bounded_and_every_template_failure_is_the_requests_error()
 
 
 def test_chat_without_max_tokens_may_use_the_rest_of_the_context():
-    from router.openai_api import check_lengths, parse_completion_request
+    from pdtb.router.openai_api import check_lengths, parse_completion_request
 
     chat = parse({"messages": [{"role": "user", "content": "hi"}]})
     assert check_lengths(chat, 10, 64) == 54  # vLLM's chat default, not /v1/completions' 16

@@ -1,4 +1,4 @@
-"""`python -m router.main` as a process: start-up line, serving, and SIGTERM with in-flight requests."""
+"""`python -m pdtb.router.main` as a process: start-up line, serving, and SIGTERM with in-flight requests."""
 from __future__ import annotations
 
 import asyncio
@@ -9,14 +9,14 @@ import time
 
 import aiohttp
 
-from router.fake_node import FakeNode, FakeNodeConfig
+from pdtb.router.fake_node import FakeNode, FakeNodeConfig
 
 TOKENS = list(range(10, 60))
 
 
 async def start_router(model_dir: str, node: FakeNode, *extra: str) -> tuple[asyncio.subprocess.Process, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "router.main", "--model", model_dir, "--node", f"colocated={node.address}",
+        sys.executable, "-m", "pdtb.router.main", "--model", model_dir, "--node", f"colocated={node.address}",
         "--port", "0", "--served-model-name", "tiny", "--log-level", "warning", *extra,
         stdout=asyncio.subprocess.PIPE)
     line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
@@ -86,7 +86,7 @@ def test_sigterm_finishes_short_requests_and_aborts_the_rest(llama_dir):
 
 
 def test_bad_flags_exit_2(llama_dir):
-    from router.main import main
+    from pdtb.router.main import main
 
     assert main(["--model", llama_dir, "--node", "gpu=tcp://127.0.0.1:1"]) == 2
     assert main(["--model", llama_dir, "--node", "prefill=tcp://127.0.0.1:1"]) == 2  # no decode node

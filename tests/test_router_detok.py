@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.detok import REPLACEMENT, IncrementalDetokenizer, OutputText, StopMatcher
+from pdtb.router.detok import REPLACEMENT, IncrementalDetokenizer, OutputText, StopMatcher
 
 TEXTS = ["Grüße 東京 🙂", "Héllo wörld, ça va? 와 서울 — 🙂🙂 end", "plain ascii text", "🙂"]
 

@@ -1,6 +1,6 @@
 """The real router app over real zmq sockets, against fake nodes, driven by the openai client.
 
-Fake nodes (router/fake_node.py) answer pings and stream deterministic tokens; in disaggregated
+Fake nodes (pdtb/router/fake_node.py) answer pings and stream deterministic tokens; in disaggregated
 mode the fake prefill node sends the first token and its decode peer sends the rest to the
 router identity over its own socket, as the real nodes do. Expected text comes from the
 tokenizer's own decode of `expected_output`, never from the router.
@@ -17,10 +17,10 @@ import aiohttp
 import openai
 import pytest
 
-from router.completions import STATE, drain
-from router.config import NodeSpec, RouterConfig, load_served_model
-from router.fake_node import FakeNode, FakeNodeConfig, expected_output
-from router.main import start_router
+from pdtb.router.completions import STATE, drain
+from pdtb.router.config import NodeSpec, RouterConfig, load_served_model
+from pdtb.router.fake_node import FakeNode, FakeNodeConfig, expected_output
+from pdtb.router.main import start_router
 
 TEXT = "Grüße 東京 🙂 and ünïcödé, 서울!"
 PROMPT = "Prefill runs the prompt once"
@@ -393,8 +393,8 @@ def test_tenant_stream_limit(served, tokens):
 
 
 def test_dispatch_policy_prefers_idle_prefill_and_free_decode():
-    from cluster.protocol import NodeStats
-    from router.nodes import NodeState, pick_most_free, pick_prefill
+    from pdtb.nodes.protocol import NodeStats
+    from pdtb.router.nodes import NodeState, pick_most_free, pick_prefill
 
     def node(role, **stats):
         n = NodeState(NodeSpec(role, "tcp://127.0.0.1:1"))
@@ -415,8 +415,8 @@ def test_a_silent_node_fails_its_requests_with_why():
     is reported as shut down, even when its own abort messages were lost on the way."""
     import asyncio
 
-    from cluster.protocol import NodeStats
-    from router.nodes import NodeRegistry, RequestHandle
+    from pdtb.nodes.protocol import NodeStats
+    from pdtb.router.nodes import NodeRegistry, RequestHandle
 
     async def go():
         reg = NodeRegistry([NodeSpec("colocated", "tcp://127.0.0.1:1"), NodeSpec("colocated", "tcp://127.0.0.1:2")])
@@ -435,9 +435,9 @@ def test_a_silent_node_fails_its_requests_with_why():
 
 
 def test_stop_reason_of_a_stop_token(served):
-    from router.completions import CompletionRun
-    from router.detok import OutputText
-    from router.openai_api import parse_completion_request
+    from pdtb.router.completions import CompletionRun
+    from pdtb.router.detok import OutputText
+    from pdtb.router.openai_api import parse_completion_request
 
     run = CompletionRun.__new__(CompletionRun)  # only the request is needed
     run.req = parse_completion_request(json.dumps({"prompt": "x", "stop_token_ids": [7, 9]}).encode(), "tiny", 512)
@@ -455,8 +455,8 @@ def test_a_node_that_cannot_take_a_request_is_skipped_for_another():
     prefill node was healthy)."""
     import time as _time
 
-    from cluster.protocol import GenerateRequest, NodeStats, Params
-    from router.nodes import NodeRegistry, RequestFailed
+    from pdtb.nodes.protocol import GenerateRequest, NodeStats, Params
+    from pdtb.router.nodes import NodeRegistry, RequestFailed
 
     reg = NodeRegistry([NodeSpec("prefill", "tcp://127.0.0.1:1"), NodeSpec("prefill", "tcp://127.0.0.1:2"),
                         NodeSpec("decode", "tcp://127.0.0.1:3")])
@@ -582,8 +582,8 @@ def test_the_load_test_client_in_chat_mode_against_the_router(served, tokens, to
     """`pdtb bench serve --api chat`: prompts as one user message of text, streamed from
     /v1/chat/completions; tokens counted from token_ids or from delta.content, the prompt
     length taken from the server's usage (what the chat template made of the text)."""
-    from bench_client.records import RequestSpec
-    from bench_client.runner import RunConfig, run as run_client
+    from pdtb.bench.records import RequestSpec
+    from pdtb.bench.runner import RunConfig, run as run_client
 
     specs = [RequestSpec(0.01 * i, f"t{i % 2}", "c", 12 + i, 5) for i in range(4)]
 
@@ -607,7 +607,7 @@ def test_a_reconnected_node_is_not_vouched_for_by_its_new_connection():
     holds the dead process's stats (its old KV address), so the new connection must not keep it
     healthy through a silence (the chaos test of a restart caught requests sent to the old
     address)."""
-    from router.nodes import NodeState
+    from pdtb.router.nodes import NodeState
 
     n = NodeState(NodeSpec("decode", "tcp://127.0.0.1:1"))
     n.last_seen, n.connected = 100.0, True
@@ -626,8 +626,8 @@ def test_a_node_restarted_within_the_health_timeout_fails_the_dead_processs_requ
     incarnation in NodeStats now fails them at once."""
     import time as _time
 
-    from cluster.protocol import NodeStats, encode_message
-    from router.nodes import NodeRegistry, RequestHandle
+    from pdtb.nodes.protocol import NodeStats, encode_message
+    from pdtb.router.nodes import NodeRegistry, RequestHandle
 
     async def go():
         reg = NodeRegistry([NodeSpec("colocated", "tcp://127.0.0.1:1")])

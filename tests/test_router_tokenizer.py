@@ -10,7 +10,7 @@ import sys
 import pytest
 import transformers
 
-from model_engine.tokenizer import (PLAIN_CLASSES, MARKER, PipelineTokenizer, load_tokenizer, plain_pipeline_config,
+from pdtb.engine.tokenizer import (PLAIN_CLASSES, MARKER, PipelineTokenizer, load_tokenizer, plain_pipeline_config,
                                     recorded_class)
 
 TEXTS = ["", "a", "Hello, world!", "  leading and trailing  ", "tabs\tand\nnewlines\r\n",
@@ -78,7 +78,7 @@ def test_missing_or_broken_files_or_another_transformers_version_are_not_plain(m
 
 
 def test_serving_the_embedded_model_does_not_import_torch(model_dirs):
-    code = ("import sys; from router.config import load_served_model; "
+    code = ("import sys; from pdtb.router.config import load_served_model; "
             f"m = load_served_model({model_dirs['llama']!r}); "
             "assert m.tokenizer('hi')['input_ids']; print(sorted(k for k in ('torch', 'transformers') if k in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

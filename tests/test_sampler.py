@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from conftest import make_engine, make_prompts
-from model_engine.sampler import sample
-from model_engine.sequence import SamplingParams
+from pdtb.engine.sampler import sample
+from pdtb.engine.sequence import SamplingParams
 
 
 def test_greedy_is_argmax():

@@ -10,13 +10,13 @@ import torch
 import zmq
 import zmq.asyncio
 
-from cluster.control import ControlServer
-from cluster.protocol import NodeStats, Ping, decode_message, encode_message
-from cluster.security import CurveKeys, generate, secure_client, start_authenticator
+from pdtb.nodes.control import ControlServer
+from pdtb.nodes.protocol import NodeStats, Ping, decode_message, encode_message
+from pdtb.security import CurveKeys, generate, secure_client, start_authenticator
 from kv_transport import TransferState, TransportConfig, make_receiver, make_sender
-from model_engine.kv_export import export_request
-from model_engine.kv_spec import KVSpec
-from model_engine.page_pool import PagePool
+from pdtb.engine.kv_export import export_request
+from pdtb.engine.kv_spec import KVSpec
+from pdtb.engine.page_pool import PagePool
 
 SPEC = KVSpec(2, 1, 4, 4, "float32")
 
@@ -99,7 +99,7 @@ def test_kv_transport_over_curve(tmp_path):
 
 
 def test_missing_keys_are_a_clear_error(tmp_path):
-    from cluster.security import SecurityError
+    from pdtb.security import SecurityError
 
     with pytest.raises(SecurityError, match="server"):
         CurveKeys.load(tmp_path)

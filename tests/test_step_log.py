@@ -5,8 +5,8 @@ import json
 
 from conftest import make_engine, make_prompts
 
-from cluster.step_log import StepLog
-from model_engine.sequence import SamplingParams
+from pdtb.nodes.step_log import StepLog
+from pdtb.engine.sequence import SamplingParams
 
 
 def test_each_step_logs_its_prefill_chunks_and_decode_rows_by_tenant(llama_dir, tmp_path):

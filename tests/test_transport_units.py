@@ -14,8 +14,8 @@ from kv_transport.config import FaultConfig, TransportConfig
 from kv_transport.faults import Fault, FaultInjector
 from kv_transport.page_writer import PageWriter, find_runs
 from kv_transport.testing import TINY_SPEC, make_pool
-from model_engine.kv_export import SUM_BLOCK_BYTES, block_sums
-from model_engine.kv_spec import KVSpec
+from pdtb.engine.kv_export import SUM_BLOCK_BYTES, block_sums
+from pdtb.engine.kv_spec import KVSpec
 
 ROW = TINY_SPEC.bytes_per_page // (2 * TINY_SPEC.num_layers)  # bytes of one (layer, kv, page)
 

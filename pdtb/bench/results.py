@@ -1,0 +1,88 @@
+"""The results file and the end-of-run table.
+
+Results JSON (stable top-level keys):
+  {"meta": {...}, "requests": [RequestRecord.to_json()...], "summary": summarize(...), "samples": [...]}
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pdtb.bench.attribution import format_lines
+from pdtb.bench.records import RequestRecord
+
+RESULTS_VERSION = 1
+
+
+def server_labels(nodes: list[dict] | None) -> tuple[str | None, str | None]:
+    """(mode, policy) as the server describes itself in `/cluster`: disagg when it has prefill or
+    decode nodes, colocated otherwise; the policies nodes report in `extra.policy`."""
+    if not nodes:
+        return None, None
+    roles = {n.get("role") for n in nodes}
+    mode = "disagg" if roles & {"prefill", "decode"} else ("colocated" if "colocated" in roles else None)
+    policies = sorted({str(p) for n in nodes if (p := (n.get("extra") or {}).get("policy"))})
+    return mode, ("+".join(policies) or None)
+
+
+def build_results(meta: dict, records: list[RequestRecord], summary: dict, samples: list[dict]) -> dict:
+    return {"meta": {"version": RESULTS_VERSION, **meta}, "requests": [r.to_json() for r in records],
+            "summary": summary, "samples": samples}
+
+
+def write_results(path: str | Path, results: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def load_results(path: str | Path) -> dict:
+    data = json.loads(Path(path).read_text())
+    for key in ("meta", "requests", "summary"):
+        if key not in data:
+            raise ValueError(f"{path}: not a results file (no {key!r})")
+    data.setdefault("samples", [])
+    return data
+
+
+def records_of(results: dict) -> list[RequestRecord]:
+    return [RequestRecord.from_json(d) for d in results["requests"]]
+
+
+def run_label(meta: dict) -> str:
+    """'mode/policy' of a run, '?' for what is unknown."""
+    return f"{meta.get('mode') or '?'}/{meta.get('policy') or '?'}"
+
+
+def fmt(v, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+_COLUMNS = ("group", "count", "failed", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "TPOT p50", "E2E p99", "out tok/s")
+
+
+def _row(name: str, s: dict) -> list[str]:
+    return [name, str(s["count"]), str(s["failed"]), fmt(s["ttft_ms"]["p50"]), fmt(s["ttft_ms"]["p99"]),
+            fmt(s["itl_ms"]["p50"]), fmt(s["itl_ms"]["p99"]), fmt(s["tpot_ms"]["p50"]), fmt(s["e2e_ms"]["p99"]),
+            fmt(s["output_tok_s"])]
+
+
+def format_table(summary: dict) -> str:
+    """Plain-text table (latencies in ms): overall, per class, per tenant, then fairness."""
+    rows = [_row("overall", summary["overall"])]
+    rows += [_row(f"class {k}", v) for k, v in summary["per_class"].items()]
+    rows += [_row(f"tenant {k}", v) for k, v in summary["per_tenant"].items()]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
+    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    out = [line(_COLUMNS), line(["-" * w for w in widths])] + [line(r) for r in rows]
+    f, o = summary["fairness"], summary["overall"]
+    # goodput only means something against SLOs (without them it is the request rate), as vLLM prints it
+    good = f"goodput {fmt(o['goodput_rps'], 2)} req/s  " if o.get("slo_attainment") is not None else ""
+    out.append(f"{good}fair-share Jain {fmt(f.get('share_jain_mean'), 3)} "
+               f"(worst window {fmt(f.get('share_jain_min'), 3)})  Jain(completed/demanded) {fmt(f['jain_index'], 3)}  "
+               f"max service gap {fmt(f['max_service_gap'], 0)} (window {f['window_s']} s)  "
+               f"duration {fmt(summary.get('duration_s'), 1)} s")
+    attr = format_lines(summary.get("slo_attribution") or {})
+    if attr:
+        out += ["SLO attribution by the nodes (pdtb_timing; misses against the nodes' SLO targets):", *attr]
+    return "\n".join(out)

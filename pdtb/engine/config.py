@@ -1,0 +1,51 @@
+"""Frozen configuration of one engine instance."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdtb.engine.kv_spec import DTYPES
+from pdtb.engine.scheduler import SchedulerConfig
+
+DECODE_ATTENTION = ("auto", "torch")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_dir: str  # local HF checkpoint directory
+    page_size: int = 16  # tokens per KV page
+    num_pages: int = 2048  # pages in the device tier
+    device: str = "cpu"  # "cpu" or "cuda[:N]"
+    dtype: str = "float32"  # float32 | float16 | bfloat16
+    max_num_seqs: int = 256  # running requests at most
+    max_num_batched_tokens: int = 2048  # tokens per step (chunked prefill budget)
+    max_model_len: int | None = None  # None: the model's own context length
+    torch_threads: int | None = None  # torch intra-op threads (None: torch default)
+    host_kv_pages: int = 0  # pages in the host tier (pinned host memory on a GPU); 0: none
+    # "auto": decode rows of a float32 CPU pool use the C paged kernel (pdtb/engine/csrc),
+    # built at first use, where a C compiler is found; "torch": the read cache and batched
+    # matmuls (always the path on a GPU, for other dtypes, and where the kernel cannot be built)
+    decode_attention: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        if self.decode_attention not in DECODE_ATTENTION:
+            raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}")
+        if self.host_kv_pages < 0:
+            raise ValueError("host_kv_pages must be >= 0")
+        if self.num_pages < 1:
+            raise ValueError("num_pages must be >= 1")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError(f"device {self.device!r}: this torch build has no usable CUDA device "
+                                 f"(torch {torch.__version__})")
+
+    def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
+        max_len = min(self.max_model_len or model_max_len, model_max_len)
+        return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, max_len)

@@ -1,0 +1,156 @@
+"""LLMEngine: model + page pool + scheduler + runner + sampler, stepped one batch at a time.
+
+Used directly by the offline CLI and the benchmark; the node processes drive the same
+`step()` from their asyncio loops.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import torch
+
+from pdtb.engine import hf_compat, paged_attention
+from pdtb.engine.config import EngineConfig
+from pdtb.engine.loader import ModelInfo, load_model
+from pdtb.engine.page_pool import PagePool
+from pdtb.engine.runner import BatchChunk, ModelRunner
+from pdtb.engine.sampler import sample
+from pdtb.engine.scheduler import Scheduler, SchedulerOutput
+from pdtb.engine.sequence import SamplingParams, Sequence, SeqStatus
+
+
+@dataclass
+class StepEvent:
+    """One sampled token (and whether it ended its request)."""
+
+    seq: Sequence
+    token_id: int
+    finished: bool
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, model=None, tokenizer=None, info: ModelInfo | None = None,
+                 policy=None) -> None:
+        paged_attention.register()
+        self.config = config
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        if model is None:
+            model, tokenizer, info = load_model(config.model_dir, config.device, config.dtype,
+                                                attn_implementation=paged_attention.ATTN_NAME)
+        else:
+            model.set_attn_implementation(paged_attention.ATTN_NAME)
+        self.model, self.tokenizer, self.info = model, tokenizer, info
+        self.spec = info.kv_spec(config.page_size, config.dtype)
+        self.pool = PagePool(self.spec, config.num_pages, device=config.device)
+        self.host_pool = PagePool(self.spec, config.host_kv_pages, device="cpu", tier="host",
+                                  pin_memory=config.device.startswith("cuda")) if config.host_kv_pages else None
+        self.scheduler = Scheduler(config.scheduler_config(info.max_model_len), self.pool, policy=policy,
+                                   host_pool=self.host_pool)
+        kernel = self._decode_kernel(config)
+        hf_compat.check_model(model, self.pool.kv, config.page_size, kernel)
+        self.runner = ModelRunner(model, self.pool.kv, config.page_size, config.device, kernel=kernel)
+        self._ids = itertools.count()
+        self.last_output: SchedulerOutput | None = None
+
+    def _decode_kernel(self, config: EngineConfig):
+        """The CPU paged decode kernel where it applies (see EngineConfig.decode_attention)."""
+        if config.decode_attention != "auto" or self.pool.kv.device.type != "cpu" \
+                or self.pool.kv.dtype != torch.float32:
+            return None
+        from pdtb.engine import cpu_kernel
+
+        return cpu_kernel.load()
+
+    # ---- requests -------------------------------------------------------------------------
+    def make_sequence(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                      **kw) -> Sequence:
+        bad = [t for t in prompt_token_ids if not 0 <= t < self.info.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} outside the vocabulary [0, {self.info.vocab_size})")
+        return Sequence.from_prompt(request_id or f"req-{next(self._ids)}", prompt_token_ids, params, **kw)
+
+    def add(self, seq: Sequence) -> None:
+        self.scheduler.add(seq)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- one step ---------------------------------------------------------------------------
+    def step(self) -> list[StepEvent]:
+        out = self.scheduler.schedule()
+        self.last_output = out
+        if not out.chunks:
+            return []
+        pages_of = self.pool.pages_of
+        batch = [BatchChunk(c.seq.request_id, c.seq.token_ids[c.seq.num_computed_tokens:c.seq.num_computed_tokens + c.num_new_tokens],
+                            c.seq.num_computed_tokens, pages_of(c.seq.request_id), c.wants_logits)
+                 for c in out.chunks]
+        logits = self.runner.run(batch)
+        sampling = [c.seq for c in out.chunks if c.wants_logits]
+        for c in out.chunks:
+            c.seq.num_computed_tokens += c.num_new_tokens
+        tokens = sample(logits, [s.params for s in sampling], [s.num_output_tokens for s in sampling])
+        return [self._append(seq, tok) for seq, tok in zip(sampling, tokens)]
+
+    def _append(self, seq: Sequence, token: int) -> StepEvent:
+        seq.token_ids.append(token)
+        p = seq.params
+        status = None
+        if not p.ignore_eos and token in self.info.eos_token_ids:
+            status, reason = SeqStatus.FINISHED_STOPPED, "stop"
+        elif token in p.stop_token_ids:
+            status, reason = SeqStatus.FINISHED_STOPPED, "stop"
+        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.scheduler.config.max_model_len:
+            status, reason = SeqStatus.FINISHED_LENGTH, "length"
+        if status is not None:
+            self.scheduler.finish(seq, status, reason)
+        return StepEvent(seq, token, status is not None)
+
+    # ---- start-up ---------------------------------------------------------------------------
+    def warm_up(self, prompt_len: int = 48, decode_steps: int = 3) -> float:
+        """Run throwaway steps through the model runner before serving: a prefill, a mixed step
+        (one row decoding beside another's prefill), then decode steps of both. On a GPU the
+        first forward passes pay for kernel loading and library handles; measured on an H100,
+        about 0.4 s that would otherwise land on the first requests' TTFT. The pages are
+        borrowed from the pool and returned; the scheduler never sees these rows. Returns the
+        seconds spent (0.0 when the pool cannot spare the pages)."""
+        t0 = time.perf_counter()
+        n = max(1, min(prompt_len, self.scheduler.config.max_model_len - decode_steps - 2))
+        need = -(-(n + decode_steps + 1) // self.spec.page_size)
+        rows = {}
+        try:
+            for rid in ("__warm_up_a__", "__warm_up_b__"):
+                pages = self.pool.allocate(rid, need)
+                if pages is None:
+                    return 0.0
+                rows[rid] = pages
+            (a, pa), (b, pb) = rows.items()
+            prompt = [3 + i % (self.info.vocab_size - 3) for i in range(n)]
+            plist = [SamplingParams(max_tokens=1)]
+            self.runner.run([BatchChunk(a, prompt, 0, pa, True)])
+            logits = self.runner.run([BatchChunk(a, prompt[:1], n, pa, True), BatchChunk(b, prompt, 0, pb, True)])
+            sample(logits, plist * 2, [0, 0])
+            for i in range(decode_steps):
+                logits = self.runner.run([BatchChunk(a, prompt[:1], n + 1 + i, pa, True),
+                                          BatchChunk(b, prompt[:1], n + i, pb, True)])
+                sample(logits, plist * 2, [0, 0])
+            if self.pool.kv.is_cuda:
+                torch.cuda.synchronize(self.pool.kv.device)
+        finally:
+            for rid in rows:
+                self.pool.free(rid)
+        return time.perf_counter() - t0
+
+    # ---- offline ------------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Sequence]:
+        """Run all prompts in one continuous batch until every one finishes; input order kept."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        seqs = [self.make_sequence(p, sp) for p, sp in zip(prompts, plist)]
+        for s in seqs:
+            self.add(s)
+        while self.has_work():
+            self.step()
+        return seqs

@@ -1,0 +1,135 @@
+"""Per-node bookkeeping of the fairness controller's effects: tier moves stamped on request
+timelines, KV bandwidth metering, SLO attribution, per-tenant pages for /cluster and metrics."""
+from __future__ import annotations
+
+from collections import Counter
+
+from fairness.attribution import attribute, end_wait, timing_summary
+from fairness.metering import KVMeter
+from prometheus_client import Counter as PCounter
+from prometheus_client import Gauge
+
+
+MAX_TENANT_LABELS = 512  # distinct tenant names a node keeps per-tenant series for; the rest are OTHER
+OTHER = "_other"
+
+
+class NodeAccounting:
+    """Per-tenant figures (metrics label values, /cluster stats, KV bytes) are kept for at most
+    MAX_TENANT_LABELS tenant names, first come first kept; later ones count under "_other".
+    Tenant names come from clients (the OpenAI `user`): unbounded, they grew every node's
+    /metrics and its stats reply to each ping without limit (1.5 MB per 2,000 names), until
+    the reply would pass the control plane's frame limit."""
+
+    def __init__(self, node) -> None:
+        self.node = node
+        self._labels: set[str] = set()
+        self.meter = KVMeter(tenant_key=self.label)
+        self.evictions: Counter = Counter()  # (tenant, kind) -> count
+        r, lbl = node.metrics.registry, ["role", "node"]
+        self.m_tenant_pages = Gauge("pdtb_tenant_kv_pages", "KV pages held per tenant and tier", lbl + ["tenant", "tier"], registry=r)
+        self.m_evictions = PCounter("pdtb_evictions", "demotions/promotions/preemptions by tenant", lbl + ["tenant", "kind"], registry=r)
+        self.m_bytes = PCounter("pdtb_tenant_kv_bytes", "KV bytes by tenant and kind", lbl + ["tenant", "kind"], registry=r)
+        self.m_slo = PCounter("pdtb_slo_misses", "SLO misses by tenant and attributed cause", lbl + ["tenant", "cause"], registry=r)
+        self.m_conservation = node.metrics.conservation_errors
+        self._tenants_seen: set[str] = set()
+
+    def label(self, tenant: str) -> str:
+        """The name `tenant`'s figures are kept under (see the class doc)."""
+        if tenant in self._labels:
+            return tenant
+        if len(self._labels) < MAX_TENANT_LABELS:
+            self._labels.add(tenant)
+            return tenant
+        return OTHER
+
+    def on_output(self, out, now: float) -> None:
+        """Stamp tier moves on timelines and meter bytes, after one scheduler step."""
+        eng, seqs, lbl = self.node.engine, self.node.seqs, self.node.metrics.labels
+        for c in out.chunks:
+            self.meter.tenant_of[c.seq.request_id] = c.seq.tenant
+        for m in out.moves:
+            seq = seqs.get(m.request_id)
+            if seq is None:
+                continue
+            tl = seq.timeline
+            self.evictions[(self.label(seq.tenant), m.kind)] += 1
+            self.m_evictions.labels(tenant=self.label(seq.tenant), kind=m.kind, **lbl).inc()
+            if m.kind != "promote":  # from here on it is parked or dropped, not waiting a turn
+                end_wait(tl, "turn_wait", now)
+            if m.kind == "demote":
+                tl["parked_since"] = now
+            elif m.kind == "promote":
+                end_wait(tl, "parked", now)
+            elif m.kind == "preempt":
+                tl["preempted_since"] = now
+                tl["num_preemptions"] = tl.get("num_preemptions", 0) + 1
+        for c in out.chunks:
+            tl = c.seq.timeline
+            if c.wants_logits and "first_token" not in tl and "preempted_since" in tl:
+                # preempted before its first token: the wait for recompute is part of its TTFT
+                tl["recompute_ttft_s"] = tl.get("recompute_ttft_s", 0.0) + now - tl.pop("preempted_since")
+            if c.wants_logits:
+                end_wait(tl, "preempted", now)
+            end_wait(tl, "turn_wait", now)
+        for seq in out.unserved:  # resident, but its turn did not come (read share, bandwidth cap, budget)
+            if seq.num_output_tokens:
+                seq.timeline.setdefault("turn_wait_since", now)
+        before = {t: dict(v) for t, v in self.meter.per_tenant.items()}
+        self.meter.on_step(out, eng.pool.spec.page_size, eng.pool.bytes_per_page)
+        for t, kinds in self.meter.per_tenant.items():
+            for k, v in kinds.items():
+                d = v - before.get(t, {}).get(k, 0)
+                if d:
+                    self.m_bytes.labels(tenant=t, kind=k, **lbl).inc(d)
+
+    def add_received(self, seq, nbytes: int) -> None:
+        self.meter.add(seq.request_id, seq.tenant, "received", nbytes)
+        self.m_bytes.labels(tenant=self.label(seq.tenant), kind="received", **self.node.metrics.labels).inc(nbytes)
+
+    def forget(self, request_id: str) -> None:
+        """A request ended without a final timing (aborted, failed): drop its meters."""
+        self.meter.finish(request_id)
+
+    def final_timing(self, seq) -> dict:
+        """Extension object for the final event: phases, SLO attribution, KV bytes."""
+        out = timing_summary(seq.timeline)
+        slo = attribute(seq.timeline, seq.num_output_tokens, seq.priority, self.node.config.fairness)
+        out["slo"] = slo
+        out["kv_bytes"] = self.meter.finish(seq.request_id)
+        out["num_preemptions"] = int(seq.timeline.get("num_preemptions", 0))
+        if slo["cause"]:
+            self.m_slo.labels(tenant=self.label(seq.tenant), cause=slo["cause"], **self.node.metrics.labels).inc()
+        return out
+
+    def tenant_stats(self) -> dict:
+        eng = self.node.engine
+        dev, host = Counter(), Counter()
+        for s in self.node.seqs.values():  # the node's live requests (a prefill's held hand-offs too)
+            dev[self.label(s.tenant)] += len(eng.pool.pages_of(s.request_id))
+            if eng.host_pool is not None:
+                host[self.label(s.tenant)] += len(eng.host_pool.pages_of(s.request_id))
+        lbl = self.node.metrics.labels
+        for t in self._tenants_seen | set(dev) | set(host):
+            self.m_tenant_pages.labels(tenant=t, tier="device", **lbl).set(dev.get(t, 0))
+            self.m_tenant_pages.labels(tenant=t, tier="host", **lbl).set(host.get(t, 0))
+        self._tenants_seen |= set(dev) | set(host)
+        pol = self.node.policy
+        return {"tenant_pages": dict(dev), "tenant_host_pages": dict(host),
+                "quota": {t: round(v, 1) for t, v in getattr(pol, "ent", {}).items()},
+                "evictions": {f"{t}/{k}": n for (t, k), n in self.evictions.items()},
+                "kv_bytes": {t: dict(v) for t, v in self.meter.per_tenant.items()}}
+
+    def check_conservation(self) -> bool:
+        """free + reserved + resident + parked == total on each tier; counted if it breaks."""
+        from pdtb.engine.page_pool import PoolError
+
+        eng = self.node.engine
+        try:
+            for pool in (eng.pool, eng.host_pool):
+                if pool is not None:
+                    pool.check()
+            return True
+        except PoolError:
+            self.m_conservation.inc()
+            return False

@@ -1,0 +1,211 @@
+"""Control-plane messages between the router and the nodes (ZeroMQ, msgpack, no pickle).
+
+Sockets: every node binds one ROUTER socket (its control address); the router connects one
+DEALER per node with identity `router_id`. Requests flow router -> node; events flow node ->
+router on the same connection. The decode node learns the router identity from the
+request's `router_id`, carried through the KV transfer.
+
+    router --GenerateRequest--> prefill | colocated
+    router --AbortRequest-----> any node
+    router --Ping-------------> any node     --NodeStats--> router
+    router --NodeDown---------> prefill      (a decode node stopped answering: move hand-offs off it)
+    node   --TokenBatch-------> router       (first token from prefill, the rest from decode)
+
+Every message is one frame: a msgpack map with "type" (class name) and "v" (PROTOCOL_VERSION).
+`decode_message` validates type, version and every field's type before building the dataclass
+and raises ProtocolError naming the field otherwise.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+MAX_CONTROL_BYTES = 64 << 20  # a request carries its prompt ids: up to millions of tokens
+
+
+class ProtocolError(ValueError):
+    """A control message that cannot be trusted; `field` names the offending field."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass
+class Params:
+    """Sampling parameters as they travel (mirror of pdtb.engine.sequence.SamplingParams)."""
+
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class GenerateRequest:
+    request_id: str  # unique per router
+    prompt_token_ids: list[int]
+    params: Params
+    tenant: str = "default"  # OpenAI `user`
+    priority: int = 0  # lower runs first
+    router_id: str = ""  # DEALER identity events go back to
+    decode_node: str = ""  # disaggregated: node id of the chosen decode node
+    decode_kv_addr: str = ""  # disaggregated: KV transport endpoint of that node
+    # disaggregated: other decode nodes the prefill node may hand the request to, in order, when
+    # the chosen one cannot take it (draining, dead, full); node ids and KV endpoints, pairwise
+    fallback_nodes: list[str] = field(default_factory=list)
+    fallback_kv_addrs: list[str] = field(default_factory=list)
+    arrival_time: float = 0.0  # router wall-clock time.time() when the request arrived
+
+
+@dataclass
+class AbortRequest:
+    request_id: str
+    reason: str = "aborted by client"
+    # The router ended the request itself (a stop string matched): the node holding it answers
+    # with a final event, finish_reason "stop", carrying its timeline (pdtb_timing) as a node-
+    # finished request's last event does, instead of dropping it silently.
+    final: bool = False
+
+
+@dataclass
+class TokenEvent:
+    request_id: str
+    token_ids: list[int]  # new tokens since the last event
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "error"
+    error: str | None = None  # why it failed, when finish_reason == "error"
+    timing: dict = field(default_factory=dict)  # server timeline (final event), seconds
+    # prefill -> router: the hand-off now goes to this decode node (one of the request's
+    # fallbacks); an event with only this set is a notice, not output
+    decode_node: str = ""
+    # with decode_node: the KV reached that node (the prefill node no longer holds the request)
+    delivered: bool = False
+
+
+@dataclass
+class TokenBatch:
+    node_id: str
+    events: list[TokenEvent]
+
+
+@dataclass
+class Ping:
+    seq: int
+    router_id: str = ""
+
+
+@dataclass
+class NodeDown:
+    """Router -> prefill nodes: decode node `node_id` stopped answering; hand-offs bound to it
+    move to their fallbacks (or fail) now, instead of at their transfer timeout."""
+
+    node_id: str
+    reason: str = ""
+
+
+@dataclass
+class NodeStats:
+    node_id: str
+    role: str  # "prefill" | "decode" | "colocated"
+    seq: int  # echoes Ping.seq
+    pages_total: int
+    pages_free: int
+    host_pages_total: int = 0
+    host_pages_free: int = 0
+    running: int = 0
+    waiting: int = 0
+    queued_tokens: int = 0  # prompt tokens not yet prefilled
+    kv_addr: str = ""  # KV transport endpoint (decode nodes)
+    metrics_addr: str = ""  # http://host:port/metrics
+    draining: bool = False
+    extra: dict = field(default_factory=dict)
+    incarnation: str = ""  # random per process start: a change means the node restarted
+
+
+MESSAGES: dict[str, type] = {c.__name__: c for c in (GenerateRequest, AbortRequest, TokenBatch, Ping, NodeStats, NodeDown)}
+_NESTED = {"Params": Params, "TokenEvent": TokenEvent}
+
+
+def _to_plain(obj):
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list):
+        return [_to_plain(x) for x in obj]
+    return obj
+
+
+def encode_message(msg) -> bytes:
+    d = _to_plain(msg)
+    d["type"] = type(msg).__name__
+    d["v"] = PROTOCOL_VERSION
+    return msgpack.packb(d, use_bin_type=True)
+
+
+def _check(value, tp, name: str):
+    """Return `value` converted to `tp` (dataclasses built), or raise ProtocolError."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _check(value, inner[0], name)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ProtocolError(f"field {name!r} must be a list", name)
+        (item,) = typing.get_args(tp)
+        return [_check(v, item, f"{name}[]") for v in value]
+    if tp in (dict,) or origin is dict:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"field {name!r} must be a map", name)
+        return value
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ProtocolError(f"field {name!r} must be a map", name)
+        return _build(tp, value, prefix=f"{name}.")
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ProtocolError(f"field {name!r} must be a number", name)
+        return float(value)
+    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ProtocolError(f"field {name!r} must be an integer", name)
+    if tp in (str, bool) and not isinstance(value, tp):
+        raise ProtocolError(f"field {name!r} must be {tp.__name__}", name)
+    return value
+
+
+def _build(cls, d: dict, prefix: str = ""):
+    hints = typing.get_type_hints(cls, globalns={**globals(), **_NESTED})
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in d:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ProtocolError(f"missing field {prefix}{f.name!r}", prefix + f.name)
+            continue
+        kwargs[f.name] = _check(d[f.name], hints[f.name], prefix + f.name)
+    return cls(**kwargs)
+
+
+def decode_message(data: bytes):
+    """Parse and validate one control frame. Raises ProtocolError on anything untrusted."""
+    if len(data) > MAX_CONTROL_BYTES:
+        raise ProtocolError(f"control message of {len(data)} bytes exceeds {MAX_CONTROL_BYTES}", "size")
+    try:
+        d = msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
+    except Exception as e:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"not a msgpack control message: {type(e).__name__}", "frame") from None
+    if not isinstance(d, dict):
+        raise ProtocolError("control message must be a map", "frame")
+    if d.get("v") != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {d.get('v')!r} not supported (want {PROTOCOL_VERSION})", "v")
+    cls = MESSAGES.get(d.get("type"))
+    if cls is None:
+        raise ProtocolError(f"unknown message type {d.get('type')!r}", "type")
+    return _build(cls, d)

@@ -1,0 +1,384 @@
+"""One completion request's path through the router (/v1/completions and /v1/chat/completions).
+
+    body -> parse/validate -> [chat: render the template] -> tokenize -> check lengths
+         -> tenant slot (429) -> submit (503)
+         -> TokenEvents from the request's queue -> OutputText (detok, stop strings) -> Pieces
+         -> one JSON response, or SSE chunks ending with `data: [DONE]`
+
+The nodes get an AbortRequest whenever the request ends before a node finished it: a stop
+string matched, the client went away (aiohttp cancels the handler), a write stalled, a node
+failed or fell silent, or the request timed out waiting for its next event. After a stop
+string the abort asks for a last event (`final`): the text goes out at once, and the last chunk
+(finish_reason "stop") waits for the node's timeline, at most FINAL_TIMING_S, to carry it as
+`pdtb_timing`.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from aiohttp import web
+
+from pdtb.nodes.protocol import GenerateRequest, Params
+from pdtb.router.aio import within
+from pdtb.router.chat_api import ChatPrompt, chat_choice, chat_delta, parse_chat_request
+from pdtb.router.config import RouterConfig, ServedModel
+from pdtb.router.detok import OutputText, TextDelta
+from pdtb.router.metrics import RouterMetrics
+from pdtb.router.nodes import NodeRegistry, RequestFailed, RequestHandle
+from pdtb.router.openai_api import (ApiError, CompletionRequest, check_lengths, choice_body, completion_body,
+                               parse_completion_request, usage_body)
+from pdtb.router.prompts import prompt_ids_of
+
+
+@dataclass
+class RouterState:
+    """Everything the handlers share (one per app)."""
+
+    config: RouterConfig
+    model: ServedModel
+    registry: NodeRegistry
+    metrics: RouterMetrics
+    streams_by_tenant: dict[str, int] = field(default_factory=dict)  # open requests per tenant
+    started: float = field(default_factory=time.time)  # wall-clock start, for /v1/models
+    handlers: set = field(default_factory=set)  # asyncio tasks of in-flight completion handlers
+    shutting_down: bool = False  # drain() began: new completions are refused (503)
+
+
+STATE = web.AppKey("state", RouterState)
+FINAL_TIMING_S = 0.5  # how long a request ended by a stop string waits for its node's timeline
+
+
+@dataclass
+class Piece:
+    """What one node event turns into for the client."""
+
+    text: str  # newly released text
+    token_ids: list[int]  # the event's token ids
+    finish_reason: str | None = None  # set on the last piece
+    timing: dict = field(default_factory=dict)  # the node's timeline (last piece)
+    stop_reason: str | int | None = None  # last piece: the stop string or stop token id that ended it
+
+
+def failure_error(e: RequestFailed) -> ApiError:
+    """The OpenAI-shaped error for a request that failed after it was accepted."""
+    kind = "invalid_request_error" if e.status < 500 else "service_unavailable" if e.status == 503 \
+        else "server_error"
+    return ApiError(e.status, str(e), kind, None)
+
+
+class CompletionRun:
+    """One accepted request from submit to its last byte."""
+
+    def __init__(self, state: RouterState, req: CompletionRequest, prompt_ids: list[int], max_tokens: int):
+        self.state, self.req, self.prompt_ids, self.max_tokens = state, req, prompt_ids, max_tokens
+        self.chat = isinstance(req.prompt, ChatPrompt)  # chat.completion shapes instead of text_completion
+        self.request_id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.arrival = time.monotonic()
+        self.handle: RequestHandle | None = None
+        self.released = False  # the handle was released (pieces() ended, or close())
+        self.num_output_tokens = 0
+        self.status = "200"  # for the requests counter; "499": the client went away
+
+    def submit(self) -> None:
+        """Send the request to the chosen nodes. Raises ApiError(503) when none is available."""
+        params = Params(self.max_tokens, self.req.temperature, self.req.top_p, self.req.seed,
+                        self.req.ignore_eos, list(self.req.stop_token_ids))
+        greq = GenerateRequest(self.request_id, self.prompt_ids, params, tenant=self.req.tenant,
+                               priority=self.req.priority, arrival_time=time.time())
+        try:
+            self.handle = self.state.registry.submit(greq)
+        except RequestFailed as e:
+            raise failure_error(e) from None
+        self.state.metrics.prompt_tokens.inc(len(self.prompt_ids))
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """The output, one Piece per node event. Raises RequestFailed. Use with `aclosing`."""
+        registry, metrics = self.state.registry, self.state.metrics
+        out = OutputText(self.state.model.tokenizer, self.req.stop)
+        finished_by_node, reason, last, stop_id = False, "client disconnected", None, None
+        try:
+            while True:
+                try:
+                    ev = await registry.next_event(self.handle, self.state.config.request_timeout)
+                except RequestFailed as e:
+                    reason = str(e)
+                    raise
+                if ev.finish_reason == "error" or ev.error:
+                    reason = f"failed on a node: {ev.error or 'no reason given'}"
+                    raise RequestFailed(500, f"request {reason}")
+                now = time.monotonic()
+                last = self._observe(ev, now, last)
+                ids = ev.token_ids
+                if ev.finished and ids and ev.finish_reason == "stop" and ids[-1] in self.req.stop_token_ids:
+                    stop_id, ids = ids[-1], ids[:-1]  # as vLLM: a stop token's text is not output
+                delta = out.add(ids)
+                finished_by_node = ev.finished
+                if ev.finished and not delta.stopped:
+                    tail = out.finish()
+                    delta = TextDelta(delta.text + tail.text, tail.stopped)
+                if delta.stopped and not ev.finished:
+                    # A stop string ended it here while its node still runs: the text goes out
+                    # now, then the last piece with the node's timeline, which the abort asks for.
+                    reason = "stop string matched"
+                    metrics.e2e.observe(now - self.arrival)
+                    if delta.text or ids:
+                        yield Piece(delta.text, ev.token_ids)
+                    finished_by_node = True  # the abort goes out in _final_timing
+                    yield Piece("", [], "stop", await self._final_timing(), self._stop_reason(out, "stop", stop_id))
+                    return
+                if delta.stopped or ev.finished:
+                    reason = "stop string matched"
+                    metrics.e2e.observe(now - self.arrival)
+                    finish = "stop" if delta.stopped else (ev.finish_reason or "stop")
+                    yield Piece(delta.text, ev.token_ids, finish, ev.timing or {}, self._stop_reason(out, finish, stop_id))
+                    return
+                yield Piece(delta.text, ev.token_ids)
+        finally:
+            self._end(None if finished_by_node else reason)
+
+    async def _final_timing(self) -> dict:
+        """Abort the request at its nodes asking the one that holds it for its last event, and
+        return that event's timeline (pdtb_timing), or {} if none came within FINAL_TIMING_S
+        (the output is complete already; only the attribution is missing then)."""
+        registry = self.state.registry
+        registry.abort(self.handle, "stop string matched", final=True)
+        deadline = time.monotonic() + FINAL_TIMING_S
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                ev = await registry.next_event(self.handle, left)
+            except RequestFailed:
+                return {}
+            if ev.finished:  # token events still in flight before it are past the stop string
+                return ev.timing or {}
+        return {}
+
+    def close(self) -> None:
+        """Abort and release a submitted request whose output was never read (the client went
+        away while the response headers were being written); a no-op once pieces() ended."""
+        self._end("client disconnected before the response started")
+
+    def _end(self, abort_reason: str | None) -> None:
+        """Once: tell the nodes to drop the request (unless `abort_reason` is None: they
+        finished it) and forget it here."""
+        if self.handle is None or self.released:
+            return
+        if abort_reason is not None:
+            self.state.registry.abort(self.handle, abort_reason)
+        self.state.registry.release(self.handle)
+        self.released = True
+
+    def _stop_reason(self, out: OutputText, finish: str, stop_id: int | None) -> str | int | None:
+        """vLLM's `stop_reason`: the stop string matched, or the stop token id sampled last;
+        None for an end-of-sequence token, a length limit or an error."""
+        if out.stops.stopped:
+            return out.stops.matched
+        return stop_id if finish == "stop" else None
+
+    def _observe(self, ev, now: float, last: float | None) -> float | None:
+        """Count the event's tokens; returns the time of the latest token batch."""
+        self.num_output_tokens += len(ev.token_ids)
+        if not ev.token_ids:
+            return last
+        if last is None:
+            self.state.metrics.ttft.observe(now - self.arrival)
+        self.state.metrics.observe_tokens(len(ev.token_ids), None if last is None else now - last)
+        return now
+
+    def _usage(self) -> dict:
+        return usage_body(len(self.prompt_ids), self.num_output_tokens)
+
+    async def json_response(self) -> web.Response:
+        """Collect the whole output into one `text_completion` response."""
+        text, ids, finish, timing, reason = [], [], None, {}, None
+        try:
+            async with aclosing(self.pieces()) as gen:
+                async for p in gen:
+                    text.append(p.text)
+                    ids.extend(p.token_ids)
+                    finish, timing = p.finish_reason or finish, p.timing or timing
+                    reason = p.stop_reason if p.finish_reason else reason
+        except RequestFailed as e:
+            raise failure_error(e) from None
+        rti = self.req.return_token_ids
+        if self.chat:
+            choice = chat_choice("".join(text), finish, ids if rti else None, stop_reason=reason)
+        else:
+            choice = choice_body("".join(text), finish, ids if rti else None, self.prompt_ids if rti else None,
+                                 stop_reason=reason)
+        extra = {"pdtb_timing": timing}
+        if rti:
+            extra["prompt_token_ids"] = self.prompt_ids
+        return web.json_response(completion_body(request_id=self.request_id, created=self.created,
+                                                 model=self.state.model.name, choice=choice,
+                                                 usage=self._usage(), extra=extra,
+                                                 object_name="chat.completion" if self.chat else "text_completion"))
+
+    async def stream_response(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events: one chunk per piece, an optional usage chunk, then [DONE]."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        try:
+            await within(resp.prepare(request), self.state.config.request_timeout)
+            try:
+                await self._send_pieces(resp)
+            except RequestFailed as e:
+                self.status = str(e.status)
+                await self._send(resp, failure_error(e).body())
+            await self._write(resp, b"data: [DONE]\n\n")
+            await within(resp.write_eof(), self.state.config.request_timeout)
+        except (ConnectionResetError, asyncio.TimeoutError):
+            self.status = "499"  # the client went away or stopped reading; pieces() sent the abort
+        return resp
+
+    async def _send_pieces(self, resp: web.StreamResponse) -> None:
+        rti, first, timing = self.req.return_token_ids, True, {}
+        if self.chat:  # the role comes first, before any token (as vLLM and OpenAI send it)
+            await self._send(resp, self._chunk(chat_delta("", role=True),
+                                               extra={"prompt_token_ids": self.prompt_ids} if rti else None))
+        async with aclosing(self.pieces()) as gen:
+            async for p in gen:
+                if not (p.text or p.finish_reason or (rti and p.token_ids)):
+                    continue
+                if self.chat:
+                    choice = chat_delta(p.text, p.finish_reason, p.token_ids if rti else None, p.stop_reason)
+                else:
+                    choice = choice_body(p.text, p.finish_reason, p.token_ids if rti else None,
+                                         self.prompt_ids if rti and first else None, stop_reason=p.stop_reason)
+                timing = p.timing if p.finish_reason else timing
+                await self._send(resp, self._chunk(choice, extra={"pdtb_timing": timing} if p.finish_reason else None))
+                first = False
+        if self.req.include_usage:
+            await self._send(resp, self._chunk(None, usage=self._usage(), extra={"pdtb_timing": timing}))
+
+    def _chunk(self, choice: dict | None, usage: dict | None = None, extra: dict | None = None) -> dict:
+        return completion_body(request_id=self.request_id, created=self.created, model=self.state.model.name,
+                               choice=choice, usage=usage, extra=extra, stream=True,
+                               usage_key=self.req.include_usage,
+                               object_name="chat.completion.chunk" if self.chat else "text_completion")
+
+    async def _send(self, resp: web.StreamResponse, body: dict) -> None:
+        await self._write(resp, b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n")
+
+    async def _write(self, resp: web.StreamResponse, data: bytes) -> None:
+        await within(resp.write(data), self.state.config.request_timeout)
+
+
+THREAD_PARSE_BYTES = 1 << 20  # larger bodies are parsed and validated off the event loop
+
+
+async def prepare(state: RouterState, raw: bytes, chat: bool = False) -> CompletionRun:
+    """Parse, [render,] tokenize and length-check a body. Raises ApiError (400/404). A body of
+    over a MiB is parsed in a thread: eight 7.7 MB bodies of one-character content parts held
+    the loop for 4 s when parsed on it (a review)."""
+    model = state.model
+    parse = parse_chat_request if chat else parse_completion_request
+    if len(raw) > THREAD_PARSE_BYTES:
+        req = await asyncio.to_thread(parse, raw, model.name, model.vocab_size)
+    else:
+        req = parse(raw, model.name, model.vocab_size)
+    prompt_ids = await prompt_ids_of(model, req.prompt)
+    max_tokens = check_lengths(req, len(prompt_ids), model.max_model_len)
+    return CompletionRun(state, req, prompt_ids, max_tokens)
+
+
+@contextlib.contextmanager
+def tenant_slot(state: RouterState, tenant: str):
+    """Hold one of the tenant's concurrent-request slots. Raises ApiError(429) when none is free."""
+    limit = state.config.max_streams_per_tenant
+    if state.streams_by_tenant.get(tenant, 0) >= limit:
+        raise ApiError(429, f"too many concurrent requests for user {tenant!r} (limit {limit})",
+                       "rate_limit_error", "rate_limit_exceeded")
+    state.streams_by_tenant[tenant] = state.streams_by_tenant.get(tenant, 0) + 1
+    state.metrics.in_flight.inc()
+    try:
+        yield
+    finally:
+        state.metrics.in_flight.dec()
+        state.streams_by_tenant[tenant] -= 1
+        if not state.streams_by_tenant[tenant]:
+            del state.streams_by_tenant[tenant]
+
+
+async def read_body(request: web.Request, timeout: float) -> bytes:
+    """The request body; aiohttp raises HTTPRequestEntityTooLarge past client_max_size."""
+    try:
+        return await within(request.read(), timeout)
+    except asyncio.TimeoutError:
+        raise ApiError(408, "request body not received in time", "invalid_request_error", "timeout") from None
+
+
+async def handle_completion(request: web.Request) -> web.StreamResponse:
+    """POST /v1/completions."""
+    return await _handle(request, chat=False)
+
+
+async def handle_chat_completion(request: web.Request) -> web.StreamResponse:
+    """POST /v1/chat/completions."""
+    return await _handle(request, chat=True)
+
+
+async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
+    state = request.app[STATE]
+    status, task = "200", asyncio.current_task()
+    state.handlers.add(task)
+    try:
+        if state.shutting_down:  # a keep-alive connection may still send one during the grace period
+            raise ApiError(503, "the router is shutting down", "service_unavailable", None)
+        run = await prepare(state, await read_body(request, state.config.request_timeout), chat)
+        if state.shutting_down:  # began while the body was read or rendered: drain() cannot fail it later
+            raise ApiError(503, "the router is shutting down", "service_unavailable", None)
+        with tenant_slot(state, run.req.tenant):
+            run.submit()
+            try:
+                resp = await (run.stream_response(request) if run.req.stream else run.json_response())
+            finally:
+                run.close()
+            status = run.status
+            return resp
+    except ApiError as e:
+        status = str(e.status)
+        raise
+    except web.HTTPRequestEntityTooLarge:
+        status = "413"
+        raise
+    except asyncio.CancelledError:
+        status = "499"
+        raise
+    except Exception:
+        status = "500"  # error_middleware answers it
+        raise
+    finally:
+        state.handlers.discard(task)
+        state.metrics.requests.labels(status).inc()
+
+
+async def drain(state: RouterState, grace: float, last_words_s: float = 2.0) -> int:
+    """Shutdown: wait up to `grace` seconds for in-flight completions; then fail the rest with a
+    503 that each handler sends its client (an error event and [DONE] on a stream, an error
+    response otherwise) and aborts at its nodes, and give the handlers `last_words_s` to do it
+    before cancelling any still running (a client that stopped reading). Returns how many
+    requests were cut."""
+    state.shutting_down = True
+    deadline = time.monotonic() + grace
+    while state.handlers and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if not state.handlers:
+        return 0
+    cut = len(state.handlers)
+    state.registry.fail_all(f"the router shut down: the request was still running after the {grace:g} s grace period")
+    deadline = time.monotonic() + last_words_s
+    while state.handlers and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    left = list(state.handlers)
+    for task in left:
+        task.cancel()
+    if left:
+        await asyncio.wait(left, timeout=5.0)
+    return cut

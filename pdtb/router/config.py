@@ -1,0 +1,116 @@
+"""Router configuration and the served model (tokenizer plus the limits requests are checked against)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROLES = ("prefill", "decode", "colocated")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One configured node: its role and its control (zmq ROUTER) address."""
+
+    role: str  # "prefill" | "decode" | "colocated"
+    address: str  # e.g. tcp://127.0.0.1:5555
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"node role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if "://" not in self.address:
+            raise ValueError(f"node address must be a zmq endpoint like tcp://host:port, got {self.address!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> "NodeSpec":
+        """Parse `role=address` (the `--node` flag)."""
+        role, sep, address = text.partition("=")
+        if not sep:
+            raise ValueError(f"--node wants role=address, got {text!r}")
+        return cls(role.strip(), address.strip())
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Everything the router process is configured with. Validated on construction."""
+
+    nodes: tuple[NodeSpec, ...]
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0 picks an ephemeral port
+    api_key: str | None = None  # when set, /v1/* requires `Authorization: Bearer <key>`
+    curve_dir: str | None = None  # ZeroMQ CURVE keys for the node connections (pdtb/security.py)
+    request_timeout: float = 600.0  # seconds a request may wait for its next event
+    max_streams_per_tenant: int = 1024  # concurrent requests per tenant (`user`) before 429
+    ping_interval: float = 0.5  # seconds between pings to every node
+    health_timeout: float = 3.0  # a node silent this long whose connection dropped is down
+    # a node silent this long is down even though its connection stands (a hung process, a
+    # dead host); until then silence over a live connection is a long step, not a death
+    hang_timeout: float = 30.0
+    shutdown_timeout: float = 10.0  # grace for in-flight requests on SIGTERM
+    max_body_bytes: int = 8 << 20  # larger request bodies get 413
+    default_page_size: int = 16  # for the pending-pages estimate when a node does not report one
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise ValueError("at least one --node is required")
+        roles = {n.role for n in self.nodes}
+        if "colocated" not in roles and not {"prefill", "decode"} <= roles:
+            raise ValueError("configure prefill and decode nodes (disaggregated) or colocated nodes")
+        if len({n.address for n in self.nodes}) != len(self.nodes):
+            raise ValueError("node addresses must be distinct")
+        for name in ("request_timeout", "ping_interval", "health_timeout", "hang_timeout", "shutdown_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.hang_timeout < self.health_timeout:
+            raise ValueError("hang_timeout must be at least health_timeout")
+        if self.max_streams_per_tenant < 1 or self.max_body_bytes < 1 or self.default_page_size < 1:
+            raise ValueError("max_streams_per_tenant, max_body_bytes and default_page_size must be positive")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port out of range: {self.port}")
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """The model the router serves: name, tokenizer and the limits prompts are validated against."""
+
+    name: str  # the `model` clients must send
+    tokenizer: object = field(repr=False)  # a HF tokenizer
+    max_model_len: int  # prompt + output tokens at most
+    vocab_size: int  # valid token ids are [0, vocab_size)
+    eos_token_ids: tuple[int, ...] = ()
+    max_token_chars: int | None = None  # longest vocabulary entry (None: unknown)
+    chat_template: object = field(default=None, repr=False)  # pdtb.router.chat_template.ChatTemplate, or None
+
+    @property
+    def max_prompt_chars(self) -> int | None:
+        """A text longer than this cannot fit the context: each token covers at most
+        `max_token_chars` characters. Checked before tokenizing, which takes seconds for MBs."""
+        return None if self.max_token_chars is None else self.max_model_len * self.max_token_chars
+
+
+def max_token_chars(tokenizer) -> int | None:
+    """Characters of the longest vocabulary entry, added tokens included. In byte-level BPE
+    vocabularies a character stands for one byte, so this also bounds the text of a token."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except (AttributeError, NotImplementedError):
+        return None
+    return max((len(t) for t in vocab), default=None)
+
+
+def load_served_model(model_dir: str, name: str | None = None, chat_template: str | None = None) -> ServedModel:
+    """Read the tokenizer, config and chat template of `model_dir` (no weights). The name
+    defaults to the directory's base name; `chat_template` (a file or the template text)
+    overrides the checkpoint's template."""
+    from pdtb.engine.model_info import read_model_info
+    from pdtb.engine.tokenizer import load_tokenizer
+    from pdtb.router.chat_template import load_chat_template
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    info = read_model_info(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    eos = info.eos_token_ids
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
+        eos = eos + (tokenizer.eos_token_id,)
+    return ServedModel(name or Path(model_dir).name, tokenizer, info.max_model_len, info.vocab_size, eos,
+                       max_token_chars(tokenizer), load_chat_template(model_dir, chat_template))

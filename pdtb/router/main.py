@@ -1,0 +1,139 @@
+"""`pdtb router`: the HTTP front door.
+
+    pdtb router [--model DIR] --node prefill=tcp://H:P --node decode=tcp://H:P [--node colocated=...]
+                [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [--api-key KEY]
+                [--request-timeout S] [--max-streams-per-tenant N] [--log-level LEVEL]
+
+Loads only the tokenizer and config of the model. Prints `router listening on http://HOST:PORT`
+once it accepts connections. SIGTERM/SIGINT: stop accepting, give in-flight requests
+`shutdown_timeout` seconds, abort the rest at their nodes, exit 0.
+
+Programmatic use (inside a running loop):
+    runner, url = await start_router(config, load_served_model(model_dir))
+    ...
+    await runner.cleanup()
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from pdtb.router.app import build_app
+from pdtb.router.completions import STATE, drain
+from pdtb.router.config import NodeSpec, RouterConfig, ServedModel, load_served_model
+from pdtb.router.nodes import NodeRegistry
+
+log = logging.getLogger("pdtb.router")
+
+
+async def start_router(config: RouterConfig, model: ServedModel,
+                       registry: NodeRegistry | None = None) -> tuple[web.AppRunner, str]:
+    """Start serving on config.host:config.port (0: ephemeral). Returns the runner (stop it with
+    `await runner.cleanup()`) and the base URL, e.g. http://127.0.0.1:8000."""
+    app = build_app(config, model, registry)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=config.shutdown_timeout,
+                           access_log=logging.getLogger("aiohttp.access"))
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    host, port = runner.addresses[0][:2]
+    host = f"[{host}]" if ":" in host else host
+    return runner, f"http://{host}:{port}"
+
+
+async def serve(config: RouterConfig, model: ServedModel) -> int:
+    """Run until SIGTERM/SIGINT (exit code 0) or a failed router task (exit code 1)."""
+    stop = asyncio.Event()
+    fatal: list[BaseException] = []
+
+    def on_fatal(exc: BaseException) -> None:
+        fatal.append(exc)
+        stop.set()
+
+    registry = NodeRegistry(config.nodes, ping_interval=config.ping_interval,
+                            health_timeout=config.health_timeout, hang_timeout=config.hang_timeout,
+                            default_page_size=config.default_page_size,
+                            on_fatal=on_fatal, curve_dir=config.curve_dir)
+    runner, url = await start_router(config, model, registry)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"router listening on {url}", flush=True)
+    log.info("router %s serving %s over %d node(s)", registry.router_id, model.name, len(config.nodes))
+    try:
+        await stop.wait()
+    finally:
+        log.info("router shutting down (grace %.1f s)", config.shutdown_timeout)
+        for site in list(runner.sites):
+            await site.stop()  # stop accepting connections
+        cancelled = await drain(runner.app[STATE], config.shutdown_timeout)
+        if cancelled:
+            log.warning("failed %d request(s) still running after the grace period (503)", cancelled)
+        await asyncio.wait_for(runner.cleanup(), 10.0)
+    log.info("router stopped")
+    return 1 if fatal else 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="pdtb router", description="OpenAI-compatible front door to the nodes")
+    ap.add_argument("--model", help="HF checkpoint directory (tokenizer and config only); "
+                                    "default: the embedded tiny model")
+    ap.add_argument("--node", action="append", default=[], metavar="ROLE=ADDR",
+                    help="a node's control address, role prefill|decode|colocated (repeat)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--served-model-name", help="the model name clients send (default: the model directory name)")
+    ap.add_argument("--chat-template", help="chat template for /v1/chat/completions: a Jinja file or the template "
+                                            "text (default: the checkpoint's own, if it has one)")
+    ap.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1/*")
+    ap.add_argument("--curve-dir", help="ZeroMQ CURVE keys (pdtb keys --out DIR) for the node connections")
+    ap.add_argument("--request-timeout", type=float, default=600.0,
+                    help="seconds a request may wait for its next token before it fails")
+    ap.add_argument("--max-streams-per-tenant", type=int, default=1024)
+    ap.add_argument("--health-timeout", type=float, default=3.0, metavar="S",
+                    help="a node silent S seconds whose connection dropped is down: its requests fail")
+    ap.add_argument("--hang-timeout", type=float, default=30.0, metavar="S",
+                    help="a node silent S seconds is down even while connected (hung, or its host died); "
+                         "shorter silences over a live connection are long engine steps")
+    ap.add_argument("--shutdown-timeout", type=float, default=10.0)
+    ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `pdtb router`; returns the exit code."""
+    import uvloop
+
+    from pdtb.common import CliError, die, freeze_heap, resolve_model
+
+    a = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.DEBUG if a.log_level == "debug" else logging.WARNING)
+    try:
+        config = RouterConfig(tuple(NodeSpec.parse(n) for n in a.node), host=a.host, port=a.port,
+                              api_key=a.api_key, curve_dir=a.curve_dir, request_timeout=a.request_timeout,
+                              max_streams_per_tenant=a.max_streams_per_tenant,
+                              shutdown_timeout=a.shutdown_timeout, health_timeout=a.health_timeout,
+                              hang_timeout=a.hang_timeout)
+        model = load_served_model(resolve_model(a.model), a.served_model_name, a.chat_template)
+    except (ValueError, OSError, CliError) as e:
+        return die(str(e))
+    freeze_heap()
+    try:
+        return uvloop.run(serve(config, model))
+    except OSError as e:  # e.g. the port is taken
+        return die(f"cannot serve on {a.host}:{a.port}: {e}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,468 @@
+"""Node registry: one zmq DEALER per node, pings, dispatch, and routing of token events.
+
+    router DEALER (identity = router_id) ──connect──▶ node ROUTER (control address), one per node
+    ping loop  every ping_interval: Ping(seq) to each node; NodeStats -> NodeState.stats, last_seen;
+               a node is down when it has been silent for health_timeout and its connection has
+               dropped (a socket monitor sees the peer's TCP close: a process that died), or silent
+               for hang_timeout whatever the connection (hung, or its host died); a node down fails
+               the requests that depend on it. A live node is silent while one long engine step
+               runs (a 2,048-token prefill chunk took 1-6 s on 2 shared cores): that is not death.
+    reader     one Poller over all DEALERs; TokenBatch events -> the request's asyncio.Queue
+    submit     choose nodes (pick_* below), send GenerateRequest to the prefill/colocated node
+
+A request in disaggregated mode depends on its prefill node until its decode node sends a first
+event, then on the decode node alone. Decode events that overtake the prefill node's first token
+(different connections) are held until that token arrives, so the output stays in order.
+
+Fallbacks: with the chosen decode node the router names up to FALLBACKS other decode nodes that
+fit the request; the prefill node moves the hand-off to one of them when the chosen one cannot
+take it and says so with a `decode_node` notice, and says `delivered` once the KV has landed.
+A decode node that sends events for a request not yet handed off holds it (it adopted the KV,
+maybe from a transfer its sender had given up on): it becomes the request's decode node, and
+the prefill node is told to drop its hand-off. Once the request is handed off, any other decode
+node that sends events for it is told to drop it. A decode node that stops answering fails the
+requests handed (or delivered) to it, and those with no fallback left; the prefill nodes are
+told (`NodeDown`) and move the others. An abort goes to the fallbacks too (a move may be under way).
+Queues carry TokenEvent items, or a RequestFailed that `next_event` raises.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import zmq
+import zmq.asyncio
+
+from pdtb.nodes.protocol import (AbortRequest, GenerateRequest, NodeDown, NodeStats, Ping, ProtocolError, TokenBatch,
+                              TokenEvent, decode_message, encode_message)
+from pdtb.router.aio import within
+from pdtb.router.config import NodeSpec
+
+log = logging.getLogger("pdtb.router.nodes")
+MAX_RECV_BYTES = 16 << 20  # TokenBatch and NodeStats are small; larger frames drop the connection
+SEND_HWM = 10_000
+MAX_DRAIN = 256  # messages read from one socket per poll
+CLOSE_LINGER_MS = 200  # bounded: ctx.term() waits at most this long for unsent messages
+FALLBACKS = 3  # other decode nodes a disaggregated request may be handed to
+
+
+class RequestFailed(Exception):
+    """A request ended without a result: `status` is the HTTP status it maps to."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(eq=False)
+class NodeState:
+    """What the router knows about one node."""
+
+    spec: NodeSpec
+    socket: zmq.asyncio.Socket | None = field(default=None, repr=False)
+    stats: NodeStats | None = None  # latest answer to a ping
+    last_seen: float | None = None  # monotonic time of `stats`
+    pending_pages: dict[str, int] = field(default_factory=dict)  # request id -> pages sent, not yet in stats
+    refused_at: float | None = None  # monotonic time a request could not be sent to it (queue full: likely dead)
+    connected: bool = False  # the DEALER's connection stands (socket monitor events)
+    dropped_at: float | None = None  # monotonic time its connection last dropped
+    monitor: zmq.asyncio.Socket | None = field(default=None, repr=False)
+
+    @property
+    def node_id(self) -> str:
+        return self.stats.node_id if self.stats else self.spec.address
+
+    def healthy(self, now: float, timeout: float, hang_timeout: float | None = None) -> bool:
+        """Answered within `timeout`, or (with `hang_timeout`) within that while connected."""
+        if self.last_seen is None:
+            return False
+        silent = now - self.last_seen
+        # the connection vouches for a silent node only if it has not dropped since its last
+        # answer: a node restarted on the same port reconnects at once, but its stats (its KV
+        # address) are the dead one's until it answers
+        steady = self.connected and (self.dropped_at is None or self.dropped_at < self.last_seen)
+        return silent <= timeout or (hang_timeout is not None and steady and silent <= hang_timeout)
+
+    def free_pages_estimate(self) -> int:
+        return (self.stats.pages_free if self.stats else 0) - sum(self.pending_pages.values())
+
+
+def pick_prefill(nodes: list[NodeState]) -> NodeState | None:
+    """Fewest queued prompt tokens; tie: fewest running + waiting."""
+    return min(nodes, key=lambda n: (n.stats.queued_tokens, n.stats.running + n.stats.waiting), default=None)
+
+
+def pick_most_free(nodes: list[NodeState]) -> NodeState | None:
+    """Most free pages after subtracting pages recently sent there."""
+    return max(nodes, key=lambda n: n.free_pages_estimate(), default=None)
+
+
+@dataclass(eq=False)
+class RequestHandle:
+    """One in-flight request as the registry tracks it."""
+
+    request_id: str
+    entry: NodeState  # the node that got the GenerateRequest (prefill or colocated)
+    decode: NodeState | None  # disaggregated: the chosen decode node
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    entry_started: bool = False  # the entry node has sent its first event
+    handed_off: bool = False  # the decode node has sent an event: the prefill node is no longer needed
+    held: list[TokenEvent] = field(default_factory=list)  # decode events that overtook the first token
+    fallbacks: list[str] = field(default_factory=list)  # decode node ids that may hold it: the chosen one and its fallbacks
+
+    def depends_on(self) -> list[NodeState]:
+        if self.decode is None:
+            return [self.entry]
+        return [self.decode] if self.handed_off else [self.entry, self.decode]
+
+
+class NodeRegistry:
+    """Connects to every configured node and dispatches requests to them."""
+
+    def __init__(self, specs: tuple[NodeSpec, ...] | list[NodeSpec], *, router_id: str | None = None,
+                 ping_interval: float = 0.5, health_timeout: float = 3.0, hang_timeout: float | None = None,
+                 default_page_size: int = 16,
+                 on_fatal: Callable[[BaseException], None] | None = None, curve_dir: str | None = None) -> None:
+        self.curve_dir = curve_dir
+        self.router_id = router_id or f"router-{os.getpid()}-{secrets.token_hex(4)}"
+        self.nodes = [NodeState(s) for s in specs]
+        self.ping_interval, self.health_timeout = ping_interval, health_timeout
+        self.hang_timeout = hang_timeout if hang_timeout is not None else max(health_timeout, 30.0)
+        self.default_page_size = default_page_size
+        self._on_fatal = on_fatal
+        self._requests: dict[str, RequestHandle] = {}
+        self._ctx: zmq.asyncio.Context | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._seq = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Connect one DEALER per node and start the ping and reader tasks."""
+        self._ctx = zmq.asyncio.Context()
+        for node in self.nodes:
+            s = self._ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.IDENTITY, self.router_id.encode())
+            for opt, val in ((zmq.LINGER, 0), (zmq.SNDHWM, SEND_HWM), (zmq.RCVHWM, SEND_HWM),
+                             (zmq.MAXMSGSIZE, MAX_RECV_BYTES), (zmq.IMMEDIATE, 1)):
+                s.setsockopt(opt, val)
+            if self.curve_dir:
+                from pdtb.security import CurveKeys, secure_client
+
+                secure_client(s, CurveKeys.load(self.curve_dir))
+            node.monitor = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
+            s.connect(node.spec.address)
+            node.socket = s
+        for coro in (self._ping_loop(), self._reader()):
+            task = asyncio.create_task(coro)
+            task.add_done_callback(self._task_done)
+            self._tasks.append(task)
+
+    def fail_all(self, reason: str) -> int:
+        """Fail every open request with a 503 `reason` (its handler reports it to the client and
+        aborts it at its nodes). Returns how many there were."""
+        handles = list(self._requests.values())
+        for handle in handles:
+            handle.queue.put_nowait(RequestFailed(503, reason))
+        return len(handles)
+
+    async def close(self) -> None:
+        """Fail every open request, stop the tasks, close the sockets."""
+        self.fail_all("router shutting down")
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=2.0)
+        self._tasks.clear()
+        for node in self.nodes:
+            if node.socket is not None:
+                node.socket.disable_monitor()
+                node.socket.close(linger=CLOSE_LINGER_MS)  # lets last aborts leave; IMMEDIATE: none queue for dead peers
+                node.socket = None
+            if node.monitor is not None:
+                node.monitor.close(linger=0)
+                node.monitor = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        log.critical("router task %s failed", task.get_coro().__name__, exc_info=task.exception())
+        if self._on_fatal:
+            self._on_fatal(task.exception())
+
+    # -- health --------------------------------------------------------------------------------
+    def is_healthy(self, node: NodeState, now: float | None = None) -> bool:
+        return node.healthy(time.monotonic() if now is None else now, self.health_timeout, self.hang_timeout)
+
+    def _available(self, role: str, exclude: frozenset = frozenset()) -> list[NodeState]:
+        """Nodes of `role` that answered pings recently, are not draining, and have not refused
+        a request since their last answer (a node killed a moment ago still looks healthy until
+        the health timeout, but its queue no longer drains)."""
+        now = time.monotonic()
+        return [n for n in self.nodes if n.spec.role == role and self.is_healthy(n, now) and not n.stats.draining
+                and id(n) not in exclude and not (n.refused_at is not None and n.refused_at >= n.last_seen)]
+
+    async def _ping_loop(self) -> None:
+        was_healthy = {id(n): False for n in self.nodes}
+        last = time.monotonic()
+        while True:
+            self._seq += 1
+            for node in self.nodes:
+                self._send(node, Ping(self._seq, self.router_id))
+            now = time.monotonic()
+            if now - last > self.ping_interval + self.health_timeout / 2:
+                # This loop itself was held up (a long synchronous step): the nodes' answers
+                # may sit unread in the sockets, so silence proves nothing. Judge next round.
+                log.warning("router loop stalled %.1f s; node health is judged again next round", now - last)
+                last = now
+                await asyncio.sleep(self.ping_interval)
+                continue
+            last = now
+            for node in self.nodes:
+                ok = self.is_healthy(node, now)
+                if was_healthy[id(node)] and not ok:
+                    log.warning("node %s (%s) stopped answering", node.node_id, node.spec.address)
+                    self._node_lost(node, "stopped answering")
+                was_healthy[id(node)] = ok
+            await asyncio.sleep(self.ping_interval)
+
+    def _node_lost(self, node: NodeState, what: str) -> None:
+        """`node`'s process is gone ("stopped answering", "restarted"): fail what depends on it;
+        prefill nodes move hand-offs off it."""
+        self._fail_dependents(node, what)
+        if node.spec.role == "decode":
+            now = time.monotonic()
+            for p in self.nodes:
+                if p.spec.role == "prefill" and self.is_healthy(p, now):
+                    self._send(p, NodeDown(node.node_id, what))
+
+    def _fail_dependents(self, node: NodeState, what: str = "stopped answering") -> None:
+        now = time.monotonic()
+        for handle in list(self._requests.values()):
+            if node is handle.decode and not handle.handed_off and self.is_healthy(handle.entry, now) and any(
+                    n.node_id in handle.fallbacks and n is not node and self.is_healthy(n, now)
+                    for n in self.nodes if n.spec.role == "decode"):
+                continue  # its prefill node moves the hand-off to a fallback (NodeDown) or fails it
+            if node in handle.depends_on():
+                msg = f"{node.spec.role} node {node.node_id} {what}"
+                if node.stats is not None and node.stats.draining:  # its last words (the aborts) were lost
+                    msg = f"{node.spec.role} node {node.node_id} shut down: it was draining, then stopped answering"
+                handle.queue.put_nowait(RequestFailed(503, msg))
+
+    # -- receiving -----------------------------------------------------------------------------
+    async def _reader(self) -> None:
+        from zmq.utils.monitor import parse_monitor_message
+
+        poller = zmq.asyncio.Poller()
+        by_socket, by_monitor = {}, {}
+        for node in self.nodes:
+            poller.register(node.socket, zmq.POLLIN)
+            by_socket[node.socket] = node
+            if node.monitor is not None:
+                poller.register(node.monitor, zmq.POLLIN)
+                by_monitor[node.monitor] = node
+        while True:
+            for sock, _ in await poller.poll(timeout=int(self.ping_interval * 1000)):
+                node = by_monitor.get(sock)
+                if node is not None:  # connection events: a dropped connection is how a dead process shows
+                    while True:
+                        try:
+                            event = parse_monitor_message(sock.recv_multipart(zmq.NOBLOCK).result())["event"]
+                        except zmq.Again:
+                            break
+                        node.connected = event == zmq.EVENT_CONNECTED
+                        if not node.connected:
+                            node.dropped_at = time.monotonic()
+                    continue
+                for _ in range(MAX_DRAIN):  # bounded, so one chatty node cannot starve the loop
+                    try:  # with NOBLOCK, zmq.asyncio returns an already completed future
+                        frame = sock.recv(zmq.NOBLOCK).result()
+                    except zmq.Again:
+                        break
+                    self._on_frame(by_socket[sock], frame)
+
+    def _on_frame(self, node: NodeState, frame: bytes) -> None:
+        try:
+            msg = decode_message(frame)
+        except ProtocolError as e:
+            log.warning("dropping bad message from %s: %s", node.spec.address, e)
+            return
+        if isinstance(msg, NodeStats):
+            old = node.stats
+            node.stats, node.last_seen = msg, time.monotonic()
+            if old is not None and old.incarnation and msg.incarnation and old.incarnation != msg.incarnation:
+                # restarted (on the same port) faster than the health timeout: the requests of the
+                # process that died are gone with it
+                log.warning("node %s (%s) restarted", node.node_id, node.spec.address)
+                self._node_lost(node, "restarted")
+        elif isinstance(msg, TokenBatch):
+            for event in msg.events:
+                self._on_event(node, event)
+        else:
+            log.warning("unexpected %s from %s", type(msg).__name__, node.spec.address)
+
+    def _on_event(self, node: NodeState, event: TokenEvent) -> None:
+        handle = self._requests.get(event.request_id)
+        if handle is None:
+            return  # finished or aborted here already; late events are expected
+        if node is handle.entry and event.decode_node:
+            self._move(handle, event.decode_node)
+            if event.delivered and handle.decode is not None and handle.decode.node_id == event.decode_node:
+                handle.handed_off = True  # it depends on that decode node alone now
+            if not event.token_ids and not event.finished:
+                return  # a notice only
+        if node is handle.entry:
+            handle.entry_started = True
+            handle.queue.put_nowait(event)
+            for held in handle.held:
+                handle.queue.put_nowait(held)
+            handle.held.clear()
+        elif node is handle.decode:
+            handle.handed_off = True  # the decode node holds it (an event without tokens: just adopted)
+            if event.token_ids or event.finished:  # its pages now show in the node's device-tier stats
+                node.pending_pages.pop(handle.request_id, None)  # (an adopted request may be parked in host)
+            if handle.entry_started:
+                handle.queue.put_nowait(event)
+            else:
+                handle.held.append(event)
+        elif handle.decode is not None and node.spec.role == "decode":
+            if handle.handed_off:  # a second holder (a hand-off that timed out at the sender but landed)
+                log.warning("request %s: events from decode node %s, but it is handed to %s; dropping it there",
+                            event.request_id, node.node_id, handle.decode.node_id)
+                self._send(node, AbortRequest(handle.request_id, "the request is held by another decode node"))
+            else:  # it adopted the KV (a move whose notice is still on its way, or a transfer the
+                # sender gave up on that landed after all): it holds the request now
+                log.info("request %s: decode node %s holds it (the router had %s)", event.request_id, node.node_id,
+                         handle.decode.node_id)
+                self._move(handle, node.node_id)
+                self._send(handle.entry, AbortRequest(handle.request_id, f"held by decode node {node.node_id}"))
+                self._on_event(node, event)
+        else:
+            log.warning("event for %s from unrelated node %s", event.request_id, node.spec.address)
+
+    def _move(self, handle: RequestHandle, node_id: str) -> None:
+        """The prefill node handed `handle`'s request to decode node `node_id` instead."""
+        new = next((n for n in self.nodes if n.spec.role == "decode" and n.node_id == node_id), None)
+        if handle.decode is None or handle.handed_off or new is None or new is handle.decode:
+            if new is None or (handle.handed_off and new is not handle.decode):
+                log.warning("request %s: ignoring a move to decode node %r (%s)", handle.request_id, node_id,
+                            "unknown node" if new is None else "already handed off")
+            return
+        pages = handle.decode.pending_pages.pop(handle.request_id, None)
+        if pages is not None:
+            new.pending_pages[handle.request_id] = pages
+        handle.decode = new
+
+    # -- sending -------------------------------------------------------------------------------
+    def _send(self, node: NodeState, msg) -> bool:
+        """Queue one message without blocking; False when the node is unreachable or its queue full."""
+        if node.socket is None:
+            return False
+        try:
+            node.socket.send(encode_message(msg), zmq.NOBLOCK).result()  # completed future, see _reader
+            return True
+        except zmq.Again:
+            return False
+
+    def submit(self, req: GenerateRequest) -> RequestHandle:
+        """Choose nodes, fill the routing fields of `req`, send it; a node that cannot take it
+        (its queue is full: it stopped reading) is skipped and another tried. Raises
+        RequestFailed(503) when none can."""
+        tried: set[int] = set()
+        while True:
+            entry, decode = self._place(len(req.prompt_token_ids), len(req.prompt_token_ids) + req.params.max_tokens,
+                                        frozenset(tried))
+            req.router_id = self.router_id
+            req.decode_node, req.decode_kv_addr = (decode.node_id, decode.stats.kv_addr) if decode else ("", "")
+            others = self._fallbacks(decode, len(req.prompt_token_ids) + req.params.max_tokens) if decode else []
+            req.fallback_nodes, req.fallback_kv_addrs = [n.node_id for n in others], [n.stats.kv_addr for n in others]
+            # the decode nodes that may come to hold it: the chosen one and its fallbacks (none without fallbacks)
+            handle = RequestHandle(req.request_id, entry, decode,
+                                   fallbacks=[decode.node_id, *req.fallback_nodes] if req.fallback_nodes else [])
+            if self._send(entry, req):
+                break
+            entry.refused_at = time.monotonic()
+            tried.add(id(entry))
+            log.warning("%s node %s is not accepting requests; trying another", entry.spec.role, entry.node_id)
+        pages_node = decode or entry
+        pages_node.pending_pages[req.request_id] = self._pages_for(pages_node, len(req.prompt_token_ids) + 1)
+        self._requests[req.request_id] = handle
+        return handle
+
+    def _fallbacks(self, chosen: NodeState, peak_tokens: int) -> list[NodeState]:
+        """Up to FALLBACKS other available decode nodes that could hold the request, most free first."""
+        others = [n for n in self._available("decode") if n is not chosen and n.stats.kv_addr
+                  and self._pages_for(n, peak_tokens) <= n.stats.pages_total]
+        return sorted(others, key=lambda n: -n.free_pages_estimate())[:FALLBACKS]
+
+    def _page_size(self, node: NodeState) -> int:
+        return int(node.stats.extra.get("page_size", self.default_page_size) or self.default_page_size)
+
+    def _pages_for(self, node: NodeState, tokens: int) -> int:
+        return math.ceil(tokens / self._page_size(node))
+
+    def _place(self, prompt_tokens: int, peak_tokens: int,
+               exclude: frozenset = frozenset()) -> tuple[NodeState, NodeState | None]:
+        """(entry node, decode node or None). A request that no available pool could ever hold
+        (prefill: its prompt; decode or colocated: prompt + max_tokens) is a 400, not a node's
+        failure after the fact."""
+        fits = {role: [n for n in self._available(role, exclude) if self._pages_for(n, need) <= n.stats.pages_total]
+                for role, need in (("prefill", prompt_tokens), ("decode", peak_tokens), ("colocated", peak_tokens))}
+        prefill, decode = pick_prefill(fits["prefill"]), pick_most_free(fits["decode"])
+        if prefill and decode:
+            return prefill, decode
+        colocated = pick_most_free(fits["colocated"])
+        if colocated:
+            return colocated, None
+        too_small = [(role, n) for role in ("prefill", "decode", "colocated") for n in self._available(role, exclude)
+                     if n not in fits[role]]
+        if too_small:
+            role, n = max(too_small, key=lambda rn: rn[1].stats.pages_total)
+            need = self._pages_for(n, prompt_tokens if role == "prefill" else peak_tokens)
+            what = "its prompt" if role == "prefill" else "prompt + max_tokens"
+            raise RequestFailed(400, f"request needs up to {need} KV pages for {what}; the largest {role} "
+                                     f"node's pool has {n.stats.pages_total}")
+        missing = [r for r, n in (("prefill", prefill), ("decode", decode)) if n is None]
+        roles = {n.spec.role for n in self.nodes}
+        what = "colocated" if "colocated" in roles and not {"prefill", "decode"} <= roles else " or ".join(missing)
+        raise RequestFailed(503, f"no healthy {what} node available")
+
+    async def next_event(self, handle: RequestHandle, timeout: float) -> TokenEvent:
+        """The request's next event. Raises RequestFailed when it failed or nothing came in `timeout`."""
+        try:
+            item = await within(handle.queue.get(), timeout)
+        except asyncio.TimeoutError:
+            raise RequestFailed(503, f"no response from the nodes for {timeout:g} s") from None
+        if isinstance(item, RequestFailed):
+            raise item
+        return item
+
+    def abort(self, handle: RequestHandle, reason: str, final: bool = False) -> None:
+        """Tell every node involved to drop the request (best effort, never blocks). With
+        `final`, the node holding it first sends a last event with its timeline."""
+        for node in (handle.entry, handle.decode):
+            if node is not None:
+                self._send(node, AbortRequest(handle.request_id, reason, final))
+        if not handle.handed_off and handle.fallbacks:  # a move may be under way: the new holder drops it too
+            for node in self.nodes:
+                if node.spec.role == "decode" and node is not handle.decode and node.node_id in handle.fallbacks:
+                    self._send(node, AbortRequest(handle.request_id, reason))
+
+    def release(self, handle: RequestHandle) -> None:
+        """Forget the request: later events for it are dropped."""
+        self._requests.pop(handle.request_id, None)
+        for node in (handle.entry, handle.decode):
+            if node is not None:
+                node.pending_pages.pop(handle.request_id, None)
+
+    @property
+    def num_open_requests(self) -> int:
+        return len(self._requests)
