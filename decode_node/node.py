@@ -27,6 +27,7 @@ from pdtb.nodes.node_base import NodeBase, to_sampling
 from pdtb.nodes.protocol import Params, TokenEvent
 from fairness.base import Arrival
 from kv_transport import ReceivedTransfer, TransportConfig, make_receiver
+from kv_transport.admission import Admission, FailCode
 from pdtb.engine.engine import StepEvent
 from pdtb.engine.sequence import Sequence
 
@@ -43,25 +44,31 @@ def never_fits(header, engine) -> str | None:
         max_tokens = 0  # bad metadata: reported when the request is adopted
     need = max(header.num_pages, engine.scheduler.peak_pages(len(header.prompt_token_ids), max_tokens))
     have = engine.pool.num_pages
-    return f"too_large: needs {need} pages, the decode pool has {have}" if need > have else None
+    return f"needs {need} pages, the decode pool has {have}" if need > have else None
 
 
 class DecodeNode(NodeBase):
+    moves_kv = True
+
     def __init__(self, config, engine=None, transport: TransportConfig | None = None) -> None:
         super().__init__(config, engine)
         self.transport = transport or config.transport_config(endpoint=f"tcp://{config.host}:{config.kv_port}")
         self.receiver = None
         self.aborted: OrderedDict[str, float] = OrderedDict()
 
-    def _admit(self, header):
-        """Header-only decision (before any payload byte): accept, refuse for good ("too_large",
-        "draining": the prefill side fails the request), or defer with "no_pages" (the prefill
-        side keeps the pages and retries: backpressure, nothing is lost)."""
+    def _admit(self, header) -> Admission:
+        """Header-only decision (before any payload byte): accept, park in the host tier,
+        refuse for good (TOO_LARGE, DRAINING, BAD_METADATA: the prefill side moves the request
+        or fails it), or defer (NO_PAGES: the prefill side keeps the pages and retries:
+        backpressure, nothing is lost)."""
         if self.draining:
-            return "draining: the decode node is shutting down"
-        bad = kv_meta.check(header) or never_fits(header, self.engine)
+            return Admission.refuse(FailCode.DRAINING, "the decode node is shutting down")
+        bad = kv_meta.check(header)
         if bad:
-            return bad
+            return Admission.refuse(FailCode.BAD_METADATA, bad)
+        bad = never_fits(header, self.engine)
+        if bad:
+            return Admission.refuse(FailCode.TOO_LARGE, bad)
         sch = self.engine.scheduler
         st = sch.state()
         try:
@@ -73,11 +80,11 @@ class DecodeNode(NodeBase):
         self.policy.refresh(sch.running, [*sch.parked, *sch.waiting], st)  # an idle node's view is stale
         where = self.policy.place_arrival(arrival, len(sch.parked) + len(sch.waiting), st)
         if where == "device":
-            return None
+            return Admission.accept()
         if where == "host" and self.engine.host_pool is not None and self.receiver.accepts_other_pools:
             self.policy.held.pop(arrival.request_id, None)  # parked here now, a local candidate
-            return self.engine.host_pool  # arrives parked; promoted in policy order
-        return f"no_pages: policy {self.policy.name} defers ({where})"
+            return Admission.park(self.engine.host_pool)  # arrives parked; promoted in policy order
+        return Admission.defer(f"policy {self.policy.name} defers ({where})")
 
     async def start_extra(self) -> None:
         kw = {"context": self.ctx} if self.transport.backend == "zmq" else {}  # the ZAP handler lives in self.ctx
@@ -106,8 +113,8 @@ class DecodeNode(NodeBase):
 
     def _free_landed(self, t: ReceivedTransfer) -> None:
         """Free the pages of a landed transfer that will not be adopted, in the tier it landed
-        in (a parked arrival's pages are in the host tier: freeing the device tier there left
-        them owned by a request that no longer existed, until the node restarted)."""
+        in (a parked arrival's pages are in the host tier: freeing the device tier instead would
+        leave them owned by a request that no longer exists)."""
         pool = self.engine.host_pool if t.tier == "host" and self.engine.host_pool is not None else self.engine.pool
         pool.free(t.request_id)
 

@@ -178,7 +178,7 @@ class BasePolicy:
         if idle and arrival.num_pages <= state.device_free and \
                 not any(h.first_seen < arrival.first_seen for h in others_held):
             # Work conservation, as in admission: an idle pool takes the oldest arrival that
-            # fits whatever the quotas say (held arrivals each above their share used to
+            # fits whatever the quotas say (otherwise held arrivals each above their share
             # refuse each other's borrowing on an empty pool, forever).
             where = "device"
         else:

@@ -2,9 +2,9 @@
 resident requests, with the scheduler driven by a fake forward pass (no model), so only the
 controller's and scheduler's own work is timed. Beside the n resident requests, `--waiting`
 times n more wait for device pages (default 0.5: n/2 prompts), so that admission order, quota
-checks and reclaim are in the timed step too, not only the ordering of running rows (a review
-found memfair's reclaim and MC-SF's feasibility check quadratic there, unseen by the resident-
-only bench). Prints cost per step and its growth against n log n (a ratio <= 1 means no faster
+checks and reclaim are in the timed step too, not only the ordering of running rows (memfair's
+reclaim and MC-SF's feasibility check are where a quadratic cost would show, unseen by a
+resident-only bench). Prints cost per step and its growth against n log n (a ratio <= 1 means no faster
 than n log n) measured in the same run."""
 from __future__ import annotations
 

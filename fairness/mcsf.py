@@ -26,9 +26,8 @@ def feasible(items: list[tuple[int, int]], total_pages: int, page_size: int) -> 
     At time t the items still running (r >= t) hold sum ceil((c + t) / ps) pages. With
     c = q * ps + m that is q + ceil((m + t) / ps): the q's add up, and the rest depends only on
     m, one of ps values. Sweeping t from the last completion down, items join as t passes
-    their r, so each t costs O(ps), not O(n): O(n log n + T ps) in all (the direct sum was
-    O(n T), quadratic with many distinct predictions; a review measured 2.7 s a step at 3,000
-    requests)."""
+    their r, so each t costs O(ps), not O(n): O(n log n + T ps) in all (the direct sum is
+    O(n T), quadratic with many distinct predictions: 2.7 s a step at 3,000 requests)."""
     if not items:
         return True
     ps = page_size

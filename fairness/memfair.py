@@ -283,8 +283,8 @@ class MemFairPolicy(BasePolicy):
         # Borrowing (beyond the share, or beyond the request's cap): only while nobody is waiting
         # for pages within their quota, and leaving a reserve free for the others, so that their
         # next arrival does not have to evict a borrower (which would ping-pong the borrower
-        # between tiers). A waiting request that would itself have to borrow blocks nobody (two
-        # of them used to block each other for as long as anything else ran). Beyond its cap, a
+        # between tiers). A waiting request that would itself have to borrow blocks nobody (else two
+        # of them would block each other for as long as anything else ran). Beyond its cap, a
         # request also gives way to its own tenant's requests within the share.
         waiting = [(s.tenant, self._need_now(s, state)) for s in self.candidates if s.request_id != rid]
         waiting += [(h.tenant, h.num_pages) for h in self.held.values() if h.request_id != rid]

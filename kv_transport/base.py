@@ -27,10 +27,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
+from kv_transport.admission import FailCode
 from pdtb.engine.kv_export import KVExport
-from kv_transport.wire import KVTransferHeader
 
 
 class TransportError(RuntimeError):
@@ -58,7 +58,8 @@ class TransferStatus:
     transfer_id: str
     request_id: str
     state: TransferState
-    reason: str | None = None  # why it FAILED ("receiver: no_pages: ...", "timeout ...")
+    code: FailCode | None = None  # why it FAILED, as a code (the receiver's Nack.code unchanged)
+    reason: str | None = None  # why it FAILED, in words
     bytes_total: int = 0  # payload bytes of the transfer
     bytes_done: int = 0  # payload bytes sent (sender) or written into pages (receiver)
     t_created: float = 0.0  # send() called / header received
@@ -101,11 +102,6 @@ class ReceivedTransfer:
     extra: dict
     status: TransferStatus  # final status (DONE), with timings
     tier: str = "device"  # pool the pages were committed in: "device" or "host" (parked)
-
-
-# admit(header) -> None to accept into the receiver's pool, another PagePool of the same
-# geometry to accept into (the host tier), or a reason string to refuse (sent in a NACK).
-AdmitFn = Callable[[KVTransferHeader], "str | None | PagePool"]  # noqa: F821 (PagePool: pdtb.engine)
 
 
 class KVSender(Protocol):

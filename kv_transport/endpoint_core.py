@@ -17,35 +17,10 @@ from kv_transport.base import TransferStatus, TransportError
 from kv_transport.config import TransportConfig
 from kv_transport.faults import Fault, FaultInjector
 from kv_transport.wire import WireLimits
+from pdtb.aio import bounded
 from pdtb.engine.kv_spec import KVSpec
 
 log = logging.getLogger(__name__)
-
-
-async def bounded(aw, timeout: float):
-    """Await `aw` for at most `timeout` seconds; asyncio.TimeoutError if it is not done by then.
-
-    A result that arrives is never dropped. asyncio.wait_for (Python 3.12 and later) can lose
-    one: when the awaited future completes in the same loop pass as the timeout fires (a loop
-    that was busy past the deadline: a CUDA kernel's first launch, an engine step), the task is
-    cancelled with the result already taken. For a zmq receive the message is gone from the
-    socket; for a send it was sent and yet reported as timed out. Measured on a GPU machine
-    (Python 3.12): chunks and ACKs lost, transfers failing with "chunk 0 missing". Here the
-    outcome is read off the future after waiting, and only a future still pending is cancelled.
-    A future already done (a zmq send or receive that completed at once, the common case)
-    returns without a timer.
-    """
-    fut = asyncio.ensure_future(aw)
-    if not fut.done():
-        try:
-            await asyncio.wait((fut,), timeout=timeout)
-        except asyncio.CancelledError:
-            fut.cancel()
-            raise
-        if not fut.done():
-            fut.cancel()
-            raise asyncio.TimeoutError(f"not done within {timeout}s")
-    return fut.result()
 
 
 class EndpointCore:

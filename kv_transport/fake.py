@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from kv_transport.base import AdmitFn, TransportError
+from kv_transport.admission import AdmitFn
+from kv_transport.base import TransportError
 from kv_transport.config import TransportConfig
 from kv_transport.receiver import ReceiverCore
 from kv_transport.sender import SenderCore

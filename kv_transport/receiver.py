@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass
 
 from kv_transport import checksum
-from kv_transport.base import AdmitFn, ReceivedTransfer, TransferState, TransferStatus
+from kv_transport.admission import AdmitFn, FailCode, Verdict
+from kv_transport.base import ReceivedTransfer, TransferState, TransferStatus
 from kv_transport.config import TransportConfig
 from kv_transport.endpoint_core import EndpointCore
 from kv_transport.malloc_tuning import keep_freed_memory
@@ -114,7 +115,7 @@ class ReceiverCore(EndpointCore):
     def cancel(self, transfer_id: str, reason: str = "cancelled") -> None:
         inb = self._live.get(transfer_id)
         if inb is not None:
-            self._fail(inb, "cancelled", reason)
+            self._fail(inb, FailCode.CANCELLED, reason)
 
     async def close(self) -> None:
         self._closing = True  # headers arriving during the flush below are refused, not reserved
@@ -155,7 +156,7 @@ class ReceiverCore(EndpointCore):
     async def _emit_failed(self, owners: list, reason: str) -> None:
         for inb in owners:
             if inb.status.transfer_id in self._live:
-                self._fail(inb, "send_failed", reason, nack=False)
+                self._fail(inb, FailCode.PEER_LOST, reason, nack=False)
 
     async def _dispatch(self, peer: bytes | None, frames: list) -> None:
         try:
@@ -183,7 +184,7 @@ class ReceiverCore(EndpointCore):
             elif self._foreign(peer, m.transfer_id, "cancel"):
                 return
             else:
-                self._fail(inb, "cancelled", f"sender cancelled: {m.reason}", nack=False)
+                self._fail(inb, FailCode.CANCELLED, f"sender cancelled: {m.reason}", nack=False)
         else:
             log.warning("receiver: unexpected %s from %r discarded", type(m).__name__, peer)
 
@@ -200,15 +201,15 @@ class ReceiverCore(EndpointCore):
         log.warning("receiver: bad message from %r discarded: %s", peer, e)
         for tid in e.batch_ids:  # a batch whose payloads do not add up: every transfer in it fails now
             if tid not in self._history and tid not in self._live:
-                self._reply(peer, Nack(tid, "bad_message", str(e)), "nack")
+                self._reply(peer, Nack(tid, FailCode.BAD_MESSAGE, str(e)), "nack")
         tid = e.transfer_id
         if tid is None or tid in self._history:
             return
         inb = self._live.get(tid)
         if inb is not None:
-            self._fail(inb, "bad_message", str(e))
+            self._fail(inb, FailCode.BAD_MESSAGE, str(e))
         else:  # a header we cannot accept: tell the sender now instead of letting it time out
-            self._reply(peer, Nack(tid, "bad_message", str(e)), "nack")
+            self._reply(peer, Nack(tid, FailCode.BAD_MESSAGE, str(e)), "nack")
 
     # ---- accepting a transfer ---------------------------------------------------------------
     def _accept(self, peer: bytes | None, h: KVTransferHeader, payload: memoryview | None) -> bool:
@@ -223,9 +224,8 @@ class ReceiverCore(EndpointCore):
         refusal, target = self._refusal(h)
         pages = None if refusal else target.reserve(h.request_id, h.num_pages)
         if pages is None:
-            code, reason = refusal or ("no_pages", f"need {h.num_pages} pages, "
-                                                   f"{target.num_free} free")
-            self._finish_status(status, S.FAILED, f"{code}: {reason}")
+            code, reason = refusal or (FailCode.NO_PAGES, f"need {h.num_pages} pages, {target.num_free} free")
+            self._finish_status(status, S.FAILED, reason, code)
             self._reply(peer, Nack(tid, code, reason), "nack")
             return False
         writer = self._writers.get(id(target))
@@ -239,7 +239,7 @@ class ReceiverCore(EndpointCore):
             status.state, status.t_started = S.TRANSFERRING, now
             value = checksum.of(h.checksum_algo, payload)
             if value != h.checksum:
-                self._fail(inb, "checksum", f"payload checksum {value:#x} != {h.checksum:#x}",
+                self._fail(inb, FailCode.CHECKSUM, f"payload checksum {value:#x} != {h.checksum:#x}",
                            nack=True)
                 return False
             self._write_pages(inb, 0, payload)
@@ -252,24 +252,28 @@ class ReceiverCore(EndpointCore):
             self._start_dist(inb)
         return False
 
-    def _refusal(self, h: KVTransferHeader) -> tuple[tuple[str, str] | None, PagePool]:
-        """(refusal or None, pool to receive into). `admit` may answer with a PagePool of
+    def _refusal(self, h: KVTransferHeader) -> tuple[tuple[FailCode, str] | None, PagePool]:
+        """(refusal or None, pool to receive into). `admit` may PARK the request in a pool of
         the same geometry (the host tier: the request arrives parked)."""
         if self._closing:
-            return ("closed", "the receiver is closing"), self.pool
+            return (FailCode.CLOSED, "the receiver is closing"), self.pool
         if h.request_id in self._by_request:
-            return ("busy", f"request {h.request_id} already has a transfer in flight"), self.pool
+            return (FailCode.BUSY, f"request {h.request_id} already has a transfer in flight"), self.pool
         if any(w.pool.num_held(h.request_id) for w in self._writers.values()):
             # Its pages from an earlier transfer are still here: reserving more under the same
             # owner would let whoever frees that request free these RESERVED pages too, and a
             # late write would land in pages handed to someone else.
-            return ("busy", f"request {h.request_id} already holds pages here"), self.pool
-        answer = self._admit(h) if self._admit is not None else None
-        if isinstance(answer, PagePool) and answer.spec == self.spec and self.accepts_other_pools:
-            return None, answer
-        if isinstance(answer, PagePool):
-            answer = "no_pages: this backend receives into the device tier only"
-        return (None if answer is None else ("refused", answer)), self.pool
+            return (FailCode.BUSY, f"request {h.request_id} already holds pages here"), self.pool
+        if self._admit is None:
+            return None, self.pool
+        answer = self._admit(h)
+        if answer.verdict is Verdict.ACCEPT:
+            return None, self.pool
+        if answer.verdict is Verdict.PARK:
+            if answer.pool is not None and answer.pool.spec == self.spec and self.accepts_other_pools:
+                return None, answer.pool
+            return (FailCode.NO_PAGES, "this backend receives into the device tier only"), self.pool
+        return (answer.code, answer.reason), self.pool
 
     accepts_other_pools = True  # backends that write only into `self.pool` set False
 
@@ -288,12 +292,12 @@ class ReceiverCore(EndpointCore):
             log.info("receiver: duplicate chunk %d of %s discarded", c.chunk_index, h.transfer_id)
             return
         if c.chunk_index > inb.next_chunk:
-            self._fail(inb, "bad_message", f"chunk {inb.next_chunk} missing "
+            self._fail(inb, FailCode.BAD_MESSAGE, f"chunk {inb.next_chunk} missing "
                                            f"(got {c.chunk_index})")
             return
         offset = c.chunk_index * h.chunk_bytes
         if c.offset != offset or c.nbytes != min(h.chunk_bytes, h.payload_bytes - offset):
-            self._fail(inb, "bad_message", f"chunk {c.chunk_index}: offset/nbytes "
+            self._fail(inb, FailCode.BAD_MESSAGE, f"chunk {c.chunk_index}: offset/nbytes "
                                            f"{c.offset}/{c.nbytes} do not match the header")
             return
         last = c.chunk_index + 1 == h.num_chunks
@@ -329,7 +333,7 @@ class ReceiverCore(EndpointCore):
                 self._write_pages(inb, offset + off, piece)
                 inb.running = checksum.update(h.checksum_algo, inb.running, piece)
         if inb.running != c.checksum:
-            self._fail(inb, "checksum", f"running checksum after chunk {c.chunk_index} "
+            self._fail(inb, FailCode.CHECKSUM, f"running checksum after chunk {c.chunk_index} "
                                         f"{inb.running:#x} != {c.checksum:#x}")
             return
         inb.next_chunk += 1
@@ -338,11 +342,12 @@ class ReceiverCore(EndpointCore):
             self._reply(inb.peer, Ack([h.transfer_id]), "ack")
 
     def _start_dist(self, inb: _Inbound) -> None:
-        self._fail(inb, "bad_message", "this receiver has no dist payload path")
+        self._fail(inb, FailCode.BAD_MESSAGE, "this receiver has no dist payload path")
 
     # ---- finishing --------------------------------------------------------------------------
-    def _finish_status(self, st: TransferStatus, state: TransferState, reason: str | None) -> None:
-        st.state, st.reason, st.t_finished = state, reason, time.monotonic()
+    def _finish_status(self, st: TransferStatus, state: TransferState, reason: str | None,
+                       code: FailCode | None = None) -> None:
+        st.state, st.reason, st.code, st.t_finished = state, reason, code, time.monotonic()
         self._remember(st)
 
     def _release(self, inb: _Inbound) -> None:
@@ -361,7 +366,7 @@ class ReceiverCore(EndpointCore):
             inb.status, inb.pool.tier))  # final: never mutated again
         self._completed_evt.set()
 
-    def _fail(self, inb: _Inbound, code: str, reason: str, nack: bool = True) -> None:
+    def _fail(self, inb: _Inbound, code: FailCode, reason: str, nack: bool = True) -> None:
         """Free the transfer's pages, then (optionally) tell the sender."""
         if inb.status.state.finished:
             return
@@ -370,7 +375,7 @@ class ReceiverCore(EndpointCore):
         except PoolError as e:  # someone freed them behind our back: report, do not crash the receiver
             log.error("receiver: pages of %s were already freed: %s", inb.status.transfer_id, e)
         self._release(inb)
-        self._finish_status(inb.status, S.FAILED, f"{code}: {reason}")
+        self._finish_status(inb.status, S.FAILED, reason, code)
         log.info("receiver: transfer %s (%s) failed: %s: %s", inb.status.transfer_id,
                  inb.header.request_id, code, reason)
         if nack:
@@ -378,12 +383,12 @@ class ReceiverCore(EndpointCore):
 
     def _fail_all(self, reason: str) -> None:
         for inb in list(self._live.values()):
-            self._fail(inb, "closed", reason)
+            self._fail(inb, FailCode.CLOSED, reason)
 
     def _expire(self, now: float) -> None:
         for inb in list(self._live.values()):
             if now > inb.deadline:
-                self._fail(inb, "timeout", f"not done after {self.config.transfer_timeout_s}s")
+                self._fail(inb, FailCode.TIMEOUT, f"not done after {self.config.transfer_timeout_s}s")
             elif inb.header.mode != "dist" and now - inb.last_seen > self.config.idle_timeout_s:
                 # (a dist payload wait is bounded by its own timeout in the torch backend)
-                self._fail(inb, "timeout", f"no progress for {self.config.idle_timeout_s}s")
+                self._fail(inb, FailCode.TIMEOUT, f"no progress for {self.config.idle_timeout_s}s")

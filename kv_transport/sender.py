@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kv_transport import checksum
+from kv_transport.admission import FailCode
 from kv_transport.base import TransferMeta, TransferState, TransferStatus, TransportError
 from kv_transport.config import TransportConfig
 from kv_transport.endpoint_core import EndpointCore
@@ -165,19 +166,19 @@ class SenderCore(EndpointCore):
     def cancel(self, transfer_id: str, reason: str = "cancelled") -> None:
         o = self._live.get(transfer_id)
         if o is not None:
-            self._finish(o, S.FAILED, reason, notify=True)
+            self._finish(o, S.FAILED, reason, notify=True, code=FailCode.CANCELLED)
 
     async def close(self) -> None:
         self._closing = True  # send() refuses from here on: nothing can start during the flush
         for o in list(self._live.values()):
-            self._finish(o, S.FAILED, "transport closed", notify=True)
+            self._finish(o, S.FAILED, "transport closed", notify=True, code=FailCode.CLOSED)
         try:  # best effort: tell the receiver to free what it reserved
             await asyncio.wait_for(self._flush_control(), self.config.close_timeout_s)
         except (asyncio.TimeoutError, TransportError, RuntimeError):
             pass
         await self._stop_tasks()
         for o in list(self._live.values()):  # none should be left; never leave one unfinished
-            self._finish(o, S.FAILED, "transport closed", notify=True)
+            self._finish(o, S.FAILED, "transport closed", notify=True, code=FailCode.CLOSED)
 
     # ---- backend hooks ---------------------------------------------------------------------
     def _stage(self, data: torch.Tensor, mode: str) -> torch.Tensor:
@@ -195,12 +196,14 @@ class SenderCore(EndpointCore):
 
     # ---- state changes ----------------------------------------------------------------------
     def _finish(self, o: _Outbound, state: TransferState, reason: str | None = None,
-                notify: bool = False) -> None:
+                notify: bool = False, code: FailCode | None = None) -> None:
         st = o.status
         if st.state.finished:
             return
         announced = st.state > S.BOOTSTRAPPING
-        st.state, st.reason, st.t_finished = state, reason, time.monotonic()
+        if state is S.FAILED and code is None:
+            code = FailCode.CANCELLED
+        st.state, st.reason, st.code, st.t_finished = state, reason, code, time.monotonic()
         self._live.pop(st.transfer_id, None)
         self._remember(st)
         self._inline_inflight -= o.inline_bytes
@@ -209,7 +212,7 @@ class SenderCore(EndpointCore):
             self._streaming.remove(o)
         o.data = o.view = None  # zmq keeps its own reference to frames still queued
         if state is S.FAILED:
-            log.info("transfer %s (%s) failed: %s", st.transfer_id, st.request_id, reason)
+            log.info("transfer %s (%s) failed: %s: %s", st.transfer_id, st.request_id, code, reason)
         if notify and announced:
             self._control.append(Cancel(st.transfer_id, reason or "cancelled"))
         if o.done is not None:
@@ -217,21 +220,21 @@ class SenderCore(EndpointCore):
         if self._wake is not None:
             self._wake.set()
 
-    def _fail_all(self, reason: str, notify: bool = False) -> None:
+    def _fail_all(self, reason: str, notify: bool = False, code: FailCode = FailCode.CLOSED) -> None:
         for o in list(self._live.values()):
-            self._finish(o, S.FAILED, reason, notify)
+            self._finish(o, S.FAILED, reason, notify, code)
 
     def _expire(self, now: float) -> None:
         for o in list(self._live.values()):
             if now > o.deadline:
                 self._finish(o, S.FAILED, f"timeout after {self.config.transfer_timeout_s}s "
-                             f"in state {o.status.state.name}", notify=True)
+                             f"in state {o.status.state.name}", notify=True, code=FailCode.TIMEOUT)
 
     def _on_disconnected(self) -> None:
         """The link was reset: everything announced on it is lost."""
         for o in list(self._live.values()):
             if o.status.state > S.BOOTSTRAPPING:
-                self._finish(o, S.FAILED, "disconnected from receiver", notify=True)
+                self._finish(o, S.FAILED, "disconnected from receiver", notify=True, code=FailCode.PEER_LOST)
 
     # ---- reader task ------------------------------------------------------------------------
     async def _reader(self) -> None:
@@ -268,7 +271,7 @@ class SenderCore(EndpointCore):
             log.info("sender: late %s for %s discarded", type(msg).__name__,
                      getattr(msg, "transfer_id", "?"))
         elif isinstance(msg, Nack):
-            self._finish(o, S.FAILED, f"receiver: {msg.code}: {msg.reason}")
+            self._finish(o, S.FAILED, f"receiver: {msg.reason}", code=msg.code)
         elif isinstance(msg, Credit):
             self._on_credit(o, msg)
         else:
@@ -382,4 +385,4 @@ class SenderCore(EndpointCore):
 
     async def _emit_failed(self, owners: list, reason: str) -> None:
         for o in owners:
-            self._finish(o, S.FAILED, reason, notify=True)
+            self._finish(o, S.FAILED, reason, notify=True, code=FailCode.PEER_LOST)

@@ -33,9 +33,10 @@ import torch
 import torch.distributed as dist
 
 from kv_transport import checksum
-from kv_transport.base import AdmitFn, TransferState, TransportError
+from kv_transport.admission import AdmitFn, FailCode
+from kv_transport.base import TransferState, TransportError
 from kv_transport.config import TransportConfig
-from kv_transport.endpoint_core import bounded
+from pdtb.aio import bounded
 from kv_transport.sender import to_host
 from kv_transport.wire import Ack, Credit
 from kv_transport.zmq_backend import ZmqReceiver, ZmqSender
@@ -145,14 +146,14 @@ class TorchSender(ZmqSender):
             self._jobs.append((o, credit.rank, credit.tag))
             self._job_evt.set()
 
-    def _finish(self, o, state, reason=None, notify=False) -> None:
+    def _finish(self, o, state, reason=None, notify=False, code=None) -> None:
         # Finished (cancelled, failed) before its payload went: the receiver may have posted a
         # recv for it already (WAITING: its Credit may be on the way; TRANSFERRING: the send is
         # queued). Keep the payload so that recv completes; a queued job sends it, or a late Credit.
         if o.header.mode == "dist" and o.status.state in (S.WAITING, S.TRANSFERRING) and o.data is not None \
                 and not o.status.state.finished and o.status.bytes_done < o.status.bytes_total:
             self._orphans[o.status.transfer_id] = (o.data, time.monotonic() + self.config.transfer_timeout_s)
-        super()._finish(o, state, reason, notify)
+        super()._finish(o, state, reason, notify, code)
 
     def _on_control(self, msg) -> None:
         orphan = self._orphans.pop(getattr(msg, "transfer_id", ""), None) if isinstance(msg, Credit) else None
@@ -181,7 +182,7 @@ class TorchSender(ZmqSender):
                     await self._send_orphan(orphan[0], rank, tag, use_thread)
                 continue
             if rank in self.broken:
-                self._finish(o, S.FAILED, f"dist peer broken: {self.broken[rank]}", notify=True)
+                self._finish(o, S.FAILED, f"dist peer broken: {self.broken[rank]}", notify=True, code=FailCode.DIST_FAILED)
                 continue
             data = o.data.reshape(-1).view(torch.uint8)
             try:
@@ -189,7 +190,7 @@ class TorchSender(ZmqSender):
                 await wait_work(work, max(0.1, o.deadline - time.monotonic()), use_thread)
             except (asyncio.TimeoutError, RuntimeError, ValueError) as e:
                 self.broken[rank] = f"isend to rank {rank} failed: {e!r}"
-                self._finish(o, S.FAILED, self.broken[rank], notify=True)
+                self._finish(o, S.FAILED, self.broken[rank], notify=True, code=FailCode.DIST_FAILED)
                 continue
             o.status.bytes_done = o.status.bytes_total  # DONE comes with the receiver's Ack
 
@@ -236,11 +237,11 @@ class TorchReceiver(ZmqReceiver):
         if not (isinstance(src, int) and 0 <= src < dist.get_world_size()) or src == dist.get_rank():
             # checked before any dist call: an unknown rank makes gloo wait on its store for
             # the whole timeout (blocking the loop), and our own rank can never send to us
-            self._fail(inb, "bad_message", f"src_rank {src!r} is not another rank of the process group "
+            self._fail(inb, FailCode.BAD_MESSAGE, f"src_rank {src!r} is not another rank of the process group "
                                            f"(world size {dist.get_world_size()}, this rank {dist.get_rank()})")
             return
         if src in self.broken:
-            self._fail(inb, "dist_failed", f"dist peer broken: {self.broken[src]}")
+            self._fail(inb, FailCode.DIST_FAILED, f"dist peer broken: {self.broken[src]}")
             return
         self._jobs.append(inb)
         self._job_evt.set()
@@ -274,13 +275,13 @@ class TorchReceiver(ZmqReceiver):
             self.broken[h.src_rank] = f"irecv from rank {h.src_rank} failed: {e!r}"
             self._retired.append((self._staging, work))  # a late write lands here, not in pages
             self._staging = None
-            self._fail(inb, "dist_failed", self.broken[h.src_rank])
+            self._fail(inb, FailCode.DIST_FAILED, self.broken[h.src_rank])
             return
         if inb.status.state.finished:  # cancelled while we waited: pages already freed
             return
         value = checksum.of(h.checksum_algo, buf)
         if value != h.checksum:
-            self._fail(inb, "checksum", f"payload checksum {value:#x} != {h.checksum:#x}")
+            self._fail(inb, FailCode.CHECKSUM, f"payload checksum {value:#x} != {h.checksum:#x}")
             return
         rows = buf.view(self.pool.kv.dtype).view(-1, self._writer.row_elems)
         self._writer.write(inb.plan, 0, rows)

@@ -20,10 +20,11 @@ from typing import ClassVar, Union
 
 import msgpack
 
+from kv_transport.admission import FailCode
 from kv_transport.wire_check import (Fields, WireChecksumError, WireError, WireFieldError,
                                      WireLimits, WireSizeError, WireVersionError, frame_view)
 
-WIRE_VERSION = 2  # 2: Credit.upto is cumulative (1 carried a delta, which duplicates inflated)
+WIRE_VERSION = 3  # 3: Nack.code is one of admission.FailCode; 2: Credit.upto is cumulative
 MODES = ("inline", "chunked", "dist")  # where a transfer's payload travels
 
 __all__ = ["WIRE_VERSION", "MODES", "MsgType", "KVTransferHeader", "TransferBatch", "KVChunk",
@@ -122,7 +123,7 @@ class Nack:
 
     MSG_TYPE: ClassVar[MsgType] = MsgType.NACK
     transfer_id: str
-    code: str  # short machine-readable cause: no_pages, refused, checksum, timeout, bad_message
+    code: FailCode  # why (kv_transport/admission.py); travels as its value
     reason: str  # human-readable detail
 
 
@@ -296,9 +297,12 @@ def _dec_ack(f: Fields, payloads: list, limits: WireLimits) -> Ack:
     return Ack(f.id_list("transfer_ids", limits.max_batch))
 
 
+_FAIL_CODES = tuple(c.value for c in FailCode)
+
+
 def _dec_nack(f: Fields, payloads: list, limits: WireLimits) -> Nack:
     _check_payloads(payloads, [], None)
-    return Nack(f.id("transfer_id"), f.str("code", 64), f.str("reason", 4096))
+    return Nack(f.id("transfer_id"), FailCode(f.choice("code", _FAIL_CODES)), f.str("reason", 4096))
 
 
 def _dec_cancel(f: Fields, payloads: list, limits: WireLimits) -> Cancel:

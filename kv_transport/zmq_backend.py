@@ -19,9 +19,10 @@ import os
 import zmq
 import zmq.asyncio
 
-from kv_transport.base import AdmitFn, TransportError
+from kv_transport.admission import AdmitFn
+from kv_transport.base import TransportError
 from kv_transport.config import TransportConfig
-from kv_transport.endpoint_core import bounded
+from pdtb.aio import bounded
 from kv_transport.receiver import ReceiverCore
 from kv_transport.sender import SenderCore
 from pdtb.engine.kv_spec import KVSpec

@@ -114,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # files that cannot be written, addresses that cannot be bound: one line
+        from pdtb.engine.model_info import ModelLoadError
+
+        if isinstance(e, ModelLoadError):  # a model the engine cannot load or serve: its own words
+            return die(str(e))
         if isinstance(e, OSError) or type(e).__module__.startswith("zmq"):
             return die(f"{type(e).__name__}: {e}")
         # Anything else is still one line (bad input no check foresaw: a results file of another

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 
 class CliError(Exception):
@@ -10,17 +9,13 @@ class CliError(Exception):
 
 
 def resolve_model(model_dir: str | None) -> str:
-    """`--model DIR` validated, or the embedded default (created on first use)."""
-    from pdtb.engine.model_info import ModelLoadError, read_model_info
-    from pdtb.engine.tiny_model import ensure_default_model
+    """`--model DIR` validated, or the embedded default; a bad directory is a CliError."""
+    from pdtb.engine import loader
 
-    if model_dir is None:
-        return str(ensure_default_model())
     try:
-        read_model_info(model_dir)
-    except ModelLoadError as e:
+        return loader.resolve_model(model_dir)
+    except loader.ModelLoadError as e:
         raise CliError(str(e)) from None
-    return str(Path(model_dir))
 
 
 def die(msg: str, code: int = 2) -> int:

@@ -14,11 +14,11 @@ PROMPTS = [
 ]
 
 
-async def _one(session, url: str, model: str, prompt: str, max_tokens: int) -> dict:
+async def _one(http, url: str, model: str, prompt: str, max_tokens: int) -> dict:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
     t0 = time.perf_counter()
     ttft, text, n = None, "", 0
-    async with session.post(f"{url}/v1/completions", json=body) as r:
+    async with http.post(f"{url}/v1/completions", json=body) as r:
         if r.status != 200:
             return {"prompt": prompt, "error": f"HTTP {r.status}: {await r.text()}"}
         async for raw in r.content:

@@ -32,10 +32,12 @@ from dataclasses import dataclass
 
 from pdtb.nodes import kv_meta
 from pdtb.nodes.node_base import NodeBase
+from prefill_node.order import PrefillOrder
 from pdtb.nodes.protocol import GenerateRequest, TokenEvent
 from pdtb.colocated.node import accept_request
 from fairness.attribution import end_wait
 from kv_transport import TransferMeta, TransferState, TransportConfig, make_sender
+from kv_transport.admission import FailCode
 from pdtb.engine.engine import StepEvent
 from pdtb.engine.kv_export import export_request
 from pdtb.engine.sequence import Sequence
@@ -64,6 +66,8 @@ class Handoff:
 
 
 class PrefillNode(NodeBase):
+    moves_kv = True
+
     def __init__(self, config, engine=None, transport: TransportConfig | None = None) -> None:
         super().__init__(config, engine)
         self.engine.scheduler.prefill_only = True  # a prompt needs its own pages here, not its output's
@@ -71,6 +75,11 @@ class PrefillNode(NodeBase):
         self.senders: dict[str, object] = {}
         self.handoffs: dict[str, Handoff] = {}
         self.reqs: dict[str, GenerateRequest] = {}
+
+    def make_policy(self, config):
+        """Prompts only, in arrival order: the fairness policy decides on the side that holds
+        KV for the whole decode (the decode node, the colocated twin)."""
+        return PrefillOrder(super().make_policy(config))
 
     def on_generate(self, req: GenerateRequest) -> None:
         no_decode = None if req.decode_kv_addr else "no decode node given for a disaggregated request"
@@ -142,7 +151,7 @@ class PrefillNode(NodeBase):
                 if st.duration_s is not None:
                     self.metrics.transfer_s.observe(st.duration_s)
                 self._release(rid)
-            elif "no_pages" in (st.reason or "") and mono < h.deadline:
+            elif st.code is FailCode.NO_PAGES and mono < h.deadline:
                 # Backpressure: the decode pool is full. Keep the pages and try again later,
                 # at the next decode node of the request's list if it has one.
                 self.metrics.transfers.labels(outcome="deferred", **self.metrics.labels).inc()
@@ -154,16 +163,16 @@ class PrefillNode(NodeBase):
                     h.backoff = min(h.backoff * 2, RETRY_S[1])
                 if len(h.targets) > 1:
                     h.targets.append(h.targets.pop(0))
-                    self._moved(h, f"{st.reason}")
-            elif len(h.targets) > 1 and mono < h.deadline and "bad_metadata" not in (st.reason or ""):
+                    self._moved(h, f"{st.code}: {st.reason}")
+            elif len(h.targets) > 1 and mono < h.deadline and st.code is not FailCode.BAD_METADATA:
                 self.metrics.transfers.labels(outcome="failed", **self.metrics.labels).inc()
                 h.targets.pop(0)  # that node cannot take it (draining, too small, unreachable)
                 h.transfer_id, h.retry_at = None, mono
-                self._moved(h, st.reason or "transfer failed")
+                self._moved(h, f"{st.code}: {st.reason}")
             else:
                 self.metrics.transfers.labels(outcome="failed", **self.metrics.labels).inc()
                 # fail() before _release(): the error event needs the route _release forgets
-                self.fail(rid, f"KV transfer to the decode node failed: {st.reason}")
+                self.fail(rid, f"KV transfer to the decode node failed: {st.code}: {st.reason}")
                 self._release(rid)
         for h in list(self.handoffs.values()):  # after the above: a moved hand-off starts at once
             if h.transfer_id is None and mono >= h.retry_at:

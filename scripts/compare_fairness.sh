@@ -8,20 +8,17 @@
 # Same KV page budget in both modes: the colocated node gets TOTAL device pages; the
 # disaggregated cluster splits them, PREFILL pages on the prefill node and the rest on the
 # decode node. Both get the same host tier. Compute: every node runs 1 torch thread (the
-# disaggregated cluster has two nodes, the colocated twin one). On the 2-core machines this was
-# measured on, a second thread in the colocated node made its steps slower, not faster (the
-# embedded model is tiny), and noisier: it fights the router and the load client for the cores.
+# disaggregated cluster has two nodes, the colocated twin one). On 2-core machines a second
+# thread in the colocated node makes its steps slower, not faster (the embedded model is tiny),
+# and noisier: it fights the router and the load client for the cores.
 # Two kinds of whale, each 64 times a minnow's footprint: 6 with long outputs (1024+1024 tokens)
 # arrive close together, need more than the decode pool and hold it (KV pressure); then
 # long-context whales (1984+64 tokens, nearly all prompt, as the longest requests of the Azure
 # conversation trace) arrive every half second from t = 4 s and load the prefill side and the
 # steps a colocated node shares with decoding minnows. --context-whales N sets their number
 # (default 16 quick, 26 full; 0 leaves only the long-output whales).
-# Until session 15 (2026-11-24) the long-output whales were 1536+512 and the long-context ones
-# came every second. The C decode kernel made steps of long rows about twice as fast, and on that
-# workload the pressure ended before it showed: memfair's minnow ITL p99 was 0.92x fcfs's
-# colocated and 0.93x disaggregated (0.17x and 0.03x before the kernel). Twice the output keeps
-# the same footprint and holds it for twice as many steps.
+# The long outputs hold the whales' footprint for many decode steps, so the pressure lasts
+# long enough to show even with the fast steps of the C decode kernel.
 # Writes DIR/MODE-POLICY.json for each run and DIR/report/report.md with plots. With --step-log,
 # every node also writes one JSON line per engine step to DIR/run-MODE-POLICY/steps-NODE.jsonl.
 # --node-args passes more flags to every node (split on spaces, no quoting), e.g.
@@ -41,7 +38,7 @@ while [ $# -gt 0 ]; do
     --step-log) STEPLOG=1; shift ;;
     --node-args) NODE_ARGS="$2"; shift 2 ;;
     --context-whales) CTX="$2"; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "compare_fairness: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -59,10 +56,9 @@ WL=(--workload whale-minnow --whales 6 --whale-prompt 1024 --whale-output 1024 -
     --slo ttft_ms=500 --slo tpot_ms=100)
 CTX_DEFAULT=26
 if [ "$QUICK" = 1 ]; then
-  # The same whales and KV budget, 20 s of minnows instead of 30. (Until 2026-11-22 the quick
-  # run had 4 whales in 352 pages: no whale was admitted while minnows decoded, so fcfs's
-  # minnows never shared a step with a whale's 512-token prefill chunk and the ITL comparison
-  # had nothing to measure. With 6, the 5th and 6th are admitted late, as in the full run.)
+  # The same whales and KV budget, 20 s of minnows instead of 30. 6 whales, so that the 5th
+  # and 6th are admitted late, while minnows decode, as in the full run: fcfs's minnows then
+  # share steps with a whale's 512-token prefill chunk, which the ITL comparison measures.
   POLICIES="${POLICIES:-fcfs memfair}"
   WL=(--workload whale-minnow --whales 6 --whale-prompt 1024 --whale-output 1024 --whale-start 1
       --whale-interval 0.5 --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 20 --seed "$SEED"

@@ -52,7 +52,7 @@ term_and_wait() {  # role...: SIGTERM their processes, wait (up to --timeout) un
 term_and_wait router prefill colocated
 term_and_wait decode
 for pid in ${pids[@]+"${pids[@]}"}; do
-  kill -KILL -- "-$pid" 2>/dev/null || true  # anything it started (its own session)
+  kill -KILL -- "-$pid" 2>/dev/null || true  # anything it started (its process group)
 done
 rm -f "$RUN_DIR"/*.pid
 echo "stopped ${#pids[@]} process(es) in $RUN_DIR"

@@ -48,7 +48,7 @@ def prompt(vocab: int, n: int, rng: random.Random) -> list[int]:
     return [rng.randrange(16, vocab) for _ in range(n)]
 
 
-async def stream(session, url: str, prompt_ids: list[int], max_tokens: int, *, started: list | None = None,
+async def stream(http, url: str, prompt_ids: list[int], max_tokens: int, *, started: list | None = None,
                  close_after: int | None = None, user: str | None = None) -> Outcome:
     """One streaming completion. `started` gets one item when 2 tokens arrived; with `close_after`
     the client closes the connection after that many tokens."""
@@ -58,7 +58,7 @@ async def stream(session, url: str, prompt_ids: list[int], max_tokens: int, *, s
     if user is not None:
         body["user"] = user  # the tenant
     try:
-        async with session.post(f"{url}/v1/completions", json=body) as resp:
+        async with http.post(f"{url}/v1/completions", json=body) as resp:
             out.status = resp.status
             if resp.status != 200:
                 text = await resp.text()
@@ -90,7 +90,7 @@ async def stream(session, url: str, prompt_ids: list[int], max_tokens: int, *, s
     return out
 
 
-def session():
+def http_client():
     return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=END_S + 30, sock_read=END_S),
                                  connector=aiohttp.TCPConnector(limit=0))
 

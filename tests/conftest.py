@@ -10,7 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory) -> dict[str, str]:
-    """One tiny checkpoint per supported family, written once per test session."""
+    """One tiny checkpoint per supported family, written once per pytest run."""
     from pdtb.engine.tiny_model import ARCHS, init_tiny_model
 
     root = tmp_path_factory.mktemp("models")

@@ -62,7 +62,7 @@ def test_turn_wait_counts_the_steps_a_resident_row_was_left_out(read_share):
 def test_attention_reads_are_metered_through_the_last_step_and_forgotten_on_abort():
     """The engine frees a request's pages in the step that finishes it, before accounting
     sees the step: the read is counted from the tokens computed, not the pages still held.
-    An aborted request's meters are dropped (they used to stay forever)."""
+    An aborted request's meters are dropped, not kept forever."""
     cfg = FairnessConfig()
     sched = make_scheduler(make_policy("fcfs", cfg), num_pages=64, budget=64)
     one, three = make_request(40, 1, rid="one"), make_request(40, 3, rid="three")
@@ -94,7 +94,7 @@ def test_attention_reads_are_metered_through_the_last_step_and_forgotten_on_abor
 
 def test_recompute_before_the_first_token_is_part_of_ttft():
     """A request preempted before its first token waits for recompute inside its TTFT, not in
-    its decode phase (the review found it blamed on 'prefill', with a negative decode)."""
+    its decode phase (not blamed on 'prefill', with a negative decode)."""
     from fairness.attribution import attribute
 
     cfg = FairnessConfig(slo_ttft_s={"*": 0.001})
@@ -124,9 +124,9 @@ def test_recompute_before_the_first_token_is_part_of_ttft():
 
 
 def test_per_tenant_figures_are_kept_for_a_bounded_number_of_tenants(monkeypatch):
-    """Tenant names come from clients: 2,000 distinct ones grew every node's /metrics by 1.5 MB
-    and its stats reply to each ping alike, without limit (found by review). Past the cap,
-    later tenants count under "_other"."""
+    """Tenant names come from clients: uncapped, 2,000 distinct ones grow every node's /metrics
+    by 1.5 MB and its stats reply to each ping alike, without limit. Past the cap, later
+    tenants count under "_other"."""
     import pdtb.nodes.accounting as accounting
 
     monkeypatch.setattr(accounting, "MAX_TENANT_LABELS", 3)

@@ -245,8 +245,8 @@ def test_counts_and_scales_must_be_positive(flag, value, capsys):
 
 
 def test_serve_refuses_an_unwritable_out_and_explains_a_dead_url(capsys, tmp_path):
-    """--out is checked before any request is sent (the results of a whole run were lost to a
-    bad path), and a server that cannot be reached gets one readable line, not aiohttp's repr."""
+    """--out is checked before any request is sent (a bad path found afterwards loses the results
+    of a whole run), and a server that cannot be reached gets one readable line, not aiohttp's repr."""
     import socket
 
     from pdtb.bench.cli import main as serve_main

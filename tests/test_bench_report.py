@@ -89,3 +89,35 @@ def test_compare_refuses_two_baselines_and_shows_a_missing_class_as_missing(tmp_
     assert compare([str(a), "--class", "dolphin", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)[0]
     assert row["ttft_p99_ms"] is None and row["itl_p99_ms"] is None and row["tok_s"] > 0
+
+
+def test_results_doc_tables_are_what_compare_prints(tmp_path, capsys):
+    """docs/results.md and the README headline are rendered from the run's files: the same
+    figures `pdtb compare --markdown` prints, the ratios by hand (TTFT 20 ms vs 50 ms: 0.40)."""
+    from pdtb.bench.compare import main as compare
+    from pdtb.bench.results_doc import BEGIN, END, main as results_doc
+
+    fair = tmp_path / "fair"
+    fair.mkdir()
+    for mode in ("colocated", "disagg"):
+        make_results(fair / f"{mode}-fcfs.json", mode, "fcfs", 0.05, True)
+        make_results(fair / f"{mode}-memfair.json", mode, "memfair", 0.02, True)
+    engine = tmp_path / "engine.json"
+    engine.write_text(json.dumps({"batch": 32, "prompt_len": 64, "max_tokens": 128, "device": "cpu", "dtype": "float32",
+                                  "torch_threads": 2, "decode_kernel": True, "paged_tok_s": 2600.0,
+                                  "hf_padded_tok_s": 2000.0, "ratio": 1.3, "ratio_paired_median": 1.25,
+                                  "step_ms_median": 5.5}))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{BEGIN}\nold figures\n{END}\ntail\n")
+    doc = tmp_path / "docs" / "results.md"
+    assert results_doc(["--fair", str(fair), "--engine", str(engine), "--out", str(doc), "--readme", str(readme)]) == 0
+    capsys.readouterr()
+    assert compare([*map(str, sorted(fair.glob("*.json"))), "--markdown"]) == 0
+    table = capsys.readouterr().out.strip()
+    text = doc.read_text()
+    assert table in text and "Machine: " in text and "commit " in text
+    assert "| disagg | memfair | 20.0 | **0.40** |" in table
+    assert "**1.30x**" in text
+    head = readme.read_text()
+    assert "old figures" not in head and head.endswith(f"{END}\ntail\n")
+    assert "| colocated | 0.40x |" in head and "| disagg | 0.40x |" in head and "1.30x" in head

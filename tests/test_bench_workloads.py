@@ -173,8 +173,8 @@ def test_trace_azure_csv(tmp_path):
     ('{"timestamp": 0, "input_length": 5, "output_length": 3, "priority": 1.7}', "priority"),
 ])
 def test_a_bad_trace_row_is_refused_with_its_line(line, what):
-    """Bad rows were accepted: a NaN timestamp fired the whole trace at t = 0, lengths were
-    truncated or raised to 1 without a word (found by review)."""
+    """A bad row is refused, naming its line: accepted, a NaN timestamp would fire the whole
+    trace at t = 0, and bad lengths would be truncated or raised to 1 without a word."""
     good = '{"timestamp": 0, "input_length": 5, "output_length": 3}'
     with pytest.raises(ValueError, match=f"trace line 2: .*{what}"):
         parse_jsonl([good, line])
@@ -184,11 +184,11 @@ def test_trace_files_with_a_byte_order_mark_or_comments(tmp_path):
     jsonl = tmp_path / "bom.jsonl"
     jsonl.write_text("\ufeff# exported 2026-11-23\n" + '{"timestamp": 0, "input_length": 5.0, "output_length": 3, "tenant": 0}\n',
                      encoding="utf-8")
-    rows, fmt = read_trace(jsonl)  # was read as an Azure CSV of 0 rows
+    rows, fmt = read_trace(jsonl)  # not read as an Azure CSV of 0 rows
     assert fmt == "jsonl" and [(r.input_length, r.tenant) for r in rows] == [(5, "0")]
     csv_path = tmp_path / "bom.csv"
     csv_path.write_text("\ufeff" + AZURE, encoding="utf-8")
-    rows, fmt = read_trace(csv_path)  # was KeyError('TIMESTAMP')
+    rows, fmt = read_trace(csv_path)  # not KeyError('TIMESTAMP')
     assert fmt == "azure-csv" and len(rows) == 3
 
 
@@ -206,9 +206,9 @@ def test_cli_builds_the_same_workload_for_the_same_seed(tmp_path, capsys):
 
 
 def test_azure_timestamps_with_offsets_are_utc_whatever_the_local_zone(tmp_path, monkeypatch):
-    """The 2024 Azure traces carry a UTC offset ('...009930+00:00'): they did not load. A time
-    without one was read in the machine's local zone, so a trace across a daylight-saving
-    change shifted by an hour (found by review)."""
+    """The 2024 Azure traces carry a UTC offset ('...009930+00:00'), and they load. A time
+    without one is read as UTC, not in the machine's local zone, where a trace across a
+    daylight-saving change would shift by an hour."""
     import time
 
     csv_2024 = "TIMESTAMP,ContextTokens,GeneratedTokens\n" \
@@ -229,7 +229,7 @@ def test_azure_timestamps_with_offsets_are_utc_whatever_the_local_zone(tmp_path,
 
 def test_trace_errors_name_the_real_line_and_never_trace_back(tmp_path):
     header = "TIMESTAMP,ContextTokens,GeneratedTokens"
-    with pytest.raises(ValueError, match="trace line 6: "):  # DictReader skips blank lines: was 'line 3'
+    with pytest.raises(ValueError, match="trace line 6: "):  # DictReader skips blank lines: its row count says 'line 3'
         parse_azure_csv([header, "", "", "", "2023-11-16 18:15:46.1,5,5", "2023-11-16 18:15:47.1,0,5"])
     huge = "1" * 400
     for line in (f'{{"timestamp": 0, "input_length": {huge}, "output_length": 5}}',
@@ -240,7 +240,7 @@ def test_trace_errors_name_the_real_line_and_never_trace_back(tmp_path):
             parse_jsonl([line])
     for text in ("", header + "\n"):
         (tmp_path / "empty").write_text(text)
-        with pytest.raises(ValueError, match="no requests"):  # was a silent 0-request workload
+        with pytest.raises(ValueError, match="no requests"):  # not a silent 0-request workload
             read_trace(tmp_path / "empty")
 
 

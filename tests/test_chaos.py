@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from chaos_util import END_S, Outcome, check_ended_well, prompt, session, stream, until
+from chaos_util import END_S, Outcome, check_ended_well, prompt, http_client, stream, until
 from cluster_util import ROOT, alive, get_json, launched, router_healthy, wait_until
 
 pytestmark = pytest.mark.slow
@@ -78,7 +78,7 @@ async def chaos_run(url: str, vocab: int, fault, *, n_long: int, long_tokens: in
     after, `n_during` more requests, one every `every_s`. Returns (long outcomes, later outcomes)."""
     rng = random.Random(7)
     started: list = []
-    async with session() as s:
+    async with http_client() as s:
         longs = [asyncio.ensure_future(stream(s, url, prompt(vocab, prompt_len, rng), long_tokens, started=started))
                  for _ in range(n_long)]
         await until(lambda: len(started) >= fault_after, END_S, "streams to start")
@@ -93,7 +93,7 @@ async def chaos_run(url: str, vocab: int, fault, *, n_long: int, long_tokens: in
 
 async def all_complete(url: str, vocab: int, n: int, max_tokens: int = 12) -> list[Outcome]:
     rng = random.Random(11)
-    async with session() as s:
+    async with http_client() as s:
         return await asyncio.wait_for(
             asyncio.gather(*(stream(s, url, prompt(vocab, 24, rng), max_tokens) for _ in range(n))), END_S)
 
@@ -129,7 +129,7 @@ def test_request_larger_than_decode_pool_is_refused_at_once(llama_dir, tmp_path)
 
         async def go():
             rng = random.Random(5)
-            async with session() as s:
+            async with http_client() as s:
                 big = [stream(s, url, prompt(vocab, 200, rng), 4), stream(s, url, prompt(vocab, 100, rng), 100)]
                 outs = await asyncio.wait_for(asyncio.gather(*big), END_S)
                 return outs, await asyncio.wait_for(stream(s, url, prompt(vocab, 24, rng), 8), END_S)
@@ -166,7 +166,7 @@ def test_busy_decode_pool_holds_then_fails_after_hold_timeout_or_serves(llama_di
 
         async def go():
             rng, started = random.Random(5), []
-            async with session() as s:
+            async with http_client() as s:
                 a = asyncio.ensure_future(stream(s, url, prompt(vocab, 300, rng), 100, started=started, user="a"))
                 await until(lambda: started, END_S, "A to reach the decode node")
                 b_task = asyncio.ensure_future(stream(s, url, prompt(vocab, 250, rng), 4, user="b"))
@@ -215,7 +215,7 @@ def test_client_disconnects_mid_stream_free_pages(cluster_1p2d):
 
     async def go():
         rng = random.Random(3)
-        async with session() as s:
+        async with http_client() as s:
             return await asyncio.wait_for(asyncio.gather(
                 *(stream(s, url, prompt(vocab, 20, rng), max_tokens, close_after=3) for _ in range(n))), END_S)
 

@@ -17,7 +17,7 @@ import re
 
 import pytest
 
-from chaos_util import END_S, check_ended_well, prompt, session, stream
+from chaos_util import END_S, check_ended_well, prompt, http_client, stream
 from cluster_util import all_pages_free, get_json, launched, wait_until
 from conftest import hf_greedy
 
@@ -26,9 +26,9 @@ pytestmark = pytest.mark.slow
 # their kinds: a decision depends on the message's index alone (faults.py keeps the corrupt
 # position's draws apart). max_faults=5 stops the random faults there (there are at least 16
 # messages: one header per chunked transfer). The link drops at the 5th chunk, outside that
-# budget. Six faults in all. (Before, the corrupt position came from the decision stream, so the
-# frame sizes, which depend on how transfers interleave, shifted later decisions: a 6th random
-# fault could spend the budget before the 5th chunk and the disconnect never came.)
+# budget. Six faults in all. (Drawn from the decision stream, the corrupt position would make
+# later decisions depend on frame sizes, which depend on how transfers interleave: a 6th random
+# fault could spend the budget before the 5th chunk and the disconnect would never come.)
 FAULTS = ("drop=0.08", "delay=0.1", "delay_s=0.05", "duplicate=0.1", "corrupt=0.1", "truncate=0.08",
           "disconnect=4", "seed=315", "max_faults=5")
 KINDS = {"drop", "delay", "duplicate", "corrupt", "truncate", "disconnect"}
@@ -46,7 +46,7 @@ def test_transport_faults_end_every_request_and_free_pages(llama_dir, hf_models,
         prompts = [prompt(vocab, n, rng) for n in [150, 200, 300, 180] * 4 + [20, 60, 24, 90]]
 
         async def wave(ps):
-            async with session() as s:
+            async with http_client() as s:
                 return await asyncio.wait_for(asyncio.gather(*(stream(s, url, p, MAX_TOKENS) for p in ps)), END_S)
 
         outs = asyncio.run(wave(prompts))

@@ -72,7 +72,7 @@ def test_model_init_writes_standard_checkpoint(tmp_path):
     assert AutoConfig.from_pretrained(tmp_path / "m").model_type == "qwen2"
 
 
-BAD_FLAGS = [  # found by a review that tried every subcommand: each was a traceback, a hang or exit 0
+BAD_FLAGS = [  # across every subcommand: each must be a usage error, not a traceback, a hang or exit 0
     ["bench", "controller", "--sizes", "1"],
     ["bench", "controller", "--sizes", "abc"],
     ["bench", "controller", "--steps", "0"],

@@ -144,8 +144,8 @@ def test_a_hand_off_bound_to_a_dead_decode_node_moves_to_the_other(llama_dir, hf
     """Decode node 0 is killed; requests sent before the router notices are still bound to it
     by the router (equal pools: it alternates between the two). Their prefill node moves the
     hand-offs to decode node 1, a fallback the router named, when the transfer fails or the
-    router reports the node down. Every request completes with generate's tokens (before,
-    the ones bound to the dead node failed)."""
+    router reports the node down. Every request completes with generate's tokens, the ones
+    bound to the dead node included."""
     import os
     import signal
 

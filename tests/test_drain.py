@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from cluster_util import ROOT, alive, get_json, launched, router_healthy, wait_until
-from chaos_util import END_S, check_ended_well, procs_mentioning, prompt, session, stream, until
+from chaos_util import END_S, check_ended_well, procs_mentioning, prompt, http_client, stream, until
 
 pytestmark = pytest.mark.slow
 PDTB = str(Path(sys.executable).with_name("pdtb"))
@@ -32,7 +32,7 @@ PDTB = str(Path(sys.executable).with_name("pdtb"))
 # ---- one node and a router, started here so that the node's exit code can be read -------------
 @contextmanager
 def process(args: list[str], log: Path):
-    """A `pdtb ...` process in its own session, output to `log`; killed on the way out."""
+    """A `pdtb ...` process in its own process group, output to `log`; killed on the way out."""
     with open(log, "w") as f:
         proc = subprocess.Popen([PDTB, *args], stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
@@ -114,7 +114,7 @@ async def sigterm_mid_stream(node: subprocess.Popen, url: str, n: int, max_token
     the late request's outcome)."""
     vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
     rng, started = random.Random(1), []
-    async with session() as s:
+    async with http_client() as s:
         tasks = [asyncio.ensure_future(stream(s, url, prompt(vocab, 24, rng), max_tokens, started=started))
                  for _ in range(n)]
         await until(lambda: len(started) >= (n // 2 if before is None else before), END_S, "streams to start")
@@ -186,8 +186,8 @@ def test_sigterm_decode_past_drain_timeout_fails_the_rest_with_a_reason(llama_di
 def test_requests_parked_at_decode_outlive_their_prefill_node(llama_dir, tmp_path):
     """A request the decode node adopted into its host tier (the device tier is full) sends no
     token for a while; its prefill node then drains and exits. The request needs only the
-    decode node now and must finish. The router used to count it as depending on the prefill
-    node until its first decode token, and failed it when that node stopped answering."""
+    decode node now and must finish: the router must not count it as depending on the prefill
+    node until its first decode token, and so fail it when that node stops answering."""
     run_dir = tmp_path / "pk"
     run_dir.mkdir()
     with ExitStack() as stack:
@@ -202,7 +202,7 @@ def test_requests_parked_at_decode_outlive_their_prefill_node(llama_dir, tmp_pat
 
         async def go():
             rng, started = random.Random(4), []
-            async with session() as s:
+            async with http_client() as s:
                 # 238 of the 240 device pages at its peak: the next arrivals are parked in the host tier
                 whale = asyncio.ensure_future(stream(s, url, prompt(vocab, 2800, rng), 1000, started=started))
                 await until(lambda: started, END_S, "the long stream to start")
@@ -234,7 +234,7 @@ def test_a_dead_routers_requests_are_ended_at_the_node(llama_dir, tmp_path):
 
         async def go():
             rng, started = random.Random(6), []
-            async with session() as s:
+            async with http_client() as s:
                 tasks = [asyncio.ensure_future(stream(s, url, prompt(vocab, 24, rng), 3500, started=started))
                          for _ in range(4)]
                 await until(lambda: len(started) >= 4, END_S, "streams to start")
@@ -269,7 +269,7 @@ def test_stop_cluster_mid_stream_leaves_no_process(llama_dir, tmp_path):
 
         async def go():
             rng, started = random.Random(2), []
-            async with session() as s:
+            async with http_client() as s:
                 tasks = [asyncio.ensure_future(stream(s, url, prompt(vocab, 24, rng), 200, started=started))
                          for _ in range(4)]
                 # long prompts, more than the decode pool holds at once: some are still in

@@ -4,8 +4,7 @@ later and adopted running; host: reserved in the host tier, adopted parked; defe
 "prefill side" and offered again every tick), scheduler steps with a fake forward pass, random
 aborts anywhere (transfers in flight included). After every step: each tier's free + reserved
 + resident + parked == total, counted from independent records; owners match the queues and
-the transfers; reserved pages are exactly the landing transfers'. At the end everything drains.
-(Written by a review of the policies, which found no failure on 120 seeds a policy.)"""
+the transfers; reserved pages are exactly the landing transfers'. At the end everything drains."""
 from __future__ import annotations
 
 import random

@@ -1,7 +1,7 @@
 """Where an inherited request lands (device, host, or deferred at prefill) goes through the
-same quota check as admission, counting the pages of arrivals still landing (a review found
-memfair's placement skipping the per-request cap, the share check of waiting tenants, and
-every in-flight reservation)."""
+same quota check as admission, counting the pages of arrivals still landing: memfair's
+placement applies the per-request cap, the share check of waiting tenants, and every in-flight
+reservation."""
 from __future__ import annotations
 
 import pytest
@@ -66,8 +66,8 @@ def test_reserved_pages_of_arrivals_still_landing_count_for_their_tenant():
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_placement_keeps_class_reservations(name):
-    """Every policy's placement (memfair's has its own quota check: it left the reservations
-    out, found by a review) keeps unused reservations of more urgent classes."""
+    """Every policy's placement (memfair's has its own quota check, which must count them
+    too) keeps unused reservations of more urgent classes."""
     cfg = FairnessConfig(class_reservations={0: 0.5})
     pol = make_policy(name, cfg)
     sched = make_scheduler(pol, num_pages=40, host_pages=40)
@@ -83,9 +83,10 @@ def test_placement_keeps_class_reservations(name):
 
 def test_an_idle_pool_takes_the_oldest_arrival_that_fits_whatever_the_quotas():
     """Work conservation at placement, as at admission. Three tenants' arrivals, each above its
-    third of the pool, used to refuse each other's borrowing on an empty pool forever; and an
-    idle decode node's view was its last step's (tenants long gone), so a lone arrival over the
-    per-request cap was deferred for the whole hold timeout (a chaos review, 120 s)."""
+    third of the pool, must not refuse each other's borrowing on an empty pool forever; and an
+    idle decode node's view must be current, not its last step's (tenants long gone), or a lone
+    arrival over the per-request cap is deferred for the whole hold timeout (120 s in a chaos
+    run)."""
     pol = make_policy("memfair")
     sched = make_scheduler(pol, num_pages=64)
     pol.reclaim(sched.running, [], sched.state())
@@ -97,12 +98,12 @@ def test_an_idle_pool_takes_the_oldest_arrival_that_fits_whatever_the_quotas():
     assert placed["alice"] == "device"  # the oldest, on an idle pool
     sched.pool.reserve("r-alice", 25)
     pol.refresh(sched.running, [], sched.state())
-    # bob and carol would both have to borrow: neither blocks the other any more
+    # bob and carol would both have to borrow: neither blocks the other
     assert pol.place_arrival(Arrival("r-bob", "bob", 0, 25, 0.0, 2.0, 400, 8), 0, sched.state()) == "device"
     # a node whose last step served other tenants, idle since: a lone big arrival gets in
     stale = make_policy("memfair")
     other = make_request(8, 4, tenant="x", rid="gone")
     stale.reclaim([other], [], sched.state())
-    stale.refresh([], [], make_scheduler(num_pages=64).state())  # what the decode node now does first
+    stale.refresh([], [], make_scheduler(num_pages=64).state())  # what the decode node does first
     assert stale.place_arrival(Arrival("big", "y", 0, 57, 0.0, 0.0, 900, 8), 0,
                                make_scheduler(num_pages=64).state()) == "device"

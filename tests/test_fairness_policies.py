@@ -187,10 +187,10 @@ def test_priority_aging_prevents_starvation():
 
 
 def test_priority_rows_of_one_class_go_in_arrival_order_not_by_turns():
-    """Aging by fractions of a class put the row served last behind its equals: prompts of one
-    class whose chunks fill the step budget took turns, each holding its pages until all were
-    done (a disaggregated run's prefill node took 551 steps where fcfs took 142). Whole
-    classes keep arrival order until a row has waited aging_s (2 s)."""
+    """Aging by fractions of a class would put the row served last behind its equals: prompts
+    of one class whose chunks fill the step budget would take turns, each holding its pages
+    until all are done (a disaggregated run's prefill node: 551 steps where fcfs takes 142).
+    Whole classes keep arrival order until a row has waited aging_s (2 s)."""
     from pdtb.engine.scheduler import ScheduledChunk
 
     pol = make_policy("priority")
@@ -237,7 +237,7 @@ def test_page_conservation_under_random_operations(name, ops):
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_a_held_arrival_is_admitted_once_pages_free_up(name):
-    """Regression: a deferred arrival must not queue behind its own earlier offer."""
+    """A deferred arrival must not queue behind its own earlier offer."""
     from fairness.base import Arrival
 
     pol = make_policy(name)
@@ -295,7 +295,7 @@ def test_memfair_long_yield_steps_keeps_whale_chunks_out_of_minnow_steps_but_not
     assert minnow.status == SeqStatus.RUNNING  # the minnow decoded all along
     gaps = [i for i, c in enumerate(had_chunk) if c]
     assert len(gaps) >= 3 and all(b - a == 5 for a, b in zip(gaps, gaps[1:])), had_chunk
-    # default (0): a chunk in every step, as before
+    # default (0): no yielding, a chunk in every step
     sched, minnow, whale = _minnow_decoding_then_whale(make_policy("memfair"), 200, 300)
     while whale.in_prefill:
         out = sched.schedule()
@@ -393,7 +393,7 @@ def test_prefill_share_outside_0_1_is_rejected(frac):
 def test_vtc_idle_time_is_not_banked_when_everyone_returns_at_once():
     """Tenant b was served a little long ago, a a lot since; after a moment with no work both
     return in the same step. b must be lifted to where a stood, not be served first for its
-    whole backlog (the review's case: all 30 of b's requests went before any of a's)."""
+    whole backlog (banked, all 30 of b's requests would go before any of a's)."""
     from fairness.vtc import VtcPolicy
 
     pol = VtcPolicy()
@@ -426,7 +426,7 @@ def test_vtc_idle_time_is_not_banked_when_everyone_returns_at_once():
        st.integers(8, 40))
 def test_mcsf_through_the_scheduler_admits_the_brute_force_prefix(running, waiting, total):
     """The same check through a real scheduler step, with requests already running and
-    holding pages (the review found the base watermark shrinking MC-SF's admitted set)."""
+    holding pages (the base watermark must not shrink MC-SF's admitted set)."""
     ps = 4
     sched = make_scheduler(McsfPolicy(), num_pages=total, budget=4096)
     run_items = []
@@ -458,8 +458,8 @@ def test_mcsf_through_the_scheduler_admits_the_brute_force_prefix(running, waiti
 @pytest.mark.parametrize("victim, expect", [("lru", "cold"), ("newest", "young"), ("least_progress", "fresh"),
                                             ("footprint", "whale")])
 def test_each_victim_choice_can_be_selected(victim, expect):
-    """--victim swaps the eviction choice of any policy (the review found newest and
-    least_progress unreachable)."""
+    """--victim swaps the eviction choice of any policy; every choice, newest and
+    least_progress included, is reachable."""
     pol = make_policy("fcfs", FairnessConfig(victim=victim))
     reqs = {"cold": make_request(8, 9, tenant="a", arrival=1.0), "young": make_request(8, 9, tenant="a", arrival=9.0),
             "fresh": make_request(8, 9, tenant="a", arrival=2.0), "whale": make_request(80, 9, tenant="w", arrival=3.0)}
@@ -478,8 +478,8 @@ def test_each_victim_choice_can_be_selected(victim, expect):
 @pytest.mark.parametrize("name", POLICIES)
 def test_the_bandwidth_cap_holds_for_admissions_too(name):
     """A capped tenant with a deep backlog reads at most cap x time plus one window of burst,
-    counting the reads of newly admitted prompts (the review measured 103x the cap: only
-    running rows were filtered, and only once already over)."""
+    counting the reads of newly admitted prompts (filtering only running rows, and only once
+    already over, lets it read 103x the cap)."""
     from sched_sim import FakeClock, SPEC
 
     page = SPEC.bytes_per_page
@@ -503,9 +503,9 @@ def test_the_bandwidth_cap_holds_for_admissions_too(name):
 def test_vtc_lift_floor_is_the_smallest_counter_among_tenants_with_waiting_work():
     """The reference lifts a tenant whose queue becomes non-empty to the smallest counter among
     tenants with waiting work. Counting running requests too, a tenant with one long request
-    running set a low floor, and its own new burst was never lifted: 150 requests of the
-    returning tenants went before the backlogged tenant's next one. Now it is served within a
-    few admissions."""
+    running would set a low floor, and its own new burst would never be lifted: 150 requests of
+    the returning tenants would go before the backlogged tenant's next one. It is served within
+    a few admissions."""
     from fairness.vtc import VtcPolicy
 
     pol = VtcPolicy()

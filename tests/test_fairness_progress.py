@@ -1,5 +1,5 @@
 """Liveness under memory pressure: every policy drains every workload, no request is preempted
-forever, and reclaim never throws computed KV away (a review found memfair livelocking)."""
+forever, and reclaim never throws computed KV away."""
 from __future__ import annotations
 
 import random
@@ -14,7 +14,8 @@ from sched_sim import FakeClock, apply_step, check_conservation, make_request, m
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_two_requests_that_fit_one_at_a_time_both_finish(name):
     """16 pages, no host tier; each request fits alone (14 and 12 pages at their longest), not
-    together. memfair used to preempt them in turn forever (3000 steps, ~300 preemptions each)."""
+    together. They must not preempt each other in turn forever (a livelock: 3000 steps, ~300
+    preemptions each)."""
     sched = make_scheduler(make_policy(name), num_pages=16, budget=64)
     a = make_request(31, 24, tenant="a", arrival=6.0, rid="a")
     b = make_request(20, 28, tenant="b", arrival=9.0, rid="b")
@@ -108,9 +109,9 @@ def test_a_request_demoted_for_another_is_not_promoted_in_the_same_step():
 
 
 def test_memfair_reclaims_enough_for_the_request_it_reclaims_for():
-    """Reclaim plans with may_admit's own test (the page per running request, the cap): it
-    used to demote one borrower per step, each time too few pages for the newcomer once the
-    running rows had grown, which then waited 6 steps and cost 3 demotions."""
+    """Reclaim plans with may_admit's own test (the page per running request, the cap), so one
+    step frees enough: demoting one borrower per step frees too few pages for the newcomer
+    each time once the running rows have grown (6 steps of waiting, 3 demotions)."""
     sched = make_scheduler(make_policy("memfair"), num_pages=20, host_pages=40, budget=64)
     for k in range(6):  # tenant a: six decoding requests of 3 pages (18 of 20; its share is 10)
         s = make_request(11, 30, tenant="a", rid=f"a{k}", arrival=float(k))
@@ -126,7 +127,7 @@ def test_memfair_reclaims_enough_for_the_request_it_reclaims_for():
     check_conservation(sched)
 
 
-# ---- starvation cases found by the session-13 review of the policies -------------------------------
+# ---- starvation cases ---------------------------------------------------------------------------
 def _trickle_of_b(sched, clock, big, steps: int, limit: int, **b_kw) -> int:
     """Step `sched` while tenant b always has work (up to `limit` requests of its own at once);
     return the step at which `big` finished (or `steps` if it did not)."""
@@ -145,9 +146,9 @@ def _trickle_of_b(sched, clock, big, steps: int, limit: int, **b_kw) -> int:
 
 def test_memfair_a_request_beyond_its_cap_is_delayed_not_stranded():
     """Default cap (half the tier while another tenant has work): a request that grew past it
-    and was demoted used to stay parked for good while the other tenant kept having work
-    (2,926 of 3,000 steps parked, 74 of 120 tokens). It now borrows like anyone beyond their
-    quota, and after `starve_after_s` of waiting it is let in whatever its quota."""
+    and was demoted must not stay parked for good while the other tenant keeps having work
+    (stranded: 2,926 of 3,000 steps parked, 74 of 120 tokens). It borrows like anyone beyond
+    their quota, and after `starve_after_s` of waiting it is let in whatever its quota."""
     clock = FakeClock()
     sched = make_scheduler(make_policy("memfair"), num_pages=40, host_pages=80, budget=64, clock=clock)
     big = make_request(8, 120, tenant="a", rid="a-long")  # grows to 32 pages: the cap is 20
@@ -181,9 +182,9 @@ def test_memfair_an_inherited_request_beyond_its_cap_gets_in():
 
 
 def test_priority_a_resident_low_class_row_ages_too():
-    """Running rows stepped in raw class order: a low-class request already resident got 8 of
-    30 tokens, then nothing for as long as higher classes kept the step budget full. Rows now
-    age since the last step that carried them, so it keeps getting tokens."""
+    """Stepped in raw class order, a low-class request already resident would get 8 of 30
+    tokens, then nothing for as long as higher classes kept the step budget full. Rows age
+    since the last step that carried them, so it keeps getting tokens."""
     from fairness.base import Arrival
 
     clock = FakeClock()
@@ -214,10 +215,10 @@ def test_priority_a_resident_low_class_row_ages_too():
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_prompts_that_lack_pages_held_for_hand_offs_wait_instead_of_redoing_each_other(name):
     """A prefill node whose pool is half held by a prompt waiting for its hand-off: two long
-    prompts that do not fit beside it used to preempt themselves when they could not grow,
-    letting the other in, which then did the same: their prefill was redone again and again
-    for as long as the hand-off waited. Now the one that cannot grow waits with its pages,
-    and both finish once the hand-off frees the rest."""
+    prompts that do not fit beside it must not preempt themselves when they cannot grow,
+    letting the other in, which then does the same, their prefill redone again and again for
+    as long as the hand-off waits. The one that cannot grow waits with its pages, and both
+    finish once the hand-off frees the rest."""
     clock = FakeClock()
     sched = make_scheduler(make_policy(name), num_pages=40, budget=64, clock=clock)
     sched.pool.allocate("held-for-hand-off", 20)

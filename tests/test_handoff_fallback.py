@@ -11,6 +11,7 @@ import pytest
 
 from pdtb.nodes.protocol import GenerateRequest, NodeDown, NodeStats, Params, TokenEvent
 from kv_transport import TransferState
+from kv_transport.admission import FailCode
 from pdtb.router.config import NodeSpec
 
 X, Y, Z = ("dx", "tcp://127.0.0.1:11"), ("dy", "tcp://127.0.0.1:12"), ("dz", "tcp://127.0.0.1:13")
@@ -27,20 +28,20 @@ class FakeSender:
     def send(self, export, meta) -> str:
         tid = f"t{len(self.sent)}-{meta.extra['router_id']}"
         self.sent.append(tid)
-        self.status[tid] = SimpleNamespace(state=TransferState.TRANSFERRING, reason=None, bytes_total=100,
+        self.status[tid] = SimpleNamespace(state=TransferState.TRANSFERRING, code=None, reason=None, bytes_total=100,
                                            duration_s=0.01)
         return tid
 
-    def end(self, state: TransferState, reason: str | None = None) -> None:
+    def end(self, state: TransferState, code: FailCode | None = None, reason: str | None = None) -> None:
         st = self.status[self.sent[-1]]
-        st.state, st.reason = state, reason
+        st.state, st.code, st.reason = state, code, reason
 
     def poll(self, tid):
         return self.status.get(tid)
 
     def cancel(self, tid, reason="cancelled") -> None:
         self.cancelled.append(tid)
-        self.end(TransferState.FAILED, reason)
+        self.end(TransferState.FAILED, FailCode.CANCELLED, reason)
 
 
 def prefill_node(llama_dir):
@@ -95,7 +96,7 @@ def test_a_refusal_for_good_moves_the_hand_off_to_the_next_decode_node(llama_dir
     async def go():
         hand_off(node, "r")
         await node.poll_io()
-        node.senders[X[1]].end(TransferState.FAILED, "receiver: refused: draining: the decode node is shutting down")
+        node.senders[X[1]].end(TransferState.FAILED, FailCode.DRAINING, "receiver: the decode node is shutting down")
         await node.poll_io()  # the refusal is seen: the hand-off moves to Y and starts there at once
         assert notices(node) == [Y[0]] and node.handoffs["r"].req.decode_kv_addr == Y[1]
         assert len(node.senders[Y[1]].sent) == 1
@@ -115,7 +116,7 @@ def test_without_a_fallback_a_refusal_still_fails_the_request(llama_dir):
     async def go():
         hand_off(node, "r", fallbacks=())
         await node.poll_io()
-        node.senders[X[1]].end(TransferState.FAILED, "receiver: refused: draining: the decode node is shutting down")
+        node.senders[X[1]].end(TransferState.FAILED, FailCode.DRAINING, "receiver: the decode node is shutting down")
         await node.poll_io()
         errors = [ev for ev in node.events if ev.finish_reason == "error"]
         assert len(errors) == 1 and "draining" in errors[0].error and not notices(node)
@@ -130,7 +131,7 @@ def test_bad_metadata_fails_at_once_rather_than_trying_another_node(llama_dir):
     async def go():
         hand_off(node, "r")
         await node.poll_io()
-        node.senders[X[1]].end(TransferState.FAILED, "receiver: refused: bad_metadata: request metadata digest")
+        node.senders[X[1]].end(TransferState.FAILED, FailCode.BAD_METADATA, "receiver: request metadata digest")
         await node.poll_io()
         assert not notices(node) and [ev.finish_reason for ev in node.events if ev.finished] == ["error"]
         assert not node.senders[Y[1]].sent
@@ -144,13 +145,13 @@ def test_a_full_decode_node_passes_the_turn_to_the_next_and_backs_off_only_after
     async def go():
         hand_off(node, "r", fallbacks=(Y, Z))
         await node.poll_io()
-        node.senders[X[1]].end(TransferState.FAILED, "receiver: no_pages: need 3 pages, 0 free")
+        node.senders[X[1]].end(TransferState.FAILED, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free")
         await node.poll_io()
         assert notices(node) == [Y[0]] and len(node.senders[Y[1]].sent) == 1  # no wait in between
-        node.senders[Y[1]].end(TransferState.FAILED, "receiver: no_pages: need 3 pages, 0 free")
+        node.senders[Y[1]].end(TransferState.FAILED, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free")
         await node.poll_io()
         assert len(node.senders[Z[1]].sent) == 1
-        node.senders[Z[1]].end(TransferState.FAILED, "receiver: no_pages: need 3 pages, 0 free")
+        node.senders[Z[1]].end(TransferState.FAILED, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free")
         await node.poll_io()  # all three refused: back to X, after a backoff
         h = node.handoffs["r"]
         assert notices(node) == [Y[0], Z[0], X[0]] and h.transfer_id is None and h.retry_at > time.monotonic()
@@ -230,8 +231,8 @@ def test_the_router_names_fallbacks_and_follows_a_move():
 def test_a_decode_node_that_adopted_the_request_holds_it_before_any_notice():
     """b's events come before p's notice (different connections), or b adopted a transfer p had
     given up on while p tries another node: b holds the request. Its output is passed on at
-    once (it was set aside until a notice that might never come, then thrown away, found by a
-    review), and p is told to drop its hand-off."""
+    once (not set aside until a notice that might never come, then thrown away), and p is told
+    to drop its hand-off."""
     async def go():
         reg, p, a, b = registry()
         sent = []
@@ -250,7 +251,7 @@ def test_a_decode_node_that_adopted_the_request_holds_it_before_any_notice():
 def test_a_delivered_hand_off_depends_on_its_decode_node_alone():
     """The KV reached a, then a died before its first event: the prefill node no longer holds
     the request, so a NodeDown cannot move it; it must fail now, not at the request timeout
-    (a review: 600 s)."""
+    (600 s)."""
     async def go():
         reg, p, a, b = registry()
         reg._send = lambda node, msg: True

@@ -14,8 +14,7 @@ from pdtb.engine import hf_compat
 from pdtb.engine.sequence import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = ("pdtb.engine", "cluster", "prefill_node", "decode_node", "pdtb.colocated", "kv_transport", "fairness",
-        "router", "pdtb.bench", "pdtb")
+OURS = ("pdtb", "prefill_node", "decode_node", "kv_transport", "fairness")
 
 
 def _ours(obj) -> bool:

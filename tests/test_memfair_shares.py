@@ -82,8 +82,8 @@ def test_one_long_prompt_per_tenant_while_another_tenant_is_active():
         assert all(c.num_new_tokens <= 16 for c in out.chunks)
         apply_step(sched, out)
         assert len(steps) < 200
-    # the second is not admitted while the first is in prefill: it would only hold pages (both
-    # used to be admitted, the second then crawling at a token a step; found by a review)
+    # the second is not admitted while the first is in prefill: it would only hold pages (with
+    # both admitted, the second crawls at a token a step)
     assert steps[0][0] == [first]
     for chunks, first_long in steps[1:]:
         assert chunks == ([first] if first_long else [second])  # one long prompt at a time, the older first
@@ -102,9 +102,9 @@ def test_turn_wait_is_a_decode_component_and_can_be_the_cause(turn_wait, cause):
 
 
 def test_a_prompt_that_cannot_get_in_does_not_make_long_prompts_crawl():
-    """Another tenant's prompt waiting for room (31 pages, not free) made every long prompt
-    take a token a step instead of its small chunk: 8 prompts of 40 tokens took 177 steps
-    (found by a review). They take their 4-token chunks now, one prompt at a time: 80 steps."""
+    """Another tenant's prompt waiting for room (31 pages, not free) must not make every long
+    prompt take a token a step instead of its small chunk (8 prompts of 40 tokens would take
+    177 steps). They take their 4-token chunks, one prompt at a time: 80 steps."""
     from sched_sim import FakeClock
 
     clock = FakeClock()
@@ -126,7 +126,7 @@ def test_a_prompt_that_cannot_get_in_does_not_make_long_prompts_crawl():
 
 def test_a_request_missing_both_slos_keeps_each_miss_cause():
     """A TTFT miss blamed on the queue and a TPOT miss blamed on the host tier: `cause` is the
-    larger, `causes` keeps both (only one was recorded; found by a review)."""
+    larger, `causes` keeps both."""
     tl = {"router_arrival": 0.0, "prefill_queued": 0.0, "prefill_start": 2.0, "first_token": 2.1,
           "decode_admit": 2.1, "last_token": 12.1, "parked_s": 6.0}
     got = attribute(tl, 11, 0, FairnessConfig(slo_ttft_s={"*": 0.5}, slo_tpot_s={"*": 0.1}))
@@ -137,8 +137,8 @@ def test_a_request_missing_both_slos_keeps_each_miss_cause():
 def test_a_second_long_prompt_held_back_does_not_slow_the_other_tenants_first():
     """Two tenants with two long prompts each: each tenant's second is not admitted while its
     first is in prefill, and must not count as another tenant's prompt waiting for the step
-    (each first prompt then took a token a step: 69 steps to all first tokens, found by a
-    review). With their small chunks: 18."""
+    (counted as one, it makes each first prompt take a token a step: 69 steps to all first
+    tokens). With their small chunks: 18."""
     from sched_sim import FakeClock
 
     clock = FakeClock()

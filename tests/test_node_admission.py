@@ -17,6 +17,7 @@ from pdtb.colocated.node import validate_prompt
 from conftest import make_engine
 from decode_node.node import never_fits
 from kv_transport import FaultConfig, TransferMeta, TransferState, TransportConfig
+from kv_transport.admission import Admission, FailCode
 from kv_transport.fake import FakeNetwork, FakeReceiver, FakeSender
 from kv_transport.testing import TINY_SPEC, make_export, make_pool
 from pdtb.common import CliError
@@ -32,8 +33,8 @@ def header(prompt_len: int, max_tokens: int) -> SimpleNamespace:
 def test_decode_refuses_only_what_can_never_fit_the_pool(llama_dir):
     engine = make_engine(llama_dir, num_pages=8)  # 128 tokens
     assert never_fits(header(100, 28), engine) is None  # 128 tokens at its longest: exactly the pool
-    assert never_fits(header(100, 29), engine) == "too_large: needs 9 pages, the decode pool has 8"
-    assert never_fits(header(200, 1), engine) == "too_large: needs 13 pages, the decode pool has 8"
+    assert never_fits(header(100, 29), engine) == "needs 9 pages, the decode pool has 8"
+    assert never_fits(header(200, 1), engine) == "needs 13 pages, the decode pool has 8"
     capped = make_engine(llama_dir, num_pages=8, max_model_len=128)  # a request stops at 128 tokens
     assert never_fits(header(100, 1000), capped) is None
 
@@ -50,7 +51,8 @@ def test_handoff_seal_survives_the_wire_and_catches_tampering():
 
     def admit(h):
         seen.append(h)
-        return kv_meta.check(h)
+        bad = kv_meta.check(h)
+        return Admission.accept() if bad is None else Admission.refuse(FailCode.BAD_METADATA, bad)
 
     async def go():
         net, cfg = FakeNetwork(), TransportConfig(backend="fake", endpoint="fake://d0")
@@ -75,11 +77,11 @@ def test_handoff_seal_survives_the_wire_and_catches_tampering():
 
     sent, unsealed = asyncio.run(asyncio.wait_for(go(), 20))
     assert all(st.state is TransferState.DONE for st in sent), sent
-    assert unsealed.state is TransferState.FAILED and "bad_metadata" in unsealed.reason
+    assert unsealed.state is TransferState.FAILED and unsealed.code is FailCode.BAD_METADATA
     h = seen[0]
     for change in ({"extra": {**h.extra, "router_id": "r-2"}}, {"output_token_ids": [8]}, {"num_computed_tokens": 2},
                    {"extra": {**h.extra, "params": {**h.extra["params"], "max_tokens": 9}}}):
-        assert kv_meta.check(dataclasses.replace(h, **change)).startswith("bad_metadata"), change
+        assert "does not match" in kv_meta.check(dataclasses.replace(h, **change)), change
 
 
 def test_transport_fault_flag():
@@ -96,8 +98,8 @@ def test_transport_fault_flag():
 
 def test_a_parked_arrival_aborted_before_adoption_frees_its_host_pages(llama_dir):
     """A transfer that landed in the host tier (parked) for a request the client had already
-    aborted: its host pages must be freed (only the device tier was, so each such race leaked
-    host pages until a restart; found by review, 30 of 256 pages in one run)."""
+    aborted: its host pages must be freed, not only device pages (else each such race leaks
+    host pages until a restart: 30 of 256 pages in one run)."""
     import time
 
     from pdtb.nodes.node_base import NodeConfig
@@ -127,8 +129,8 @@ def test_a_parked_arrival_aborted_before_adoption_frees_its_host_pages(llama_dir
 def test_a_router_whose_connection_dropped_learns_why_its_requests_ended(llama_dir):
     """Events to a router that is not connected are lost: the node ends that router's requests
     (pages freed) and, if the router was only reconnecting, fails them there on its next
-    message with the reason, instead of leaving it to wait out its request timeout (found by
-    review: a reset connection hung a stream for the full 20 s timeout)."""
+    message with the reason, instead of leaving it to wait out its request timeout (a reset
+    connection would hang a stream for the full 20 s timeout)."""
     from pdtb.nodes.node_base import NodeConfig
     from pdtb.nodes.protocol import Ping
     from decode_node.node import DecodeNode
@@ -165,8 +167,8 @@ def test_a_router_whose_connection_dropped_learns_why_its_requests_ended(llama_d
 
 def test_a_loopback_node_keeps_gloo_on_the_loopback_interface(monkeypatch):
     """gloo listens where the hostname resolves (a LAN address on most machines) unless told;
-    a node on the default --host 127.0.0.1 points it at the loopback interface (found by
-    review: the torch transport's listeners bound 192.0.2.2 under a LAN hostname)."""
+    a node on the default --host 127.0.0.1 points it at the loopback interface (else, under a
+    LAN hostname, the torch transport's listeners bind a LAN address such as 192.0.2.2)."""
     import psutil
 
     from pdtb.nodes.node_base import keep_gloo_on_loopback
@@ -184,8 +186,8 @@ def test_a_loopback_node_keeps_gloo_on_the_loopback_interface(monkeypatch):
 
 
 def test_odd_control_messages_do_not_take_the_node_down(llama_dir):
-    """A GenerateRequest from a peer whose identity is not UTF-8 (and no router_id) raised in the
-    handler and killed the node; any handler error now drops just that message. A second
+    """A GenerateRequest from a peer whose identity is not UTF-8 (and no router_id) raises in
+    the handler; that, like any handler error, drops just that message, not the node. A second
     request with a live request's id is dropped (its events would mix with the first's)."""
     from pdtb.nodes.control import ControlServer
     from pdtb.nodes.node_base import NodeConfig
@@ -217,9 +219,9 @@ def test_odd_control_messages_do_not_take_the_node_down(llama_dir):
 
 def test_a_prefill_node_needs_pages_for_the_prompt_only(llama_dir):
     """The prefill computes the prompt and samples the first token; the decode side computes
-    the rest. It used to refuse a prompt that fits its pool when prompt + max_tokens did not
-    (8 pages: a 100-token prompt with max_tokens 100 failed), and the router wanted a page more
-    than the prompt's (found by review)."""
+    the rest. It takes a prompt that fits its pool even when prompt + max_tokens does not
+    (8 pages: a 100-token prompt with max_tokens 100), and the router asks for no page more
+    than the prompt's."""
     from pdtb.nodes.node_base import NodeConfig
     from pdtb.engine.config import EngineConfig
     from prefill_node.node import PrefillNode
@@ -238,10 +240,9 @@ def test_a_prefill_node_needs_pages_for_the_prompt_only(llama_dir):
 
 
 def test_a_prefill_node_accounts_for_its_held_hand_offs_and_forgets_them(llama_dir):
-    """Pages a prefill node holds for a hand-off are its tenants' pages (they were left out of
-    the per-tenant figures once the request left the scheduler), and a released hand-off's
-    meters are dropped (they stayed forever); an abort is counted as a finished request
-    (found by a review of the metrics)."""
+    """Pages a prefill node holds for a hand-off are its tenants' pages (in the per-tenant
+    figures after the request left the scheduler too), and a released hand-off's meters are
+    dropped, not kept forever; an abort is counted as a finished request."""
     from pdtb.nodes.node_base import NodeConfig
     from pdtb.nodes.protocol import AbortRequest
     from prefill_node.node import PrefillNode

@@ -239,7 +239,7 @@ def test_chat_template_kwargs_reach_the_template(llama_dir):
 
 def test_special_tokens_also_come_from_the_older_special_tokens_map(llama_dir, tmp_path):
     """Checkpoints that keep their special tokens in special_tokens_map.json render as
-    transformers renders them (the BOS/EOS of the embedded template went missing)."""
+    transformers renders them (the BOS/EOS of the embedded template must not go missing)."""
     import shutil
 
     d = tmp_path / "legacy"

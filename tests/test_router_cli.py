@@ -35,10 +35,10 @@ async def wait_healthy(url: str) -> None:
             await asyncio.sleep(0.05)
 
 
-async def stream_text(session: aiohttp.ClientSession, url: str, max_tokens: int) -> list[str]:
+async def stream_text(http: aiohttp.ClientSession, url: str, max_tokens: int) -> list[str]:
     body = {"model": "tiny", "prompt": [1, 2], "max_tokens": max_tokens, "stream": True}
     lines = []
-    async with session.post(url + "/v1/completions", json=body) as resp:
+    async with http.post(url + "/v1/completions", json=body) as resp:
         assert resp.status == 200
         async for line in resp.content:
             if line.startswith(b"data: "):

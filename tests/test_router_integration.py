@@ -214,9 +214,9 @@ def test_client_disconnect_aborts_on_both_nodes(served, tokens):
 
 
 def test_a_text_too_long_for_the_context_is_refused_without_tokenizing(served, tokens):
-    """A 4 MB prompt (under the body limit) once took seconds of tokenizing on the router's
-    loop, which then missed its nodes' pings and failed another client's stream. It is now a
-    400 from a character bound, while that stream runs on."""
+    """A 4 MB prompt (under the body limit) would take seconds of tokenizing on the router's
+    loop, which would then miss its nodes' pings and fail another client's stream. It is a 400
+    from a character bound, while that stream runs on."""
     assert served.max_prompt_chars is not None and served.max_prompt_chars < 4_000_000
 
     async def go():
@@ -244,7 +244,7 @@ def test_a_text_too_long_for_the_context_is_refused_without_tokenizing(served, t
 @pytest.mark.parametrize("mode", ["colocated", "disagg"])
 def test_a_request_no_pool_can_hold_is_400(served, tokens, mode):
     """8 pages of 16 tokens hold 128: a prompt + max_tokens past that is the client's error,
-    answered before any node sees it (it was a node's failure, a 500)."""
+    answered before any node sees it (not a node's failure, a 500)."""
     small = {"colocated": {"pages_total": 8}, "decode": {"pages_total": 8}}
 
     async def go():
@@ -286,10 +286,9 @@ def test_decode_node_dies_mid_stream(served, tokens):
 
 
 def test_a_long_step_is_not_a_death_but_a_closed_connection_is(served, tokens):
-    """A node in one long engine step answers no ping: the router took 3 s of silence for death
-    and failed every request there (a review: 12 of 14 requests, on steps of 1-6 s carrying a
-    2,048-token prefill chunk). Silence over a live connection is now tolerated up to the hang
-    timeout; a node whose connection drops (its process died) is down after the health timeout."""
+    """A node in one long engine step answers no ping: taking 3 s of silence for death would
+    fail every request there (12 of 14 requests, on steps of 1-6 s carrying a 2,048-token
+    prefill chunk). Silence over a live connection is tolerated up to the hang timeout; a node whose connection drops (its process died) is down after the health timeout."""
     async def go():
         async with cluster(served, tokens, mode="colocated", node_kw={"colocated": {"delay": 0.05}},
                            health_timeout=0.5, hang_timeout=20.0) as c:
@@ -451,8 +450,8 @@ def test_stop_reason_of_a_stop_token(served):
 def test_a_node_that_cannot_take_a_request_is_skipped_for_another():
     """A prefill node killed a moment ago still looks healthy until the health timeout, but its
     queue no longer drains: the request goes to another prefill node, and the refusing one is
-    left out until it answers a ping again (a chaos review saw 48 instant 503s while another
-    prefill node was healthy)."""
+    left out until it answers a ping again (else a chaos run gets 48 instant 503s while another
+    prefill node is healthy)."""
     import time as _time
 
     from pdtb.nodes.protocol import GenerateRequest, NodeStats, Params
@@ -508,7 +507,7 @@ def test_shutdown_grace_refuses_new_requests_and_finishes_running_ones(served, t
 def test_requests_past_the_grace_period_end_with_an_error_not_a_cut_connection(served, tokens):
     """When the grace period runs out, each request still running gets a 503 it can read (an
     error event and [DONE] on a stream, an error response otherwise) and is aborted at its
-    nodes; before, the handlers were cancelled and the clients saw the connection break."""
+    nodes, instead of its handler being cancelled and the client seeing the connection break."""
     async def go():
         async with cluster(served, tokens, node_kw={"decode": {"delay": 0.05}}) as c:
             body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 500, "stream": True}
@@ -535,8 +534,8 @@ def test_requests_past_the_grace_period_end_with_an_error_not_a_cut_connection(s
 
 def test_a_request_whose_body_arrives_during_the_drain_is_refused(served, tokens):
     """A request still sending its body when the drain began is refused with a 503 once it is
-    read; it used to be submitted after the grace period's failures went out, ran, and was
-    cancelled: a cut connection (found by review)."""
+    read, not submitted after the grace period's failures went out, run and cancelled: a cut
+    connection."""
     async def go():
         async with cluster(served, tokens) as c:
             go_on = asyncio.Event()
@@ -563,8 +562,8 @@ def test_a_request_whose_body_arrives_during_the_drain_is_refused(served, tokens
 
 
 def test_a_prefill_pool_holds_exactly_its_prompt(served, tokens):
-    """The router wanted a page more than the prompt's on the prefill node: a prompt filling an
-    8-page prefill pool exactly (128 tokens) was a 400 (found by review)."""
+    """The router asks the prefill node for the prompt's pages, not one more: a prompt filling
+    an 8-page prefill pool exactly (128 tokens) is served, not refused with a 400."""
     async def go():
         async with cluster(served, tokens, node_kw={"prefill": {"pages_total": 8}}) as c:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
@@ -621,9 +620,9 @@ def test_a_reconnected_node_is_not_vouched_for_by_its_new_connection():
 
 
 def test_a_node_restarted_within_the_health_timeout_fails_the_dead_processs_requests():
-    """A node restarted on the same port faster than the health timeout was never seen as down:
-    the dead process's requests waited for their timeout (found by a review). Its new
-    incarnation in NodeStats now fails them at once."""
+    """A node restarted on the same port faster than the health timeout is never seen as down,
+    so the dead process's requests would wait for their timeout. Its new incarnation in
+    NodeStats fails them at once."""
     import time as _time
 
     from pdtb.nodes.protocol import NodeStats, encode_message

@@ -16,8 +16,9 @@ def test_greedy_is_argmax():
 
 @pytest.mark.parametrize("temperature", [1e-38, 1e-300, 9e-6])
 def test_a_temperature_too_small_for_float32_samples_greedily(temperature):
-    """logits / 1e-38 overflows float32 to inf (then NaN probabilities): such a request once
-    made the sampler raise inside a node's step, which took the node down."""
+    """logits / 1e-38 overflows float32 to inf (then NaN probabilities): such a request must
+    be sampled greedily, not make the sampler raise inside a node's step and take the node
+    down."""
     logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 1.0, 0.0]])
     params = [SamplingParams(temperature=temperature, seed=1)] * 2
     assert sample(logits, params, [0, 0]) == [1, 0]
@@ -55,7 +56,8 @@ def test_invalid_params_rejected(bad):
 
 @pytest.mark.parametrize("top_p", [7e-46, 1e-300])
 def test_a_top_p_below_float32_keeps_the_top_token(top_p):
-    """top_p rounds to 0 in float32 below ~7e-46: no token was kept, multinomial raised inside
-    the node's step and took the node down (one HTTP request did it; found by review)."""
+    """top_p rounds to 0 in float32 below ~7e-46: the top token must still be kept, or
+    multinomial raises inside the node's step and takes the node down (one HTTP request would
+    do it)."""
     logits = torch.tensor([[0.1, 3.0, 0.2, -1.0]])
     assert sample(logits, [SamplingParams(temperature=1.0, top_p=top_p, seed=3)], [0]) == [1]

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from kv_transport import FaultConfig, TransferMeta, TransferState, TransportConfig
+from kv_transport.admission import Admission, FailCode
 from kv_transport.fake import FakeNetwork, FakeReceiver, FakeSender
 from kv_transport.testing import TINY_SPEC, make_export, make_pool
 
@@ -126,7 +127,7 @@ def test_fault_fails_transfer_cleanly(name, tx_faults, rx_faults, pages, reason)
         async with Pair(tx_faults or FaultConfig(), rx_faults or FaultConfig()) as p:
             status, _, elapsed = await p.transfer(pages)
             assert status.state is TransferState.FAILED
-            assert reason in status.reason, status.reason
+            assert reason in f"{status.code}: {status.reason}", status
             assert elapsed < TIMEOUT + 0.5  # failed within its timeout (plus a tick or two)
             injected = p.tx.faults.injected + p.rx.faults.injected
             assert injected, "the fault was never injected"
@@ -192,7 +193,7 @@ def test_no_pages_is_nacked():
     async def body():
         async with Pair(rx_pages=4) as p:
             status, _, elapsed = await p.transfer(5)
-            assert status.state is TransferState.FAILED and "no_pages" in status.reason
+            assert status.state is TransferState.FAILED and status.code is FailCode.NO_PAGES
             assert elapsed < 0.5  # a NACK, not a timeout
             p.assert_clean()
             await p.assert_next_transfer_ok(num_pages=3)
@@ -201,12 +202,13 @@ def test_no_pages_is_nacked():
 
 def test_admit_policy_refusal():
     def admit(header):
-        return "tenant over quota" if header.tenant == "greedy" else None
+        return Admission.defer("tenant over quota") if header.tenant == "greedy" else Admission.accept()
 
     async def body():
         async with Pair(admit=admit) as p:
             status, _, _ = await p.transfer(2, TransferMeta(tenant="greedy"))
-            assert status.state is TransferState.FAILED and "over quota" in status.reason
+            assert status.state is TransferState.FAILED and status.code is FailCode.NO_PAGES
+            assert "over quota" in status.reason
             p.assert_clean()
             await p.assert_next_transfer_ok()
     run(body())
@@ -371,7 +373,7 @@ def test_stale_export_sums_fail_the_transfer(pages):
             assert export.block_sums is not None
             export.data.view(-1)[7] += 1.0
             status = await p.tx.wait(p.tx.send(export), TIMEOUT + 2.0)
-            assert status.state is TransferState.FAILED and "checksum" in status.reason
+            assert status.state is TransferState.FAILED and status.code is FailCode.CHECKSUM
             await p.settle()
             p.assert_clean()
             await p.assert_next_transfer_ok()
@@ -382,7 +384,7 @@ def test_a_second_transfer_for_a_request_that_still_holds_pages_is_refused():
     """A request's landed pages are still held (not yet released by the node) when another
     transfer for the same request id comes: it is refused ("busy"), never reserved under the
     same owner, where freeing the first would free the new RESERVED pages too and let the
-    transfer write into pages handed to someone else (a review's late-writer case)."""
+    transfer write into pages handed to someone else (the late-writer case)."""
     async def body():
         async with Pair() as p:
             first = p.export(4)
@@ -391,7 +393,7 @@ def test_a_second_transfer_for_a_request_that_still_holds_pages_is_refused():
             landed = await p.rx.next_completed(2.0)
             again = make_export(p.src, first.header.request_id, 6)
             status = await p.tx.wait(p.tx.send(again), 2.0)
-            assert status.state is TransferState.FAILED and "busy" in status.reason
+            assert status.state is TransferState.FAILED and status.code is FailCode.BUSY
             assert p.dst.state_counts()["reserved"] == 0 and p.dst.pages_of(landed.request_id) == landed.pages
             p.dst.free(landed.request_id)  # released: the same id may come again
             status = await p.tx.wait(p.tx.send(again), 2.0)

@@ -132,11 +132,12 @@ def test_receiver_survives_garbage(peers):
 
 
 def test_torch_gloo_survives_a_cancel_while_waiting_and_a_bad_src_rank(peers):
-    """Two ways a review broke the gloo receiver for good, each followed by transfers that
-    must still succeed: a sender cancel after the header went out (the receiver had posted its
-    irecv and its Credit was in flight; the recv waited for a send that never came, then the
-    receiver marked the pair broken), and a header naming a rank outside the group (gloo waited
-    on its store for the whole timeout, then the receiver's dist worker died)."""
+    """Two ways to break the gloo receiver for good, each followed by transfers that must
+    still succeed: a sender cancel after the header went out (the receiver has posted its irecv
+    and its Credit is in flight; unhandled, the recv waits for a send that never comes, then
+    the receiver marks the pair broken), and a header naming a rank outside the group
+    (unchecked, gloo waits on its store for the whole timeout, then the receiver's dist worker
+    dies)."""
     import torch.distributed as dist
     store = dist.TCPStore("127.0.0.1", 0, world_size=2, is_master=True,
                           wait_for_workers=False, timeout=datetime.timedelta(seconds=30))

@@ -239,7 +239,7 @@ def _result_lands_with_the_timeout(wait):
 
 
 def test_bounded_never_drops_a_result_that_arrived():
-    from kv_transport.endpoint_core import bounded
+    from pdtb.aio import bounded
 
     assert _result_lands_with_the_timeout(bounded) == "message"
 
@@ -247,7 +247,7 @@ def test_bounded_never_drops_a_result_that_arrived():
 def test_bounded_times_out_and_cancels_what_is_still_pending():
     import asyncio
 
-    from kv_transport.endpoint_core import bounded
+    from pdtb.aio import bounded
 
     async def main():
         fut = asyncio.get_running_loop().create_future()

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kv_transport.admission import FailCode
 from kv_transport.testing import TINY_SPEC
 from kv_transport.wire import (WIRE_VERSION, Ack, Cancel, Credit, KVChunk, KVTransferHeader, Nack,
                                TransferBatch, WireError, WireFieldError, WireLimits,
@@ -64,7 +65,7 @@ def expect_reject(frames: list, err: type, field: str) -> WireError:
     (Credit("tx-1", 4), []),
     (Credit("tx-1", 1, rank=1, tag=77), []),
     (Ack(["a", "b"]), []),
-    (Nack("tx-1", "no_pages", "need 3 pages, 1 free"), []),
+    (Nack("tx-1", FailCode.NO_PAGES, "need 3 pages, 1 free"), []),
     (Cancel("tx-1", "request aborted"), []),
 ])
 def test_round_trip(msg, payloads):

@@ -110,14 +110,14 @@ async def _read_stream(resp: aiohttp.ClientResponse, rec: RequestRecord, clock) 
     return False
 
 
-async def send_one(session: aiohttp.ClientSession, cfg: RunConfig, spec: RequestSpec, body: bytes,
+async def send_one(http: aiohttp.ClientSession, cfg: RunConfig, spec: RequestSpec, body: bytes,
                    scheduled: float, clock) -> RequestRecord:
     """Send one request and record it; never raises (a failure is a `failed` record)."""
     rec = RequestRecord(spec.tenant, spec.klass, spec.prompt_len, spec.output_len,
                         scheduled_time=scheduled, priority=spec.priority)
     rec.send_time = clock()
     try:
-        async with session.post(cfg.url + ("/v1/chat/completions" if cfg.api == "chat" else "/v1/completions"), data=body,
+        async with http.post(cfg.url + ("/v1/chat/completions" if cfg.api == "chat" else "/v1/completions"), data=body,
                                 headers={"Content-Type": "application/json"}) as resp:
             if resp.status != 200:
                 text = await resp.text()
@@ -143,7 +143,7 @@ async def send_one(session: aiohttp.ClientSession, cfg: RunConfig, spec: Request
     return rec
 
 
-async def _monitor(session: aiohttp.ClientSession, cfg: RunConfig, prog: _Progress, samples: list, clock) -> None:
+async def _monitor(http: aiohttp.ClientSession, cfg: RunConfig, prog: _Progress, samples: list, clock) -> None:
     """Sample /cluster, measure loop lag, print progress, until the run is finished."""
     tick, next_sample, next_print = 0.05, 0.0, 0.0
     tty, pending = sys.stderr.isatty(), set()
@@ -151,7 +151,7 @@ async def _monitor(session: aiohttp.ClientSession, cfg: RunConfig, prog: _Progre
         now = clock()
         if cfg.sample_interval > 0 and now >= next_sample:
             next_sample = now + cfg.sample_interval
-            task = asyncio.ensure_future(_sample(session, cfg, samples, clock))
+            task = asyncio.ensure_future(_sample(http, cfg, samples, clock))
             pending.add(task)  # a slow /cluster answer must not hold up the loop-lag ticks
             task.add_done_callback(pending.discard)
         if cfg.progress and now >= next_print:
@@ -165,9 +165,9 @@ async def _monitor(session: aiohttp.ClientSession, cfg: RunConfig, prog: _Progre
         await asyncio.gather(*pending)
 
 
-async def _sample(session: aiohttp.ClientSession, cfg: RunConfig, samples: list, clock) -> None:
+async def _sample(http: aiohttp.ClientSession, cfg: RunConfig, samples: list, clock) -> None:
     try:
-        async with session.get(cfg.url + "/cluster", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+        async with http.get(cfg.url + "/cluster", timeout=aiohttp.ClientTimeout(total=5)) as resp:
             if resp.status == 200:
                 samples.append(cluster_sample(clock(), await resp.json()))
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
@@ -181,8 +181,8 @@ async def run(specs: list[RequestSpec], cfg: RunConfig) -> RunResult:
     prog, samples = _Progress(len(specs)), []
     records: list[RequestRecord | None] = [None] * len(specs)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout,
-                                     headers=headers) as session:
-        warmup_failed = await _warm_up(session, cfg, specs)
+                                     headers=headers) as http:
+        warmup_failed = await _warm_up(http, cfg, specs)
         start_wall, t0 = time.time(), time.perf_counter()
 
         def clock() -> float:
@@ -192,11 +192,11 @@ async def run(specs: list[RequestSpec], cfg: RunConfig) -> RunResult:
 
         async def one(i: int, body: bytes, scheduled: float) -> None:
             async with slots:
-                rec = records[i] = await send_one(session, cfg, specs[i], body, scheduled, clock)
+                rec = records[i] = await send_one(http, cfg, specs[i], body, scheduled, clock)
             prog.done += 1
             prog.failed += rec.status != OK
 
-        monitor = asyncio.ensure_future(_monitor(session, cfg, prog, samples, clock))
+        monitor = asyncio.ensure_future(_monitor(http, cfg, prog, samples, clock))
         try:
             if cfg.concurrency:
                 await _closed_loop(cfg, specs, one, clock)
@@ -207,7 +207,7 @@ async def run(specs: list[RequestSpec], cfg: RunConfig) -> RunResult:
             prog.finished = True
             await monitor
         if cfg.sample_interval > 0:
-            await _sample(session, cfg, samples, clock)
+            await _sample(http, cfg, samples, clock)
         if cfg.progress:
             print(("\r" if sys.stderr.isatty() else "") + f"[bench] {prog.done}/{prog.total} done, "
                   f"{prog.failed} failed, {duration:.1f}s", file=sys.stderr, flush=True)
@@ -215,7 +215,7 @@ async def run(specs: list[RequestSpec], cfg: RunConfig) -> RunResult:
     return RunResult(records, samples, duration, start_wall, client_overhead(records, prog.loop_lag), warmup_failed)
 
 
-async def _warm_up(session: aiohttp.ClientSession, cfg: RunConfig, specs: list[RequestSpec]) -> int:
+async def _warm_up(http: aiohttp.ClientSession, cfg: RunConfig, specs: list[RequestSpec]) -> int:
     """Send `cfg.warmup` requests shaped like the first specs but with 4 output tokens, all at
     once, and wait for them (connections, the router's and nodes' first-request costs). Their
     prompts come from another seed than the run's. Returns how many failed."""
@@ -224,7 +224,7 @@ async def _warm_up(session: aiohttp.ClientSession, cfg: RunConfig, specs: list[R
     warm_cfg = replace(cfg, seed=cfg.seed + 7919)  # prompts unlike the run's (no prefix reuse)
     firsts = (specs[i % len(specs)] for i in range(cfg.warmup))
     shapes = [replace(sp, output_len=min(4, sp.output_len)) for sp in firsts]
-    recs = await asyncio.gather(*(send_one(session, warm_cfg, sp, request_body(warm_cfg, i, sp), 0.0, time.perf_counter)
+    recs = await asyncio.gather(*(send_one(http, warm_cfg, sp, request_body(warm_cfg, i, sp), 0.0, time.perf_counter)
                                   for i, sp in enumerate(shapes)))
     return sum(r.status != OK for r in recs)
 

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     from pdtb.engine.config import EngineConfig
     from pdtb.engine.engine import LLMEngine
     from pdtb.engine.loader import load_model
-    from pdtb.common import resolve_model
+    from pdtb.engine.loader import resolve_model
 
     model_dir = resolve_model(a.model)
     try:  # EngineConfig's own checks of the device and dtype, before anything is loaded

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from pdtb.engine.config import EngineConfig
     from pdtb.engine.engine import LLMEngine
     from pdtb.engine.runner import BatchChunk
-    from pdtb.common import resolve_model
+    from pdtb.engine.loader import resolve_model
 
     ps = a.page_size
     longest = max(max(a.offsets) + max(a.chunks), a.long_len + 1)

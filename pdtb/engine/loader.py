@@ -15,6 +15,17 @@ def resolve_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def resolve_model(model_dir: str | None) -> str:
+    """`model_dir` checked to be a supported checkpoint (ModelLoadError if not), or the embedded
+    default model's directory (created on first use)."""
+    from pdtb.engine.tiny_model import ensure_default_model
+
+    if model_dir is None:
+        return str(ensure_default_model())
+    read_model_info(model_dir)
+    return str(Path(model_dir))
+
+
 def load_model(model_dir: str | Path, device: str = "cpu", dtype: str = "float32",
                attn_implementation: str | None = None):
     """Return (model, tokenizer, info). The model is in eval mode on `device`."""

@@ -14,7 +14,7 @@ import zmq
 import zmq.asyncio
 
 from pdtb.security import secure_server
-from kv_transport.endpoint_core import bounded
+from pdtb.aio import bounded
 from pdtb.nodes.protocol import MAX_CONTROL_BYTES, ProtocolError, TokenBatch, TokenEvent, decode_message, encode_message
 
 log = logging.getLogger(__name__)

@@ -39,5 +39,5 @@ def check(header) -> str | None:
     want = _digest(header.request_id, header.tenant, header.prompt_token_ids, header.output_token_ids,
                    header.num_computed_tokens, header.num_tokens, header.num_pages, header.extra)
     if got != want:
-        return f"bad_metadata: request metadata digest {got!r} does not match (corrupted in transit)"
+        return f"request metadata digest {got!r} does not match (corrupted in transit)"
     return None

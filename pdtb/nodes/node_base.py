@@ -111,18 +111,14 @@ def to_sampling(p: Params) -> SamplingParams:
 
 
 class NodeBase:
+    """What every role shares. A role is a subclass: it may wrap the admission policy
+    (`make_policy`) and says whether it moves KV between nodes (`moves_kv`)."""
+
+    moves_kv = False  # True: joins the KV transport's process group at start-up (torch backend)
+
     def __init__(self, config: NodeConfig, engine: LLMEngine | None = None) -> None:
-        from fairness import make_policy
-
         self.config = config
-        # The prefill side only orders prompts (FIFO); the fairness policy decides on the side
-        # that holds KV for the whole decode: the decode node and the colocated twin.
-        if config.role == "prefill":
-            from prefill_node.order import PrefillOrder
-
-            self.policy = PrefillOrder(make_policy(config.policy, config.fairness))
-        else:
-            self.policy = make_policy(config.policy, config.fairness)
+        self.policy = self.make_policy(config)
         self.engine = engine or LLMEngine(config.engine, policy=self.policy)
         self.metrics = NodeMetrics(config.role, config.node_id)
         from pdtb.nodes.accounting import NodeAccounting
@@ -149,6 +145,12 @@ class NodeBase:
         self._http = None
 
     # ---- messages -------------------------------------------------------------------------
+
+    def make_policy(self, config: NodeConfig):
+        """The policy that orders and admits this node's requests (fairness registry by name)."""
+        from fairness import make_policy
+
+        return make_policy(config.policy, config.fairness)
     def _on_message(self, ident: bytes, msg) -> None:
         if self._lost:
             self._tell_lost(ident.decode(errors="replace"))
@@ -357,7 +359,7 @@ class NodeBase:
             loop.add_signal_handler(sig, lambda: loop.create_task(self.drain()) if not self.draining else None)
         self._http, self.metrics_addr = await start_http(self.metrics, lambda: self.stats().__dict__,
                                                          self.config.host, self.config.metrics_port)
-        if self.config.transport == "torch" and self.config.role != "colocated":
+        if self.config.transport == "torch" and self.moves_kv:
             # Every prefill and decode node joins the one process group at start-up (it blocks
             # until all have joined; launch_cluster.sh starts them all before waiting for any).
             from kv_transport.torch_backend import ensure_process_group

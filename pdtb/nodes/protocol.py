@@ -49,6 +49,39 @@ class Params:
 
 
 @dataclass
+class Target:
+    """A decode node a hand-off may go to."""
+
+    node_id: str
+    kv_addr: str  # its KV transport endpoint
+
+
+@dataclass
+class HandoffMeta:
+    """What a KV hand-off tells the decode node about its request beyond tokens and tenant.
+    Travels in TransferMeta.extra (`to_extra`), sealed by pdtb.nodes.kv_meta; read back with
+    `handoff_meta` (ProtocolError when it does not validate)."""
+
+    router_id: str  # DEALER identity the decode node sends events to
+    params: Params
+    priority: int = 0
+    timeline: dict[str, float] = field(default_factory=dict)  # stamps and waits so far (fairness.attribution)
+    attempts: int = 0  # transfers started for it before this one
+    fallbacks: list[Target] = field(default_factory=list)  # decode nodes after this one, in order
+
+
+@dataclass
+class HandoffNotice:
+    """Node -> router, not output: the hand-off of `request_id` goes to decode node
+    `decode_node` now (prefill node: moved to a fallback), or `delivered`: its KV landed there
+    (prefill node: the transfer ended DONE; decode node: it adopted the KV and holds it)."""
+
+    request_id: str
+    decode_node: str
+    delivered: bool = False
+
+
+@dataclass
 class GenerateRequest:
     request_id: str  # unique per router
     prompt_token_ids: list[int]
@@ -165,6 +198,9 @@ def _check(value, tp, name: str):
     if tp in (dict,) or origin is dict:
         if not isinstance(value, dict):
             raise ProtocolError(f"field {name!r} must be a map", name)
+        args = typing.get_args(tp)
+        if args:  # dict[K, V]: every key and value checked
+            return {_check(k, args[0], f"{name}{{}}"): _check(v, args[1], f"{name}.{k}") for k, v in value.items()}
         return value
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
@@ -209,3 +245,16 @@ def decode_message(data: bytes):
     if cls is None:
         raise ProtocolError(f"unknown message type {d.get('type')!r}", "type")
     return _build(cls, d)
+
+
+def to_extra(meta: HandoffMeta) -> dict:
+    """`meta` as TransferMeta.extra (msgpack-safe plain values)."""
+    return _to_plain(meta)
+
+
+def handoff_meta(extra: dict) -> HandoffMeta:
+    """The HandoffMeta in a transfer header's `extra` (other keys, such as the seal, ignored).
+    Raises ProtocolError naming the field that does not validate."""
+    if not isinstance(extra, dict):
+        raise ProtocolError("hand-off metadata must be a map", "extra")
+    return _build(HandoffMeta, extra, prefix="extra.")

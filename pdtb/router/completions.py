@@ -26,7 +26,7 @@ from typing import AsyncIterator
 from aiohttp import web
 
 from pdtb.nodes.protocol import GenerateRequest, Params
-from pdtb.router.aio import within
+from pdtb.aio import bounded
 from pdtb.router.chat_api import ChatPrompt, chat_choice, chat_delta, parse_chat_request
 from pdtb.router.config import RouterConfig, ServedModel
 from pdtb.router.detok import OutputText, TextDelta
@@ -225,14 +225,14 @@ class CompletionRun:
         """Server-sent events: one chunk per piece, an optional usage chunk, then [DONE]."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         try:
-            await within(resp.prepare(request), self.state.config.request_timeout)
+            await bounded(resp.prepare(request), self.state.config.request_timeout)
             try:
                 await self._send_pieces(resp)
             except RequestFailed as e:
                 self.status = str(e.status)
                 await self._send(resp, failure_error(e).body())
             await self._write(resp, b"data: [DONE]\n\n")
-            await within(resp.write_eof(), self.state.config.request_timeout)
+            await bounded(resp.write_eof(), self.state.config.request_timeout)
         except (ConnectionResetError, asyncio.TimeoutError):
             self.status = "499"  # the client went away or stopped reading; pieces() sent the abort
         return resp
@@ -267,7 +267,7 @@ class CompletionRun:
         await self._write(resp, b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n")
 
     async def _write(self, resp: web.StreamResponse, data: bytes) -> None:
-        await within(resp.write(data), self.state.config.request_timeout)
+        await bounded(resp.write(data), self.state.config.request_timeout)
 
 
 THREAD_PARSE_BYTES = 1 << 20  # larger bodies are parsed and validated off the event loop
@@ -276,7 +276,7 @@ THREAD_PARSE_BYTES = 1 << 20  # larger bodies are parsed and validated off the e
 async def prepare(state: RouterState, raw: bytes, chat: bool = False) -> CompletionRun:
     """Parse, [render,] tokenize and length-check a body. Raises ApiError (400/404). A body of
     over a MiB is parsed in a thread: eight 7.7 MB bodies of one-character content parts held
-    the loop for 4 s when parsed on it (a review)."""
+    the loop for 4 s when parsed on it."""
     model = state.model
     parse = parse_chat_request if chat else parse_completion_request
     if len(raw) > THREAD_PARSE_BYTES:
@@ -309,7 +309,7 @@ def tenant_slot(state: RouterState, tenant: str):
 async def read_body(request: web.Request, timeout: float) -> bytes:
     """The request body; aiohttp raises HTTPRequestEntityTooLarge past client_max_size."""
     try:
-        return await within(request.read(), timeout)
+        return await bounded(request.read(), timeout)
     except asyncio.TimeoutError:
         raise ApiError(408, "request body not received in time", "invalid_request_error", "timeout") from None
 

@@ -16,7 +16,7 @@ import zmq.asyncio
 
 from pdtb.nodes.protocol import (AbortRequest, GenerateRequest, NodeStats, Ping, TokenBatch, TokenEvent,
                               decode_message, encode_message)
-from kv_transport.endpoint_core import bounded
+from pdtb.aio import bounded
 
 
 def expected_output(prompt_ids: list[int], max_tokens: int, tokens: list[int]) -> list[int]:

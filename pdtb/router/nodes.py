@@ -41,7 +41,7 @@ import zmq.asyncio
 
 from pdtb.nodes.protocol import (AbortRequest, GenerateRequest, NodeDown, NodeStats, Ping, ProtocolError, TokenBatch,
                               TokenEvent, decode_message, encode_message)
-from pdtb.router.aio import within
+from pdtb.aio import bounded
 from pdtb.router.config import NodeSpec
 
 log = logging.getLogger("pdtb.router.nodes")
@@ -438,7 +438,7 @@ class NodeRegistry:
     async def next_event(self, handle: RequestHandle, timeout: float) -> TokenEvent:
         """The request's next event. Raises RequestFailed when it failed or nothing came in `timeout`."""
         try:
-            item = await within(handle.queue.get(), timeout)
+            item = await bounded(handle.queue.get(), timeout)
         except asyncio.TimeoutError:
             raise RequestFailed(503, f"no response from the nodes for {timeout:g} s") from None
         if isinstance(item, RequestFailed):

@@ -2,7 +2,7 @@
 rendered by the model's chat template and then tokenized.
 
 A text that cannot fit the context is refused before tokenizing, long texts are tokenized in a
-thread (a 3 MB prompt took 3 s on the event loop, long enough for the router to miss node pings
+thread (a 3 MB prompt takes 3 s on the event loop, long enough for the router to miss node pings
 and fail other clients' requests), and every conversation is rendered in a thread, bounded in
 time and in output size. A chat template writes its own
 special tokens (BOS), so its text is tokenized without adding any, as vLLM does.

@@ -1,11 +1,11 @@
-"""`pdtb.router.aio.within`: a bounded wait that never swallows its caller's cancellation."""
+"""`pdtb.aio.bounded`: never swallows its caller's cancellation, never drops a result."""
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 
-from pdtb.router.aio import within
+from pdtb.aio import bounded
 
 
 def test_a_cancellation_landing_as_the_awaited_item_arrives_still_cancels():
@@ -18,7 +18,7 @@ def test_a_cancellation_landing_as_the_awaited_item_arrives_still_cancels():
 
         async def reader() -> None:
             while True:
-                got.append(await within(q.get(), 600))
+                got.append(await bounded(q.get(), 600))
 
         task = asyncio.create_task(reader())
         await asyncio.sleep(0)  # the reader waits on q.get()
@@ -37,7 +37,7 @@ def test_a_cancellation_landing_as_the_awaited_item_arrives_still_cancels():
 
 def test_within_times_out_and_returns():
     async def main():
-        assert await within(asyncio.sleep(0, "x"), 1.0) == "x"
+        assert await bounded(asyncio.sleep(0, "x"), 1.0) == "x"
         with pytest.raises(asyncio.TimeoutError):
-            await within(asyncio.sleep(5), 0.05)
+            await bounded(asyncio.sleep(5), 0.05)
     asyncio.run(main())

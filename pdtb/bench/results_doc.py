@@ -1,0 +1,173 @@
+"""`python -m pdtb.bench.results_doc`: write docs/results.md from the result files of one
+`scripts/results.sh` run. Every table is rendered from those files, stamped with the date,
+the commit and the machine; the file is replaced whole.
+
+    python -m pdtb.bench.results_doc --fair DIR [--engine E.json] [--transport T.json ...]
+                                     [--fair-command CMD] --out docs/results.md
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from pdtb.bench.compare import markdown_table, rows_of, with_ratios
+
+
+def machine() -> str:
+    """Cores, memory, CPU model, Python and the libraries the figures depend on."""
+    import importlib.metadata as md
+
+    cpu = platform.processor() or "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    except (ValueError, OSError):
+        mem = float("nan")
+    libs = ", ".join(f"{n} {md.version(n)}" for n in ("torch", "transformers", "pyzmq"))
+    return f"{os.cpu_count()} cores, {mem:.0f} GiB, {cpu}; Python {platform.python_version()}, {libs}"
+
+
+def commit(root: Path) -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+
+    sha = git("rev-parse", "--short", "HEAD") or "unknown"
+    return sha + (" (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def fairness_section(fair_dir: str, command: str) -> list[str]:
+    paths = sorted(glob.glob(os.path.join(fair_dir, "*.json")))
+    rows = with_ratios(rows_of(paths, "minnow", "whale"), "fcfs")
+    failed = sum(r["failed"] or 0 for r in rows)
+    return ["## Fairness: colocated and disaggregated, policy by policy", "",
+            f"`{command}`", "",
+            "Minnow class against fcfs in the same mode; whale columns show what the 64x requests paid. "
+            f"Failed requests over all runs: {failed}.", "",
+            *markdown_table(rows, "minnow", "fcfs", "whale"), ""]
+
+
+def engine_section(path: str) -> list[str]:
+    r = json.loads(Path(path).read_text())
+    how = "C paged decode kernel" if r.get("decode_kernel") else "torch decode attention"
+    return ["## Paged engine against `transformers.generate`", "",
+            f"`pdtb bench engine --batch {r['batch']} --prompt-len {r['prompt_len']} "
+            f"--max-tokens {r['max_tokens']} --json` ({r['device']}, {r['dtype']}, {r['torch_threads']} torch "
+            f"threads, {how})", "",
+            "| paged engine tok/s | generate (padded batch) tok/s | ratio (best/best) | ratio (median of pairs) "
+            "| median decode step (ms) |", "|---|---|---|---|---|",
+            f"| {r['paged_tok_s']:.0f} | {r['hf_padded_tok_s']:.0f} | **{r['ratio']:.2f}x** | "
+            f"{r['ratio_paired_median']:.2f}x | {r['step_ms_median']:.2f} |", ""]
+
+
+def transport_section(paths: list[str]) -> list[str]:
+    out = ["## KV transport against raw pyzmq", "",
+           "`pdtb bench transport --endpoint ENDPOINT --json`: one large request's KV (`size`) in chunks, "
+           "against raw pyzmq moving the same chunks, and raw pyzmq plus the copy into the pool (best of the "
+           "interleaved repetitions; the paired ratio is the median over repetitions).", "",
+           "| endpoint | size (MiB) | transport GB/s | raw pyzmq GB/s | ratio | paired ratio | raw + landing GB/s "
+           "| small requests (pages/s) |", "|---|---|---|---|---|---|---|---|"]
+    for p in paths:
+        r = json.loads(Path(p).read_text())
+        out.append(f"| {r['backend']} {r['endpoint']} | {r['size_mib']} | {r['gbps']:.2f} | {r['raw_zmq_gbps']:.2f} "
+                   f"| **{r['ratio_vs_raw_zmq']:.2f}x** | {r['ratio_paired_median']:.2f}x | {r['raw_land_gbps']:.2f} "
+                   f"| {r['small_pages_per_s']:.0f} |")
+    return out + [""]
+
+
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def headline(a: argparse.Namespace, stamp: str) -> list[str]:
+    """The README's short form: memfair against fcfs per mode, the engine and transport ratios."""
+    out = [f"Headline of the run of {stamp} (all rows and columns: docs/results.md).", ""]
+    if a.fair:
+        rows = with_ratios(rows_of(sorted(glob.glob(os.path.join(a.fair, "*.json"))), "minnow", "whale"), "fcfs")
+        out += [f"`{a.fair_command}`: memfair against fcfs, minnow class", "",
+                "| mode | minnow TTFT p99 | minnow ITL p99 | output tok/s | failed (fcfs, memfair) |",
+                "|---|---|---|---|---|"]
+        for mode in sorted({r["mode"] for r in rows if r["mode"]}):
+            base = next((r for r in rows if r["mode"] == mode and r["policy"] == "fcfs"), None)
+            mf = next((r for r in rows if r["mode"] == mode and r["policy"] == "memfair"), None)
+            if base and mf:
+                out.append(f"| {mode} | {_x(mf['ttft_p99_ms_ratio'])} | {_x(mf['itl_p99_ms_ratio'])} "
+                           f"| {_x(mf['tok_s_ratio'])} | {base['failed']}, {mf['failed']} |")
+        out.append("")
+    if a.engine:
+        r = json.loads(Path(a.engine).read_text())
+        out.append(f"- `pdtb bench engine --batch {r['batch']}`: paged engine **{r['ratio']:.2f}x** "
+                   f"`transformers.generate`'s tokens/s (median of pairs {r['ratio_paired_median']:.2f}x).")
+    for p in a.transport:
+        r = json.loads(Path(p).read_text())
+        out.append(f"- `pdtb bench transport --endpoint {r['endpoint']}`: {r['gbps']:.2f} GB/s, "
+                   f"**{r['ratio_vs_raw_zmq']:.2f}x** raw pyzmq on the same chunks.")
+    return out
+
+
+def _x(v) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def replace_block(text: str, block: list[str]) -> str:
+    """`text` with the lines between the results markers replaced by `block`."""
+    i, j = text.find(BEGIN), text.find(END)
+    if i < 0 or j < i:
+        raise ValueError(f"no {BEGIN} ... {END} block to replace")
+    return text[:i + len(BEGIN)] + "\n" + "\n".join(block) + "\n" + text[j:]
+
+
+def render(a: argparse.Namespace, root: Path) -> str:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = ["# Results", "",
+             f"Written by `bash scripts/results.sh` on {now}, commit {commit(root)}.  ",
+             f"Machine: {machine()}.  ",
+             "Rerunning the script replaces this file. Absolute figures are noisy on shared machines; "
+             "every ratio is taken within one run. How the workloads are built and why: "
+             "[method.md](method.md).", ""]
+    if a.fair:
+        lines += fairness_section(a.fair, a.fair_command)
+    if a.engine:
+        lines += engine_section(a.engine)
+    if a.transport:
+        lines += transport_section(a.transport)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pdtb.bench.results_doc", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fair", help="directory of compare_fairness.sh result JSON files")
+    ap.add_argument("--fair-command", default="bash scripts/compare_fairness.sh --quick",
+                    help="the command that produced --fair (printed above its table)")
+    ap.add_argument("--engine", help="pdtb bench engine --json output")
+    ap.add_argument("--transport", nargs="*", default=[], help="pdtb bench transport --json outputs")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--readme", help="also replace the headline block of this README")
+    a = ap.parse_args(argv)
+    root = Path(__file__).resolve().parents[2]
+    text = render(a, root)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(text)
+    print(f"wrote {a.out}")
+    if a.readme:
+        stamp = f"{datetime.date.today().isoformat()}, commit {commit(root)}"
+        readme = Path(a.readme)
+        readme.write_text(replace_block(readme.read_text(), headline(a, stamp)))
+        print(f"updated the headline in {a.readme}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

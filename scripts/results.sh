@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Run the experiments behind docs/results.md and write it anew (date, commit and machine in its
+# stamp; nothing of an earlier run is kept):
+#   - the fairness comparison, colocated and disaggregated, policy by policy
+#     (compare_fairness.sh --quick, or the full run with --full);
+#   - the paged engine against transformers.generate (pdtb bench engine);
+#   - the KV transport against raw pyzmq, ipc and tcp (pdtb bench transport).
+# About 8 minutes with --quick on a 2-core machine. The run's files stay in OUT (results/docs-*).
+#
+#   bash scripts/results.sh [--full] [--policies "fcfs memfair vtc mcsf priority"] [--out DIR]
+#                           [--skip-bench] [--doc docs/results.md]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+QUICK=(--quick) POLICIES="fcfs memfair vtc mcsf priority" OUT="" BENCH=1 DOC="$ROOT/docs/results.md"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --full) QUICK=(); shift ;;
+    --policies) POLICIES="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --skip-bench) BENCH=0; shift ;;
+    --doc) DOC="$2"; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "results.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+source "$ROOT/scripts/_env.sh"
+cd "$ROOT"
+OUT="${OUT:-$ROOT/results/docs-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+FAIR_CMD="bash scripts/compare_fairness.sh ${QUICK[*]+${QUICK[*]} }--policies \"$POLICIES\""
+echo "== $FAIR_CMD" >&2
+bash scripts/compare_fairness.sh ${QUICK[@]+"${QUICK[@]}"} --policies "$POLICIES" --out "$OUT/fair" >&2
+args=(--fair "$OUT/fair" --fair-command "$FAIR_CMD")
+if [ "$BENCH" = 1 ]; then
+  echo "== pdtb bench engine --batch 32" >&2
+  pdtb bench engine --batch 32 --json > "$OUT/engine.json"
+  for ep in ipc tcp; do
+    echo "== pdtb bench transport --endpoint $ep" >&2
+    pdtb bench transport --endpoint "$ep" --json > "$OUT/transport-$ep.json"
+  done
+  args+=(--engine "$OUT/engine.json" --transport "$OUT/transport-ipc.json" "$OUT/transport-tcp.json")
+fi
+python -m pdtb.bench.results_doc "${args[@]}" --out "$DOC" --readme "$ROOT/README.md"
