@@ -11,7 +11,7 @@ Queues and a request's path through them:
     event per step to the request's router) -> finished: final event with the timeline, pages
     freed. Aborts free pages at any point. SIGTERM: new headers are refused, transfers already
     landing and running requests finish within the drain timeout, the rest fail. On adoption
-    the node sends the router an empty event: from then on the request needs only this node.
+    the node sends the router a HandoffNotice (delivered): from then on the request needs only this node.
 
 The decode node never saw the prompt being admitted: it *inherits* the pages. Whether to take
 them is decided here, by `fairness` policies, against this node's own pool.
@@ -24,7 +24,7 @@ from collections import OrderedDict
 
 from pdtb.nodes import kv_meta
 from pdtb.nodes.node_base import NodeBase, to_sampling
-from pdtb.nodes.protocol import Params, TokenEvent
+from pdtb.nodes.protocol import HandoffNotice, ProtocolError, handoff_meta
 from fairness.base import Arrival
 from kv_transport import ReceivedTransfer, TransportConfig, make_receiver
 from kv_transport.admission import Admission, FailCode
@@ -35,16 +35,18 @@ log = logging.getLogger(__name__)
 ABORTED_MEMORY = 4096  # request ids remembered as aborted, for transfers that land afterwards
 
 
-def never_fits(header, engine) -> str | None:
+def never_fits(header, engine, max_tokens: int) -> str | None:
     """Why a request can never decode on `engine` (its KV at prompt + max_tokens tokens needs
     more pages than the whole device tier), or None. Holding it would only delay the failure."""
-    try:
-        max_tokens = int(header.extra["params"]["max_tokens"])
-    except (KeyError, TypeError, ValueError):
-        max_tokens = 0  # bad metadata: reported when the request is adopted
     need = max(header.num_pages, engine.scheduler.peak_pages(len(header.prompt_token_ids), max_tokens))
     have = engine.pool.num_pages
     return f"needs {need} pages, the decode pool has {have}" if need > have else None
+
+
+def _router_of(t: ReceivedTransfer) -> str:
+    """The router to tell about a transfer whose metadata may not validate."""
+    router = t.extra.get("router_id", "") if isinstance(t.extra, dict) else ""
+    return router if isinstance(router, str) else ""
 
 
 class DecodeNode(NodeBase):
@@ -66,16 +68,17 @@ class DecodeNode(NodeBase):
         bad = kv_meta.check(header)
         if bad:
             return Admission.refuse(FailCode.BAD_METADATA, bad)
-        bad = never_fits(header, self.engine)
+        try:
+            meta = handoff_meta(header.extra)
+        except ProtocolError as e:
+            return Admission.refuse(FailCode.BAD_METADATA, str(e))
+        bad = never_fits(header, self.engine, meta.params.max_tokens)
         if bad:
             return Admission.refuse(FailCode.TOO_LARGE, bad)
         sch = self.engine.scheduler
         st = sch.state()
-        try:
-            left = max(0, int(header.extra["params"]["max_tokens"]) - len(header.output_token_ids))
-        except (KeyError, TypeError, ValueError):
-            left = 0
-        arrival = Arrival(header.request_id, header.tenant, int(header.extra.get("priority", 0)), header.num_pages,
+        left = max(0, meta.params.max_tokens - len(header.output_token_ids))
+        arrival = Arrival(header.request_id, header.tenant, meta.priority, header.num_pages,
                           st.now, st.now, header.num_tokens, left)
         self.policy.refresh(sch.running, [*sch.parked, *sch.waiting], st)  # an idle node's view is stale
         where = self.policy.place_arrival(arrival, len(sch.parked) + len(sch.waiting), st)
@@ -99,7 +102,7 @@ class DecodeNode(NodeBase):
         left = self.receiver.take_completed()  # committed after the drain's last look
         for t in left:
             self._free_landed(t)
-            self.routes[t.request_id] = str(t.extra.get("router_id", ""))
+            self.routes[t.request_id] = _router_of(t)
             self.fail(t.request_id, "node shut down before the request started")
         if left:
             await self.sink.flush()
@@ -126,20 +129,19 @@ class DecodeNode(NodeBase):
             log.info("dropping pages of %s: request already aborted or present", t.request_id)
             self._free_landed(t)
             return
-        extra = t.extra
-        try:
-            params = to_sampling(Params(**extra["params"]))
+        try:  # validated at the header already (_admit); a transfer admitted otherwise is checked here
+            meta = handoff_meta(t.extra)
             seq = Sequence(t.request_id, list(t.prompt_token_ids) + list(t.output_token_ids),
-                           len(t.prompt_token_ids), params, tenant=t.tenant, priority=int(extra.get("priority", 0)),
+                           len(t.prompt_token_ids), to_sampling(meta.params), tenant=t.tenant, priority=meta.priority,
                            num_computed_tokens=t.num_computed_tokens)
-        except (KeyError, TypeError, ValueError) as e:
+        except ValueError as e:  # ProtocolError, or parameters the engine refuses
             self._free_landed(t)
-            self.routes[t.request_id] = str(extra.get("router_id", ""))
+            self.routes[t.request_id] = _router_of(t)
             self.fail(t.request_id, f"bad request metadata from prefill: {e}")
             return
-        self.routes[t.request_id] = str(extra.get("router_id", ""))
+        self.routes[t.request_id] = meta.router_id
         now = time.time()
-        seq.timeline.update({k: float(v) for k, v in dict(extra.get("timeline", {})).items()})
+        seq.timeline.update(meta.timeline)
         seq.timeline["transfer_end"] = now
         seq.timeline["decode_admit"] = now
         seq.timeline["last_token"] = seq.timeline.get("first_token", now)
@@ -150,10 +152,10 @@ class DecodeNode(NodeBase):
             self.engine.scheduler.add_parked(seq)
         else:
             self.engine.scheduler.add_running(seq)
-        # An event without tokens tells the router this node holds the request now: it no longer
-        # depends on its prefill node, which may exit (a drain, a scale-down) before this
-        # request's first decode step, which can be far off for a parked or held-back one.
-        self.sink.add(self.routes[seq.request_id], TokenEvent(seq.request_id, []))
+        # Tell the router this node holds the request now: it no longer depends on its prefill
+        # node, which may exit (a drain, a scale-down) before this request's first decode step,
+        # which can be far off for a parked or held-back one.
+        self.sink.notice(self.routes[seq.request_id], HandoffNotice(seq.request_id, self.config.node_id, True))
 
     def on_step_events(self, events: list[StepEvent], t: float) -> None:
         now = time.time()

@@ -5,20 +5,22 @@ Queues and a request's path through them:
     GenerateRequest -> validate -> scheduler.waiting -> scheduler.running (chunked prefill under
     the token budget) -> first token sampled (event to the router: TTFT is measured here) ->
     detached from the scheduler, pages kept -> `handoffs` (KV export in flight to the chosen
-    decode node) -> DONE: pages freed | refused "no_pages": held, retried with backoff until
-    hold_timeout_s (backpressure, nothing dropped) | FAILED (any other refusal: too_large,
-    draining, bad_metadata; a transport fault or timeout): error event, pages freed.
-The request metadata sent with the KV is sealed (pdtb/nodes/kv_meta.py) right before each send.
+    decode node; states in pdtb/nodes/handoff.py) -> DONE: pages freed | NO_PAGES: held,
+    retried with backoff until hold_timeout_s (backpressure, nothing dropped) | FAILED (any
+    other FailCode: too_large, draining, bad_metadata; a transport fault or timeout): error
+    event, pages freed.
+The request metadata sent with the KV (protocol.HandoffMeta) is sealed (pdtb/nodes/kv_meta.py)
+right before each send.
 
 Fallbacks: the router names, with the chosen decode node, up to a few other decode nodes that
 could hold the request. A hand-off the chosen node cannot take moves to the next of them at
-once (the router is told with a `decode_node` notice, and with `delivered` when the KV has
-landed) instead of failing: refused for good
-(draining, too_large) or a transport failure drops that node from the request's list; refused
-"no_pages" rotates to the next node (backoff only once every node has refused in turn); a
-router's `NodeDown` moves hand-offs off a decode node that stopped answering (their transfers
-would otherwise wait out the transfer timeout). A "bad_metadata" refusal fails at once: it is
-this request's fault, not the node's. No fallbacks (one decode node): as before.
+once (the router is told with a HandoffNotice, and with `delivered` when the KV has landed)
+instead of failing: refused for good (DRAINING, TOO_LARGE) or a transport failure drops that
+node from the request's list; NO_PAGES rotates to the next node (backoff only once every node
+has refused in turn); a router's `NodeDown` moves hand-offs off a decode node that stopped
+answering (their transfers would otherwise wait out the transfer timeout). BAD_METADATA fails
+at once: it is this request's fault, not the node's. Without fallbacks (one decode node) every
+refusal but NO_PAGES fails the request.
 
 A request that ends at its first token (EOS, max_tokens=1) finishes here without a transfer.
 The prefill node owns a request's pages until the decode side confirms receipt.
@@ -33,7 +35,8 @@ from dataclasses import dataclass
 from pdtb.nodes import kv_meta
 from pdtb.nodes.node_base import NodeBase
 from prefill_node.order import PrefillOrder
-from pdtb.nodes.protocol import GenerateRequest, TokenEvent
+from pdtb.nodes.handoff import HandoffEvent, HandoffState, advance
+from pdtb.nodes.protocol import GenerateRequest, HandoffMeta, HandoffNotice, Target, to_extra
 from pdtb.colocated.node import accept_request
 from fairness.attribution import end_wait
 from kv_transport import TransferMeta, TransferState, TransportConfig, make_sender
@@ -51,9 +54,12 @@ RETRY_S = (0.01, 0.1)
 
 @dataclass
 class Handoff:
+    """One request's KV on its way to a decode node (states: pdtb/nodes/handoff.py)."""
+
     seq: Sequence
     req: GenerateRequest
-    targets: list[tuple[str, str]]  # (decode node id, KV address): the current one first, then fallbacks
+    targets: list[Target]  # the decode node it is bound to first, then its fallbacks
+    state: HandoffState = HandoffState.BOUND
     transfer_id: str | None = None
     deadline: float = 0.0  # monotonic: give up holding after this
     retry_at: float = 0.0  # monotonic: next attempt
@@ -61,8 +67,11 @@ class Handoff:
     attempts: int = 0
     refusals: int = 0  # "no_pages" refusals since the last backoff (one per target, then back off)
 
+    def on(self, event: HandoffEvent) -> None:
+        self.state = advance(self.state, event)
+
     def retarget(self) -> None:
-        self.req.decode_node, self.req.decode_kv_addr = self.targets[0]
+        self.req.decode_node, self.req.decode_kv_addr = self.targets[0].node_id, self.targets[0].kv_addr
 
 
 class PrefillNode(NodeBase):
@@ -106,7 +115,7 @@ class PrefillNode(NodeBase):
             self._hand_off(seq, self.reqs.pop(seq.request_id))
 
     def _hand_off(self, seq: Sequence, req: GenerateRequest) -> None:
-        h = Handoff(seq, req, [(req.decode_node, req.decode_kv_addr), *zip(req.fallback_nodes, req.fallback_kv_addrs)],
+        h = Handoff(seq, req, [Target(req.decode_node, req.decode_kv_addr), *req.fallbacks],
                     deadline=time.monotonic() + self.config.hold_timeout_s)
         self.handoffs[seq.request_id] = h
 
@@ -127,12 +136,12 @@ class PrefillNode(NodeBase):
         end_wait(seq.timeline, "held", now)  # the decode side had deferred it: time held here
         meta = TransferMeta(tenant=seq.tenant, prompt_token_ids=seq.prompt_token_ids,
                             output_token_ids=seq.output_token_ids, num_computed_tokens=seq.num_computed_tokens,
-                            extra={"router_id": req.router_id, "priority": req.priority,
-                                   "params": dataclasses.asdict(req.params), "timeline": dict(seq.timeline),
-                                   "attempts": h.attempts})
+                            extra=to_extra(HandoffMeta(req.router_id, req.params, req.priority, dict(seq.timeline),
+                                                       h.attempts, h.targets[1:])))
         # sealed last: the digest covers exactly what the header will carry (pdtb/nodes/kv_meta.py)
         meta = kv_meta.seal(meta, seq.request_id, export.header.num_tokens, export.header.num_pages)
         h.transfer_id = (await self._sender(req.decode_kv_addr)).send(export, meta)
+        h.on(HandoffEvent.SEND)
         h.attempts += 1
 
     async def poll_io(self) -> None:
@@ -144,7 +153,8 @@ class PrefillNode(NodeBase):
             if st is None or not st.state.finished:
                 continue
             if st.state == TransferState.DONE:
-                if h.req.fallback_nodes:  # the router may have fallbacks in mind: the request is that node's now
+                h.on(HandoffEvent.LANDED)
+                if h.req.fallbacks:  # the router may have fallbacks in mind: the request is that node's now
                     self._notify(rid, h.req.decode_node, delivered=True)
                 self.metrics.kv_sent.inc(st.bytes_total)
                 self.metrics.transfers.labels(outcome="done", **self.metrics.labels).inc()
@@ -155,6 +165,7 @@ class PrefillNode(NodeBase):
                 # Backpressure: the decode pool is full. Keep the pages and try again later,
                 # at the next decode node of the request's list if it has one.
                 self.metrics.transfers.labels(outcome="deferred", **self.metrics.labels).inc()
+                h.on(HandoffEvent.DEFERRED)
                 h.transfer_id, h.retry_at = None, mono
                 h.seq.timeline.setdefault("held_since", time.time())
                 h.refusals += 1
@@ -171,6 +182,7 @@ class PrefillNode(NodeBase):
                 self._moved(h, f"{st.code}: {st.reason}")
             else:
                 self.metrics.transfers.labels(outcome="failed", **self.metrics.labels).inc()
+                h.on(HandoffEvent.FAIL)
                 # fail() before _release(): the error event needs the route _release forgets
                 self.fail(rid, f"KV transfer to the decode node failed: {st.code}: {st.reason}")
                 self._release(rid)
@@ -181,6 +193,7 @@ class PrefillNode(NodeBase):
     def _moved(self, h: Handoff, why: str) -> None:
         """The hand-off goes to `h.targets[0]` now: tell the request's router."""
         old = h.req.decode_node
+        h.on(HandoffEvent.MOVE)
         h.retarget()
         log.info("request %s: hand-off moves from decode node %s to %s (%s)", h.seq.request_id, old,
                  h.req.decode_node, why)
@@ -188,22 +201,22 @@ class PrefillNode(NodeBase):
 
     def _notify(self, rid: str, decode_node: str, delivered: bool = False) -> None:
         """Tell the request's router which decode node it goes to (a notice, not output)."""
-        self.sink.add(self.routes.get(rid, ""), TokenEvent(rid, [], decode_node=decode_node, delivered=delivered))
+        self.sink.notice(self.routes.get(rid, ""), HandoffNotice(rid, decode_node, delivered))
 
     def on_node_down(self, node_id: str, reason: str) -> None:
         """Move every hand-off off decode node `node_id` (cancelling a transfer in flight to it),
         or fail those that have nowhere else to go."""
         for rid, req in self.reqs.items():  # not handed off yet: bound elsewhere from the start
-            pairs = [t for t in zip(req.fallback_nodes, req.fallback_kv_addrs) if t[0] != node_id]
-            if req.decode_node == node_id and pairs:
-                (req.decode_node, req.decode_kv_addr), pairs = pairs[0], pairs[1:]
+            others = [t for t in req.fallbacks if t.node_id != node_id]
+            if req.decode_node == node_id and others:
+                (req.decode_node, req.decode_kv_addr), others = (others[0].node_id, others[0].kv_addr), others[1:]
                 self._notify(rid, req.decode_node)
-            req.fallback_nodes, req.fallback_kv_addrs = [n for n, _ in pairs], [a for _, a in pairs]
+            req.fallbacks = others
         for rid, h in list(self.handoffs.items()):
-            if not any(t[0] == node_id for t in h.targets):
+            if not any(t.node_id == node_id for t in h.targets):
                 continue
-            current = h.targets[0][0] == node_id
-            h.targets = [t for t in h.targets if t[0] != node_id]
+            current = h.targets[0].node_id == node_id
+            h.targets = [t for t in h.targets if t.node_id != node_id]
             if not current:
                 continue
             if h.transfer_id is not None:
@@ -213,6 +226,7 @@ class PrefillNode(NodeBase):
                 h.retry_at = time.monotonic()
                 self._moved(h, f"decode node {node_id} is down")
             else:
+                h.on(HandoffEvent.FAIL)
                 self.fail(rid, f"decode node {node_id} {reason or 'stopped answering'}")
                 self._release(rid)
 

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from pdtb.nodes.protocol import GenerateRequest, NodeDown, NodeStats, Params, TokenEvent
+from pdtb.nodes.protocol import GenerateRequest, HandoffNotice, NodeDown, NodeStats, Params, Target, TokenEvent
 from kv_transport import TransferState
 from kv_transport.admission import FailCode
 from pdtb.router.config import NodeSpec
 
-X, Y, Z = ("dx", "tcp://127.0.0.1:11"), ("dy", "tcp://127.0.0.1:12"), ("dz", "tcp://127.0.0.1:13")
+X, Y, Z = Target("dx", "tcp://127.0.0.1:11"), Target("dy", "tcp://127.0.0.1:12"), Target("dz", "tcp://127.0.0.1:13")
 
 
 class FakeSender:
@@ -50,16 +50,17 @@ def prefill_node(llama_dir):
     from prefill_node.node import PrefillNode
 
     node = PrefillNode(NodeConfig("prefill", "p0", EngineConfig(llama_dir, num_pages=64)))
-    node.senders = {addr: FakeSender() for _, addr in (X, Y, Z)}
-    node.events = []
+    node.senders = {t.kv_addr: FakeSender() for t in (X, Y, Z)}
+    node.events, node.notices = [], []
     node.sink.add = lambda route, ev: node.events.append(ev)
+    node.sink.notice = lambda route, n: node.notices.append(n)
     return node
 
 
 def submit(node, rid: str, fallbacks=(Y,)) -> None:
     """Send the node request `rid` bound to X, with `fallbacks`."""
-    req = GenerateRequest(rid, [5] * 40, Params(max_tokens=8), decode_node=X[0], decode_kv_addr=X[1],
-                          fallback_nodes=[n for n, _ in fallbacks], fallback_kv_addrs=[a for _, a in fallbacks])
+    req = GenerateRequest(rid, [5] * 40, Params(max_tokens=8), decode_node=X.node_id, decode_kv_addr=X.kv_addr,
+                          fallbacks=list(fallbacks))
     node._on_message(b"r1", req)
 
 
@@ -78,7 +79,8 @@ def hand_off(node, rid: str, fallbacks=(Y,)) -> None:
 
 
 def notices(node) -> list[str]:
-    return [ev.decode_node for ev in node.events if ev.decode_node]
+    """The decode nodes the router was told of (moves), in order; deliveries left out."""
+    return [n.decode_node for n in node.notices if not n.delivered]
 
 
 def run(node, coro_fn):
@@ -96,16 +98,16 @@ def test_a_refusal_for_good_moves_the_hand_off_to_the_next_decode_node(llama_dir
     async def go():
         hand_off(node, "r")
         await node.poll_io()
-        node.senders[X[1]].end(TransferState.FAILED, FailCode.DRAINING, "receiver: the decode node is shutting down")
+        node.senders[X.kv_addr].end(TransferState.FAILED, FailCode.DRAINING, "receiver: the decode node is shutting down")
         await node.poll_io()  # the refusal is seen: the hand-off moves to Y and starts there at once
-        assert notices(node) == [Y[0]] and node.handoffs["r"].req.decode_kv_addr == Y[1]
-        assert len(node.senders[Y[1]].sent) == 1
-        node.senders[Y[1]].end(TransferState.DONE)
+        assert notices(node) == [Y.node_id] and node.handoffs["r"].req.decode_kv_addr == Y.kv_addr
+        assert len(node.senders[Y.kv_addr].sent) == 1
+        node.senders[Y.kv_addr].end(TransferState.DONE)
         await node.poll_io()
         assert "r" not in node.handoffs and node.engine.pool.num_free == node.engine.pool.num_pages
         assert not [ev for ev in node.events if ev.finish_reason == "error"]
-        last = node.events[-1]  # the router learns that the request is Y's alone now
-        assert last.delivered and last.decode_node == Y[0] and not last.token_ids
+        last = node.notices[-1]  # the router learns that the request is Y's alone now
+        assert last.delivered and last.decode_node == Y.node_id and node.handoffs.get("r") is None
 
     run(node, go)
 
@@ -116,7 +118,7 @@ def test_without_a_fallback_a_refusal_still_fails_the_request(llama_dir):
     async def go():
         hand_off(node, "r", fallbacks=())
         await node.poll_io()
-        node.senders[X[1]].end(TransferState.FAILED, FailCode.DRAINING, "receiver: the decode node is shutting down")
+        node.senders[X.kv_addr].end(TransferState.FAILED, FailCode.DRAINING, "receiver: the decode node is shutting down")
         await node.poll_io()
         errors = [ev for ev in node.events if ev.finish_reason == "error"]
         assert len(errors) == 1 and "draining" in errors[0].error and not notices(node)
@@ -131,10 +133,10 @@ def test_bad_metadata_fails_at_once_rather_than_trying_another_node(llama_dir):
     async def go():
         hand_off(node, "r")
         await node.poll_io()
-        node.senders[X[1]].end(TransferState.FAILED, FailCode.BAD_METADATA, "receiver: request metadata digest")
+        node.senders[X.kv_addr].end(TransferState.FAILED, FailCode.BAD_METADATA, "receiver: request metadata digest")
         await node.poll_io()
         assert not notices(node) and [ev.finish_reason for ev in node.events if ev.finished] == ["error"]
-        assert not node.senders[Y[1]].sent
+        assert not node.senders[Y.kv_addr].sent
 
     run(node, go)
 
@@ -145,17 +147,17 @@ def test_a_full_decode_node_passes_the_turn_to_the_next_and_backs_off_only_after
     async def go():
         hand_off(node, "r", fallbacks=(Y, Z))
         await node.poll_io()
-        node.senders[X[1]].end(TransferState.FAILED, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free")
+        node.senders[X.kv_addr].end(TransferState.FAILED, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free")
         await node.poll_io()
-        assert notices(node) == [Y[0]] and len(node.senders[Y[1]].sent) == 1  # no wait in between
-        node.senders[Y[1]].end(TransferState.FAILED, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free")
+        assert notices(node) == [Y.node_id] and len(node.senders[Y.kv_addr].sent) == 1  # no wait in between
+        node.senders[Y.kv_addr].end(TransferState.FAILED, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free")
         await node.poll_io()
-        assert len(node.senders[Z[1]].sent) == 1
-        node.senders[Z[1]].end(TransferState.FAILED, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free")
+        assert len(node.senders[Z.kv_addr].sent) == 1
+        node.senders[Z.kv_addr].end(TransferState.FAILED, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free")
         await node.poll_io()  # all three refused: back to X, after a backoff
         h = node.handoffs["r"]
-        assert notices(node) == [Y[0], Z[0], X[0]] and h.transfer_id is None and h.retry_at > time.monotonic()
-        assert len(node.senders[X[1]].sent) == 1
+        assert notices(node) == [Y.node_id, Z.node_id, X.node_id] and h.transfer_id is None and h.retry_at > time.monotonic()
+        assert len(node.senders[X.kv_addr].sent) == 1
 
     run(node, go)
 
@@ -167,20 +169,20 @@ def test_node_down_cancels_the_transfer_and_moves_or_fails_the_hand_offs(llama_d
         hand_off(node, "moves")
         hand_off(node, "stuck", fallbacks=())
         await node.poll_io()
-        assert len(node.senders[X[1]].sent) == 2
+        assert len(node.senders[X.kv_addr].sent) == 2
         submit(node, "queued", fallbacks=(Z, Y))  # not prefilled yet, bound to X too
-        node._on_message(b"r1", NodeDown(X[0], "stopped answering"))
-        assert len(node.senders[X[1]].cancelled) == 2
-        assert notices(node) == [Z[0], Y[0]] and node.handoffs["moves"].req.decode_node == Y[0]
+        node._on_message(b"r1", NodeDown(X.node_id, "stopped answering"))
+        assert len(node.senders[X.kv_addr].cancelled) == 2
+        assert notices(node) == [Z.node_id, Y.node_id] and node.handoffs["moves"].req.decode_node == Y.node_id
         errors = [ev for ev in node.events if ev.finish_reason == "error"]
         assert [ev.request_id for ev in errors] == ["stuck"] and "stopped answering" in errors[0].error
         await node.poll_io()
-        assert len(node.senders[Y[1]].sent) == 1
+        assert len(node.senders[Y.kv_addr].sent) == 1
         prefill(node)
         assert node.handoffs["queued"].targets == [Z, Y]  # X is off its list
         # a request sent after that (the router saw X answer again: a restart) goes to X
         hand_off(node, "later")
-        assert node.handoffs["later"].req.decode_node == X[0]
+        assert node.handoffs["later"].req.decode_node == X.node_id
 
     run(node, go)
 
@@ -213,14 +215,14 @@ def test_the_router_names_fallbacks_and_follows_a_move():
         reg._send = lambda node, msg: sent.append((node, msg)) or True
         req = GenerateRequest("r", [5] * 20, Params(max_tokens=4))
         handle = reg.submit(req)
-        assert handle.decode is a and (req.fallback_nodes, req.fallback_kv_addrs) == (["b"], ["tcp://127.0.0.1:23"])
+        assert handle.decode is a and req.fallbacks == [Target("b", "tcp://127.0.0.1:23")]
         assert "r" in a.pending_pages
         reg._on_event(p, TokenEvent("r", [7]))
-        reg._on_event(p, TokenEvent("r", [], decode_node="b"))  # p moved it
+        reg._on_notice(p, HandoffNotice("r", "b"))  # p moved it
         assert handle.decode is b and not handle.handed_off and "r" in b.pending_pages and not a.pending_pages
-        reg._on_event(b, TokenEvent("r", []))  # b adopted it
+        reg._on_notice(b, HandoffNotice("r", "b", delivered=True))  # b adopted it
         reg._on_event(b, TokenEvent("r", [8]))
-        assert handle.handed_off and [e.token_ids for e in drain(handle)] == [[7], [], [8]]
+        assert handle.handed_off and [e.token_ids for e in drain(handle)] == [[7], [8]]
         # a has it too (a transfer that timed out at p but landed): told to drop it
         reg._on_event(a, TokenEvent("r", [9]))
         assert not drain(handle) and [(n, type(m).__name__) for n, m in sent[1:]] == [(a, "AbortRequest")]
@@ -257,7 +259,7 @@ def test_a_delivered_hand_off_depends_on_its_decode_node_alone():
         reg._send = lambda node, msg: True
         handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
         reg._on_event(p, TokenEvent("r", [7]))
-        reg._on_event(p, TokenEvent("r", [], decode_node="a", delivered=True))
+        reg._on_notice(p, HandoffNotice("r", "a", delivered=True))
         assert handle.handed_off and handle.decode is a
         drain(handle)
         reg._fail_dependents(a)

@@ -24,19 +24,18 @@ from pdtb.common import CliError
 from pdtb.engine.sequence import SamplingParams, Sequence
 
 
-def header(prompt_len: int, max_tokens: int) -> SimpleNamespace:
+def header(prompt_len: int) -> SimpleNamespace:
     """The fields of a KVTransferHeader that `never_fits` reads (page size 16)."""
-    return SimpleNamespace(num_pages=-(-prompt_len // 16), prompt_token_ids=[5] * prompt_len,
-                           extra={"params": {"max_tokens": max_tokens}})
+    return SimpleNamespace(num_pages=-(-prompt_len // 16), prompt_token_ids=[5] * prompt_len)
 
 
 def test_decode_refuses_only_what_can_never_fit_the_pool(llama_dir):
     engine = make_engine(llama_dir, num_pages=8)  # 128 tokens
-    assert never_fits(header(100, 28), engine) is None  # 128 tokens at its longest: exactly the pool
-    assert never_fits(header(100, 29), engine) == "needs 9 pages, the decode pool has 8"
-    assert never_fits(header(200, 1), engine) == "needs 13 pages, the decode pool has 8"
+    assert never_fits(header(100), engine, 28) is None  # 128 tokens at its longest: exactly the pool
+    assert never_fits(header(100), engine, 29) == "needs 9 pages, the decode pool has 8"
+    assert never_fits(header(200), engine, 1) == "needs 13 pages, the decode pool has 8"
     capped = make_engine(llama_dir, num_pages=8, max_model_len=128)  # a request stops at 128 tokens
-    assert never_fits(header(100, 1000), capped) is None
+    assert never_fits(header(100), capped, 1000) is None
 
 
 def test_colocated_refuses_a_request_larger_than_its_pool(llama_dir):
@@ -152,7 +151,7 @@ def test_a_router_whose_connection_dropped_learns_why_its_requests_ended(llama_d
             node._on_message(b"r2", Ping(1, "r2"))  # another router: nothing to tell it
             assert b"r2" not in node.sink._pending
             node._on_message(b"r1", Ping(2, "r1"))  # r1 is back
-            events = node.sink._pending[b"r1"]
+            events = node.sink._pending[b"r1"].events
             assert sorted(e.request_id for e in events) == ["a", "b"]
             assert all(e.finished and e.finish_reason == "error" and "lost its connection" in e.error for e in events)
             node.sink._pending.clear()
@@ -270,3 +269,33 @@ def test_a_prefill_node_accounts_for_its_held_hand_offs_and_forgets_them(llama_d
             node.ctx.destroy(linger=0)
 
     asyncio.run(go())
+
+
+def test_decode_admission_refuses_sealed_metadata_that_does_not_validate(llama_dir):
+    """The hand-off metadata is a typed message (protocol.HandoffMeta): a header whose seal
+    matches but whose metadata does not validate is refused BAD_METADATA at the header, and a
+    valid one is placed; the same header's timeline reaches the adopted request unchanged."""
+    from pdtb.nodes.node_base import NodeConfig
+    from pdtb.nodes.protocol import HandoffMeta, Target, handoff_meta, to_extra
+    from decode_node.node import DecodeNode
+    from kv_transport.admission import Verdict
+    from pdtb.engine.config import EngineConfig
+
+    node = DecodeNode(NodeConfig("decode", "d0", EngineConfig(llama_dir, num_pages=32)))
+
+    def header(extra):
+        meta = kv_meta.seal(TransferMeta("t", [5] * 20, [6], 20, extra), "r", 21, 2)
+        return SimpleNamespace(request_id="r", tenant="t", prompt_token_ids=meta.prompt_token_ids,
+                               output_token_ids=meta.output_token_ids, num_computed_tokens=20, num_tokens=21,
+                               num_pages=2, extra=meta.extra)
+
+    try:
+        good = to_extra(HandoffMeta("r-1", Params(max_tokens=4), 1, {"first_token": 12.5}, 0, [Target("d1", "tcp://x")]))
+        assert handoff_meta(good).timeline == {"first_token": 12.5}
+        assert node._admit(header(good)).verdict is Verdict.ACCEPT
+        for bad in ({**good, "params": {"max_tokens": "4"}}, {**good, "timeline": {"first_token": "soon"}},
+                    {k: v for k, v in good.items() if k != "router_id"}, {**good, "fallbacks": [{"node_id": "d1"}]}):
+            got = node._admit(header(bad))
+            assert got.verdict is Verdict.REFUSE and got.code is FailCode.BAD_METADATA, (bad, got)
+    finally:
+        node.ctx.destroy(linger=0)

@@ -15,7 +15,8 @@ import zmq.asyncio
 
 from pdtb.security import secure_server
 from pdtb.aio import bounded
-from pdtb.nodes.protocol import MAX_CONTROL_BYTES, ProtocolError, TokenBatch, TokenEvent, decode_message, encode_message
+from pdtb.nodes.protocol import (MAX_CONTROL_BYTES, HandoffNotice, ProtocolError, TokenBatch, TokenEvent, decode_message,
+                                 encode_message)
 
 log = logging.getLogger(__name__)
 SEND_TIMEOUT_S = 5.0
@@ -101,7 +102,8 @@ class ControlServer:
 
 
 class EventSink:
-    """Collects TokenEvents per router identity; `flush` sends one TokenBatch per router.
+    """Collects TokenEvents and HandoffNotices per router identity; `flush` sends one TokenBatch
+    per router.
 
     A batch the router's socket is not connected for (the router exited or died, or its
     connection dropped) is lost, and the requests it streamed can never be told apart from
@@ -114,14 +116,24 @@ class EventSink:
         self.server = server
         self.node_id = node_id
         self.on_gone = on_gone
-        self._pending: dict[bytes, list[TokenEvent]] = {}
+        self._pending: dict[bytes, TokenBatch] = {}
+
+    def _batch(self, router_id: str) -> TokenBatch:
+        key = router_id.encode()
+        batch = self._pending.get(key)
+        if batch is None:
+            batch = self._pending[key] = TokenBatch(self.node_id, [])
+        return batch
 
     def add(self, router_id: str, event: TokenEvent) -> None:
-        self._pending.setdefault(router_id.encode(), []).append(event)
+        self._batch(router_id).events.append(event)
+
+    def notice(self, router_id: str, notice: HandoffNotice) -> None:
+        self._batch(router_id).notices.append(notice)
 
     async def flush(self) -> None:
         pending, self._pending = self._pending, {}
-        for ident, events in pending.items():
-            why = await self.server.deliver(ident, TokenBatch(self.node_id, events))
+        for ident, batch in pending.items():
+            why = await self.server.deliver(ident, batch)
             if why == "gone" and self.on_gone is not None:
                 self.on_gone(ident.decode(errors="replace"))

@@ -9,7 +9,8 @@ request's `router_id`, carried through the KV transfer.
     router --AbortRequest-----> any node
     router --Ping-------------> any node     --NodeStats--> router
     router --NodeDown---------> prefill      (a decode node stopped answering: move hand-offs off it)
-    node   --TokenBatch-------> router       (first token from prefill, the rest from decode)
+    node   --TokenBatch-------> router       (first token from prefill, the rest from decode, and
+                                              HandoffNotices: moved to a fallback, delivered; see handoff.py)
 
 Every message is one frame: a msgpack map with "type" (class name) and "v" (PROTOCOL_VERSION).
 `decode_message` validates type, version and every field's type before building the dataclass
@@ -92,9 +93,8 @@ class GenerateRequest:
     decode_node: str = ""  # disaggregated: node id of the chosen decode node
     decode_kv_addr: str = ""  # disaggregated: KV transport endpoint of that node
     # disaggregated: other decode nodes the prefill node may hand the request to, in order, when
-    # the chosen one cannot take it (draining, dead, full); node ids and KV endpoints, pairwise
-    fallback_nodes: list[str] = field(default_factory=list)
-    fallback_kv_addrs: list[str] = field(default_factory=list)
+    # the chosen one cannot take it (draining, dead, full)
+    fallbacks: list[Target] = field(default_factory=list)
     arrival_time: float = 0.0  # router wall-clock time.time() when the request arrived
 
 
@@ -116,17 +116,15 @@ class TokenEvent:
     finish_reason: str | None = None  # "stop" | "length" | "error"
     error: str | None = None  # why it failed, when finish_reason == "error"
     timing: dict = field(default_factory=dict)  # server timeline (final event), seconds
-    # prefill -> router: the hand-off now goes to this decode node (one of the request's
-    # fallbacks); an event with only this set is a notice, not output
-    decode_node: str = ""
-    # with decode_node: the KV reached that node (the prefill node no longer holds the request)
-    delivered: bool = False
 
 
 @dataclass
 class TokenBatch:
+    """One flush of a node's events to one router; notices are applied before the events."""
+
     node_id: str
     events: list[TokenEvent]
+    notices: list[HandoffNotice] = field(default_factory=list)
 
 
 @dataclass
@@ -164,7 +162,7 @@ class NodeStats:
 
 
 MESSAGES: dict[str, type] = {c.__name__: c for c in (GenerateRequest, AbortRequest, TokenBatch, Ping, NodeStats, NodeDown)}
-_NESTED = {"Params": Params, "TokenEvent": TokenEvent}
+_NESTED = {"Params": Params, "TokenEvent": TokenEvent, "Target": Target, "HandoffNotice": HandoffNotice}
 
 
 def _to_plain(obj):

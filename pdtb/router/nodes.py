@@ -16,7 +16,8 @@ event, then on the decode node alone. Decode events that overtake the prefill no
 
 Fallbacks: with the chosen decode node the router names up to FALLBACKS other decode nodes that
 fit the request; the prefill node moves the hand-off to one of them when the chosen one cannot
-take it and says so with a `decode_node` notice, and says `delivered` once the KV has landed.
+take it and says so with a HandoffNotice, and says `delivered` once the KV has landed (states:
+pdtb/nodes/handoff.py; the router follows BOUND, MOVED and DELIVERED).
 A decode node that sends events for a request not yet handed off holds it (it adopted the KV,
 maybe from a transfer its sender had given up on): it becomes the request's decode node, and
 the prefill node is told to drop its hand-off. Once the request is handed off, any other decode
@@ -39,8 +40,9 @@ from typing import Callable
 import zmq
 import zmq.asyncio
 
-from pdtb.nodes.protocol import (AbortRequest, GenerateRequest, NodeDown, NodeStats, Ping, ProtocolError, TokenBatch,
-                              TokenEvent, decode_message, encode_message)
+from pdtb.nodes.handoff import HandoffEvent, HandoffState, advance
+from pdtb.nodes.protocol import (AbortRequest, GenerateRequest, HandoffNotice, NodeDown, NodeStats, Ping, ProtocolError,
+                                 Target, TokenBatch, TokenEvent, decode_message, encode_message)
 from pdtb.aio import bounded
 from pdtb.router.config import NodeSpec
 
@@ -112,9 +114,14 @@ class RequestHandle:
     decode: NodeState | None  # disaggregated: the chosen decode node
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     entry_started: bool = False  # the entry node has sent its first event
-    handed_off: bool = False  # the decode node has sent an event: the prefill node is no longer needed
+    handoff: HandoffState | None = None  # disaggregated: where the hand-off stands (pdtb/nodes/handoff.py)
     held: list[TokenEvent] = field(default_factory=list)  # decode events that overtook the first token
     fallbacks: list[str] = field(default_factory=list)  # decode node ids that may hold it: the chosen one and its fallbacks
+
+    @property
+    def handed_off(self) -> bool:
+        """The decode node holds it: the prefill node is no longer needed."""
+        return self.handoff is HandoffState.DELIVERED
 
     def depends_on(self) -> list[NodeState]:
         if self.decode is None:
@@ -304,49 +311,71 @@ class NodeRegistry:
                 log.warning("node %s (%s) restarted", node.node_id, node.spec.address)
                 self._node_lost(node, "restarted")
         elif isinstance(msg, TokenBatch):
+            for notice in msg.notices:  # before the events: an adoption, then its output
+                self._on_notice(node, notice)
             for event in msg.events:
                 self._on_event(node, event)
         else:
             log.warning("unexpected %s from %s", type(msg).__name__, node.spec.address)
 
+    def _on_notice(self, node: NodeState, notice: HandoffNotice) -> None:
+        handle = self._requests.get(notice.request_id)
+        if handle is None or handle.handoff is None:
+            return  # finished, aborted, or colocated: nothing to follow
+        if node is handle.entry:
+            self._move(handle, notice.decode_node)
+            if notice.delivered and handle.decode is not None and handle.decode.node_id == notice.decode_node:
+                self._deliver(handle)  # it depends on that decode node alone now
+        elif node.spec.role == "decode":
+            self._held_by(node, handle)
+        else:
+            log.warning("hand-off notice for %s from unrelated node %s", notice.request_id, node.spec.address)
+
     def _on_event(self, node: NodeState, event: TokenEvent) -> None:
         handle = self._requests.get(event.request_id)
         if handle is None:
             return  # finished or aborted here already; late events are expected
-        if node is handle.entry and event.decode_node:
-            self._move(handle, event.decode_node)
-            if event.delivered and handle.decode is not None and handle.decode.node_id == event.decode_node:
-                handle.handed_off = True  # it depends on that decode node alone now
-            if not event.token_ids and not event.finished:
-                return  # a notice only
         if node is handle.entry:
             handle.entry_started = True
             handle.queue.put_nowait(event)
             for held in handle.held:
                 handle.queue.put_nowait(held)
             handle.held.clear()
-        elif node is handle.decode:
-            handle.handed_off = True  # the decode node holds it (an event without tokens: just adopted)
+        elif handle.handoff is not None and node.spec.role == "decode":
+            if not self._held_by(node, handle):
+                return
             if event.token_ids or event.finished:  # its pages now show in the node's device-tier stats
                 node.pending_pages.pop(handle.request_id, None)  # (an adopted request may be parked in host)
             if handle.entry_started:
                 handle.queue.put_nowait(event)
             else:
                 handle.held.append(event)
-        elif handle.decode is not None and node.spec.role == "decode":
-            if handle.handed_off:  # a second holder (a hand-off that timed out at the sender but landed)
-                log.warning("request %s: events from decode node %s, but it is handed to %s; dropping it there",
-                            event.request_id, node.node_id, handle.decode.node_id)
-                self._send(node, AbortRequest(handle.request_id, "the request is held by another decode node"))
-            else:  # it adopted the KV (a move whose notice is still on its way, or a transfer the
-                # sender gave up on that landed after all): it holds the request now
-                log.info("request %s: decode node %s holds it (the router had %s)", event.request_id, node.node_id,
-                         handle.decode.node_id)
-                self._move(handle, node.node_id)
-                self._send(handle.entry, AbortRequest(handle.request_id, f"held by decode node {node.node_id}"))
-                self._on_event(node, event)
         else:
             log.warning("event for %s from unrelated node %s", event.request_id, node.spec.address)
+
+    def _held_by(self, node: NodeState, handle: RequestHandle) -> bool:
+        """Decode node `node` says (a notice or output) it holds `handle`'s request. True when
+        it is the request's decode node now; False when another one holds it (told to drop it)."""
+        if node is handle.decode:
+            self._deliver(handle)
+            return True
+        if handle.handed_off:  # a second holder (a hand-off that timed out at the sender but landed)
+            log.warning("request %s: decode node %s holds it, but it is handed to %s; dropping it there",
+                        handle.request_id, node.node_id, handle.decode.node_id)
+            self._send(node, AbortRequest(handle.request_id, "the request is held by another decode node"))
+            return False
+        # it adopted the KV (a move whose notice is still on its way, or a transfer the sender
+        # gave up on that landed after all): it holds the request now
+        log.info("request %s: decode node %s holds it (the router had %s)", handle.request_id, node.node_id,
+                 handle.decode.node_id)
+        self._move(handle, node.node_id)
+        self._send(handle.entry, AbortRequest(handle.request_id, f"held by decode node {node.node_id}"))
+        self._deliver(handle)
+        return True
+
+    def _deliver(self, handle: RequestHandle) -> None:
+        if not handle.handoff.final:
+            handle.handoff = advance(handle.handoff, HandoffEvent.LANDED)
 
     def _move(self, handle: RequestHandle, node_id: str) -> None:
         """The prefill node handed `handle`'s request to decode node `node_id` instead."""
@@ -360,6 +389,7 @@ class NodeRegistry:
         if pages is not None:
             new.pending_pages[handle.request_id] = pages
         handle.decode = new
+        handle.handoff = advance(handle.handoff, HandoffEvent.MOVE)
 
     # -- sending -------------------------------------------------------------------------------
     def _send(self, node: NodeState, msg) -> bool:
@@ -383,10 +413,11 @@ class NodeRegistry:
             req.router_id = self.router_id
             req.decode_node, req.decode_kv_addr = (decode.node_id, decode.stats.kv_addr) if decode else ("", "")
             others = self._fallbacks(decode, len(req.prompt_token_ids) + req.params.max_tokens) if decode else []
-            req.fallback_nodes, req.fallback_kv_addrs = [n.node_id for n in others], [n.stats.kv_addr for n in others]
+            req.fallbacks = [Target(n.node_id, n.stats.kv_addr) for n in others]
             # the decode nodes that may come to hold it: the chosen one and its fallbacks (none without fallbacks)
             handle = RequestHandle(req.request_id, entry, decode,
-                                   fallbacks=[decode.node_id, *req.fallback_nodes] if req.fallback_nodes else [])
+                                   handoff=HandoffState.BOUND if decode is not None else None,
+                                   fallbacks=[decode.node_id, *(t.node_id for t in req.fallbacks)] if others else [])
             if self._send(entry, req):
                 break
             entry.refused_at = time.monotonic()
