@@ -141,14 +141,13 @@ class DecodeNode(NodeBase):
             return
         self.routes[t.request_id] = meta.router_id
         now = time.time()
-        seq.timeline.update(meta.timeline)
-        seq.timeline["transfer_end"] = now
-        seq.timeline["decode_admit"] = now
-        seq.timeline["last_token"] = seq.timeline.get("first_token", now)
+        seq.timeline = tl = meta.timeline
+        tl.transfer_end = tl.decode_admit = now
+        tl.last_token = tl.first_token if tl.first_token is not None else now
         self.seqs[seq.request_id] = seq
         self.acct.add_received(seq, nbytes)
         if t.tier == "host":
-            seq.timeline["parked_since"] = now
+            tl.parked_since = now
             self.engine.scheduler.add_parked(seq)
         else:
             self.engine.scheduler.add_running(seq)
@@ -161,8 +160,8 @@ class DecodeNode(NodeBase):
         now = time.time()
         for ev in events:
             tl = ev.seq.timeline
-            self.metrics.itl.observe(now - tl.get("last_token", now))
-            tl["last_token"] = now
+            self.metrics.itl.observe(now - (tl.last_token or now))
+            tl.last_token = now
             self.metrics.gen_tokens.inc()
             self.emit(ev.seq, [ev.token_id], ev.finished)
 

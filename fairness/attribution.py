@@ -1,12 +1,5 @@
-"""SLO attribution: every request's timeline broken into causes, and each miss blamed on one.
-
-Timeline stamps (wall clock, set by whoever handles the request): router_arrival,
-prefill_queued, prefill_start, first_token, transfer_start, transfer_end, decode_admit,
-last_token. Accumulators: held_s (prefill kept the pages because decode deferred), parked_s
-(pages in the host tier), preempted_s (waiting for recompute after the first token;
-recompute_ttft_s before it), turn_wait_s (resident but not
-served: the read share, a bandwidth cap or the step budget gave its turn to others),
-num_preemptions.
+"""SLO attribution: every request's timeline (pdtb.engine.timeline.Timeline) broken into
+causes, and each miss blamed on one.
 
 TTFT = dispatch + queue + prefill + recompute before the first token. The decode phase (TPOT) = transfer + held + parked +
 preempted + turn wait + decode compute. A miss is attributed to the largest component of the phase
@@ -15,15 +8,11 @@ that missed.
 from __future__ import annotations
 
 from fairness.config import FairnessConfig
+from pdtb.engine.timeline import Timeline
 
 
-def _span(tl: dict, a: str, b: str) -> float | None:
-    """Seconds from stamp `a` to stamp `b`, or None if either is missing."""
-    return tl[b] - tl[a] if a in tl and b in tl else None
-
-
-def _gap(tl: dict, a: str, b: str) -> float:
-    span = _span(tl, a, b)
+def _gap(tl: Timeline, a: str, b: str) -> float:
+    span = tl.span(a, b)
     return 0.0 if span is None else max(0.0, span)
 
 
@@ -32,28 +21,19 @@ PHASES = {"queue_s": ("prefill_queued", "prefill_start"), "prefill_s": ("prefill
           "decode_s": ("decode_admit", "last_token")}
 
 
-def end_wait(tl: dict, wait: str, now: float) -> None:
-    """Close an open wait: the time since the `<wait>_since` stamp (if any) is added to the
-    `<wait>_s` accumulator and the stamp removed (held, parked, preempted, turn_wait)."""
-    since = tl.pop(f"{wait}_since", None)
-    if since is not None:
-        tl[f"{wait}_s"] = tl.get(f"{wait}_s", 0.0) + now - since
-
-
-def timing_summary(tl: dict) -> dict:
-    """Durations (s) of each phase whose stamps are present, plus the stamps themselves."""
-    out = {k: round(v, 6) for k, (a, b) in PHASES.items() if (v := _span(tl, a, b)) is not None}
-    out["stamps"] = dict(tl)
+def timing_summary(tl: Timeline) -> dict:
+    """Durations (s) of each phase whose stamps are set, plus the stamps and waits themselves."""
+    out = {k: round(v, 6) for k, (a, b) in PHASES.items() if (v := tl.span(a, b)) is not None}
+    out["stamps"] = tl.to_dict()
     return out
 
 
-def components(tl: dict, num_output: int) -> dict:
-    before = tl.get("recompute_ttft_s", 0.0)  # preempted before the first token, waiting to recompute
+def components(tl: Timeline, num_output: int) -> dict:
+    before = tl.recompute_ttft_s  # preempted before the first token, waiting to recompute
     ttft = {"dispatch": _gap(tl, "router_arrival", "prefill_queued"), "queue": _gap(tl, "prefill_queued", "prefill_start"),
             "prefill": max(0.0, _gap(tl, "prefill_start", "first_token") - before), "recompute_before_first_token": before}
     decode_total = _gap(tl, "first_token", "last_token")
-    held, parked, pre = tl.get("held_s", 0.0), tl.get("parked_s", 0.0), tl.get("preempted_s", 0.0)
-    turn = tl.get("turn_wait_s", 0.0)
+    held, parked, pre, turn = tl.held_s, tl.parked_s, tl.preempted_s, tl.turn_wait_s
     transfer = max(0.0, _gap(tl, "transfer_start", "transfer_end") - held)
     compute = max(0.0, decode_total - transfer - held - parked - pre - turn)
     tpot = {"transfer": transfer, "held_at_prefill": held, "parked_in_host": parked, "recompute": pre,
@@ -66,7 +46,7 @@ def _target(table: dict, cls: int):
     return table.get(cls, table.get("*"))
 
 
-def attribute(tl: dict, num_output: int, priority: int, cfg: FairnessConfig) -> dict:
+def attribute(tl: Timeline, num_output: int, priority: int, cfg: FairnessConfig) -> dict:
     """Components plus, when targets are set for this class, which SLOs missed and why."""
     comp = components(tl, num_output)
     # "cause": the dominant one over every missed SLO; "causes": each missed SLO's own (a TTFT

@@ -4,9 +4,11 @@ Public API (see base.py for the interface, README.md for the wire format and bac
 
     make_sender(config, spec, **kw) -> KVSender      make_receiver(config, pool, **kw) -> KVReceiver
     TransportConfig, FaultConfig, TransferMeta, TransferState, TransferStatus, ReceivedTransfer
+    Admission, Verdict, FailCode (admission.py: what the receiving node answers, why a transfer failed)
 """
 from __future__ import annotations
 
+from kv_transport.admission import Admission, FailCode, Verdict
 from kv_transport.base import (KVReceiver, KVSender, ReceivedTransfer, TransferMeta,
                                TransferState, TransferStatus, TransportError)
 from kv_transport.config import FaultConfig, TransportConfig
@@ -15,7 +17,7 @@ from pdtb.engine.page_pool import PagePool
 
 __all__ = ["make_sender", "make_receiver", "TransportConfig", "FaultConfig", "TransferMeta",
            "TransferState", "TransferStatus", "ReceivedTransfer", "TransportError",
-           "KVSender", "KVReceiver"]
+           "KVSender", "KVReceiver", "Admission", "FailCode", "Verdict"]
 
 
 def make_sender(config: TransportConfig, spec: KVSpec, **kwargs) -> KVSender:

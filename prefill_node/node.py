@@ -38,7 +38,6 @@ from prefill_node.order import PrefillOrder
 from pdtb.nodes.handoff import HandoffEvent, HandoffState, advance
 from pdtb.nodes.protocol import GenerateRequest, HandoffMeta, HandoffNotice, Target, to_extra
 from pdtb.colocated.node import accept_request
-from fairness.attribution import end_wait
 from kv_transport import TransferMeta, TransferState, TransportConfig, make_sender
 from kv_transport.admission import FailCode
 from pdtb.engine.engine import StepEvent
@@ -98,15 +97,16 @@ class PrefillNode(NodeBase):
     def on_step_events(self, events: list[StepEvent], t: float) -> None:
         now = time.time()
         for c in self.engine.last_output.chunks:
-            c.seq.timeline.setdefault("prefill_start", t)
+            c.seq.timeline.stamp_once("prefill_start", t)
             self.metrics.prompt_tokens.inc(c.num_new_tokens)
         for ev in events:
             seq = ev.seq
-            seq.timeline["first_token"] = now
-            self.metrics.ttft.observe(now - seq.timeline.get("router_arrival", seq.timeline["prefill_queued"]))
+            tl = seq.timeline
+            tl.first_token = now
+            self.metrics.ttft.observe(now - (tl.router_arrival or tl.prefill_queued))
             self.metrics.gen_tokens.inc()
             if ev.finished:
-                seq.timeline["last_token"] = now
+                tl.last_token = now
                 self.reqs.pop(seq.request_id, None)
                 self.emit(seq, [ev.token_id], True)
                 continue
@@ -132,11 +132,11 @@ class PrefillNode(NodeBase):
         seq, req = h.seq, h.req
         export = export_request(self.engine.pool, seq.request_id, seq.num_computed_tokens)
         now = time.time()
-        seq.timeline.setdefault("transfer_start", now)
-        end_wait(seq.timeline, "held", now)  # the decode side had deferred it: time held here
+        seq.timeline.stamp_once("transfer_start", now)
+        seq.timeline.end_wait("held", now)  # the decode side had deferred it: time held here
         meta = TransferMeta(tenant=seq.tenant, prompt_token_ids=seq.prompt_token_ids,
                             output_token_ids=seq.output_token_ids, num_computed_tokens=seq.num_computed_tokens,
-                            extra=to_extra(HandoffMeta(req.router_id, req.params, req.priority, dict(seq.timeline),
+                            extra=to_extra(HandoffMeta(req.router_id, req.params, req.priority, seq.timeline,
                                                        h.attempts, h.targets[1:])))
         # sealed last: the digest covers exactly what the header will carry (pdtb/nodes/kv_meta.py)
         meta = kv_meta.seal(meta, seq.request_id, export.header.num_tokens, export.header.num_pages)
@@ -167,7 +167,7 @@ class PrefillNode(NodeBase):
                 self.metrics.transfers.labels(outcome="deferred", **self.metrics.labels).inc()
                 h.on(HandoffEvent.DEFERRED)
                 h.transfer_id, h.retry_at = None, mono
-                h.seq.timeline.setdefault("held_since", time.time())
+                h.seq.timeline.start_wait("held", time.time())
                 h.refusals += 1
                 if h.refusals >= len(h.targets):  # every node refused in turn: back off
                     h.refusals, h.retry_at = 0, mono + h.backoff

@@ -5,12 +5,14 @@
 # versions it ran on. torch stays at the lock's CPU build in both: the newest torch on PyPI is a
 # multi-GB CUDA build, and torch is not what these checks are about.
 #
-#   bash scripts/check_latest.sh [--lowest] [pytest args...]
+#   bash scripts/check_latest.sh [--lowest | --with SPEC ...] [pytest args...]
+#   --with SPEC: the newest releases except SPEC (e.g. --with transformers==5.23.0), in .venv-with
 #   Refreshing the lock:  bash scripts/check_latest.sh && bash scripts/lock.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-MODE=latest
+MODE=latest WITH=()
 if [ "${1:-}" = --lowest ]; then MODE=lowest; shift; fi
+while [ "${1:-}" = --with ]; do MODE=with; WITH+=("$2"); shift 2; done
 VENV="$ROOT/.venv-$MODE"
 PY="${PYTHON:-python3}"
 TORCH_SPEC="$(grep -E '^torch==' "$ROOT/requirements.lock")"
@@ -34,7 +36,8 @@ PYEOF
   cat "$VENV/lower-bounds.txt" >&2
   "${PIP[@]}" -e "$ROOT[test]" -c "$VENV/lower-bounds.txt" 2>&1 | grep -v "^WARNING: Location" >&2 || true
 else
-  "${PIP[@]}" --upgrade --upgrade-strategy eager -e "$ROOT[test]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  "${PIP[@]}" --upgrade --upgrade-strategy eager -e "$ROOT[test]" ${WITH[@]+"${WITH[@]}"} 2>&1 \
+    | grep -v "^WARNING: Location" >&2 || true
 fi
 "$VENV/bin/python" -c "import pdtb.engine, transformers, zmq, msgpack, uvloop, aiohttp, pytest" \
   || { echo "[check] install failed" >&2; exit 1; }

@@ -19,7 +19,7 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --skip-bench) BENCH=0; shift ;;
     --doc) DOC="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "results.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done

@@ -2,6 +2,7 @@
 the turn wait of rows the read share leaves out, and its place in the SLO breakdown."""
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -45,18 +46,19 @@ def test_turn_wait_counts_the_steps_a_resident_row_was_left_out(read_share):
     t_last = t - DT
     for s in [*whales, minnow]:
         tl = s.timeline
-        still = t_last - tl["turn_wait_since"] + DT if "turn_wait_since" in tl else 0.0  # an open wait
-        assert tl.get("turn_wait_s", 0.0) + still == pytest.approx(unserved[s.request_id] * DT), s.request_id
+        still = t_last - tl.turn_wait_since + DT if tl.turn_wait_since is not None else 0.0  # an open wait
+        assert tl.turn_wait_s + still == pytest.approx(unserved[s.request_id] * DT), s.request_id
     if read_share:
         assert all(unserved[w.request_id] > 0 for w in whales) and unserved[minnow.request_id] == 0
-        w = max(whales, key=lambda w: w.timeline.get("turn_wait_s", 0.0))
-        w.timeline.update(router_arrival=0.0, prefill_queued=0.0, prefill_start=0.0, first_token=0.0, last_token=t)
+        w = max(whales, key=lambda w: w.timeline.turn_wait_s)
+        w.timeline = dataclasses.replace(w.timeline, router_arrival=0.0, prefill_queued=0.0, prefill_start=0.0,
+                                         first_token=0.0, last_token=t)
         slo = acct.final_timing(w)["slo"]
-        assert slo["components"]["turn_wait"] == pytest.approx(w.timeline["turn_wait_s"])
+        assert slo["components"]["turn_wait"] == pytest.approx(w.timeline.turn_wait_s)
         assert slo["cause"] in ("turn_wait", "decode_compute")
     else:
         assert not any(unserved.values())
-        assert all("turn_wait_s" not in s.timeline for s in [*whales, minnow])
+        assert all(s.timeline.turn_wait_s == 0 and "turn_wait_s" not in s.timeline.to_dict() for s in [*whales, minnow])
 
 
 def test_attention_reads_are_metered_through_the_last_step_and_forgotten_on_abort():
@@ -103,7 +105,7 @@ def test_recompute_before_the_first_token_is_part_of_ttft():
     acct = NodeAccounting(node_for(sched, [seq], cfg))
     sched.add(seq)
     t = 0.0
-    seq.timeline.update(router_arrival=t, prefill_queued=t, prefill_start=t)
+    seq.timeline.router_arrival = seq.timeline.prefill_queued = seq.timeline.prefill_start = t
     for step in range(20):
         out = sched.schedule()
         if step == 2:  # mid-prefill: preempted (as a victim would be), recomputed from scratch
@@ -112,14 +114,14 @@ def test_recompute_before_the_first_token_is_part_of_ttft():
             out.chunks = []
         apply_step(sched, out)
         acct.on_output(out, t)
-        if any(c.wants_logits for c in out.chunks) and "first_token" not in seq.timeline:
-            seq.timeline["first_token"] = t
+        if any(c.wants_logits for c in out.chunks):
+            seq.timeline.stamp_once("first_token", t)
         t += DT
-    seq.timeline["last_token"] = t
+    seq.timeline.last_token = t
     slo = attribute(seq.timeline, seq.num_output_tokens, 0, cfg)
     comp = slo["components"]
     assert comp["recompute_before_first_token"] > 0 and comp["recompute"] == 0.0
-    assert comp["prefill"] + comp["recompute_before_first_token"] == pytest.approx(seq.timeline["first_token"])
+    assert comp["prefill"] + comp["recompute_before_first_token"] == pytest.approx(seq.timeline.first_token)
     assert slo["cause"] in ("prefill", "recompute_before_first_token")
 
 

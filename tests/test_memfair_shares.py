@@ -7,6 +7,7 @@ import pytest
 
 from fairness import FairnessConfig, make_policy
 from fairness.attribution import attribute, components
+from pdtb.engine.timeline import Timeline
 from pdtb.engine.sequence import SeqStatus
 from sched_sim import apply_step, check_conservation, make_request, make_scheduler, sim_step
 
@@ -92,8 +93,8 @@ def test_one_long_prompt_per_tenant_while_another_tenant_is_active():
 
 @pytest.mark.parametrize("turn_wait,cause", [(3.0, "turn_wait"), (0.1, "decode_compute")])
 def test_turn_wait_is_a_decode_component_and_can_be_the_cause(turn_wait, cause):
-    tl = {"router_arrival": 0.0, "prefill_queued": 0.0, "prefill_start": 0.0, "first_token": 0.1,
-          "decode_admit": 0.1, "last_token": 4.1, "turn_wait_s": turn_wait}
+    tl = Timeline(router_arrival=0.0, prefill_queued=0.0, prefill_start=0.0, first_token=0.1,
+                  decode_admit=0.1, last_token=4.1, turn_wait_s=turn_wait)
     comp = components(tl, num_output=11)
     assert comp["tpot"]["turn_wait"] == turn_wait
     assert comp["tpot"]["decode_compute"] == pytest.approx(4.0 - turn_wait)
@@ -127,8 +128,8 @@ def test_a_prompt_that_cannot_get_in_does_not_make_long_prompts_crawl():
 def test_a_request_missing_both_slos_keeps_each_miss_cause():
     """A TTFT miss blamed on the queue and a TPOT miss blamed on the host tier: `cause` is the
     larger, `causes` keeps both."""
-    tl = {"router_arrival": 0.0, "prefill_queued": 0.0, "prefill_start": 2.0, "first_token": 2.1,
-          "decode_admit": 2.1, "last_token": 12.1, "parked_s": 6.0}
+    tl = Timeline(router_arrival=0.0, prefill_queued=0.0, prefill_start=2.0, first_token=2.1,
+                  decode_admit=2.1, last_token=12.1, parked_s=6.0)
     got = attribute(tl, 11, 0, FairnessConfig(slo_ttft_s={"*": 0.5}, slo_tpot_s={"*": 0.1}))
     assert got["missed"] == ["ttft", "tpot"] and got["cause"] == "parked_in_host"
     assert got["causes"] == {"ttft": "queue", "tpot": "parked_in_host"}

@@ -280,6 +280,7 @@ def test_decode_admission_refuses_sealed_metadata_that_does_not_validate(llama_d
     from decode_node.node import DecodeNode
     from kv_transport.admission import Verdict
     from pdtb.engine.config import EngineConfig
+    from pdtb.engine.timeline import Timeline
 
     node = DecodeNode(NodeConfig("decode", "d0", EngineConfig(llama_dir, num_pages=32)))
 
@@ -290,8 +291,9 @@ def test_decode_admission_refuses_sealed_metadata_that_does_not_validate(llama_d
                                num_pages=2, extra=meta.extra)
 
     try:
-        good = to_extra(HandoffMeta("r-1", Params(max_tokens=4), 1, {"first_token": 12.5}, 0, [Target("d1", "tcp://x")]))
-        assert handoff_meta(good).timeline == {"first_token": 12.5}
+        good = to_extra(HandoffMeta("r-1", Params(max_tokens=4), 1, Timeline(first_token=12.5), 0,
+                                    [Target("d1", "tcp://x")]))
+        assert handoff_meta(good).timeline == Timeline(first_token=12.5)
         assert node._admit(header(good)).verdict is Verdict.ACCEPT
         for bad in ({**good, "params": {"max_tokens": "4"}}, {**good, "timeline": {"first_token": "soon"}},
                     {k: v for k, v in good.items() if k != "router_id"}, {**good, "fallbacks": [{"node_id": "d1"}]}):

@@ -38,8 +38,8 @@ def validate_prompt(engine, req: GenerateRequest) -> str | None:
 def make_seq(req: GenerateRequest) -> Sequence:
     seq = Sequence.from_prompt(req.request_id, req.prompt_token_ids, to_sampling(req.params),
                                tenant=req.tenant, priority=req.priority)
-    seq.timeline["router_arrival"] = req.arrival_time
-    seq.timeline["prefill_queued"] = time.time()
+    seq.timeline.router_arrival = req.arrival_time
+    seq.timeline.prefill_queued = time.time()
     return seq
 
 
@@ -65,17 +65,16 @@ class ColocatedNode(NodeBase):
     def on_step_events(self, events: list[StepEvent], t: float) -> None:
         now = time.time()
         for c in self.engine.last_output.chunks:
-            c.seq.timeline.setdefault("prefill_start", t)
+            c.seq.timeline.stamp_once("prefill_start", t)
             if not c.seq.output_token_ids:
                 self.metrics.prompt_tokens.inc(c.num_new_tokens)
         for ev in events:
             tl = ev.seq.timeline
-            if "first_token" not in tl:
-                tl["first_token"] = now
-                tl["decode_admit"] = now
-                self.metrics.ttft.observe(now - tl.get("router_arrival", tl["prefill_queued"]))
+            if tl.first_token is None:
+                tl.first_token = tl.decode_admit = now
+                self.metrics.ttft.observe(now - (tl.router_arrival or tl.prefill_queued))
             else:
-                self.metrics.itl.observe(now - tl.get("last_token", now))
-            tl["last_token"] = now
+                self.metrics.itl.observe(now - (tl.last_token or now))
+            tl.last_token = now
             self.metrics.gen_tokens.inc()
             self.emit(ev.seq, [ev.token_id], ev.finished)

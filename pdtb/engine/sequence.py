@@ -5,6 +5,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from pdtb.engine.timeline import Timeline
+
 
 class SeqStatus(enum.IntEnum):
     """Ordered: everything above FINISHED_BOUNDARY is terminal."""
@@ -64,7 +66,7 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     num_preemptions: int = 0  # times its pages were dropped for recompute
     last_step: int = 0  # scheduler step that last served it (LRU eviction)
-    timeline: dict[str, float] = field(default_factory=dict)  # wall-clock stamps by whoever handles it
+    timeline: Timeline = field(default_factory=Timeline)  # wall-clock stamps and waits (timeline.py)
 
     @classmethod
     def from_prompt(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from fairness.attribution import attribute, end_wait, timing_summary
+from fairness.attribution import attribute, timing_summary
 from fairness.metering import KVMeter
 from prometheus_client import Counter as PCounter
 from prometheus_client import Gauge
@@ -56,25 +56,26 @@ class NodeAccounting:
             self.evictions[(self.label(seq.tenant), m.kind)] += 1
             self.m_evictions.labels(tenant=self.label(seq.tenant), kind=m.kind, **lbl).inc()
             if m.kind != "promote":  # from here on it is parked or dropped, not waiting a turn
-                end_wait(tl, "turn_wait", now)
+                tl.end_wait("turn_wait", now)
             if m.kind == "demote":
-                tl["parked_since"] = now
+                tl.parked_since = now
             elif m.kind == "promote":
-                end_wait(tl, "parked", now)
+                tl.end_wait("parked", now)
             elif m.kind == "preempt":
-                tl["preempted_since"] = now
-                tl["num_preemptions"] = tl.get("num_preemptions", 0) + 1
+                tl.preempted_since = now
+                tl.num_preemptions += 1
         for c in out.chunks:
             tl = c.seq.timeline
-            if c.wants_logits and "first_token" not in tl and "preempted_since" in tl:
+            if c.wants_logits and tl.first_token is None and tl.preempted_since is not None:
                 # preempted before its first token: the wait for recompute is part of its TTFT
-                tl["recompute_ttft_s"] = tl.get("recompute_ttft_s", 0.0) + now - tl.pop("preempted_since")
+                tl.recompute_ttft_s += now - tl.preempted_since
+                tl.preempted_since = None
             if c.wants_logits:
-                end_wait(tl, "preempted", now)
-            end_wait(tl, "turn_wait", now)
+                tl.end_wait("preempted", now)
+            tl.end_wait("turn_wait", now)
         for seq in out.unserved:  # resident, but its turn did not come (read share, bandwidth cap, budget)
             if seq.num_output_tokens:
-                seq.timeline.setdefault("turn_wait_since", now)
+                seq.timeline.start_wait("turn_wait", now)
         before = {t: dict(v) for t, v in self.meter.per_tenant.items()}
         self.meter.on_step(out, eng.pool.spec.page_size, eng.pool.bytes_per_page)
         for t, kinds in self.meter.per_tenant.items():
@@ -97,7 +98,7 @@ class NodeAccounting:
         slo = attribute(seq.timeline, seq.num_output_tokens, seq.priority, self.node.config.fairness)
         out["slo"] = slo
         out["kv_bytes"] = self.meter.finish(seq.request_id)
-        out["num_preemptions"] = int(seq.timeline.get("num_preemptions", 0))
+        out["num_preemptions"] = seq.timeline.num_preemptions
         if slo["cause"]:
             self.m_slo.labels(tenant=self.label(seq.tenant), cause=slo["cause"], **self.node.metrics.labels).inc()
         return out

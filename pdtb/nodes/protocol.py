@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from pdtb.engine.timeline import Timeline
+
 PROTOCOL_VERSION = 1
 MAX_CONTROL_BYTES = 64 << 20  # a request carries its prompt ids: up to millions of tokens
 
@@ -66,7 +68,7 @@ class HandoffMeta:
     router_id: str  # DEALER identity the decode node sends events to
     params: Params
     priority: int = 0
-    timeline: dict[str, float] = field(default_factory=dict)  # stamps and waits so far (fairness.attribution)
+    timeline: Timeline = field(default_factory=Timeline)  # stamps and waits so far
     attempts: int = 0  # transfers started for it before this one
     fallbacks: list[Target] = field(default_factory=list)  # decode nodes after this one, in order
 

@@ -1,0 +1,73 @@
+"""A request's timeline: wall-clock stamps (time.time()) set by whoever handles it, open
+waits, and accumulated waits. It travels with the KV hand-off (protocol.HandoffMeta) and
+ends in the final event's `pdtb_timing`; fairness.attribution breaks it into SLO causes.
+
+    router_arrival -> prefill_queued -> prefill_start -> first_token -> transfer_start
+        -> transfer_end -> decode_admit -> last_token
+
+Waits (`<name>_since` while open, `<name>_s` accumulated): held (the prefill node keeps the
+pages: the decode side deferred), parked (pages in the host tier), preempted (waiting for
+recompute), turn_wait (resident but not served this step). A preemption before the first token
+accumulates into recompute_ttft_s instead: it is part of the TTFT.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+STAMPS = ("router_arrival", "prefill_queued", "prefill_start", "first_token", "transfer_start", "transfer_end",
+          "decode_admit", "last_token")
+WAITS = ("held", "parked", "preempted", "turn_wait")
+
+
+@dataclass
+class Timeline:
+    router_arrival: float | None = None  # the router received the request
+    prefill_queued: float | None = None  # the entry node queued it
+    prefill_start: float | None = None  # its first prefill chunk ran
+    first_token: float | None = None  # its first token was sampled
+    transfer_start: float | None = None  # its KV hand-off began (disaggregated)
+    transfer_end: float | None = None  # its KV landed at the decode node
+    decode_admit: float | None = None  # the decode side took it in
+    last_token: float | None = None  # its latest token was sampled
+    held_since: float | None = None
+    parked_since: float | None = None
+    preempted_since: float | None = None
+    turn_wait_since: float | None = None
+    held_s: float = 0.0
+    parked_s: float = 0.0
+    preempted_s: float = 0.0
+    turn_wait_s: float = 0.0
+    recompute_ttft_s: float = 0.0  # preempted before the first token, waiting for recompute
+    num_preemptions: int = 0
+
+    def stamp_once(self, name: str, t: float) -> None:
+        """Set stamp `name` unless it is set already (a chunk after the first, a retry)."""
+        if getattr(self, name) is None:
+            setattr(self, name, t)
+
+    def start_wait(self, wait: str, now: float) -> None:
+        """Open wait `wait` at `now` unless it is open already."""
+        self.stamp_once(f"{wait}_since", now)
+
+    def end_wait(self, wait: str, now: float) -> None:
+        """Close wait `wait` if open: the time since it opened is added to `<wait>_s`."""
+        since = getattr(self, f"{wait}_since")
+        if since is not None:
+            setattr(self, f"{wait}_s", getattr(self, f"{wait}_s") + now - since)
+            setattr(self, f"{wait}_since", None)
+
+    def span(self, a: str, b: str) -> float | None:
+        """Seconds from stamp `a` to stamp `b`, or None if either is unset."""
+        ta, tb = getattr(self, a), getattr(self, b)
+        return None if ta is None or tb is None else tb - ta
+
+    def to_dict(self) -> dict[str, float]:
+        """The stamps and waits that are set (unset stamps and zero accumulators left out)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is None or (v == 0 and (f.name.endswith("_s") or f.name == "num_preemptions")):
+                continue
+            out[f.name] = v
+        return out
