@@ -36,7 +36,8 @@ PYEOF
   cat "$VENV/lower-bounds.txt" >&2
   "${PIP[@]}" -e "$ROOT[test]" -c "$VENV/lower-bounds.txt" 2>&1 | grep -v "^WARNING: Location" >&2 || true
 else
-  "${PIP[@]}" --upgrade --upgrade-strategy eager -e "$ROOT[test]" ${WITH[@]+"${WITH[@]}"} 2>&1 \
+  # torch named with its pin: an eager upgrade would otherwise replace the CPU build
+  "${PIP[@]}" --upgrade --upgrade-strategy eager -e "$ROOT[test]" "$TORCH_SPEC" ${WITH[@]+"${WITH[@]}"} 2>&1 \
     | grep -v "^WARNING: Location" >&2 || true
 fi
 "$VENV/bin/python" -c "import pdtb.engine, transformers, zmq, msgpack, uvloop, aiohttp, pytest" \

@@ -9,6 +9,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${1:-$ROOT/.venv-latest}"
 [ -x "$VENV/bin/python" ] || { echo "[lock] no venv at $VENV: run scripts/check_latest.sh first" >&2; exit 1; }
 OUT="$ROOT/requirements.lock"
+if "$VENV/bin/python" -m pip freeze --disable-pip-version-check | grep -q -E '^nvidia-|^triton=='; then
+  echo "[lock] $VENV holds a CUDA build of torch (nvidia-* packages): the lock is for the CPU build" >&2
+  exit 1
+fi
 {
   echo "# Exact versions installed by scripts/_env.sh (constraints for 'pip install -e .[test]')."
   echo "# Written by scripts/lock.sh from a venv that passed scripts/check_latest.sh; do not edit."
