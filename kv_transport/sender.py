@@ -201,8 +201,6 @@ class SenderCore(EndpointCore):
         if st.state.finished:
             return
         announced = st.state > S.BOOTSTRAPPING
-        if state is S.FAILED and code is None:
-            code = FailCode.CANCELLED
         st.state, st.reason, st.code, st.t_finished = state, reason, code, time.monotonic()
         self._live.pop(st.transfer_id, None)
         self._remember(st)

@@ -103,7 +103,7 @@ class PrefillNode(NodeBase):
             seq = ev.seq
             tl = seq.timeline
             tl.first_token = now
-            self.metrics.ttft.observe(now - (tl.router_arrival or tl.prefill_queued))
+            self.metrics.ttft.observe(now - tl.arrival)
             self.metrics.gen_tokens.inc()
             if ev.finished:
                 tl.last_token = now

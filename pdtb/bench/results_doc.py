@@ -15,6 +15,7 @@ import os
 import platform
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from pdtb.bench.compare import markdown_table, rows_of, with_ratios
@@ -48,9 +49,26 @@ def commit(root: Path) -> str:
     return sha + (" (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def fairness_section(fair_dir: str, command: str) -> list[str]:
-    paths = sorted(glob.glob(os.path.join(fair_dir, "*.json")))
-    rows = with_ratios(rows_of(paths, "minnow", "whale"), "fcfs")
+@dataclass
+class Run:
+    """One results.sh run's files, each read once."""
+
+    fair_rows: list[dict] | None  # pdtb compare's rows, ratios against fcfs
+    fair_command: str
+    engine: dict | None  # pdtb bench engine --json
+    transports: list[dict]  # pdtb bench transport --json, one per endpoint
+    commit: str
+
+    @classmethod
+    def load(cls, a: argparse.Namespace, root: Path) -> "Run":
+        rows = None
+        if a.fair:
+            rows = with_ratios(rows_of(sorted(glob.glob(os.path.join(a.fair, "*.json"))), "minnow", "whale"), "fcfs")
+        return cls(rows, a.fair_command, json.loads(Path(a.engine).read_text()) if a.engine else None,
+                   [json.loads(Path(p).read_text()) for p in a.transport], commit(root))
+
+
+def fairness_section(rows: list[dict], command: str) -> list[str]:
     failed = sum(r["failed"] or 0 for r in rows)
     return ["## Fairness: colocated and disaggregated, policy by policy", "",
             f"`{command}`", "",
@@ -59,8 +77,7 @@ def fairness_section(fair_dir: str, command: str) -> list[str]:
             *markdown_table(rows, "minnow", "fcfs", "whale"), ""]
 
 
-def engine_section(path: str) -> list[str]:
-    r = json.loads(Path(path).read_text())
+def engine_section(r: dict) -> list[str]:
     how = "C paged decode kernel" if r.get("decode_kernel") else "torch decode attention"
     return ["## Paged engine against `transformers.generate`", "",
             f"`pdtb bench engine --batch {r['batch']} --prompt-len {r['prompt_len']} "
@@ -72,15 +89,14 @@ def engine_section(path: str) -> list[str]:
             f"{r['ratio_paired_median']:.2f}x | {r['step_ms_median']:.2f} |", ""]
 
 
-def transport_section(paths: list[str]) -> list[str]:
+def transport_section(results: list[dict]) -> list[str]:
     out = ["## KV transport against raw pyzmq", "",
            "`pdtb bench transport --endpoint ENDPOINT --json`: one large request's KV (`size`) in chunks, "
            "against raw pyzmq moving the same chunks, and raw pyzmq plus the copy into the pool (best of the "
            "interleaved repetitions; the paired ratio is the median over repetitions).", "",
            "| endpoint | size (MiB) | transport GB/s | raw pyzmq GB/s | ratio | paired ratio | raw + landing GB/s "
            "| small requests (pages/s) |", "|---|---|---|---|---|---|---|---|"]
-    for p in paths:
-        r = json.loads(Path(p).read_text())
+    for r in results:
         out.append(f"| {r['backend']} {r['endpoint']} | {r['size_mib']} | {r['gbps']:.2f} | {r['raw_zmq_gbps']:.2f} "
                    f"| **{r['ratio_vs_raw_zmq']:.2f}x** | {r['ratio_paired_median']:.2f}x | {r['raw_land_gbps']:.2f} "
                    f"| {r['small_pages_per_s']:.0f} |")
@@ -90,12 +106,12 @@ def transport_section(paths: list[str]) -> list[str]:
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
-def headline(a: argparse.Namespace, stamp: str) -> list[str]:
+def headline(run: Run, stamp: str) -> list[str]:
     """The README's short form: memfair against fcfs per mode, the engine and transport ratios."""
     out = [f"Headline of the run of {stamp} (all rows and columns: docs/results.md).", ""]
-    if a.fair:
-        rows = with_ratios(rows_of(sorted(glob.glob(os.path.join(a.fair, "*.json"))), "minnow", "whale"), "fcfs")
-        out += [f"`{a.fair_command}`: memfair against fcfs, minnow class", "",
+    rows = run.fair_rows
+    if rows is not None:
+        out += [f"`{run.fair_command}`: memfair against fcfs, minnow class", "",
                 "| mode | minnow TTFT p99 | minnow ITL p99 | output tok/s | failed (fcfs, memfair) |",
                 "|---|---|---|---|---|"]
         for mode in sorted({r["mode"] for r in rows if r["mode"]}):
@@ -105,12 +121,11 @@ def headline(a: argparse.Namespace, stamp: str) -> list[str]:
                 out.append(f"| {mode} | {_x(mf['ttft_p99_ms_ratio'])} | {_x(mf['itl_p99_ms_ratio'])} "
                            f"| {_x(mf['tok_s_ratio'])} | {base['failed']}, {mf['failed']} |")
         out.append("")
-    if a.engine:
-        r = json.loads(Path(a.engine).read_text())
+    if run.engine:
+        r = run.engine
         out.append(f"- `pdtb bench engine --batch {r['batch']}`: paged engine **{r['ratio']:.2f}x** "
                    f"`transformers.generate`'s tokens/s (median of pairs {r['ratio_paired_median']:.2f}x).")
-    for p in a.transport:
-        r = json.loads(Path(p).read_text())
+    for r in run.transports:
         out.append(f"- `pdtb bench transport --endpoint {r['endpoint']}`: {r['gbps']:.2f} GB/s, "
                    f"**{r['ratio_vs_raw_zmq']:.2f}x** raw pyzmq on the same chunks.")
     return out
@@ -128,20 +143,20 @@ def replace_block(text: str, block: list[str]) -> str:
     return text[:i + len(BEGIN)] + "\n" + "\n".join(block) + "\n" + text[j:]
 
 
-def render(a: argparse.Namespace, root: Path) -> str:
+def render(run: Run) -> str:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["# Results", "",
-             f"Written by `bash scripts/results.sh` on {now}, commit {commit(root)}.  ",
+             f"Written by `bash scripts/results.sh` on {now}, commit {run.commit}.  ",
              f"Machine: {machine()}.  ",
              "Rerunning the script replaces this file. Absolute figures are noisy on shared machines; "
              "every ratio is taken within one run. How the workloads are built and why: "
              "[method.md](method.md).", ""]
-    if a.fair:
-        lines += fairness_section(a.fair, a.fair_command)
-    if a.engine:
-        lines += engine_section(a.engine)
-    if a.transport:
-        lines += transport_section(a.transport)
+    if run.fair_rows is not None:
+        lines += fairness_section(run.fair_rows, run.fair_command)
+    if run.engine:
+        lines += engine_section(run.engine)
+    if run.transports:
+        lines += transport_section(run.transports)
     return "\n".join(lines)
 
 
@@ -156,15 +171,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--readme", help="also replace the headline block of this README")
     a = ap.parse_args(argv)
-    root = Path(__file__).resolve().parents[2]
-    text = render(a, root)
+    run = Run.load(a, Path(__file__).resolve().parents[2])
+    text = render(run)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(text)
     print(f"wrote {a.out}")
     if a.readme:
-        stamp = f"{datetime.date.today().isoformat()}, commit {commit(root)}"
+        stamp = f"{datetime.date.today().isoformat()}, commit {run.commit}"
         readme = Path(a.readme)
-        readme.write_text(replace_block(readme.read_text(), headline(a, stamp)))
+        readme.write_text(replace_block(readme.read_text(), headline(run, stamp)))
         print(f"updated the headline in {a.readme}")
     return 0
 

@@ -72,7 +72,7 @@ class ColocatedNode(NodeBase):
             tl = ev.seq.timeline
             if tl.first_token is None:
                 tl.first_token = tl.decode_admit = now
-                self.metrics.ttft.observe(now - (tl.router_arrival or tl.prefill_queued))
+                self.metrics.ttft.observe(now - tl.arrival)
             else:
                 self.metrics.itl.observe(now - (tl.last_token or now))
             tl.last_token = now

@@ -41,7 +41,7 @@ def check_model(model, kv_like: torch.Tensor, page_size: int, kernel=None) -> No
     """Run a prefill of PROBE_TOKENS tokens and one decode row through `model` on a scratch
     pool shaped like `kv_like` ([layers, 2, pages, page_size, kv_heads, head_dim]); raise
     `UnsupportedModel` unless every step calls the registered attention once per layer, in
-    layer order, and returns finite logits of the vocabulary's width."""
+    layer order, and returns one row of finite logits."""
     from pdtb.engine.runner import BatchChunk, ModelRunner
 
     layers, _, _, _, kvh, hd = kv_like.shape

@@ -50,12 +50,19 @@ class Timeline:
         """Open wait `wait` at `now` unless it is open already."""
         self.stamp_once(f"{wait}_since", now)
 
-    def end_wait(self, wait: str, now: float) -> None:
-        """Close wait `wait` if open: the time since it opened is added to `<wait>_s`."""
+    def end_wait(self, wait: str, now: float, into: str | None = None) -> None:
+        """Close wait `wait` if open: the time since it opened is added to `<wait>_s` (or to
+        the accumulator `into`)."""
         since = getattr(self, f"{wait}_since")
         if since is not None:
-            setattr(self, f"{wait}_s", getattr(self, f"{wait}_s") + now - since)
+            into = into or f"{wait}_s"
+            setattr(self, into, getattr(self, into) + now - since)
             setattr(self, f"{wait}_since", None)
+
+    @property
+    def arrival(self) -> float | None:
+        """When the request arrived: at the router, or (without one) at the entry node."""
+        return self.router_arrival if self.router_arrival is not None else self.prefill_queued
 
     def span(self, a: str, b: str) -> float | None:
         """Seconds from stamp `a` to stamp `b`, or None if either is unset."""

@@ -66,12 +66,9 @@ class NodeAccounting:
                 tl.num_preemptions += 1
         for c in out.chunks:
             tl = c.seq.timeline
-            if c.wants_logits and tl.first_token is None and tl.preempted_since is not None:
-                # preempted before its first token: the wait for recompute is part of its TTFT
-                tl.recompute_ttft_s += now - tl.preempted_since
-                tl.preempted_since = None
             if c.wants_logits:
-                tl.end_wait("preempted", now)
+                # preempted before its first token: the wait for recompute is part of its TTFT
+                tl.end_wait("preempted", now, into="recompute_ttft_s" if tl.first_token is None else None)
             tl.end_wait("turn_wait", now)
         for seq in out.unserved:  # resident, but its turn did not come (read share, bandwidth cap, budget)
             if seq.num_output_tokens:
