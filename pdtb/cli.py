@@ -18,6 +18,8 @@ commands:
   bench steps        engine step time by what it carries (long rows, prefill chunks)
   bench controller   per-step decision cost of each policy at 100 / 1k / 10k requests
   bench serve        load-test client against an OpenAI-compatible endpoint
+  bench sweep        a workload at a series of offered loads: attainment, goodput, knee
+  frontier           fairness-throughput frontier of sweep files (table, plot, Pareto points)
   report             markdown report and plots comparing results files
   compare            per-run minnow p99 TTFT/ITL and throughput, with ratios vs fcfs
   prefill            start a prefill node          decode      start a decode node
@@ -70,6 +72,14 @@ def _dispatch(argv: list[str]) -> int:
         from pdtb.bench.cli import main
 
         return main(rest[1:])
+    if cmd == "bench" and rest[:1] == ["sweep"]:
+        from pdtb.bench.sweep import main
+
+        return main(rest[1:])
+    if cmd == "frontier":
+        from pdtb.bench.frontier import main
+
+        return main(rest)
     if cmd == "compare":
         from pdtb.bench.compare import main
 

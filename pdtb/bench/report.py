@@ -113,8 +113,18 @@ def attribution_rows(runs: dict[str, dict], classes: list[str]) -> list[list[str
 
 def write_report(paths: list[str], out_dir: str | Path) -> Path:
     """Load the results files, write report.md and the plots into out_dir; returns report.md."""
-    from pdtb.bench import plots
+    import json
 
+    from pdtb.bench import plots, sweep_report
+
+    raw = [json.loads(Path(p).read_text()) for p in paths]
+    sweeps = [sweep_report.is_sweep(d) for d in raw]
+    if any(sweeps):
+        if not all(sweeps):
+            raise ValueError("sweep files and serve results files go in separate reports")
+        labels = [sweep_report.label(d) for d in raw]
+        labels = [lab if labels.count(lab) == 1 else f"{lab} ({Path(p).stem})" for lab, p in zip(labels, paths)]
+        return sweep_report.write(dict(zip(labels, raw)), Path(out_dir))
     loaded = [load_results(p) for p in paths]
     runs = dict(zip(labels_for(paths, loaded), loaded))
     out = Path(out_dir)
@@ -131,7 +141,8 @@ def write_report(paths: list[str], out_dir: str | Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pdtb report", description="Compare benchmark results side by side.")
-    ap.add_argument("results", nargs="+", help="results JSON files from `pdtb bench serve --out`")
+    ap.add_argument("results", nargs="+", help="results JSON files from `pdtb bench serve --out`, or sweep "
+                                               "files from `pdtb bench sweep --out` (a report of their own)")
     ap.add_argument("--out", required=True, help="directory for report.md and the PNGs")
     a = ap.parse_args(argv)
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import sys
 import time
@@ -26,6 +27,8 @@ from pdtb.bench.records import OK, RequestRecord, RequestSpec
 from pdtb.bench.samples import cluster_sample
 from pdtb.bench.sse import SSEParser, count_tokens, error_message, usage_tokens
 from pdtb.bench.summary import pct
+
+CUT_OFF = "cut off: still running when the run's drain timeout ended"
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class RunConfig:
     warmup: int = 0  # requests sent (4 output tokens each) and awaited before the run; not recorded
     api: str = "completions"  # "completions" (token-id prompts) or "chat" (/v1/chat/completions)
     detokenize: Callable[[list[int]], str] | None = None  # chat: prompt ids -> the user message's text
+    send_until: float | None = None  # closed loop: no request starts after this many s (specs are cycled)
+    drain_timeout: float | None = None  # s to wait for requests in flight once sending ends; the rest are cut off
 
 
 @dataclass
@@ -90,6 +95,20 @@ def request_body(cfg: RunConfig, index: int, spec: RequestSpec) -> bytes:
     return json.dumps(body).encode()
 
 
+def new_record(spec: RequestSpec, scheduled: float) -> RequestRecord:
+    return RequestRecord(spec.tenant, spec.klass, spec.prompt_len, spec.output_len,
+                         scheduled_time=scheduled, priority=spec.priority)
+
+
+def cut_off(rec: RequestRecord, now: float) -> RequestRecord:
+    """`rec` of a request cancelled at `now` because its run ended: failed, tokens kept."""
+    rec.end_time = now
+    rec.output_tokens = max(rec.output_tokens, len(rec.token_times))
+    rec.first_token_time = rec.token_times[0] if rec.token_times else None
+    rec.error, rec.status = CUT_OFF, "failed"
+    return rec
+
+
 async def _read_stream(resp: aiohttp.ClientResponse, rec: RequestRecord, clock) -> bool:
     """Consume the SSE stream into `rec`; True when it ended with [DONE]."""
     parser = SSEParser()
@@ -111,10 +130,10 @@ async def _read_stream(resp: aiohttp.ClientResponse, rec: RequestRecord, clock) 
 
 
 async def send_one(http: aiohttp.ClientSession, cfg: RunConfig, spec: RequestSpec, body: bytes,
-                   scheduled: float, clock) -> RequestRecord:
-    """Send one request and record it; never raises (a failure is a `failed` record)."""
-    rec = RequestRecord(spec.tenant, spec.klass, spec.prompt_len, spec.output_len,
-                        scheduled_time=scheduled, priority=spec.priority)
+                   scheduled: float, clock, rec: RequestRecord | None = None) -> RequestRecord:
+    """Send one request and record it (into `rec` when given, so a caller that cancels it still
+    holds what arrived); never raises but CancelledError (a failure is a `failed` record)."""
+    rec = rec or new_record(spec, scheduled)
     rec.send_time = clock()
     try:
         async with http.post(cfg.url + ("/v1/chat/completions" if cfg.api == "chat" else "/v1/completions"), data=body,
@@ -179,7 +198,7 @@ async def run(specs: list[RequestSpec], cfg: RunConfig) -> RunResult:
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=cfg.request_timeout)
     prog, samples = _Progress(len(specs)), []
-    records: list[RequestRecord | None] = [None] * len(specs)
+    records: dict[int, RequestRecord] = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout,
                                      headers=headers) as http:
         warmup_failed = await _warm_up(http, cfg, specs)
@@ -191,15 +210,22 @@ async def run(specs: list[RequestSpec], cfg: RunConfig) -> RunResult:
         slots = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else contextlib.nullcontext()
 
         async def one(i: int, body: bytes, scheduled: float) -> None:
-            async with slots:
-                rec = records[i] = await send_one(http, cfg, specs[i], body, scheduled, clock)
-            prog.done += 1
-            prog.failed += rec.status != OK
+            spec = specs[i % len(specs)]
+            rec = records[i] = new_record(spec, scheduled)
+            try:
+                async with slots:
+                    await send_one(http, cfg, spec, body, scheduled, clock, rec)
+            except asyncio.CancelledError:
+                cut_off(rec, clock())
+                raise
+            finally:
+                prog.done += 1
+                prog.failed += rec.status != OK
 
         monitor = asyncio.ensure_future(_monitor(http, cfg, prog, samples, clock))
         try:
             if cfg.concurrency:
-                await _closed_loop(cfg, specs, one, clock)
+                await _closed_loop(cfg, specs, one, clock, prog)
             else:
                 await _open_loop(cfg, specs, one, clock)
             duration = clock()
@@ -211,8 +237,9 @@ async def run(specs: list[RequestSpec], cfg: RunConfig) -> RunResult:
         if cfg.progress:
             print(("\r" if sys.stderr.isatty() else "") + f"[bench] {prog.done}/{prog.total} done, "
                   f"{prog.failed} failed, {duration:.1f}s", file=sys.stderr, flush=True)
+    done = [records[i] for i in sorted(records)]
     samples.sort(key=lambda s: s["t"])
-    return RunResult(records, samples, duration, start_wall, client_overhead(records, prog.loop_lag), warmup_failed)
+    return RunResult(done, samples, duration, start_wall, client_overhead(done, prog.loop_lag), warmup_failed)
 
 
 async def _warm_up(http: aiohttp.ClientSession, cfg: RunConfig, specs: list[RequestSpec]) -> int:
@@ -229,26 +256,49 @@ async def _warm_up(http: aiohttp.ClientSession, cfg: RunConfig, specs: list[Requ
     return sum(r.status != OK for r in recs)
 
 
+async def _drain(cfg: RunConfig, tasks: list[asyncio.Future]) -> None:
+    """Wait for the requests in flight (at most `drain_timeout` s), then cancel the rest (each
+    becomes a cut-off record)."""
+    if cfg.drain_timeout is None or not tasks:
+        await asyncio.gather(*tasks)
+        return
+    _, late = await asyncio.wait(tasks, timeout=cfg.drain_timeout)
+    for t in late:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def _open_loop(cfg: RunConfig, specs: list[RequestSpec], one, clock) -> None:
     tasks = []
-    for i, spec in enumerate(specs):
-        body = request_body(cfg, i, spec)
-        delay = spec.send_time - clock()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(one(i, body, spec.send_time)))
-    await asyncio.gather(*tasks)
+    try:
+        for i, spec in enumerate(specs):
+            body = request_body(cfg, i, spec)
+            delay = spec.send_time - clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(one(i, body, spec.send_time)))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        raise
+    await _drain(cfg, tasks)
 
 
-async def _closed_loop(cfg: RunConfig, specs: list[RequestSpec], one, clock) -> None:
-    it = iter(range(len(specs)))
+async def _closed_loop(cfg: RunConfig, specs: list[RequestSpec], one, clock, prog: _Progress) -> None:
+    """N workers; each index goes to exactly one worker. With `send_until` the specs are cycled
+    (index i sends specs[i % len], its prompt seeded by i) until that time."""
+    it = itertools.count() if cfg.send_until is not None else iter(range(len(specs)))
 
     async def worker() -> None:
-        for i in it:  # shared iterator: each index goes to exactly one worker
+        for i in it:
             scheduled = clock()
-            await one(i, request_body(cfg, i, specs[i]), scheduled)
+            if cfg.send_until is not None:
+                if scheduled >= cfg.send_until:
+                    return
+                prog.total = max(prog.total, i + 1)
+            await one(i, request_body(cfg, i, specs[i % len(specs)]), scheduled)
 
-    await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
+    await _drain(cfg, [asyncio.ensure_future(worker()) for _ in range(cfg.concurrency)])
 
 
 def client_overhead(records: list[RequestRecord], loop_lag: list[float]) -> dict:

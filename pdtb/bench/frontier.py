@@ -1,0 +1,157 @@
+"""`pdtb frontier SWEEP.json [...] --out DIR`: the fairness-throughput frontier of sweep files.
+
+Each sweep file is one point: a (mode, policy, settings) configuration, labelled by its
+`--label-config` (else its policy). Its throughput is `derived.max_goodput_every_class_rps`
+(the highest goodput at which every class attains the target) and `derived.saturation_tok_s`;
+its fairness is the protected class's (--klass, default minnow) p99 TTFT, p99 ITL and
+attainment at one fixed load (--at-load, default 1: the level of that load, else the nearest).
+
+A point is Pareto-optimal when no other point has at least its max goodput and at most its
+class p99 TTFT, one of them strictly better. The frontier's knee is the Pareto point farthest
+from the straight line between the frontier's two ends (both axes scaled to [0, 1]): where
+giving up throughput stops buying much fairness. Ratios are against fcfs in the same mode.
+Writes DIR/frontier.md, DIR/frontier.json and DIR/frontier.png; prints the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pdtb.bench.results import fmt
+
+
+def load_sweep(path: str | Path) -> dict:
+    doc = json.loads(Path(path).read_text())
+    if (doc.get("meta") or {}).get("kind") != "sweep" or "levels" not in doc:
+        raise ValueError(f"{path}: not a sweep file (pdtb bench sweep --out)")
+    return doc
+
+
+def _at(levels: list[dict], load: float) -> dict | None:
+    return min(levels, key=lambda lv: (abs(lv["load"] - load), lv["load"])) if levels else None
+
+
+def point(doc: dict, klass: str, at_load: float) -> dict:
+    """One configuration's figures."""
+    meta, d = doc["meta"], doc["derived"]
+    lv = _at(doc["levels"], at_load)
+    g = (lv or {}).get("per_class", {}).get(klass) or {}
+    return {"label": meta.get("config") or meta.get("policy") or "?", "mode": meta.get("mode") or "?",
+            "policy": meta.get("policy") or "?",
+            "max_goodput_rps": d["max_goodput_every_class_rps"], "saturation_tok_s": d["saturation_tok_s"],
+            "knee_rps": d["knee_rps"], "at_load": lv["load"] if lv else None,
+            "ttft_p99_ms": (g.get("ttft_ms") or {}).get("p99"), "itl_p99_ms": (g.get("itl_ms") or {}).get("p99"),
+            "attainment": g.get("attainment")}
+
+
+def pareto(points: list[dict]) -> list[bool]:
+    """Per point: no other has >= max goodput and <= class p99 TTFT, one strictly."""
+    def y(p):
+        return float("inf") if p["ttft_p99_ms"] is None else p["ttft_p99_ms"]
+    out = []
+    for p in points:
+        out.append(not any(q is not p and q["max_goodput_rps"] >= p["max_goodput_rps"] and y(q) <= y(p)
+                           and (q["max_goodput_rps"] > p["max_goodput_rps"] or y(q) < y(p)) for q in points))
+    return out
+
+
+def frontier_knee(points: list[dict], on_front: list[bool]) -> int | None:
+    """Index of the Pareto point farthest from the chord between the frontier's ends."""
+    front = [i for i, ok in enumerate(on_front) if ok and points[i]["ttft_p99_ms"] is not None]
+    if len(front) < 3:
+        return None
+    xs = [points[i]["max_goodput_rps"] for i in front]
+    ys = [points[i]["ttft_p99_ms"] for i in front]
+    sx, sy = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    pts = sorted(((x - min(xs)) / sx, (y - min(ys)) / sy, i) for x, y, i in zip(xs, ys, front))
+    (x0, y0, _), (x1, y1, _) = pts[0], pts[-1]
+    norm = ((x1 - x0) ** 2 + (y1 - y0) ** 2) ** 0.5 or 1.0
+    dist = [(abs((y1 - y0) * x - (x1 - x0) * y + x1 * y0 - y1 * x0) / norm, i) for x, y, i in pts[1:-1]]
+    return max(dist)[1] if dist else None
+
+
+def _ratio(v, base) -> str:
+    if v is None or base is None:
+        return "-"
+    if base == 0:
+        return "-" if v == 0 else "inf (fcfs 0)"
+    return f"{v / base:.2f}"
+
+
+def table(points: list[dict], on_front: list[bool], knee: int | None, klass: str) -> list[str]:
+    base = {p["mode"]: p for p in points if p["label"] == "fcfs" or (p["policy"] == "fcfs" and p["label"] == p["policy"])}
+    head = ["mode", "point", "max goodput, every class >= target (req/s)", "x fcfs", "saturation out tok/s", "x fcfs",
+            "knee (req/s)", f"{klass} TTFT p99 (ms)", f"{klass} ITL p99 (ms)", f"{klass} attainment", "Pareto"]
+    rows = []
+    order = sorted(range(len(points)), key=lambda i: (points[i]["mode"], -points[i]["max_goodput_rps"], points[i]["label"]))
+    for i in order:
+        p, b = points[i], base.get(points[i]["mode"])
+        mark = ("**knee**" if i == knee else "yes") if on_front[i] else ""
+        rows.append([p["mode"], p["label"], fmt(p["max_goodput_rps"], 2),
+                     _ratio(p["max_goodput_rps"], b and b["max_goodput_rps"]), fmt(p["saturation_tok_s"], 1),
+                     _ratio(p["saturation_tok_s"], b and b["saturation_tok_s"]), fmt(p["knee_rps"], 2),
+                     fmt(p["ttft_p99_ms"], 0), fmt(p["itl_p99_ms"], 1), fmt(p["attainment"], 2), mark])
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def plot(points: list[dict], on_front: list[bool], knee: int | None, path: Path, klass: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    marker = {"colocated": "o", "disagg": "s"}
+    for ax, xkey, ykey, ylabel in ((axes[0], "max_goodput_rps", "ttft_p99_ms", f"{klass} TTFT p99 (ms), log"),
+                                   (axes[1], "saturation_tok_s", "attainment", f"{klass} attainment")):
+        for i, p in enumerate(points):
+            if p[xkey] is None or p[ykey] is None:
+                continue
+            ax.scatter(p[xkey], p[ykey], marker=marker.get(p["mode"], "^"),
+                       facecolors="C3" if on_front[i] else "none", edgecolors="C3" if on_front[i] else "C0", s=46)
+            ax.annotate(f"{p['label']}/{p['mode'][:4]}" + (" (knee)" if i == knee else ""), (p[xkey], p[ykey]),
+                        fontsize=7, xytext=(3, 3), textcoords="offset points")
+        if ykey == "ttft_p99_ms":
+            ax.set_yscale("log")
+            front = sorted((p[xkey], p[ykey]) for i, p in enumerate(points) if on_front[i] and p[ykey] is not None)
+            if front:
+                ax.plot([x for x, _ in front], [y for _, y in front], color="C3", lw=1, alpha=0.6)
+        ax.set_xlabel({"max_goodput_rps": "max goodput, every class >= target (req/s)",
+                       "saturation_tok_s": "saturation output tok/s"}[xkey])
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    at = sorted({p["at_load"] for p in points if p["at_load"] is not None})
+    fig.suptitle(f"fairness-throughput frontier ({klass} at load {', '.join(f'{x:g}' for x in at)}; "
+                 "filled: Pareto-optimal; o colocated, s disagg)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pdtb frontier", description="The fairness-throughput frontier of sweeps.")
+    ap.add_argument("sweeps", nargs="+", help="sweep files (pdtb bench sweep --out)")
+    ap.add_argument("--out", required=True, help="directory for frontier.md, frontier.json, frontier.png")
+    ap.add_argument("--klass", default="minnow", help="the class whose latency is the fairness axis")
+    ap.add_argument("--at-load", type=float, default=1.0, help="the load level its latency is read at")
+    a = ap.parse_args(argv)
+    try:
+        docs = [load_sweep(p) for p in a.sweeps]
+    except (OSError, ValueError) as e:
+        print(f"pdtb frontier: {e}", file=sys.stderr)
+        return 2
+    points = [point(d, a.klass, a.at_load) for d in docs]
+    on_front = pareto(points)
+    knee = frontier_knee(points, on_front)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = table(points, on_front, knee, a.klass)
+    plot(points, on_front, knee, out / "frontier.png", a.klass)
+    (out / "frontier.json").write_text(json.dumps({"points": points, "pareto": on_front, "knee": knee}, indent=1) + "\n")
+    (out / "frontier.md").write_text("# Fairness-throughput frontier\n\n" + "\n".join(lines)
+                                     + "\n\n![frontier](frontier.png)\n")
+    print("\n".join(lines))
+    return 0

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The fairness-throughput frontier: a load sweep (pdtb bench sweep) of the same seeded
+# whale-minnow workload for each point, a point being (mode, policy, settings), at the same KV
+# page budget and the same thread budget; then `pdtb frontier` draws the points.
+#
+#   scripts/frontier.sh [--quick] [--out DIR] [--points FILE] [--rates LIST] [--until-knee]
+#                       [--span S] [--warmup S] [--splits "PREFILL_PAGES ..."] [--seed N] [--model DIR]
+#
+# Budget, both modes: TOTAL device pages, HOST host pages per node, 2 torch threads in all.
+#   colocated: two replicas, each 1 thread and TOTAL/2 pages (the router spreads requests);
+#   disagg:    1 prefill node (1 thread, PREFILL pages) + 1 decode node (1 thread, the rest).
+# Each point is one line of the points file: LABEL MODE POLICY [NODE FLAGS...], e.g.
+#   memfair-request colocated memfair --quota-by request
+# (lines starting with # are skipped). Without --points: the built-in list below (--quick: the
+# four points that answer colocated vs disaggregated, fcfs vs memfair, plus the granularities).
+# --splits also sweeps the disaggregated cluster's prefill:decode page split under memfair and
+# fcfs (one point per PREFILL value, same TOTAL).
+# Writes DIR/LABEL-MODE.json per point, DIR/frontier/frontier.md with frontier.png, and the
+# sweep plots (pdtb report) in DIR/report.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+QUICK=0 OUT="" POINTS="" RATES="" KNEE=0 SPAN="" WARM="" SPLITS="" SEED=0 MODEL=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1; shift ;;
+    --out) OUT="$2"; shift 2 ;;
+    --points) POINTS="$2"; shift 2 ;;
+    --rates) RATES="$2"; shift 2 ;;
+    --until-knee) KNEE=1; shift ;;
+    --span) SPAN="$2"; shift 2 ;;
+    --warmup) WARM="$2"; shift 2 ;;
+    --splits) SPLITS="$2"; shift 2 ;;
+    --seed) SEED="$2"; shift 2 ;;
+    --model) MODEL="$2"; shift 2 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) echo "frontier: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+source "$ROOT/scripts/_env.sh"
+OUT="${OUT:-$ROOT/results/frontier-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+[ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.common import resolve_model; print(resolve_model(None))')"
+
+PAGE=16 TOTAL=448 PREFILL=160 HOST=512 BUDGET=512
+# One 10 s period of the workload: a long-output whale (1024+512 tokens) at 1 s, two long-context
+# whales (1984+64, nearly all prompt) at 3 s and 7 s, Poisson minnows (24+8) at 4/s. A rate level
+# m sends m periods' arrivals in each 10 s. Whales are batch work (30 s TTFT, 500 ms TPOT);
+# minnows are interactive (500 ms TTFT, 100 ms TPOT); the node SLOs are the minnows'.
+WL=(--workload whale-minnow --duration 10 --whales 1 --whale-prompt 1024 --whale-output 512 --whale-start 1
+    --context-whales 2 --context-whale-prompt 1984 --context-whale-output 64 --context-whale-start 3
+    --context-whale-interval 4 --minnow-rate 4 --minnow-prompt 24 --minnow-output 8 --seed "$SEED"
+    --slo ttft_ms=500 --slo tpot_ms=100 --slo whale:ttft_ms=30000 --slo whale:tpot_ms=500)
+NODE_SLO=(--slo-ttft '*=0.5' --slo-tpot '*=0.1')
+if [ "$QUICK" = 1 ]; then
+  RATES="${RATES:-0.5,1,2,3}" SPAN="${SPAN:-12}" WARM="${WARM:-3}"
+else
+  RATES="${RATES:-0.5,1,1.5,2,3,4}" SPAN="${SPAN:-20}" WARM="${WARM:-5}"
+fi
+
+POINTS_TEXT="$(cat <<'EOF'
+fcfs colocated fcfs
+fcfs disagg fcfs
+memfair colocated memfair
+memfair disagg memfair
+memfair-request colocated memfair --quota-by request
+memfair-priority colocated memfair --quota-by priority
+memfair-static colocated memfair --quota-shares static
+EOF
+)"
+if [ "$QUICK" = 0 ] && [ -z "$POINTS" ]; then
+  POINTS_TEXT+="
+vtc colocated vtc
+vtc disagg vtc
+mcsf colocated mcsf
+mcsf disagg mcsf
+memfair-request disagg memfair --quota-by request
+memfair-static disagg memfair --quota-shares static
+memfair-share8 colocated memfair --prefill-share 0.125
+memfair-share8 disagg memfair --prefill-share 0.125
+memfair-noread colocated memfair --no-read-share
+memfair-noread disagg memfair --no-read-share
+memfair-cap100 colocated memfair --request-cap-frac 1.0
+memfair-cap25 colocated memfair --request-cap-frac 0.25"
+fi
+[ -z "$POINTS" ] || POINTS_TEXT="$(cat "$POINTS")"
+
+run_point() {  # run_point LABEL MODE POLICY PREFILL_PAGES [NODE FLAGS...]
+  local label="$1" mode="$2" pol="$3" prefill="$4"
+  shift 4
+  local rd="$OUT/run-$label-$mode" extra=() url rc=0
+  if [ "$mode" = colocated ]; then
+    extra=(--colocated 2 --kv-pages $(( TOTAL / 2 )) -- --torch-threads 1)
+  else
+    extra=(--kv-pages $(( TOTAL - prefill )) --prefill-kv-pages "$prefill" -- --torch-threads 1)
+  fi
+  extra+=(--max-num-batched-tokens "$BUDGET" "${NODE_SLO[@]}" "$@")
+  echo "== $label ($mode, $pol $*): pages $TOTAL${prefill:+ (prefill $prefill in disagg)}" >&2
+  url="$(bash "$ROOT/scripts/launch_cluster.sh" --mode "$mode" --model "$MODEL" --policy "$pol" --port 0 \
+        --host-kv-pages "$HOST" --page-size "$PAGE" --run-dir "$rd" "${extra[@]}" | sed -n 's/^READY //p')"
+  local knee=()
+  [ "$KNEE" = 0 ] || knee=(--until-knee --max-levels 9)
+  pdtb bench sweep --url "$url" "${WL[@]}" --rates "$RATES" --span-s "$SPAN" --warmup-s "$WARM" \
+    ${knee[@]+"${knee[@]}"} --label-mode "$mode" --label-policy "$pol" --label-config "$label" \
+    --sample-interval 1 --quiet --out "$OUT/$label-$mode.json" || rc=$?
+  bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$rd" --timeout 20 >&2
+  return $rc
+}
+
+while read -r label mode pol rest; do
+  case "$label" in ''|'#'*) continue ;; esac
+  read -r -a flags <<< "${rest:-}"
+  run_point "$label" "$mode" "$pol" "$PREFILL" ${flags[@]+"${flags[@]}"}
+done <<< "$POINTS_TEXT"
+for prefill in $SPLITS; do
+  for pol in fcfs memfair; do
+    run_point "$pol-split$prefill" disagg "$pol" "$prefill"
+  done
+done
+pdtb frontier "$OUT"/*.json --out "$OUT/frontier" | tee "$OUT/frontier.txt"
+pdtb report "$OUT"/*.json --out "$OUT/report" >/dev/null
+echo "frontier: $OUT/frontier/frontier.md"

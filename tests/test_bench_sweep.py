@@ -1,0 +1,281 @@
+"""`pdtb bench sweep`: its figures against a hand computation, the knee search, and the knee of
+a server whose capacity is known (an in-process FIFO server with a fixed service rate)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+from aiohttp import web
+
+from pdtb.bench import sweep_figures as sf
+from pdtb.bench.records import OK, RequestRecord, RequestSpec
+from pdtb.bench.sweep import level_specs, main as sweep_main, build_parser
+
+VOCAB, MAX_LEN = 1000, 4096
+
+
+def rec(klass: str, scheduled: float, ttft: float | None, tokens: int = 3, gap: float = 0.05,
+        status: str = OK, tenant: str | None = None, prompt: int = 10) -> RequestRecord:
+    """A request sent at `scheduled`, first token after `ttft`, then `tokens - 1` more `gap` apart."""
+    r = RequestRecord(tenant or klass, klass, prompt, tokens, scheduled_time=scheduled, send_time=scheduled)
+    if ttft is not None:
+        r.token_times = [scheduled + ttft + i * gap for i in range(tokens)]
+        r.first_token_time = r.token_times[0]
+        r.end_time = r.token_times[-1]
+        r.output_tokens = tokens
+    else:
+        r.end_time = scheduled + 1.0
+    r.status = status
+    if status != OK:
+        r.error = "HTTP 500"
+    return r
+
+
+def test_level_figures_equal_a_hand_computation():
+    slos = sf.SloTable.parse(["ttft_ms=200", "tpot_ms=100", "whale:ttft_ms=1000"])
+    records = [
+        rec("minnow", 0.5, 0.1),                   # warm-up: not counted
+        rec("minnow", 1.0, 0.1),                   # meets both
+        rec("minnow", 1.5, 0.3),                   # TTFT 300 > 200: misses
+        rec("minnow", 2.0, 0.1, gap=0.2),          # TPOT 200 > 100: misses
+        rec("minnow", 2.5, None, status="failed"),  # failed: misses all
+        rec("whale", 3.0, 0.8, tokens=5),          # whale target 1000: meets
+        rec("whale", 4.0, 1.2, tokens=5),          # 1200 > 1000: misses
+        rec("whale", 4.5, 0.5, tokens=1),          # one token: no TPOT, meets
+        rec("minnow", 5.0, 0.1),                   # after the span: not counted
+    ]
+    lv = sf.level_figures(records, 1.0, 5.0, slos)
+    m, w, o = lv["per_class"]["minnow"], lv["per_class"]["whale"], lv["overall"]
+    assert (m["count"], w["count"], o["count"]) == (4, 3, 7)
+    assert m["attainment"] == 1 / 4 and w["attainment"] == 2 / 3 and o["attainment"] == 3 / 7
+    assert m["attainment_ttft"] == 2 / 4 and m["attainment_tpot"] == 2 / 4  # the failed one misses both
+    assert w["attainment_ttft"] == 2 / 3 and w["attainment_tpot"] == 1.0
+    assert m["goodput_rps"] == 1 / 4 and w["goodput_rps"] == 2 / 4 and o["goodput_rps"] == 3 / 4
+    assert o["offered_rps"] == 7 / 4 and m["failed"] == 1
+    # tokens of ok requests over (last measured end - window start): the whale at 4.0 ends at 4.0+1.2+0.2
+    served = 4.0 + 1.2 + 4 * 0.05 - 1.0
+    assert o["output_tok_s"] == pytest.approx((3 * 3 + 5 + 5 + 1) / served)
+    assert o["total_tok_s"] == pytest.approx((3 * 3 + 5 + 5 + 1 + 6 * 10) / served)
+    ttfts = sorted([100.0, 300.0, 100.0, 800.0, 1200.0, 500.0])
+    assert o["ttft_ms"]["p50"] == pytest.approx((ttfts[2] + ttfts[3]) / 2)
+
+
+def test_slo_table_parsing_and_errors():
+    t = sf.SloTable.parse(["ttft_ms=500", "whale:ttft_ms=20000", "minnow:tpot_ms=80"])
+    assert t.of("whale") == {"ttft_ms": 20000.0} and t.of("minnow") == {"ttft_ms": 500.0, "tpot_ms": 80.0}
+    for bad in ("ttft=5", "whale:ttft_ms=-1", ":ttft_ms=5", "ttft_ms=abc", "ttft_ms=nan"):
+        with pytest.raises(ValueError):
+            sf.SloTable.parse([bad])
+
+
+def _level(load: float, rps: float, per_class: dict[str, float], goodput: float = 1.0, tok: float = 10.0) -> dict:
+    g = lambda att: {"attainment": att, "goodput_rps": goodput * att, "offered_rps": rps,  # noqa: E731
+                     "output_tok_s": tok, "total_tok_s": 2 * tok}
+    overall = sum(per_class.values()) / len(per_class)
+    return {"load": load, "overall": g(overall), "per_class": {c: g(a) for c, a in per_class.items()}}
+
+
+def test_derived_figures_by_hand():
+    levels = [_level(1, 2.0, {"a": 1.0, "b": 1.0}, goodput=2.0, tok=20),
+              _level(2, 4.0, {"a": 1.0, "b": 0.9}, goodput=4.0, tok=40),
+              _level(3, 6.0, {"a": 1.0, "b": 0.5}, goodput=6.0, tok=50),
+              _level(4, 8.0, {"a": 0.5, "b": 0.1}, goodput=8.0, tok=45)]
+    d = sf.derive(levels, 0.9)
+    assert d["max_goodput_every_class_rps"] == pytest.approx(4.0 * 0.95)  # level 2: both classes >= 0.9
+    assert d["max_goodput_rps"] == pytest.approx(4.0 * 0.95)  # level 3's overall attainment is 0.75
+    assert d["per_class"]["a"]["max_goodput_rps"] == 6.0 and d["per_class"]["b"]["max_goodput_rps"] == pytest.approx(3.6)
+    assert d["knee_rps"] == 4.0 and d["knee_bracket_rps"] == [4.0, 6.0] and d["knee_load"] == 2
+    assert d["saturation_tok_s"] == 50 and d["saturation_total_tok_s"] == 100
+    assert sf.derive(levels, 0.9, "a")["knee_bracket_rps"] == [6.0, 8.0]
+    nothing = sf.derive([_level(1, 2.0, {"a": 0.2})], 0.9)
+    assert nothing["max_goodput_rps"] == 0.0 and nothing["knee_rps"] is None
+
+
+def test_next_load_grows_then_bisects_to_the_resolution():
+    def lv(load, ok):
+        return _level(load, load, {"a": 1.0 if ok else 0.0})
+    assert sf.next_load([lv(1, True), lv(2, True)], 0.9, "every-class", 2.0, 0.25) == 4
+    assert sf.next_load([lv(1, False)], 0.9, "every-class", 2.0, 0.25) == 0.5
+    assert sf.next_load([lv(1, True), lv(2, False)], 0.9, "every-class", 2.0, 0.25) == 1.5
+    assert sf.next_load([lv(1, True), lv(1.5, True), lv(2, False)], 0.9, "every-class", 2.0, 0.25) == 1.75
+    assert sf.next_load([lv(1.5, True), lv(1.75, False), lv(2, False)], 0.9, "every-class", 2.0, 0.25) is None
+
+
+def test_rate_levels_tile_the_workload_and_scale_its_arrivals():
+    a = build_parser().parse_args(["--url", "x", "--workload", "multi-tenant", "--rate", "10", "--duration", "2",
+                                   "--num-tenants", "2"])
+    one = level_specs(a, 1.0, 6.0, closed=False)
+    three = level_specs(a, 3.0, 6.0, closed=False)
+    assert max(s.send_time for s in three) < 6.0 and all(isinstance(s, RequestSpec) for s in three)
+    assert 2.5 < len(three) / len(one) < 3.5  # three times the arrivals over the same span
+    assert len({(s.send_time, s.prompt_len) for s in one}) == len(one)  # each period drawn afresh (seed + k)
+
+
+# ---- the knee of a server with a known capacity ----------------------------------------------------
+
+CAPACITY = 40.0  # requests/s: one FIFO server, 25 ms per request
+
+
+def fifo_app() -> web.Application:
+    """A router stand-in serving one request at a time in arrival order at CAPACITY requests/s.
+    Each request's slot is reserved on arrival (start = max(now, previous end)) and its tokens
+    are sent at the slot's end, so the rate holds whatever the timer's lateness."""
+    state = {"free_at": 0.0}
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        now = time.monotonic()
+        state["free_at"] = end = max(now, state["free_at"]) + 1.0 / CAPACITY
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await asyncio.sleep(max(0.0, end - time.monotonic()))
+        for i in range(body["max_tokens"]):
+            chunk = {"choices": [{"index": 0, "text": "x", "token_ids": [7], "finish_reason": None}]}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def models(_):
+        return web.json_response({"data": [{"id": "fifo", "max_model_len": MAX_LEN, "vocab_size": VOCAB}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    return app
+
+
+@pytest.fixture
+def fifo_url():
+    loop, ready, box = asyncio.new_event_loop(), threading.Event(), {}
+
+    async def start():
+        runner = web.AppRunner(fifo_app())
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+    def serve():
+        asyncio.set_event_loop(loop)
+        box["runner"], box["url"] = loop.run_until_complete(start())
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    yield box["url"]
+    asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    loop.close()
+
+
+def test_the_knee_of_a_fixed_rate_server_brackets_its_capacity(fifo_url, tmp_path):
+    out = tmp_path / "sweep.json"
+    # 12 requests/s at load 1, nearly evenly spaced; TTFT target 150 ms (6 service times): below
+    # capacity a request waits at most a few service times, above it the backlog grows each second
+    rc = sweep_main(["--url", fifo_url, "--workload", "multi-tenant", "--num-tenants", "1", "--rate", "12",
+                     "--duration", "4", "--burstiness", "50", "--prompt", "8", "--output", "2",
+                     "--rates", "1,2", "--until-knee", "--knee-resolution", "0.2", "--warmup-s", "0.5",
+                     "--span-s", "3", "--drain-s", "5", "--slo", "ttft_ms=150", "--sample-interval", "0",
+                     "--out", str(out), "--quiet"])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    lo, hi = doc["derived"]["knee_bracket_rps"]
+    loads = [lv["load"] for lv in doc["levels"]]
+    assert lo is not None and hi is not None, loads
+    # the bracket is within one step (the resolution) and holds the capacity: a level at or just
+    # above capacity may still pass in a short span (its backlog is small), never one a step above
+    assert lo <= CAPACITY * 1.2 and hi >= CAPACITY, (lo, hi, loads)
+    assert hi / lo <= 1.2 * 1.2
+    assert doc["derived"]["max_goodput_rps"] == pytest.approx(max(
+        lv["overall"]["goodput_rps"] for lv in doc["levels"] if lv["overall"]["attainment"] >= 0.9))
+    assert doc["meta"]["kind"] == "sweep" and doc["meta"]["load_kind"] == "rate"
+
+
+def test_concurrency_levels_keep_that_many_in_flight(fifo_url, tmp_path):
+    out = tmp_path / "c.json"
+    rc = sweep_main(["--url", fifo_url, "--workload", "multi-tenant", "--num-tenants", "2", "--rate", "5",
+                     "--duration", "2", "--prompt", "8", "--output", "2", "--concurrency-levels", "1,4",
+                     "--warmup-s", "0.2", "--span-s", "1", "--slo", "ttft_ms=60", "--sample-interval", "0",
+                     "--out", str(out), "--quiet"])
+    assert rc == 0
+    one, four = json.loads(out.read_text())["levels"]
+    # one in flight: no queueing, every TTFT about one service time; four: each waits behind three
+    assert one["overall"]["attainment"] >= 0.8 > four["overall"]["attainment"]
+    assert one["overall"]["offered_rps"] == pytest.approx(CAPACITY, rel=0.35)
+    assert set(one["per_tenant"]) == {"t0", "t1"}
+
+
+@pytest.mark.parametrize("argv", [["--rates", "1,0"], ["--rates", "1", "--concurrency-levels", "2"],
+                                  ["--concurrency", "2"], ["--span-s", "0"], ["--target", "1.5"],
+                                  ["--slo", "bogus=1"], ["--concurrency-levels", "1.5"]])
+def test_bad_flags_are_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) if argv[0] == "--rates" and argv[1] == "1,0" else _nothing():
+        rc = sweep_main(["--url", "http://127.0.0.1:9", "--workload", "whale-minnow", *argv])
+        assert rc == 2
+    assert "pdtb bench sweep" in capsys.readouterr().err
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# ---- the frontier and the sweep report ----------------------------------------------------------
+
+def sweep_doc(label: str, mode: str, goodput: float, ttft_p99: float, tok: float) -> dict:
+    """A sweep file with one level at load 1 whose minnow p99 TTFT is `ttft_p99` ms."""
+    lv = _level(1.0, goodput, {"minnow": 1.0, "whale": 1.0}, goodput=goodput, tok=tok)
+    for g in lv["per_class"].values():
+        g.update(ttft_ms={"p50": ttft_p99 / 2, "p99": ttft_p99}, itl_ms={"p50": 1.0, "p99": 2.0})
+    lv["overall"].update(ttft_ms={"p50": 1.0, "p99": ttft_p99}, itl_ms={"p50": 1.0, "p99": 2.0}, failed=0)
+    lv["fairness"] = {"share_jain_mean": 0.9}
+    return {"meta": {"kind": "sweep", "mode": mode, "policy": label.split("-")[0], "config": label,
+                     "workload": "whale-minnow", "warmup_s": 1, "span_s": 2, "load_kind": "rate"},
+            "derived": sf.derive([lv]), "levels": [lv]}
+
+
+def test_frontier_marks_the_pareto_points_and_ratios_against_fcfs(tmp_path):
+    from pdtb.bench import frontier
+
+    docs = {"fcfs": sweep_doc("fcfs", "colocated", 2.0, 9000, 100),
+            "memfair": sweep_doc("memfair", "colocated", 4.0, 300, 95),
+            "memfair-request": sweep_doc("memfair-request", "colocated", 3.0, 200, 90),
+            "vtc": sweep_doc("vtc", "colocated", 3.0, 400, 99)}  # dominated by memfair
+    paths = []
+    for name, doc in docs.items():
+        paths.append(str(tmp_path / f"{name}.json"))
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    assert frontier.main(paths + ["--out", str(tmp_path / "f")]) == 0
+    got = json.loads((tmp_path / "f" / "frontier.json").read_text())
+    front = {p["label"]: ok for p, ok in zip(got["points"], got["pareto"])}
+    assert front == {"fcfs": False, "memfair": True, "memfair-request": True, "vtc": False}
+    md = (tmp_path / "f" / "frontier.md").read_text()
+    row = next(line for line in md.splitlines() if "| memfair |" in line)
+    assert "| 4.00 | 2.00 |" in row and "| 0.95 |" in row  # goodput and saturation against fcfs
+    assert (tmp_path / "f" / "frontier.png").stat().st_size > 0
+    # the report draws sweeps on their own, and refuses a mix with serve results
+    from pdtb.bench.report import main as report_main
+    assert report_main(paths + ["--out", str(tmp_path / "r")]) == 0
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "colocated/memfair-request" in text and (tmp_path / "r" / "attainment.png").exists()
+    serve = tmp_path / "serve.json"
+    serve.write_text(json.dumps({"meta": {}, "requests": [], "summary": {}}))
+    assert report_main([paths[0], str(serve), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_frontier_knee_is_the_point_farthest_from_the_chord():
+    from pdtb.bench.frontier import frontier_knee
+
+    pts = [{"max_goodput_rps": x, "ttft_p99_ms": y} for x, y in ((1, 100), (2, 110), (3, 1000), (1.5, 104))]
+    # normalized: (0,0), (0.5,0.011), (1,1), (0.25,0.004): the chord is the diagonal; (2, 110) is farthest
+    assert frontier_knee(pts, [True] * 4) == 1
+    assert frontier_knee(pts[:2], [True] * 2) is None
