@@ -79,7 +79,7 @@ class DecodeNode(NodeBase):
         st = sch.state()
         left = max(0, meta.params.max_tokens - len(header.output_token_ids))
         arrival = Arrival(header.request_id, header.tenant, meta.priority, header.num_pages,
-                          st.now, st.now, header.num_tokens, left)
+                          st.now, st.now, header.num_tokens, left, slo_tier=meta.slo_tier)
         self.policy.refresh(sch.running, [*sch.parked, *sch.waiting], st)  # an idle node's view is stale
         where = self.policy.place_arrival(arrival, len(sch.parked) + len(sch.waiting), st)
         if where == "device":
@@ -133,7 +133,7 @@ class DecodeNode(NodeBase):
             meta = handoff_meta(t.extra)
             seq = Sequence(t.request_id, list(t.prompt_token_ids) + list(t.output_token_ids),
                            len(t.prompt_token_ids), to_sampling(meta.params), tenant=t.tenant, priority=meta.priority,
-                           num_computed_tokens=t.num_computed_tokens)
+                           slo_tier=meta.slo_tier, num_computed_tokens=t.num_computed_tokens)
         except ValueError as e:  # ProtocolError, or parameters the engine refuses
             self._free_landed(t)
             self.routes[t.request_id] = _router_of(t)

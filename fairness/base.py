@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from fairness import eviction
 from fairness.config import FairnessConfig
+from fairness.owners import quota_owner
 from pdtb.engine.sched_policy import SchedState
 from pdtb.engine.sequence import Sequence
 
@@ -31,6 +32,7 @@ class Arrival:
     last_seen: float
     num_tokens: int = 0  # tokens of context it arrives with (0: unknown)
     max_new_tokens: int = 0  # tokens it may still generate (0: unknown)
+    slo_tier: str = ""  # its SLO tier ("": none), for quotas by tier
 
 
 class BasePolicy:
@@ -123,14 +125,15 @@ class BasePolicy:
         return self.choose_victim(candidates, requester, state)
 
     def _named_victim(self, candidates: list[Sequence], state: SchedState) -> Sequence:
-        from fairness.quotas import entitlements, tenant_usage
+        from fairness.quotas import entitlements, usage
 
         if self.cfg.victim != "footprint":
             return eviction.VICTIMS[self.cfg.victim](candidates, state)
-        tenants = {s.tenant for s in self.running} | {s.tenant for s in self.candidates}
-        ent = entitlements(tenants, self.cfg, state.device_total)
-        use = tenant_usage(self.running, state)
-        return eviction.footprint(candidates, state, {t: use.get(t, 0) / e for t, e in ent.items() if e > 0})
+        owners = {self.owner(s) for s in self.running} | {self.owner(s) for s in self.candidates}
+        ent = entitlements(owners, self.cfg, state.device_total)
+        use = usage(self.running, state, self.owner)
+        return eviction.footprint(candidates, state, {o: use.get(o, 0) / e for o, e in ent.items() if e > 0},
+                                  self.owner)
 
     def choose_victim(self, candidates: list[Sequence], requester: Sequence, state: SchedState) -> Sequence:
         """The policy's victim among `candidates` (never empty)."""
@@ -185,17 +188,18 @@ class BasePolicy:
             where = self._place(arrival, queued, state)
         if where == "device":
             self.held.pop(arrival.request_id, None)
-            self.incoming[arrival.request_id] = arrival  # its reserved pages count for its tenant
+            self.incoming[arrival.request_id] = arrival  # its reserved pages count for its quota owner
         else:
             self.held[arrival.request_id] = arrival
         return where
 
     def incoming_pages(self, state: SchedState) -> dict[str, int]:
-        """Device pages reserved per tenant for arrivals placed there but not yet adopted: they
-        are the tenant's as surely as its running requests' pages."""
+        """Device pages reserved per quota owner for arrivals placed there but not yet adopted:
+        they are the owner's as surely as its running requests' pages."""
         out: dict[str, int] = {}
         for rid, a in self.incoming.items():
-            out[a.tenant] = out.get(a.tenant, 0) + max(state.pages.get(rid, 0), a.num_pages)
+            o = self.owner(a)
+            out[o] = out.get(o, 0) + max(state.pages.get(rid, 0), a.num_pages)
         return out
 
     def _place(self, arrival: Arrival, queued: int, state: SchedState) -> str:
@@ -222,3 +226,6 @@ class BasePolicy:
         return list(self.held.values())
 
     # ---- helpers --------------------------------------------------------------------------------
+    def owner(self, req) -> str:
+        """The quota owner of `req` (a Sequence or an Arrival): fairness/owners.py."""
+        return quota_owner(req, self.cfg)

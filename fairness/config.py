@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 VICTIM_NAMES = ("lru", "newest", "least_progress", "footprint")  # fairness/eviction.py
+QUOTA_BY = ("request", "tenant", "priority", "slo-tier")  # who a memory quota belongs to (fairness/owners.py)
+QUOTA_SHARES = ("dynamic", "static")  # shares among owners with work (idle shares lent) or among owners seen
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,9 @@ class FairnessConfig:
     read_share: bool = True  # memfair: while other tenants decode, a tenant's decode rows read at most its entitlement of pages per step
     read_turn_steps: int = 16  # memfair: steps a turn of rows chosen by the read share lasts (rotation keeps read caches warm)
     dynamic_quota: bool = False  # per-request cap grows with the request's length, up to the pool
+    quota_by: str = "tenant"  # memfair: quota owner granularity, one of QUOTA_BY (fairness/owners.py)
+    quota_shares: str = "dynamic"  # memfair: dynamic (idle shares lent, borrowing) or static (no lending)
+    static_window_s: float = 30.0  # memfair, static shares: an owner seen within this long keeps its share
     class_reservations: dict = field(default_factory=dict)  # priority -> share of device pages reserved for <= it
     tenant_bw_cap: float | None = None  # KV bytes/s one tenant's attention may read (None: no cap)
     victim: str | None = None  # eviction victim choice overriding the policy's: lru, newest, least_progress, footprint
@@ -64,6 +69,12 @@ class FairnessConfig:
             raise ValueError("class reservations add up to more than the pool")
         if self.tenant_bw_cap is not None and self.tenant_bw_cap <= 0:
             raise ValueError("tenant_bw_cap must be positive")
+        if self.quota_by not in QUOTA_BY:
+            raise ValueError(f"quota_by must be one of {', '.join(QUOTA_BY)}, got {self.quota_by!r}")
+        if self.quota_shares not in QUOTA_SHARES:
+            raise ValueError(f"quota_shares must be one of {', '.join(QUOTA_SHARES)}, got {self.quota_shares!r}")
+        if self.static_window_s <= 0:
+            raise ValueError("static_window_s must be positive")
         if self.victim is not None and self.victim not in VICTIM_NAMES:
             raise ValueError(f"victim must be one of {', '.join(VICTIM_NAMES)}, got {self.victim!r}")
 

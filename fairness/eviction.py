@@ -26,10 +26,15 @@ def least_progress(cands: list[Sequence], state: SchedState) -> Sequence:
     return min(cands, key=lambda s: (s.num_output_tokens, -s.arrival_time))
 
 
-def footprint(cands: list[Sequence], state: SchedState, over: dict[str, float]) -> Sequence:
-    """Most over-quota owner first (`over[tenant]` = usage / entitlement), then the largest
-    footprint within it: pages come back from whoever holds the most beyond its share."""
-    return max(cands, key=lambda s: (over.get(s.tenant, 0.0), state.pages.get(s.request_id, 0), s.arrival_time))
+def _tenant(seq: Sequence) -> str:
+    return seq.tenant
+
+
+def footprint(cands: list[Sequence], state: SchedState, over: dict[str, float], owner_of=_tenant) -> Sequence:
+    """Most over-quota owner first (`over[owner_of(seq)]` = usage / entitlement; the owner is
+    the tenant unless told), then the largest footprint within it: pages come back from
+    whoever holds the most beyond its share."""
+    return max(cands, key=lambda s: (over.get(owner_of(s), 0.0), state.pages.get(s.request_id, 0), s.arrival_time))
 
 
 VICTIMS = {"lru": lru, "newest": newest, "least_progress": least_progress}

@@ -1,30 +1,39 @@
-"""Memory quotas: weighted tenant entitlements, per-request caps, priority-class reservations.
+"""Memory quotas: weighted owner entitlements, per-request caps, priority-class reservations.
 
-A tenant's entitlement is its weighted share of the device tier among the tenants that have
-work (running, parked or waiting). An idle tenant's share is lent to the others; it comes back
-through `reclaim` when its owner returns.
+A quota owner (fairness/owners.py: a tenant by default, or a class, a request, an SLO tier)
+is entitled to its weighted share of the device tier among the owners the shares are split
+between: with dynamic shares those that have work (running, parked or waiting), an idle
+owner's share lent to the others and coming back through `reclaim` when it returns; with
+static shares every owner seen lately (memfair decides which).
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
 from fairness.config import FairnessConfig
+from fairness.owners import owner_name
 from pdtb.engine.sched_policy import SchedState
 from pdtb.engine.sequence import Sequence
 
 
-def tenant_usage(seqs: list[Sequence], state: SchedState) -> dict[str, int]:
-    """Device pages held per tenant."""
+def usage(seqs: list[Sequence], state: SchedState, owner_of) -> dict[str, int]:
+    """Device pages held per quota owner (`owner_of(seq)`)."""
     use: dict[str, int] = defaultdict(int)
     for s in seqs:
-        use[s.tenant] += state.pages.get(s.request_id, 0)
+        use[owner_of(s)] += state.pages.get(s.request_id, 0)
     return dict(use)
 
 
-def entitlements(tenants: set[str], cfg: FairnessConfig, total_pages: int) -> dict[str, float]:
-    """Weighted share of `total_pages` for each tenant with work."""
-    wsum = sum(cfg.weight(t) for t in tenants)
-    return {t: total_pages * cfg.weight(t) / wsum for t in tenants} if wsum else {}
+def owner_weight(owner: str, cfg: FairnessConfig) -> float:
+    """The tenant weights table's entry for the owner's name (a tenant's weight under tenant
+    quotas), 1.0 when there is none."""
+    return cfg.weight(owner_name(owner))
+
+
+def entitlements(owners: set[str], cfg: FairnessConfig, total_pages: int) -> dict[str, float]:
+    """Weighted share of `total_pages` for each of `owners`."""
+    wsum = sum(owner_weight(o, cfg) for o in owners)
+    return {o: total_pages * owner_weight(o, cfg) / wsum for o in owners} if wsum else {}
 
 
 def request_cap(seq: Sequence, cfg: FairnessConfig, state: SchedState) -> float:

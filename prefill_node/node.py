@@ -137,7 +137,7 @@ class PrefillNode(NodeBase):
         meta = TransferMeta(tenant=seq.tenant, prompt_token_ids=seq.prompt_token_ids,
                             output_token_ids=seq.output_token_ids, num_computed_tokens=seq.num_computed_tokens,
                             extra=to_extra(HandoffMeta(req.router_id, req.params, req.priority, seq.timeline,
-                                                       h.attempts, h.targets[1:])))
+                                                       h.attempts, h.targets[1:], slo_tier=req.slo_tier)))
         # sealed last: the digest covers exactly what the header will carry (pdtb/nodes/kv_meta.py)
         meta = kv_meta.seal(meta, seq.request_id, export.header.num_tokens, export.header.num_pages)
         h.transfer_id = (await self._sender(req.decode_kv_addr)).send(export, meta)

@@ -26,9 +26,9 @@ def make_pool(num_pages: int = 32, tier: str = "device") -> PagePool:
 
 
 def make_request(prompt_len: int = 8, max_tokens: int = 4, tenant: str = "a", priority: int = 0,
-                 arrival: float = 0.0, rid: str | None = None) -> Sequence:
+                 arrival: float = 0.0, rid: str | None = None, slo_tier: str = "") -> Sequence:
     seq = Sequence.from_prompt(rid or f"r{next(_ids)}", [5] * prompt_len, SamplingParams(max_tokens=max_tokens,
-                               ignore_eos=True), tenant=tenant, priority=priority)
+                               ignore_eos=True), tenant=tenant, priority=priority, slo_tier=slo_tier)
     seq.arrival_time = arrival
     return seq
 

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from fairness import POLICIES, FairnessConfig, make_policy
+from fairness.config import QUOTA_BY, QUOTA_SHARES
 from pdtb.engine.page_pool import PagePool
 from pdtb.engine.scheduler import Scheduler, SchedulerConfig
 from pdtb.engine.sequence import SamplingParams, Sequence, SeqStatus
@@ -36,11 +37,14 @@ def configs(rng):
     return kw
 
 
+TIERS = ("", "gold", "std")  # request n's SLO tier: TIERS[n % 3] (no draw: seeds keep their runs)
+
+
 class Sim:
-    def __init__(self, name, seed, dev=None, host=None):
+    def __init__(self, name, seed, dev=None, host=None, quota=None):
         self.rng = rng = random.Random(seed)
         self.clock = FakeClock()
-        self.kw = configs(rng)
+        self.kw = {**configs(rng), **(quota or {})}
         self.pol = make_policy(name, FairnessConfig(**self.kw))
         dev = dev or rng.choice([16, 24, 40])
         host = host if host is not None else rng.choice([0, 4, 12, 40])
@@ -61,7 +65,8 @@ class Sim:
             return
         rid = f"q{self.n}"; self.n += 1
         seq = Sequence(rid, [5] * plen + [7], plen, SamplingParams(max_tokens=mt, ignore_eos=True),
-                       tenant=rng.choice("abc"), priority=rng.randint(0, 2), num_computed_tokens=plen)
+                       tenant=rng.choice("abc"), priority=rng.randint(0, 2), num_computed_tokens=plen,
+                       slo_tier=TIERS[self.n % 3])
         seq.arrival_time = self.clock.t
         self.seqs[rid] = seq
         if mt == 1:
@@ -74,7 +79,7 @@ class Sim:
         from fairness.base import Arrival
         st = sch.state()
         a = Arrival(rid, seq.tenant, seq.priority, SPEC.pages_for(seq.num_computed_tokens), st.now, st.now,
-                    seq.num_tokens, seq.params.max_tokens - seq.num_output_tokens)
+                    seq.num_tokens, seq.params.max_tokens - seq.num_output_tokens, slo_tier=seq.slo_tier)
         pol.refresh(sch.running, [*sch.parked, *sch.waiting], st)
         where = pol.place_arrival(a, len(sch.parked) + len(sch.waiting), st)
         pool = None
@@ -173,5 +178,16 @@ def check_conservation_counts(sch) -> None:
 def test_decode_path_conserves_pages_and_drains(name):
     for seed in range(20):
         sim = Sim(name, seed)
+        assert sim.run(), (seed, sim.kw, len(sim.sched.running), len(sim.sched.parked), len(sim.sched.waiting),
+                           len(sim.held), len(sim.landing))
+
+
+@pytest.mark.parametrize("shares", QUOTA_SHARES)
+@pytest.mark.parametrize("quota_by", QUOTA_BY)
+def test_memfair_decode_path_drains_under_every_quota_owner(quota_by, shares):
+    """memfair keyed by each quota owner, with dynamic and static shares (static: an owner
+    keeps its share 30 s after its last work, 600 ticks here, longer than the arrivals last)."""
+    for seed in range(4):
+        sim = Sim("memfair", seed, quota={"quota_by": quota_by, "quota_shares": shares})
         assert sim.run(), (seed, sim.kw, len(sim.sched.running), len(sim.sched.parked), len(sim.sched.waiting),
                            len(sim.held), len(sim.landing))

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from fairness import POLICIES, FairnessConfig, make_policy
+from fairness.config import QUOTA_BY, QUOTA_SHARES
 from pdtb.engine.sequence import SamplingParams, Sequence, SeqStatus
 from sched_sim import FakeClock, apply_step, check_conservation, make_request, make_scheduler, sim_step
 
@@ -33,15 +34,16 @@ def test_two_requests_that_fit_one_at_a_time_both_finish(name):
     assert a.num_preemptions + b.num_preemptions <= 2
 
 
-def _random_run(name: str, seed: int):
+def _random_run(name: str, seed: int, cfg: FairnessConfig | None = None):
     rng = random.Random(seed)
-    sched = make_scheduler(make_policy(name), num_pages=rng.choice([16, 24, 40]), host_pages=rng.choice([4, 12, 40]),
-                           budget=rng.choice([8, 32, 64]), max_num_seqs=rng.choice([3, 8]))
+    sched = make_scheduler(make_policy(name, cfg), num_pages=rng.choice([16, 24, 40]),
+                           host_pages=rng.choice([4, 12, 40]), budget=rng.choice([8, 32, 64]),
+                           max_num_seqs=rng.choice([3, 8]))
     for i in range(120):
         op = rng.random()
         if op < 0.3:
             r = make_request(rng.randint(1, 40), rng.randint(1, 20), tenant=rng.choice("abc"),
-                             priority=rng.randint(0, 2), arrival=float(i))
+                             priority=rng.randint(0, 2), arrival=float(i), slo_tier=("", "gold", "std")[i % 3])
             try:
                 sched.add(r)
             except ValueError:  # can never fit this pool
@@ -56,14 +58,11 @@ def _random_run(name: str, seed: int):
     return sched
 
 
-@pytest.mark.parametrize("name", sorted(POLICIES))
-def test_every_policy_drains_random_pressure(name):
-    """Random arrivals, aborts (of parked and preempted requests too) and steps on small pools
-    with small host tiers and step budgets; then no more arrivals: everything must finish.
-    Before the fix memfair failed to drain 51 of 120 such seeds in 3000 steps."""
+def _drains(name: str, seeds: range, cfg: FairnessConfig | None = None) -> list:
+    """(seed, most preemptions) of the random runs not drained in 3000 steps."""
     stuck = []
-    for seed in range(24):
-        sched = _random_run(name, seed)
+    for seed in seeds:
+        sched = _random_run(name, seed, cfg)
         for _ in range(3000):
             if not sched.has_work():
                 break
@@ -71,7 +70,45 @@ def test_every_policy_drains_random_pressure(name):
             check_conservation(sched)
         if sched.has_work():
             stuck.append((seed, max(s.num_preemptions for s in sched.all_requests())))
+    return stuck
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_drains_random_pressure(name):
+    """Random arrivals, aborts (of parked and preempted requests too) and steps on small pools
+    with small host tiers and step budgets; then no more arrivals: everything must finish.
+    Before the fix memfair failed to drain 51 of 120 such seeds in 3000 steps."""
+    stuck = _drains(name, range(24))
     assert not stuck, f"{name}: (seed, most preemptions) not drained in 3000 steps: {stuck}"
+
+
+@pytest.mark.parametrize("shares", QUOTA_SHARES)
+@pytest.mark.parametrize("quota_by", QUOTA_BY)
+def test_memfair_drains_random_pressure_under_every_quota_owner(quota_by, shares):
+    """The same under memfair keyed by each quota owner, with dynamic and static shares (the
+    scheduler's clock stands still here: a static share never leaves its window)."""
+    stuck = _drains("memfair", range(8), FairnessConfig(quota_by=quota_by, quota_shares=shares))
+    assert not stuck, f"{quota_by}/{shares}: (seed, most preemptions) not drained in 3000 steps: {stuck}"
+
+
+@pytest.mark.parametrize("shares", QUOTA_SHARES)
+@pytest.mark.parametrize("quota_by", QUOTA_BY)
+def test_memfair_two_requests_that_fit_one_at_a_time_finish_under_every_quota_owner(quota_by, shares):
+    sched = make_scheduler(make_policy("memfair", FairnessConfig(quota_by=quota_by, quota_shares=shares)),
+                           num_pages=16, budget=64)
+    a = make_request(31, 24, tenant="a", priority=0, arrival=6.0, rid="a", slo_tier="gold")
+    b = make_request(20, 28, tenant="b", priority=1, arrival=9.0, rid="b")
+    for i in range(400):
+        if i == 6:
+            sched.add(a)
+        if i == 9:
+            sched.add(b)
+        apply_step(sched, sched.schedule())
+        check_conservation(sched)
+        if i > 9 and not sched.has_work():
+            break
+    assert not sched.has_work() and a.num_output_tokens == 24 and b.num_output_tokens == 28
+    assert a.num_preemptions + b.num_preemptions <= 2
 
 
 def _whale_borrowing_then_minnow(host_pages: int):

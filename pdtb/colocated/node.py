@@ -37,7 +37,7 @@ def validate_prompt(engine, req: GenerateRequest) -> str | None:
 
 def make_seq(req: GenerateRequest) -> Sequence:
     seq = Sequence.from_prompt(req.request_id, req.prompt_token_ids, to_sampling(req.params),
-                               tenant=req.tenant, priority=req.priority)
+                               tenant=req.tenant, priority=req.priority, slo_tier=req.slo_tier)
     seq.timeline.router_arrival = req.arrival_time
     seq.timeline.prefill_queued = time.time()
     return seq

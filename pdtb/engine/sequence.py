@@ -60,6 +60,7 @@ class Sequence:
     params: SamplingParams
     tenant: str = "default"
     priority: int = 0  # lower runs first
+    slo_tier: str = ""  # SLO tier (request field or the router's tenant default; "": none)
     num_computed_tokens: int = 0  # tokens whose K/V are in this node's pages
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: str | None = None  # "stop", "length" or "abort: <why>"

@@ -6,6 +6,7 @@ from collections import Counter
 
 from fairness.attribution import attribute, timing_summary
 from fairness.metering import KVMeter
+from fairness.owners import quota_owner
 from prometheus_client import Counter as PCounter
 from prometheus_client import Gauge
 
@@ -96,6 +97,8 @@ class NodeAccounting:
         out["slo"] = slo
         out["kv_bytes"] = self.meter.finish(seq.request_id)
         out["num_preemptions"] = seq.timeline.num_preemptions
+        if seq.slo_tier:
+            out["slo_tier"] = seq.slo_tier
         if slo["cause"]:
             self.m_slo.labels(tenant=self.label(seq.tenant), cause=slo["cause"], **self.node.metrics.labels).inc()
         return out
@@ -113,10 +116,27 @@ class NodeAccounting:
             self.m_tenant_pages.labels(tenant=t, tier="host", **lbl).set(host.get(t, 0))
         self._tenants_seen |= set(dev) | set(host)
         pol = self.node.policy
-        return {"tenant_pages": dict(dev), "tenant_host_pages": dict(host),
+        return {"tenant_pages": dict(dev), "tenant_host_pages": dict(host), "owner_pages": self.owner_pages(),
                 "quota": {t: round(v, 1) for t, v in getattr(pol, "ent", {}).items()},
+                "owner_quota": {o: round(v, 1) for o, v in getattr(pol, "shares", {}).items()},
                 "evictions": {f"{t}/{k}": n for (t, k), n in self.evictions.items()},
                 "kv_bytes": {t: dict(v) for t, v in self.meter.per_tenant.items()}}
+
+    def owner_pages(self) -> dict[str, int]:
+        """Device pages per quota owner (fairness/owners.py: "t:<tenant>", "p:<class>",
+        "r:<request>", "s:<tier>") holding any; beyond MAX_TENANT_LABELS owners (one per request
+        under request quotas) the smallest count under "_other"."""
+        eng, cfg = self.node.engine, self.node.config.fairness
+        pages: Counter = Counter()
+        for s in self.node.seqs.values():
+            n = len(eng.pool.pages_of(s.request_id))
+            if n:
+                pages[quota_owner(s, cfg)] += n
+        if len(pages) <= MAX_TENANT_LABELS:
+            return dict(pages)
+        top = dict(pages.most_common(MAX_TENANT_LABELS - 1))
+        top[OTHER] = sum(pages.values()) - sum(top.values())
+        return top
 
     def check_conservation(self) -> bool:
         """free + reserved + resident + parked == total on each tier; counted if it breaks."""

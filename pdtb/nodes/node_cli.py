@@ -51,6 +51,15 @@ def parse(role: str, argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--aging", type=float, default=2.0, metavar="S",
                     help="priority: a request gains one class of urgency per S seconds unserved")
     ap.add_argument("--dynamic-quota", action="store_true", help="per-request cap grows with its length")
+    ap.add_argument("--quota-by", choices=["request", "tenant", "priority", "slo-tier"], default="tenant",
+                    help="memfair: who a memory quota belongs to: each tenant (default), each request, each priority "
+                         "class, or each SLO tier (the request's slo_tier, else its tenant's; fairness/owners.py)")
+    ap.add_argument("--quota-shares", choices=["dynamic", "static"], default="dynamic",
+                    help="memfair: dynamic (default): shares among the owners with work, an idle owner's share lent "
+                         "and borrowing while nobody within its share waits; static: shares among every owner seen "
+                         "within --static-window, nothing lent, no borrowing")
+    ap.add_argument("--static-window", type=float, default=30.0, metavar="S",
+                    help="memfair, --quota-shares static: an owner seen with work within S seconds keeps its share")
     ap.add_argument("--reserve", action="append", default=[], metavar="PRIORITY=FRAC",
                     help="share of device pages reserved for requests of this priority or more urgent")
     ap.add_argument("--tenant-bw-cap", type=float, default=None, help="KV bytes/s one tenant's attention may read")
@@ -102,6 +111,7 @@ def fairness_config(a: argparse.Namespace):
     try:
         return FairnessConfig(tenant_weights=_pairs(a.tenant_weight, "--tenant-weight"),
                               request_cap_frac=a.request_cap_frac, dynamic_quota=a.dynamic_quota,
+                              quota_by=a.quota_by, quota_shares=a.quota_shares, static_window_s=a.static_window,
                               prefill_share_frac=a.prefill_share,
                               prefill_idle_frac=a.prefill_idle_share, read_share=a.read_share,
                               long_prompt_frac=a.long_prompt, active_window_s=a.active_window,

@@ -19,6 +19,7 @@ and raises ProtocolError naming the field otherwise.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from pdtb.engine.timeline import Timeline
 
 PROTOCOL_VERSION = 1
 MAX_CONTROL_BYTES = 64 << 20  # a request carries its prompt ids: up to millions of tokens
+SLO_TIER_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")  # an SLO tier's name ("" on the wire: none)
 
 
 class ProtocolError(ValueError):
@@ -71,6 +73,7 @@ class HandoffMeta:
     timeline: Timeline = field(default_factory=Timeline)  # stamps and waits so far
     attempts: int = 0  # transfers started for it before this one
     fallbacks: list[Target] = field(default_factory=list)  # decode nodes after this one, in order
+    slo_tier: str = ""  # the request's SLO tier ("": none; absent from older senders)
 
 
 @dataclass
@@ -91,6 +94,7 @@ class GenerateRequest:
     params: Params
     tenant: str = "default"  # OpenAI `user`
     priority: int = 0  # lower runs first
+    slo_tier: str = ""  # SLO tier: the request's, else its tenant's default at the router ("": none)
     router_id: str = ""  # DEALER identity events go back to
     decode_node: str = ""  # disaggregated: node id of the chosen decode node
     decode_kv_addr: str = ""  # disaggregated: KV transport endpoint of that node
@@ -226,6 +230,10 @@ def _build(cls, d: dict, prefix: str = ""):
                 raise ProtocolError(f"missing field {prefix}{f.name!r}", prefix + f.name)
             continue
         kwargs[f.name] = _check(d[f.name], hints[f.name], prefix + f.name)
+    tier = kwargs.get("slo_tier")
+    if tier and not SLO_TIER_RE.fullmatch(tier):  # the one field whose value, not only type, is checked here
+        raise ProtocolError(f"field {prefix}slo_tier {tier[:40]!r} is not 1-32 characters of [A-Za-z0-9_.-]",
+                            prefix + "slo_tier")
     return cls(**kwargs)
 
 

@@ -7,7 +7,7 @@ as /v1/completions does (pdtb/router/completions.py).
 
 Accepted body fields, besides those /v1/completions shares (openai_api.generation_fields:
 temperature, top_p, seed, stop, stream, stream_options, user, and the vLLM extensions
-ignore_eos, priority, return_token_ids, stop_token_ids):
+ignore_eos, priority, return_token_ids, stop_token_ids, and pd-testbed's slo_tier):
   messages               a non-empty list of {"role", "content"[, "name"]}; role one of ROLES;
                          content a string or a list of {"type": "text", "text": ...} parts
                          (joined); null content only for an assistant turn

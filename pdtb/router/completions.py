@@ -91,8 +91,9 @@ class CompletionRun:
         """Send the request to the chosen nodes. Raises ApiError(503) when none is available."""
         params = Params(self.max_tokens, self.req.temperature, self.req.top_p, self.req.seed,
                         self.req.ignore_eos, list(self.req.stop_token_ids))
+        tier = self.req.slo_tier or self.state.config.tenant_tiers.get(self.req.tenant, "")
         greq = GenerateRequest(self.request_id, self.prompt_ids, params, tenant=self.req.tenant,
-                               priority=self.req.priority, arrival_time=time.time())
+                               priority=self.req.priority, slo_tier=tier, arrival_time=time.time())
         try:
             self.handle = self.state.registry.submit(greq)
         except RequestFailed as e:

@@ -49,8 +49,15 @@ class RouterConfig:
     shutdown_timeout: float = 10.0  # grace for in-flight requests on SIGTERM
     max_body_bytes: int = 8 << 20  # larger request bodies get 413
     default_page_size: int = 16  # for the pending-pages estimate when a node does not report one
+    tenant_tiers: dict = field(default_factory=dict)  # tenant -> SLO tier of its requests that name none
 
     def __post_init__(self) -> None:
+        from pdtb.nodes.protocol import SLO_TIER_RE
+
+        for tenant, tier in self.tenant_tiers.items():
+            if not tenant or not isinstance(tier, str) or not SLO_TIER_RE.fullmatch(tier):
+                raise ValueError(f"--tenant-tier {tenant}={tier}: the tier must be 1-32 characters of letters, "
+                                 f"digits, '_', '.' or '-' (and the tenant not empty)")
         if not self.nodes:
             raise ValueError("at least one --node is required")
         roles = {n.role for n in self.nodes}

@@ -2,7 +2,8 @@
 
     pdtb router [--model DIR] --node prefill=tcp://H:P --node decode=tcp://H:P [--node colocated=...]
                 [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [--api-key KEY]
-                [--request-timeout S] [--max-streams-per-tenant N] [--log-level LEVEL]
+                [--request-timeout S] [--max-streams-per-tenant N] [--tenant-tier TENANT=TIER]...
+                [--log-level LEVEL]
 
 Loads only the tokenizer and config of the model. Prints `router listening on http://HOST:PORT`
 once it accepts connections. SIGTERM/SIGINT: stop accepting, give in-flight requests
@@ -99,6 +100,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--request-timeout", type=float, default=600.0,
                     help="seconds a request may wait for its next token before it fails")
     ap.add_argument("--max-streams-per-tenant", type=int, default=1024)
+    ap.add_argument("--tenant-tier", action="append", default=[], metavar="TENANT=TIER",
+                    help="SLO tier of a tenant's requests that name none in their slo_tier field (repeatable); "
+                         "nodes can key memfair's quotas by tier (--quota-by slo-tier)")
     ap.add_argument("--health-timeout", type=float, default=3.0, metavar="S",
                     help="a node silent S seconds whose connection dropped is down: its requests fail")
     ap.add_argument("--hang-timeout", type=float, default=30.0, metavar="S",
@@ -107,6 +111,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--shutdown-timeout", type=float, default=10.0)
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return ap.parse_args(argv)
+
+
+def tenant_tiers(items: list[str]) -> dict[str, str]:
+    """`--tenant-tier TENANT=TIER` flags as a dict (the tiers are checked by RouterConfig)."""
+    out = {}
+    for it in items:
+        tenant, sep, tier = it.partition("=")
+        if not sep or not tenant:
+            raise ValueError(f"--tenant-tier wants TENANT=TIER, got {it!r}")
+        out[tenant] = tier
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                               api_key=a.api_key, curve_dir=a.curve_dir, request_timeout=a.request_timeout,
                               max_streams_per_tenant=a.max_streams_per_tenant,
                               shutdown_timeout=a.shutdown_timeout, health_timeout=a.health_timeout,
-                              hang_timeout=a.hang_timeout)
+                              hang_timeout=a.hang_timeout, tenant_tiers=tenant_tiers(a.tenant_tier))
         model = load_served_model(resolve_model(a.model), a.served_model_name, a.chat_template)
     except (ValueError, OSError, CliError) as e:
         return die(str(e))

@@ -11,6 +11,9 @@ Accepted body fields (null means absent for every optional field):
   stream, stream_options.include_usage, user (the tenant, at most 256 characters; default "default")
   vLLM extensions: ignore_eos, priority (int, lower first), return_token_ids, stop_token_ids
                   (at most 256 ids)
+  slo_tier        pd-testbed: the request's SLO tier, 1-32 characters of [A-Za-z0-9_.-]; absent:
+                  its tenant's default tier (router --tenant-tier), else none. memfair can key
+                  memory quotas by it (node --quota-by slo-tier)
 Strings must be valid Unicode (a lone surrogate such as "\ud800" is a 400), and so must the
 body's nesting depth stay within what the JSON parser handles.
 Rejected because they change the response shape: n != 1, best_of != 1, echo, logprobs; and,
@@ -25,6 +28,8 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+
+from pdtb.nodes.protocol import SLO_TIER_RE
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_TOKEN_IDS = 256  # a node checks every sampled token against them
@@ -65,6 +70,7 @@ class CompletionRequest:
     ignore_eos: bool = False
     priority: int = 0  # lower runs first
     return_token_ids: bool = False
+    slo_tier: str = ""  # SLO tier ("": the tenant's default at the router, else none)
 
 
 DEFAULT_MAX_TOKENS = 16
@@ -199,6 +205,9 @@ def generation_fields(body: dict, vocab_size: int, max_tokens_key: str = "max_to
         raise bad_request(f"'user' (the tenant) takes at most {MAX_USER_CHARS} characters", "user")
     for key in ("user", "stop"):
         _check_unicode(body.get(key), key)
+    slo_tier = _opt(body, "slo_tier", (str,), "a string")
+    if slo_tier is not None and not SLO_TIER_RE.fullmatch(slo_tier):
+        raise bad_request("'slo_tier' must be 1-32 characters of letters, digits, '_', '.' or '-'", "slo_tier")
     return dict(
         max_tokens=max_tokens,
         temperature=temperature,
@@ -212,6 +221,7 @@ def generation_fields(body: dict, vocab_size: int, max_tokens_key: str = "max_to
         ignore_eos=_opt(body, "ignore_eos", (bool,), "a boolean", False),
         priority=priority,
         return_token_ids=_opt(body, "return_token_ids", (bool,), "a boolean", False),
+        slo_tier=slo_tier or "",
     )
 
 
