@@ -45,13 +45,18 @@ OUT="$(cd "$OUT" && pwd)"
 PAGE=16 TOTAL=448 PREFILL=160 HOST=512 BUDGET=512
 # One 10 s period of the workload: a long-output whale (1024+512 tokens) at 1 s, two long-context
 # whales (1984+64, nearly all prompt) at 3 s and 7 s, Poisson minnows (24+8) at 4/s. A rate level
-# m sends m periods' arrivals in each 10 s. Whales are batch work (30 s TTFT, 500 ms TPOT);
-# minnows are interactive (500 ms TTFT, 100 ms TPOT); the node SLOs are the minnows'.
+# m sends m periods' arrivals in each 10 s. Whales are batch work (30 s TTFT, 500 ms TPOT),
+# priority class 1, SLO tier "batch", two tenants; minnows are interactive (500 ms TTFT, 100 ms
+# TPOT), class 0, tier "interactive", four tenants. So a quota per tenant has six owners, one per
+# class or per tier two, one per request as many as run. The node SLOs are the minnows'.
 WL=(--workload whale-minnow --duration 10 --whales 1 --whale-prompt 1024 --whale-output 512 --whale-start 1
     --context-whales 2 --context-whale-prompt 1984 --context-whale-output 64 --context-whale-start 3
     --context-whale-interval 4 --minnow-rate 4 --minnow-prompt 24 --minnow-output 8 --seed "$SEED"
+    --whale-tenants w0,w1 --minnow-tenants m0,m1,m2,m3 --whale-priority 1 --minnow-priority 0
     --slo ttft_ms=500 --slo tpot_ms=100 --slo whale:ttft_ms=30000 --slo whale:tpot_ms=500)
 NODE_SLO=(--slo-ttft '*=0.5' --slo-tpot '*=0.1')
+TIERS="--tenant-tier w0=batch --tenant-tier w1=batch --tenant-tier m0=interactive --tenant-tier m1=interactive
+       --tenant-tier m2=interactive --tenant-tier m3=interactive"
 if [ "$QUICK" = 1 ]; then
   RATES="${RATES:-0.5,1,2,3}" SPAN="${SPAN:-12}" WARM="${WARM:-3}"
 else
@@ -65,6 +70,7 @@ memfair colocated memfair
 memfair disagg memfair
 memfair-request colocated memfair --quota-by request
 memfair-priority colocated memfair --quota-by priority
+memfair-tier colocated memfair --quota-by slo-tier
 memfair-static colocated memfair --quota-shares static
 EOF
 )"
@@ -97,7 +103,8 @@ run_point() {  # run_point LABEL MODE POLICY PREFILL_PAGES [NODE FLAGS...]
   extra+=(--max-num-batched-tokens "$BUDGET" "${NODE_SLO[@]}" "$@")
   echo "== $label ($mode, $pol $*): pages $TOTAL${prefill:+ (prefill $prefill in disagg)}" >&2
   url="$(bash "$ROOT/scripts/launch_cluster.sh" --mode "$mode" --model "$MODEL" --policy "$pol" --port 0 \
-        --host-kv-pages "$HOST" --page-size "$PAGE" --run-dir "$rd" "${extra[@]}" | sed -n 's/^READY //p')"
+        --host-kv-pages "$HOST" --page-size "$PAGE" --run-dir "$rd" --router-args "$(echo $TIERS)" \
+        "${extra[@]}" | sed -n 's/^READY //p')"
   local knee=()
   [ "$KNEE" = 0 ] || knee=(--until-knee --max-levels 9)
   pdtb bench sweep --url "$url" "${WL[@]}" --rates "$RATES" --span-s "$SPAN" --warmup-s "$WARM" \

@@ -72,7 +72,7 @@ def frontier_knee(points: list[dict], on_front: list[bool]) -> int | None:
     return max(dist)[1] if dist else None
 
 
-def _ratio(v, base) -> str:
+def ratio_text(v, base) -> str:
     if v is None or base is None:
         return "-"
     if base == 0:
@@ -90,8 +90,8 @@ def table(points: list[dict], on_front: list[bool], knee: int | None, klass: str
         p, b = points[i], base.get(points[i]["mode"])
         mark = ("**knee**" if i == knee else "yes") if on_front[i] else ""
         rows.append([p["mode"], p["label"], fmt(p["max_goodput_rps"], 2),
-                     _ratio(p["max_goodput_rps"], b and b["max_goodput_rps"]), fmt(p["saturation_tok_s"], 1),
-                     _ratio(p["saturation_tok_s"], b and b["saturation_tok_s"]), fmt(p["knee_rps"], 2),
+                     ratio_text(p["max_goodput_rps"], b and b["max_goodput_rps"]), fmt(p["saturation_tok_s"], 1),
+                     ratio_text(p["saturation_tok_s"], b and b["saturation_tok_s"]), fmt(p["knee_rps"], 2),
                      fmt(p["ttft_p99_ms"], 0), fmt(p["itl_p99_ms"], 1), fmt(p["attainment"], 2), mark])
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
 

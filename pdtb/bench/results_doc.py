@@ -3,7 +3,8 @@
 the commit and the machine; the file is replaced whole.
 
     python -m pdtb.bench.results_doc --fair DIR [--engine E.json] [--transport T.json ...]
-                                     [--fair-command CMD] --out docs/results.md
+                                     [--fair-command CMD] [--frontier DIR --frontier-command CMD]
+                                     --out docs/results.md
 """
 from __future__ import annotations
 
@@ -58,14 +59,21 @@ class Run:
     engine: dict | None  # pdtb bench engine --json
     transports: list[dict]  # pdtb bench transport --json, one per endpoint
     commit: str
+    frontier: list[dict] | None = None  # sweep files of a frontier.sh run
+    frontier_command: str = ""
 
     @classmethod
     def load(cls, a: argparse.Namespace, root: Path) -> "Run":
         rows = None
         if a.fair:
             rows = with_ratios(rows_of(sorted(glob.glob(os.path.join(a.fair, "*.json"))), "minnow", "whale"), "fcfs")
+        sweeps = None
+        if a.frontier:
+            from pdtb.bench.frontier import load_sweep
+
+            sweeps = [load_sweep(p) for p in sorted(glob.glob(os.path.join(a.frontier, "*.json")))]
         return cls(rows, a.fair_command, json.loads(Path(a.engine).read_text()) if a.engine else None,
-                   [json.loads(Path(p).read_text()) for p in a.transport], commit(root))
+                   [json.loads(Path(p).read_text()) for p in a.transport], commit(root), sweeps, a.frontier_command)
 
 
 def fairness_section(rows: list[dict], command: str) -> list[str]:
@@ -75,6 +83,49 @@ def fairness_section(rows: list[dict], command: str) -> list[str]:
             "Minnow class against fcfs in the same mode; whale columns show what the 64x requests paid. "
             f"Failed requests over all runs: {failed}.", "",
             *markdown_table(rows, "minnow", "fcfs", "whale"), ""]
+
+
+def frontier_section(sweeps: list[dict], command: str, images: str | None) -> list[str]:
+    """The frontier table, each point's max goodput and knee, and the sweep table of the points
+    that answer fcfs against memfair per mode."""
+    from pdtb.bench import frontier
+    from pdtb.bench.sweep_report import label
+
+    points = [frontier.point(d, "minnow", 1.0) for d in sweeps]
+    front = frontier.pareto(points)
+    knee = frontier.frontier_knee(points, front)
+    m = sweeps[0]["meta"]
+    out = ["## Fairness at saturation: load sweeps and the fairness-throughput frontier", "",
+           f"`{command}`", "",
+           f"Each point is one load sweep of `{m['workload']}` ({m['warmup_s']:g} s warm-up and {m['span_s']:g} s "
+           "measured per level; rate multipliers of the workload's arrivals) at the same page and thread budget. "
+           "Max goodput: the highest request rate meeting the SLOs at which every class attains 90%. Minnow "
+           "columns are read at load 1. Ratios are against fcfs in the same mode. Pareto: no other point has "
+           "more goodput and a lower minnow p99 TTFT.", "",
+           *frontier.table(points, front, knee, "minnow"), ""]
+    if images:
+        out += [f"![frontier]({images}/frontier.png)", "", f"![attainment against load]({images}/attainment.png)", ""]
+    out += ["Per level (overall offered and goodput req/s; attainment minnow / whale):", "",
+            "| point | " + " | ".join(f"load {x:g}" for x in sorted({lv['load'] for d in sweeps for lv in d['levels']}))
+            + " |"]
+    loads = sorted({lv["load"] for d in sweeps for lv in d["levels"]})
+    out.append("|---|" + "---|" * len(loads))
+    for d in sorted(sweeps, key=label):
+        by = {lv["load"]: lv for lv in d["levels"]}
+        cells = []
+        for x in loads:
+            lv = by.get(x)
+            if lv is None:
+                cells.append("-")
+                continue
+            att = " / ".join(_f(lv["per_class"].get(c, {}).get("attainment")) for c in ("minnow", "whale"))
+            cells.append(f"{lv['overall']['offered_rps']:.1f} → {lv['overall']['goodput_rps']:.1f} ({att})")
+        out.append(f"| {label(d)} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def _f(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
 
 
 def engine_section(r: dict) -> list[str]:
@@ -121,6 +172,18 @@ def headline(run: Run, stamp: str) -> list[str]:
                 out.append(f"| {mode} | {_x(mf['ttft_p99_ms_ratio'])} | {_x(mf['itl_p99_ms_ratio'])} "
                            f"| {_x(mf['tok_s_ratio'])} | {base['failed']}, {mf['failed']} |")
         out.append("")
+    if run.frontier:
+        from pdtb.bench import frontier
+
+        points = [frontier.point(d, "minnow", 1.0) for d in run.frontier]
+        for mode in sorted({p["mode"] for p in points}):
+            base = next((p for p in points if p["mode"] == mode and p["label"] == "fcfs"), None)
+            mf = next((p for p in points if p["mode"] == mode and p["label"] == "memfair"), None)
+            if base and mf:
+                ratio = frontier.ratio_text(mf["max_goodput_rps"], base["max_goodput_rps"])
+                out.append(f"- `{run.frontier_command}`, {mode}: memfair's max goodput with every class at 90% "
+                           f"attainment {mf['max_goodput_rps']:.2f} req/s against fcfs's {base['max_goodput_rps']:.2f} "
+                           f"(**{ratio}** x fcfs); saturation {frontier.ratio_text(mf['saturation_tok_s'], base['saturation_tok_s'])} x fcfs.")
     if run.engine:
         r = run.engine
         out.append(f"- `pdtb bench engine --batch {r['batch']}`: paged engine **{r['ratio']:.2f}x** "
@@ -143,7 +206,7 @@ def replace_block(text: str, block: list[str]) -> str:
     return text[:i + len(BEGIN)] + "\n" + "\n".join(block) + "\n" + text[j:]
 
 
-def render(run: Run) -> str:
+def render(run: Run, images: str | None = None) -> str:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["# Results", "",
              f"Written by `bash scripts/results.sh` on {now}, commit {run.commit}.  ",
@@ -153,6 +216,8 @@ def render(run: Run) -> str:
              "[method.md](method.md).", ""]
     if run.fair_rows is not None:
         lines += fairness_section(run.fair_rows, run.fair_command)
+    if run.frontier:
+        lines += frontier_section(run.frontier, run.frontier_command, images)
     if run.engine:
         lines += engine_section(run.engine)
     if run.transports:
@@ -168,11 +233,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="the command that produced --fair (printed above its table)")
     ap.add_argument("--engine", help="pdtb bench engine --json output")
     ap.add_argument("--transport", nargs="*", default=[], help="pdtb bench transport --json outputs")
+    ap.add_argument("--frontier", help="directory of scripts/frontier.sh sweep files (its --out)")
+    ap.add_argument("--frontier-command", default="bash scripts/frontier.sh --quick")
     ap.add_argument("--out", required=True)
     ap.add_argument("--readme", help="also replace the headline block of this README")
     a = ap.parse_args(argv)
     run = Run.load(a, Path(__file__).resolve().parents[2])
-    text = render(run)
+    images = None
+    if a.frontier:  # the frontier's plots go next to the document, under img/
+        import shutil
+
+        img = Path(a.out).parent / "img"
+        img.mkdir(parents=True, exist_ok=True)
+        for src in (Path(a.frontier) / "frontier" / "frontier.png", Path(a.frontier) / "report" / "attainment.png"):
+            if src.exists():
+                shutil.copyfile(src, img / src.name)
+        images = "img"
+    text = render(run, images)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(text)
     print(f"wrote {a.out}")
