@@ -11,15 +11,18 @@
 #   disagg:    1 prefill node (1 thread, PREFILL pages) + 1 decode node (1 thread, the rest).
 # Each point is one line of the points file: LABEL MODE POLICY [NODE FLAGS...], e.g.
 #   memfair-request colocated memfair --quota-by request
-# (lines starting with # are skipped). Without --points: the built-in list below (--quick: the
-# four points that answer colocated vs disaggregated, fcfs vs memfair, plus the granularities).
-# --splits also sweeps the disaggregated cluster's prefill:decode page split under memfair and
-# fcfs (one point per PREFILL value, same TOTAL).
+# (lines starting with # are skipped). Without --points, in both modes: fcfs, memfair, and
+# memfair with quotas per request, per priority class, per SLO tier, and static shares; the full
+# run adds vtc, mcsf, priority and memfair's knobs, and the page splits 96 and 224.
+# --quick: loads 1.5,3,6 with 2 s warm-up and 8 s measured (about 12 minutes on 2 cores);
+# otherwise 1.5,3,6,9 with 5 s and 20 s. Minnow latencies on the frontier are read at the
+# second load. --splits also sweeps the disaggregated cluster's prefill:decode page split under
+# memfair and fcfs (one point per PREFILL value, same TOTAL).
 # Writes DIR/LABEL-MODE.json per point, DIR/frontier/frontier.md with frontier.png, and the
 # sweep plots (pdtb report) in DIR/report.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-QUICK=0 OUT="" POINTS="" RATES="" KNEE=0 SPAN="" WARM="" SPLITS="" SEED=0 MODEL=""
+QUICK=0 OUT="" POINTS="" RATES="" KNEE=0 SPAN="" WARM="" SPLITS=default SEED=0 MODEL=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
@@ -58,37 +61,34 @@ NODE_SLO=(--slo-ttft '*=0.5' --slo-tpot '*=0.1')
 TIERS="--tenant-tier w0=batch --tenant-tier w1=batch --tenant-tier m0=interactive --tenant-tier m1=interactive
        --tenant-tier m2=interactive --tenant-tier m3=interactive"
 if [ "$QUICK" = 1 ]; then
-  RATES="${RATES:-0.5,1,2,3}" SPAN="${SPAN:-12}" WARM="${WARM:-3}"
+  RATES="${RATES:-1.5,3,6}" SPAN="${SPAN:-8}" WARM="${WARM:-2}"
+  [ "$SPLITS" != default ] || SPLITS=""
 else
-  RATES="${RATES:-0.5,1,1.5,2,3,4}" SPAN="${SPAN:-20}" WARM="${WARM:-5}"
+  RATES="${RATES:-1.5,3,6,9}" SPAN="${SPAN:-20}" WARM="${WARM:-5}"
+  [ "$SPLITS" != default ] || SPLITS="96 224"
 fi
+AT_LOAD="${RATES#*,}" AT_LOAD="${AT_LOAD%%,*}"  # the minnows' latency is read at the second level
 
-POINTS_TEXT="$(cat <<'EOF'
-fcfs colocated fcfs
-fcfs disagg fcfs
-memfair colocated memfair
-memfair disagg memfair
-memfair-request colocated memfair --quota-by request
-memfair-priority colocated memfair --quota-by priority
-memfair-tier colocated memfair --quota-by slo-tier
-memfair-static colocated memfair --quota-shares static
-EOF
-)"
-if [ "$QUICK" = 0 ] && [ -z "$POINTS" ]; then
-  POINTS_TEXT+="
-vtc colocated vtc
-vtc disagg vtc
-mcsf colocated mcsf
-mcsf disagg mcsf
-memfair-request disagg memfair --quota-by request
-memfair-static disagg memfair --quota-shares static
-memfair-share8 colocated memfair --prefill-share 0.125
-memfair-share8 disagg memfair --prefill-share 0.125
-memfair-noread colocated memfair --no-read-share
-memfair-noread disagg memfair --no-read-share
-memfair-cap100 colocated memfair --request-cap-frac 1.0
-memfair-cap25 colocated memfair --request-cap-frac 0.25"
-fi
+# Granularities and share modes in both modes (quick); the full run adds the other policies and
+# memfair's knobs: prefill chunk share, read share off, per-request cap (quota strictness).
+POINTS_TEXT=""
+for mode in colocated disagg; do
+  POINTS_TEXT+="fcfs $mode fcfs
+memfair $mode memfair
+memfair-request $mode memfair --quota-by request
+memfair-priority $mode memfair --quota-by priority
+memfair-tier $mode memfair --quota-by slo-tier
+memfair-static $mode memfair --quota-shares static
+"
+  [ "$QUICK" = 1 ] || POINTS_TEXT+="vtc $mode vtc
+mcsf $mode mcsf
+priority $mode priority
+memfair-share8 $mode memfair --prefill-share 0.125
+memfair-noread $mode memfair --no-read-share
+memfair-cap100 $mode memfair --request-cap-frac 1.0
+memfair-cap25 $mode memfair --request-cap-frac 0.25
+"
+done
 [ -z "$POINTS" ] || POINTS_TEXT="$(cat "$POINTS")"
 
 run_point() {  # run_point LABEL MODE POLICY PREFILL_PAGES [NODE FLAGS...]
@@ -124,6 +124,6 @@ for prefill in $SPLITS; do
     run_point "$pol-split$prefill" disagg "$pol" "$prefill"
   done
 done
-pdtb frontier "$OUT"/*.json --out "$OUT/frontier" | tee "$OUT/frontier.txt"
+pdtb frontier "$OUT"/*.json --at-load "$AT_LOAD" --out "$OUT/frontier" | tee "$OUT/frontier.txt"
 pdtb report "$OUT"/*.json --out "$OUT/report" >/dev/null
 echo "frontier: $OUT/frontier/frontier.md"

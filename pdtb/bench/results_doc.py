@@ -60,6 +60,7 @@ class Run:
     transports: list[dict]  # pdtb bench transport --json, one per endpoint
     commit: str
     frontier: list[dict] | None = None  # sweep files of a frontier.sh run
+    frontier_points: dict | None = None  # its frontier/frontier.json (pdtb frontier)
     frontier_command: str = ""
 
     @classmethod
@@ -67,13 +68,15 @@ class Run:
         rows = None
         if a.fair:
             rows = with_ratios(rows_of(sorted(glob.glob(os.path.join(a.fair, "*.json"))), "minnow", "whale"), "fcfs")
-        sweeps = None
+        sweeps = front = None
         if a.frontier:
             from pdtb.bench.frontier import load_sweep
 
             sweeps = [load_sweep(p) for p in sorted(glob.glob(os.path.join(a.frontier, "*.json")))]
+            front = json.loads((Path(a.frontier) / "frontier" / "frontier.json").read_text())
         return cls(rows, a.fair_command, json.loads(Path(a.engine).read_text()) if a.engine else None,
-                   [json.loads(Path(p).read_text()) for p in a.transport], commit(root), sweeps, a.frontier_command)
+                   [json.loads(Path(p).read_text()) for p in a.transport], commit(root), sweeps, front,
+                   a.frontier_command)
 
 
 def fairness_section(rows: list[dict], command: str) -> list[str]:
@@ -85,31 +88,30 @@ def fairness_section(rows: list[dict], command: str) -> list[str]:
             *markdown_table(rows, "minnow", "fcfs", "whale"), ""]
 
 
-def frontier_section(sweeps: list[dict], command: str, images: str | None) -> list[str]:
-    """The frontier table, each point's max goodput and knee, and the sweep table of the points
-    that answer fcfs against memfair per mode."""
+def frontier_section(sweeps: list[dict], front: dict, command: str, images: str | None) -> list[str]:
+    """The frontier table as `pdtb frontier` computed it (`front`: its frontier.json), and every
+    point's offered load, goodput and attainment per level."""
     from pdtb.bench import frontier
     from pdtb.bench.sweep_report import label
 
-    points = [frontier.point(d, "minnow", 1.0) for d in sweeps]
-    front = frontier.pareto(points)
-    knee = frontier.frontier_knee(points, front)
+    points = front["points"]
+    at = sorted({p["at_load"] for p in points if p["at_load"] is not None})
     m = sweeps[0]["meta"]
     out = ["## Fairness at saturation: load sweeps and the fairness-throughput frontier", "",
            f"`{command}`", "",
            f"Each point is one load sweep of `{m['workload']}` ({m['warmup_s']:g} s warm-up and {m['span_s']:g} s "
            "measured per level; rate multipliers of the workload's arrivals) at the same page and thread budget. "
-           "Max goodput: the highest request rate meeting the SLOs at which every class attains 90%. Minnow "
-           "columns are read at load 1. Ratios are against fcfs in the same mode. Pareto: no other point has "
-           "more goodput and a lower minnow p99 TTFT.", "",
-           *frontier.table(points, front, knee, "minnow"), ""]
+           "Max goodput: the highest request rate meeting the SLOs at which every class attains 90% (a lower "
+           "bound where the highest level still attained it: knee '-' above). Minnow columns are read at load "
+           f"{', '.join(f'{x:g}' for x in at)}. Ratios are against fcfs in the same mode. Pareto: no other point "
+           "has more goodput and a lower minnow p99 TTFT; the knee is the Pareto point farthest from the line "
+           "between the frontier's ends.", "",
+           *frontier.table(points, front["pareto"], front["knee"], "minnow"), ""]
     if images:
         out += [f"![frontier]({images}/frontier.png)", "", f"![attainment against load]({images}/attainment.png)", ""]
-    out += ["Per level (overall offered and goodput req/s; attainment minnow / whale):", "",
-            "| point | " + " | ".join(f"load {x:g}" for x in sorted({lv['load'] for d in sweeps for lv in d['levels']}))
-            + " |"]
     loads = sorted({lv["load"] for d in sweeps for lv in d["levels"]})
-    out.append("|---|" + "---|" * len(loads))
+    out += ["Per level: offered → goodput req/s (attainment minnow / whale).", "",
+            "| point | " + " | ".join(f"load {x:g}" for x in loads) + " |", "|---|" + "---|" * len(loads)]
     for d in sorted(sweeps, key=label):
         by = {lv["load"]: lv for lv in d["levels"]}
         cells = []
@@ -172,10 +174,10 @@ def headline(run: Run, stamp: str) -> list[str]:
                 out.append(f"| {mode} | {_x(mf['ttft_p99_ms_ratio'])} | {_x(mf['itl_p99_ms_ratio'])} "
                            f"| {_x(mf['tok_s_ratio'])} | {base['failed']}, {mf['failed']} |")
         out.append("")
-    if run.frontier:
+    if run.frontier_points:
         from pdtb.bench import frontier
 
-        points = [frontier.point(d, "minnow", 1.0) for d in run.frontier]
+        points = run.frontier_points["points"]
         for mode in sorted({p["mode"] for p in points}):
             base = next((p for p in points if p["mode"] == mode and p["label"] == "fcfs"), None)
             mf = next((p for p in points if p["mode"] == mode and p["label"] == "memfair"), None)
@@ -217,7 +219,7 @@ def render(run: Run, images: str | None = None) -> str:
     if run.fair_rows is not None:
         lines += fairness_section(run.fair_rows, run.fair_command)
     if run.frontier:
-        lines += frontier_section(run.frontier, run.frontier_command, images)
+        lines += frontier_section(run.frontier, run.frontier_points, run.frontier_command, images)
     if run.engine:
         lines += engine_section(run.engine)
     if run.transports:
