@@ -3,23 +3,26 @@
 # stamp; nothing of an earlier run is kept):
 #   - the fairness comparison, colocated and disaggregated, policy by policy
 #     (compare_fairness.sh --quick, or the full run with --full);
+#   - load sweeps and the fairness-throughput frontier (frontier.sh --quick, or the full run);
 #   - the paged engine against transformers.generate (pdtb bench engine);
 #   - the KV transport against raw pyzmq, ipc and tcp (pdtb bench transport).
-# About 8 minutes with --quick on a 2-core machine. The run's files stay in OUT (results/docs-*).
+# About 20 minutes on a 2-core machine (the frontier: 12). The run's files stay in OUT
+# (results/docs-*); the frontier's plots are copied next to the document (docs/img).
 #
 #   bash scripts/results.sh [--full] [--policies "fcfs memfair vtc mcsf priority"] [--out DIR]
-#                           [--skip-bench] [--doc docs/results.md]
+#                           [--skip-bench] [--skip-frontier] [--doc docs/results.md]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-QUICK=(--quick) POLICIES="fcfs memfair vtc mcsf priority" OUT="" BENCH=1 DOC="$ROOT/docs/results.md"
+QUICK=(--quick) POLICIES="fcfs memfair vtc mcsf priority" OUT="" BENCH=1 FRONTIER=1 DOC="$ROOT/docs/results.md"
 while [ $# -gt 0 ]; do
   case "$1" in
     --full) QUICK=(); shift ;;
     --policies) POLICIES="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --skip-bench) BENCH=0; shift ;;
+    --skip-frontier) FRONTIER=0; shift ;;
     --doc) DOC="$2"; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "results.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -31,6 +34,12 @@ FAIR_CMD="bash scripts/compare_fairness.sh ${QUICK[*]+${QUICK[*]} }--policies \"
 echo "== $FAIR_CMD" >&2
 bash scripts/compare_fairness.sh ${QUICK[@]+"${QUICK[@]}"} --policies "$POLICIES" --out "$OUT/fair" >&2
 args=(--fair "$OUT/fair" --fair-command "$FAIR_CMD")
+if [ "$FRONTIER" = 1 ]; then
+  FRONT_CMD="bash scripts/frontier.sh${QUICK[*]+ ${QUICK[*]}}"
+  echo "== $FRONT_CMD" >&2
+  bash scripts/frontier.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/frontier" >&2
+  args+=(--frontier "$OUT/frontier" --frontier-command "$FRONT_CMD")
+fi
 if [ "$BENCH" = 1 ]; then
   echo "== pdtb bench engine --batch 32" >&2
   pdtb bench engine --batch 32 --json > "$OUT/engine.json"

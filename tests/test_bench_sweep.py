@@ -279,3 +279,32 @@ def test_frontier_knee_is_the_point_farthest_from_the_chord():
     # normalized: (0,0), (0.5,0.011), (1,1), (0.25,0.004): the chord is the diagonal; (2, 110) is farthest
     assert frontier_knee(pts, [True] * 4) == 1
     assert frontier_knee(pts[:2], [True] * 2) is None
+
+
+def test_results_doc_frontier_section_is_what_pdtb_frontier_printed(tmp_path, capsys):
+    from pdtb.bench import frontier
+    from pdtb.bench.results_doc import BEGIN, END, main as results_doc
+
+    run = tmp_path / "front"
+    run.mkdir()
+    for mode in ("colocated", "disagg"):
+        for name, goodput, ttft in (("fcfs", 2.0, 9000), ("memfair", 5.0, 300)):
+            (run / f"{name}-{mode}.json").write_text(json.dumps(sweep_doc(name, mode, goodput, ttft, 100)))
+    assert frontier.main([*map(str, sorted(run.glob("*.json"))), "--out", str(run / "frontier")]) == 0
+    table = capsys.readouterr().out.strip()
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{BEGIN}\nold\n{END}\n")
+    doc = tmp_path / "docs" / "results.md"
+    assert results_doc(["--frontier", str(run), "--out", str(doc), "--readme", str(readme)]) == 0
+    text = doc.read_text()
+    assert table in text and "![frontier](img/frontier.png)" in text
+    assert (tmp_path / "docs" / "img" / "frontier.png").exists()
+    assert "| colocated/memfair | 5.0 → 5.0 (1.00 / 1.00) |" in text  # offered → goodput (attainment per class)
+    head = readme.read_text()
+    assert "disagg: memfair's max goodput with every class at 90% attainment 5.00 req/s against fcfs's 2.00 " \
+           "(**2.50** x fcfs)" in head
+
+
+def test_a_dead_url_is_one_line(capsys):
+    assert sweep_main(["--url", "http://127.0.0.1:9", "--workload", "whale-minnow", "--sample-interval", "0"]) == 1
+    assert "cannot read http://127.0.0.1:9/v1/models: cannot connect" in capsys.readouterr().err

@@ -22,13 +22,15 @@ import sys
 import time
 from argparse import Namespace
 
+import aiohttp
+
 from pdtb.bench import sweep_figures as sf
-from pdtb.bench.cli import _csv, _unwritable, build_parser as serve_parser, build_workload, server_info
+from pdtb.bench import workloads as wl
+from pdtb.bench.cli import _csv, _unwritable, _why, build_parser as serve_parser, build_workload, server_info
 from pdtb.bench.records import RequestSpec
 from pdtb.bench.results import server_labels, write_results
 from pdtb.bench.runner import RunConfig, run
 from pdtb.bench.service import ServiceWeights
-from pdtb.bench import workloads as wl
 
 SWEEP_VERSION = 1
 
@@ -110,13 +112,24 @@ def sf_fmt(v, d: int) -> str:
 
 async def _sweep(a: Namespace, slos: sf.SloTable, weights: ServiceWeights) -> int:
     url = a.url.rstrip("/")
-    model, nodes = await server_info(url, a.api_key)
+    try:
+        model, nodes = await server_info(url, a.api_key)
+    except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, IndexError, ValueError) as e:
+        print(f"pdtb bench sweep: cannot read {url}/v1/models: {_why(e)}", file=sys.stderr)
+        return 1
     vocab, max_len = a.vocab_size or model["vocab_size"], a.max_model_len or model["max_model_len"]
     mode, policy = server_labels(nodes)
     closed = a.concurrency_levels is not None
     todo = list(a.concurrency_levels or a.rates or [0.5, 1.0, 1.5, 2.0])
     warm, span = a.warmup_s, a.span_s
     drain = span if a.drain_s is None else a.drain_s
+    detokenize = None
+    if a.api == "chat":
+        from pdtb.common import resolve_model
+        from pdtb.engine.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(resolve_model(a.tokenizer))
+        detokenize = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     levels: list[dict] = []
     print(f"{'load':>7} {'offer/s':>8} {'good/s':>8} {'out tok/s':>9} {'TTFTp99':>9} {'failed':>6}  attainment",
           file=sys.stderr)
@@ -126,7 +139,8 @@ async def _sweep(a: Namespace, slos: sf.SloTable, weights: ServiceWeights) -> in
         cfg = RunConfig(url, a.model, vocab, a.min_token_id, a.seed + 7919 * (len(levels) + 1),
                         int(load) if closed else None, a.request_timeout, a.sample_interval, not a.no_token_ids,
                         a.temperature, False, a.api_key, a.max_concurrency, a.warmup if not levels else 0,
-                        send_until=(warm + span) if closed else None, drain_timeout=drain)
+                        send_until=(warm + span) if closed else None, drain_timeout=drain, api=a.api,
+                        detokenize=detokenize)
         res = await run(specs, cfg)
         lv = {"load": load, **sf.level_figures(res.records, warm, warm + span, slos, res.samples, weights,
                                                 a.fairness_window),
