@@ -63,6 +63,28 @@ def test_level_figures_equal_a_hand_computation():
     assert o["ttft_ms"]["p50"] == pytest.approx((ttfts[2] + ttfts[3]) / 2)
 
 
+def test_a_request_cut_off_counts_where_it_was_on_track():
+    from pdtb.bench.runner import CUT_OFF, cut_off
+
+    slos = sf.SloTable.parse(["ttft_ms=200", "tpot_ms=100"])
+
+    def cut(ttft, tokens, at, gap=0.05):
+        r = rec("whale", 1.0, ttft, tokens=tokens, gap=gap) if ttft is not None else rec("whale", 1.0, None)
+        r.status, r.error = "failed", None
+        return cut_off(r, at)
+    on_track = cut(0.1, 5, 1.5)            # 5 tokens by 1.5 s: (1.5 - 1.1) / 5 = 80 ms a token
+    slow = cut(0.1, 3, 1.8)                # (1.8 - 1.1) / 3 = 233 ms a token: already late
+    late_first = cut(0.3, 2, 1.5)          # TTFT 300 ms
+    never = cut(None, 0, 1.1)              # no token yet, 100 ms old: within TTFT
+    waited = cut(None, 0, 1.5)             # no token after 500 ms: missed
+    assert on_track.error == CUT_OFF and on_track.status == "failed"
+    assert [sf.meets(r, slos) for r in (on_track, slow, late_first, never, waited)] == [True, False, False, True, False]
+    assert sf.meets(slow, slos, "ttft_ms") and not sf.meets(slow, slos, "tpot_ms")
+    assert not sf.meets(on_track, sf.SloTable())  # no target at all: only a finished request counts
+    g = sf.group_figures([on_track, slow], 0.0, 2.0, slos)
+    assert g["cut_off"] == 2 and g["failed"] == 2 and g["attainment"] == 0.5
+
+
 def test_slo_table_parsing_and_errors():
     t = sf.SloTable.parse(["ttft_ms=500", "whale:ttft_ms=20000", "minnow:tpot_ms=80"])
     assert t.of("whale") == {"ttft_ms": 20000.0} and t.of("minnow") == {"ttft_ms": 500.0, "tpot_ms": 80.0}
@@ -308,3 +330,21 @@ def test_results_doc_frontier_section_is_what_pdtb_frontier_printed(tmp_path, ca
 def test_a_dead_url_is_one_line(capsys):
     assert sweep_main(["--url", "http://127.0.0.1:9", "--workload", "whale-minnow", "--sample-interval", "0"]) == 1
     assert "cannot read http://127.0.0.1:9/v1/models: cannot connect" in capsys.readouterr().err
+
+
+def test_rescore_recomputes_a_sweep_from_its_records(tmp_path):
+    """A sweep file rescored under a tighter SLO: every figure from the stored records."""
+    records = [rec("minnow", 1.0 + i * 0.1, 0.1 + 0.05 * (i % 4)) for i in range(20)]
+    lv = {"load": 1.0, **sf.level_figures(records, 1.0, 3.0, sf.SloTable.parse(["ttft_ms=500"])),
+          "requests": [r.to_json() for r in records], "samples": []}
+    src = tmp_path / "s.json"
+    src.write_text(json.dumps({"meta": {"kind": "sweep", "slos": {"default": {"ttft_ms": 500}, "per_class": {}}},
+                               "derived": sf.derive([lv]), "levels": [lv]}))
+    out = tmp_path / "r.json"
+    assert sweep_main(["--rescore", str(src), "--slo", "ttft_ms=180", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    # TTFTs cycle 100, 150, 200, 250 ms: half meet 180 ms
+    assert got["levels"][0]["overall"]["attainment"] == 0.5 and got["derived"]["max_goodput_rps"] == 0.0
+    assert sweep_main(["--rescore", str(src), "--out", str(out)]) == 0  # the file's own SLOs
+    assert json.loads(out.read_text())["levels"][0]["overall"]["attainment"] == 1.0
+    assert sweep_main(["--rescore", str(tmp_path / "none.json"), "--out", str(out)]) == 2

@@ -48,6 +48,9 @@ def _loads(text: str) -> list[float]:
 def build_parser() -> argparse.ArgumentParser:
     ap = serve_parser()
     ap.prog, ap.description = "pdtb bench sweep", "Run a workload at a series of offered loads."
+    for action in ap._actions:  # argparse has no public way to relax a parent's required flag
+        if action.dest == "workload":
+            action.required = False  # --rescore needs none; every other use checks it below
     g = ap.add_argument_group("sweep")
     g.add_argument("--rates", type=_loads, help="rate multipliers of the workload's arrivals (default 0.5,1,1.5,2)")
     g.add_argument("--concurrency-levels", type=_loads, help="closed-loop levels: requests in flight")
@@ -63,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--until-knee: stop once failing load / passing load <= 1 + this")
     g.add_argument("--max-levels", type=int, default=12)
     g.add_argument("--label-config", help="a name for this configuration (the frontier's point label)")
+    g.add_argument("--rescore", metavar="SWEEP.json",
+                   help="no server: recompute a sweep file's figures from its records, with this command's "
+                        "--slo (default: the file's), --target and --knee-on, into --out")
     return ap
 
 
@@ -173,9 +179,42 @@ async def _sweep(a: Namespace, slos: sf.SloTable, weights: ServiceWeights) -> in
     return 0
 
 
+def rescore(a: Namespace, path: str, weights: ServiceWeights) -> dict:
+    """A sweep file's levels recomputed from their records (another SLO table or target)."""
+    from pdtb.bench.frontier import load_sweep
+    from pdtb.bench.records import RequestRecord
+
+    doc = load_sweep(path)
+    slos = sf.SloTable.parse(a.slo) if a.slo else sf.SloTable(**doc["meta"]["slos"])
+    levels = []
+    for lv in doc["levels"]:
+        records = [RequestRecord.from_json(r) for r in lv["requests"]]
+        start, end = lv["window_s"]
+        levels.append({**lv, **sf.level_figures(records, start, end, slos, lv.get("samples"), weights,
+                                                 a.fairness_window)})
+    meta = {**doc["meta"], "slos": slos.to_json(), "rescored_from": path}
+    return {"meta": meta, "derived": sf.derive(levels, a.target, a.knee_on), "levels": levels}
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    if a.rescore:
+        if not a.out:
+            print("pdtb bench sweep: --rescore needs --out", file=sys.stderr)
+            return 2
+        try:
+            w_in, w_out = (float(x) for x in _csv(a.service_weights))
+            doc = rescore(a, a.rescore, ServiceWeights(w_in, w_out))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"pdtb bench sweep: --rescore {a.rescore}: {e}", file=sys.stderr)
+            return 2
+        write_results(a.out, doc)
+        print(json.dumps({k: doc["derived"][k] for k in ("max_goodput_rps", "max_goodput_every_class_rps",
+                                                         "knee_rps", "saturation_tok_s")}))
+        return 0
     try:
+        if not a.workload:
+            raise ValueError("--workload is required (whale-minnow, multi-tenant or trace:FILE)")
         slos = sf.SloTable.parse(a.slo)
         w_in, w_out = (float(x) for x in _csv(a.service_weights))
         if a.rates and a.concurrency_levels:

@@ -8,12 +8,20 @@ Per group (overall, per class, per tenant) of measured requests:
   attainment_ttft  share of the group's requests that finished ok with TTFT <= their class's target
   attainment_tpot  ... with TPOT <= target (a one-token request has no TPOT and meets it)
   attainment       ... meeting every target its class has (no target at all: finished ok)
-                   (a failed request, one cut off at the level's end included, misses all three)
+                   A failed request misses all three. A request cut off at the level's end
+                   (still running when the drain timeout ended) counts only where it was on
+                   track when cut: TTFT (or, with no token yet, its wait) within target, its
+                   time per token so far, the wait for its next token included ((cut - first
+                   token) / tokens received), within the TPOT target, and its age within the
+                   E2E target. So a long request that could not end in the drain but was
+                   meeting its targets is not a miss, and one that had already missed is.
   goodput_rps      requests meeting every target / span length (b - a)
   offered_rps      requests / span length
-  output_tok_s     output tokens of ok requests / (the last measured end - a): what the server
-                   delivered; at saturation the backlog stretches the denominator, so this is
-                   its capacity, not the offered load. total_tok_s counts prompt tokens too.
+  output_tok_s     output tokens received (ok requests, and what a cut-off or failed one had
+                   streamed) / (the last measured end - a): what the server delivered; at
+                   saturation the backlog stretches the denominator, so this is its capacity,
+                   not the offered load. total_tok_s adds the prompt tokens of every request
+                   that got a token (its prompt was processed).
   ttft/itl/tpot/e2e_ms  {p50, p99} over ok requests
 
 Derived over the levels (`derive`), for attainment target T (0.9: DistServe's 90%):
@@ -30,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pdtb.bench.records import OK, RequestRecord
+from pdtb.bench.runner import CUT_OFF
 from pdtb.bench.summary import SLO_KEYS, itls_s, percentile, tpot_s, ttft_s, e2e_s
 from pdtb.bench.service import ServiceWeights, fairness
 
@@ -78,11 +87,34 @@ def _ok_within(r: RequestRecord, key: str, limit_ms: float | None) -> bool:
     return got * 1000 <= limit_ms
 
 
+def _on_track(r: RequestRecord, key: str, limit_ms: float | None) -> bool:
+    """A cut-off request within `key`'s target so far (see the module doc)."""
+    if limit_ms is None:
+        return True
+    cut = r.end_time
+    if key == "ttft_ms":
+        return ((r.first_token_time if r.first_token_time is not None else cut) - r.send_time) * 1000 <= limit_ms
+    if key == "tpot_ms":
+        if r.first_token_time is None:
+            return True  # no token yet: its TTFT decides
+        return (cut - r.first_token_time) / max(1, len(r.token_times)) * 1000 <= limit_ms
+    return (cut - r.send_time) * 1000 <= limit_ms
+
+
 def meets(r: RequestRecord, slos: SloTable, key: str | None = None) -> bool:
-    """`r` finished ok within its class's target for `key` (None: every target it has)."""
+    """`r` finished ok within its class's target for `key` (None: every target it has), or
+    was on track when cut off at the level's end."""
     targets = slos.of(r.klass)
+    if r.error == CUT_OFF and r.end_time is not None:
+        keys = [key] if key else list(targets)
+        return bool(keys) and all(_on_track(r, k, targets.get(k)) for k in keys)
     keys = [key] if key else list(targets) or ["ttft_ms"]
     return all(_ok_within(r, k, targets.get(k)) for k in keys)
+
+
+def _received(r: RequestRecord) -> int:
+    """Output tokens the server delivered to `r` (the server's count where it finished ok)."""
+    return r.output_tokens if r.status == OK else len(r.token_times)
 
 
 def _p(values: list[float]) -> dict:
@@ -107,14 +139,14 @@ def group_figures(records: list[RequestRecord], a: float, b: float, slos: SloTab
     def ms(f):
         return [v * 1000 for v in map(f, ok) if v is not None]
 
-    return {"count": n, "failed": n - len(ok), "cut_off": sum(1 for r in records if (r.error or "").startswith("cut off")),
+    return {"count": n, "failed": n - len(ok), "cut_off": sum(1 for r in records if r.error == CUT_OFF),
             "offered_rps": n / span,
             "attainment_ttft": share(lambda r: meets(r, slos, "ttft_ms")) if any("ttft_ms" in slos.of(r.klass) for r in records) else None,
             "attainment_tpot": share(lambda r: meets(r, slos, "tpot_ms")) if any("tpot_ms" in slos.of(r.klass) for r in records) else None,
             "attainment": good / n if n else None,
             "goodput_rps": good / span,
-            "output_tok_s": sum(r.output_tokens for r in ok) / served,
-            "total_tok_s": sum(r.prompt_tokens + r.output_tokens for r in ok) / served,
+            "output_tok_s": sum(_received(r) for r in records) / served,
+            "total_tok_s": sum(_received(r) + (r.prompt_tokens if _received(r) else 0) for r in records) / served,
             "ttft_ms": _p(ms(ttft_s)), "tpot_ms": _p(ms(tpot_s)), "e2e_ms": _p(ms(e2e_s)),
             "itl_ms": _p([g * 1000 for r in ok for g in itls_s(r)])}
 
