@@ -17,9 +17,15 @@ def test_two_requests_that_fit_one_at_a_time_both_finish(name):
     """16 pages, no host tier; each request fits alone (14 and 12 pages at their longest), not
     together. They must not preempt each other in turn forever (a livelock: 3000 steps, ~300
     preemptions each)."""
-    sched = make_scheduler(make_policy(name), num_pages=16, budget=64)
     a = make_request(31, 24, tenant="a", arrival=6.0, rid="a")
     b = make_request(20, 28, tenant="b", arrival=9.0, rid="b")
+    _run_pair(make_policy(name), a, b, name)
+
+
+def _run_pair(policy, a, b, name: str) -> None:
+    """`a` arrives at step 6 and `b` at step 9 on 16 pages with no host tier; both must finish
+    (24 and 28 tokens) within 400 steps with at most two preemptions between them."""
+    sched = make_scheduler(policy, num_pages=16, budget=64)
     for i in range(400):
         if i == 6:
             sched.add(a)
@@ -94,21 +100,10 @@ def test_memfair_drains_random_pressure_under_every_quota_owner(quota_by, shares
 @pytest.mark.parametrize("shares", QUOTA_SHARES)
 @pytest.mark.parametrize("quota_by", QUOTA_BY)
 def test_memfair_two_requests_that_fit_one_at_a_time_finish_under_every_quota_owner(quota_by, shares):
-    sched = make_scheduler(make_policy("memfair", FairnessConfig(quota_by=quota_by, quota_shares=shares)),
-                           num_pages=16, budget=64)
     a = make_request(31, 24, tenant="a", priority=0, arrival=6.0, rid="a", slo_tier="gold")
     b = make_request(20, 28, tenant="b", priority=1, arrival=9.0, rid="b")
-    for i in range(400):
-        if i == 6:
-            sched.add(a)
-        if i == 9:
-            sched.add(b)
-        apply_step(sched, sched.schedule())
-        check_conservation(sched)
-        if i > 9 and not sched.has_work():
-            break
-    assert not sched.has_work() and a.num_output_tokens == 24 and b.num_output_tokens == 28
-    assert a.num_preemptions + b.num_preemptions <= 2
+    _run_pair(make_policy("memfair", FairnessConfig(quota_by=quota_by, quota_shares=shares)), a, b,
+              f"memfair {quota_by} {shares}")
 
 
 def _whale_borrowing_then_minnow(host_pages: int):
