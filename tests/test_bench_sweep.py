@@ -276,10 +276,19 @@ def test_frontier_marks_the_pareto_points_and_ratios_against_fcfs(tmp_path):
     for name, doc in docs.items():
         paths.append(str(tmp_path / f"{name}.json"))
         (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    assert frontier.main(paths + ["--x", "goodput", "--out", str(tmp_path / "g")]) == 0
+    got = json.loads((tmp_path / "g" / "frontier.json").read_text())
+    front = {p["label"]: ok for p, ok in zip(got["points"], got["pareto"])}
+    assert front == {"fcfs": False, "memfair": True, "memfair-request": True, "vtc": False}
+    # on saturation tok/s (100, 95, 90, 99 with TTFT 9000, 300, 200, 400) every point is optimal
+    # but one: add a point slower and later than memfair
+    (tmp_path / "slow.json").write_text(json.dumps(sweep_doc("slow", "colocated", 1.0, 350, 94)))
+    paths.append(str(tmp_path / "slow.json"))
     assert frontier.main(paths + ["--out", str(tmp_path / "f")]) == 0
     got = json.loads((tmp_path / "f" / "frontier.json").read_text())
     front = {p["label"]: ok for p, ok in zip(got["points"], got["pareto"])}
-    assert front == {"fcfs": False, "memfair": True, "memfair-request": True, "vtc": False}
+    assert front == {"fcfs": True, "memfair": True, "memfair-request": True, "vtc": True, "slow": False}
+    assert got["x"] == "saturation_tok_s" and got["knee"] is not None
     md = (tmp_path / "f" / "frontier.md").read_text()
     row = next(line for line in md.splitlines() if "| memfair |" in line)
     assert "| 4.00 | 2.00 |" in row and "| 0.95 |" in row  # goodput and saturation against fcfs

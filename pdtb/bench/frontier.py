@@ -1,15 +1,18 @@
 """`pdtb frontier SWEEP.json [...] --out DIR`: the fairness-throughput frontier of sweep files.
 
 Each sweep file is one point: a (mode, policy, settings) configuration, labelled by its
-`--label-config` (else its policy). Its throughput is `derived.max_goodput_every_class_rps`
-(the highest goodput at which every class attains the target) and `derived.saturation_tok_s`;
-its fairness is the protected class's (--klass, default minnow) p99 TTFT, p99 ITL and
-attainment at one fixed load (--at-load, default 1: the level of that load, else the nearest).
+`--label-config` (else its policy). Its throughput is `derived.saturation_tok_s` (the most
+output tok/s a level delivered) and `derived.max_goodput_every_class_rps` (the highest goodput
+at which every class attains the target); its fairness is the protected class's (--klass,
+default minnow) p99 TTFT, p99 ITL and attainment at one fixed load (--at-load, default 1: the
+level of that load, else the nearest).
 
-A point is Pareto-optimal when no other point has at least its max goodput and at most its
-class p99 TTFT, one of them strictly better. The frontier's knee is the Pareto point farthest
-from the straight line between the frontier's two ends (both axes scaled to [0, 1]): where
-giving up throughput stops buying much fairness. Ratios are against fcfs in the same mode.
+A point is Pareto-optimal when no other point has at least its throughput (--x: saturation,
+the default, or goodput: max goodput moves in steps of the sweep's levels, so many points tie
+on it) and at most its class p99 TTFT, one of them strictly better. The frontier's knee is the
+Pareto point farthest from the straight line between the frontier's two ends (both axes scaled
+to [0, 1]): where giving up throughput stops buying much fairness. Ratios are against fcfs in
+the same mode.
 Writes DIR/frontier.md, DIR/frontier.json and DIR/frontier.png; prints the table.
 """
 from __future__ import annotations
@@ -46,23 +49,26 @@ def point(doc: dict, klass: str, at_load: float) -> dict:
             "attainment": g.get("attainment")}
 
 
-def pareto(points: list[dict]) -> list[bool]:
-    """Per point: no other has >= max goodput and <= class p99 TTFT, one strictly."""
+X_KEYS = {"saturation": "saturation_tok_s", "goodput": "max_goodput_rps"}
+
+
+def pareto(points: list[dict], x: str = "max_goodput_rps") -> list[bool]:
+    """Per point: no other has >= throughput `x` and <= class p99 TTFT, one strictly."""
     def y(p):
         return float("inf") if p["ttft_p99_ms"] is None else p["ttft_p99_ms"]
-    out = []
-    for p in points:
-        out.append(not any(q is not p and q["max_goodput_rps"] >= p["max_goodput_rps"] and y(q) <= y(p)
-                           and (q["max_goodput_rps"] > p["max_goodput_rps"] or y(q) < y(p)) for q in points))
-    return out
+
+    def t(p):
+        return float("-inf") if p[x] is None else p[x]
+    return [not any(q is not p and t(q) >= t(p) and y(q) <= y(p) and (t(q) > t(p) or y(q) < y(p)) for q in points)
+            for p in points]
 
 
-def frontier_knee(points: list[dict], on_front: list[bool]) -> int | None:
+def frontier_knee(points: list[dict], on_front: list[bool], x: str = "max_goodput_rps") -> int | None:
     """Index of the Pareto point farthest from the chord between the frontier's ends."""
-    front = [i for i, ok in enumerate(on_front) if ok and points[i]["ttft_p99_ms"] is not None]
+    front = [i for i, ok in enumerate(on_front) if ok and points[i]["ttft_p99_ms"] is not None and points[i][x] is not None]
     if len(front) < 3:
         return None
-    xs = [points[i]["max_goodput_rps"] for i in front]
+    xs = [points[i][x] for i in front]
     ys = [points[i]["ttft_p99_ms"] for i in front]
     sx, sy = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
     pts = sorted(((x - min(xs)) / sx, (y - min(ys)) / sy, i) for x, y, i in zip(xs, ys, front))
@@ -96,7 +102,8 @@ def table(points: list[dict], on_front: list[bool], knee: int | None, klass: str
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def plot(points: list[dict], on_front: list[bool], knee: int | None, path: Path, klass: str) -> Path:
+def plot(points: list[dict], on_front: list[bool], knee: int | None, path: Path, klass: str,
+         x: str = "saturation_tok_s") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -104,14 +111,16 @@ def plot(points: list[dict], on_front: list[bool], knee: int | None, path: Path,
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     marker = {"colocated": "o", "disagg": "s"}
-    for ax, xkey, ykey, ylabel in ((axes[0], "max_goodput_rps", "ttft_p99_ms", f"{klass} TTFT p99 (ms), log"),
-                                   (axes[1], "saturation_tok_s", "attainment", f"{klass} attainment")):
+    other = "max_goodput_rps" if x == "saturation_tok_s" else "saturation_tok_s"
+    for ax, xkey, ykey, ylabel in ((axes[0], x, "ttft_p99_ms", f"{klass} TTFT p99 (ms), log"),
+                                   (axes[1], other, "attainment", f"{klass} attainment")):
         for i, p in enumerate(points):
             if p[xkey] is None or p[ykey] is None:
                 continue
+            front_here = on_front[i] and ykey == "ttft_p99_ms"
             ax.scatter(p[xkey], p[ykey], marker=marker.get(p["mode"], "^"),
-                       facecolors="C3" if on_front[i] else "none", edgecolors="C3" if on_front[i] else "C0", s=46)
-            ax.annotate(f"{p['label']}/{p['mode'][:4]}" + (" (knee)" if i == knee else ""), (p[xkey], p[ykey]),
+                       facecolors="C3" if front_here else "none", edgecolors="C3" if front_here else "C0", s=46)
+            ax.annotate(f"{p['label']}/{p['mode'][:4]}" + (" (knee)" if i == knee and front_here else ""), (p[xkey], p[ykey]),
                         fontsize=7, xytext=(3, 3), textcoords="offset points")
         if ykey == "ttft_p99_ms":
             ax.set_yscale("log")
@@ -123,7 +132,7 @@ def plot(points: list[dict], on_front: list[bool], knee: int | None, path: Path,
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     at = sorted({p["at_load"] for p in points if p["at_load"] is not None})
-    fig.suptitle(f"fairness-throughput frontier ({klass} at load {', '.join(f'{x:g}' for x in at)}; "
+    fig.suptitle(f"fairness-throughput frontier ({klass} at load {', '.join(f'{v:g}' for v in at)}; "
                  "filled: Pareto-optimal; o colocated, s disagg)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -137,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="directory for frontier.md, frontier.json, frontier.png")
     ap.add_argument("--klass", default="minnow", help="the class whose latency is the fairness axis")
     ap.add_argument("--at-load", type=float, default=1.0, help="the load level its latency is read at")
+    ap.add_argument("--x", choices=sorted(X_KEYS), default="saturation", help="the throughput axis of the frontier")
     a = ap.parse_args(argv)
     try:
         docs = [load_sweep(p) for p in a.sweeps]
@@ -144,13 +154,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pdtb frontier: {e}", file=sys.stderr)
         return 2
     points = [point(d, a.klass, a.at_load) for d in docs]
-    on_front = pareto(points)
-    knee = frontier_knee(points, on_front)
+    x = X_KEYS[a.x]
+    on_front = pareto(points, x)
+    knee = frontier_knee(points, on_front, x)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     lines = table(points, on_front, knee, a.klass)
-    plot(points, on_front, knee, out / "frontier.png", a.klass)
-    (out / "frontier.json").write_text(json.dumps({"points": points, "pareto": on_front, "knee": knee}, indent=1) + "\n")
+    plot(points, on_front, knee, out / "frontier.png", a.klass, x)
+    (out / "frontier.json").write_text(json.dumps({"points": points, "pareto": on_front, "knee": knee, "x": x},
+                                                  indent=1) + "\n")
     (out / "frontier.md").write_text("# Fairness-throughput frontier\n\n" + "\n".join(lines)
                                      + "\n\n![frontier](frontier.png)\n")
     print("\n".join(lines))

@@ -104,8 +104,9 @@ def frontier_section(sweeps: list[dict], front: dict, command: str, images: str 
            "Max goodput: the highest request rate meeting the SLOs at which every class attains 90% (a lower "
            "bound where the highest level still attained it: knee '-' above). Minnow columns are read at load "
            f"{', '.join(f'{x:g}' for x in at)}. Ratios are against fcfs in the same mode. Pareto: no other point "
-           "has more goodput and a lower minnow p99 TTFT; the knee is the Pareto point farthest from the line "
-           "between the frontier's ends.", "",
+           f"has more {'saturation output tok/s' if front.get('x') == 'saturation_tok_s' else 'max goodput'} and a "
+           "lower minnow p99 TTFT; the knee is the Pareto point farthest from the line between the frontier's "
+           "ends.", "",
            *frontier.table(points, front["pareto"], front["knee"], "minnow"), ""]
     if images:
         out += [f"![frontier]({images}/frontier.png)", "", f"![attainment against load]({images}/attainment.png)", ""]
