@@ -44,6 +44,7 @@ def point(doc: dict, klass: str, at_load: float) -> dict:
     return {"label": meta.get("config") or meta.get("policy") or "?", "mode": meta.get("mode") or "?",
             "policy": meta.get("policy") or "?",
             "max_goodput_rps": d["max_goodput_every_class_rps"], "saturation_tok_s": d["saturation_tok_s"],
+            "saturation_total_tok_s": d.get("saturation_total_tok_s"),
             "knee_rps": d["knee_rps"], "at_load": lv["load"] if lv else None,
             "ttft_p99_ms": (g.get("ttft_ms") or {}).get("p99"), "itl_p99_ms": (g.get("itl_ms") or {}).get("p99"),
             "attainment": g.get("attainment")}
@@ -89,7 +90,7 @@ def ratio_text(v, base) -> str:
 def table(points: list[dict], on_front: list[bool], knee: int | None, klass: str) -> list[str]:
     base = {p["mode"]: p for p in points if p["label"] == "fcfs" or (p["policy"] == "fcfs" and p["label"] == p["policy"])}
     head = ["mode", "point", "max goodput, every class >= target (req/s)", "x fcfs", "saturation out tok/s", "x fcfs",
-            "knee (req/s)", f"{klass} TTFT p99 (ms)", f"{klass} ITL p99 (ms)", f"{klass} attainment", "Pareto"]
+            "saturation total tok/s", "x fcfs", "knee (req/s)", f"{klass} TTFT p99 (ms)", f"{klass} ITL p99 (ms)", f"{klass} attainment", "Pareto"]
     rows = []
     order = sorted(range(len(points)), key=lambda i: (points[i]["mode"], -points[i]["max_goodput_rps"], points[i]["label"]))
     for i in order:
@@ -97,7 +98,9 @@ def table(points: list[dict], on_front: list[bool], knee: int | None, klass: str
         mark = ("**knee**" if i == knee else "yes") if on_front[i] else ""
         rows.append([p["mode"], p["label"], fmt(p["max_goodput_rps"], 2),
                      ratio_text(p["max_goodput_rps"], b and b["max_goodput_rps"]), fmt(p["saturation_tok_s"], 1),
-                     ratio_text(p["saturation_tok_s"], b and b["saturation_tok_s"]), fmt(p["knee_rps"], 2),
+                     ratio_text(p["saturation_tok_s"], b and b["saturation_tok_s"]),
+                     fmt(p["saturation_total_tok_s"], 0),
+                     ratio_text(p["saturation_total_tok_s"], b and b["saturation_total_tok_s"]), fmt(p["knee_rps"], 2),
                      fmt(p["ttft_p99_ms"], 0), fmt(p["itl_p99_ms"], 1), fmt(p["attainment"], 2), mark])
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
 
