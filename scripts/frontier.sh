@@ -13,7 +13,8 @@
 #   memfair-request colocated memfair --quota-by request
 # (lines starting with # are skipped). Without --points, in both modes: fcfs, memfair, and
 # memfair with quotas per request, per priority class, per SLO tier, and static shares; the full
-# run adds vtc, mcsf, priority and memfair's knobs, and the page splits 96 and 224.
+# run adds vtc, mcsf, priority and memfair's knobs, and the page splits 128 and 224 (the prefill
+# node must hold the longest prompt: 1984 tokens are 124 pages).
 # --quick: loads 1.5,3,6 with 2 s warm-up and 8 s measured (about 12 minutes on 2 cores);
 # otherwise 1.5,3,6,9 with 5 s and 20 s. Minnow latencies on the frontier are read at the
 # second load. --splits also sweeps the disaggregated cluster's prefill:decode page split under
@@ -65,7 +66,7 @@ if [ "$QUICK" = 1 ]; then
   [ "$SPLITS" != default ] || SPLITS=""
 else
   RATES="${RATES:-1.5,3,6,9}" SPAN="${SPAN:-20}" WARM="${WARM:-5}"
-  [ "$SPLITS" != default ] || SPLITS="96 224"
+  [ "$SPLITS" != default ] || SPLITS="128 224"
 fi
 AT_LOAD="${RATES#*,}" AT_LOAD="${AT_LOAD%%,*}"  # the minnows' latency is read at the second level
 
