@@ -15,7 +15,7 @@
 # memfair with quotas per request, per priority class, per SLO tier, and static shares; the full
 # run adds vtc, mcsf, priority and memfair's knobs, and the page splits 128 and 224 (the prefill
 # node must hold the longest prompt: 1984 tokens are 124 pages).
-# --quick: loads 1.5,3,6 with 2 s warm-up and 8 s measured (about 12 minutes on 2 cores);
+# --quick: loads 1.5,3,6 with 2 s warm-up and 8 s measured (about 10 minutes on 2 cores);
 # otherwise 1.5,3,6,9 with 5 s and 20 s. Minnow latencies on the frontier are read at the
 # second load. --splits also sweeps the disaggregated cluster's prefill:decode page split under
 # memfair and fcfs (one point per PREFILL value, same TOTAL).

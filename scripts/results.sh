@@ -6,7 +6,7 @@
 #   - load sweeps and the fairness-throughput frontier (frontier.sh --quick, or the full run);
 #   - the paged engine against transformers.generate (pdtb bench engine);
 #   - the KV transport against raw pyzmq, ipc and tcp (pdtb bench transport).
-# About 20 minutes on a 2-core machine (the frontier: 12). The run's files stay in OUT
+# About 18 minutes on a 2-core machine (the frontier: 10). The run's files stay in OUT
 # (results/docs-*); the frontier's plots are copied next to the document (docs/img).
 #
 #   bash scripts/results.sh [--full] [--policies "fcfs memfair vtc mcsf priority"] [--out DIR]

@@ -107,36 +107,42 @@ def table(points: list[dict], on_front: list[bool], knee: int | None, klass: str
 
 def plot(points: list[dict], on_front: list[bool], knee: int | None, path: Path, klass: str,
          x: str = "saturation_tok_s") -> Path:
+    """Left: the frontier (throughput `x` against the class's p99 TTFT, Pareto points filled and
+    joined, the knee named). Right: the same latency against the other throughput figure.
+    Points at the same place share one label."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     marker = {"colocated": "o", "disagg": "s"}
     other = "max_goodput_rps" if x == "saturation_tok_s" else "saturation_tok_s"
-    for ax, xkey, ykey, ylabel in ((axes[0], x, "ttft_p99_ms", f"{klass} TTFT p99 (ms), log"),
-                                   (axes[1], other, "attainment", f"{klass} attainment")):
+    for ax, xkey, is_front in ((axes[0], x, True), (axes[1], other, False)):
+        spots: dict[tuple, list[str]] = {}
         for i, p in enumerate(points):
-            if p[xkey] is None or p[ykey] is None:
+            if p[xkey] is None or p["ttft_p99_ms"] is None:
                 continue
-            front_here = on_front[i] and ykey == "ttft_p99_ms"
-            ax.scatter(p[xkey], p[ykey], marker=marker.get(p["mode"], "^"),
-                       facecolors="C3" if front_here else "none", edgecolors="C3" if front_here else "C0", s=46)
-            ax.annotate(f"{p['label']}/{p['mode'][:4]}" + (" (knee)" if i == knee and front_here else ""), (p[xkey], p[ykey]),
-                        fontsize=7, xytext=(3, 3), textcoords="offset points")
-        if ykey == "ttft_p99_ms":
-            ax.set_yscale("log")
-            front = sorted((p[xkey], p[ykey]) for i, p in enumerate(points) if on_front[i] and p[ykey] is not None)
+            filled = is_front and on_front[i]
+            ax.scatter(p[xkey], p["ttft_p99_ms"], marker=marker.get(p["mode"], "^"),
+                       facecolors="C3" if filled else "none", edgecolors="C3" if filled else "C0", s=46)
+            name = f"{p['label']}/{p['mode'][:4]}" + (" (knee)" if is_front and i == knee else "")
+            spots.setdefault((round(p[xkey], 2), round(p["ttft_p99_ms"], 1)), []).append(name)
+        for (px, py), names in spots.items():
+            ax.annotate(", ".join(names), (px, py), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        if is_front:
+            front = sorted((p[xkey], p["ttft_p99_ms"]) for i, p in enumerate(points)
+                           if on_front[i] and p[xkey] is not None and p["ttft_p99_ms"] is not None)
             if front:
-                ax.plot([x for x, _ in front], [y for _, y in front], color="C3", lw=1, alpha=0.6)
+                ax.plot([a for a, _ in front], [b for _, b in front], color="C3", lw=1, alpha=0.6)
+        ax.set_yscale("log")
         ax.set_xlabel({"max_goodput_rps": "max goodput, every class >= target (req/s)",
                        "saturation_tok_s": "saturation output tok/s"}[xkey])
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(f"{klass} TTFT p99 (ms), log")
         ax.grid(alpha=0.3)
     at = sorted({p["at_load"] for p in points if p["at_load"] is not None})
     fig.suptitle(f"fairness-throughput frontier ({klass} at load {', '.join(f'{v:g}' for v in at)}; "
-                 "filled: Pareto-optimal; o colocated, s disagg)", fontsize=9)
+                 "left: Pareto-optimal filled and joined; o colocated, s disagg)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -55,8 +55,13 @@ def plots(runs: dict[str, dict], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     n = len(runs)
-    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.4), squeeze=False)
-    for ax, (lab, doc) in zip(axes[0], runs.items()):
+    cols = min(n, 4)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    for ax, (lab, doc) in zip(flat, runs.items()):
         classes = sorted({c for lv in doc["levels"] for c in lv["per_class"]})
         for c in classes:
             pts = [(lv["overall"]["offered_rps"], lv["per_class"][c]["attainment"])
@@ -68,7 +73,8 @@ def plots(runs: dict[str, dict], out: Path) -> None:
         ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("SLO attainment")
+    for row in axes:
+        row[0].set_ylabel("SLO attainment")
     fig.tight_layout()
     fig.savefig(out / "attainment.png", dpi=90)
     plt.close(fig)
