@@ -286,3 +286,26 @@ def test_burstiness_keeps_the_rate_and_changes_the_spread():
         assert statistics.pstdev(gaps) / statistics.mean(gaps) == pytest.approx(k ** -0.5, rel=0.1)
     with pytest.raises(ValueError):
         poisson_times(random.Random(0), 1.0, 0, 1, 0.0)
+
+
+def test_slo_tiers_reach_the_specs_and_the_request_body():
+    """--whale-tier/--minnow-tier and a tenants file's "tier" go out as each request's slo_tier
+    (none given: no field, the router's tenant default applies); a sweep's levels keep them."""
+    from pdtb.bench.runner import RunConfig, request_body
+    from pdtb.bench.sweep import build_parser, level_specs
+    from pdtb.bench.workloads import WhaleMinnowConfig, parse_tenants, whale_minnow
+
+    specs = whale_minnow(WhaleMinnowConfig(whales=2, duration=5.0, context_whales=1, whale_tier="batch",
+                                           minnow_tier="interactive"), seed=3)
+    assert {(s.klass, s.slo_tier) for s in specs} == {("whale", "batch"), ("minnow", "interactive")}
+    cfg = RunConfig("http://x", None, 1000)
+    bodies = [json.loads(request_body(cfg, i, s)) for i, s in enumerate(specs)]
+    assert all(b["slo_tier"] == ("batch" if s.klass == "whale" else "interactive") for b, s in zip(bodies, specs))
+    plain = whale_minnow(WhaleMinnowConfig(whales=1, duration=2.0), seed=3)
+    assert "slo_tier" not in json.loads(request_body(cfg, 0, plain[0]))
+    tenants, _ = parse_tenants({"rate": 2, "tenants": [{"name": "a", "tier": "gold"}, {"name": "b"}]})
+    assert [t.tier for t in tenants] == ["gold", None]
+    a = build_parser().parse_args(["--url", "x", "--workload", "whale-minnow", "--duration", "3", "--whales", "1",
+                                   "--whale-tier", "batch", "--minnow-tier", "interactive"])
+    level = level_specs(a, 2.0, 6.0, closed=False)
+    assert {s.slo_tier for s in level} == {"batch", "interactive"}

@@ -1,5 +1,5 @@
-"""`pdtb bench sweep` against a real disaggregated cluster (memfair with quotas per SLO tier, the
-tiers from the router's tenant defaults): every level's requests end, the figures are read from
+"""`pdtb bench sweep` against a real disaggregated cluster (memfair with quotas per SLO tier: the
+whales' tier from the router's tenant default, the minnows' in each request): every level's requests end, the figures are read from
 the nodes' /cluster samples too, and no page is left held."""
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_sweep_of_a_real_cluster(llama_dir, tmp_path):
-    tiers = "--tenant-tier w=batch --tenant-tier m0=interactive --tenant-tier m1=interactive"
+    tiers = "--tenant-tier w=batch"  # the whales' tier from the router; the minnows name theirs
     with launched(tmp_path / "c", llama_dir, "--mode", "disagg", "--policy", "memfair", "--kv-pages", "160",
                   "--prefill-kv-pages", "96", "--router-args", tiers, "--", "--quota-by", "slo-tier") as (url, _):
         out = tmp_path / "s.json"
         rc = sweep_main(["--url", url, "--workload", "whale-minnow", "--duration", "4", "--whales", "1",
                          "--whale-prompt", "300", "--whale-output", "40", "--whale-start", "0.5",
                          "--minnow-rate", "3", "--minnow-prompt", "12", "--minnow-output", "4",
-                         "--whale-tenants", "w", "--minnow-tenants", "m0,m1", "--rates", "0.5,1",
+                         "--whale-tenants", "w", "--minnow-tenants", "m0,m1", "--minnow-tier", "interactive",
+                         "--rates", "0.5,1",
                          "--warmup-s", "0.5", "--span-s", "3", "--drain-s", "60", "--sample-interval", "0.25",
                          "--slo", "ttft_ms=60000", "--out", str(out), "--quiet"])
         assert rc == 0

@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--minnow-tenants", type=_csv, default=d.minnow_tenants, help="comma list")
     g.add_argument("--whale-priority", type=int)
     g.add_argument("--minnow-priority", type=int)
+    g.add_argument("--whale-tier", help="SLO tier sent with every whale (slo_tier; default: the router's tenant default)")
+    g.add_argument("--minnow-tier", help="SLO tier sent with every minnow")
     g.add_argument("--context-whales", type=int, default=d.context_whales,
                    help="long-context whales besides --whales: nearly all prompt (as the longest requests "
                         "of real traces), in class whale")
@@ -170,7 +172,8 @@ def build_workload(a: argparse.Namespace) -> tuple[list[wl.RequestSpec], dict]:
                                    context_whales=a.context_whales, context_whale_prompt=a.context_whale_prompt,
                                    context_whale_output=a.context_whale_output,
                                    context_whale_start=a.context_whale_start,
-                                   context_whale_interval=a.context_whale_interval)
+                                   context_whale_interval=a.context_whale_interval,
+                                   whale_tier=a.whale_tier, minnow_tier=a.minnow_tier)
         specs, info = wl.whale_minnow(cfg, a.seed), {"whale_minnow": vars(cfg)}
     elif a.workload == "multi-tenant":
         if a.tenants_file:

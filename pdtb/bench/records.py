@@ -17,6 +17,7 @@ class RequestSpec:
     prompt_len: int  # prompt tokens
     output_len: int  # output tokens (exact: ignore_eos)
     priority: int | None = None  # sent when not None; lower runs first
+    slo_tier: str | None = None  # sent as `slo_tier` when not None (memfair --quota-by slo-tier)
 
 
 _JSON_ORDER = ("tenant", "class", "prompt_tokens", "output_tokens", "send_time", "first_token_time",

@@ -92,6 +92,8 @@ def request_body(cfg: RunConfig, index: int, spec: RequestSpec) -> bytes:
         body["model"] = cfg.model
     if spec.priority is not None:
         body["priority"] = spec.priority
+    if spec.slo_tier is not None:
+        body["slo_tier"] = spec.slo_tier
     return json.dumps(body).encode()
 
 

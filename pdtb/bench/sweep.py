@@ -21,6 +21,7 @@ import json
 import sys
 import time
 from argparse import Namespace
+from dataclasses import replace
 
 import aiohttp
 
@@ -96,7 +97,7 @@ def level_specs(a: Namespace, load: float, until: float, closed: bool) -> list[R
         for s in specs:
             t = (s.send_time + offset) / stretch
             if t < until:
-                out.append(RequestSpec(t, s.tenant, s.klass, s.prompt_len, s.output_len, s.priority))
+                out.append(replace(s, send_time=t))
         offset += period
         k += 1
         if offset / stretch >= until or closed:

@@ -26,6 +26,7 @@ optional on/off cycle. The tenants file (`--tenants-file`) is JSON:
                 "prompt": "lognormal:256:0.5", "output": "uniform:16:64",   (defaults "64" and "32")
                 "class": "chat",       default "default"
                 "priority": 0,         optional
+                "tier": "interactive",  optional SLO tier sent with its requests (`slo_tier`)
                 "start": 0, "on": 10, "off": 20}]}   optional: active from `start`, then `on` s
                                                        on and `off` s off, repeating (default: always on)
 """
@@ -141,6 +142,8 @@ class WhaleMinnowConfig:
     context_whale_output: str = "64"
     context_whale_start: float | None = None  # None: whale_start
     context_whale_interval: float | None = None  # None: spread over [start, duration)
+    whale_tier: str | None = None  # SLO tier sent with every whale (None: the router's tenant default)
+    minnow_tier: str | None = None
 
 
 def _spaced(n: int, start: float, interval: float | None, duration: float) -> list[float]:
@@ -168,16 +171,18 @@ def whale_minnow(cfg: WhaleMinnowConfig, seed: int) -> list[RequestSpec]:
         raise ValueError("duration must be > 0, whale starts and intervals finite and >= 0")
     for i, t in enumerate(_spaced(cfg.whales, cfg.whale_start, cfg.whale_interval, cfg.duration)):
         specs.append(RequestSpec(t, cfg.whale_tenants[i % len(cfg.whale_tenants)], "whale",
-                                 wp.sample(wrng), wo.sample(wrng), cfg.whale_priority))
+                                 wp.sample(wrng), wo.sample(wrng), cfg.whale_priority, cfg.whale_tier))
     if cfg.context_whales:
         cp, co = LengthDist.parse(cfg.context_whale_prompt), LengthDist.parse(cfg.context_whale_output)
         crng = random.Random(f"{seed}/context-whale")
         for i, t in enumerate(_spaced(cfg.context_whales, cstart, cfg.context_whale_interval, cfg.duration)):
             tenant = cfg.whale_tenants[(cfg.whales + i) % len(cfg.whale_tenants)]
-            specs.append(RequestSpec(t, tenant, "whale", cp.sample(crng), co.sample(crng), cfg.whale_priority))
+            specs.append(RequestSpec(t, tenant, "whale", cp.sample(crng), co.sample(crng), cfg.whale_priority,
+                                     cfg.whale_tier))
     for t in poisson_times(mrng, cfg.minnow_rate, 0.0, cfg.duration, cfg.burstiness):
         tenant = cfg.minnow_tenants[mrng.randrange(len(cfg.minnow_tenants))]
-        specs.append(RequestSpec(t, tenant, "minnow", mp.sample(mrng), mo.sample(mrng), cfg.minnow_priority))
+        specs.append(RequestSpec(t, tenant, "minnow", mp.sample(mrng), mo.sample(mrng), cfg.minnow_priority,
+                                 cfg.minnow_tier))
     return sorted(specs, key=lambda s: (s.send_time, s.klass))
 
 
@@ -195,6 +200,7 @@ class TenantSpec:
     start: float = 0.0  # no arrivals before this
     on: float | None = None  # on-phase length, s; None = always on
     off: float = 0.0  # off-phase length, s
+    tier: str | None = None  # SLO tier sent with its requests (None: the router's tenant default)
 
     def active(self, t: float) -> bool:
         if t < self.start:
@@ -221,7 +227,8 @@ def parse_tenants(doc: dict) -> tuple[list[TenantSpec], float | None]:
         out.append(TenantSpec(str(r["name"]), rate, LengthDist.parse(r.get("prompt", "64")),
                               LengthDist.parse(r.get("output", "32")), weight, str(r.get("class", "default")),
                               r.get("priority"), float(r.get("start", 0.0)),
-                              None if on is None else float(on), float(r.get("off", 0.0))))
+                              None if on is None else float(on), float(r.get("off", 0.0)),
+                              None if r.get("tier") is None else str(r["tier"])))
     return out, doc.get("duration")
 
 
@@ -250,5 +257,5 @@ def multi_tenant(tenants: list[TenantSpec], duration: float, seed: int, burstine
         for when in poisson_times(rng, t.rate, t.start, duration, burstiness):
             p, o = t.prompt.sample(rng), t.output.sample(rng)  # drawn before thinning: stable lengths
             if t.active(when):
-                specs.append(RequestSpec(when, t.name, t.klass, p, o, t.priority))
+                specs.append(RequestSpec(when, t.name, t.klass, p, o, t.priority, t.tier))
     return sorted(specs, key=lambda s: (s.send_time, s.tenant))
