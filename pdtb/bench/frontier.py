@@ -22,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-from pdtb.bench.results import fmt
+from pdtb.bench.results import fmt, md_table
 
 
 def load_sweep(path: str | Path) -> dict:
@@ -102,7 +102,7 @@ def table(points: list[dict], on_front: list[bool], knee: int | None, klass: str
                      fmt(p["saturation_total_tok_s"], 0),
                      ratio_text(p["saturation_total_tok_s"], b and b["saturation_total_tok_s"]), fmt(p["knee_rps"], 2),
                      fmt(p["ttft_p99_ms"], 0), fmt(p["itl_p99_ms"], 1), fmt(p["attainment"], 2), mark])
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+    return md_table(head, rows)
 
 
 def plot(points: list[dict], on_front: list[bool], knee: int | None, path: Path, klass: str,

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from pdtb.bench.attribution import TPOT_PARTS, TTFT_PARTS
-from pdtb.bench.results import fmt, load_results, run_label
+from pdtb.bench.results import fmt, load_results, md_table, run_label
 
 PLOTS = (("ttft_cdf.png", "TTFT CDF per class"), ("itl_cdf.png", "ITL CDF per class"),
          ("service.png", "accumulated service per tenant"), ("kv_pages.png", "KV pages over time"),
@@ -49,15 +49,11 @@ def _get(stats: dict | None, path):
     return v
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
-
-
 def markdown(runs: dict[str, dict]) -> str:
     """The report text for {label: results}."""
     labels = list(runs)
     out = ["# pd-testbed benchmark report", "", "## Runs", ""]
-    out += _table(["run", "workload", "arrival", "requests", "failed", "duration (s)", "seed"],
+    out += md_table(["run", "workload", "arrival", "requests", "failed", "duration (s)", "seed"],
                   [[lab, f"`{r['meta'].get('workload')}`", str(r["meta"].get("arrival", "-")),
                     str(r["summary"]["overall"]["count"]), str(r["summary"]["overall"]["failed"]),
                     fmt(r["summary"].get("duration_s")), str(r["meta"].get("seed"))] for lab, r in runs.items()])
@@ -80,14 +76,14 @@ def markdown(runs: dict[str, dict]) -> str:
         rows.append([f"**fairness** {row_label}"] + [fmt(r["summary"]["fairness"].get(key), digits)
                                                       for r in runs.values()])
     out += ["", "## Side by side", "", "Latencies in ms over completed requests; goodput under each run's SLOs.", ""]
-    out += _table(["metric"] + labels, rows)
+    out += md_table(["metric"] + labels, rows)
     attr_rows = attribution_rows(runs, classes)
     if attr_rows:
         out += ["", "## SLO attribution (from the nodes)", "",
                 "Per class: requests whose final chunk carried the nodes' attribution, how many missed the "
                 "nodes' SLO targets and the component each miss was blamed on, and the mean time per "
                 "component (ms) over those requests.", ""]
-        out += _table(["metric"] + labels, attr_rows)
+        out += md_table(["metric"] + labels, attr_rows)
     out += ["", "## Plots", ""] + [f"### {title}\n\n![{title}]({name})\n" for name, title in PLOTS]
     return "\n".join(out) + "\n"
 

@@ -54,6 +54,11 @@ def run_label(meta: dict) -> str:
     return f"{meta.get('mode') or '?'}/{meta.get('policy') or '?'}"
 
 
+def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table's lines."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
 def fmt(v, digits: int = 1) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 

@@ -102,11 +102,18 @@ def new_record(spec: RequestSpec, scheduled: float) -> RequestRecord:
                          scheduled_time=scheduled, priority=spec.priority)
 
 
-def cut_off(rec: RequestRecord, now: float) -> RequestRecord:
-    """`rec` of a request cancelled at `now` because its run ended: failed, tokens kept."""
+def _close(rec: RequestRecord, now: float) -> None:
+    """End `rec` at `now`: the server's token count where it sent one (without token_ids a chunk
+    whose text the router held back, a partial character, never arrives and its token comes
+    with a later chunk), else the tokens counted in the stream; TTFT from the first of them."""
     rec.end_time = now
     rec.output_tokens = max(rec.output_tokens, len(rec.token_times))
     rec.first_token_time = rec.token_times[0] if rec.token_times else None
+
+
+def cut_off(rec: RequestRecord, now: float) -> RequestRecord:
+    """`rec` of a request cancelled at `now` because its run ended: failed, tokens kept."""
+    _close(rec, now)
     rec.error, rec.status = CUT_OFF, "failed"
     return rec
 
@@ -153,11 +160,7 @@ async def send_one(http: aiohttp.ClientSession, cfg: RunConfig, spec: RequestSpe
         rec.error = f"timeout: nothing read for {cfg.request_timeout} s"
     except (aiohttp.ClientError, ValueError) as e:
         rec.error = f"{type(e).__name__}: {e}"
-    rec.end_time = clock()
-    # the server's count where it sent one: without token_ids a chunk whose text the router held
-    # back (a partial character) never arrives, and its token comes with a later chunk
-    rec.output_tokens = max(rec.output_tokens, len(rec.token_times))
-    rec.first_token_time = rec.token_times[0] if rec.token_times else None
+    _close(rec, clock())
     if rec.error is None and rec.first_token_time is None:  # as vLLM's client: no TTFT, no success
         rec.error = "the stream ended without an output token"
     rec.status = OK if rec.error is None else "failed"

@@ -113,7 +113,7 @@ def stats(records: list[RequestRecord], duration: float, slos: dict[str, float])
             "slo_attainment": good / len(records) if slos and records else None}
 
 
-def _grouped(records: list[RequestRecord], key) -> dict[str, list[RequestRecord]]:
+def grouped(records: list[RequestRecord], key) -> dict[str, list[RequestRecord]]:
     out: dict[str, list[RequestRecord]] = {}
     for r in records:
         out.setdefault(key(r), []).append(r)
@@ -132,8 +132,8 @@ def summarize(records: list[RequestRecord], duration: float, slos: dict[str, flo
     span = span_s(records)
     span = duration if span is None else span  # the rates' denominator (see the module doc)
     return {"overall": stats(records, span, slos),
-            "per_tenant": {k: stats(v, span, slos) for k, v in _grouped(records, lambda r: r.tenant).items()},
-            "per_class": {k: stats(v, span, slos) for k, v in _grouped(records, lambda r: r.klass).items()},
+            "per_tenant": {k: stats(v, span, slos) for k, v in grouped(records, lambda r: r.tenant).items()},
+            "per_class": {k: stats(v, span, slos) for k, v in grouped(records, lambda r: r.klass).items()},
             "fairness": fairness(records, w, window, duration),
             "slo_attribution": attribution(records),
             "duration_s": span, "run_s": duration, "slos": slos}

@@ -29,7 +29,7 @@ from pdtb.bench import sweep_figures as sf
 from pdtb.bench import workloads as wl
 from pdtb.bench.cli import _csv, _unwritable, _why, build_parser as serve_parser, build_workload, server_info
 from pdtb.bench.records import RequestSpec
-from pdtb.bench.results import server_labels, write_results
+from pdtb.bench.results import fmt, server_labels, write_results
 from pdtb.bench.runner import RunConfig, run
 from pdtb.bench.service import ServiceWeights
 
@@ -108,13 +108,9 @@ def level_specs(a: Namespace, load: float, until: float, closed: bool) -> list[R
 
 def _row(lv: dict, classes: list[str]) -> str:
     o = lv["overall"]
-    att = " ".join(f"{c}={sf_fmt(lv['per_class'].get(c, {}).get('attainment'), 2)}" for c in classes)
+    att = " ".join(f"{c}={fmt(lv['per_class'].get(c, {}).get('attainment'), 2)}" for c in classes)
     return (f"{lv['load']:>7.3g} {o['offered_rps']:>8.2f} {o['goodput_rps']:>8.2f} {o['output_tok_s']:>9.1f} "
-            f"{sf_fmt(o['ttft_ms']['p99'], 0):>9} {o['failed']:>6}  {att}")
-
-
-def sf_fmt(v, d: int) -> str:
-    return "-" if v is None else f"{v:.{d}f}"
+            f"{fmt(o['ttft_ms']['p99'], 0):>9} {o['failed']:>6}  {att}")
 
 
 async def _sweep(a: Namespace, slos: sf.SloTable, weights: ServiceWeights) -> int:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from pdtb.bench.records import OK, RequestRecord
 from pdtb.bench.runner import CUT_OFF
-from pdtb.bench.summary import SLO_KEYS, itls_s, percentile, tpot_s, ttft_s, e2e_s
+from pdtb.bench.summary import SLO_KEYS, e2e_s, grouped, itls_s, pct, tpot_s, ttft_s
 from pdtb.bench.service import ServiceWeights, fairness
 
 
@@ -118,10 +118,9 @@ def _received(r: RequestRecord) -> int:
 
 
 def _p(values: list[float]) -> dict:
-    if not values:
-        return {"p50": None, "p99": None}
-    s = sorted(values)
-    return {"p50": percentile(s, 50), "p99": percentile(s, 99)}
+    """{p50, p99} of the values (None without a sample)."""
+    whole = pct(values)
+    return {"p50": whole["p50"], "p99": whole["p99"]}
 
 
 def group_figures(records: list[RequestRecord], a: float, b: float, slos: SloTable) -> dict:
@@ -151,13 +150,6 @@ def group_figures(records: list[RequestRecord], a: float, b: float, slos: SloTab
             "itl_ms": _p([g * 1000 for r in ok for g in itls_s(r)])}
 
 
-def _by(records: list[RequestRecord], key) -> dict[str, list[RequestRecord]]:
-    out: dict[str, list[RequestRecord]] = {}
-    for r in records:
-        out.setdefault(key(r), []).append(r)
-    return dict(sorted(out.items()))
-
-
 def kv_pages(samples: list[dict], a: float, b: float) -> dict[str, dict]:
     """Per tenant: mean and max KV pages held (summed over nodes) over /cluster samples in [a, b]."""
     inside = [s for s in samples if a <= s["t"] <= b]
@@ -179,8 +171,8 @@ def level_figures(records: list[RequestRecord], a: float, b: float, slos: SloTab
     fair = fairness(measured, w, window, max(ends) if ends else b)
     return {"window_s": [a, b],
             "overall": group_figures(measured, a, b, slos),
-            "per_class": {k: group_figures(v, a, b, slos) for k, v in _by(measured, lambda r: r.klass).items()},
-            "per_tenant": {k: group_figures(v, a, b, slos) for k, v in _by(measured, lambda r: r.tenant).items()},
+            "per_class": {k: group_figures(v, a, b, slos) for k, v in grouped(measured, lambda r: r.klass).items()},
+            "per_tenant": {k: group_figures(v, a, b, slos) for k, v in grouped(measured, lambda r: r.tenant).items()},
             "fairness": {"share_jain_mean": fair["share_jain_mean"], "share_jain_min": fair["share_jain_min"],
                          "jain_index": fair["jain_index"]},
             "kv_pages": kv_pages(samples or [], a, b)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pdtb.bench.results import fmt
+from pdtb.bench.results import fmt, md_table
 
 SWEEP_PLOTS = (("attainment.png", "SLO attainment against offered load, per class"),
                ("goodput.png", "goodput against offered load"))
@@ -42,7 +42,7 @@ def markdown(runs: dict[str, dict]) -> str:
                         + [fmt((pc.get(c, {}).get("ttft_ms") or {}).get("p99"), 0) for c in classes]
                         + [fmt((pc.get(c, {}).get("itl_ms") or {}).get("p99"), 1) for c in classes]
                         + [fmt(lv["fairness"].get("share_jain_mean"), 3)])
-        out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+        out += md_table(head, rows)
         out.append("")
     out += ["## Plots", ""] + [f"### {title}\n\n![{title}]({name})\n" for name, title in SWEEP_PLOTS]
     return "\n".join(out) + "\n"
