@@ -19,6 +19,8 @@ commands:
   bench controller   per-step decision cost of each policy at 100 / 1k / 10k requests
   bench serve        load-test client against an OpenAI-compatible endpoint
   bench sweep        a workload at a series of offered loads: attainment, goodput, knee
+  sim                simulate a cluster at any scale on the real scheduler and policies
+                     (calibrate, validate, reproduce mcsf|vtc|essay, plan)
   frontier           fairness-throughput frontier of sweep files (table, plot, Pareto points)
   report             markdown report and plots comparing results files
   compare            per-run minnow p99 TTFT/ITL and throughput, with ratios vs fcfs
@@ -76,6 +78,10 @@ def _dispatch(argv: list[str]) -> int:
         from pdtb.bench.sweep import main
 
         return main(rest[1:])
+    if cmd == "sim":
+        from pdtb.sim.cli import main
+
+        return main(rest)
     if cmd == "frontier":
         from pdtb.bench.frontier import main
 

@@ -1,0 +1,39 @@
+"""`pdtb sim` and its subcommands."""
+from __future__ import annotations
+
+from pdtb.common import CliError
+
+USAGE = """pdtb sim <subcommand> | pdtb sim [run options]
+
+  pdtb sim --workload W --mode colocated|disagg ... --out FILE    simulate one run
+  pdtb sim calibrate --steps FILE [...] --out FILE               fit a step-cost model
+  pdtb sim validate [...]                                        real cluster vs simulator
+  pdtb sim reproduce mcsf|vtc|essay [--json]                     the papers' figures
+  pdtb sim plan ...                                              prefill:decode split and budgets
+"""
+
+
+def main(argv: list[str]) -> int:
+    sub, rest = (argv[0], argv[1:]) if argv else ("", [])
+    if sub in ("-h", "--help") and not rest:
+        print(USAGE)
+        return 0
+    if sub == "calibrate":
+        from pdtb.sim.calibrate import main as run
+    elif sub == "validate":
+        from pdtb.sim.validate import main as run
+    elif sub == "plan":
+        from pdtb.sim.plan import main as run
+    elif sub == "reproduce":
+        which, rest = (rest[0], rest[1:]) if rest else ("", [])
+        mods = {"mcsf": "pdtb.sim.repro_mcsf", "vtc": "pdtb.sim.repro_vtc", "essay": "pdtb.sim.repro_essay"}
+        if which not in mods:
+            raise CliError(f"pdtb sim reproduce: choose one of {', '.join(mods)}")
+        import importlib
+
+        run = importlib.import_module(mods[which]).main
+    else:
+        from pdtb.sim.run import main as run
+
+        return run(argv)
+    return run(rest)
