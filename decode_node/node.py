@@ -25,7 +25,7 @@ from collections import OrderedDict
 from pdtb.nodes import kv_meta
 from pdtb.nodes.node_base import NodeBase, to_sampling
 from pdtb.nodes.protocol import HandoffNotice, ProtocolError, handoff_meta
-from fairness.base import Arrival
+from decode_node.placement import Inherited, place
 from kv_transport import ReceivedTransfer, TransportConfig, make_receiver
 from kv_transport.admission import Admission, FailCode
 from pdtb.engine.engine import StepEvent
@@ -33,14 +33,6 @@ from pdtb.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 ABORTED_MEMORY = 4096  # request ids remembered as aborted, for transfers that land afterwards
-
-
-def never_fits(header, engine, max_tokens: int) -> str | None:
-    """Why a request can never decode on `engine` (its KV at prompt + max_tokens tokens needs
-    more pages than the whole device tier), or None. Holding it would only delay the failure."""
-    need = max(header.num_pages, engine.scheduler.peak_pages(len(header.prompt_token_ids), max_tokens))
-    have = engine.pool.num_pages
-    return f"needs {need} pages, the decode pool has {have}" if need > have else None
 
 
 def _router_of(t: ReceivedTransfer) -> str:
@@ -72,22 +64,11 @@ class DecodeNode(NodeBase):
             meta = handoff_meta(header.extra)
         except ProtocolError as e:
             return Admission.refuse(FailCode.BAD_METADATA, str(e))
-        bad = never_fits(header, self.engine, meta.params.max_tokens)
-        if bad:
-            return Admission.refuse(FailCode.TOO_LARGE, bad)
-        sch = self.engine.scheduler
-        st = sch.state()
-        left = max(0, meta.params.max_tokens - len(header.output_token_ids))
-        arrival = Arrival(header.request_id, header.tenant, meta.priority, header.num_pages,
-                          st.now, st.now, header.num_tokens, left, slo_tier=meta.slo_tier)
-        self.policy.refresh(sch.running, [*sch.parked, *sch.waiting], st)  # an idle node's view is stale
-        where = self.policy.place_arrival(arrival, len(sch.parked) + len(sch.waiting), st)
-        if where == "device":
-            return Admission.accept()
-        if where == "host" and self.engine.host_pool is not None and self.receiver.accepts_other_pools:
-            self.policy.held.pop(arrival.request_id, None)  # parked here now, a local candidate
-            return Admission.park(self.engine.host_pool)  # arrives parked; promoted in policy order
-        return Admission.defer(f"policy {self.policy.name} defers ({where})")
+        req = Inherited(header.request_id, header.tenant, meta.priority, meta.slo_tier, header.num_pages,
+                        header.num_tokens, len(header.prompt_token_ids), len(header.output_token_ids),
+                        meta.params.max_tokens)
+        can_park = self.receiver is None or self.receiver.accepts_other_pools  # torch receivers land in the device tier only
+        return place(req, self.engine.scheduler, self.policy, can_park)
 
     async def start_extra(self) -> None:
         kw = {"context": self.ctx} if self.transport.backend == "zmq" else {}  # the ZAP handler lives in self.ctx

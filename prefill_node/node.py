@@ -30,12 +30,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
 
 from pdtb.nodes import kv_meta
 from pdtb.nodes.node_base import NodeBase
 from prefill_node.order import PrefillOrder
-from pdtb.nodes.handoff import HandoffEvent, HandoffState, advance
+from pdtb.nodes.handoff import HandoffEvent
+from prefill_node.handoff import Handoff, Outcome, transfer_ended
 from pdtb.nodes.protocol import GenerateRequest, HandoffMeta, HandoffNotice, Target, to_extra
 from pdtb.colocated.node import accept_request
 from kv_transport import TransferMeta, TransferState, TransportConfig, make_sender
@@ -45,34 +45,6 @@ from pdtb.engine.kv_export import export_request
 from pdtb.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
-# Backoff bounds for a hand-off the decode side refused for lack of pages. The decode node does
-# not say when pages free up, so the cap is how long its pool may sit idle with hand-offs held
-# here (0.5 s left it idle a third of the time under backpressure; a retry is one header).
-RETRY_S = (0.01, 0.1)
-
-
-@dataclass
-class Handoff:
-    """One request's KV on its way to a decode node (states: pdtb/nodes/handoff.py)."""
-
-    seq: Sequence
-    req: GenerateRequest
-    targets: list[Target]  # the decode node it is bound to first, then its fallbacks
-    state: HandoffState = HandoffState.BOUND
-    transfer_id: str | None = None
-    deadline: float = 0.0  # monotonic: give up holding after this
-    retry_at: float = 0.0  # monotonic: next attempt
-    backoff: float = RETRY_S[0]
-    attempts: int = 0
-    refusals: int = 0  # "no_pages" refusals since the last backoff (one per target, then back off)
-
-    def on(self, event: HandoffEvent) -> None:
-        self.state = advance(self.state, event)
-
-    def retarget(self) -> None:
-        self.req.decode_node, self.req.decode_kv_addr = self.targets[0].node_id, self.targets[0].kv_addr
-
-
 class PrefillNode(NodeBase):
     moves_kv = True
 
@@ -152,8 +124,9 @@ class PrefillNode(NodeBase):
             st = self.senders[h.req.decode_kv_addr].poll(h.transfer_id)
             if st is None or not st.state.finished:
                 continue
-            if st.state == TransferState.DONE:
-                h.on(HandoffEvent.LANDED)
+            st_node = h.req.decode_node
+            out = transfer_ended(h, st.state == TransferState.DONE, st.code, mono)
+            if out is Outcome.LANDED:
                 if h.req.fallbacks:  # the router may have fallbacks in mind: the request is that node's now
                     self._notify(rid, h.req.decode_node, delivered=True)
                 self.metrics.kv_sent.inc(st.bytes_total)
@@ -161,28 +134,14 @@ class PrefillNode(NodeBase):
                 if st.duration_s is not None:
                     self.metrics.transfer_s.observe(st.duration_s)
                 self._release(rid)
-            elif st.code is FailCode.NO_PAGES and mono < h.deadline:
-                # Backpressure: the decode pool is full. Keep the pages and try again later,
-                # at the next decode node of the request's list if it has one.
-                self.metrics.transfers.labels(outcome="deferred", **self.metrics.labels).inc()
-                h.on(HandoffEvent.DEFERRED)
-                h.transfer_id, h.retry_at = None, mono
+                continue
+            outcome = "deferred" if out is Outcome.HELD else "failed"
+            self.metrics.transfers.labels(outcome=outcome, **self.metrics.labels).inc()
+            if out is Outcome.HELD:  # backpressure: the pages stay here, the request waits
                 h.seq.timeline.start_wait("held", time.time())
-                h.refusals += 1
-                if h.refusals >= len(h.targets):  # every node refused in turn: back off
-                    h.refusals, h.retry_at = 0, mono + h.backoff
-                    h.backoff = min(h.backoff * 2, RETRY_S[1])
-                if len(h.targets) > 1:
-                    h.targets.append(h.targets.pop(0))
-                    self._moved(h, f"{st.code}: {st.reason}")
-            elif len(h.targets) > 1 and mono < h.deadline and st.code is not FailCode.BAD_METADATA:
-                self.metrics.transfers.labels(outcome="failed", **self.metrics.labels).inc()
-                h.targets.pop(0)  # that node cannot take it (draining, too small, unreachable)
-                h.transfer_id, h.retry_at = None, mono
-                self._moved(h, f"{st.code}: {st.reason}")
-            else:
-                self.metrics.transfers.labels(outcome="failed", **self.metrics.labels).inc()
-                h.on(HandoffEvent.FAIL)
+            if out is not Outcome.FAILED and h.req.decode_node != st_node:
+                self._moved(h, st_node, f"{st.code}: {st.reason}")
+            elif out is Outcome.FAILED:
                 # fail() before _release(): the error event needs the route _release forgets
                 self.fail(rid, f"KV transfer to the decode node failed: {st.code}: {st.reason}")
                 self._release(rid)
@@ -190,11 +149,8 @@ class PrefillNode(NodeBase):
             if h.transfer_id is None and mono >= h.retry_at:
                 await self._start_transfer(h)
 
-    def _moved(self, h: Handoff, why: str) -> None:
-        """The hand-off goes to `h.targets[0]` now: tell the request's router."""
-        old = h.req.decode_node
-        h.on(HandoffEvent.MOVE)
-        h.retarget()
+    def _moved(self, h: Handoff, old: str, why: str) -> None:
+        """The hand-off went to `h.targets[0]` (retargeted) from node `old`: tell the request's router."""
         log.info("request %s: hand-off moves from decode node %s to %s (%s)", h.seq.request_id, old,
                  h.req.decode_node, why)
         self._notify(h.seq.request_id, h.req.decode_node)
@@ -224,7 +180,9 @@ class PrefillNode(NodeBase):
                 h.transfer_id = None
             if h.targets:
                 h.retry_at = time.monotonic()
-                self._moved(h, f"decode node {node_id} is down")
+                h.on(HandoffEvent.MOVE)
+                h.retarget()
+                self._moved(h, node_id, f"decode node {node_id} is down")
             else:
                 h.on(HandoffEvent.FAIL)
                 self.fail(rid, f"decode node {node_id} {reason or 'stopped answering'}")

@@ -15,7 +15,7 @@ from pdtb.nodes.node_cli import fault_config
 from pdtb.nodes.protocol import GenerateRequest, Params
 from pdtb.colocated.node import validate_prompt
 from conftest import make_engine
-from decode_node.node import never_fits
+from decode_node.placement import Inherited, never_fits
 from kv_transport import FaultConfig, TransferMeta, TransferState, TransportConfig
 from kv_transport.admission import Admission, FailCode
 from kv_transport.fake import FakeNetwork, FakeReceiver, FakeSender
@@ -24,18 +24,18 @@ from pdtb.common import CliError
 from pdtb.engine.sequence import SamplingParams, Sequence
 
 
-def header(prompt_len: int) -> SimpleNamespace:
-    """The fields of a KVTransferHeader that `never_fits` reads (page size 16)."""
-    return SimpleNamespace(num_pages=-(-prompt_len // 16), prompt_token_ids=[5] * prompt_len)
+def header(prompt_len: int, max_tokens: int) -> Inherited:
+    """What a transfer header of a `prompt_len`-token request tells (page size 16)."""
+    return Inherited("r", "t", 0, "", -(-prompt_len // 16), prompt_len, prompt_len, 0, max_tokens)
 
 
 def test_decode_refuses_only_what_can_never_fit_the_pool(llama_dir):
     engine = make_engine(llama_dir, num_pages=8)  # 128 tokens
-    assert never_fits(header(100), engine, 28) is None  # 128 tokens at its longest: exactly the pool
-    assert never_fits(header(100), engine, 29) == "needs 9 pages, the decode pool has 8"
-    assert never_fits(header(200), engine, 1) == "needs 13 pages, the decode pool has 8"
+    assert never_fits(header(100, 28), engine.scheduler) is None  # 128 tokens at its longest: exactly the pool
+    assert never_fits(header(100, 29), engine.scheduler) == "needs 9 pages, the decode pool has 8"
+    assert never_fits(header(200, 1), engine.scheduler) == "needs 13 pages, the decode pool has 8"
     capped = make_engine(llama_dir, num_pages=8, max_model_len=128)  # a request stops at 128 tokens
-    assert never_fits(header(100), capped, 1000) is None
+    assert never_fits(header(100, 1000), capped.scheduler) is None
 
 
 def test_colocated_refuses_a_request_larger_than_its_pool(llama_dir):

@@ -34,7 +34,7 @@ class PagePool:
     """Fixed-size pool of KV pages for one tier of one node."""
 
     def __init__(self, spec: KVSpec, num_pages: int, device: str | torch.device = "cpu",
-                 tier: str = "device", pin_memory: bool = False) -> None:
+                 tier: str = "device", pin_memory: bool = False, storage: bool = True) -> None:
         if num_pages <= 0:
             raise ValueError("num_pages must be positive")
         if tier not in ("device", "host"):
@@ -43,7 +43,9 @@ class PagePool:
         self.num_pages = num_pages
         self.tier = tier
         pin = pin_memory and torch.cuda.is_available()
-        if torch.device(device).type == "cpu" and not pin:  # scattered page reads: huge pages help
+        if not storage:  # ownership only (pdtb sim): the same state machine at any pool size, no bytes
+            self.kv = None
+        elif torch.device(device).type == "cpu" and not pin:  # scattered page reads: huge pages help
             self.kv = host_memory.zeros(spec.page_shape(num_pages), spec.torch_dtype)
         else:
             self.kv = torch.zeros(spec.page_shape(num_pages), dtype=spec.torch_dtype, device=device, pin_memory=pin)
@@ -163,6 +165,8 @@ class PagePool:
             raise ValueError("page lists differ in length")
         if dst.spec != self.spec:
             raise ValueError("pools of different page geometry")
+        if self.kv is None or dst.kv is None:  # a pool without storage moves ownership, not bytes
+            return len(src_pages) * self.bytes_per_page
         src = torch.tensor(src_pages, dtype=torch.long, device=self.kv.device)
         idx = torch.tensor(dst_pages, dtype=torch.long, device=dst.kv.device)
         dst.kv.index_copy_(2, idx, self.kv.index_select(2, src).to(dst.kv.device, non_blocking=True))
