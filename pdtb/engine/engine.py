@@ -30,6 +30,23 @@ class StepEvent:
     finished: bool
 
 
+def append_token(scheduler: Scheduler, seq: Sequence, token: int, eos_token_ids) -> StepEvent:
+    """Give `seq` its sampled `token`; end it (pages freed) on EOS, a stop id, max_tokens or the
+    context limit. The engine and the simulator (pdtb/sim) end requests by this one rule."""
+    seq.token_ids.append(token)
+    p = seq.params
+    status = None
+    if not p.ignore_eos and token in eos_token_ids:
+        status, reason = SeqStatus.FINISHED_STOPPED, "stop"
+    elif token in p.stop_token_ids:
+        status, reason = SeqStatus.FINISHED_STOPPED, "stop"
+    elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= scheduler.config.max_model_len:
+        status, reason = SeqStatus.FINISHED_LENGTH, "length"
+    if status is not None:
+        scheduler.finish(seq, status, reason)
+    return StepEvent(seq, token, status is not None)
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, model=None, tokenizer=None, info: ModelInfo | None = None,
                  policy=None) -> None:
@@ -96,18 +113,7 @@ class LLMEngine:
         return [self._append(seq, tok) for seq, tok in zip(sampling, tokens)]
 
     def _append(self, seq: Sequence, token: int) -> StepEvent:
-        seq.token_ids.append(token)
-        p = seq.params
-        status = None
-        if not p.ignore_eos and token in self.info.eos_token_ids:
-            status, reason = SeqStatus.FINISHED_STOPPED, "stop"
-        elif token in p.stop_token_ids:
-            status, reason = SeqStatus.FINISHED_STOPPED, "stop"
-        elif seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.scheduler.config.max_model_len:
-            status, reason = SeqStatus.FINISHED_LENGTH, "length"
-        if status is not None:
-            self.scheduler.finish(seq, status, reason)
-        return StepEvent(seq, token, status is not None)
+        return append_token(self.scheduler, seq, token, self.info.eos_token_ids)
 
     # ---- start-up ---------------------------------------------------------------------------
     def warm_up(self, prompt_len: int = 48, decode_steps: int = 3) -> float:

@@ -72,3 +72,24 @@ class LinkModel:
 
     def seconds(self, nbytes: int) -> float:
         return self.latency_s + nbytes / self.bytes_per_s
+
+
+@dataclass(frozen=True)
+class FixedStepCost:
+    """Every step takes `step_s` whatever it carries (the synthetic setting of the scheduling
+    papers: one step is one unit of time); transfers and tier moves over the given links."""
+
+    step_seconds: float = 1.0
+    page_bytes: int = 1
+    link: LinkModel = LinkModel(1e12)
+    host_link: LinkModel = LinkModel(1e12)
+    name: str = "fixed"
+
+    def step_s(self, shape: StepShape) -> float:
+        return self.step_seconds
+
+    def transfer_s(self, nbytes: int) -> float:
+        return self.link.seconds(nbytes)
+
+    def tier_move_s(self, nbytes: int) -> float:
+        return self.host_link.seconds(nbytes)

@@ -1,0 +1,172 @@
+"""A simulated cluster: nodes, the router's placement, the links between them, and the client's
+records. One `EventLoop` drives everything.
+
+    client (spec.send_time) --client latency--> router: placement on the nodes' last ping
+    answers (pdtb/router/nodes.py: pick_prefill, pick_most_free, fallbacks, pending pages)
+    --rpc latency--> entry node ... tokens --rpc + client latency--> the request's record
+
+KV payloads leave a prefill node one after another (its link is a FIFO: a transfer starts when
+the previous one has left), each taking `cost.transfer_s(bytes)`. Headers and answers take the
+rpc latency.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from pdtb.bench.records import OK, RequestRecord, RequestSpec
+from pdtb.bench.runner import cut_off
+from pdtb.engine.kv_spec import KVSpec
+from pdtb.nodes.protocol import GenerateRequest, NodeStats, Params, Target
+from pdtb.router.config import NodeSpec
+from pdtb.router.nodes import FALLBACKS, NodeState, pick_most_free, pick_prefill
+from pdtb.sim.cost import CostModel
+from pdtb.sim.events import EventLoop
+from pdtb.sim.node import NodeShape, SimNode
+from pdtb.sim.observe import Observer
+from pdtb.sim.roles import SimColocated, SimDecode, SimPrefill
+
+ROLES = {"colocated": SimColocated, "prefill": SimPrefill, "decode": SimDecode}
+PROMPT_ID = 5  # placeholder prompt token
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    nodes: tuple[NodeShape, ...]
+    rpc_latency_s: float = 1e-4  # one message between two processes (router <-> node, node <-> node)
+    client_latency_s: float = 5e-4  # client <-> router, each way (HTTP, SSE)
+    ping_interval_s: float = 0.5  # the router's view of the nodes is this old at most
+    sample_interval_s: float = 0.5  # cluster samples (pages per tenant, top-5% share)
+    tenant_tiers: dict = field(default_factory=dict)  # router --tenant-tier defaults
+
+    def __post_init__(self) -> None:
+        roles = {n.role for n in self.nodes}
+        if not self.nodes or not ({"prefill", "decode"} <= roles or "colocated" in roles):
+            raise ValueError("a cluster needs colocated nodes, or prefill and decode nodes")
+        if min(self.rpc_latency_s, self.client_latency_s) < 0 or self.ping_interval_s <= 0:
+            raise ValueError("latencies must be >= 0 and the ping interval > 0")
+
+
+class SimCluster:
+    def __init__(self, shape: ClusterShape, spec: KVSpec, cost: CostModel) -> None:
+        self.shape, self.spec, self.cost = shape, spec, cost
+        self.loop = EventLoop()
+        self.nodes: dict[str, SimNode] = {}
+        for i, ns in enumerate(shape.nodes):
+            nid = f"{ns.role}-{i}"
+            self.nodes[nid] = ROLES[ns.role](nid, ns, spec, cost, self.loop, self)
+        self.states = {nid: NodeState(NodeSpec(n.shape.role, f"sim://{nid}")) for nid, n in self.nodes.items()}
+        self.records: dict[str, RequestRecord] = {}
+        self.klass: dict[str, str] = {}
+        self.entry: dict[str, str] = {}
+        self._link_free: dict[str, float] = {}
+        self.observer = Observer(self)
+        self._open = 0
+
+    # ---- run -----------------------------------------------------------------------------------
+    def run(self, specs: list[RequestSpec], horizon_s: float | None = None) -> list[RequestRecord]:
+        """Simulate `specs`; every request ends (finished, failed, or cut off at `horizon_s`)."""
+        self._open = len(specs)
+        self._ping()
+        self.observer.start()
+        for i, s in enumerate(specs):
+            self.loop.at(s.send_time + self.shape.client_latency_s, self._submit, i, s)
+            self.records[f"sim-{i}"] = RequestRecord(s.tenant, s.klass, s.prompt_len, s.output_len,
+                                                     scheduled_time=s.send_time, send_time=s.send_time,
+                                                     priority=s.priority)
+        self.loop.run(until=horizon_s)
+        for rec in self.records.values():
+            if rec.end_time is None:
+                cut_off(rec, self.loop.now)
+        return list(self.records.values())
+
+    def _ping(self) -> None:
+        """The router's ping: every node's stats as it would answer now."""
+        for nid, n in self.nodes.items():
+            sch, host = n.scheduler, n.host_pool
+            queued = sum(s.num_uncomputed_tokens for s in sch.waiting) + sum(
+                s.num_uncomputed_tokens for s in sch.running if s.in_prefill)
+            self.states[nid].stats = NodeStats(nid, n.shape.role, 0, n.pool.num_pages, n.pool.num_free,
+                                               host.num_pages if host else 0, host.num_free if host else 0,
+                                               len(sch.running), len(sch.waiting) + len(sch.parked), queued, kv_addr=nid)
+        if self._open:
+            self.loop.after(self.shape.ping_interval_s, self._ping)
+
+    # ---- the router ------------------------------------------------------------------------------
+    def _fits(self, role: str, tokens: int) -> list[NodeState]:
+        return [s for s in self.states.values() if s.spec.role == role
+                and math.ceil(tokens / self.spec.page_size) <= s.stats.pages_total]
+
+    def _submit(self, i: int, s: RequestSpec) -> None:
+        rid, now = f"sim-{i}", self.loop.now
+        self.klass[rid] = s.klass
+        peak = s.prompt_len + s.output_len
+        prefill, decode = pick_prefill(self._fits("prefill", s.prompt_len)), pick_most_free(self._fits("decode", peak))
+        entry = prefill if (prefill and decode) else pick_most_free(self._fits("colocated", peak))
+        if entry is None:
+            need = math.ceil(peak / self.spec.page_size)
+            return self.on_failed(rid, f"request needs up to {need} KV pages; no node's pool holds it")
+        decode = decode if entry is prefill else None
+        tier = s.slo_tier if s.slo_tier is not None else self.shape.tenant_tiers.get(s.tenant, "")
+        req = GenerateRequest(rid, [PROMPT_ID] * s.prompt_len, Params(max_tokens=s.output_len, ignore_eos=True),
+                              tenant=s.tenant, priority=s.priority or 0, slo_tier=tier, router_id="router",
+                              arrival_time=now)
+        if decode is not None:
+            req.decode_node = req.decode_kv_addr = decode.node_id
+            others = sorted((n for n in self._fits("decode", peak) if n is not decode), key=lambda n: -n.free_pages_estimate())
+            req.fallbacks = [Target(n.node_id, n.node_id) for n in others[:FALLBACKS]]
+        (decode or entry).pending_pages[rid] = math.ceil((s.prompt_len + 1) / self.spec.page_size)
+        self.entry[rid] = entry.node_id
+        node = self.nodes[entry.node_id]
+        self.loop.after(self.shape.rpc_latency_s, node.deliver, node.on_generate, req)
+
+    # ---- node -> router -> client ------------------------------------------------------------------
+    def on_token(self, node: SimNode, rid: str, finished: bool, timing: dict | None) -> None:
+        rec = self.records[rid]
+        t = self.loop.now + self.shape.rpc_latency_s + self.shape.client_latency_s
+        rec.token_times.append(t)
+        if rec.first_token_time is None:
+            rec.first_token_time = t
+        if node.shape.role == "decode":  # its pages show in the node's stats from now on
+            self.states[node.node_id].pending_pages.pop(rid, None)
+        if finished:
+            rec.status, rec.server_timing = OK, timing or {}
+            self._end(rid, t)
+
+    def on_failed(self, rid: str, reason: str) -> None:
+        rec = self.records[rid]
+        if rec.end_time is None:
+            rec.error = reason
+            self._end(rid, self.loop.now + self.shape.rpc_latency_s + self.shape.client_latency_s)
+
+    def _end(self, rid: str, t: float) -> None:
+        rec = self.records[rid]
+        rec.end_time, rec.output_tokens = t, len(rec.token_times)
+        for st in self.states.values():
+            st.pending_pages.pop(rid, None)
+        self._open -= 1
+
+    # ---- node <-> node -------------------------------------------------------------------------------
+    def send_header(self, src: SimPrefill, h) -> None:
+        dst = self.nodes[h.req.decode_node]
+        self.loop.after(self.shape.rpc_latency_s, dst.deliver, dst.on_header, src, h, h.transfer_id)
+
+    def answer(self, src: SimPrefill, h, tid: str, landed: bool, code, reason: str) -> None:
+        self.loop.after(self.shape.rpc_latency_s, src.deliver, src.on_transfer_end, h, tid, landed, code, reason)
+
+    def send_payload(self, src: SimPrefill, dst: SimDecode, h, tid: str, target, nbytes: int) -> None:
+        start = max(self.loop.now, self._link_free.get(src.node_id, 0.0))
+        end = start + self.cost.transfer_s(nbytes)
+        self._link_free[src.node_id] = end
+        self.observer.on_transfer(h.seq.request_id, nbytes, end - self.loop.now)
+        self.loop.at(end, dst.deliver, dst.on_landed, src, h, tid, target, nbytes)
+
+    def on_adopted(self, node: SimDecode, seq) -> None:
+        self.observer.on_adopted(node, seq)
+
+    def observe_step(self, node: SimNode, out, t0: float, t1: float) -> None:
+        self.observer.on_step(node, out, t0, t1)
+
+    def is_done(self) -> bool:
+        return self._open == 0
+

@@ -1,0 +1,158 @@
+"""A simulated node: the real scheduler, page pools (ownership only, no bytes), fairness policy
+and node accounting, stepped on the simulator's clock. Only the forward pass is a cost model.
+
+    message arrives -> handled at once if the node is between steps, else queued in `inbox`
+    (a real node reads its sockets only between engine steps) -> step: scheduler.schedule()
+    at t, cost model says how long (forward pass + tier moves) -> at t + d: tokens appended
+    (engine.append_token: the engine's rule for ending a request), accounting, the role's
+    events -> inbox drained, role's I/O polled -> next step
+
+A step in which nothing may run (a bandwidth cap, a quota's turn) waits `STALL_S` or the next
+message, as a real node's loop does.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from fairness import make_policy
+from fairness.config import FairnessConfig
+from pdtb.engine.engine import append_token
+from pdtb.engine.kv_spec import KVSpec
+from pdtb.engine.page_pool import PagePool
+from pdtb.engine.scheduler import Scheduler, SchedulerConfig
+from pdtb.nodes.accounting import NodeAccounting
+from pdtb.nodes.node_metrics import NodeMetrics
+from pdtb.sim.cost import CostModel, StepShape
+
+STALL_S = 0.01  # a real node's idle wait (node_base._wait_wake)
+TOKEN = 7  # the token every simulated step samples (requests run with ignore_eos to max_tokens)
+VOCAB = 1 << 20  # prompt ids are placeholders: any id is in the vocabulary
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """One node's configuration, as its command line would give it."""
+
+    role: str  # "prefill" | "decode" | "colocated"
+    num_pages: int  # device-tier pages
+    host_pages: int = 0  # host-tier pages (decode and colocated)
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+    policy: str = "fcfs"
+    fairness: FairnessConfig = field(default_factory=FairnessConfig)
+    hold_timeout_s: float = 120.0  # prefill: how long a deferred hand-off keeps retrying
+
+    def __post_init__(self) -> None:
+        if self.role not in ("prefill", "decode", "colocated"):
+            raise ValueError(f"node role must be prefill, decode or colocated, not {self.role!r}")
+        if self.num_pages < 1 or self.host_pages < 0:
+            raise ValueError("a node needs at least one device page (and no negative host pages)")
+
+
+class SimNode:
+    """What every simulated role shares; `on_step_events` and `poll_io` are the role's."""
+
+    def __init__(self, node_id: str, shape: NodeShape, spec: KVSpec, cost: CostModel, loop, cluster) -> None:
+        self.node_id, self.shape, self.cost, self.loop, self.cluster = node_id, shape, cost, loop, cluster
+        self.config = SimpleNamespace(fairness=shape.fairness, role=shape.role, node_id=node_id)
+        self.pool = PagePool(spec, shape.num_pages, storage=False)
+        self.host_pool = PagePool(spec, shape.host_pages, tier="host", storage=False) if shape.host_pages else None
+        self.policy = self.make_policy(shape)
+        self.scheduler = Scheduler(SchedulerConfig(shape.max_num_seqs, shape.max_num_batched_tokens,
+                                                   shape.max_model_len), self.pool, policy=self.policy,
+                                   host_pool=self.host_pool, clock=loop)
+        self.engine = self  # NodeAccounting and the nodes' validation read engine.pool, .scheduler, .info
+        self.info = SimpleNamespace(vocab_size=VOCAB)
+        self.metrics = NodeMetrics(shape.role, node_id)
+        self.acct = NodeAccounting(self)
+        self.seqs: dict = {}  # live requests on this node, by id
+        self.inbox: deque = deque()
+        self.busy = False
+        self._timer = False  # a stall or retry wake-up is armed
+        self.num_steps = 0
+        self.busy_s = 0.0  # simulated seconds spent in steps
+
+    def make_policy(self, shape: NodeShape):
+        return make_policy(shape.policy, shape.fairness)
+
+    def add(self, seq) -> None:
+        """Queue a new request (the engine's `add`: what accept_request calls)."""
+        self.scheduler.add(seq)
+
+    # ---- messages ------------------------------------------------------------------------------
+    def deliver(self, fn, *args) -> None:
+        """A message for this node: handled now if it is between steps, else after the step."""
+        if self.busy:
+            self.inbox.append((fn, args))
+            return
+        fn(*args)
+        self.kick()
+
+    def wake_at(self, t: float) -> None:
+        """Step (or poll) again at `t` at the latest: a stalled step, a hand-off's retry time."""
+        if not self._timer:
+            self._timer = True
+            self.loop.at(t, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = False
+        if not self.busy:
+            self.poll_io()
+            self.kick()
+
+    # ---- steps ---------------------------------------------------------------------------------
+    def kick(self) -> None:
+        if self.busy or not self.scheduler.has_work():
+            return
+        out = self.scheduler.schedule()
+        if not (out.chunks or out.moves or out.preempted):  # nothing may run now: wait, as a node does
+            self.wake_at(self.loop.now + STALL_S)
+            return
+        cost = self.cost
+        d = cost.step_s(StepShape.of(out.chunks)) + sum(cost.tier_move_s(m.num_bytes) for m in out.moves)
+        self.busy = True
+        self.loop.after(d, self._end_step, out, self.loop.now)
+
+    def _end_step(self, out, t0: float) -> None:
+        now = self.loop.now
+        self.num_steps += 1
+        self.busy_s += now - t0
+        sampling = [c.seq for c in out.chunks if c.wants_logits]
+        for c in out.chunks:
+            c.seq.num_computed_tokens += c.num_new_tokens
+        events = [append_token(self.scheduler, s, TOKEN, ()) for s in sampling]
+        self.acct.on_output(out, now)
+        self.cluster.observe_step(self, out, t0, now)
+        self.on_step_events(out, events, t0)
+        self.busy = False
+        while self.inbox and not self.busy:
+            fn, args = self.inbox.popleft()
+            fn(*args)
+        self.poll_io()
+        self.kick()
+
+    # ---- the role's ----------------------------------------------------------------------------
+    def on_step_events(self, out, events, t0: float) -> None:
+        raise NotImplementedError
+
+    def poll_io(self) -> None:
+        """Between steps: the role's transfers (prefill: hand-offs due)."""
+
+    # ---- endings -------------------------------------------------------------------------------
+    def emit(self, seq, finished: bool) -> None:
+        """One token of `seq` leaves this node now (its last, with the timing, when finished)."""
+        timing = self.acct.final_timing(seq) if finished else None
+        self.cluster.on_token(self, seq.request_id, finished, timing)
+        if finished:
+            self._forget(seq.request_id)
+
+    def fail(self, request_id: str, reason: str) -> None:
+        self.cluster.on_failed(request_id, reason)
+        self._forget(request_id)
+
+    def _forget(self, request_id: str) -> None:
+        self.seqs.pop(request_id, None)
+        self.acct.forget(request_id)
