@@ -11,6 +11,14 @@ its next position, so it appends to those caches instead of gathering rows from 
 
     pdtb bench steps [--threads 1] [--rows 10] [--row-len 30] [--long-rows 1,2,4] [--long-len 1800]
                      [--chunks 16,64,512] [--offsets 0,1000] [--reps 15] [--json]
+                     [--device cpu|cuda[:N]] [--dtype float32|bfloat16] [--random-init CONFIG]
+    pdtb bench steps --grid [grid lists, see step_grid.py] [--json]
+
+`--grid` measures a grid of step compositions instead (decode rows by context, prefill chunks
+by size and offset, both together) as samples a step-cost model is fitted to (`pdtb sim
+calibrate`). `--random-init CONFIG` times a model of that config's shape with random weights
+(a config.json path or a shape shipped in pdtb/sim/model_configs), no checkpoint needed.
+On a GPU the device is synchronized before the timer is read.
 """
 from __future__ import annotations
 
@@ -18,6 +26,7 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import time
 
 
@@ -36,10 +45,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--chunks", type=_ints, default=[16, 64, 512], help="prefill chunk sizes added (list)")
     ap.add_argument("--offsets", type=_ints, default=[0, 1000], help="prompt offsets of the chunk (list)")
     ap.add_argument("--page-size", type=int, default=16)
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--reps", type=int, default=None, help="repeats of each composition (default 15; --grid: 5)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    ap.add_argument("--random-init", metavar="CONFIG", default=None,
+                    help="random weights from a config.json path or a shipped shape (e.g. llama-3-8b) instead of --model")
+    from pdtb.engine.step_grid import add_grid_args, check_grid_args
+
+    add_grid_args(ap)
     a = ap.parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in --grid --json output
+    if a.model and a.random_init:
+        ap.error("--model and --random-init exclude each other")
+    check_grid_args(ap, a)
+    a.reps = a.reps if a.reps is not None else (5 if a.grid else 15)
     if not (a.long_rows and a.chunks and a.offsets):
         ap.error("--long-rows, --chunks and --offsets need at least one value each")
     if min([a.rows, a.row_len, a.long_len, a.reps, a.threads, a.page_size, *a.long_rows, *a.chunks]) < 1 or min(a.offsets) < 0:
@@ -47,17 +68,56 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = parse(argv)
+def build_engine(a: argparse.Namespace, num_pages: int):
+    """The engine the steps run on: `--model` (or the embedded default) or `--random-init`."""
+    from pdtb.common import CliError, resolve_model
     from pdtb.engine.config import EngineConfig
     from pdtb.engine.engine import LLMEngine
+
+    try:
+        if a.random_init:
+            from pdtb.engine.random_init import random_model
+
+            model, info = random_model(a.random_init, a.device, a.dtype)
+            cfg = EngineConfig(info.model_dir, page_size=a.page_size, num_pages=num_pages, device=a.device,
+                               dtype=a.dtype, torch_threads=a.threads)
+            return LLMEngine(cfg, model=model, info=info)
+        cfg = EngineConfig(resolve_model(a.model), page_size=a.page_size, num_pages=num_pages, device=a.device,
+                           dtype=a.dtype, torch_threads=a.threads)
+    except ValueError as e:  # a bad device, dtype or config: one line
+        raise CliError(str(e).splitlines()[0]) from None
+    return LLMEngine(cfg)
+
+
+def step_timer(device: str):
+    """A function that runs one step and returns its milliseconds. A GPU runs kernels after the
+    call returns: the device is synchronized before the clock starts and before it is read."""
+    import torch
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def timed(runner, rows) -> float:
+        sync()
+        t0 = time.perf_counter()
+        runner.run(rows)
+        sync()
+        return 1000 * (time.perf_counter() - t0)
+    return timed
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    if a.grid:
+        from pdtb.engine.step_grid import main_grid
+
+        return main_grid(a)
     from pdtb.engine.runner import BatchChunk
-    from pdtb.engine.loader import resolve_model
 
     ps = a.page_size
     longest = max(max(a.offsets) + max(a.chunks), a.long_len + 1)
     pages = a.rows * (-(-(a.row_len + 1) // ps)) + (max(a.long_rows) + 1) * (-(-longest // ps))
-    eng = LLMEngine(EngineConfig(resolve_model(a.model), page_size=ps, num_pages=pages + 4, torch_threads=a.threads))
+    eng = build_engine(a, pages + 4)
+    timed = step_timer(a.device)
     pool, rng = eng.pool, random.Random(a.seed)
     vocab = eng.info.vocab_size
 
@@ -87,9 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         for k, rows in comps.items():
             eng.runner.run([warm for warm, _ in rows])  # fills the composition's read caches
             before = caches.rows_gathered if caches is not None else 0
-            t0 = time.perf_counter()
-            eng.runner.run([timed for _, timed in rows])
-            times[k].append(1000 * (time.perf_counter() - t0))
+            times[k].append(timed(eng.runner, [step for _, step in rows]))
             gathered += (caches.rows_gathered if caches is not None else 0) - before
     med = {k: statistics.median(v) for k, v in times.items()}
     res = {"step_ms": med, "added_ms": {k: v - med["base"] for k, v in med.items() if k != "base"},

@@ -47,9 +47,15 @@ def read_model_info(model_dir: str | Path) -> ModelInfo:
         cfg = json.loads(cfg_path.read_text())
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot read {cfg_path}: {e}") from None
+    return model_info_from_config(cfg, str(path), str(cfg_path))
+
+
+def model_info_from_config(cfg: dict, model_dir: str, where: str) -> ModelInfo:
+    """A `ModelInfo` from a config dict (`where` names it in errors): a checkpoint's, or a
+    config alone for a model built with random weights."""
     mtype = cfg.get("model_type")
     if mtype not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(f"unsupported model_type {mtype!r} in {cfg_path}; "
+        raise ModelLoadError(f"unsupported model_type {mtype!r} in {where}; "
                              f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
@@ -58,5 +64,5 @@ def read_model_info(model_dir: str | Path) -> ModelInfo:
         max_len = min(max_len, cfg["sliding_window"])  # paged attention here is full attention
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-    return ModelInfo(str(path), mtype, cfg["num_hidden_layers"], cfg.get("num_key_value_heads", heads),
+    return ModelInfo(model_dir, mtype, cfg["num_hidden_layers"], cfg.get("num_key_value_heads", heads),
                      head_dim, cfg["vocab_size"], max_len, eos_ids)

@@ -1,0 +1,168 @@
+"""`CalibratedCost`: a step-cost model fitted to steps measured on the machine at hand.
+
+    step ms = c0 + rows * decode_rows + ctx * decode_ctx + chunks * prefill_chunks
+                 + tokens * prefill_tokens + attn * prefill_attn
+    step s  = step ms / 1000 + node_overhead_s
+
+Every coefficient is non-negative (scipy.optimize.nnls): a step never gets cheaper by carrying
+more. The fit weighs each sample by 1 / its ms, so it minimises relative error: a 3 ms decode
+step counts as much as a 300 ms prefill step, and decode steps are most of a run's steps.
+`node_overhead_s` is the node's own work between steps (events, control messages), measured
+from step logs or given. KV hand-offs and tier moves cost as two `LinkModel`s.
+
+Calibration file (`pdtb sim calibrate --out`, `CalibratedCost.load`):
+
+    {"kind": "step-calibration", "version": 1, "command": ..., "device", "model", "threads",
+     "dtype", "page_size", "page_bytes", "coef_ms": {"c0", "rows", "ctx", "chunks", "tokens", "attn"},
+     "node_overhead_s", "transfer": {"bytes_per_s", "latency_s"}, "tier_move": {...},
+     "fit": {"samples", "r2", "max_rel_err", "sources": [...]}}
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pdtb.sim.cost import LinkModel, StepShape
+from pdtb.sim.step_samples import SampleError, StepSample
+
+# This machine's byte-moving figures (2 cores, no GPU; docs/results.md and the field notes):
+# a hand-off is `pdtb bench transport --endpoint tcp`, 2.42 GB/s for a large request's KV, with
+# a small request's round trip of 100-175 us; a tier move is a copy between two CPU pools,
+# 14-22 GB/s into a preallocated tensor (the lower figure).
+CPU_TRANSFER = LinkModel(2.42e9, 150e-6)
+CPU_TIER = LinkModel(14e9, 0.0)
+TERMS = ("c0", "rows", "ctx", "chunks", "tokens", "attn")
+_OWN_KEYS = ("kind", "version", "page_bytes", "coef_ms", "node_overhead_s", "transfer", "tier_move", "label")
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """Milliseconds per unit of each StepShape field, and per step (c0)."""
+
+    c0: float = 0.0  # ms per step
+    rows: float = 0.0  # ms per decode row
+    ctx: float = 0.0  # ms per context token a decode row reads
+    chunks: float = 0.0  # ms per prefill chunk
+    tokens: float = 0.0  # ms per prefill token
+    attn: float = 0.0  # ms per query-key pair of a prefill chunk
+
+    def __post_init__(self) -> None:
+        if any(not getattr(self, f) >= 0 for f in TERMS):
+            raise ValueError("step-cost coefficients must be non-negative numbers")
+
+    def ms(self, s: StepShape) -> float:
+        return (self.c0 + self.rows * s.decode_rows + self.ctx * s.decode_ctx + self.chunks * s.prefill_chunks
+                + self.tokens * s.prefill_tokens + self.attn * s.prefill_attn)
+
+
+def features(s: StepShape) -> list[float]:
+    """The fit's regressors of one step, in TERMS order."""
+    return [1.0, s.decode_rows, s.decode_ctx, s.prefill_chunks, s.prefill_tokens, s.prefill_attn]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A fitted model and how well it matches the samples it came from."""
+
+    coef: Coefficients
+    samples: int
+    r2: float  # on ms, unweighted
+    max_rel_err: float  # max |predicted - measured| / measured
+
+    def __post_init__(self) -> None:
+        if self.samples < 1:
+            raise ValueError("a fit needs samples")
+
+
+def fit(samples: list[StepSample]) -> Fit:
+    """Non-negative least squares of ms on the StepShape fields, relative error (1 / ms weights).
+    Columns are scaled to unit maximum first so nnls sees comparable magnitudes (a context
+    count runs to 1e5, the constant is 1); a column that is all zero gets coefficient 0."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    if not samples:
+        raise SampleError("no samples to fit")
+    x = np.array([features(s.shape) for s in samples], dtype=float)
+    y = np.array([s.ms for s in samples], dtype=float)
+    w = 1.0 / np.maximum(y, 1e-3)  # a 0 ms sample would weigh infinitely
+    scale = np.where(x.max(axis=0) > 0, x.max(axis=0), 1.0)
+    sol, _ = nnls((x / scale) * w[:, None], y * w)
+    coef = Coefficients(*(float(c) for c in sol / scale))
+    pred = x @ (sol / scale)
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
+    rel = np.abs(pred - y) / np.maximum(y, 1e-3)
+    return Fit(coef, len(samples), r2, float(rel.max()))
+
+
+@dataclass(frozen=True)
+class CalibratedCost:
+    """CostModel from fitted coefficients, a per-step node overhead and two links."""
+
+    coef: Coefficients
+    page_bytes: int  # bytes of one KV page of the measured model (all layers, K and V)
+    transfer: LinkModel = CPU_TRANSFER  # prefill -> decode hand-off
+    tier: LinkModel = CPU_TIER  # device <-> host tier copies
+    node_overhead_s: float = 0.0  # the node's own work per step, between steps
+    label: str = "calibrated"  # names the calibration in results
+    meta: dict = field(default_factory=dict, compare=False, hash=False)  # the file's other fields
+
+    def __post_init__(self) -> None:
+        if self.page_bytes < 1 or not self.node_overhead_s >= 0:
+            raise ValueError("page_bytes must be positive and node_overhead_s non-negative")
+
+    @property
+    def name(self) -> str:
+        return f"calibrated:{self.label}"
+
+    def step_s(self, shape: StepShape) -> float:
+        """The fitted step plus the node's overhead; an empty step costs nothing."""
+        return self.coef.ms(shape) / 1e3 + self.node_overhead_s if shape.tokens else 0.0
+
+    def transfer_s(self, nbytes: int) -> float:
+        return self.transfer.seconds(nbytes)
+
+    def tier_move_s(self, nbytes: int) -> float:
+        return self.tier.seconds(nbytes)
+
+    def to_json(self) -> dict:
+        """The calibration file's object (see the module docstring)."""
+        return {"kind": "step-calibration", "version": 1, **self.meta, "page_bytes": self.page_bytes,
+                "coef_ms": asdict(self.coef), "node_overhead_s": self.node_overhead_s,
+                "transfer": asdict(self.transfer), "tier_move": asdict(self.tier), "label": self.label}
+
+    @classmethod
+    def from_json(cls, doc: dict, where: str = "calibration") -> "CalibratedCost":
+        if not isinstance(doc, dict) or doc.get("kind") != "step-calibration":
+            raise SampleError(f"{where}: not a step-calibration file (write one with pdtb sim calibrate)")
+        try:
+            coef = Coefficients(**{k: float(doc["coef_ms"][k]) for k in TERMS})
+            return cls(coef, int(doc["page_bytes"]), LinkModel(**doc["transfer"]), LinkModel(**doc["tier_move"]),
+                       float(doc.get("node_overhead_s", 0.0)), str(doc.get("label", Path(where).stem)),
+                       {k: v for k, v in doc.items() if k not in _OWN_KEYS})
+        except (KeyError, TypeError, ValueError) as e:
+            raise SampleError(f"{where}: bad calibration ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CalibratedCost":
+        """A calibration file by path, or by the name of one shipped in pdtb/sim/calibrations."""
+        p = Path(path)
+        if not p.is_file():
+            shipped = Path(__file__).with_name("calibrations") / f"{path}.json"
+            p = shipped if shipped.is_file() else p
+        try:
+            doc = json.loads(p.read_text())
+        except OSError as e:
+            raise SampleError(f"{path}: {e.strerror or e}") from None
+        except ValueError:
+            raise SampleError(f"{path}: not JSON") from None
+        return cls.from_json(doc, str(p))
+
+
+def main(argv: list[str]) -> int:
+    """`pdtb sim calibrate` (pdtb/sim/calibrate_cli.py)."""
+    from pdtb.sim.calibrate_cli import main as run
+
+    return run(argv)

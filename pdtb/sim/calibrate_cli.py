@@ -1,0 +1,131 @@
+"""`pdtb sim calibrate`: fit a step-cost model to measured steps and write a calibration file.
+
+    pdtb sim calibrate --steps FILE [--steps FILE ...] [--step-log FILE ...] --out FILE
+                       [--page-bytes N] [--node-overhead-ms X] [--b2b-ms 5]
+                       [--transfer-gb-per-s X] [--transfer-latency-us X]
+                       [--tier-gb-per-s X] [--tier-latency-us X] [--label NAME] [--json]
+
+`--steps` takes `pdtb bench steps --grid --json` output, `--step-log` a node's `--step-log`
+file; each may repeat, every sample of every file goes into one fit. The node's overhead per
+step comes from `--node-overhead-ms`, else from the step logs (idle time between back-to-back
+steps), else 0. The hand-off link defaults to this CPU machine's figures, the tier link to the
+step logs' demotions and promotions where they have any, else this machine's copy figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+
+from pdtb.common import CliError
+from pdtb.sim.calibrate import CPU_TIER, CPU_TRANSFER, TERMS, CalibratedCost, fit
+from pdtb.sim.cost import LinkModel
+from pdtb.sim.step_samples import SampleError, node_overhead_s, read_samples, read_step_log, tier_link
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="pdtb sim calibrate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", action="append", default=[], help="pdtb bench steps --grid --json output (repeatable)")
+    ap.add_argument("--step-log", action="append", default=[], help="a node's --step-log file (repeatable)")
+    ap.add_argument("--out", help="calibration file to write")
+    ap.add_argument("--page-bytes", type=int, help="KV bytes of one page (default: from the --steps files)")
+    ap.add_argument("--node-overhead-ms", type=float, help="the node's own work per step (default: from step logs, else 0)")
+    ap.add_argument("--b2b-ms", type=float, default=5.0, help="idle gap under which logged steps ran back to back")
+    ap.add_argument("--transfer-gb-per-s", type=float, help=f"hand-off link (default {CPU_TRANSFER.bytes_per_s / 1e9:g})")
+    ap.add_argument("--transfer-latency-us", type=float, help=f"(default {CPU_TRANSFER.latency_s * 1e6:g})")
+    ap.add_argument("--tier-gb-per-s", type=float, help=f"tier-move link (default: step logs, else {CPU_TIER.bytes_per_s / 1e9:g})")
+    ap.add_argument("--tier-latency-us", type=float, help=f"(default {CPU_TIER.latency_s * 1e6:g})")
+    ap.add_argument("--label", help="name of the calibration (default: --out's file name)")
+    ap.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    a = ap.parse_args(argv)
+    if not (a.steps or a.step_log):
+        ap.error("give --steps and/or --step-log files")
+    positive = [v for v in (a.page_bytes, a.transfer_gb_per_s, a.tier_gb_per_s, a.b2b_ms) if v is not None]
+    non_negative = [v for v in (a.node_overhead_ms, a.transfer_latency_us, a.tier_latency_us) if v is not None]
+    if any(v <= 0 for v in positive) or any(v < 0 for v in non_negative):
+        ap.error("sizes and rates must be positive, overheads and latencies non-negative")
+    return a
+
+
+def _link(gb_per_s: float | None, latency_us: float | None, default: LinkModel) -> LinkModel:
+    return LinkModel(default.bytes_per_s if gb_per_s is None else gb_per_s * 1e9,
+                     default.latency_s if latency_us is None else latency_us * 1e-6)
+
+
+def _read(a: argparse.Namespace) -> tuple[list, list[dict], list[dict], list[float], list]:
+    """(samples, steps headers, sources, back-to-back gaps, tier moves) of every input file."""
+    samples, headers, sources, gaps, moves = [], [], [], [], []
+    for path in a.steps:
+        got, head = read_samples(path)
+        samples += got
+        headers.append(head)
+        sources.append({"file": path, "kind": "step-samples", "samples": len(got),
+                        **{k: head[k] for k in ("device", "model", "threads", "dtype", "command") if k in head}})
+    for path in a.step_log:
+        log = read_step_log(path, a.b2b_ms)
+        samples += log.samples
+        gaps += log.gaps_s
+        moves += log.moves
+        sources.append({"file": path, "kind": "step-log", "samples": len(log.samples), "b2b_gaps": len(log.gaps_s)})
+    return samples, headers, sources, gaps, moves
+
+
+def _page_bytes(a: argparse.Namespace, headers: list[dict]) -> int:
+    if a.page_bytes:
+        return a.page_bytes
+    seen = {h.get("page_bytes") for h in headers} - {None}
+    if len(seen) > 1:
+        raise CliError(f"the --steps files measured different page sizes ({sorted(seen)} bytes): calibrate them apart")
+    if not seen:
+        raise CliError("give --page-bytes: step logs do not record the KV bytes of a page")
+    return int(seen.pop())
+
+
+def _command(a: argparse.Namespace, argv: list[str], sources: list[dict]) -> str:
+    """The shell line that makes this calibration again: the benches that wrote the inputs
+    (as recorded in them), then this command."""
+    made = [f"{s['command']} > {shlex.quote(s['file'])}" for s in sources if s.get("command")]
+    return " && ".join(made + ["pdtb sim calibrate " + shlex.join(argv)])
+
+
+def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, object]:
+    """The calibration the arguments ask for, and its fit."""
+    samples, headers, sources, gaps, moves = _read(a)
+    page_bytes = _page_bytes(a, headers)
+    f = fit(samples)
+    overhead = a.node_overhead_ms / 1e3 if a.node_overhead_ms is not None else (node_overhead_s(gaps) or 0.0)
+    tier_default = tier_link(moves, page_bytes) or CPU_TIER
+    head = headers[0] if headers else {}
+    meta = {"command": _command(a, argv, sources),
+            **{k: head[k] for k in ("device", "model", "threads", "dtype", "page_size") if k in head},
+            "fit": {"samples": f.samples, "r2": round(f.r2, 6), "max_rel_err": round(f.max_rel_err, 6),
+                    "sources": sources}}
+    label = a.label or (a.out.rsplit("/", 1)[-1].removesuffix(".json") if a.out else "calibrated")
+    cost = CalibratedCost(f.coef, page_bytes, _link(a.transfer_gb_per_s, a.transfer_latency_us, CPU_TRANSFER),
+                          _link(a.tier_gb_per_s, a.tier_latency_us, tier_default), overhead, label, meta)
+    return cost, f
+
+
+def report(cost: CalibratedCost, f) -> str:
+    c = cost.coef
+    lines = [f"fit of {f.samples} steps: R^2 {f.r2:.4f}, max relative error {100 * f.max_rel_err:.1f}%",
+             "  step ms = " + " + ".join(f"{getattr(c, t):.4g}{'' if t == 'c0' else ' * ' + t}" for t in TERMS),
+             f"  node overhead {cost.node_overhead_s * 1e3:.3f} ms/step; page {cost.page_bytes} B",
+             f"  hand-off {cost.transfer.bytes_per_s / 1e9:.3g} GB/s + {cost.transfer.latency_s * 1e6:.0f} us; "
+             f"tier move {cost.tier.bytes_per_s / 1e9:.3g} GB/s + {cost.tier.latency_s * 1e6:.0f} us"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    a = parse(argv)
+    try:
+        cost, f = build(a, argv)
+    except SampleError as e:
+        raise CliError(str(e)) from None
+    doc = cost.to_json()
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump(doc, fh, indent=1)
+            fh.write("\n")
+    print(json.dumps(doc) if a.json else report(cost, f) + (f"\nwrote {a.out}" if a.out else ""))
+    return 0
