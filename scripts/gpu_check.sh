@@ -2,24 +2,29 @@
 # The GPU paths end to end, on a machine with a CUDA device. Each step is time-bounded and
 # logged; a failing step does not stop the others, and the exit code says whether all passed.
 #
-#   PDTB_SYSTEM_PYTHON=1 bash scripts/gpu_check.sh [--out DIR] [--device cuda[:N]] [--skip-bench] [--skip-compare]
+#   PDTB_SYSTEM_PYTHON=1 bash scripts/gpu_check.sh [--out DIR] [--device cuda[:N]] [--skip-tests]
+#                                                  [--skip-bench] [--skip-compare] [--steps-grid]
 #
 # 1. tests/test_cuda.py: engine vs transformers.generate on the GPU, exports across devices,
 #    tier moves to the pinned host tier, ZeroMQ transfers between CUDA pools of two processes;
 # 2. pdtb bench engine on the GPU (float32 and bfloat16);
 # 3. pdtb bench transport with both pools on the GPU (ipc and tcp), and CPU pools beside it;
-# 4. scripts/compare_fairness.sh --quick (fcfs, memfair) with every node on the GPU.
+# 4. scripts/compare_fairness.sh --quick (fcfs, memfair) with every node on the GPU;
+# 5. with --steps-grid: pdtb bench steps --grid on the GPU, the tiny model (float32) and a
+#    Llama-3-8B shape with random weights (bfloat16), samples for pdtb sim calibrate.
 # Writes DIR/<step>.log and DIR/<step>.json; prints one line per step.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" DEVICE=cuda COMPARE=1 BENCH=1
+OUT="" DEVICE=cuda COMPARE=1 BENCH=1 TESTS=1 GRID=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --device) DEVICE="$2"; shift 2 ;;
     --skip-compare) COMPARE=0; shift ;;
     --skip-bench) BENCH=0; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --skip-tests) TESTS=0; shift ;;
+    --steps-grid) GRID=1; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -47,7 +52,7 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", tr
 for i in range(torch.cuda.device_count()):
     print("device", i, torch.cuda.get_device_name(i))
 EOF
-step tests 300 python -m pytest -q -x -p no:cacheprovider tests/test_cuda.py
+[ "$TESTS" = 1 ] && step tests 300 python -m pytest -q -x -p no:cacheprovider tests/test_cuda.py
 if [ "$BENCH" = 1 ]; then
   step engine-fp32 120 pdtb bench engine --device "$DEVICE" --batch 32 --json
   step engine-bf16 120 pdtb bench engine --device "$DEVICE" --dtype bfloat16 --batch 32 --json
@@ -55,11 +60,19 @@ if [ "$BENCH" = 1 ]; then
   step transport-tcp 120 pdtb bench transport --device "$DEVICE" --endpoint tcp --json
   step transport-ipc-cpu 120 pdtb bench transport --device cpu --endpoint ipc --json  # same host, CPU pools
 fi
+if [ "$GRID" = 1 ]; then
+  # Each under ~90 s on an H100: the 8B grid holds 32 rows of 4096 tokens (11k pages of 2 MiB
+  # beside 16 GB of weights) and prefill chunks up to 2048 tokens at offset 2048.
+  step steps-grid-tiny 150 pdtb bench steps --grid --json --device "$DEVICE" --dtype float32 --reps 5
+  step steps-grid-llama-3-8b 150 pdtb bench steps --grid --json --device "$DEVICE" --dtype bfloat16 \
+    --random-init llama-3-8b --reps 5 --grid-rows 1,8,32 --grid-ctx 128,1024,4096 \
+    --grid-chunks 128,512,2048 --grid-offsets 0,2048 --grid-chunk-counts 1,2
+fi
 if [ "$COMPARE" = 1 ]; then
   step compare 420 bash scripts/compare_fairness.sh --quick --device "$DEVICE" --out "$OUT/compare"
   [ -f "$OUT/compare/compare.txt" ] && cat "$OUT/compare/compare.txt"
 fi
-for f in "$OUT"/engine-*.log "$OUT"/transport-*.log; do
+for f in "$OUT"/engine-*.log "$OUT"/transport-*.log "$OUT"/steps-grid-*.log; do
   [ -f "$f" ] && grep -h '^{' "$f" | tail -n 1 > "${f%.log}.json"
 done
 exit $failed
