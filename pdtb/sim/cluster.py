@@ -28,6 +28,7 @@ from pdtb.sim.roles import SimColocated, SimDecode, SimPrefill
 
 ROLES = {"colocated": SimColocated, "prefill": SimPrefill, "decode": SimDecode}
 PROMPT_ID = 5  # placeholder prompt token
+DEFAULT_TAIL_S = 3600.0  # simulated time after the last arrival before open requests are cut off
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,10 @@ class SimCluster:
 
     # ---- run -----------------------------------------------------------------------------------
     def run(self, specs: list[RequestSpec], horizon_s: float | None = None) -> list[RequestRecord]:
-        """Simulate `specs`; every request ends (finished, failed, or cut off at `horizon_s`)."""
+        """Simulate `specs`; every request ends (finished, failed, or cut off at `horizon_s`,
+        by default an hour after the last arrival)."""
+        if horizon_s is None:
+            horizon_s = max((s.send_time for s in specs), default=0.0) + DEFAULT_TAIL_S
         self._open = len(specs)
         self._ping()
         self.observer.start()

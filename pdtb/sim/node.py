@@ -89,6 +89,7 @@ class SimNode:
             self.inbox.append((fn, args))
             return
         fn(*args)
+        self.poll_io()
         self.kick()
 
     def wake_at(self, t: float) -> None:

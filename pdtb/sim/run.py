@@ -1,0 +1,142 @@
+"""`pdtb sim`: one workload through a simulated cluster, or a sweep of offered loads.
+
+  pdtb sim --workload whale-minnow --mode disagg --policy memfair --cost calibrated --out r.json
+  pdtb sim --workload trace:azure.csv --mode disagg --prefill 1 --decode 1 --cost roofline \\
+      --gpu h100-sxm --model-config llama-3-70b --tp 4 --out azure.json
+  pdtb sim --workload whale-minnow --rates 1,2,4 --span-s 60 --out sweep.json   (a sweep file)
+
+Every workload, scaling and request flag of `pdtb bench serve` applies, and every node flag
+(page budgets, token budget, the fairness flags). The results file is `pdtb bench serve`'s
+(a sweep file with --rates/--until-knee is `pdtb bench sweep`'s), so `pdtb report`, `pdtb
+compare` and `pdtb frontier` read it unchanged; `meta.sim` adds what only a simulation sees
+(pdtb/sim/observe.py), `meta.cost` the cost model.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from argparse import Namespace
+
+from pdtb.bench import sweep_figures as sf
+from pdtb.bench import workloads as wl
+from pdtb.bench.cli import _csv, _unwritable, build_workload
+from pdtb.bench.results import build_results, format_table, write_results
+from pdtb.bench.service import ServiceWeights
+from pdtb.bench.summary import summarize
+from pdtb.bench.sweep import SWEEP_VERSION, build_parser as sweep_parser, level_specs
+from pdtb.common import CliError
+from pdtb.sim.cluster import SimCluster
+from pdtb.sim.setup import add_sim_args, build_cost, cluster_shape, context_of, page_spec
+
+
+def build_parser():
+    ap = sweep_parser()
+    ap.prog, ap.description = "pdtb sim", __doc__.split("\n\n")[0]
+    add_sim_args(ap)
+    return ap
+
+
+def simulate(a: Namespace, specs, cost=None) -> tuple[list, dict, SimCluster]:
+    """Run `specs` through the cluster the flags describe: (records, sim figures, cluster)."""
+    cost = cost or build_cost(a)
+    cluster = SimCluster(cluster_shape(a, cost), page_spec(cost.page_bytes, a.page_size), cost)
+    t0 = time.perf_counter()
+    records = cluster.run(specs, a.horizon_s)
+    figures = cluster.observer.summary(records)
+    figures.update(wall_s=round(time.perf_counter() - t0, 3), events=cluster.loop.num_events,
+                   steps={nid: n.num_steps for nid, n in cluster.nodes.items()},
+                   busy_share={nid: round(n.busy_s / max(cluster.loop.now, 1e-9), 4) for nid, n in cluster.nodes.items()},
+                   simulated_s=cluster.loop.now)
+    return records, figures, cluster
+
+
+def _specs(a: Namespace) -> tuple[list, dict]:
+    specs, info = build_workload(a)
+    ctx = context_of(a)
+    specs = [wl.clamp_to_context(s, ctx)[0] for s in specs]
+    if not specs:
+        raise ValueError("the workload has no requests")
+    return specs, info
+
+
+def _meta(a: Namespace, cost, figures: dict) -> dict:
+    opts = {k: v for k, v in vars(a).items() if k != "api_key"}
+    return {"workload": a.workload, "options": opts, "seed": a.seed, "url": None, "simulated": True,
+            "mode": a.label_mode or a.mode, "policy": a.label_policy or a.policy, "cost": cost.name,
+            "arrival": "simulated open loop", "sim": figures}
+
+
+def run_once(a: Namespace, weights: ServiceWeights) -> int:
+    from pdtb.bench.cli import parse_slos
+
+    slos = parse_slos(a.slo)
+    specs, info = _specs(a)
+    cost = build_cost(a)
+    records, figures, cluster = simulate(a, specs, cost)
+    duration = max((r.end_time or 0.0) for r in records)
+    summary = summarize(records, duration, slos, weights, a.fairness_window)
+    meta = {**_meta(a, cost, figures), "start_time": 0.0, "duration_s": duration, "workload_info": info}
+    if a.out:
+        write_results(a.out, build_results(meta, records, summary, cluster.observer.samples))
+    print(format_table(summary))
+    ev = {k: v for k, v in figures["evictions_per_request"].items()}
+    print(f"sim: {len(records)} requests, {duration:.1f} s simulated in {figures['wall_s']:.1f} s "
+          f"({figures['events']} events); top-5% KV share of the pool {figures['top5_share_pool_mean']:.2f} mean, "
+          f"{figures['top5_share_pool_max']:.2f} max; evictions per request {json.dumps(ev)}")
+    if a.out:
+        print(f"results: {a.out}")
+    return 0
+
+
+def run_sweep(a: Namespace, weights: ServiceWeights) -> int:
+    slos = sf.SloTable.parse(a.slo)
+    cost = build_cost(a)
+    warm, span = a.warmup_s, a.span_s
+    drain = span if a.drain_s is None else a.drain_s
+    todo, levels, ctx = list(a.rates or [0.5, 1.0, 1.5, 2.0]), [], context_of(a)
+    while todo and len(levels) < a.max_levels:
+        load = todo.pop(0)
+        specs = [wl.clamp_to_context(s, ctx)[0] for s in level_specs(a, load, warm + span, False)]
+        lv_args = Namespace(**{**vars(a), "horizon_s": warm + span + drain})
+        records, figures, cluster = simulate(lv_args, specs, cost)
+        lv = {"load": load, **sf.level_figures(records, warm, warm + span, slos, cluster.observer.samples, weights,
+                                                a.fairness_window),
+              "run_s": cluster.loop.now, "requests": [r.to_json() for r in records],
+              "samples": cluster.observer.samples, "sim": {k: v for k, v in figures.items() if k != "top5_series"}}
+        levels.append(lv)
+        o = lv["overall"]
+        print(f"load {load:g}: offered {o['offered_rps']:.2f}/s goodput {o['goodput_rps']:.2f}/s "
+              f"({figures['wall_s']:.1f} s)", file=sys.stderr, flush=True)
+        if a.until_knee and not todo:
+            nxt = sf.next_load(levels, a.target, a.knee_on, a.growth, a.knee_resolution)
+            if nxt is not None:
+                todo.append(nxt)
+    levels.sort(key=lambda lv: lv["load"])
+    derived = sf.derive(levels, a.target, a.knee_on)
+    meta = {**_meta(a, cost, {}), "version": SWEEP_VERSION, "kind": "sweep", "config": a.label_config,
+            "load_kind": "rate", "warmup_s": warm, "span_s": span, "drain_s": drain, "slos": slos.to_json(),
+            "start_time": 0.0, "model": {"id": cost.name}}
+    if a.out:
+        write_results(a.out, {"meta": meta, "derived": derived, "levels": levels})
+    print(json.dumps({k: derived[k] for k in ("max_goodput_rps", "max_goodput_every_class_rps", "knee_rps",
+                                              "knee_bracket_rps", "saturation_tok_s")}))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        if a.concurrency or a.concurrency_levels or a.dry_run or a.rescore:
+            raise ValueError("--concurrency, --concurrency-levels, --dry-run and --rescore belong to the real client")
+        if a.span_s <= 0 or a.warmup_s < 0 or (a.drain_s is not None and a.drain_s < 0):
+            raise ValueError("--span-s must be above 0, --warmup-s and --drain-s at least 0")
+        w_in, w_out = (float(x) for x in _csv(a.service_weights))
+        weights = ServiceWeights(w_in, w_out)
+        if a.out and (problem := _unwritable(a.out)):
+            raise ValueError(f"cannot write --out {a.out}: {problem}")
+        if a.rates or a.until_knee:
+            return run_sweep(a, weights)
+        return run_once(a, weights)
+    except (ValueError, OSError, KeyError) as e:
+        raise CliError(f"pdtb sim: {e}") from None
