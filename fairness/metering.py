@@ -25,17 +25,31 @@ class KVMeter:
         self.per_request[request_id][kind] += nbytes
         self.per_tenant[self.tenant_key(tenant)][kind] += nbytes
 
-    def on_step(self, out, page_size: int, page_bytes: int) -> None:
+    def on_step(self, out, page_size: int, page_bytes: int) -> dict[tuple[str, str], int]:
         """Account one scheduler step, after the engine ran it (sequences have advanced). The
         pages attention read are those of the tokens computed so far, counted from the token
-        count: a request that finished this step has already given its pages back."""
-        for c in out.chunks:
-            pages = -(-c.seq.num_computed_tokens // page_size)
-            self.add(c.seq.request_id, c.seq.tenant, "attn_read", pages * page_bytes)
+        count: a request that finished this step has already given its pages back. Returns
+        the step's bytes per (tenant key, kind)."""
+        step: dict[tuple[str, str], int] = {}
+        by_tenant: dict[str, int] = {}
+        per_request, tenant_of = self.per_request, self.tenant_of
+        for c in out.chunks:  # per row only what is per request; tenants summed once below
+            seq = c.seq
+            nbytes = -(-seq.num_computed_tokens // page_size) * page_bytes
+            tenant_of[seq.request_id] = seq.tenant
+            per_request[seq.request_id]["attn_read"] += nbytes
+            by_tenant[seq.tenant] = by_tenant.get(seq.tenant, 0) + nbytes
+        for tenant, nbytes in by_tenant.items():
+            key = self.tenant_key(tenant)
+            self.per_tenant[key]["attn_read"] += nbytes
+            step[(key, "attn_read")] = step.get((key, "attn_read"), 0) + nbytes
         for m in out.moves:
             if m.kind in ("demote", "promote"):
-                tenant = self.tenant_of.get(m.request_id, "?")
-                self.add(m.request_id, tenant, "demoted" if m.kind == "demote" else "promoted", m.num_bytes)
+                tenant, kind = self.tenant_of.get(m.request_id, "?"), "demoted" if m.kind == "demote" else "promoted"
+                self.add(m.request_id, tenant, kind, m.num_bytes)
+                key = (self.tenant_key(tenant), kind)
+                step[key] = step.get(key, 0) + m.num_bytes
+        return step
 
     def finish(self, request_id: str) -> dict:
         """Forget a finished request; return its totals."""

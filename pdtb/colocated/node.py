@@ -27,7 +27,7 @@ def validate_prompt(engine, req: GenerateRequest) -> str | None:
         return "empty prompt"
     if n >= cfg.max_model_len:
         return f"prompt of {n} tokens does not fit the context of {cfg.max_model_len}"
-    if any(not 0 <= t < info.vocab_size for t in req.prompt_token_ids):
+    if min(req.prompt_token_ids) < 0 or max(req.prompt_token_ids) >= info.vocab_size:
         return f"token id outside the vocabulary [0, {info.vocab_size})"
     peak = engine.scheduler.peak_pages(n, req.params.max_tokens)
     if peak > engine.pool.num_pages:

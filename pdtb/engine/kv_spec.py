@@ -10,6 +10,7 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
+ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -49,7 +50,7 @@ class KVSpec:
 
     @property
     def bytes_per_page(self) -> int:
-        elem = torch.empty((), dtype=self.torch_dtype).element_size()
+        elem = ELEMENT_BYTES[self.dtype]  # (a property on the hot path: no tensor made per call)
         return self.num_layers * 2 * self.page_size * self.num_kv_heads * self.head_dim * elem
 
     def pages_for(self, num_tokens: int) -> int:

@@ -67,20 +67,17 @@ class NodeAccounting:
                 tl.num_preemptions += 1
         for c in out.chunks:
             tl = c.seq.timeline
-            if c.wants_logits:
+            if c.wants_logits and tl.preempted_since is not None:
                 # preempted before its first token: the wait for recompute is part of its TTFT
                 tl.end_wait("preempted", now, into="recompute_ttft_s" if tl.first_token is None else None)
-            tl.end_wait("turn_wait", now)
+            if tl.turn_wait_since is not None:
+                tl.end_wait("turn_wait", now)
         for seq in out.unserved:  # resident, but its turn did not come (read share, bandwidth cap, budget)
             if seq.num_output_tokens:
                 seq.timeline.start_wait("turn_wait", now)
-        before = {t: dict(v) for t, v in self.meter.per_tenant.items()}
-        self.meter.on_step(out, eng.pool.spec.page_size, eng.pool.bytes_per_page)
-        for t, kinds in self.meter.per_tenant.items():
-            for k, v in kinds.items():
-                d = v - before.get(t, {}).get(k, 0)
-                if d:
-                    self.m_bytes.labels(tenant=t, kind=k, **lbl).inc(d)
+        for (t, k), d in self.meter.on_step(out, eng.pool.spec.page_size, eng.pool.bytes_per_page).items():
+            if d:
+                self.m_bytes.labels(tenant=t, kind=k, **lbl).inc(d)
 
     def add_received(self, seq, nbytes: int) -> None:
         self.meter.add(seq.request_id, seq.tenant, "received", nbytes)

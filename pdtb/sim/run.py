@@ -89,9 +89,11 @@ def run_once(a: Namespace, weights: ServiceWeights) -> int:
     return 0
 
 
-def run_sweep(a: Namespace, weights: ServiceWeights) -> int:
+def sweep(a: Namespace, weights: ServiceWeights, cost=None, quiet: bool = False) -> dict:
+    """A sweep document (`pdtb bench sweep`'s shape) of the workload at the flags' rate levels
+    (--rates, --until-knee), each level simulated on the cluster the flags describe."""
     slos = sf.SloTable.parse(a.slo)
-    cost = build_cost(a)
+    cost = cost or build_cost(a)
     warm, span = a.warmup_s, a.span_s
     drain = span if a.drain_s is None else a.drain_s
     todo, levels, ctx = list(a.rates or [0.5, 1.0, 1.5, 2.0]), [], context_of(a)
@@ -106,8 +108,9 @@ def run_sweep(a: Namespace, weights: ServiceWeights) -> int:
               "samples": cluster.observer.samples, "sim": {k: v for k, v in figures.items() if k != "top5_series"}}
         levels.append(lv)
         o = lv["overall"]
-        print(f"load {load:g}: offered {o['offered_rps']:.2f}/s goodput {o['goodput_rps']:.2f}/s "
-              f"({figures['wall_s']:.1f} s)", file=sys.stderr, flush=True)
+        if not quiet:
+            print(f"load {load:g}: offered {o['offered_rps']:.2f}/s goodput {o['goodput_rps']:.2f}/s "
+                  f"({figures['wall_s']:.1f} s)", file=sys.stderr, flush=True)
         if a.until_knee and not todo:
             nxt = sf.next_load(levels, a.target, a.knee_on, a.growth, a.knee_resolution)
             if nxt is not None:
@@ -117,8 +120,14 @@ def run_sweep(a: Namespace, weights: ServiceWeights) -> int:
     meta = {**_meta(a, cost, {}), "version": SWEEP_VERSION, "kind": "sweep", "config": a.label_config,
             "load_kind": "rate", "warmup_s": warm, "span_s": span, "drain_s": drain, "slos": slos.to_json(),
             "start_time": 0.0, "model": {"id": cost.name}}
+    return {"meta": meta, "derived": derived, "levels": levels}
+
+
+def run_sweep(a: Namespace, weights: ServiceWeights) -> int:
+    doc = sweep(a, weights)
     if a.out:
-        write_results(a.out, {"meta": meta, "derived": derived, "levels": levels})
+        write_results(a.out, doc)
+    derived = doc["derived"]
     print(json.dumps({k: derived[k] for k in ("max_goodput_rps", "max_goodput_every_class_rps", "knee_rps",
                                               "knee_bracket_rps", "saturation_tok_s")}))
     return 0
