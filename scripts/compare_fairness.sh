@@ -4,6 +4,7 @@
 #   scripts/compare_fairness.sh [--quick] [--out DIR] [--policies LIST] [--modes "colocated disagg"]
 #                               [--model DIR] [--seed N] [--device cpu|cuda[:N]] [--step-log]
 #                               [--node-args "ARGS"] [--context-whales N]
+#                               [--sim [--calibration FILE]]
 #
 # Same KV page budget in both modes: the colocated node gets TOTAL device pages; the
 # disaggregated cluster splits them, PREFILL pages on the prefill node and the rest on the
@@ -23,9 +24,13 @@
 # every node also writes one JSON line per engine step to DIR/run-MODE-POLICY/steps-NODE.jsonl.
 # --node-args passes more flags to every node (split on spaces, no quoting), e.g.
 # "--long-yield-steps 16" or "--no-read-share".
+# --sim runs every configuration through the simulator (pdtb sim, calibrated cost model: FILE
+# from `pdtb sim calibrate`, default the shipped one) with exactly the same workload and node
+# flags, instead of real clusters; scripts/validate_sim.sh compares the two.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUICK=0 OUT="" POLICIES="" MODES="colocated disagg" MODEL="" SEED=0 DEVICE=cpu STEPLOG=0 NODE_ARGS="" CTX=""
+SIM=0 CALIBRATION=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
@@ -38,7 +43,9 @@ while [ $# -gt 0 ]; do
     --step-log) STEPLOG=1; shift ;;
     --node-args) NODE_ARGS="$2"; shift 2 ;;
     --context-whales) CTX="$2"; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    --sim) SIM=1; shift ;;
+    --calibration) CALIBRATION="$2"; shift 2 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "compare_fairness: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -80,7 +87,19 @@ for pol in $POLICIES; do  # a typo found now, not after the runs before it
   case " $KNOWN " in *" $pol "*) ;; *) echo "compare_fairness: unknown policy $pol (known: $KNOWN)" >&2; exit 2 ;; esac
 done
 
+sim_one() {  # sim_one MODE POLICY: the same flags through the simulator
+  local mode="$1" pol="$2" pages=() node_args=()
+  if [ "$mode" = colocated ]; then pages=(--kv-pages "$TOTAL"); else
+    pages=(--prefill-kv-pages "$PREFILL" --decode-kv-pages "$(( TOTAL - PREFILL ))"); fi
+  read -r -a node_args <<< "$NODE_ARGS"
+  echo "== $mode / $pol simulated: device pages ${pages[*]}, host $HOST" >&2
+  pdtb sim "${WL[@]}" --mode "$mode" --policy "$pol" "${pages[@]}" --host-kv-pages "$HOST" --page-size "$PAGE" \
+    --max-num-batched-tokens "$BUDGET" "${NODE_SLO[@]}" --cost calibrated ${CALIBRATION:+--calibration "$CALIBRATION"} \
+    ${node_args[@]+"${node_args[@]}"} --label-mode "$mode" --label-policy "$pol" --out "$OUT/$mode-$pol.json" >/dev/null
+}
+
 run_one() {  # run_one MODE POLICY
+  [ "$SIM" = 0 ] || { sim_one "$@"; return; }
   local mode="$1" pol="$2" rd="$OUT/run-$1-$2" extra=() pages
   if [ "$mode" = colocated ]; then
     pages="$TOTAL"; extra=(-- --torch-threads 1 --max-num-batched-tokens "$BUDGET" --device "$DEVICE")

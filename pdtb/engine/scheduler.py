@@ -157,13 +157,17 @@ class Scheduler:
             if victim.status == SeqStatus.RUNNING:
                 self.evict(victim, out)  # pages lent to an over-quota tenant go back to their owner
         order = self.policy.step_order(list(self.running), self.state())
+        pool, ps = self.pool, self.pool.spec.page_size
         for seq in order:
             if budget <= 0:
                 break
             if seq.status != SeqStatus.RUNNING:
                 continue  # evicted earlier in this loop
-            n = self._chunk(seq, budget)
-            if not self._grow(seq, seq.num_computed_tokens + n, scheduled, out):
+            # a decoding row feeds one token (budget > 0 here): no need to ask for its chunk
+            n = 1 if len(seq.token_ids) - seq.num_computed_tokens == 1 else self._chunk(seq, budget)
+            end = seq.num_computed_tokens + n
+            # most steps a row's pages already hold its next token: growing is only for the rest
+            if -(-end // ps) > pool.num_held(seq.request_id) and not self._grow(seq, end, scheduled, out):
                 continue
             out.chunks.append(ScheduledChunk(seq, n))
             scheduled.add(seq.request_id)

@@ -10,6 +10,7 @@ USAGE = """pdtb sim <subcommand> | pdtb sim [run options]
   pdtb sim validate [...]                                        real cluster vs simulator
   pdtb sim reproduce mcsf|vtc|essay [--json]                     the papers' figures
   pdtb sim plan ...                                              prefill:decode split and budgets
+  pdtb sim roofline --steps FILE [--gpu G --model-config M]      measured steps against the roofline
 """
 
 
@@ -22,6 +23,8 @@ def main(argv: list[str]) -> int:
         from pdtb.sim.calibrate import main as run
     elif sub == "validate":
         from pdtb.sim.validate import main as run
+    elif sub == "roofline":
+        from pdtb.sim.roofline_check import main as run
     elif sub == "plan":
         from pdtb.sim.plan import main as run
     elif sub == "reproduce":

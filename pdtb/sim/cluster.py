@@ -63,6 +63,7 @@ class SimCluster:
         self._link_free: dict[str, float] = {}
         self.observer = Observer(self)
         self._open = 0
+        self._latency = shape.rpc_latency_s + shape.client_latency_s  # node -> router -> client
 
     # ---- run -----------------------------------------------------------------------------------
     def run(self, specs: list[RequestSpec], horizon_s: float | None = None) -> list[RequestRecord]:
@@ -127,11 +128,12 @@ class SimCluster:
     # ---- node -> router -> client ------------------------------------------------------------------
     def on_token(self, node: SimNode, rid: str, finished: bool, timing: dict | None) -> None:
         rec = self.records[rid]
-        t = self.loop.now + self.shape.rpc_latency_s + self.shape.client_latency_s
-        rec.token_times.append(t)
-        if rec.first_token_time is None:
+        t = self.loop.now + self._latency
+        times = rec.token_times
+        times.append(t)
+        if len(times) == 1:
             rec.first_token_time = t
-        if node.shape.role == "decode":  # its pages show in the node's stats from now on
+        elif len(times) == 2 and node.shape.role == "decode":  # its pages show in the node's stats now
             self.states[node.node_id].pending_pages.pop(rid, None)
         if finished:
             rec.status, rec.server_timing = OK, timing or {}

@@ -157,7 +157,10 @@ class SimDecode(SimNode):
         self.cluster.answer(src, h, tid, True, None, "")
 
     def on_step_events(self, out, events, t0: float) -> None:
-        now = self.loop.now
+        now, on_token = self.loop.now, self.cluster.on_token
         for ev in events:
             ev.seq.timeline.last_token = now
-            self.emit(ev.seq, ev.finished)
+            if ev.finished:
+                self.emit(ev.seq, True)
+            else:  # (every decode token passes here: no detour through emit)
+                on_token(self, ev.seq.request_id, False, None)
