@@ -50,7 +50,7 @@ def compare_run(real: dict, sim: dict) -> list[dict]:
             rv, sv = (r.get(key) or {}).get(q), (s.get(key) or {}).get(q)
             k = f"{key[:-3]}_{q}"
             row[k] = {"real": rv, "sim": sv, "ratio": ratio(sv, rv)}
-            row[k]["ok"] = row[k]["ratio"] is not None and abs(row[k]["ratio"] - 1) <= TARGETS[q]
+            row[k]["ok"] = row[k]["ratio"] is not None and abs(row[k]["ratio"] - 1) <= TARGETS[q] + 1e-9
         row["output_tok_s"] = {"real": r.get("output_tok_s"), "sim": s.get("output_tok_s"),
                                "ratio": ratio(s.get("output_tok_s"), r.get("output_tok_s"))}
         rows.append(row)

@@ -1,0 +1,58 @@
+"""`pdtb sim validate`: ratios, targets and the policies' order, on results files written by hand."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdtb.common import CliError
+from pdtb.sim.validate import format_report, validate
+
+
+def _results(mode: str, policy: str, ttft: tuple[float, float], itl: tuple[float, float], tok_s: float) -> dict:
+    cls = {"ttft_ms": {"p50": ttft[0], "p99": ttft[1]}, "itl_ms": {"p50": itl[0], "p99": itl[1]}, "output_tok_s": tok_s}
+    return {"meta": {"mode": mode, "policy": policy}, "requests": [], "summary": {"per_class": {"minnow": cls}}}
+
+
+def _write(d, runs: dict) -> str:
+    d.mkdir()
+    for (mode, pol), args in runs.items():
+        (d / f"{mode}-{pol}.json").write_text(json.dumps(_results(mode, pol, *args)))
+    (d / "calibration.json").write_text(json.dumps({"kind": "step-calibration"}))  # not a results file: skipped
+    return str(d)
+
+
+def test_ratios_targets_and_order(tmp_path):
+    real = _write(tmp_path / "real", {("disagg", "fcfs"): ((100, 1000), (20, 200), 50.0),
+                                       ("disagg", "memfair"): ((100, 400), (20, 100), 50.0)})
+    sim = _write(tmp_path / "sim", {("disagg", "fcfs"): ((114, 1310), (17, 250), 45.0),  # p99 TTFT 1.31: off
+                                    ("disagg", "memfair"): ((100, 500), (20, 120), 50.0)})
+    doc = validate(real, sim)
+    fcfs = doc["runs"][0]["classes"][0]
+    assert fcfs["ttft_p50"]["ratio"] == pytest.approx(1.14) and fcfs["ttft_p50"]["ok"]
+    assert fcfs["ttft_p99"]["ratio"] == pytest.approx(1.31) and not fcfs["ttft_p99"]["ok"]
+    assert fcfs["itl_p50"]["ratio"] == pytest.approx(0.85) and fcfs["itl_p50"]["ok"]  # exactly 15% off: on target
+    assert fcfs["output_tok_s"]["ratio"] == pytest.approx(0.9)
+    assert doc["checks"] == 8 and doc["on_target"] == 7
+    ttft_order = [o for o in doc["orderings"] if "ttft" in o["figure"]][0]
+    assert ttft_order["real"] == ttft_order["sim"] == ["memfair", "fcfs"] and doc["orderings_same"]
+    assert "on target: 7 of 8" in format_report(doc)
+
+
+def test_a_different_order_is_reported(tmp_path):
+    real = _write(tmp_path / "real", {("colocated", "fcfs"): ((10, 100), (5, 50), 1.0),
+                                      ("colocated", "vtc"): ((10, 90), (5, 40), 1.0)})
+    sim = _write(tmp_path / "sim", {("colocated", "fcfs"): ((10, 80), (5, 50), 1.0),
+                                    ("colocated", "vtc"): ((10, 95), (5, 40), 1.0)})
+    doc = validate(real, sim)
+    assert not doc["orderings_same"] and "DIFFERENT" in format_report(doc)
+
+
+def test_folders_without_matching_runs_are_refused(tmp_path):
+    real = _write(tmp_path / "real", {("colocated", "fcfs"): ((10, 100), (5, 50), 1.0)})
+    sim = _write(tmp_path / "sim", {("disagg", "fcfs"): ((10, 100), (5, 50), 1.0)})
+    with pytest.raises(CliError, match="no \\(mode, policy\\) run is in both"):
+        validate(real, sim)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CliError, match="no results files"):
+        validate(str(tmp_path / "empty"), sim)
