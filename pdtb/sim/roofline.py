@@ -26,6 +26,7 @@ request's KV over its own link (one NIC and one PCIe link per GPU), all at once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from pdtb.sim.accelerators import Accelerator, accelerator, kv_link
 from pdtb.sim.cost import LinkModel, StepShape
@@ -117,9 +118,26 @@ class RooflineCost:
             comm = 2 * m.layers * (a.peer_latency_s + 2 * (tp - 1) / tp * msg / a.peer_bytes_per_s)
         return StepTerms(flops / a.flops, nbytes / a.hbm_bytes_per_s, comm, self.overhead_s)
 
+    @cached_property
+    def _per_step(self) -> tuple:
+        """The terms' constants, worked out once (step_s runs once per simulated step)."""
+        m, a, tp = self.shape, self.accel, self.tp
+        kv_token = m.kv_bytes_per_token(self.dtype_bytes) * self.kv_share
+        comm = (2 * m.layers * a.peer_latency_s, 2 * m.layers * 2 * (tp - 1) / tp * m.hidden * self.dtype_bytes
+                / a.peer_bytes_per_s) if tp > 1 else (0.0, 0.0)
+        return (2 * m.params / tp / a.flops, m.attn_flops_per_pair() / tp / a.flops,
+                m.weight_bytes(self.dtype_bytes) / tp / a.hbm_bytes_per_s, kv_token / a.hbm_bytes_per_s, *comm)
+
     def step_s(self, shape: StepShape) -> float:
-        """Seconds one step of this shape takes; an empty step costs nothing."""
-        return self.terms(shape).total_s if shape.tokens else 0.0
+        """Seconds one step of this shape takes (`terms(shape).total_s`, from constants worked
+        out once); an empty step costs nothing."""
+        tokens = shape.decode_rows + shape.prefill_tokens
+        if not tokens:
+            return 0.0
+        per_token, per_pair, weights, per_kv, comm_lat, comm_per_token = self._per_step
+        compute = per_token * tokens + per_pair * (shape.decode_ctx + shape.prefill_attn)
+        memory = weights + per_kv * (shape.decode_ctx + prefill_context(shape) + tokens)
+        return max(compute, memory) + (comm_lat + comm_per_token * tokens if self.tp > 1 else 0.0) + self.overhead_s
 
     def transfer_s(self, nbytes: int) -> float:
         """One hand-off of `nbytes` (whole-model KV): every GPU sends its share over its own NIC."""

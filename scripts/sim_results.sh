@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The simulator's figures for docs/results.md, each from one command whose output lands in OUT:
+#   - validation against the testbed: scripts/validate_sim.sh (with --real DIR: real runs of
+#     compare_fairness.sh --quick already made, e.g. by results.sh; else it makes them);
+#   - the reproductions: pdtb sim reproduce mcsf|vtc|essay --json;
+#   - one hour of the Azure conversation trace on an 8-GPU disaggregated shape (Llama-3-70B,
+#     tensor parallel 4, one prefill and one decode node on H100s), memfair, timed, with its
+#     pdtb report;
+#   - the H200 step grid (shipped samples) against the roofline: pdtb sim roofline.
+#
+#   bash scripts/sim_results.sh --out DIR [--real DIR] [--skip-validate] [--trace FILE]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="" REAL="" VALIDATE=1 TRACE="$ROOT/../shared/traces/azure_llm_conv_2023.csv"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT="$2"; shift 2 ;;
+    --real) REAL="$2"; shift 2 ;;
+    --skip-validate) VALIDATE=0; shift ;;
+    --trace) TRACE="$2"; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "sim_results: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+[ -n "$OUT" ] || { echo "sim_results: --out DIR is required" >&2; exit 2; }
+source "$ROOT/scripts/_env.sh"
+cd "$ROOT"
+mkdir -p "$OUT"
+if [ "$VALIDATE" = 1 ]; then
+  bash scripts/validate_sim.sh --out "$OUT/validate" ${REAL:+--real "$REAL"} >&2
+fi
+for r in mcsf vtc essay; do
+  echo "== pdtb sim reproduce $r" >&2
+  pdtb sim reproduce "$r" --json > "$OUT/repro-$r.json"
+done
+if [ -f "$TRACE" ]; then
+  AZ=(pdtb sim --workload "trace:$TRACE" --mode disagg --prefill 1 --decode 1 --cost roofline --gpu h100-sxm
+      --model-config llama-3-70b --tp 4 --policy memfair --slo ttft_ms=2000 --slo tpot_ms=100)
+  echo "== ${AZ[*]}" >&2
+  t0=$(date +%s.%N)
+  "${AZ[@]}" --out "$OUT/azure-hour.json" > "$OUT/azure-hour.txt"
+  python -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 1))" "$t0" "$(date +%s.%N)" > "$OUT/azure-hour.wall_s"
+  echo "${AZ[*]} --out azure-hour.json" > "$OUT/azure-hour.command"
+  pdtb report "$OUT/azure-hour.json" --out "$OUT/azure-report" >/dev/null
+else
+  echo "sim_results: no trace at $TRACE: the Azure hour is left out" >&2
+fi
+pdtb sim roofline --steps pdtb/sim/calibrations/samples/h200-llama-3-8b-bf16.json --gpu h200 \
+  --model-config llama-3-8b --json > "$OUT/roofline-h200.json"
