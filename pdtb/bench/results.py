@@ -30,10 +30,13 @@ def build_results(meta: dict, records: list[RequestRecord], summary: dict, sampl
             "summary": summary, "samples": samples}
 
 
-def write_results(path: str | Path, results: dict) -> None:
+def write_results(path: str | Path, results: dict, compact: bool = False) -> None:
+    """Write a results file; `compact` leaves out the indentation (a simulated hour holds
+    millions of token times: one per line would make the file several times larger)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1) + "\n")
+    path.write_text(json.dumps(results, indent=None if compact else 1, separators=(",", ":") if compact else None)
+                    + "\n")
 
 
 def load_results(path: str | Path) -> dict:

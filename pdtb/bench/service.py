@@ -27,6 +27,7 @@ sent request would earn if it ran to completion: prompt x w_in + requested outpu
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -55,12 +56,8 @@ def service_events(rec: RequestRecord, w: ServiceWeights) -> list[tuple[float, f
 
 def _curve(events: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
     """Event times (sorted) and the accumulated service just after each."""
-    times, acc, total = [], [], 0.0
-    for t, s in sorted(events):
-        total += s
-        times.append(t)
-        acc.append(total)
-    return times, acc
+    ev = sorted(events)
+    return [t for t, _ in ev], list(itertools.accumulate((s for _, s in ev), initial=0.0))[1:]
 
 
 def service_curves(records: list[RequestRecord], w: ServiceWeights) -> dict[str, tuple[list[float], list[float]]]:
@@ -98,20 +95,33 @@ def _in_flight(r: RequestRecord, a: float, b: float) -> bool:
     return r.send_time < b and (math.inf if r.end_time is None else r.end_time) > a
 
 
-def _backlogged(records: list[RequestRecord], a: float, b: float) -> set[str]:
-    return {r.tenant for r in records if _in_flight(r, a, b)}
+def _windows(records: list[RequestRecord], window: float, duration: float) -> list[list[RequestRecord]]:
+    """Per window k, (a, b] = (k * window, min((k + 1) * window, duration)]: the records in
+    flight in it (`_in_flight`), in `records` order. Each record is placed in the windows it
+    spans (found by division, then checked with `_in_flight` itself) instead of testing every
+    record against every window: an hour of a trace is 3,600 windows of 20,000 requests."""
+    n = math.ceil(duration / window)
+    out: list[list[RequestRecord]] = [[] for _ in range(n)]
+    for r in records:
+        first = max(0, math.floor(r.send_time / window) - 1)
+        last = n - 1 if r.end_time is None else min(n - 1, math.ceil(r.end_time / window) + 1)
+        for k in range(first, last + 1):
+            if _in_flight(r, k * window, min((k + 1) * window, duration)):
+                out[k].append(r)
+    return out
 
 
 def max_service_gap(records: list[RequestRecord], w: ServiceWeights, window: float,
-                    duration: float) -> float | None:
-    """The largest per-window service gap between backlogged tenants; None if no window had two."""
+                    duration: float, curves: dict | None = None) -> float | None:
+    """The largest per-window service gap between backlogged tenants; None if no window had two.
+    `curves`: `service_curves(records, w)` when the caller has them already."""
     if window <= 0 or duration <= 0:
         return None
-    curves = service_curves(records, w)
+    curves = curves if curves is not None else service_curves(records, w)
     best = None
-    for k in range(math.ceil(duration / window)):
+    for k, live in enumerate(_windows(records, window, duration)):
         a, b = k * window, min((k + 1) * window, duration)
-        tenants = _backlogged(records, a, b)
+        tenants = {r.tenant for r in live}
         if len(tenants) < 2:
             continue
         earned = [accumulated(curves[t], b) - accumulated(curves[t], a) for t in tenants]
@@ -135,15 +145,14 @@ def fair_share_jain(records: list[RequestRecord], w: ServiceWeights, window: flo
     """(mean, min) over windows of Jain's index of earned / fair share (see the module doc)."""
     if window <= 0 or duration <= 0:
         return None, None
-    curves = [(r, _curve(service_events(r, w))) for r in records]
+    curves = {id(r): _curve(service_events(r, w)) for r in records}
     indices = []
-    for k in range(math.ceil(duration / window)):
+    for k, live in enumerate(_windows(records, window, duration)):
         a, b = k * window, min((k + 1) * window, duration)
         earned: dict[str, float] = {}
         cap: dict[str, float] = {}
-        for r, curve in curves:
-            if not _in_flight(r, a, b):
-                continue
+        for r in live:
+            curve = curves[id(r)]
             before = accumulated(curve, a)
             demand = r.prompt_tokens * w.input + max(r.requested_output_tokens, r.output_tokens) * w.output
             earned[r.tenant] = earned.get(r.tenant, 0.0) + accumulated(curve, b) - before
@@ -166,6 +175,6 @@ def fairness(records: list[RequestRecord], w: ServiceWeights, window: float, dur
     normalized = {t: (service[t] / wanted[t] if wanted[t] else None) for t in service}
     return {"service": service, "demand": wanted, "normalized_service": normalized,
             "jain_index": jain_index([v for v in normalized.values() if v is not None]),
-            "max_service_gap": max_service_gap(records, w, window, duration),
+            "max_service_gap": max_service_gap(records, w, window, duration, curves),
             **dict(zip(("share_jain_mean", "share_jain_min"), fair_share_jain(records, w, window, duration))),
             "weights": {"input": w.input, "output": w.output}, "window_s": window}

@@ -66,6 +66,9 @@ def itls_s(r: RequestRecord) -> list[float]:
     the time between the first and the last token (vLLM's client records one gap per chunk
     instead). Tokens that came with the first one add no gap."""
     t = r.token_times
+    gaps = [b - a for a, b in zip(t, t[1:])]
+    if 0.0 not in gaps:  # every token arrived on its own (the common case): one gap each
+        return gaps
     out: list[float] = []
     i, n = 1, len(t)
     while i < n and t[i] == t[0]:

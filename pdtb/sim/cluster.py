@@ -128,7 +128,7 @@ class SimCluster:
     # ---- node -> router -> client ------------------------------------------------------------------
     def on_token(self, node: SimNode, rid: str, finished: bool, timing: dict | None) -> None:
         rec = self.records[rid]
-        t = self.loop.now + self._latency
+        t = round(self.loop.now + self._latency, 6)  # simulated: microseconds are exact enough
         times = rec.token_times
         times.append(t)
         if len(times) == 1:

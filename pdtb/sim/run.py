@@ -78,7 +78,7 @@ def run_once(a: Namespace, weights: ServiceWeights) -> int:
     summary = summarize(records, duration, slos, weights, a.fairness_window)
     meta = {**_meta(a, cost, figures), "start_time": 0.0, "duration_s": duration, "workload_info": info}
     if a.out:
-        write_results(a.out, build_results(meta, records, summary, cluster.observer.samples))
+        write_results(a.out, build_results(meta, records, summary, cluster.observer.samples), compact=True)
     print(format_table(summary))
     ev = {k: v for k, v in figures["evictions_per_request"].items()}
     print(f"sim: {len(records)} requests, {duration:.1f} s simulated in {figures['wall_s']:.1f} s "
@@ -126,7 +126,7 @@ def sweep(a: Namespace, weights: ServiceWeights, cost=None, quiet: bool = False)
 def run_sweep(a: Namespace, weights: ServiceWeights) -> int:
     doc = sweep(a, weights)
     if a.out:
-        write_results(a.out, doc)
+        write_results(a.out, doc, compact=True)
     derived = doc["derived"]
     print(json.dumps({k: derived[k] for k in ("max_goodput_rps", "max_goodput_every_class_rps", "knee_rps",
                                               "knee_bracket_rps", "saturation_tok_s")}))
