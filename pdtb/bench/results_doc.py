@@ -209,7 +209,7 @@ def replace_block(text: str, block: list[str]) -> str:
     return text[:i + len(BEGIN)] + "\n" + "\n".join(block) + "\n" + text[j:]
 
 
-def render(run: Run, images: str | None = None) -> str:
+def render(run: Run, images: str | None = None, sim_dir: str | None = None) -> str:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["# Results", "",
              f"Written by `bash scripts/results.sh` on {now}, commit {run.commit}.  ",
@@ -225,6 +225,10 @@ def render(run: Run, images: str | None = None) -> str:
         lines += engine_section(run.engine)
     if run.transports:
         lines += transport_section(run.transports)
+    if sim_dir:
+        from pdtb.sim.results_section import render as sim_section
+
+        lines += sim_section(sim_dir)
     return "\n".join(lines)
 
 
@@ -238,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transport", nargs="*", default=[], help="pdtb bench transport --json outputs")
     ap.add_argument("--frontier", help="directory of scripts/frontier.sh sweep files (its --out)")
     ap.add_argument("--frontier-command", default="bash scripts/frontier.sh --quick")
+    ap.add_argument("--sim", help="directory of scripts/sim_results.sh outputs")
     ap.add_argument("--out", required=True)
     ap.add_argument("--readme", help="also replace the headline block of this README")
     a = ap.parse_args(argv)
@@ -252,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             if src.exists():
                 shutil.copyfile(src, img / src.name)
         images = "img"
-    text = render(run, images)
+    text = render(run, images, a.sim)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(text)
     print(f"wrote {a.out}")
