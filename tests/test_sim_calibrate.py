@@ -122,6 +122,24 @@ def test_step_log_gives_hand_shapes_and_overhead(tmp_path):
     assert CalibratedCost.load(out).node_overhead_s == pytest.approx(0.0015)
 
 
+def test_fit_from_steps_with_overhead_from_a_step_log(tmp_path):
+    steps = [{"decode_rows": s.decode_rows, "decode_ctx": s.decode_ctx, "prefill_chunks": s.prefill_chunks,
+              "prefill_tokens": s.prefill_tokens, "prefill_attn": s.prefill_attn, "ms": _hand_ms(s)} for s in SHAPES]
+    (tmp_path / "steps.json").write_text(json.dumps(
+        {"kind": "step-samples", "page_bytes": 2048, "command": "pdtb bench steps --grid --json", "samples": steps}))
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _log_lines()))
+    out = tmp_path / "cal.json"
+    r = run_pdtb("sim", "calibrate", "--steps", str(tmp_path / "steps.json"), "--step-log", str(tmp_path / "log.jsonl"),
+                 "--fit", "steps", "--note", "log from a test", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    c = CalibratedCost.load(out)
+    assert c.coef.c0 == pytest.approx(2.0, rel=1e-6) and c.coef.attn == pytest.approx(2e-5, rel=1e-6)
+    assert c.node_overhead_s == pytest.approx(0.0015) and c.page_bytes == 2048
+    doc = json.loads(out.read_text())
+    assert doc["fit"]["samples"] == len(SHAPES) and doc["note"] == "log from a test"
+    assert doc["command"].startswith(f"pdtb bench steps --grid --json > {tmp_path / 'steps.json'} && pdtb sim calibrate")
+
+
 def _samples(samples) -> str:
     return json.dumps({"kind": "step-samples", "page_bytes": 1024, "samples": samples})
 
@@ -167,3 +185,19 @@ def test_calibrate_argument_errors(tmp_path):
     assert r.returncode == 2 and "give --page-bytes" in r.stderr
     r = run_pdtb("sim", "calibrate", "--step-log", str(tmp_path / "log.jsonl"), "--page-bytes", "-5")
     assert r.returncode == 2 and "positive" in r.stderr
+
+
+def test_shipped_calibration_is_its_samples_fit():
+    from pathlib import Path
+
+    import pdtb.sim.calibrate as cal
+    from pdtb.sim.step_samples import read_samples
+
+    c = CalibratedCost.load("cpu-tiny-2core")  # by name, from the package data
+    assert c.page_bytes == 4 * 2 * 16 * 2 * 32 * 4 and c.meta["threads"] == 1
+    assert c.meta["command"].startswith("pdtb bench steps --grid") and 0 < c.node_overhead_s < 0.01
+    samples, head = read_samples(Path(cal.__file__).with_name("calibrations") / "cpu-tiny-2core.steps.json")
+    refit = fit(samples)
+    assert head["page_bytes"] == c.page_bytes and refit.samples == c.meta["fit"]["samples"]
+    for term in ("c0", "rows", "ctx", "chunks", "tokens", "attn"):
+        assert getattr(refit.coef, term) == pytest.approx(getattr(c.coef, term), rel=1e-9)

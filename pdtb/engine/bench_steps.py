@@ -45,7 +45,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--chunks", type=_ints, default=[16, 64, 512], help="prefill chunk sizes added (list)")
     ap.add_argument("--offsets", type=_ints, default=[0, 1000], help="prompt offsets of the chunk (list)")
     ap.add_argument("--page-size", type=int, default=16)
-    ap.add_argument("--reps", type=int, default=None, help="repeats of each composition (default 15; --grid: 5)")
+    ap.add_argument("--reps", type=int, default=None, help="repeats of each composition (default 15; --grid: 9)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
@@ -60,7 +60,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if a.model and a.random_init:
         ap.error("--model and --random-init exclude each other")
     check_grid_args(ap, a)
-    a.reps = a.reps if a.reps is not None else (5 if a.grid else 15)
+    a.reps = a.reps if a.reps is not None else (9 if a.grid else 15)
     if not (a.long_rows and a.chunks and a.offsets):
         ap.error("--long-rows, --chunks and --offsets need at least one value each")
     if min([a.rows, a.row_len, a.long_len, a.reps, a.threads, a.page_size, *a.long_rows, *a.chunks]) < 1 or min(a.offsets) < 0:

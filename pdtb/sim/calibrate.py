@@ -26,12 +26,12 @@ from pathlib import Path
 from pdtb.sim.cost import LinkModel, StepShape
 from pdtb.sim.step_samples import SampleError, StepSample
 
-# This machine's byte-moving figures (2 cores, no GPU; docs/results.md and the field notes):
-# a hand-off is `pdtb bench transport --endpoint tcp`, 2.42 GB/s for a large request's KV, with
-# a small request's round trip of 100-175 us; a tier move is a copy between two CPU pools,
-# 14-22 GB/s into a preallocated tensor (the lower figure).
-CPU_TRANSFER = LinkModel(2.42e9, 150e-6)
-CPU_TIER = LinkModel(14e9, 0.0)
+# This machine's byte-moving figures (2 cores, no GPU). A hand-off: `pdtb bench transport
+# --endpoint tcp` moves a large request's KV at 2.42 GB/s and 7,148 one-page requests/s (140 us
+# each; docs/results.md). A tier move: PagePool.copy_pages_to between two CPU pools of the tiny
+# model's 32 KiB pages, one thread, took 40-65 us for one page and 2.0-3.0 GB/s for 16 to 256.
+CPU_TRANSFER = LinkModel(2.42e9, 140e-6)
+CPU_TIER = LinkModel(2.5e9, 50e-6)
 TERMS = ("c0", "rows", "ctx", "chunks", "tokens", "attn")
 _OWN_KEYS = ("kind", "version", "page_bytes", "coef_ms", "node_overhead_s", "transfer", "tier_move", "label")
 

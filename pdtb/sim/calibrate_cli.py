@@ -1,12 +1,13 @@
 """`pdtb sim calibrate`: fit a step-cost model to measured steps and write a calibration file.
 
     pdtb sim calibrate --steps FILE [--steps FILE ...] [--step-log FILE ...] --out FILE
-                       [--page-bytes N] [--node-overhead-ms X] [--b2b-ms 5]
+                       [--fit all|steps|logs] [--page-bytes N] [--node-overhead-ms X] [--b2b-ms 5]
                        [--transfer-gb-per-s X] [--transfer-latency-us X]
                        [--tier-gb-per-s X] [--tier-latency-us X] [--label NAME] [--json]
 
 `--steps` takes `pdtb bench steps --grid --json` output, `--step-log` a node's `--step-log`
-file; each may repeat, every sample of every file goes into one fit. The node's overhead per
+file; each may repeat, and the samples of every file go into one fit (`--fit steps`: only the
+--steps files', the step logs then give the node overhead and tier rate alone). The node's overhead per
 step comes from `--node-overhead-ms`, else from the step logs (idle time between back-to-back
 steps), else 0. The hand-off link defaults to this CPU machine's figures, the tier link to the
 step logs' demotions and promotions where they have any, else this machine's copy figure.
@@ -28,6 +29,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--steps", action="append", default=[], help="pdtb bench steps --grid --json output (repeatable)")
     ap.add_argument("--step-log", action="append", default=[], help="a node's --step-log file (repeatable)")
     ap.add_argument("--out", help="calibration file to write")
+    ap.add_argument("--fit", choices=["all", "steps", "logs"], default="all", help="which files' samples the fit takes")
+    ap.add_argument("--note", help="free text kept in the file (how its inputs were made)")
     ap.add_argument("--page-bytes", type=int, help="KV bytes of one page (default: from the --steps files)")
     ap.add_argument("--node-overhead-ms", type=float, help="the node's own work per step (default: from step logs, else 0)")
     ap.add_argument("--b2b-ms", type=float, default=5.0, help="idle gap under which logged steps ran back to back")
@@ -40,6 +43,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if not (a.steps or a.step_log):
         ap.error("give --steps and/or --step-log files")
+    if (a.fit == "steps" and not a.steps) or (a.fit == "logs" and not a.step_log):
+        ap.error(f"--fit {a.fit} needs --{'steps' if a.fit == 'steps' else 'step-log'} files")
     positive = [v for v in (a.page_bytes, a.transfer_gb_per_s, a.tier_gb_per_s, a.b2b_ms) if v is not None]
     non_negative = [v for v in (a.node_overhead_ms, a.transfer_latency_us, a.tier_latency_us) if v is not None]
     if any(v <= 0 for v in positive) or any(v < 0 for v in non_negative):
@@ -53,20 +58,21 @@ def _link(gb_per_s: float | None, latency_us: float | None, default: LinkModel) 
 
 
 def _read(a: argparse.Namespace) -> tuple[list, list[dict], list[dict], list[float], list]:
-    """(samples, steps headers, sources, back-to-back gaps, tier moves) of every input file."""
+    """(samples to fit, steps headers, sources, back-to-back gaps, tier moves) of the input files."""
     samples, headers, sources, gaps, moves = [], [], [], [], []
     for path in a.steps:
         got, head = read_samples(path)
-        samples += got
+        samples += got if a.fit in ("all", "steps") else []
         headers.append(head)
-        sources.append({"file": path, "kind": "step-samples", "samples": len(got),
+        sources.append({"file": path, "kind": "step-samples", "samples": len(got), "fitted": a.fit != "logs",
                         **{k: head[k] for k in ("device", "model", "threads", "dtype", "command") if k in head}})
     for path in a.step_log:
         log = read_step_log(path, a.b2b_ms)
-        samples += log.samples
+        samples += log.samples if a.fit in ("all", "logs") else []
         gaps += log.gaps_s
         moves += log.moves
-        sources.append({"file": path, "kind": "step-log", "samples": len(log.samples), "b2b_gaps": len(log.gaps_s)})
+        sources.append({"file": path, "kind": "step-log", "samples": len(log.samples), "b2b_gaps": len(log.gaps_s),
+                        "fitted": a.fit != "steps"})
     return samples, headers, sources, gaps, moves
 
 
@@ -85,7 +91,9 @@ def _command(a: argparse.Namespace, argv: list[str], sources: list[dict]) -> str
     """The shell line that makes this calibration again: the benches that wrote the inputs
     (as recorded in them), then this command."""
     made = [f"{s['command']} > {shlex.quote(s['file'])}" for s in sources if s.get("command")]
-    return " && ".join(made + ["pdtb sim calibrate " + shlex.join(argv)])
+    drop = {i for i, x in enumerate(argv) if x == "--note"} | {i + 1 for i, x in enumerate(argv) if x == "--note"}
+    own = [x for i, x in enumerate(argv) if i not in drop and not x.startswith("--note=")]  # the note is kept apart
+    return " && ".join(made + ["pdtb sim calibrate " + shlex.join(own)])
 
 
 def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, object]:
@@ -96,7 +104,7 @@ def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, objec
     overhead = a.node_overhead_ms / 1e3 if a.node_overhead_ms is not None else (node_overhead_s(gaps) or 0.0)
     tier_default = tier_link(moves, page_bytes) or CPU_TIER
     head = headers[0] if headers else {}
-    meta = {"command": _command(a, argv, sources),
+    meta = {"command": _command(a, argv, sources), **({"note": a.note} if a.note else {}),
             **{k: head[k] for k in ("device", "model", "threads", "dtype", "page_size") if k in head},
             "fit": {"samples": f.samples, "r2": round(f.r2, 6), "max_rel_err": round(f.max_rel_err, 6),
                     "sources": sources}}
