@@ -196,7 +196,7 @@ def test_shipped_calibration_is_its_samples_fit():
     c = CalibratedCost.load("cpu-tiny-2core")  # by name, from the package data
     assert c.page_bytes == 4 * 2 * 16 * 2 * 32 * 4 and c.meta["threads"] == 1
     assert c.meta["command"].startswith("pdtb bench steps --grid") and 0 < c.node_overhead_s < 0.01
-    samples, head = read_samples(Path(cal.__file__).with_name("calibrations") / "cpu-tiny-2core.steps.json")
+    samples, head = read_samples(Path(cal.__file__).with_name("calibrations") / "samples" / "cpu-tiny-2core.json")
     refit = fit(samples)
     assert head["page_bytes"] == c.page_bytes and refit.samples == c.meta["fit"]["samples"]
     for term in ("c0", "rows", "ctx", "chunks", "tokens", "attn"):
