@@ -35,7 +35,7 @@ OUT="${OUT:-$ROOT/results/docs-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 FAIR_CMD="bash scripts/compare_fairness.sh ${QUICK[*]+${QUICK[*]} }--policies \"$POLICIES\""
 echo "== $FAIR_CMD" >&2
-bash scripts/compare_fairness.sh ${QUICK[@]+"${QUICK[@]}"} --policies "$POLICIES" --out "$OUT/fair" >&2
+bash scripts/compare_fairness.sh ${QUICK[@]+"${QUICK[@]}"} --step-log --policies "$POLICIES" --out "$OUT/fair" >&2
 args=(--fair "$OUT/fair" --fair-command "$FAIR_CMD")
 if [ "$FRONTIER" = 1 ]; then
   FRONT_CMD="bash scripts/frontier.sh${QUICK[*]+ ${QUICK[*]}}"

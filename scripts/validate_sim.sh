@@ -3,39 +3,53 @@
 # memfair, colocated and disaggregated) on real clusters, the simulator calibrated here, the
 # same runs simulated, and the sim/real ratios per class (pdtb sim validate).
 #
-#   scripts/validate_sim.sh [--out DIR] [--real DIR] [--calibration FILE] [--policies LIST]
+#   scripts/validate_sim.sh [--out DIR] [--real DIR] [--policies LIST]
 #
-# 1. real: scripts/compare_fairness.sh --quick (skipped with --real DIR: results already there);
-# 2. calibration: pdtb bench steps --grid on this machine, fitted by pdtb sim calibrate
-#    (skipped with --calibration FILE);
-# 3. sim: scripts/compare_fairness.sh --quick --sim with that calibration: the same workload
-#    and node flags;
-# 4. pdtb sim validate REAL SIM: DIR/validate.txt and DIR/validate.json.
+# 1. real: scripts/compare_fairness.sh --quick --step-log (skipped with --real DIR: results,
+#    and step logs where it has them, already there);
+# 2. calibration on this machine, two ways:
+#    grid: pdtb bench steps --grid fitted by pdtb sim calibrate, the node's own time per step
+#          (idle gaps between back-to-back steps) from the fcfs runs' step logs;
+#    logs: the same grid and every step the fcfs runs logged, in one fit: steps as they ran
+#          beside the router, the client and the other node on the same cores;
+#    memfair's runs are used by neither: they are held out;
+# 3. sim: scripts/compare_fairness.sh --quick --sim with each calibration: the same workload and
+#    node flags;
+# 4. pdtb sim validate REAL SIM for each: DIR/validate-{grid,logs}.{txt,json}.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" REAL="" CAL="" POLICIES="fcfs memfair"
+OUT="" REAL="" POLICIES="fcfs memfair"
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --real) REAL="$2"; shift 2 ;;
-    --calibration) CAL="$2"; shift 2 ;;
     --policies) POLICIES="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "validate_sim: unknown option $1" >&2; exit 2 ;;
   esac
 done
 source "$ROOT/scripts/_env.sh"
 OUT="${OUT:-$ROOT/results/validate-sim-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
 if [ -z "$REAL" ]; then
   REAL="$OUT/real"
-  bash "$ROOT/scripts/compare_fairness.sh" --quick --policies "$POLICIES" --out "$REAL" >&2
+  bash "$ROOT/scripts/compare_fairness.sh" --quick --step-log --policies "$POLICIES" --out "$REAL" >&2
 fi
-if [ -z "$CAL" ]; then
-  echo "== calibrating the step cost on this machine (pdtb bench steps --grid)" >&2
-  pdtb bench steps --grid --json > "$OUT/steps.json"
-  CAL="$OUT/calibration.json"
-  pdtb sim calibrate --steps "$OUT/steps.json" --out "$CAL" >&2
+echo "== calibrating the step cost on this machine (pdtb bench steps --grid)" >&2
+pdtb bench steps --grid --json > "$OUT/steps.json"
+logs=()
+for f in "$REAL"/run-*-fcfs/steps-*.jsonl; do [ -f "$f" ] && logs+=(--step-log "$f"); done
+pdtb sim calibrate --steps "$OUT/steps.json" ${logs[@]+"${logs[@]}"} --fit steps --label grid \
+  --out "$OUT/calibration-grid.json" >&2
+kinds=(grid)
+if [ "${#logs[@]}" -gt 0 ]; then
+  pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" --fit all --label logs --out "$OUT/calibration-logs.json" >&2
+  kinds+=(logs)
 fi
-bash "$ROOT/scripts/compare_fairness.sh" --quick --sim --calibration "$CAL" --policies "$POLICIES" --out "$OUT/sim" >&2
-pdtb sim validate "$REAL" "$OUT/sim" --out "$OUT/validate.json" | tee "$OUT/validate.txt"
+for k in "${kinds[@]}"; do
+  bash "$ROOT/scripts/compare_fairness.sh" --quick --sim --calibration "$OUT/calibration-$k.json" \
+    --policies "$POLICIES" --out "$OUT/sim-$k" >&2
+  echo "== calibration: $k"
+  pdtb sim validate "$REAL" "$OUT/sim-$k" --out "$OUT/validate-$k.json" | tee "$OUT/validate-$k.txt"
+done
