@@ -4,8 +4,8 @@
 #     compare_fairness.sh --quick already made, e.g. by results.sh; else it makes them);
 #   - the reproductions: pdtb sim reproduce mcsf|vtc|essay --json;
 #   - one hour of the Azure conversation trace on an 8-GPU disaggregated shape (Llama-3-70B,
-#     tensor parallel 4, one prefill and one decode node on H100s), memfair, timed, with its
-#     pdtb report;
+#     tensor parallel 4, one prefill and one decode node on H100s), fcfs and memfair, each
+#     timed, with their pdtb report;
 #   - the H200 step grid (shipped samples) against the roofline: pdtb sim roofline.
 #
 #   bash scripts/sim_results.sh --out DIR [--real DIR] [--skip-validate] [--trace FILE]
@@ -34,14 +34,17 @@ for r in mcsf vtc essay; do
   pdtb sim reproduce "$r" --json > "$OUT/repro-$r.json"
 done
 if [ -f "$TRACE" ]; then
-  AZ=(pdtb sim --workload "trace:$TRACE" --mode disagg --prefill 1 --decode 1 --cost roofline --gpu h100-sxm
-      --model-config llama-3-70b --tp 4 --policy memfair --slo ttft_ms=2000 --slo tpot_ms=100)
-  echo "== ${AZ[*]}" >&2
-  t0=$(date +%s.%N)
-  "${AZ[@]}" --out "$OUT/azure-hour.json" > "$OUT/azure-hour.txt"
-  python -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 1))" "$t0" "$(date +%s.%N)" > "$OUT/azure-hour.wall_s"
-  echo "${AZ[*]} --out azure-hour.json" > "$OUT/azure-hour.command"
-  pdtb report "$OUT/azure-hour.json" --out "$OUT/azure-report" >/dev/null
+  for pol in fcfs memfair; do
+    AZ=(pdtb sim --workload "trace:$TRACE" --mode disagg --prefill 1 --decode 1 --cost roofline --gpu h100-sxm
+        --model-config llama-3-70b --tp 4 --policy "$pol" --slo ttft_ms=2000 --slo tpot_ms=100)
+    echo "== ${AZ[*]}" >&2
+    t0=$(date +%s.%N)
+    "${AZ[@]}" --out "$OUT/azure-hour-$pol.json" > "$OUT/azure-hour-$pol.txt"
+    python -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 1))" "$t0" "$(date +%s.%N)" \
+      > "$OUT/azure-hour-$pol.wall_s"
+    echo "${AZ[*]} --out azure-hour-$pol.json" > "$OUT/azure-hour-$pol.command"
+  done
+  pdtb report "$OUT"/azure-hour-*.json --out "$OUT/azure-report" >/dev/null
 else
   echo "sim_results: no trace at $TRACE: the Azure hour is left out" >&2
 fi

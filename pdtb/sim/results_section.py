@@ -1,5 +1,6 @@
 """The simulator's section of docs/results.md, from the files `scripts/sim_results.sh` writes:
-validate/validate.json, repro-{mcsf,vtc,essay}.json, azure-hour.json (+ .wall_s, .command) and
+validate/validate-{grid,logs}.json, repro-{mcsf,vtc,essay}.json, azure-hour-{fcfs,memfair}.json
+(+ .wall_s, .command) and
 roofline-h200.json. A file that is absent leaves its part out."""
 from __future__ import annotations
 
@@ -92,16 +93,20 @@ def essay_part(d: dict) -> list[str]:
             *md_table(["claim", "this run", "essay"], rows), "", *(f"- {n}" for n in d.get("notes", [])), ""]
 
 
-def azure_part(res: dict, wall: str | None, command: str | None) -> list[str]:
-    s, sim = res["summary"]["overall"], res["meta"]["sim"]
+def azure_part(runs: list[tuple[dict, str | None, str | None]]) -> list[str]:
+    """One row per policy: (results, whole-command seconds, command)."""
+    rows = []
+    for res, wall, _ in runs:
+        s, sim = res["summary"]["overall"], res["meta"]["sim"]
+        rows.append([res["meta"].get("policy") or "?", str(s["count"]), fmt(sim["simulated_s"], 0), fmt(sim["wall_s"], 1),
+                     wall or "?", fmt(s["ttft_ms"]["p50"]), fmt(s["ttft_ms"]["p99"]), fmt(s["itl_ms"]["p50"]),
+                     fmt(s["itl_ms"]["p99"]), fmt(s["output_tok_s"]), str(s["failed"]),
+                     f"{fmt(sim['top5_share_pool_mean'], 3)} / {fmt(sim['top5_share_pool_max'], 3)}"])
     return ["### One hour of the Azure conversation trace, 8 GPUs", "",
-            f"`{command or 'pdtb sim ...'}`", "",
-            f"{s['count']} requests, {fmt(sim['simulated_s'], 0)} s simulated in {fmt(sim['wall_s'], 1)} s of "
-            f"simulation ({sim['events']} events; the whole command, summary and file included: {wall or '?'} s).", "",
-            *md_table(["TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "out tok/s", "failed", "top-5% pool share (mean, max)"],
-                      [[fmt(s["ttft_ms"]["p50"]), fmt(s["ttft_ms"]["p99"]), fmt(s["itl_ms"]["p50"]), fmt(s["itl_ms"]["p99"]),
-                        fmt(s["output_tok_s"]), str(s["failed"]),
-                        f"{fmt(sim['top5_share_pool_mean'], 3)}, {fmt(sim['top5_share_pool_max'], 3)}"]]), ""]
+            f"`{runs[0][2] or 'pdtb sim ...'}` (and the same with `--policy memfair`). Simulation: the event "
+            "loop's wall time; command: the whole command, summary and results file included.", "",
+            *md_table(["policy", "requests", "simulated s", "simulation s", "command s", "TTFT p50 ms", "TTFT p99 ms",
+                       "ITL p50 ms", "ITL p99 ms", "out tok/s", "failed", "top-5% pool share mean / max"], rows), ""]
 
 
 def roofline_part(d: dict) -> list[str]:
@@ -129,11 +134,15 @@ def render(d: str | Path) -> list[str]:
         x = _load(d, f"repro-{name}.json")
         if x:
             out += part(x)
-    az = _load(d, "azure-hour.json")
-    if az:
-        wall = (d / "azure-hour.wall_s").read_text().strip() if (d / "azure-hour.wall_s").is_file() else None
-        cmd = (d / "azure-hour.command").read_text().strip() if (d / "azure-hour.command").is_file() else None
-        out += azure_part(az, wall, cmd)
+    runs = []
+    for pol in ("fcfs", "memfair"):
+        az = _load(d, f"azure-hour-{pol}.json")
+        if az:
+            text = {ext: (d / f"azure-hour-{pol}.{ext}").read_text().strip()
+                    if (d / f"azure-hour-{pol}.{ext}").is_file() else None for ext in ("wall_s", "command")}
+            runs.append((az, text["wall_s"], text["command"]))
+    if runs:
+        out += azure_part(runs)
     r = _load(d, "roofline-h200.json")
     if r:
         out += roofline_part(r)
