@@ -127,7 +127,7 @@ def evaluate(a: Namespace, cand: Candidate, loads: list[float], weights: Service
     """`cand`'s rate sweep from `loads` until its knee is bracketed (or --max-levels)."""
     ns = Namespace(**{**vars(a), **cand.flags(), "rates": list(loads), "until_knee": True})
     t0 = time.perf_counter()
-    doc = sweep(ns, weights, cost, quiet=True)
+    doc = sweep(ns, weights, cost, quiet=True, keep_records=False)
     d = doc["derived"]
     return Outcome(cand, goodput_of(d, a.knee_on), d["knee_load"], list(d["knee_bracket_rps"]),
                    [_level(lv, a.target, a.knee_on) for lv in doc["levels"]], time.perf_counter() - t0)
