@@ -33,7 +33,7 @@ source "$ROOT/scripts/_env.sh"
 cd "$ROOT"
 OUT="${OUT:-$ROOT/results/docs-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
-FAIR_CMD="bash scripts/compare_fairness.sh ${QUICK[*]+${QUICK[*]} }--policies \"$POLICIES\""
+FAIR_CMD="bash scripts/compare_fairness.sh ${QUICK[*]+${QUICK[*]} }--step-log --policies \"$POLICIES\""
 echo "== $FAIR_CMD" >&2
 bash scripts/compare_fairness.sh ${QUICK[@]+"${QUICK[@]}"} --step-log --policies "$POLICIES" --out "$OUT/fair" >&2
 args=(--fair "$OUT/fair" --fair-command "$FAIR_CMD")

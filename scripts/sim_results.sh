@@ -11,13 +11,13 @@
 #   bash scripts/sim_results.sh --out DIR [--real DIR] [--skip-validate] [--trace FILE]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" REAL="" VALIDATE=1 TRACE="$ROOT/../shared/traces/azure_llm_conv_2023.csv"
+OUT="" REAL="" VALIDATE=1 TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --real) REAL="$2"; shift 2 ;;
     --skip-validate) VALIDATE=0; shift ;;
-    --trace) TRACE="$2"; shift 2 ;;
+    --trace) TRACE="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
     -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "sim_results: unknown option $1" >&2; exit 2 ;;
   esac
