@@ -363,8 +363,17 @@ class MemFairPolicy(BasePolicy):
         token, wait for). One that cannot get in yet does not hold the long prompts back (they
         crawled at a token a step behind a prompt waiting for room)."""
         free = state.device_free - len(self.running)
-        return any(self.owner(c) != owner and not c.num_computed_tokens and self._need_now(c, state) <= free
-                   and not self._second_long_prompt(c, state) for c in self.candidates)
+        busy = None  # owners with a long prompt in prefill: `_second_long_prompt`'s scan, done once
+        for c in self.candidates:
+            if self.owner(c) == owner or c.num_computed_tokens or self._need_now(c, state) > free:
+                continue
+            if self._long(c, state) and self._others_active(self.owner(c), state):
+                if busy is None:
+                    busy = {self.owner(s) for s in self.running if s.in_prefill and self._long(s, state)}
+                if self.owner(c) in busy:
+                    continue  # a second long prompt of its owner: it waits, and is not waited for
+            return True
+        return False
 
     def choose_victim(self, candidates, requester, state):
         return eviction.footprint(candidates, state, self.over, self.owner)
