@@ -20,7 +20,7 @@ commands:
   bench serve        load-test client against an OpenAI-compatible endpoint
   bench sweep        a workload at a series of offered loads: attainment, goodput, knee
   sim                simulate a cluster at any scale on the real scheduler and policies
-                     (calibrate, validate, reproduce mcsf|vtc|essay, plan)
+                     (calibrate, validate, roofline, reproduce mcsf|vtc|essay, plan)
   frontier           fairness-throughput frontier of sweep files (table, plot, Pareto points)
   report             markdown report and plots comparing results files
   compare            per-run minnow p99 TTFT/ITL and throughput, with ratios vs fcfs

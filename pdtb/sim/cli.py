@@ -11,6 +11,8 @@ USAGE = """pdtb sim <subcommand> | pdtb sim [run options]
   pdtb sim reproduce mcsf|vtc|essay [--json]                     the papers' figures
   pdtb sim plan ...                                              prefill:decode split and budgets
   pdtb sim roofline --steps FILE [--gpu G --model-config M]      measured steps against the roofline
+
+Each subcommand takes --help; the run's own options: pdtb sim run --help.
 """
 
 
@@ -19,6 +21,8 @@ def main(argv: list[str]) -> int:
     if sub in ("-h", "--help") and not rest:
         print(USAGE)
         return 0
+    if sub == "run":  # the default subcommand, by name
+        argv = rest
     if sub == "calibrate":
         from pdtb.sim.calibrate import main as run
     elif sub == "validate":
