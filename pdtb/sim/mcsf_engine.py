@@ -67,18 +67,13 @@ def _request(i: int, job):
 
 
 def _forward(sched, out) -> list:
-    """The fake forward pass: every chunk is computed, a chunk at the end samples a token."""
-    from pdtb.engine.sequence import SeqStatus
+    """The fake forward pass: every chunk is computed, a chunk at the end samples a token, which
+    ends its request by the engine's own rule (engine.append_token)."""
+    from pdtb.engine.engine import append_token
 
-    done = []
     for c in out.chunks:
         c.seq.num_computed_tokens += c.num_new_tokens
-        if c.wants_logits:
-            c.seq.token_ids.append(1)
-            if c.seq.num_output_tokens >= c.seq.params.max_tokens:
-                sched.finish(c.seq, SeqStatus.FINISHED_LENGTH, "length")
-                done.append(c.seq)
-    return done
+    return [c.seq for c in out.chunks if c.wants_logits and append_token(sched, c.seq, 1, ()).finished]
 
 
 def run_mcsf(inst: Instance) -> McsfRun:
