@@ -28,7 +28,6 @@ running batch at every step, and at this scale that queue is long.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -37,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pdtb.bench import workloads as wl
 from pdtb.bench.summary import summarize
 from pdtb.common import CliError
+from pdtb.sim.repro_args import OneLineParser, config_from
 from pdtb.sim.cluster import ClusterShape, SimCluster
 from pdtb.sim.node import NodeShape
 from pdtb.sim.roofline import RooflineCost
@@ -235,26 +235,16 @@ def table(s: dict) -> str:
     return "\n".join(head + _detail_lines(s) + [""] + _run_lines(r) + notes)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, not argparse's usage block
-        raise CliError(f"pdtb sim reproduce essay: {message}")
-
-
 def parse(argv: list[str]) -> tuple[EssayConfig, bool]:
     d = EssayConfig()
-    ap = _Parser(prog="pdtb sim reproduce essay", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="pdtb sim reproduce essay", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     for name in ("duration", "whale_start", "whale_interval", "minnow_rate", "host_gib"):
         ap.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name))
     for name in ("whales", "whale_prompt", "whale_output", "minnow_prompt", "minnow_output", "kv_pages", "context",
                  "page_size", "budget", "seed"):
         ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
-    a = vars(ap.parse_args(argv))
-    as_json = a.pop("json")
-    try:
-        return EssayConfig(**a), as_json
-    except ValueError as e:
-        raise CliError(f"pdtb sim reproduce essay: {e}") from None
+    return config_from(ap, argv, EssayConfig)
 
 
 def main(argv: list[str]) -> int:

@@ -28,7 +28,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-from pdtb.common import CliError
+from pdtb.sim.repro_args import OneLineParser, config_from
 from pdtb.sim.mcsf_hindsight import Instance, Job, feasible, mcsf_rule, serial_wait, solve
 
 PAPER_MEAN_RATIO = {"batch": 1.005, "online": 1.047}  # the paper's synthetic results
@@ -145,14 +145,9 @@ def table(s: dict) -> str:
     return "\n".join(lines)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, not argparse's usage block
-        raise CliError(f"pdtb sim reproduce mcsf: {message}")
-
-
 def parse(argv: list[str]) -> tuple[ReproConfig, bool]:
     d = ReproConfig()
-    ap = _Parser(prog="pdtb sim reproduce mcsf", description=__doc__.split("\n\n")[0],
+    ap = OneLineParser(prog="pdtb sim reproduce mcsf", description=__doc__.split("\n\n")[0],
                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     ap.add_argument("--instances", type=int, default=d.instances)
@@ -164,12 +159,7 @@ def parse(argv: list[str]) -> tuple[ReproConfig, bool]:
     ap.add_argument("--arrivals", default=d.arrivals, help="batch (all at round 0) or online (Poisson)")
     ap.add_argument("--rate", type=float, default=d.rate, help="online: arrivals per round")
     ap.add_argument("--time-limit", type=float, default=d.time_limit, help="seconds per MILP")
-    a = vars(ap.parse_args(argv))
-    as_json = a.pop("json")
-    try:
-        return ReproConfig(**a), as_json
-    except ValueError as e:
-        raise CliError(f"pdtb sim reproduce mcsf: {e}") from None
+    return config_from(ap, argv, ReproConfig)
 
 
 def main(argv: list[str]) -> int:

@@ -21,7 +21,6 @@ plot/plot_6.2_work_diff.py) is printed beside it, since the paper's figures use 
 """
 from __future__ import annotations
 
-import argparse
 import bisect
 import json
 import random
@@ -31,7 +30,7 @@ from dataclasses import asdict, dataclass
 from fairness.config import FairnessConfig
 from pdtb.bench.records import RequestRecord, RequestSpec
 from pdtb.bench.service import ServiceWeights, service_events
-from pdtb.common import CliError
+from pdtb.sim.repro_args import OneLineParser, config_from
 from pdtb.sim.cluster import ClusterShape, SimCluster
 from pdtb.sim.cost import FixedStepCost
 from pdtb.sim.node import NodeShape
@@ -246,11 +245,6 @@ def _run_lines(v: dict, f: dict) -> list[str]:
     return lines + [f"{tv:>8g}{dv:>12,.0f}{df:>12,.0f}" for (tv, dv), (_, df) in zip(v["series"], f["series"])]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, not argparse's usage block
-        raise CliError(f"pdtb sim reproduce vtc: {message}")
-
-
 def _rates(text: str) -> tuple[float, float]:
     parts = tuple(float(x) for x in text.split(","))
     if len(parts) != 2:
@@ -260,7 +254,7 @@ def _rates(text: str) -> tuple[float, float]:
 
 def parse(argv: list[str]) -> tuple[VtcConfig, bool]:
     d = VtcConfig()
-    ap = _Parser(prog="pdtb sim reproduce vtc", description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(prog="pdtb sim reproduce vtc", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     ap.add_argument("--duration", type=float, default=d.duration, help="seconds of sending")
     ap.add_argument("--rates", type=_rates, default=d.rates, help="R1,R2 requests/s of the two clients")
@@ -268,12 +262,7 @@ def parse(argv: list[str]) -> tuple[VtcConfig, bool]:
         ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
     for name in ("step_ms", "w_in", "w_out"):
         ap.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name))
-    a = vars(ap.parse_args(argv))
-    as_json = a.pop("json")
-    try:
-        return VtcConfig(**a), as_json
-    except ValueError as e:
-        raise CliError(f"pdtb sim reproduce vtc: {e}") from None
+    return config_from(ap, argv, VtcConfig)
 
 
 def main(argv: list[str]) -> int:
