@@ -110,6 +110,12 @@ def to_sampling(p: Params) -> SamplingParams:
                           ignore_eos=p.ignore_eos, stop_token_ids=tuple(p.stop_token_ids))
 
 
+def queued_tokens(sch) -> int:
+    """Prompt tokens a node has yet to prefill (what the router balances prefill nodes on)."""
+    return sum(s.num_uncomputed_tokens for s in sch.waiting) + sum(
+        s.num_uncomputed_tokens for s in sch.running if s.in_prefill)
+
+
 class NodeBase:
     """What every role shares. A role is a subclass: it may wrap the admission policy
     (`make_policy`) and says whether it moves KV between nodes (`moves_kv`)."""
@@ -270,8 +276,7 @@ class NodeBase:
     # ---- stats ---------------------------------------------------------------------------------
     def stats(self, seq: int = 0) -> NodeStats:
         sch, pool = self.engine.scheduler, self.engine.pool
-        queued = sum(s.num_uncomputed_tokens for s in sch.waiting) + sum(
-            s.num_uncomputed_tokens for s in sch.running if s.in_prefill)
+        queued = queued_tokens(sch)
         host = self.engine.host_pool
         return NodeStats(self.config.node_id, self.config.role, seq, pool.num_pages, pool.num_free,
                          host.num_pages if host else 0, host.num_free if host else 0,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pdtb.bench.records import OK, RequestRecord, RequestSpec
 from pdtb.bench.runner import cut_off
 from pdtb.engine.kv_spec import KVSpec
+from pdtb.nodes.node_base import queued_tokens
 from pdtb.nodes.protocol import GenerateRequest, NodeStats, Params, Target
 from pdtb.router.config import NodeSpec
 from pdtb.router.nodes import FALLBACKS, NodeState, pick_most_free, pick_prefill
@@ -89,11 +90,9 @@ class SimCluster:
         """The router's ping: every node's stats as it would answer now."""
         for nid, n in self.nodes.items():
             sch, host = n.scheduler, n.host_pool
-            queued = sum(s.num_uncomputed_tokens for s in sch.waiting) + sum(
-                s.num_uncomputed_tokens for s in sch.running if s.in_prefill)
             self.states[nid].stats = NodeStats(nid, n.shape.role, 0, n.pool.num_pages, n.pool.num_free,
                                                host.num_pages if host else 0, host.num_free if host else 0,
-                                               len(sch.running), len(sch.waiting) + len(sch.parked), queued, kv_addr=nid)
+                                               len(sch.running), len(sch.waiting) + len(sch.parked), queued_tokens(sch), kv_addr=nid)
         if self._open:
             self.loop.after(self.shape.ping_interval_s, self._ping)
 
