@@ -11,7 +11,6 @@ rpc latency.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from pdtb.bench.records import OK, RequestRecord, RequestSpec
@@ -99,7 +98,7 @@ class SimCluster:
     # ---- the router ------------------------------------------------------------------------------
     def _fits(self, role: str, tokens: int) -> list[NodeState]:
         return [s for s in self.states.values() if s.spec.role == role
-                and math.ceil(tokens / self.spec.page_size) <= s.stats.pages_total]
+                and self.spec.pages_for(tokens) <= s.stats.pages_total]
 
     def _submit(self, i: int, s: RequestSpec) -> None:
         rid, now = f"sim-{i}", self.loop.now
@@ -108,7 +107,7 @@ class SimCluster:
         prefill, decode = pick_prefill(self._fits("prefill", s.prompt_len)), pick_most_free(self._fits("decode", peak))
         entry = prefill if (prefill and decode) else pick_most_free(self._fits("colocated", peak))
         if entry is None:
-            need = math.ceil(peak / self.spec.page_size)
+            need = self.spec.pages_for(peak)
             return self.on_failed(rid, f"request needs up to {need} KV pages; no node's pool holds it")
         decode = decode if entry is prefill else None
         tier = s.slo_tier if s.slo_tier is not None else self.shape.tenant_tiers.get(s.tenant, "")
@@ -119,7 +118,7 @@ class SimCluster:
             req.decode_node = req.decode_kv_addr = decode.node_id
             others = sorted((n for n in self._fits("decode", peak) if n is not decode), key=lambda n: -n.free_pages_estimate())
             req.fallbacks = [Target(n.node_id, n.node_id) for n in others[:FALLBACKS]]
-        (decode or entry).pending_pages[rid] = math.ceil((s.prompt_len + 1) / self.spec.page_size)
+        (decode or entry).pending_pages[rid] = self.spec.pages_for(s.prompt_len + 1)
         self.entry[rid] = entry.node_id
         node = self.nodes[entry.node_id]
         self.loop.after(self.shape.rpc_latency_s, node.deliver, node.on_generate, req)
