@@ -30,6 +30,16 @@ class NodeSpec:
         return cls(role.strip(), address.strip())
 
 
+def check_tenant_tiers(tiers: dict) -> None:
+    """Refuse a `--tenant-tier` default that is not an SLO tier a request could name."""
+    from pdtb.nodes.protocol import SLO_TIER_RE
+
+    for tenant, tier in tiers.items():
+        if not tenant or not isinstance(tier, str) or not SLO_TIER_RE.fullmatch(tier):
+            raise ValueError(f"--tenant-tier {tenant}={tier}: the tier must be 1-32 characters of letters, "
+                             f"digits, '_', '.' or '-' (and the tenant not empty)")
+
+
 @dataclass(frozen=True)
 class RouterConfig:
     """Everything the router process is configured with. Validated on construction."""
@@ -52,12 +62,7 @@ class RouterConfig:
     tenant_tiers: dict = field(default_factory=dict)  # tenant -> SLO tier of its requests that name none
 
     def __post_init__(self) -> None:
-        from pdtb.nodes.protocol import SLO_TIER_RE
-
-        for tenant, tier in self.tenant_tiers.items():
-            if not tenant or not isinstance(tier, str) or not SLO_TIER_RE.fullmatch(tier):
-                raise ValueError(f"--tenant-tier {tenant}={tier}: the tier must be 1-32 characters of letters, "
-                                 f"digits, '_', '.' or '-' (and the tenant not empty)")
+        check_tenant_tiers(self.tenant_tiers)
         if not self.nodes:
             raise ValueError("at least one --node is required")
         roles = {n.role for n in self.nodes}

@@ -76,13 +76,16 @@ def page_spec(page_bytes: int, page_size: int) -> KVSpec:
 
 
 def _tiers(items: list[str]) -> dict[str, str]:
-    out = {}
-    for it in items:
-        tenant, sep, tier = it.partition("=")
-        if not sep or not tenant or not tier:
-            raise CliError(f"--tenant-tier expects TENANT=TIER, got {it!r}")
-        out[tenant] = tier
-    return out
+    """`--tenant-tier TENANT=TIER` as the router reads and checks it."""
+    from pdtb.router.config import check_tenant_tiers
+    from pdtb.router.main import tenant_tiers
+
+    try:
+        tiers = tenant_tiers(items)
+        check_tenant_tiers(tiers)
+    except ValueError as e:
+        raise CliError(f"pdtb sim: {e}") from None
+    return tiers
 
 
 def context_of(a: argparse.Namespace) -> int:
