@@ -67,8 +67,8 @@ def orderings(real: dict, sim: dict, protected: str) -> list[dict]:
                 fig = {p: ((runs[(mode, p)]["summary"]["per_class"].get(protected) or {}).get(key) or {}).get("p99")
                        for p in pols}
                 return sorted(pols, key=lambda p: (fig[p] is None, fig[p] or 0.0))
-            out.append({"mode": mode, "figure": f"{protected} {key[:-3]} p99", "real": rank(real), "sim": rank(sim),
-                        "same": rank(real) == rank(sim)})
+            r, s = rank(real), rank(sim)
+            out.append({"mode": mode, "figure": f"{protected} {key[:-3]} p99", "real": r, "sim": s, "same": r == s})
     return out
 
 
