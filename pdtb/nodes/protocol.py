@@ -165,6 +165,12 @@ class NodeStats:
     draining: bool = False
     extra: dict = field(default_factory=dict)
     incarnation: str = ""  # random per process start: a change means the node restarted
+    # prefix cache (pdtb/engine/prefix_cache.py); prefix_ns "" means the node caches nothing
+    page_size: int = 0  # tokens per KV page (the unit of every page hash)
+    prefix_ns: str = ""  # namespace of the node's page hashes (prefix_hash.page_hashes)
+    prefix_summary: list[int] = field(default_factory=list)  # cached page hashes, most recent first (bounded)
+    prefix_query_tokens: int = 0  # prompt tokens looked up in the cache (cumulative)
+    prefix_hit_tokens: int = 0  # of those, tokens served from the cache: not computed (prefill) or not sent (decode)
 
 
 MESSAGES: dict[str, type] = {c.__name__: c for c in (GenerateRequest, AbortRequest, TokenBatch, Ping, NodeStats, NodeDown)}
