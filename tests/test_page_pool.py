@@ -117,7 +117,7 @@ TestPoolMachine.settings = settings(max_examples=60, stateful_step_count=30, dea
 def test_host_tier_pages_are_parked():
     pool = make_pool(4, tier="host")
     pages = pool.allocate("x", 2)
-    assert pool.state_counts() == {"free": 2, "reserved": 0, "resident": 0, "parked": 2}
+    assert pool.state_counts() == {"free": 2, "reserved": 0, "resident": 0, "parked": 2, "cached": 0}
     pool.free("x")
     assert pool.num_free == 4 and pages
 

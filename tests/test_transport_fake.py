@@ -270,7 +270,7 @@ def test_pages_stay_reserved_until_done():
             status = await p.tx.wait(tid, 2.0)
             assert status.state is TransferState.DONE
             assert p.dst.state_counts() == {"free": 0, "reserved": 0, "resident": 20,
-                                            "parked": 0}
+                                            "parked": 0, "cached": 0}
     run(body())
 
 

@@ -5,9 +5,12 @@ Page states (see DESIGN.md):
     FREE --reserve--> RESERVED --commit--> RESIDENT|PARKED --free--> FREE
       |                   \--cancel--> FREE
       \--allocate--> RESIDENT (device tier) | PARKED (host tier)
+    RESIDENT (registered) --last holder frees--> CACHED --share--> RESIDENT
+                                                  \--taken for new pages--> FREE
 
 The pool is mechanism only: it never decides who gets pages. `check()` verifies that the
-states add up to the pool size and that every owned page belongs to exactly one owner.
+states add up to the pool size and that every held page has as many holders as page tables
+listing it.
 """
 from __future__ import annotations
 
@@ -22,8 +25,12 @@ from pdtb.engine.kv_spec import KVSpec
 class PageState(enum.IntEnum):
     FREE = 0
     RESERVED = 1  # a transfer may still write into it; cannot be handed on
-    RESIDENT = 2  # device tier, owned by one request
-    PARKED = 3  # host tier, owned by one request
+    RESIDENT = 2  # device tier, held by one request or more
+    PARKED = 3  # host tier, held by one request
+    CACHED = 4  # device tier, held by nobody: a full page kept for its hash until its memory is needed
+
+
+CHARGES = ("split", "first", "full")  # how a page held by several requests counts against quotas
 
 
 class PoolError(RuntimeError):
@@ -31,17 +38,29 @@ class PoolError(RuntimeError):
 
 
 class PagePool:
-    """Fixed-size pool of KV pages for one tier of one node."""
+    """Fixed-size pool of KV pages for one tier of one node.
+
+    Prefix cache (device tier): a full page whose tokens are computed may be registered under
+    its chained hash (prefix_hash.py). Other requests whose prompts start the same way `share`
+    it read-only; a page's reference count is the number of its holders. A registered page
+    whose last holder lets go stays CACHED, reusable by hash, and is taken back (least
+    recently released first) only when free pages run out; `num_free` counts it as free.
+    Unregistered pages are private: one holder, freed on release.
+    """
 
     def __init__(self, spec: KVSpec, num_pages: int, device: str | torch.device = "cpu",
-                 tier: str = "device", pin_memory: bool = False, storage: bool = True) -> None:
+                 tier: str = "device", pin_memory: bool = False, storage: bool = True,
+                 charge: str = "split") -> None:
         if num_pages <= 0:
             raise ValueError("num_pages must be positive")
         if tier not in ("device", "host"):
             raise ValueError("tier must be 'device' or 'host'")
+        if charge not in CHARGES:
+            raise ValueError(f"charge must be one of {CHARGES}")
         self.spec = spec
         self.num_pages = num_pages
         self.tier = tier
+        self.charge = charge
         pin = pin_memory and torch.cuda.is_available()
         if not storage:  # ownership only (pdtb sim): the same state machine at any pool size, no bytes
             self.kv = None
@@ -51,15 +70,29 @@ class PagePool:
             self.kv = torch.zeros(spec.page_shape(num_pages), dtype=spec.torch_dtype, device=device, pin_memory=pin)
         self._owned_state = PageState.RESIDENT if tier == "device" else PageState.PARKED
         self._state = [PageState.FREE] * num_pages
-        self._owner: list[str | None] = [None] * num_pages
+        self._holders: list[list[str]] = [[] for _ in range(num_pages)]  # in order of taking
         self._free: list[int] = list(range(num_pages - 1, -1, -1))  # pop() hands out low ids first
         self._by_owner: dict[str, list[int]] = {}
+        self._hash: list[int | None] = [None] * num_pages  # registered pages only
+        self._by_hash: dict[int, int] = {}  # hash -> its page
+        self._lru: dict[int, None] = {}  # CACHED pages, least recently released first
+        self._shared: set[int] = set()  # pages with two holders or more
         self.version = 0  # bumped by every change of ownership (lets callers cache snapshots)
 
     # ---- queries -------------------------------------------------------------------------
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Pages a caller can take now: free ones and cached ones nobody holds."""
+        return len(self._free) + len(self._lru)
+
+    @property
+    def num_cached(self) -> int:
+        """Registered pages nobody holds (kept for reuse, counted in num_free)."""
+        return len(self._lru)
+
+    @property
+    def num_registered(self) -> int:
+        return len(self._by_hash)
 
     @property
     def bytes_per_page(self) -> int:
@@ -73,8 +106,45 @@ class PagePool:
         return len(self._by_owner.get(owner, ()))
 
     def held_counts(self) -> dict[str, int]:
-        """Pages held per owner (a snapshot for policies)."""
+        """Pages each owner's page table holds, shared ones counted in full."""
         return {o: len(p) for o, p in self._by_owner.items()}
+
+    def charged_counts(self) -> dict[str, float]:
+        """Pages charged to each owner under the pool's charge rule: `split` divides a shared
+        page evenly among its holders, `first` charges it to its oldest holder, `full` to
+        every holder. Without shared pages every rule gives held_counts()."""
+        out: dict[str, float] = {o: len(p) for o, p in self._by_owner.items()}
+        if self.charge == "full":
+            return out
+        for p in self._shared:
+            hs = self._holders[p]
+            if self.charge == "split":
+                less = 1.0 - 1.0 / len(hs)
+                for h in hs:
+                    out[h] -= less
+            else:
+                for h in hs[1:]:
+                    out[h] -= 1
+        return out
+
+    def exclusive_counts(self) -> dict[str, int]:
+        """Pages each owner alone holds: what releasing it would give back."""
+        out = {o: len(p) for o, p in self._by_owner.items()}
+        for p in self._shared:
+            for h in self._holders[p]:
+                out[h] -= 1
+        return out
+
+    def shared_counts(self) -> dict[str, int]:
+        """Pages each owner holds together with another holder."""
+        out: dict[str, int] = {}
+        for p in self._shared:
+            for h in self._holders[p]:
+                out[h] = out.get(h, 0) + 1
+        return out
+
+    def refcount(self, page: int) -> int:
+        return len(self._holders[page])
 
     def owners(self) -> list[str]:
         return list(self._by_owner)
@@ -85,19 +155,127 @@ class PagePool:
             counts[s.name.lower()] += 1
         return counts
 
+    # ---- prefix cache ----------------------------------------------------------------------
+    def match(self, hashes: list[int]) -> list[int]:
+        """Pages holding the leading run of `hashes` (registered and committed), in order."""
+        out = []
+        by_hash, state = self._by_hash, self._state
+        for h in hashes:
+            p = by_hash.get(h)
+            if p is None or state[p] == PageState.RESERVED:
+                break
+            out.append(p)
+        return out
+
+    def num_revived(self, pages: list[int]) -> int:
+        """How many of `pages` are CACHED (sharing them takes them out of num_free)."""
+        lru = self._lru
+        return sum(1 for p in pages if p in lru)
+
+    def share(self, owner: str, pages: list[int]) -> None:
+        """Add `owner` as a holder of registered pages (from `match`), at the start of its page
+        table: a request shares only its leading pages, before it takes any of its own."""
+        if not pages:
+            return
+        if self._by_owner.get(owner):
+            raise PoolError(f"{owner!r} already holds pages: shared pages lead a page table")
+        for p in pages:
+            if self._hash[p] is None or self._state[p] not in (PageState.CACHED, PageState.RESIDENT):
+                raise PoolError(f"page {p} is not a registered committed page")
+        self.version += 1
+        for p in pages:
+            hs = self._holders[p]
+            if owner in hs:
+                raise PoolError(f"page {p} listed twice for {owner!r}")
+            if not hs:
+                del self._lru[p]
+                self._state[p] = PageState.RESIDENT
+            hs.append(owner)
+            if len(hs) == 2:
+                self._shared.add(p)
+        self._by_owner[owner] = list(pages)
+
+    def register(self, owner: str, first: int, hashes: list[int]) -> int:
+        """Register `owner`'s pages [first, first + len(hashes)) of its page table under
+        `hashes` (their tokens are computed). A page already registered, or a hash already held
+        by another page, is left as it is. Returns the pages newly registered."""
+        if self.tier != "device":
+            return 0
+        table = self._by_owner.get(owner, ())
+        n = 0
+        for i, h in enumerate(hashes, first):
+            if i >= len(table):
+                break
+            p = table[i]
+            if self._hash[p] is not None or h in self._by_hash or self._state[p] != PageState.RESIDENT:
+                continue
+            self._hash[p] = h
+            self._by_hash[h] = p
+            n += 1
+        return n
+
+    def cached_hashes(self, limit: int) -> list[int]:
+        """Up to `limit` registered hashes, most recently used first (held pages, then cached
+        ones newest first): a bounded summary of what this pool can serve."""
+        out = []
+        held = [p for p in self._shared] + [p for t in self._by_owner.values() for p in t[:1]]
+        seen = set()
+        for p in held:
+            h = self._hash[p]
+            if h is not None and p not in seen:
+                seen.add(p)
+                out.append(h)
+        for p in reversed(list(self._lru)):
+            if len(out) >= limit:
+                break
+            out.append(self._hash[p])
+        for p, h in enumerate(self._hash):
+            if len(out) >= limit:
+                break
+            if h is not None and p not in seen and p not in self._lru:
+                seen.add(p)
+                out.append(h)
+        return out[:limit]
+
+    def _unregister(self, p: int) -> None:
+        h = self._hash[p]
+        if h is not None:
+            self._hash[p] = None
+            if self._by_hash.get(h) == p:
+                del self._by_hash[h]
+
+    def drop_cache(self) -> int:
+        """Forget every cached page nobody holds. Returns how many were dropped."""
+        n = len(self._lru)
+        for p in list(self._lru):
+            self._evict_cached(p)
+        if n:
+            self.version += 1
+        return n
+
+    def _evict_cached(self, p: int) -> None:
+        del self._lru[p]
+        self._unregister(p)
+        self._state[p] = PageState.FREE
+        self._free.append(p)
+
     # ---- transitions ---------------------------------------------------------------------
     def _take(self, owner: str, n: int, state: PageState) -> list[int] | None:
         if n < 0:
             raise ValueError("cannot take a negative number of pages")
-        if n > len(self._free):
+        free = self._free
+        if n > len(free) + len(self._lru):
             return None
         if n == 0:
             return []  # no entry for an owner that holds nothing
-        pages = [self._free.pop() for _ in range(n)]
+        while len(free) < n:  # the least recently released cached pages give way
+            self._evict_cached(next(iter(self._lru)))
+        pages = [free.pop() for _ in range(n)]
         self.version += 1
+        holders, st = self._holders, self._state
         for p in pages:
-            self._state[p] = state
-            self._owner[p] = owner
+            st[p] = state
+            holders[p].append(owner)
         self._by_owner.setdefault(owner, []).extend(pages)
         return pages
 
@@ -117,10 +295,11 @@ class PagePool:
                 self._state[p] = self._owned_state
 
     def free(self, owner: str, pages: list[int] | None = None) -> int:
-        """Return `owner`'s pages (all, or the given ones) to the free list. Returns the count.
+        """Release `owner`'s hold on its pages (all, or the given ones). Returns the count.
 
-        Freeing a page that `owner` does not hold raises PoolError: a request can never free
-        another request's pages.
+        A page others still hold stays theirs; a registered page nobody holds any more becomes
+        CACHED; any other page is free again. Releasing a page that `owner` does not hold
+        raises PoolError: a request can never free another request's pages.
         """
         held = self._by_owner.get(owner)
         if not held:
@@ -130,14 +309,25 @@ class PagePool:
         if pages is None:
             pages = list(held)
         drop = set(pages)
+        holders = self._holders
         for p in drop:
-            if self._owner[p] != owner:
+            if owner not in holders[p]:
                 raise PoolError(f"page {p} is not owned by {owner!r}")
         self.version += 1
         for p in drop:
-            self._state[p] = PageState.FREE
-            self._owner[p] = None
-            self._free.append(p)
+            hs = holders[p]
+            hs.remove(owner)
+            if hs:
+                if len(hs) == 1:
+                    self._shared.discard(p)
+                continue
+            if self._hash[p] is not None and self._state[p] == PageState.RESIDENT:
+                self._state[p] = PageState.CACHED
+                self._lru[p] = None
+            else:
+                self._unregister(p)
+                self._state[p] = PageState.FREE
+                self._free.append(p)
         rest = [p for p in held if p not in drop]
         if rest:
             self._by_owner[owner] = rest
@@ -174,20 +364,37 @@ class PagePool:
 
     # ---- invariants ----------------------------------------------------------------------
     def check(self) -> None:
-        """Raise PoolError unless every page is free or owned by exactly one live owner."""
-        seen: set[int] = set()
+        """Raise PoolError unless every page is free, cached (registered, no holder) or held,
+        with as many holders as page tables that list it, and the hash table agrees."""
+        count: dict[int, int] = {}
         for owner, pages in self._by_owner.items():
+            if len(set(pages)) != len(pages):
+                raise PoolError(f"{owner!r} lists a page twice")
             for p in pages:
-                if p in seen:
-                    raise PoolError(f"page {p} listed twice")
-                seen.add(p)
-                if self._owner[p] != owner or self._state[p] == PageState.FREE:
+                count[p] = count.get(p, 0) + 1
+                if owner not in self._holders[p] or self._state[p] in (PageState.FREE, PageState.CACHED):
                     raise PoolError(f"page {p} state/owner mismatch")
         free = set(self._free)
         if len(free) != len(self._free):
             raise PoolError("free list has duplicates")
-        if free & seen or len(free) + len(seen) != self.num_pages:
-            raise PoolError("free and owned pages do not add up to the pool size")
+        cached = set(self._lru)
+        if free & set(count) or cached & set(count) or free & cached \
+                or len(free) + len(cached) + len(count) != self.num_pages:
+            raise PoolError("free, cached and held pages do not add up to the pool size")
+        for p in range(self.num_pages):
+            n = len(self._holders[p])
+            if n != count.get(p, 0):
+                raise PoolError(f"page {p} has {n} holders, {count.get(p, 0)} page tables list it")
+            if (n >= 2) != (p in self._shared):
+                raise PoolError(f"page {p} shared set wrong")
         for p in free:
-            if self._state[p] != PageState.FREE or self._owner[p] is not None:
+            if self._state[p] != PageState.FREE or self._hash[p] is not None:
                 raise PoolError(f"free page {p} has state {self._state[p]}")
+        for p in cached:
+            if self._state[p] != PageState.CACHED or self._hash[p] is None:
+                raise PoolError(f"cached page {p} has state {self._state[p]}")
+        for h, p in self._by_hash.items():
+            if self._hash[p] != h:
+                raise PoolError(f"hash table names page {p} for a hash it does not carry")
+        if sum(h is not None for h in self._hash) != len(self._by_hash):
+            raise PoolError("a page carries a hash the table does not know")
