@@ -116,7 +116,7 @@ def build_app(config: RouterConfig, model: ServedModel, registry: NodeRegistry |
     in-flight request ended (aiohttp's cleanup runs after the handlers' shutdown grace)."""
     registry = registry or NodeRegistry(config.nodes, ping_interval=config.ping_interval,
                                         health_timeout=config.health_timeout, hang_timeout=config.hang_timeout,
-                                        default_page_size=config.default_page_size,
+                                        default_page_size=config.default_page_size, route=config.route,
                                         curve_dir=config.curve_dir)
     middlewares = [error_middleware] + ([auth_middleware(config.api_key)] if config.api_key else [])
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)

@@ -99,6 +99,7 @@ class CompletionRun:
         except RequestFailed as e:
             raise failure_error(e) from None
         self.state.metrics.prompt_tokens.inc(len(self.prompt_ids))
+        self.state.metrics.observe_route(self.handle.entry.node_id, self.handle.prefix_overlap_tokens)
 
     async def pieces(self) -> AsyncIterator[Piece]:
         """The output, one Piece per node event. Raises RequestFailed. Use with `aclosing`."""

@@ -5,10 +5,15 @@ and answers GenerateRequest with deterministic tokens (`expected_output`) in sev
 messages. Like the real nodes in disaggregated mode, a fake prefill node sends the first token
 itself and hands the request to its peer decode node (in-process, standing in for the KV
 transfer), which streams the rest to the router identity over its own socket.
+
+With a `prefix_ns`, a prefill or colocated fake node remembers the full-page hashes of every
+prompt it gets (or is told to `remember`) and reports them, most recent first, as its prefix
+summary, as a node with a prefix cache does.
 """
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import zmq
@@ -17,6 +22,7 @@ import zmq.asyncio
 from pdtb.nodes.protocol import (AbortRequest, GenerateRequest, NodeStats, Ping, TokenBatch, TokenEvent,
                               decode_message, encode_message)
 from pdtb.aio import bounded
+from pdtb.engine.prefix_hash import page_hashes
 
 
 def expected_output(prompt_ids: list[int], max_tokens: int, tokens: list[int]) -> list[int]:
@@ -39,6 +45,9 @@ class FakeNodeConfig:
     answer_pings: bool = True  # False: look dead to the router
     fail_with: str | None = None  # answer every request with this error
     timing: dict = field(default_factory=lambda: {"fake": True})
+    page_size: int = 16  # tokens per page of its prefix hashes
+    prefix_ns: str = ""  # namespace of its prefix hashes ("": no prefix cache)
+    summary_max: int = 1024  # page hashes reported at most
 
 
 class FakeNode:
@@ -53,6 +62,17 @@ class FakeNode:
         self._sock: zmq.asyncio.Socket | None = None
         self._streams: dict[str, asyncio.Task] = {}
         self._loop_task: asyncio.Task | None = None
+        self._cached: OrderedDict[int, None] = OrderedDict()  # page hashes, most recent last
+
+    def remember(self, token_ids: list[int]) -> None:
+        """Hold the full pages of `token_ids` in the prefix cache (reported from the next stats on)."""
+        if not self.cfg.prefix_ns:
+            return
+        for h in page_hashes(token_ids, self.cfg.page_size, self.cfg.prefix_ns):
+            self._cached.pop(h, None)
+            self._cached[h] = None
+        while len(self._cached) > self.cfg.summary_max:
+            self._cached.popitem(last=False)
 
     async def start(self) -> str:
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -81,6 +101,7 @@ class FakeNode:
                 await self._send(ident, self._stats(msg.seq))
             elif isinstance(msg, GenerateRequest):
                 self.requests.append(msg)
+                self.remember(msg.prompt_token_ids)
                 self._streams[msg.request_id] = asyncio.create_task(self._generate(ident, msg))
             elif isinstance(msg, AbortRequest):
                 self.aborts.append(msg)
@@ -96,7 +117,8 @@ class FakeNode:
         return NodeStats(self.cfg.node_id, self.cfg.role, seq, self.cfg.pages_total,
                          self.cfg.pages_total - busy, running=busy,
                          kv_addr=f"tcp://fake-kv/{self.cfg.node_id}" if self.cfg.role == "decode" else "",
-                         extra={"page_size": 16})
+                         extra={"page_size": self.cfg.page_size}, page_size=self.cfg.page_size,
+                         prefix_ns=self.cfg.prefix_ns, prefix_summary=list(reversed(self._cached)))
 
     async def _send(self, ident: bytes, msg) -> None:
         await bounded(self._sock.send_multipart([ident, encode_message(msg)]), 2.0)

@@ -3,6 +3,7 @@
     pdtb router [--model DIR] --node prefill=tcp://H:P --node decode=tcp://H:P [--node colocated=...]
                 [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [--api-key KEY]
                 [--request-timeout S] [--max-streams-per-tenant N] [--tenant-tier TENANT=TIER]...
+                [--route load|cache]
                 [--log-level LEVEL]
 
 Loads only the tokenizer and config of the model. Prints `router listening on http://HOST:PORT`
@@ -62,7 +63,7 @@ async def serve(config: RouterConfig, model: ServedModel) -> int:
 
     registry = NodeRegistry(config.nodes, ping_interval=config.ping_interval,
                             health_timeout=config.health_timeout, hang_timeout=config.hang_timeout,
-                            default_page_size=config.default_page_size,
+                            default_page_size=config.default_page_size, route=config.route,
                             on_fatal=on_fatal, curve_dir=config.curve_dir)
     runner, url = await start_router(config, model, registry)
     loop = asyncio.get_running_loop()
@@ -103,6 +104,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--tenant-tier", action="append", default=[], metavar="TENANT=TIER",
                     help="SLO tier of a tenant's requests that name none in their slo_tier field (repeatable); "
                          "nodes can key memfair's quotas by tier (--quota-by slo-tier)")
+    ap.add_argument("--route", choices=["load", "cache"], default="load",
+                    help="choose the prefill (or colocated) node by load alone, or by cached prompt prefix "
+                         "against load (nodes with a prefix cache report what they hold)")
     ap.add_argument("--health-timeout", type=float, default=3.0, metavar="S",
                     help="a node silent S seconds whose connection dropped is down: its requests fail")
     ap.add_argument("--hang-timeout", type=float, default=30.0, metavar="S",
@@ -139,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                               api_key=a.api_key, curve_dir=a.curve_dir, request_timeout=a.request_timeout,
                               max_streams_per_tenant=a.max_streams_per_tenant,
                               shutdown_timeout=a.shutdown_timeout, health_timeout=a.health_timeout,
-                              hang_timeout=a.hang_timeout, tenant_tiers=tenant_tiers(a.tenant_tier))
+                              hang_timeout=a.hang_timeout, tenant_tiers=tenant_tiers(a.tenant_tier),
+                              route=a.route)
         model = load_served_model(resolve_model(a.model), a.served_model_name, a.chat_template)
     except (ValueError, OSError, CliError) as e:
         return die(str(e))

@@ -33,6 +33,18 @@ class RouterMetrics:
                                      registry=r)
         self.generation_tokens = Counter("pdtb_router_generation_tokens", "Tokens returned to clients",
                                          registry=r)
+        self.prefix_hit_requests = Counter("pdtb_router_prefix_hit_requests",
+                                           "Requests routed (--route cache) to a node believed to hold a "
+                                           "prefix of their prompt", ["node"], registry=r)
+        self.prefix_overlap_tokens = Counter("pdtb_router_prefix_overlap_tokens",
+                                             "Prompt tokens of routed requests believed cached at their node",
+                                             ["node"], registry=r)
+
+    def observe_route(self, node_id: str, overlap_tokens: int) -> None:
+        """A request went to `node_id`, which was believed to hold `overlap_tokens` of its prompt."""
+        if overlap_tokens > 0:
+            self.prefix_hit_requests.labels(node_id).inc()
+            self.prefix_overlap_tokens.labels(node_id).inc(overlap_tokens)
 
     def observe_tokens(self, num_tokens: int, gap: float | None) -> None:
         """`num_tokens` arrived `gap` seconds after the previous batch (None: the first batch)."""

@@ -8,7 +8,9 @@
                the requests that depend on it. A live node is silent while one long engine step
                runs (a 2,048-token prefill chunk took 1-6 s on 2 shared cores): that is not death.
     reader     one Poller over all DEALERs; TokenBatch events -> the request's asyncio.Queue
-    submit     choose nodes (pick_* below), send GenerateRequest to the prefill/colocated node
+    submit     choose nodes (pick_* below), send GenerateRequest to the prefill/colocated node; with
+               route "cache" the prefill/colocated node is scored by cached prefix against load
+               (pdtb/router/cache_route.py) and the request's pages join that node's PrefixView
 
 A request in disaggregated mode depends on its prefill node until its decode node sends a first
 event, then on the decode node alone. Decode events that overtake the prefill node's first token
@@ -44,6 +46,7 @@ from pdtb.nodes.handoff import HandoffEvent, HandoffState, advance
 from pdtb.nodes.protocol import (AbortRequest, GenerateRequest, HandoffNotice, NodeDown, NodeStats, Ping, ProtocolError,
                                  Target, TokenBatch, TokenEvent, decode_message, encode_message)
 from pdtb.aio import bounded
+from pdtb.router.cache_route import ROUTES, CacheChoice, PrefixView, pick_by_cache
 from pdtb.router.config import NodeSpec
 
 log = logging.getLogger("pdtb.router.nodes")
@@ -75,6 +78,7 @@ class NodeState:
     connected: bool = False  # the DEALER's connection stands (socket monitor events)
     dropped_at: float | None = None  # monotonic time its connection last dropped
     monitor: zmq.asyncio.Socket | None = field(default=None, repr=False)
+    prefix_view: PrefixView = field(default_factory=PrefixView, repr=False)  # route "cache": pages it may hold
 
     @property
     def node_id(self) -> str:
@@ -105,6 +109,15 @@ def pick_most_free(nodes: list[NodeState]) -> NodeState | None:
     return max(nodes, key=lambda n: n.free_pages_estimate(), default=None)
 
 
+@dataclass
+class Placement:
+    """Where one request goes."""
+
+    entry: NodeState  # gets the GenerateRequest (prefill or colocated)
+    decode: NodeState | None  # disaggregated: the decode node
+    cached: CacheChoice | None = None  # route "cache": the entry's score, overlap and the prompt's page hashes
+
+
 @dataclass(eq=False)
 class RequestHandle:
     """One in-flight request as the registry tracks it."""
@@ -117,6 +130,7 @@ class RequestHandle:
     handoff: HandoffState | None = None  # disaggregated: where the hand-off stands (pdtb/nodes/handoff.py)
     held: list[TokenEvent] = field(default_factory=list)  # decode events that overtook the first token
     fallbacks: list[str] = field(default_factory=list)  # decode node ids that may hold it: the chosen one and its fallbacks
+    prefix_overlap_tokens: int = 0  # route "cache": prompt tokens the entry node was believed to hold cached
 
     @property
     def handed_off(self) -> bool:
@@ -134,7 +148,7 @@ class NodeRegistry:
 
     def __init__(self, specs: tuple[NodeSpec, ...] | list[NodeSpec], *, router_id: str | None = None,
                  ping_interval: float = 0.5, health_timeout: float = 3.0, hang_timeout: float | None = None,
-                 default_page_size: int = 16,
+                 default_page_size: int = 16, route: str = "load",
                  on_fatal: Callable[[BaseException], None] | None = None, curve_dir: str | None = None) -> None:
         self.curve_dir = curve_dir
         self.router_id = router_id or f"router-{os.getpid()}-{secrets.token_hex(4)}"
@@ -142,6 +156,9 @@ class NodeRegistry:
         self.ping_interval, self.health_timeout = ping_interval, health_timeout
         self.hang_timeout = hang_timeout if hang_timeout is not None else max(health_timeout, 30.0)
         self.default_page_size = default_page_size
+        if route not in ROUTES:
+            raise ValueError(f"route must be one of {', '.join(ROUTES)}, got {route!r}")
+        self.route = route
         self._on_fatal = on_fatal
         self._requests: dict[str, RequestHandle] = {}
         self._ctx: zmq.asyncio.Context | None = None
@@ -305,6 +322,8 @@ class NodeRegistry:
         if isinstance(msg, NodeStats):
             old = node.stats
             node.stats, node.last_seen = msg, time.monotonic()
+            if self.route == "cache":
+                node.prefix_view.update(msg.prefix_summary, node.last_seen)
             if old is not None and old.incarnation and msg.incarnation and old.incarnation != msg.incarnation:
                 # restarted (on the same port) faster than the health timeout: the requests of the
                 # process that died are gone with it
@@ -408,8 +427,9 @@ class NodeRegistry:
         RequestFailed(503) when none can."""
         tried: set[int] = set()
         while True:
-            entry, decode = self._place(len(req.prompt_token_ids), len(req.prompt_token_ids) + req.params.max_tokens,
-                                        frozenset(tried))
+            where = self._place(len(req.prompt_token_ids), len(req.prompt_token_ids) + req.params.max_tokens,
+                                frozenset(tried), req.prompt_token_ids)
+            entry, decode = where.entry, where.decode
             req.router_id = self.router_id
             req.decode_node, req.decode_kv_addr = (decode.node_id, decode.stats.kv_addr) if decode else ("", "")
             others = self._fallbacks(decode, len(req.prompt_token_ids) + req.params.max_tokens) if decode else []
@@ -419,6 +439,9 @@ class NodeRegistry:
                                    handoff=HandoffState.BOUND if decode is not None else None,
                                    fallbacks=[decode.node_id, *(t.node_id for t in req.fallbacks)] if others else [])
             if self._send(entry, req):
+                if where.cached is not None:  # it will hold these pages once prefilled: the next ones follow
+                    entry.prefix_view.insert(where.cached.hashes, time.monotonic())
+                    handle.prefix_overlap_tokens = where.cached.overlap_tokens
                 break
             entry.refused_at = time.monotonic()
             tried.add(id(entry))
@@ -440,19 +463,23 @@ class NodeRegistry:
     def _pages_for(self, node: NodeState, tokens: int) -> int:
         return math.ceil(tokens / self._page_size(node))
 
-    def _place(self, prompt_tokens: int, peak_tokens: int,
-               exclude: frozenset = frozenset()) -> tuple[NodeState, NodeState | None]:
-        """(entry node, decode node or None). A request that no available pool could ever hold
+    def _place(self, prompt_tokens: int, peak_tokens: int, exclude: frozenset = frozenset(),
+               prompt_ids: list[int] | None = None) -> Placement:
+        """Entry node and decode node (None: colocated). A request that no available pool could ever hold
         (prefill: its prompt; decode or colocated: prompt + max_tokens) is a 400, not a node's
         failure after the fact."""
         fits = {role: [n for n in self._available(role, exclude) if self._pages_for(n, need) <= n.stats.pages_total]
                 for role, need in (("prefill", prompt_tokens), ("decode", peak_tokens), ("colocated", peak_tokens))}
-        prefill, decode = pick_prefill(fits["prefill"]), pick_most_free(fits["decode"])
+        by_cache = self.route == "cache" and prompt_ids is not None
+        decode = pick_most_free(fits["decode"])
+        prefill, cached = pick_by_cache(fits["prefill"], prompt_ids) if by_cache else (
+            pick_prefill(fits["prefill"]), None)
         if prefill and decode:
-            return prefill, decode
-        colocated = pick_most_free(fits["colocated"])
+            return Placement(prefill, decode, cached)
+        colocated, cached = pick_by_cache(fits["colocated"], prompt_ids) if by_cache else (
+            pick_most_free(fits["colocated"]), None)
         if colocated:
-            return colocated, None
+            return Placement(colocated, None, cached)
         too_small = [(role, n) for role in ("prefill", "decode", "colocated") for n in self._available(role, exclude)
                      if n not in fits[role]]
         if too_small:
