@@ -25,12 +25,18 @@ class EngineConfig:
     # built at first use, where a C compiler is found; "torch": the read cache and batched
     # matmuls (always the path on a GPU, for other dtypes, and where the kernel cannot be built)
     decode_attention: str = "auto"
+    # prefix cache: full pages shared by requests whose prompts start the same way
+    # (page_pool.py); `charge`: how a shared page counts against quotas (page_pool.CHARGES)
+    prefix_cache: bool = True
+    charge: str = "split"
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
             raise ValueError("page_size must be >= 1")
         if self.decode_attention not in DECODE_ATTENTION:
             raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}")
+        if self.charge not in ("split", "first", "full"):
+            raise ValueError("charge must be split, first or full")
         if self.host_kv_pages < 0:
             raise ValueError("host_kv_pages must be >= 0")
         if self.num_pages < 1:

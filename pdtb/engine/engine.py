@@ -5,7 +5,9 @@ Used directly by the offline CLI and the benchmark; the node processes drive the
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import time
 from dataclasses import dataclass
 
@@ -46,6 +48,15 @@ def append_token(scheduler: Scheduler, seq: Sequence, token: int, eos_token_ids)
     return StepEvent(seq, token, False)
 
 
+def prefix_namespace(model, dtype: str) -> str:
+    """Namespace of this engine's page hashes: the model's configuration (its path left out,
+    so the same checkpoint at another path on another host still matches) and the KV dtype."""
+    cfg = model.config.to_dict()
+    cfg.pop("_name_or_path", None)
+    digest = hashlib.blake2b(json.dumps(cfg, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
+    return f"{cfg.get('model_type', 'model')}-{digest}-{dtype}"
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, model=None, tokenizer=None, info: ModelInfo | None = None,
                  policy=None) -> None:
@@ -60,11 +71,13 @@ class LLMEngine:
             model.set_attn_implementation(paged_attention.ATTN_NAME)
         self.model, self.tokenizer, self.info = model, tokenizer, info
         self.spec = info.kv_spec(config.page_size, config.dtype)
-        self.pool = PagePool(self.spec, config.num_pages, device=config.device)
+        self.pool = PagePool(self.spec, config.num_pages, device=config.device, charge=config.charge)
         self.host_pool = PagePool(self.spec, config.host_kv_pages, device="cpu", tier="host",
                                   pin_memory=config.device.startswith("cuda")) if config.host_kv_pages else None
         self.scheduler = Scheduler(config.scheduler_config(info.max_model_len), self.pool, policy=policy,
                                    host_pool=self.host_pool)
+        if config.prefix_cache:
+            self.scheduler.prefix_ns = prefix_namespace(model, config.dtype)
         kernel = self._decode_kernel(config)
         hf_compat.check_model(model, self.pool.kv, config.page_size, kernel)
         self.runner = ModelRunner(model, self.pool.kv, config.page_size, config.device, kernel=kernel)
@@ -106,8 +119,10 @@ class LLMEngine:
                  for c in out.chunks]
         logits = self.runner.run(batch)
         sampling = [c.seq for c in out.chunks if c.wants_logits]
+        register = self.scheduler.register_computed
         for c in out.chunks:
             c.seq.num_computed_tokens += c.num_new_tokens
+            register(c.seq)
         tokens = sample(logits, [s.params for s in sampling], [s.num_output_tokens for s in sampling])
         return [self._append(seq, tok) for seq, tok in zip(sampling, tokens)]
 

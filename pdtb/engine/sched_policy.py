@@ -27,6 +27,18 @@ class SchedState:
     pages: dict  # request id -> pages it holds in the device tier
     host_pages: dict  # request id -> pages it holds in the host tier
     token_budget: int = 2048  # tokens one step may carry (the chunked-prefill budget)
+    # with shared prefix pages: request id -> pages charged to it (the pool's charge rule) and
+    # pages only it holds (what evicting it gives back); None: nothing is shared, both == pages
+    charged: dict | None = None
+    exclusive: dict | None = None
+
+    @property
+    def charge(self) -> dict:
+        return self.pages if self.charged is None else self.charged
+
+    @property
+    def gain(self) -> dict:
+        return self.pages if self.exclusive is None else self.exclusive
 
 
 class SchedPolicy(Protocol):

@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from pdtb.engine.page_pool import PagePool
+from pdtb.engine.prefix_hash import page_hashes
 from pdtb.engine.sched_policy import FifoPolicy, SchedPolicy, SchedState
 from pdtb.engine.sequence import Sequence, SeqStatus
 
@@ -46,6 +47,24 @@ class ScheduledChunk:
 
     def __post_init__(self) -> None:
         self.wants_logits = self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class PrefixCounters:
+    """Prompt tokens looked up in the prefix cache at each request's first prefill, and those
+    served from it (not computed), in total and per tenant."""
+
+    query_tokens: int = 0
+    hit_tokens: int = 0
+    recompute_hit_tokens: int = 0  # tokens a recompute after preemption found cached
+    query_by_tenant: dict = field(default_factory=dict)
+    hit_by_tenant: dict = field(default_factory=dict)
+
+    def count(self, tenant: str, query: int, hit: int) -> None:
+        self.query_tokens += query
+        self.hit_tokens += hit
+        self.query_by_tenant[tenant] = self.query_by_tenant.get(tenant, 0) + query
+        self.hit_by_tenant[tenant] = self.hit_by_tenant.get(tenant, 0) + hit
 
 
 @dataclass
@@ -83,6 +102,8 @@ class Scheduler:
         self._state_key: tuple | None = None  # pool versions of the cached snapshot
         self._state: SchedState | None = None
         self._now = 0.0
+        self.prefix_ns: str | None = None  # prefix cache namespace (prefix_hash.py); None: off
+        self.prefix = PrefixCounters()
 
     # ---- queues --------------------------------------------------------------------------------
     def peak_pages(self, num_prompt_tokens: int, max_tokens: int) -> int:
@@ -137,7 +158,9 @@ class Scheduler:
                                      self.pool.num_pages, self.pool.num_free,
                                      hp.num_pages if hp else 0, hp.num_free if hp else 0,
                                      self.pool.held_counts(), hp.held_counts() if hp else {},
-                                     self.config.max_num_batched_tokens)
+                                     self.config.max_num_batched_tokens,
+                                     *((self.pool.charged_counts(), self.pool.exclusive_counts())
+                                       if self.pool.num_registered else (None, None)))
         return self._state
 
     # ---- step ----------------------------------------------------------------------------------
@@ -191,17 +214,28 @@ class Scheduler:
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
             parked = seq.status == SeqStatus.PARKED
+            hit = [] if parked else self._prefix_match(seq)
+            if hit:
+                seq.num_computed_tokens = len(hit) * self.pool.spec.page_size
             n = self._chunk(seq, budget)
             need = self.pool.spec.pages_for(seq.num_computed_tokens + n)
             if not parked:
-                need -= self.pool.num_held(seq.request_id)
+                need -= self.pool.num_held(seq.request_id) + len(hit)
             # Work conservation: with nothing running, the first candidate that fits runs
             # whatever the quotas say, so a quota can delay a request but never strand it.
             idle = not self.running
-            if need > self.pool.num_free or not (self.policy.may_admit(seq, need, self.state()) or idle):
+            if need + self.pool.num_revived(hit) > self.pool.num_free \
+                    or not (self.policy.may_admit(seq, need, self.state()) or idle):
+                if hit:
+                    seq.num_computed_tokens = 0
                 if self.policy.strict_order:
                     break  # the head waits; nothing overtakes it
                 continue
+            if not parked and self.prefix_ns is not None:
+                self._count_prefix(seq, len(hit))
+            if hit:
+                self.pool.share(seq.request_id, hit)
+                seq.num_registered = len(hit)
             if parked:
                 self._promote(seq, out)
                 grow = need - len(self.pool.pages_of(seq.request_id))
@@ -216,6 +250,45 @@ class Scheduler:
             scheduled.add(seq.request_id)
             budget -= n
         return budget
+
+    # ---- prefix cache --------------------------------------------------------------------------
+    def _hashes(self, seq: Sequence, full_pages: int) -> list[int]:
+        """Hashes of `seq`'s first `full_pages` pages (kept on the sequence, extended as it grows)."""
+        have = seq.page_hashes
+        if len(have) < full_pages:
+            ps = self.pool.spec.page_size
+            seq.page_hashes = have = page_hashes(seq.token_ids[:full_pages * ps], ps, self.prefix_ns,
+                                                 start_page=len(have), parents=have)
+        return have[:full_pages]
+
+    def _prefix_match(self, seq: Sequence) -> list[int]:
+        """Cached pages a waiting request can start from: its leading full pages found in the
+        pool, leaving at least its last token to compute (that step samples its next token,
+        and the page that token's K/V goes into is its own, never a shared one)."""
+        if self.prefix_ns is None or seq.num_computed_tokens or self.pool.num_held(seq.request_id):
+            return []
+        usable = (seq.num_tokens - 1) // self.pool.spec.page_size
+        if usable <= 0:
+            return []
+        return self.pool.match(self._hashes(seq, usable))
+
+    def _count_prefix(self, seq: Sequence, hit_pages: int) -> None:
+        tokens = min(hit_pages * self.pool.spec.page_size, seq.num_prompt_tokens)
+        if seq.num_cached_tokens < 0:
+            seq.num_cached_tokens = tokens
+            self.prefix.count(seq.tenant, seq.num_prompt_tokens, tokens)
+        else:
+            self.prefix.recompute_hit_tokens += hit_pages * self.pool.spec.page_size
+
+    def register_computed(self, seq: Sequence) -> None:
+        """Register `seq`'s full pages whose tokens are all computed (others may share them)."""
+        if self.prefix_ns is None:
+            return
+        full = min(seq.num_computed_tokens // self.pool.spec.page_size, self.pool.num_held(seq.request_id))
+        if full > seq.num_registered:
+            hashes = self._hashes(seq, full)
+            self.pool.register(seq.request_id, seq.num_registered, hashes[seq.num_registered:])
+            seq.num_registered = full
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """Tokens `seq` feeds this step: one when decoding; a prefill chunk (a prompt's first or
@@ -255,6 +328,7 @@ class Scheduler:
             dst = hp.allocate(seq.request_id, n)
             nbytes = self.pool.copy_pages_to(self.pool.pages_of(seq.request_id), hp, dst)
             self.pool.free(seq.request_id)
+            seq.num_registered = 0
             self.running.remove(seq)
             seq.status = SeqStatus.PARKED
             self.parked.append(seq)
@@ -279,6 +353,7 @@ class Scheduler:
     def preempt(self, seq: Sequence) -> None:
         """Drop `seq`'s pages and queue it for recompute at the front of waiting."""
         self.pool.free(seq.request_id)
+        seq.num_registered = 0
         if seq in self.running:
             self.running.remove(seq)
         seq.num_computed_tokens = 0

@@ -68,6 +68,11 @@ class Sequence:
     num_preemptions: int = 0  # times its pages were dropped for recompute
     last_step: int = 0  # scheduler step that last served it (LRU eviction)
     timeline: Timeline = field(default_factory=Timeline)  # wall-clock stamps and waits (timeline.py)
+    # prefix cache (scheduler.py): hashes of its full pages so far, how many of its page
+    # table's leading pages are registered, and prompt tokens its first prefill took from the cache
+    page_hashes: list[int] = field(default_factory=list)
+    num_registered: int = 0
+    num_cached_tokens: int = -1  # -1: not looked up yet
 
     @classmethod
     def from_prompt(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
