@@ -16,6 +16,7 @@ from collections import Counter
 import aiohttp
 
 from pdtb.bench import workloads as wl
+from pdtb.bench.prefix import ideal_hit_rate, prefix_figures, with_system_prompts
 from pdtb.bench.records import OK
 from pdtb.bench.results import build_results, format_table, server_labels, write_results
 from pdtb.bench.runner import RunConfig, run
@@ -109,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--length-scale", type=_positive(float), default=1.0, help="multiply both lengths (at most 1e6)")
     g.add_argument("--max-context", type=_at_least(2), help="clamp prompt+output to this many tokens (>= 2)")
     g.add_argument("--time-scale", type=_positive(float), default=1.0, help="multiply arrival offsets (0.1 = 10x faster)")
+    g.add_argument("--block-tokens", type=_at_least(1),
+                   help="tokens per hash_ids block (default: 512 x --length-scale, rounded, at least 1)")
+    g = ap.add_argument_group("shared prefixes (whale-minnow, multi-tenant, traces without hash_ids)")
+    g.add_argument("--system-prompt-tokens", type=_at_least(1),
+                   help="each tenant's prompts open with its own fixed system prompt of N tokens")
+    g.add_argument("--shared-system-prompts", type=_at_least(1), metavar="K",
+                   help="with --system-prompt-tokens: K system prompts, the tenants taking turns over them")
     g = ap.add_argument_group("requests")
     g.add_argument("--model", help="model name to send (default: the served one)")
     g.add_argument("--api", choices=("completions", "chat"), default="completions",
@@ -175,6 +183,7 @@ def build_workload(a: argparse.Namespace) -> tuple[list[wl.RequestSpec], dict]:
                                    context_whale_interval=a.context_whale_interval,
                                    whale_tier=a.whale_tier, minnow_tier=a.minnow_tier)
         specs, info = wl.whale_minnow(cfg, a.seed), {"whale_minnow": vars(cfg)}
+        tenants = list(dict.fromkeys(cfg.whale_tenants + cfg.minnow_tenants))
     elif a.workload == "multi-tenant":
         if a.tenants_file:
             with open(a.tenants_file) as f:
@@ -186,15 +195,23 @@ def build_workload(a: argparse.Namespace) -> tuple[list[wl.RequestSpec], dict]:
         specs = wl.multi_tenant(tenants, duration, a.seed, a.burstiness)
         info = {"tenants": [dict(vars(t), prompt=vars(t.prompt), output=vars(t.output)) for t in tenants],
                 "duration": duration, "burstiness": a.burstiness}
+        tenants = [t.name for t in tenants]
     elif a.workload.startswith("trace:"):
         path = a.workload[len("trace:"):]
         rows, fmt = read_trace(path)
-        specs, scaling = trace_specs(rows, a.length_scale, a.max_context, a.time_scale, a.max_requests)
-        info = {"trace": {"file": path, "format": fmt, "rows": len(rows), **scaling}}
+        specs, scaling = trace_specs(rows, a.length_scale, a.max_context, a.time_scale, a.max_requests,
+                                     getattr(a, "block_tokens", None))
+        info, tenants = {"trace": {"file": path, "format": fmt, "rows": len(rows), **scaling}}, None
     else:
         raise ValueError(f"unknown workload {a.workload!r} (whale-minnow, multi-tenant or trace:FILE)")
     if a.max_requests is not None:
         specs = specs[:a.max_requests]
+    tokens, shared = getattr(a, "system_prompt_tokens", None), getattr(a, "shared_system_prompts", None)
+    if shared and not tokens:
+        raise ValueError("--shared-system-prompts needs --system-prompt-tokens")
+    if tokens:
+        specs = with_system_prompts(specs, tokens, tenants, shared)
+        info["system_prompts"] = {"tokens": tokens, "shared": shared}
     return specs, info
 
 
@@ -243,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
         if trace and (trace["clamped_by_max_context"] or trace["outputs_raised_to_one"]):
             print(f"  trace: {trace['clamped_by_max_context']} request(s) clamped by --max-context "
                   f"(prompt cut, output kept), {trace['outputs_raised_to_one']} output length(s) of 0 sent as 1")
+        ideal = ideal_hit_rate(specs)
+        if ideal is not None:
+            print(f"  ideal prefix hit rate {ideal:.3f} (an unbounded cache; before clamping to the model's context)")
         return 0
     if not a.url:
         print("pdtb bench serve: --url is required (except with --dry-run)", file=sys.stderr)
@@ -323,6 +343,7 @@ async def _serve(a, specs, workload_info: dict, slos: dict, weights: ServiceWeig
     freeze_heap()  # the client's own collections would shift the token times it records
     res = await run(specs, cfg)
     summary = summarize(res.records, res.duration, slos, weights, a.fairness_window)
+    summary.update(prefix_figures(specs, res.cluster_before, res.cluster_after))
     meta = {"workload": a.workload, "options": vars(a), "seed": a.seed, "url": url,
             "mode": a.label_mode or mode, "policy": a.label_policy or policy,
             "start_time": res.start_time, "duration_s": res.duration,

@@ -18,6 +18,12 @@ class RequestSpec:
     output_len: int  # output tokens (exact: ignore_eos)
     priority: int | None = None  # sent when not None; lower runs first
     slo_tier: str | None = None  # sent as `slo_tier` when not None (memfair --quota-by slo-tier)
+    blocks: tuple[int, ...] = ()  # ids of the shared blocks the prompt opens with (pdtb/bench/prefix.py)
+    block_len: int = 0  # tokens per block (with blocks: at least 1)
+
+    def __post_init__(self) -> None:
+        if self.blocks and self.block_len < 1:
+            raise ValueError(f"a request with blocks needs block_len >= 1, got {self.block_len}")
 
 
 _JSON_ORDER = ("tenant", "class", "prompt_tokens", "output_tokens", "send_time", "first_token_time",

@@ -90,6 +90,9 @@ def format_table(summary: dict) -> str:
                f"(worst window {fmt(f.get('share_jain_min'), 3)})  Jain(completed/demanded) {fmt(f['jain_index'], 3)}  "
                f"max service gap {fmt(f['max_service_gap'], 0)} (window {f['window_s']} s)  "
                f"duration {fmt(summary.get('duration_s'), 1)} s")
+    hit, ideal = summary.get("prefix_hit_rate"), summary.get("prefix_hit_rate_ideal")
+    if hit is not None or ideal is not None:
+        out.append(f"prefix hit rate {fmt(hit, 2)} (ideal {fmt(ideal, 2)})")
     attr = format_lines(summary.get("slo_attribution") or {})
     if attr:
         out += ["SLO attribution by the nodes (pdtb_timing; misses against the nodes' SLO targets):", *attr]

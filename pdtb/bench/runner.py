@@ -21,10 +21,10 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import aiohttp
-import numpy as np
 
+from pdtb.bench.prefix import prompt_ids
 from pdtb.bench.records import OK, RequestRecord, RequestSpec
-from pdtb.bench.samples import cluster_sample
+from pdtb.bench.samples import cluster_sample, read_cluster
 from pdtb.bench.sse import SSEParser, count_tokens, error_message, usage_tokens
 from pdtb.bench.summary import pct
 
@@ -65,6 +65,8 @@ class RunResult:
     start_time: float  # wall clock (epoch s) of the run's start
     client_overhead: dict  # dispatch lag, parse cost, loop lag
     warmup_failed: int = 0  # warm-up requests that failed (they are not in `records`)
+    cluster_before: list | None = None  # `/cluster` read right before the first request (None: no answer)
+    cluster_after: list | None = None  # `/cluster` read right after the last request ended
 
 
 @dataclass
@@ -77,10 +79,10 @@ class _Progress:
 
 
 def request_body(cfg: RunConfig, index: int, spec: RequestSpec) -> bytes:
-    """The JSON body of request `index`: seeded random prompt ids, exact output length."""
-    rng = np.random.default_rng([cfg.seed, index])
+    """The JSON body of request `index`: seeded random prompt ids (opening with the spec's shared
+    blocks, see pdtb/bench/prefix.py), exact output length."""
     low = min(cfg.min_token_id, cfg.vocab_size - 1)
-    ids = rng.integers(low, cfg.vocab_size, spec.prompt_len).tolist()
+    ids = prompt_ids(cfg.seed, index, spec, low, cfg.vocab_size)
     if cfg.api == "chat":  # the text of the same ids as one user message (the template adds its tokens)
         prompt = {"messages": [{"role": "user", "content": cfg.detokenize(ids)}]}
     else:
@@ -189,13 +191,12 @@ async def _monitor(http: aiohttp.ClientSession, cfg: RunConfig, prog: _Progress,
         await asyncio.gather(*pending)
 
 
-async def _sample(http: aiohttp.ClientSession, cfg: RunConfig, samples: list, clock) -> None:
-    try:
-        async with http.get(cfg.url + "/cluster", timeout=aiohttp.ClientTimeout(total=5)) as resp:
-            if resp.status == 200:
-                samples.append(cluster_sample(clock(), await resp.json()))
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-        pass  # a missed sample is a gap in the plot, not a failed run
+async def _sample(http: aiohttp.ClientSession, cfg: RunConfig, samples: list, clock,
+                  nodes: list | None = None) -> None:
+    """Append a sample of `nodes` (default: read `/cluster` now)."""
+    nodes = await read_cluster(http, cfg.url) if nodes is None else nodes
+    if nodes is not None:
+        samples.append(cluster_sample(clock(), nodes))
 
 
 async def run(specs: list[RequestSpec], cfg: RunConfig) -> RunResult:
@@ -207,6 +208,7 @@ async def run(specs: list[RequestSpec], cfg: RunConfig) -> RunResult:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout,
                                      headers=headers) as http:
         warmup_failed = await _warm_up(http, cfg, specs)
+        before = await read_cluster(http, cfg.url)  # the prefix counters' starting point
         start_wall, t0 = time.time(), time.perf_counter()
 
         def clock() -> float:
@@ -237,14 +239,16 @@ async def run(specs: list[RequestSpec], cfg: RunConfig) -> RunResult:
         finally:
             prog.finished = True
             await monitor
+        after = await read_cluster(http, cfg.url)
         if cfg.sample_interval > 0:
-            await _sample(http, cfg, samples, clock)
+            await _sample(http, cfg, samples, clock, after)
         if cfg.progress:
             print(("\r" if sys.stderr.isatty() else "") + f"[bench] {prog.done}/{prog.total} done, "
                   f"{prog.failed} failed, {duration:.1f}s", file=sys.stderr, flush=True)
     done = [records[i] for i in sorted(records)]
     samples.sort(key=lambda s: s["t"])
-    return RunResult(done, samples, duration, start_wall, client_overhead(done, prog.loop_lag), warmup_failed)
+    return RunResult(done, samples, duration, start_wall, client_overhead(done, prog.loop_lag), warmup_failed,
+                     before, after)
 
 
 async def _warm_up(http: aiohttp.ClientSession, cfg: RunConfig, specs: list[RequestSpec]) -> int:

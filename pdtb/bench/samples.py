@@ -6,7 +6,20 @@ A sample is {"t": s since the run's start, "nodes": [{"role", "id", "pages_total
 """
 from __future__ import annotations
 
+import asyncio
+
+import aiohttp
+
 NODE_KEYS = ("role", "id", "pages_total", "pages_free", "host_pages_total", "host_pages_free", "running", "waiting")
+
+
+async def read_cluster(http: aiohttp.ClientSession, url: str) -> list | None:
+    """The router's `/cluster` answer, or None (a missed reading is a gap, not a failed run)."""
+    try:
+        async with http.get(url + "/cluster", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            return await resp.json() if resp.status == 200 else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
 
 
 def cluster_sample(t: float, nodes: list[dict]) -> dict:

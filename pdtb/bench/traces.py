@@ -3,7 +3,10 @@
 Two formats, told apart by the first non-blank character ('{' = JSON lines, else CSV; a UTF-8
 byte-order mark is skipped, and so are JSON-lines lines starting with '#'):
   JSON lines (native; also the Mooncake shape):  {"timestamp": ms from start, "input_length": N,
-      "output_length": N, "tenant": optional, "priority": optional}; other keys (hash_ids) ignored.
+      "output_length": N, "tenant": optional, "priority": optional, "hash_ids": optional}; other
+      keys ignored. `hash_ids` (Mooncake): one id per 512-token block of the prompt, prefix-chained
+      (an id names its block with everything before it); requests sharing leading ids share that
+      prompt prefix, and replay shares it too (blocks, pdtb/bench/prefix.py).
   Azure LLM inference CSV:  TIMESTAMP (wall clock "YYYY-MM-DD HH:MM:SS[.fffffff]", optionally
       with "T" for the space and a UTC offset "+00:00" or "Z", as the 2024 traces have; a time
       without an offset is read as UTC, so no local timezone or daylight-saving change moves
@@ -17,7 +20,8 @@ must ask for one) and counted in the info dict as `outputs_raised_to_one`.
 
 Scaling, applied in this order and recorded by `trace_specs` in its info dict:
   max_requests   keep the first N rows by time
-  length_scale   multiply both lengths, round, at least 1 token
+  length_scale   multiply both lengths, round, at least 1 token; a hash id's block becomes
+                 round(512 * length_scale) tokens, at least 1 (or block_tokens when given)
   max_context    clamp prompt + output to this many tokens (the output is kept when it fits)
   time_scale     multiply every offset from the first request (0.1 replays ten times faster)
 """
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from pdtb.bench.prefix import TRACE_BLOCK_TOKENS
 from pdtb.bench.records import RequestSpec
 from pdtb.bench.workloads import clamp_to_context
 
@@ -45,6 +50,7 @@ class TraceRow:
     output_length: int
     tenant: str = "default"
     priority: int | None = None
+    hash_ids: tuple[int, ...] = ()  # one id per 512-token prompt block (Mooncake)
 
 
 _AZURE_TIME = re.compile(r"(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(\.\d+)?\s*(Z|[+-]\d{2}:?\d{2})?")
@@ -82,12 +88,24 @@ def _whole(value, what: str, least: int, most: int | None = None) -> int:
     return int(number)
 
 
-def _row(timestamp_s: float, prompt, output, tenant=None, priority=None) -> TraceRow:
+def _hash_ids(value) -> tuple[int, ...]:
+    """A list of whole numbers >= 0 (absent: none)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ValueError(f"hash_ids must be a list of whole numbers, got {type(value).__name__}")
+    if all(type(x) is int and 0 <= x < 1 << 63 for x in value):  # the common case, checked fast
+        return tuple(value)
+    return tuple(_whole(x, "a hash id", 0, (1 << 63) - 1) for x in value)
+
+
+def _row(timestamp_s: float, prompt, output, tenant=None, priority=None, hash_ids=None) -> TraceRow:
     if not math.isfinite(timestamp_s) or timestamp_s < 0:
         raise ValueError(f"timestamp must be a finite number >= 0, got {timestamp_s!r}")
     return TraceRow(timestamp_s, _whole(prompt, "input length", 1), _whole(output, "output length", 0),
                     "default" if tenant is None or tenant == "" else str(tenant),
-                    None if priority is None else _whole(priority, "priority", -(1 << 62), 1 << 62))
+                    None if priority is None else _whole(priority, "priority", -(1 << 62), 1 << 62),
+                    _hash_ids(hash_ids))
 
 
 def parse_jsonl(lines) -> list[TraceRow]:
@@ -102,7 +120,7 @@ def parse_jsonl(lines) -> list[TraceRow]:
             if isinstance(d["timestamp"], bool):
                 raise ValueError(f"timestamp must be a number, got {d['timestamp']!r}")
             rows.append(_row(float(d["timestamp"]) / 1000.0, d["input_length"], d["output_length"],
-                             d.get("tenant"), d.get("priority")))
+                             d.get("tenant"), d.get("priority"), d.get("hash_ids")))
         except OverflowError:
             raise ValueError(f"trace line {n}: timestamp out of range") from None
         except (ValueError, KeyError, TypeError) as e:
@@ -142,12 +160,17 @@ def read_trace(path: str | Path) -> tuple[list[TraceRow], str]:
 
 
 def trace_specs(rows: list[TraceRow], length_scale: float = 1.0, max_context: int | None = None,
-                time_scale: float = 1.0, max_requests: int | None = None) -> tuple[list[RequestSpec], dict]:
-    """Scaled request list (class "trace") and what was applied."""
+                time_scale: float = 1.0, max_requests: int | None = None,
+                block_tokens: int | None = None) -> tuple[list[RequestSpec], dict]:
+    """Scaled request list (class "trace") and what was applied. Rows with hash_ids open their
+    prompts with those blocks, `block_tokens` each (None: 512 scaled as the lengths are)."""
     if not (0 < length_scale <= 1e6 and 0 <= time_scale < float("inf")):
         raise ValueError("length_scale must be in (0, 1e6] and time_scale finite and >= 0")
     if max_context is not None and max_context < 2:
         raise ValueError(f"max_context must be at least 2 (a prompt and an output token), got {max_context}")
+    if block_tokens is not None and block_tokens < 1:
+        raise ValueError(f"block_tokens must be at least 1, got {block_tokens}")
+    block_len = block_tokens or max(1, round(TRACE_BLOCK_TOKENS * length_scale))
     rows = sorted(rows, key=lambda r: r.timestamp)[:max_requests]
     t0 = rows[0].timestamp if rows else 0.0
     specs, clamped = [], 0
@@ -155,14 +178,17 @@ def trace_specs(rows: list[TraceRow], length_scale: float = 1.0, max_context: in
     for r in rows:
         spec = RequestSpec((r.timestamp - t0) * time_scale, r.tenant, "trace",
                            max(1, round(r.input_length * length_scale)),
-                           max(1, round(r.output_length * length_scale)), r.priority)
+                           max(1, round(r.output_length * length_scale)), r.priority,
+                           blocks=r.hash_ids, block_len=block_len if r.hash_ids else 0)
         if max_context is not None:
             spec, changed = clamp_to_context(spec, max_context)
             clamped += changed
         specs.append(spec)
+    with_blocks = sum(1 for r in rows if r.hash_ids)
     info = {"length_scale": length_scale, "max_context": max_context, "time_scale": time_scale,
             "max_requests": max_requests, "requests": len(specs), "clamped_by_max_context": clamped,
             "outputs_raised_to_one": raised,
             "span_s": specs[-1].send_time if specs else 0.0,
-            "tenants": len({s.tenant for s in specs})}
+            "tenants": len({s.tenant for s in specs}),
+            "rows_with_hash_ids": with_blocks, "block_tokens": block_len if with_blocks else None}
     return specs, info
