@@ -33,8 +33,11 @@ def _tenant(seq: Sequence) -> str:
 def footprint(cands: list[Sequence], state: SchedState, over: dict[str, float], owner_of=_tenant) -> Sequence:
     """Most over-quota owner first (`over[owner_of(seq)]` = usage / entitlement; the owner is
     the tenant unless told), then the largest footprint within it: pages come back from
-    whoever holds the most beyond its share."""
-    return max(cands, key=lambda s: (over.get(owner_of(s), 0.0), state.pages.get(s.request_id, 0), s.arrival_time))
+    whoever holds the most beyond its share. The footprint is what evicting gives back
+    (SchedState.gain): a page shared with four other requests stays held if one of them goes,
+    so evicting a request for it hurts that request and frees nothing."""
+    gain = state.gain
+    return max(cands, key=lambda s: (over.get(owner_of(s), 0.0), gain.get(s.request_id, 0), s.arrival_time))
 
 
 VICTIMS = {"lru": lru, "newest": newest, "least_progress": least_progress}

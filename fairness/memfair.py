@@ -139,7 +139,7 @@ class MemFairPolicy(BasePolicy):
         for c in candidates:
             need = self._need_now(c, state)
             starving = self._starving(c, state)
-            cap_ok = starving or not contended or state.pages.get(c.request_id, 0) + need <= request_cap(c, self.cfg, state)
+            cap_ok = starving or not contended or state.charge.get(c.request_id, 0) + need <= request_cap(c, self.cfg, state)
             wants.append((own(c), need, (not starving, c.arrival_time), cap_ok, starving))
         for h in self.held.values():
             wants.append((own(h), h.num_pages + 1, (True, h.first_seen),
@@ -152,7 +152,7 @@ class MemFairPolicy(BasePolicy):
         # which of them are beyond their cap
         movable = [s for s in running if s.num_computed_tokens > 0 and s.request_id not in self._shielded]
         capped = {s.request_id for s in movable
-                  if contended and state.pages.get(s.request_id, 0) > request_cap(s, self.cfg, state)}
+                  if contended and state.charge.get(s.request_id, 0) > request_cap(s, self.cfg, state)}
         tries = 0  # waiting requests that looked for victims this step (bounded: the cost per step)
         for owner, need, _, cap_ok, starving in wants:
             # the page per running request for its next token (BasePolicy.may_admit) comes first:
@@ -179,13 +179,13 @@ class MemFairPolicy(BasePolicy):
                 over = {o: use.get(o, 0) / e for o, e in ent.items() if e > 0}
                 v = eviction.footprint(pool, state, over, own)
                 pool.remove(v)
-                pages = state.pages.get(v.request_id, 0)
+                pages = state.pages.get(v.request_id, 0)  # its whole page table is copied down
                 if not 0 < pages <= host_free:
                     continue
                 host_free -= pages
                 victims.append(v)
-                use[own(v)] -= pages
-                free += pages
+                use[own(v)] -= state.charge.get(v.request_id, 0)
+                free += state.gain.get(v.request_id, 0)  # pages shared with others stay held
             if need + len(running) - len(victims) <= free:
                 free -= need
                 use[owner] = use.get(owner, 0) + need
@@ -304,7 +304,7 @@ class MemFairPolicy(BasePolicy):
             return False
         if self._starving(seq, state):
             return True  # waited long enough: its quota delays it no longer
-        return self._quota_ok(self.owner(seq), seq.request_id, state.pages.get(seq.request_id, 0), need_pages,
+        return self._quota_ok(self.owner(seq), seq.request_id, state.charge.get(seq.request_id, 0), need_pages,
                               request_cap(seq, self.cfg, state), state)
 
     def _quota_ok(self, owner: str, rid: str, holds: int, need: int, cap: float, state: SchedState) -> bool:

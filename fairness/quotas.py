@@ -17,10 +17,12 @@ from pdtb.engine.sequence import Sequence
 
 
 def usage(seqs: list[Sequence], state: SchedState, owner_of) -> dict[str, int]:
-    """Device pages held per quota owner (`owner_of(seq)`)."""
-    use: dict[str, int] = defaultdict(int)
+    """Device pages charged per quota owner (`owner_of(seq)`): pages held, a page shared with
+    other requests counted by the pool's charge rule (SchedState.charge)."""
+    use: dict[str, float] = defaultdict(int)
+    charge = state.charge
     for s in seqs:
-        use[owner_of(s)] += state.pages.get(s.request_id, 0)
+        use[owner_of(s)] += charge.get(s.request_id, 0)
     return dict(use)
 
 
@@ -55,6 +57,6 @@ def reserved_for_others(seq: Sequence, seqs: list[Sequence], cfg: FairnessConfig
     for cls, share in cfg.class_reservations.items():
         if seq.priority <= int(cls):
             continue
-        used = sum(state.pages.get(s.request_id, 0) for s in seqs if s.priority <= int(cls))
+        used = sum(state.charge.get(s.request_id, 0) for s in seqs if s.priority <= int(cls))
         blocked += max(0, int(share * state.device_total) - used)
     return blocked

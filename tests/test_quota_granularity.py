@@ -228,7 +228,8 @@ def _submitted(body: dict, tenant_tiers: dict) -> GenerateRequest:
     from pdtb.router.metrics import RouterMetrics
 
     sent = []
-    registry = SimpleNamespace(submit=lambda greq: sent.append(greq) or object())
+    handle = SimpleNamespace(entry=SimpleNamespace(node_id="n0"), prefix_overlap_tokens=0)
+    registry = SimpleNamespace(submit=lambda greq: sent.append(greq) or handle)
     config = RouterConfig((NodeSpec("colocated", "tcp://127.0.0.1:1"),), tenant_tiers=tenant_tiers)
     run = CompletionRun(RouterState(config, None, registry, RouterMetrics()), _parse(body), [5, 6, 7], 4)
     run.submit()
