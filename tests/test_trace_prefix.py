@@ -162,3 +162,18 @@ def test_system_prompts_refuse_a_trace_that_has_blocks(tmp_path):
 def test_whale_minnow_without_the_flag_is_unchanged():
     specs = build_workload(build_parser().parse_args(["--workload", "whale-minnow", "--seed", "5"]))[0]
     assert specs == wl.whale_minnow(wl.WhaleMinnowConfig(), 5) and not any(s.blocks for s in specs)
+
+
+def test_a_sweeps_trace_periods_share_no_blocks(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(trace_lines((1024, [0, 1]), (1024, [0, 2]))))
+    a = build_parser().parse_args(["--workload", f"trace:{path}"])
+    first = build_workload(a)[0]
+    assert [s.blocks for s in first] == [(0, 1), (0, 2)]  # seed 0: the trace's own ids
+    later = build_workload(replace_seed(a, 1))[0]
+    assert later[0].blocks[0] == later[1].blocks[0] and not set(later[0].blocks) & {0, 1, 2}
+    assert ideal_hit_rate(later) == ideal_hit_rate(first) == pytest.approx(512 / 2048)
+
+
+def replace_seed(a, seed: int):
+    return type(a)(**{**vars(a), "seed": seed})

@@ -16,7 +16,7 @@ from collections import Counter
 import aiohttp
 
 from pdtb.bench import workloads as wl
-from pdtb.bench.prefix import ideal_hit_rate, prefix_figures, with_system_prompts
+from pdtb.bench.prefix import ideal_hit_rate, prefix_figures, salted_blocks, with_system_prompts
 from pdtb.bench.records import OK
 from pdtb.bench.results import build_results, format_table, server_labels, write_results
 from pdtb.bench.runner import RunConfig, run
@@ -201,6 +201,7 @@ def build_workload(a: argparse.Namespace) -> tuple[list[wl.RequestSpec], dict]:
         rows, fmt = read_trace(path)
         specs, scaling = trace_specs(rows, a.length_scale, a.max_context, a.time_scale, a.max_requests,
                                      getattr(a, "block_tokens", None))
+        specs = salted_blocks(specs, a.seed)  # a sweep's periods (seed + k) are other users' prompts
         info, tenants = {"trace": {"file": path, "format": fmt, "rows": len(rows), **scaling}}, None
     else:
         raise ValueError(f"unknown workload {a.workload!r} (whale-minnow, multi-tenant or trace:FILE)")

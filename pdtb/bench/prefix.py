@@ -90,6 +90,16 @@ def ideal_hit_rate(specs: list[RequestSpec]) -> float | None:
     return None if got is None or got[1] == 0 else got[0] / got[1]
 
 
+def salted_blocks(specs: list[RequestSpec], seed: int) -> list[RequestSpec]:
+    """The specs with every block id moved by the workload seed (seed 0: unchanged). Shared
+    blocks stay shared within the list; a sweep's periods of one trace (seeds seed + k) share
+    none, as new users of the service would not."""
+    if not seed:
+        return specs
+    shift = seed * 0x9E37_79B9_7F4A_7C15
+    return [replace(s, blocks=tuple((b + shift) % (1 << 63) for b in s.blocks)) if s.blocks else s for s in specs]
+
+
 def _stable_id(key: str) -> int:
     """A 63-bit block id from a name (the same in every process, unlike hash())."""
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") >> 1
