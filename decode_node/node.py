@@ -64,7 +64,8 @@ class DecodeNode(NodeBase):
             meta = handoff_meta(header.extra)
         except ProtocolError as e:
             return Admission.refuse(FailCode.BAD_METADATA, str(e))
-        req = Inherited(header.request_id, header.tenant, meta.priority, meta.slo_tier, header.num_pages,
+        req = Inherited(header.request_id, header.tenant, meta.priority, meta.slo_tier,
+                        header.num_pages + header.skip_pages,
                         header.num_tokens, len(header.prompt_token_ids), len(header.output_token_ids),
                         meta.params.max_tokens)
         can_park = self.receiver is None or self.receiver.accepts_other_pools  # torch receivers land in the device tier only
@@ -73,6 +74,7 @@ class DecodeNode(NodeBase):
     async def start_extra(self) -> None:
         kw = {"context": self.ctx} if self.transport.backend == "zmq" else {}  # the ZAP handler lives in self.ctx
         self.receiver = make_receiver(self.transport, self.engine.pool, admit=self._admit, **kw)
+        self.receiver.prefix_cache = self.engine.scheduler.prefix_ns is not None
         await self.receiver.start()
         self.kv_addr = self.receiver.endpoint
 
@@ -127,6 +129,8 @@ class DecodeNode(NodeBase):
         tl.last_token = tl.first_token if tl.first_token is not None else now
         self.seqs[seq.request_id] = seq
         self.acct.add_received(seq, nbytes)
+        seq.page_hashes = list(t.page_hashes)
+        self._count_prefix(seq, t)
         if t.tier == "host":
             tl.parked_since = now
             self.engine.scheduler.add_parked(seq)
@@ -136,6 +140,18 @@ class DecodeNode(NodeBase):
         # node, which may exit (a drain, a scale-down) before this request's first decode step,
         # which can be far off for a parked or held-back one.
         self.sink.notice(self.routes[seq.request_id], HandoffNotice(seq.request_id, self.config.node_id, True))
+
+    def _count_prefix(self, seq: Sequence, t: ReceivedTransfer) -> None:
+        """Prompt tokens handed off, and those whose pages came from this node's cache (not
+        sent), per tenant; the bytes not sent are metered as kind "cached"."""
+        sch = self.engine.scheduler
+        if sch.prefix_ns is None:
+            return
+        ps = self.engine.spec.page_size
+        seq.num_cached_tokens = min(t.skip_pages * ps, seq.num_prompt_tokens)
+        sch.prefix.count(seq.tenant, seq.num_prompt_tokens, seq.num_cached_tokens)
+        if t.skip_pages:
+            self.acct.add_bytes(seq, "cached", t.skip_pages * self.engine.pool.bytes_per_page)
 
     def on_step_events(self, events: list[StepEvent], t: float) -> None:
         now = time.time()

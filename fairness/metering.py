@@ -10,7 +10,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-KINDS = ("attn_read", "received", "demoted", "promoted")
+# "cached" (decode side) and "not_sent" (prefill side): KV of a hand-off's leading pages that the
+# decode node had in its prefix cache, so they were not sent
+KINDS = ("attn_read", "received", "demoted", "promoted", "cached", "not_sent")
 
 
 @dataclass

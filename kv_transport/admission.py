@@ -37,6 +37,8 @@ class FailCode(str, enum.Enum):
     CANCELLED = "cancelled"  # cancelled by either side
     PEER_LOST = "peer_lost"  # the connection to the other side dropped or could not send
     DIST_FAILED = "dist_failed"  # the torch.distributed process group is broken
+    # the receiver no longer caches the leading pages the sender left out (skip_pages): resend them
+    CACHE_MISS = "cache_miss"
 
     def __str__(self) -> str:
         return self.value

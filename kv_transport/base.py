@@ -83,6 +83,7 @@ class TransferMeta:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     extra: dict = field(default_factory=dict)  # msgpack-safe values only
+    page_hashes: list[int] = field(default_factory=list)  # hashes of the full pages (prefix cache)
 
 
 @dataclass
@@ -102,6 +103,8 @@ class ReceivedTransfer:
     extra: dict
     status: TransferStatus  # final status (DONE), with timings
     tier: str = "device"  # pool the pages were committed in: "device" or "host" (parked)
+    skip_pages: int = 0  # leading pages shared from the receiver's prefix cache, not sent
+    page_hashes: list[int] = field(default_factory=list)  # hashes of the request's full pages
 
 
 class KVSender(Protocol):

@@ -24,7 +24,7 @@ import asyncio
 import collections
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kv_transport import checksum
 from kv_transport.admission import AdmitFn, FailCode, Verdict
@@ -58,6 +58,7 @@ class _Inbound:
     running: int = 0  # running checksum of the chunks received
     owed: int = 0  # credits earned by consumed chunks, not yet returned
     granted: int = 0  # chunks [0, granted) the sender may send (the last Credit's upto)
+    shared: list[int] = field(default_factory=list)  # cached pages it shares (skip_pages), ahead of `pages`
 
 
 class ReceiverCore(EndpointCore):
@@ -222,8 +223,13 @@ class ReceiverCore(EndpointCore):
         status = TransferStatus(tid, h.request_id, S.WAITING, bytes_total=h.payload_bytes,
                                 t_created=now)
         refusal, target = self._refusal(h)
+        shared: list[int] = []
+        if refusal is None and h.skip_pages:
+            refusal, shared = self._share_cached(h, target)
         pages = None if refusal else target.reserve(h.request_id, h.num_pages)
         if pages is None:
+            if shared:
+                target.free(h.request_id, shared)
             code, reason = refusal or (FailCode.NO_PAGES, f"need {h.num_pages} pages, {target.num_free} free")
             self._finish_status(status, S.FAILED, reason, code)
             self._reply(peer, Nack(tid, code, reason), "nack")
@@ -232,7 +238,7 @@ class ReceiverCore(EndpointCore):
         if writer is None:
             writer = self._writers[id(target)] = PageWriter(target)
         inb = _Inbound(h, peer, pages, writer.plan(pages), target, writer, status,
-                       now + self.config.transfer_timeout_s, now)
+                       now + self.config.transfer_timeout_s, now, shared=shared)
         self._live[tid] = inb
         self._by_request[h.request_id] = tid
         if h.mode == "inline":
@@ -251,6 +257,20 @@ class ReceiverCore(EndpointCore):
         else:
             self._start_dist(inb)
         return False
+
+    prefix_cache = False  # the node caches prefix pages: shares skipped ones, registers received ones
+
+    def _share_cached(self, h: KVTransferHeader, target: PagePool) -> tuple[tuple[FailCode, str] | None, list[int]]:
+        """Share the cached pages the sender left out, or say why not (then it resends them)."""
+        if not self.prefix_cache or target is not self.pool:
+            return (FailCode.CACHE_MISS, "no prefix cache in the tier receiving it"), []
+        shared = target.match(h.page_hashes[:h.skip_pages])
+        if len(shared) < h.skip_pages:
+            return (FailCode.CACHE_MISS, f"{len(shared)} of the {h.skip_pages} skipped pages are cached here"), []
+        if target.num_free - target.num_revived(shared) < h.num_pages:
+            return (FailCode.NO_PAGES, f"need {h.num_pages} pages, {target.num_free} free"), []
+        target.share(h.request_id, shared)
+        return None, shared
 
     def _refusal(self, h: KVTransferHeader) -> tuple[tuple[FailCode, str] | None, PagePool]:
         """(refusal or None, pool to receive into). `admit` may PARK the request in a pool of
@@ -357,13 +377,15 @@ class ReceiverCore(EndpointCore):
 
     def _commit(self, inb: _Inbound) -> None:
         inb.pool.commit(inb.header.request_id)
+        h = inb.header
+        if self.prefix_cache and h.page_hashes:
+            inb.pool.register(h.request_id, 0, h.page_hashes)
         self._release(inb)
         self._finish_status(inb.status, S.DONE, None)
-        h = inb.header
         self._completed.append(ReceivedTransfer(
-            h.transfer_id, h.request_id, h.tenant, h.num_tokens, list(inb.pages),
+            h.transfer_id, h.request_id, h.tenant, h.num_tokens, inb.shared + inb.pages,
             h.prompt_token_ids, h.output_token_ids, h.num_computed_tokens, h.extra,
-            inb.status, inb.pool.tier))  # final: never mutated again
+            inb.status, inb.pool.tier, h.skip_pages, h.page_hashes))  # final: never mutated again
         self._completed_evt.set()
 
     def _fail(self, inb: _Inbound, code: FailCode, reason: str, nack: bool = True) -> None:
@@ -371,7 +393,7 @@ class ReceiverCore(EndpointCore):
         if inb.status.state.finished:
             return
         try:
-            inb.pool.free(inb.header.request_id, inb.pages)
+            inb.pool.free(inb.header.request_id, inb.shared + inb.pages)
         except PoolError as e:  # someone freed them behind our back: report, do not crash the receiver
             log.error("receiver: pages of %s were already freed: %s", inb.status.transfer_id, e)
         self._release(inb)

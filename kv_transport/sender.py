@@ -130,7 +130,7 @@ class SenderCore(EndpointCore):
             checksum_algo=algo,
             checksum=None if mode == "chunked" else sums[-1] if sums else
             checksum.of(algo, data if view is None else view),
-            src_rank=self._src_rank())
+            src_rank=self._src_rank(), skip_pages=h.skip_pages, page_hashes=list(meta.page_hashes))
         frame0 = encode(header)[0]  # fails here, in the caller, if meta is not msgpack-safe
         now = time.monotonic()
         status = TransferStatus(tid, h.request_id, S.BOOTSTRAPPING, bytes_total=nbytes,

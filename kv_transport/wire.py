@@ -74,6 +74,12 @@ class KVTransferHeader:
     checksum_algo: str  # "sum64" or "crc32"
     checksum: int | None  # whole payload (inline, dist); None when chunks carry it
     src_rank: int = -1  # dist mode: torch.distributed rank of the sender
+    # prefix cache: the leading pages left out of the payload (the receiver shares its cached
+    # copies of them, found by page_hashes[:skip_pages]), and the hashes of the request's full
+    # pages (pdtb/engine/prefix_hash.py) so the receiver can cache the ones it is sent. The
+    # payload holds pages [skip_pages, skip_pages + num_pages) of the request's page table.
+    skip_pages: int = 0
+    page_hashes: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -215,9 +221,10 @@ def _header(f: Fields, limits: WireLimits) -> KVTransferHeader:
     for name in ("page_size", "num_layers", "num_kv_heads", "head_dim", "dtype"):
         f.equal(name, d[name], getattr(spec, name))
     num_pages = f.within("num_pages", 1, limits.max_pages)
-    num_tokens = f.within("num_tokens", 1, num_pages * spec.page_size)
-    if spec.pages_for(num_tokens) != num_pages:
-        raise WireFieldError("num_pages", f"{num_pages} pages for {num_tokens} tokens", tid)
+    skip, hashes = _prefix_fields(f, limits, tid)
+    num_tokens = f.within("num_tokens", 1, (skip + num_pages) * spec.page_size)
+    if spec.pages_for(num_tokens) != skip + num_pages:
+        raise WireFieldError("num_pages", f"{skip} skipped + {num_pages} pages for {num_tokens} tokens", tid)
     payload = d["payload_bytes"]
     f.equal("payload_bytes", payload, num_pages * limits.bytes_per_page)
     if payload > limits.max_transfer_bytes:
@@ -241,7 +248,23 @@ def _header(f: Fields, limits: WireLimits) -> KVTransferHeader:
         num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
         payload_bytes=payload, mode=mode, chunk_bytes=chunk, num_chunks=d["num_chunks"],
         checksum_algo=f.choice("checksum_algo", ("sum64", "crc32")), checksum=checksum,
-        src_rank=f.within("src_rank", -1, 1 << 20))
+        src_rank=f.within("src_rank", -1, 1 << 20), skip_pages=skip, page_hashes=hashes)
+
+
+def _prefix_fields(f: Fields, limits: WireLimits, tid: str) -> tuple[int, list[int]]:
+    """(skip_pages, page_hashes), both optional: absent means nothing skipped, no hashes."""
+    d = f.d
+    skip, hashes = d.get("skip_pages", 0), d.get("page_hashes", [])
+    if type(skip) is not int or not 0 <= skip <= limits.max_pages:
+        raise WireFieldError("skip_pages", f"{skip!r} is not an int in [0, {limits.max_pages}]", tid)
+    if type(hashes) is not list or len(hashes) > limits.max_pages:
+        raise WireFieldError("page_hashes", f"must be a list of at most {limits.max_pages} hashes", tid)
+    for h in hashes:
+        if type(h) is not int or not 0 <= h < (1 << 64):
+            raise WireFieldError("page_hashes", f"hash {h!r} is not an int in [0, 2**64)", tid)
+    if skip > len(hashes):
+        raise WireFieldError("skip_pages", f"{skip} pages skipped, {len(hashes)} hashes given", tid)
+    return skip, hashes
 
 
 def _check_payloads(payloads: list[memoryview], expect: list[int], tid: str | None) -> None:

@@ -22,6 +22,12 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--decode-attention", choices=["auto", "torch"], default="auto",
                     help="auto: decode rows of a float32 CPU pool use the C paged kernel, built at first use "
                          "(falls back to torch where no C compiler works); torch: read cache + batched matmuls")
+    ap.add_argument("--prefix-cache", choices=["on", "off"], default="on",
+                    help="share the KV pages of full prompt pages among requests whose prompts start the same "
+                         "way; a request skips the prefill of its cached prefix (default on)")
+    ap.add_argument("--charge-shared", choices=["split", "first", "full"], default="split",
+                    help="how a page shared by several requests counts against quotas: split evenly among its "
+                         "holders, charged to the first holder, or in full to every holder (default split)")
 
 
 def engine_config(a: argparse.Namespace, model_dir: str):
@@ -31,7 +37,8 @@ def engine_config(a: argparse.Namespace, model_dir: str):
         return EngineConfig(model_dir, page_size=a.page_size, num_pages=a.kv_pages, device=a.device,
                             dtype=a.dtype, max_num_seqs=a.max_num_seqs,
                             max_num_batched_tokens=a.max_num_batched_tokens, max_model_len=a.max_model_len,
-                            decode_attention=a.decode_attention)
+                            decode_attention=a.decode_attention, prefix_cache=a.prefix_cache == "on",
+                            charge=a.charge_shared)
     except ValueError as e:
         raise CliError(str(e)) from None
 

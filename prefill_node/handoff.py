@@ -39,6 +39,8 @@ class Handoff:
     backoff: float = RETRY_S[0]
     attempts: int = 0
     refusals: int = 0  # "no_pages" refusals since the last backoff (one per target, then back off)
+    skip_pages: int = 0  # leading pages the current transfer leaves out (the decode node caches them)
+    no_skip: bool = False  # a decode node lacked pages it was thought to cache: send every page
 
     def on(self, event: HandoffEvent) -> None:
         self.state = advance(self.state, event)
@@ -62,6 +64,10 @@ def transfer_ended(h: Handoff, landed: bool, code: FailCode | None, mono: float)
     if landed:
         h.on(HandoffEvent.LANDED)
         return Outcome.LANDED
+    if code is FailCode.CACHE_MISS and mono < h.deadline:  # resend at once, every page
+        h.on(HandoffEvent.DEFERRED)
+        h.transfer_id, h.retry_at, h.no_skip = None, mono, True
+        return Outcome.HELD
     if code is FailCode.NO_PAGES and mono < h.deadline:
         h.on(HandoffEvent.DEFERRED)
         h.transfer_id, h.retry_at = None, mono

@@ -34,6 +34,7 @@ import time
 from pdtb.nodes import kv_meta
 from pdtb.nodes.node_base import NodeBase
 from prefill_node.order import PrefillOrder
+from prefill_node.peer_pages import PeerPages
 from pdtb.nodes.handoff import HandoffEvent
 from prefill_node.handoff import Handoff, Outcome, transfer_ended
 from pdtb.nodes.protocol import GenerateRequest, HandoffMeta, HandoffNotice, Target, to_extra
@@ -55,6 +56,8 @@ class PrefillNode(NodeBase):
         self.senders: dict[str, object] = {}
         self.handoffs: dict[str, Handoff] = {}
         self.reqs: dict[str, GenerateRequest] = {}
+        self.peer_pages = PeerPages()  # what each decode node was sent and may still cache
+        self.kv_bytes = {"sent": 0, "not_sent": 0}  # hand-off payload bytes, and bytes left out (cached there)
 
     def make_policy(self, config):
         """Prompts only, in arrival order: the fairness policy decides on the side that holds
@@ -102,19 +105,41 @@ class PrefillNode(NodeBase):
 
     async def _start_transfer(self, h: Handoff) -> None:
         seq, req = h.seq, h.req
-        export = export_request(self.engine.pool, seq.request_id, seq.num_computed_tokens)
+        hashes = self._page_hashes(seq)
+        addr = req.decode_kv_addr
+        need = self.engine.spec.pages_for(seq.num_computed_tokens)
+        h.skip_pages = 0 if h.no_skip else min(self.peer_pages.leading(addr, hashes), need - 1)
+        export = export_request(self.engine.pool, seq.request_id, seq.num_computed_tokens, h.skip_pages)
         now = time.time()
         seq.timeline.stamp_once("transfer_start", now)
         seq.timeline.end_wait("held", now)  # the decode side had deferred it: time held here
         meta = TransferMeta(tenant=seq.tenant, prompt_token_ids=seq.prompt_token_ids,
                             output_token_ids=seq.output_token_ids, num_computed_tokens=seq.num_computed_tokens,
                             extra=to_extra(HandoffMeta(req.router_id, req.params, req.priority, seq.timeline,
-                                                       h.attempts, h.targets[1:], slo_tier=req.slo_tier)))
+                                                       h.attempts, h.targets[1:], slo_tier=req.slo_tier)),
+                            page_hashes=hashes)
         # sealed last: the digest covers exactly what the header will carry (pdtb/nodes/kv_meta.py)
-        meta = kv_meta.seal(meta, seq.request_id, export.header.num_tokens, export.header.num_pages)
+        meta = kv_meta.seal(meta, seq.request_id, export.header.num_tokens, export.header.num_pages, h.skip_pages)
         h.transfer_id = (await self._sender(req.decode_kv_addr)).send(export, meta)
         h.on(HandoffEvent.SEND)
         h.attempts += 1
+
+    def _page_hashes(self, seq: Sequence) -> list[int]:
+        """Hashes of the prompt's full pages (none with the prefix cache off)."""
+        sch = self.engine.scheduler
+        if sch.prefix_ns is None:
+            return []
+        return sch.hashes_of(seq, seq.num_computed_tokens // self.engine.spec.page_size)
+
+    def _landed_bytes(self, h: Handoff, addr: str, sent: int) -> None:
+        """Count a landed hand-off's bytes, sent and left out, and remember its pages there."""
+        seq = h.seq
+        skipped = h.skip_pages * self.engine.pool.bytes_per_page
+        self.kv_bytes["sent"] += sent
+        self.kv_bytes["not_sent"] += skipped
+        if skipped:
+            self.acct.add_bytes(seq, "not_sent", skipped)
+        self.peer_pages.add(addr, self._page_hashes(seq))
 
     async def poll_io(self) -> None:
         mono = time.monotonic()
@@ -125,8 +150,12 @@ class PrefillNode(NodeBase):
             if st is None or not st.state.finished:
                 continue
             st_node = h.req.decode_node
+            addr = h.req.decode_kv_addr
             out = transfer_ended(h, st.state == TransferState.DONE, st.code, mono)
+            if st.code is FailCode.CACHE_MISS:
+                self.peer_pages.forget(addr)
             if out is Outcome.LANDED:
+                self._landed_bytes(h, addr, st.bytes_total)
                 if h.req.fallbacks:  # the router may have fallbacks in mind: the request is that node's now
                     self._notify(rid, h.req.decode_node, delivered=True)
                 self.metrics.kv_sent.inc(st.bytes_total)
@@ -214,7 +243,8 @@ class PrefillNode(NodeBase):
         return super().idle() and not self.handoffs
 
     def extra_stats(self) -> dict:
-        return {"handoffs": len(self.handoffs),
+        return {"handoffs": len(self.handoffs), "kv_bytes_sent": self.kv_bytes["sent"],
+                "kv_bytes_not_sent": self.kv_bytes["not_sent"],
                 "held_pages": sum(len(self.engine.pool.pages_of(r)) for r in self.handoffs)}
 
     async def close_extra(self) -> None:

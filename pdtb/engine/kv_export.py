@@ -24,12 +24,14 @@ class KVExportHeader:
 
     request_id: str  # owner of the pages on both sides
     num_tokens: int  # tokens whose K/V are in the pages
-    num_pages: int  # pages in the payload == spec.pages_for(num_tokens)
+    num_pages: int  # pages in the payload == spec.pages_for(num_tokens) - skip_pages
     spec: KVSpec  # geometry and dtype of every page
+    skip_pages: int = 0  # leading pages of the page table left out (the receiver has them cached)
 
     def __post_init__(self) -> None:
-        if self.num_pages != self.spec.pages_for(self.num_tokens):
-            raise ValueError(f"num_pages {self.num_pages} does not hold {self.num_tokens} tokens")
+        if self.num_pages + self.skip_pages != self.spec.pages_for(self.num_tokens) or self.num_pages < 1:
+            raise ValueError(f"num_pages {self.num_pages} after {self.skip_pages} skipped does not hold "
+                             f"{self.num_tokens} tokens")
 
     @property
     def payload_bytes(self) -> int:
@@ -41,7 +43,7 @@ class KVExportHeader:
     @classmethod
     def from_dict(cls, d: dict) -> "KVExportHeader":
         return cls(request_id=d["request_id"], num_tokens=d["num_tokens"],
-                   num_pages=d["num_pages"], spec=KVSpec(**d["spec"]))
+                   num_pages=d["num_pages"], spec=KVSpec(**d["spec"]), skip_pages=d.get("skip_pages", 0))
 
 
 SUM_BLOCK_BYTES = 64 * 1024  # granularity of the payload checksums an export carries
@@ -61,14 +63,17 @@ class KVExport:
         return memoryview(self.data.view(torch.uint8).reshape(-1).numpy())
 
 
-def export_request(pool: PagePool, request_id: str, num_tokens: int) -> KVExport:
-    """Copy `request_id`'s pages out of `pool` into one contiguous CPU-or-device tensor."""
+def export_request(pool: PagePool, request_id: str, num_tokens: int, skip_pages: int = 0) -> KVExport:
+    """Copy `request_id`'s pages out of `pool` into one contiguous CPU-or-device tensor,
+    leaving out its first `skip_pages` (the receiver holds them cached; at least one page is sent)."""
     pages = pool.pages_of(request_id)
     need = pool.spec.pages_for(num_tokens)
     if len(pages) < need:
         raise ValueError(f"{request_id} holds {len(pages)} pages, needs {need} for {num_tokens} tokens")
-    header = KVExportHeader(request_id, num_tokens, need, pool.spec)
-    data = pool.export_pages(pages[:need])
+    if not 0 <= skip_pages < need:
+        raise ValueError(f"cannot skip {skip_pages} of {need} pages")
+    header = KVExportHeader(request_id, num_tokens, need - skip_pages, pool.spec, skip_pages)
+    data = pool.export_pages(pages[skip_pages:need])
     return KVExport(header, data, block_sums(data))
 
 

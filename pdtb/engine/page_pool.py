@@ -215,27 +215,15 @@ class PagePool:
         return n
 
     def cached_hashes(self, limit: int) -> list[int]:
-        """Up to `limit` registered hashes, most recently used first (held pages, then cached
-        ones newest first): a bounded summary of what this pool can serve."""
-        out = []
-        held = [p for p in self._shared] + [p for t in self._by_owner.values() for p in t[:1]]
-        seen = set()
-        for p in held:
-            h = self._hash[p]
-            if h is not None and p not in seen:
-                seen.add(p)
-                out.append(h)
-        for p in reversed(list(self._lru)):
+        """Up to `limit` registered hashes: those of held pages, then cached ones, most
+        recently released first. A bounded summary of what this pool can serve."""
+        lru = self._lru
+        out = [h for h, p in self._by_hash.items() if p not in lru][:limit]
+        for p in reversed(lru):
             if len(out) >= limit:
                 break
             out.append(self._hash[p])
-        for p, h in enumerate(self._hash):
-            if len(out) >= limit:
-                break
-            if h is not None and p not in seen and p not in self._lru:
-                seen.add(p)
-                out.append(h)
-        return out[:limit]
+        return out
 
     def _unregister(self, p: int) -> None:
         h = self._hash[p]

@@ -252,7 +252,7 @@ class Scheduler:
         return budget
 
     # ---- prefix cache --------------------------------------------------------------------------
-    def _hashes(self, seq: Sequence, full_pages: int) -> list[int]:
+    def hashes_of(self, seq: Sequence, full_pages: int) -> list[int]:
         """Hashes of `seq`'s first `full_pages` pages (kept on the sequence, extended as it grows)."""
         have = seq.page_hashes
         if len(have) < full_pages:
@@ -270,7 +270,7 @@ class Scheduler:
         usable = (seq.num_tokens - 1) // self.pool.spec.page_size
         if usable <= 0:
             return []
-        return self.pool.match(self._hashes(seq, usable))
+        return self.pool.match(self.hashes_of(seq, usable))
 
     def _count_prefix(self, seq: Sequence, hit_pages: int) -> None:
         tokens = min(hit_pages * self.pool.spec.page_size, seq.num_prompt_tokens)
@@ -286,7 +286,7 @@ class Scheduler:
             return
         full = min(seq.num_computed_tokens // self.pool.spec.page_size, self.pool.num_held(seq.request_id))
         if full > seq.num_registered:
-            hashes = self._hashes(seq, full)
+            hashes = self.hashes_of(seq, full)
             self.pool.register(seq.request_id, seq.num_registered, hashes[seq.num_registered:])
             seq.num_registered = full
 

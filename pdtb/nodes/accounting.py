@@ -32,6 +32,14 @@ class NodeAccounting:
         self.m_evictions = PCounter("pdtb_evictions", "demotions/promotions/preemptions by tenant", lbl + ["tenant", "kind"], registry=r)
         self.m_bytes = PCounter("pdtb_tenant_kv_bytes", "KV bytes by tenant and kind", lbl + ["tenant", "kind"], registry=r)
         self.m_slo = PCounter("pdtb_slo_misses", "SLO misses by tenant and attributed cause", lbl + ["tenant", "cause"], registry=r)
+        self.m_shared = Gauge("pdtb_tenant_kv_pages_shared",
+                              "device KV pages per tenant held together with other requests (kind=shared) and "
+                              "what the charge rule counts against its quota (kind=charged)",
+                              lbl + ["tenant", "kind"], registry=r)
+        self.m_prefix = PCounter("pdtb_prefix_cache_tokens", "prompt tokens looked up in the prefix cache (kind=query) "
+                                 "and served from it (kind=hit: not computed, or not sent)", lbl + ["tenant", "kind"],
+                                 registry=r)
+        self._prefix_seen: dict[tuple[str, str], int] = {}
         self.m_conservation = node.metrics.conservation_errors
         self._tenants_seen: set[str] = set()
 
@@ -80,8 +88,13 @@ class NodeAccounting:
                 self.m_bytes.labels(tenant=t, kind=k, **lbl).inc(d)
 
     def add_received(self, seq, nbytes: int) -> None:
-        self.meter.add(seq.request_id, seq.tenant, "received", nbytes)
-        self.m_bytes.labels(tenant=self.label(seq.tenant), kind="received", **self.node.metrics.labels).inc(nbytes)
+        self.add_bytes(seq, "received", nbytes)
+
+    def add_bytes(self, seq, kind: str, nbytes: int) -> None:
+        """Meter `nbytes` of KV of `kind` for `seq` ("received"; "cached": pages a hand-off did
+        not send because this node had them; "not_sent" at the prefill side)."""
+        self.meter.add(seq.request_id, seq.tenant, kind, nbytes)
+        self.m_bytes.labels(tenant=self.label(seq.tenant), kind=kind, **self.node.metrics.labels).inc(nbytes)
 
     def forget(self, request_id: str) -> None:
         """A request ended without a final timing (aborted, failed): drop its meters."""
@@ -107,17 +120,53 @@ class NodeAccounting:
             dev[self.label(s.tenant)] += len(eng.pool.pages_of(s.request_id))
             if eng.host_pool is not None:
                 host[self.label(s.tenant)] += len(eng.host_pool.pages_of(s.request_id))
+        shared, charged = self.shared_pages()
         lbl = self.node.metrics.labels
         for t in self._tenants_seen | set(dev) | set(host):
             self.m_tenant_pages.labels(tenant=t, tier="device", **lbl).set(dev.get(t, 0))
             self.m_tenant_pages.labels(tenant=t, tier="host", **lbl).set(host.get(t, 0))
+            self.m_shared.labels(tenant=t, kind="shared", **lbl).set(shared.get(t, 0))
+            self.m_shared.labels(tenant=t, kind="charged", **lbl).set(charged.get(t, 0))
         self._tenants_seen |= set(dev) | set(host)
+        prefix = self.prefix_stats()
         pol = self.node.policy
         return {"tenant_pages": dict(dev), "tenant_host_pages": dict(host), "owner_pages": self.owner_pages(),
+                "tenant_pages_shared": dict(shared), "tenant_pages_charged": {t: round(v, 2) for t, v in charged.items()},
+                "charge_rule": eng.pool.charge, **prefix,
                 "quota": {t: round(v, 1) for t, v in getattr(pol, "ent", {}).items()},
                 "owner_quota": {o: round(v, 1) for o, v in getattr(pol, "shares", {}).items()},
                 "evictions": {f"{t}/{k}": n for (t, k), n in self.evictions.items()},
                 "kv_bytes": {t: dict(v) for t, v in self.meter.per_tenant.items()}}
+
+    def shared_pages(self) -> tuple[Counter, Counter]:
+        """Device pages per tenant held together with other requests, and charged to it."""
+        pool = self.node.engine.pool
+        shared, charged = Counter(), Counter()
+        if not pool.num_registered:
+            return shared, charged
+        by_req_shared, by_req_charged = pool.shared_counts(), pool.charged_counts()
+        for s in self.node.seqs.values():
+            t = self.label(s.tenant)
+            shared[t] += by_req_shared.get(s.request_id, 0)
+            charged[t] += by_req_charged.get(s.request_id, 0)
+        return shared, charged
+
+    def prefix_stats(self) -> dict:
+        """The scheduler's prefix counters per tenant (prompt tokens looked up, served from the
+        cache) and the node's cache state, with the Prometheus counters brought up to date."""
+        eng = self.node.engine
+        c = eng.scheduler.prefix
+        lbl = self.node.metrics.labels
+        for kind, table in (("query", c.query_by_tenant), ("hit", c.hit_by_tenant)):
+            for t, n in table.items():
+                key = (self.label(t), kind)
+                d = n - self._prefix_seen.get((t, kind), 0)
+                if d:
+                    self._prefix_seen[(t, kind)] = n
+                    self.m_prefix.labels(tenant=key[0], kind=kind, **lbl).inc(d)
+        return {"prefix_tokens": {"query": c.query_tokens, "hit": c.hit_tokens, "recompute_hit": c.recompute_hit_tokens},
+                "tenant_prefix_hit_tokens": {self.label(t): n for t, n in c.hit_by_tenant.items()},
+                "prefix_cached_pages": eng.pool.num_cached, "prefix_registered_pages": eng.pool.num_registered}
 
     def owner_pages(self) -> dict[str, int]:
         """Device pages per quota owner (fairness/owners.py: "t:<tenant>", "p:<class>",

@@ -283,7 +283,19 @@ class NodeBase:
                          running=len(sch.running), waiting=len(sch.waiting) + len(sch.parked), queued_tokens=queued,
                          kv_addr=self.kv_addr, metrics_addr=self.metrics_addr, draining=self.draining,
                          extra={"page_size": self.engine.spec.page_size, "policy": self.policy.name,
-                       **self.acct.tenant_stats(), **self.extra_stats()}, incarnation=self.incarnation)
+                       **self.acct.tenant_stats(), **self.extra_stats()}, incarnation=self.incarnation,
+                         **self.prefix_fields())
+
+    PREFIX_SUMMARY_MAX = 4096  # page hashes a node reports to the router (most recent first)
+
+    def prefix_fields(self) -> dict:
+        """NodeStats' prefix cache fields: what the router routes on, and the hit counters."""
+        sch, pool = self.engine.scheduler, self.engine.pool
+        if sch.prefix_ns is None:
+            return {"page_size": pool.spec.page_size}
+        return {"page_size": pool.spec.page_size, "prefix_ns": sch.prefix_ns,
+                "prefix_summary": pool.cached_hashes(self.PREFIX_SUMMARY_MAX),
+                "prefix_query_tokens": sch.prefix.query_tokens, "prefix_hit_tokens": sch.prefix.hit_tokens}
 
     def extra_stats(self) -> dict:
         return {}

@@ -107,6 +107,9 @@ async def handle_cluster(request: web.Request) -> web.Response:
             "metrics_addr": s.metrics_addr if s else "",
             "draining": s.draining if s else False, "healthy": registry.is_healthy(n, now),
             "seconds_since_seen": None if n.last_seen is None else round(now - n.last_seen, 3),
+            "prefix_ns": s.prefix_ns if s else "", "prefix_cached_hashes": len(s.prefix_summary) if s else 0,
+            "prefix_query_tokens": s.prefix_query_tokens if s else 0,
+            "prefix_hit_tokens": s.prefix_hit_tokens if s else 0,
             "extra": s.extra if s else {}})
     return web.json_response(out)
 
