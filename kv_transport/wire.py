@@ -225,6 +225,8 @@ def _header(f: Fields, limits: WireLimits) -> KVTransferHeader:
     num_tokens = f.within("num_tokens", 1, (skip + num_pages) * spec.page_size)
     if spec.pages_for(num_tokens) != skip + num_pages:
         raise WireFieldError("num_pages", f"{skip} skipped + {num_pages} pages for {num_tokens} tokens", tid)
+    if len(hashes) > skip + num_pages:
+        raise WireFieldError("page_hashes", f"{len(hashes)} hashes for {skip + num_pages} pages", tid)
     payload = d["payload_bytes"]
     f.equal("payload_bytes", payload, num_pages * limits.bytes_per_page)
     if payload > limits.max_transfer_bytes:

@@ -1,8 +1,11 @@
 """Server-side samples taken during a run: `/cluster` snapshots, and the series the plots need.
 
 A sample is {"t": s since the run's start, "nodes": [{"role", "id", "pages_total", "pages_free",
-"host_pages_total", "host_pages_free", "running", "waiting", "tenant_pages": {tenant: pages}}]};
-`tenant_pages` is {} unless the node reports `extra.tenant_pages`.
+"host_pages_total", "host_pages_free", "running", "waiting", "tenant_pages": {tenant: pages},
+"tenant_pages_charged": {tenant: pages}, "tenant_pages_shared": {tenant: pages}, "kv_bytes_sent",
+"kv_bytes_not_sent"}]}; each tenant map is {} unless the node reports it in `extra` (pages
+charged and shared under the prefix cache's charge rule), the byte counters (prefill nodes'
+hand-off payloads, and the bytes left out because the decode node had them cached) None.
 """
 from __future__ import annotations
 
@@ -29,6 +32,12 @@ def cluster_sample(t: float, nodes: list[dict]) -> dict:
         row = {k: n.get(k) for k in NODE_KEYS}
         pages = (n.get("extra") or {}).get("tenant_pages") or {}
         row["tenant_pages"] = {str(k): v for k, v in pages.items()} if isinstance(pages, dict) else {}
+        extra = n.get("extra") or {}
+        for key in ("tenant_pages_charged", "tenant_pages_shared"):
+            m = extra.get(key)
+            row[key] = {str(k): v for k, v in m.items()} if isinstance(m, dict) else {}
+        for key in ("kv_bytes_sent", "kv_bytes_not_sent"):
+            row[key] = extra.get(key)
         out.append(row)
     return {"t": t, "nodes": out}
 
