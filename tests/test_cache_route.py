@@ -11,7 +11,7 @@ import pytest
 from pdtb.engine.prefix_hash import page_hashes
 from pdtb.nodes.protocol import GenerateRequest, NodeStats, Params, encode_message
 from pdtb.router import cache_route
-from pdtb.router.cache_route import CacheCandidate, PrefixView, choose_by_cache, overlap_pages
+from pdtb.router.cache_route import PREFILL_WEIGHT, CacheCandidate, PrefixView, choose_by_cache, overlap_pages
 from pdtb.router.config import NodeSpec, RouterConfig, load_served_model
 from pdtb.router.nodes import NodeRegistry
 
@@ -48,15 +48,15 @@ def test_overlap_wins_when_load_is_equal():
     nodes = [make_candidate(view=hashes[:2]), make_candidate(view=hashes[:6]), make_candidate()]
     choice = choose_by_cache(nodes, PREFIX + [7] * 5)
     assert choice.index == 1 and choice.overlap_pages == 6 and choice.overlap_tokens == 96
-    assert choice.cost == len(PREFIX) + 5 - 96 and choice.hashes == hashes
+    assert choice.cost == PREFILL_WEIGHT * (len(PREFIX) + 5 - 96) and choice.hashes == hashes
 
 
 def test_heavy_load_beats_a_small_overlap_and_a_light_one_does_not():
     hashes = page_hashes(PREFIX, PAGE, NS)
     cached_busy, idle = make_candidate(queued=500, view=hashes[:2]), make_candidate(queued=0)
-    assert choose_by_cache([cached_busy, idle], PREFIX).index == 1  # 500 + 96 > 128
+    assert choose_by_cache([cached_busy, idle], PREFIX).index == 1  # 500 + 2 x 96 > 2 x 128
     cached_light = make_candidate(queued=20, view=hashes[:2])
-    assert choose_by_cache([cached_light, idle], PREFIX).index == 0  # 20 + 96 < 128
+    assert choose_by_cache([cached_light, idle], PREFIX).index == 0  # 20 + 2 x 96 < 2 x 128
 
 
 def test_without_a_prefix_cache_the_choice_is_the_load_choice():
@@ -109,6 +109,7 @@ def test_a_new_stats_message_refreshes_the_view_and_a_bad_summary_cannot_break_r
     reg._on_frame(b, encode_message(make_stats("n1", "colocated", hashes[:4])))
     assert reg.submit(make_request(1, PREFIX)).entry is b
     reg._on_frame(a, encode_message(make_stats("n0", "colocated", [2 ** 64 - 1, 0])))  # matches nothing
+    reg._on_frame(b, encode_message(make_stats("n1", "colocated", hashes[:4])))  # b's next report: r1 prefilled
     handle = reg.submit(make_request(2, PREFIX))
     assert handle.entry is b and handle.prefix_overlap_tokens == len(PREFIX)  # r1's insert: all 8 pages
 

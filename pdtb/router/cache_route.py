@@ -3,10 +3,14 @@
 Each node reports the page hashes it holds (NodeStats.prefix_summary, pdtb/engine/prefix_hash.py);
 the router keeps a PrefixView per node and scores the candidates of one decision:
 
-    cost(node) = node.queued_tokens + (prompt_tokens - overlap_pages(node) * node.page_size)
-                 └ prefill work it waits behind ┘   └ prefill work it does itself ┘
+    cost(node) = queued_tokens(node) + PREFILL_WEIGHT * (prompt_tokens - overlap_pages(node) * node.page_size)
+                 └ prefill work it waits behind ┘              └ prefill work it does itself ┘
 
-Lowest cost wins; equal costs fall to the load policy's own order (`tie`). `overlap_pages` counts
+queued_tokens(node) is its last report plus the prompt tokens sent to it since (as --route load
+counts them). A token computed anew weighs PREFILL_WEIGHT times a token waited behind: the wait
+is for work the cluster does anyway, the recompute is capacity taken from everyone (with equal
+weights, a burst of one prefix spread over every node, each recomputing it, because waiting
+behind the first request cost as much as recomputing its prefix). Lowest cost wins; equal costs fall to the load policy's own order (`tie`). `overlap_pages` counts
 the request's leading full pages found in the node's view; a node with no prefix cache (prefix_ns
 "") has overlap 0, so among such nodes this is the load choice by queued tokens.
 
@@ -22,6 +26,7 @@ from typing import Container, Sequence
 from pdtb.engine.prefix_hash import page_hashes
 
 ROUTES = ("load", "cache")
+PREFILL_WEIGHT = 2  # Dynamo's KV router weighs prefill blocks against active blocks the same way
 VIEW_MAX_HASHES = 1 << 16  # per node: summary plus recent inserts (8 bytes of hash, ~100 B of set entry each)
 INSERT_KEEP_S = 1.0  # an optimistic insert outlives the summaries sent within this long after it
 
@@ -104,7 +109,7 @@ def choose_by_cache(candidates: Sequence[CacheCandidate], prompt_ids: Sequence[i
                 by_key[key] = page_hashes(list(prompt_ids), c.page_size, c.prefix_ns)
             hashes = by_key[key]
         pages = overlap_pages(hashes, c.view) if hashes else 0
-        cost = c.queued_tokens + max(0, len(prompt_ids) - pages * c.page_size)
+        cost = c.queued_tokens + PREFILL_WEIGHT * max(0, len(prompt_ids) - pages * c.page_size)
         if best is None or (cost, c.tie) < (best[0].cost, best[1]):
             best = (CacheChoice(i, pages, pages * c.page_size, cost, hashes), c.tie)
     return best[0] if best else None
@@ -118,6 +123,6 @@ def pick_by_cache(nodes: list, prompt_ids: Sequence[int]) -> tuple[object | None
     for n in nodes:
         s = n.stats
         tie = (s.running + s.waiting,) if n.spec.role == "prefill" else (-n.free_pages_estimate(),)
-        cands.append(CacheCandidate(s.queued_tokens, tie, s.page_size, s.prefix_ns, n.prefix_view))
+        cands.append(CacheCandidate(n.queued_tokens_estimate(), tie, s.page_size, s.prefix_ns, n.prefix_view))
     choice = choose_by_cache(cands, prompt_ids)
     return (None, None) if choice is None else (nodes[choice.index], choice)

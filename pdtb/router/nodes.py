@@ -74,6 +74,9 @@ class NodeState:
     stats: NodeStats | None = None  # latest answer to a ping
     last_seen: float | None = None  # monotonic time of `stats`
     pending_pages: dict[str, int] = field(default_factory=dict)  # request id -> pages sent, not yet in stats
+    # prefill or colocated node: request id -> prompt tokens sent since its last stats report
+    # (reports are up to 0.5 s old: without these, every request of that window went to one node)
+    pending_tokens: dict[str, int] = field(default_factory=dict)
     refused_at: float | None = None  # monotonic time a request could not be sent to it (queue full: likely dead)
     connected: bool = False  # the DEALER's connection stands (socket monitor events)
     dropped_at: float | None = None  # monotonic time its connection last dropped
@@ -98,10 +101,14 @@ class NodeState:
     def free_pages_estimate(self) -> int:
         return (self.stats.pages_free if self.stats else 0) - sum(self.pending_pages.values())
 
+    def queued_tokens_estimate(self) -> int:
+        """Prompt tokens waiting at the node: its last report plus those sent since."""
+        return (self.stats.queued_tokens if self.stats else 0) + sum(self.pending_tokens.values())
+
 
 def pick_prefill(nodes: list[NodeState]) -> NodeState | None:
-    """Fewest queued prompt tokens; tie: fewest running + waiting."""
-    return min(nodes, key=lambda n: (n.stats.queued_tokens, n.stats.running + n.stats.waiting), default=None)
+    """Fewest queued prompt tokens (reported, plus sent since); tie: fewest running + waiting."""
+    return min(nodes, key=lambda n: (n.queued_tokens_estimate(), n.stats.running + n.stats.waiting), default=None)
 
 
 def pick_most_free(nodes: list[NodeState]) -> NodeState | None:
@@ -322,6 +329,7 @@ class NodeRegistry:
         if isinstance(msg, NodeStats):
             old = node.stats
             node.stats, node.last_seen = msg, time.monotonic()
+            node.pending_tokens.clear()  # its queued_tokens counts them now (or they are done)
             if self.route == "cache":
                 node.prefix_view.update(msg.prefix_summary, node.last_seen)
             if old is not None and old.incarnation and msg.incarnation and old.incarnation != msg.incarnation:
@@ -356,6 +364,7 @@ class NodeRegistry:
             return  # finished or aborted here already; late events are expected
         if node is handle.entry:
             handle.entry_started = True
+            node.pending_tokens.pop(handle.request_id, None)
             handle.queue.put_nowait(event)
             for held in handle.held:
                 handle.queue.put_nowait(held)
@@ -446,6 +455,7 @@ class NodeRegistry:
             entry.refused_at = time.monotonic()
             tried.add(id(entry))
             log.warning("%s node %s is not accepting requests; trying another", entry.spec.role, entry.node_id)
+        entry.pending_tokens[req.request_id] = len(req.prompt_token_ids)
         pages_node = decode or entry
         pages_node.pending_pages[req.request_id] = self._pages_for(pages_node, len(req.prompt_token_ids) + 1)
         self._requests[req.request_id] = handle
@@ -520,6 +530,7 @@ class NodeRegistry:
         for node in (handle.entry, handle.decode):
             if node is not None:
                 node.pending_pages.pop(handle.request_id, None)
+                node.pending_tokens.pop(handle.request_id, None)
 
     @property
     def num_open_requests(self) -> int:
