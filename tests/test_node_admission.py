@@ -288,7 +288,7 @@ def test_decode_admission_refuses_sealed_metadata_that_does_not_validate(llama_d
         meta = kv_meta.seal(TransferMeta("t", [5] * 20, [6], 20, extra), "r", 21, 2)
         return SimpleNamespace(request_id="r", tenant="t", prompt_token_ids=meta.prompt_token_ids,
                                output_token_ids=meta.output_token_ids, num_computed_tokens=20, num_tokens=21,
-                               num_pages=2, extra=meta.extra)
+                               num_pages=2, extra=meta.extra, skip_pages=0, page_hashes=[])
 
     try:
         good = to_extra(HandoffMeta("r-1", Params(max_tokens=4), 1, Timeline(first_token=12.5), 0,

@@ -310,7 +310,7 @@ def test_a_decode_node_places_and_adopts_by_tier(llama_dir):
         meta = kv_meta.seal(TransferMeta("t", [5] * 20, [6], 20, extra), "r", 21, 2)
         header = SimpleNamespace(request_id="r", tenant="t", prompt_token_ids=meta.prompt_token_ids,
                                  output_token_ids=meta.output_token_ids, num_computed_tokens=20, num_tokens=21,
-                                 num_pages=2, extra=meta.extra)
+                                 num_pages=2, extra=meta.extra, skip_pages=0, page_hashes=[])
         assert node._admit(header).verdict is Verdict.ACCEPT
         assert node.policy.incoming["r"].slo_tier == "gold"
         pages = node.engine.pool.allocate("r", 2)

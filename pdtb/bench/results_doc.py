@@ -209,7 +209,8 @@ def replace_block(text: str, block: list[str]) -> str:
     return text[:i + len(BEGIN)] + "\n" + "\n".join(block) + "\n" + text[j:]
 
 
-def render(run: Run, images: str | None = None, sim_dir: str | None = None) -> str:
+def render(run: Run, images: str | None = None, sim_dir: str | None = None, prefix_dir: str | None = None,
+           prefix_command: str = "bash scripts/prefix_results.sh --quick") -> str:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["# Results", "",
              f"Written by `bash scripts/results.sh` on {now}, commit {run.commit}.  ",
@@ -225,6 +226,11 @@ def render(run: Run, images: str | None = None, sim_dir: str | None = None) -> s
         lines += engine_section(run.engine)
     if run.transports:
         lines += transport_section(run.transports)
+    if prefix_dir:
+        from pdtb.bench.prefix_report import report as prefix_report
+
+        lines += ["## Prefix caching", "", f"`{prefix_command}`: real clusters on this machine, the embedded "
+                  "model; every ratio is between runs of the same invocation.", "", *prefix_report(Path(prefix_dir))]
     if sim_dir:
         from pdtb.sim.results_section import render as sim_section
 
@@ -243,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frontier", help="directory of scripts/frontier.sh sweep files (its --out)")
     ap.add_argument("--frontier-command", default="bash scripts/frontier.sh --quick")
     ap.add_argument("--sim", help="directory of scripts/sim_results.sh outputs")
+    ap.add_argument("--prefix", help="directory of scripts/prefix_results.sh outputs")
+    ap.add_argument("--prefix-command", default="bash scripts/prefix_results.sh --quick")
     ap.add_argument("--out", required=True)
     ap.add_argument("--readme", help="also replace the headline block of this README")
     a = ap.parse_args(argv)
@@ -257,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             if src.exists():
                 shutil.copyfile(src, img / src.name)
         images = "img"
-    text = render(run, images, a.sim)
+    text = render(run, images, a.sim, a.prefix, a.prefix_command)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(text)
     print(f"wrote {a.out}")

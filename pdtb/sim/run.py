@@ -57,6 +57,11 @@ def _specs(a: Namespace) -> tuple[list, dict]:
     specs = [wl.clamp_to_context(s, ctx)[0] for s in specs]
     if not specs:
         raise ValueError("the workload has no requests")
+    if any(s.blocks for s in specs):
+        # simulated prompts are placeholders: nothing is shared, every prompt is prefilled whole
+        print("pdtb sim: prefix sharing (hash_ids, system prompts) is not simulated: every prompt is "
+              "prefilled in full, as with --prefix-cache off", file=sys.stderr)
+        info["prefix_sharing_simulated"] = False
     return specs, info
 
 
