@@ -3,14 +3,16 @@
 #
 #   scripts/prefix_results.sh [--quick] [--out DIR] [--model DIR] [--only "trace route charge"]
 #
-#   trace   the Mooncake conversation excerpt (hash_ids, pdtb/bench/data), lengths scaled by
-#           1/32 (16-token blocks, one KV page each), replayed on 1P+1D with --prefix-cache on
-#           and off: achieved hit rate against the trace's ideal, TTFT p50 ratio, KV bytes sent
+#   trace   the Mooncake synthetic excerpt (hash_ids, pdtb/bench/data; multi-turn sharing),
+#           lengths scaled by 1/32 (16-token blocks, one KV page each) and clamped to 512 tokens,
+#           replayed on 1P+1D with --prefix-cache on and off: achieved hit rate against the
+#           trace's ideal, TTFT p50 ratio, KV bytes sent; then the Mooncake conversation excerpt
+#           (production sharing, lower), cache on (and off without --quick), at twice the speed
 #   route   2 prefill nodes + 1 decode node, 24 tenants with a system prompt each, a few
 #           requests per tenant: --route cache against --route load (hit rate)
-#   charge  a colocated memfair node under KV pressure, every tenant's prompts starting with
-#           one shared system prompt, whales and minnows: --charge-shared split, first, full
-#           (pages charged per tenant, minnow TTFT p99, fair-share index)
+#   charge  a colocated memfair node under KV pressure, every tenant's prompts opening with one
+#           1024-token system prompt, whales and minnows: --charge-shared split, first, full
+#           (pages held, shared and charged per tenant, minnow TTFT p99, fair-share index)
 #
 # Writes DIR/NAME.json per run and DIR/prefix.md (pdtb.bench.prefix_report); prints the ratios.
 set -euo pipefail
@@ -31,9 +33,9 @@ OUT="${OUT:-$ROOT/results/prefix-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 [ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.common import resolve_model; print(resolve_model(None))')"
-TRACE="$ROOT/pdtb/bench/data/mooncake_conversation_excerpt.jsonl"
-N_TRACE=240 N_TENANTS=24
-[ "$QUICK" = 1 ] && N_TRACE=80 N_TENANTS=12
+DATA="$ROOT/pdtb/bench/data"
+N_TENANTS=24 CONV_MODES="on off"
+[ "$QUICK" = 1 ] && N_TENANTS=16 CONV_MODES="on"
 
 run() {  # run NAME "LAUNCH ARGS" BENCH ARGS...
   local name="$1" launch=() url rc=0
@@ -50,24 +52,31 @@ run() {  # run NAME "LAUNCH ARGS" BENCH ARGS...
 for what in $ONLY; do
   case "$what" in
     trace)
-      # pools hold the working set (240 requests x about 24 pages): nothing cached is evicted
+      # the pools hold the working set (at most 400 requests x 32 pages): nothing cached is evicted
       for c in on off; do
         run "trace-$c" "--mode disagg --kv-pages 8192 --prefill-kv-pages 8192 -- --prefix-cache $c" \
-          --workload "trace:$TRACE" --length-scale 0.03125 --time-scale 0.25 --max-requests "$N_TRACE" \
-          --label-mode disagg --label-policy "prefix-cache-$c"
+          --workload "trace:$DATA/mooncake_synthetic_excerpt.jsonl" --length-scale 0.03125 --max-context 512 \
+          --warmup 8 --label-mode disagg --label-policy "prefix-cache-$c"
+      done
+      for c in $CONV_MODES; do
+        run "conversation-$c" "--mode disagg --kv-pages 16384 --prefill-kv-pages 16384 -- --prefix-cache $c" \
+          --workload "trace:$DATA/mooncake_conversation_excerpt.jsonl" --length-scale 0.03125 --max-context 512 \
+          --time-scale 0.5 --warmup 8 --label-mode disagg --label-policy "prefix-cache-$c"
       done ;;
     route)
       for r in load cache; do
         run "route-$r" "--mode disagg --prefill 2 --decode 1 --kv-pages 4096 --router-args --route=$r" \
-          --workload multi-tenant --num-tenants "$N_TENANTS" --rate 6 --duration "$(( N_TENANTS / 3 ))" \
+          --workload multi-tenant --num-tenants "$N_TENANTS" --rate 6 --duration "$(( N_TENANTS / 2 ))" \
           --prompt 320 --output 8 --system-prompt-tokens 256 --seed 1 --label-mode disagg --label-policy "route-$r"
       done ;;
     charge)
+      # whales and minnows of four tenants open with one 1024-token system prompt (64 pages);
+      # a minnow holds it plus 3 pages of its own, a whale 128 more: the pool cannot hold all
       for rule in split first full; do
         run "charge-$rule" "--mode colocated --policy memfair --kv-pages 448 --host-kv-pages 512 -- --charge-shared $rule --max-num-batched-tokens 512" \
-          --workload whale-minnow --whales 4 --whale-prompt 768 --whale-output 512 --whale-start 1 --whale-interval 0.5 \
-          --minnow-prompt 320 --minnow-output 8 --minnow-rate 3 --duration "$([ "$QUICK" = 1 ] && echo 12 || echo 20)" \
-          --minnow-tenants m1,m2,m3 --system-prompt-tokens 256 --shared-system-prompts 1 --seed 2 \
+          --workload whale-minnow --whales 4 --whale-prompt 2048 --whale-output 512 --whale-start 1 --whale-interval 0.5 \
+          --minnow-prompt 1056 --minnow-output 32 --minnow-rate 4 --duration "$([ "$QUICK" = 1 ] && echo 15 || echo 30)" \
+          --minnow-tenants m1,m2,m3 --system-prompt-tokens 1024 --shared-system-prompts 1 --seed 2 \
           --slo ttft_ms=1000 --label-mode colocated --label-policy "charge-$rule"
       done ;;
     *) echo "prefix_results: unknown experiment $what" >&2; exit 2 ;;

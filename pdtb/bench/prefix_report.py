@@ -1,6 +1,6 @@
 """`python -m pdtb.bench.prefix_report DIR`: the prefix-caching figures of scripts/prefix_results.sh.
 
-Reads DIR/trace-{on,off}.json, DIR/route-{load,cache}.json and DIR/charge-{split,first,full}.json
+Reads DIR/trace-{on,off}.json, DIR/conversation-{on,off}.json, DIR/route-{load,cache}.json and DIR/charge-{split,first,full}.json
 (whichever exist), prints one table per experiment and writes them as markdown (--out).
 Every ratio is between runs of the same invocation, on the same machine.
 """
@@ -20,13 +20,12 @@ def _f(v, digits: int = 1) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
-def _bytes(res: dict, key: str) -> int | None:
-    """Increase of a prefill counter (summed over prefill nodes) from the first sample to the last."""
-    s = res.get("samples") or []
-    if len(s) < 2:
-        return None
-    tot = [sum(n.get(key) or 0 for n in x["nodes"] if n["role"] == "prefill") for x in (s[0], s[-1])]
-    return tot[1] - tot[0]
+def _kv_bytes(res: dict, kind: str) -> int | None:
+    """KV bytes of `kind` summed over the run's requests (their pdtb_timing.kv_bytes, as the
+    decode node metered them: "received" was sent, "cached" was left out); None without any."""
+    got = [((r.get("server_timing") or {}).get("kv_bytes") or {}).get(kind) for r in res.get("requests", [])]
+    got = [g for g in got if g is not None]
+    return sum(got) if got else None
 
 
 def _tenant_mean(res: dict, key: str) -> dict[str, float]:
@@ -36,29 +35,32 @@ def _tenant_mean(res: dict, key: str) -> dict[str, float]:
     return {t: sum(sum((n.get(key) or {}).get(t, 0) for n in x["nodes"]) for x in s) / max(1, len(s)) for t in tenants}
 
 
-def trace_table(on: dict, off: dict) -> list[str]:
-    so, sf = on["summary"], off["summary"]
-    t_on, t_off = so["overall"]["ttft_ms"]["p50"], sf["overall"]["ttft_ms"]["p50"]
-    b_on, b_off = _bytes(on, "kv_bytes_sent"), _bytes(off, "kv_bytes_sent")
-    ns = _bytes(on, "kv_bytes_not_sent")
-    hit, ideal = so.get("prefix_hit_rate"), so.get("prefix_hit_rate_ideal")
-    rows = ["| prefix cache | requests ok | hit rate | ideal | TTFT p50 ms | TTFT p99 ms | KV bytes sent |",
-            "|---|---|---|---|---|---|---|"]
-    for lab, r, b in (("on", on, b_on), ("off", off, b_off)):
+def trace_table(runs: dict[str, dict]) -> list[str]:
+    """`runs`: "on" (required) and "off" (optional) of one trace."""
+    on, off = runs["on"], runs.get("off")
+    rows = ["| prefix cache | requests ok | hit rate | ideal | TTFT p50 ms | TTFT p99 ms | KV MiB sent | KV MiB left out |",
+            "|---|---|---|---|---|---|---|---|"]
+    for lab, r in runs.items():
         s = r["summary"]
+        sent, kept = _kv_bytes(r, "received"), _kv_bytes(r, "cached")
         rows.append(f"| {lab} | {s['overall']['count'] - s['overall']['failed']} | {_f(s.get('prefix_hit_rate'), 3)} | "
                     f"{_f(s.get('prefix_hit_rate_ideal'), 3)} | {_f(s['overall']['ttft_ms']['p50'])} | "
-                    f"{_f(s['overall']['ttft_ms']['p99'])} | {b if b is not None else '-'} |")
+                    f"{_f(s['overall']['ttft_ms']['p99'])} | {_f(sent and sent / 2**20)} | {_f(kept and kept / 2**20)} |")
     rows.append("")
+    so = on["summary"]
+    hit, ideal = so.get("prefix_hit_rate"), so.get("prefix_hit_rate_ideal")
     if hit is not None and ideal is not None:
-        rows.append(f"- achieved hit rate {hit:.3f} against the trace's ideal {ideal:.3f}: "
-                    f"{100 * (ideal - hit):+.1f} points short")
-    if t_on and t_off:
-        rows.append(f"- TTFT p50 with the cache off / on: {t_off / t_on:.2f}x")
-    if b_on is not None and b_off:
-        sent_share = b_on / b_off
-        rows.append(f"- KV bytes sent, on / off: {sent_share:.3f} (fell by {1 - sent_share:.3f}); "
-                    f"bytes left out / all hand-off bytes: {_f(ns / (ns + b_on) if ns is not None and ns + b_on else None, 3)}")
+        rows.append(f"- achieved hit rate {hit:.3f} (prompt tokens the prefill node did not compute) against the "
+                    f"trace's ideal {ideal:.3f}: {100 * (ideal - hit):.1f} points short")
+    if off is not None:
+        t_on, t_off = so["overall"]["ttft_ms"]["p50"], off["summary"]["overall"]["ttft_ms"]["p50"]
+        if t_on and t_off:
+            rows.append(f"- TTFT p50, cache off / on: **{t_off / t_on:.2f}x**")
+        b_on, b_off, kept = _kv_bytes(on, "received"), _kv_bytes(off, "received"), _kv_bytes(on, "cached")
+        if b_on is not None and b_off:
+            rows.append(f"- KV bytes sent, on / off: {b_on / b_off:.3f} (they fell by {1 - b_on / b_off:.3f}; "
+                        f"the decode node had {_f(kept / (kept + b_on) if kept is not None and kept + b_on else None, 3)} "
+                        "of the hand-off bytes cached: whole pages only, and a prompt's last page is always sent)")
     return rows
 
 
@@ -90,11 +92,16 @@ def charge_table(runs: dict[str, dict]) -> list[str]:
     return rows
 
 
+TRACES = (("trace", "Trace replay, 1P+1D: Mooncake synthetic excerpt (multi-turn sharing)"),
+          ("conversation", "Trace replay, 1P+1D: Mooncake conversation excerpt (production sharing)"))
+
+
 def report(d: Path) -> list[str]:
     out: list[str] = []
-    on, off = _load(d, "trace-on"), _load(d, "trace-off")
-    if on and off:
-        out += ["### Trace replay with shared prefixes (1P+1D, Mooncake excerpt)", "", *trace_table(on, off), ""]
+    for name, title in TRACES:
+        runs = {c: x for c in ("on", "off") if (x := _load(d, f"{name}-{c}"))}
+        if "on" in runs:
+            out += [f"### {title}", "", *trace_table(runs), ""]
     load, cache = _load(d, "route-load"), _load(d, "route-cache")
     if load and cache:
         out += ["### Cache-aware routing (2 prefill nodes)", "", *route_table(load, cache), ""]
