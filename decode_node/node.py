@@ -29,6 +29,7 @@ from decode_node.placement import Inherited, place
 from kv_transport import ReceivedTransfer, TransportConfig, make_receiver
 from kv_transport.admission import Admission, FailCode
 from pdtb.engine.engine import StepEvent
+from pdtb.engine.prefix_hash import page_hashes
 from pdtb.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,10 @@ class DecodeNode(NodeBase):
     async def start_extra(self) -> None:
         kw = {"context": self.ctx} if self.transport.backend == "zmq" else {}  # the ZAP handler lives in self.ctx
         self.receiver = make_receiver(self.transport, self.engine.pool, admit=self._admit, **kw)
-        self.receiver.prefix_cache = self.engine.scheduler.prefix_ns is not None
+        sch = self.engine.scheduler
+        if sch.prefix_ns is not None:
+            ps, ns = self.engine.spec.page_size, sch.prefix_ns
+            self.receiver.prefix_hashes = lambda tokens, n: page_hashes(tokens[:n * ps], ps, ns)
         await self.receiver.start()
         self.kv_addr = self.receiver.endpoint
 

@@ -258,12 +258,25 @@ class ReceiverCore(EndpointCore):
             self._start_dist(inb)
         return False
 
-    prefix_cache = False  # the node caches prefix pages: shares skipped ones, registers received ones
+    # The node's prefix cache: (token ids, n) -> the hashes of their first n pages under the
+    # node's namespace (prefix_hash.page_hashes); None: no cache. The header's hashes are
+    # checked against it before any page is shared or registered by them, so a sender of
+    # another model (another namespace) or a faulty one cannot make requests read KV that is
+    # not of their tokens, nor plant such pages in the cache.
+    prefix_hashes = None
+
+    def _hashes_ok(self, h: KVTransferHeader) -> bool:
+        if self.prefix_hashes is None or not h.page_hashes:
+            return False
+        tokens = [*h.prompt_token_ids, *h.output_token_ids]
+        return self.prefix_hashes(tokens, len(h.page_hashes)) == h.page_hashes
 
     def _share_cached(self, h: KVTransferHeader, target: PagePool) -> tuple[tuple[FailCode, str] | None, list[int]]:
         """Share the cached pages the sender left out, or say why not (then it resends them)."""
-        if not self.prefix_cache or target is not self.pool:
+        if self.prefix_hashes is None or target is not self.pool:
             return (FailCode.CACHE_MISS, "no prefix cache in the tier receiving it"), []
+        if not self._hashes_ok(h):
+            return (FailCode.CACHE_MISS, "the page hashes are not this node's hashes of the request's tokens"), []
         shared = target.match(h.page_hashes[:h.skip_pages])
         if len(shared) < h.skip_pages:
             return (FailCode.CACHE_MISS, f"{len(shared)} of the {h.skip_pages} skipped pages are cached here"), []
@@ -378,7 +391,7 @@ class ReceiverCore(EndpointCore):
     def _commit(self, inb: _Inbound) -> None:
         inb.pool.commit(inb.header.request_id)
         h = inb.header
-        if self.prefix_cache and h.page_hashes:
+        if h.page_hashes and inb.pool is self.pool and (h.skip_pages or self._hashes_ok(h)):  # (checked when shared)
             inb.pool.register(h.request_id, 0, h.page_hashes)
         self._release(inb)
         self._finish_status(inb.status, S.DONE, None)

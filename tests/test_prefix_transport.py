@@ -31,7 +31,8 @@ class Ends:
         self.net = FakeNetwork(hwm=16)
         self.src, self.dst = make_pool(64, seed=1), make_pool(64)
         self.rx = FakeReceiver(make_config(), self.dst, self.net)
-        self.rx.prefix_cache = cache
+        if cache:  # the test's "hash" of page i is HASHES[i]: tokens do not matter
+            self.rx.prefix_hashes = lambda tokens, n: HASHES[:n]
         self.tx = FakeSender(make_config(), TINY_SPEC, self.net)
 
     async def __aenter__(self):
@@ -79,6 +80,7 @@ def test_a_second_hand_off_shares_the_cached_pages_and_carries_only_the_rest():
 
 @pytest.mark.parametrize("cache", [True, False])
 def test_pages_the_receiver_lacks_are_refused_with_cache_miss_and_nothing_leaks(cache):
+    """Nothing cached there yet, or no cache at all: refused, every reserved page free again."""
     async def body():
         async with Ends(cache) as e:
             st = await e.send("a", 5, 2)  # nothing cached there yet
@@ -143,3 +145,18 @@ def test_peer_pages_belief():
     assert b.leading("d0", [1]) == 0 and b.leading("d0", [2, 3, 4, 5]) == 4
     b.forget("d0")
     assert b.leading("d0", [2]) == 0
+
+
+def test_hashes_that_are_not_the_receivers_own_are_neither_shared_nor_registered():
+    """A sender of another namespace (or a faulty one): its hashes do not match the receiver's
+    hashes of the tokens, so they plant nothing in its cache and skip nothing."""
+    async def body():
+        async with Ends() as e:
+            e.rx.prefix_hashes = lambda tokens, n: [h + 1 for h in HASHES[:n]]
+            assert (await e.send("a", 5, 0)).state is TransferState.DONE
+            e.rx.take_completed()
+            assert e.dst.num_registered == 0
+            st = await e.send("b", 5, 2)
+            assert st.state is TransferState.FAILED and st.code is FailCode.CACHE_MISS
+            e.dst.check()
+    run(body())
