@@ -133,8 +133,7 @@ class DecodeNode(NodeBase):
         tl.last_token = tl.first_token if tl.first_token is not None else now
         self.seqs[seq.request_id] = seq
         self.acct.add_received(seq, nbytes)
-        seq.page_hashes = list(t.page_hashes)
-        self._count_prefix(seq, t)
+        self._count_prefix(seq, t)  # (its page hashes are this node's own, from its tokens, when needed)
         if t.tier == "host":
             tl.parked_since = now
             self.engine.scheduler.add_parked(seq)
