@@ -65,7 +65,11 @@ def trace_table(runs: dict[str, dict]) -> list[str]:
 
 
 def route_table(load: dict, cache: dict) -> list[str]:
-    rows = ["| --route | requests ok | prefix hit rate | ideal | TTFT p50 ms |", "|---|---|---|---|---|"]
+    opts = load["meta"].get("options", {})
+    rows = [f"{opts.get('num_tenants', '?')} tenants, each with its own {opts.get('system_prompt_tokens', '?')}-token "
+            "system prompt and a few requests, over 2 prefill nodes and 1 decode node; the hit rate is the prefill "
+            "nodes' (prompt tokens not computed).", "",
+            "| --route | requests ok | prefix hit rate | ideal | TTFT p50 ms |", "|---|---|---|---|---|"]
     for lab, r in (("load", load), ("cache", cache)):
         s = r["summary"]
         rows.append(f"| {lab} | {s['overall']['count'] - s['overall']['failed']} | {_f(s.get('prefix_hit_rate'), 3)} | "
@@ -74,7 +78,9 @@ def route_table(load: dict, cache: dict) -> list[str]:
 
 
 def charge_table(runs: dict[str, dict]) -> list[str]:
-    rows = ["| --charge-shared | tenant | pages held (mean) | shared (mean) | charged (mean) | TTFT p99 ms |",
+    rows = ["Per tenant, the mean over the run's /cluster samples of device pages held, of those held together "
+            "with another request, and of what the rule charged against its quota.", "",
+            "| --charge-shared | tenant | pages held (mean) | shared (mean) | charged (mean) | TTFT p99 ms |",
             "|---|---|---|---|---|---|"]
     for rule, r in runs.items():
         held, shared = _tenant_mean(r, "tenant_pages"), _tenant_mean(r, "tenant_pages_shared")
