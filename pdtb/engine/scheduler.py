@@ -284,7 +284,10 @@ class Scheduler:
         """Register `seq`'s full pages whose tokens are all computed (others may share them)."""
         if self.prefix_ns is None:
             return
-        full = min(seq.num_computed_tokens // self.pool.spec.page_size, self.pool.num_held(seq.request_id))
+        full = seq.num_computed_tokens // self.pool.spec.page_size
+        if full <= seq.num_registered:
+            return  # most steps: no page filled up
+        full = min(full, self.pool.num_held(seq.request_id))
         if full > seq.num_registered:
             hashes = self.hashes_of(seq, full)
             self.pool.register(seq.request_id, seq.num_registered, hashes[seq.num_registered:])
