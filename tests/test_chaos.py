@@ -108,8 +108,8 @@ def test_prefill_killed_mid_work(llama_dir, tmp_path):
         longs, during = asyncio.run(chaos_run(url, vocab, lambda: kill9(run_dir, name), n_long=12, long_tokens=100,
                                               prompt_len=2000, n_during=16, every_s=0.2, fault_after=1))
         check_ended_well(longs + during)
-        assert any(o.ok for o in longs + during), "requests on the surviving prefill node should finish"
-        assert any(o.failed_with_reason for o in longs + during), "requests on the killed node should fail"
+        # those on the killed node are recomputed through the other one (the router's --recompute-retries)
+        assert all(o.ok for o in longs + during), [o for o in longs + during if not o.ok][:3]
         wait_until(lambda: not node(url, name)["healthy"], 15, what="the router to see the node gone")
         outs = asyncio.run(all_complete(url, vocab, 6))
         assert all(o.ok for o in outs), outs  # served by the surviving prefill node
@@ -240,8 +240,8 @@ def test_decode_killed_mid_stream_then_rejoins(cluster_1p2d):
     longs, during = asyncio.run(chaos_run(url, vocab, lambda: kill9(run_dir, name), n_long=16, long_tokens=300,
                                           prompt_len=24, n_during=12, every_s=0.3, fault_after=6))
     check_ended_well(longs + during)
-    assert any(o.ok for o in longs), "streams on the surviving decode node should finish"
-    assert any(o.failed_with_reason for o in longs), "streams on the killed decode node should fail"
+    # streams on the killed decode node are recomputed through the survivor and finish too
+    assert all(o.ok for o in longs + during), [o for o in longs + during if not o.ok][:3]
     wait_until(lambda: not node(url, name)["healthy"], 15, what="the router to see the node gone")
     outs = asyncio.run(all_complete(url, vocab, 6))
     assert all(o.ok for o in outs), outs  # served by the surviving decode node

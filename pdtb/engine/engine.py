@@ -123,7 +123,7 @@ class LLMEngine:
         for c in out.chunks:
             c.seq.num_computed_tokens += c.num_new_tokens
             register(c.seq)
-        tokens = sample(logits, [s.params for s in sampling], [s.num_output_tokens for s in sampling])
+        tokens = sample(logits, [s.params for s in sampling], [s.params.first_index + s.num_output_tokens for s in sampling])
         return [self._append(seq, tok) for seq, tok in zip(sampling, tokens)]
 
     def _append(self, seq: Sequence, token: int) -> StepEvent:

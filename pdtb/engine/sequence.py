@@ -36,6 +36,7 @@ class SamplingParams:
     seed: int | None = None  # per-request seed: same seed, same tokens, on any node
     ignore_eos: bool = False  # keep generating past EOS up to max_tokens
     stop_token_ids: tuple[int, ...] = ()  # extra ids that end the request
+    first_index: int = 0  # output index of its first token (a seeded sample is drawn by output index)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:

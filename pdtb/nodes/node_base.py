@@ -107,7 +107,7 @@ def keep_gloo_on_loopback(host: str) -> None:
 
 def to_sampling(p: Params) -> SamplingParams:
     return SamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, seed=p.seed,
-                          ignore_eos=p.ignore_eos, stop_token_ids=tuple(p.stop_token_ids))
+                          ignore_eos=p.ignore_eos, stop_token_ids=tuple(p.stop_token_ids), first_index=p.first_index)
 
 
 def queued_tokens(sch) -> int:

@@ -51,6 +51,9 @@ class Params:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
+    # output index of this request's first token: a request recomputed after the router already
+    # streamed N of its tokens samples as tokens N, N+1, ... (seeded sampling goes on unchanged)
+    first_index: int = 0
 
 
 @dataclass

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
 from contextlib import aclosing
@@ -52,6 +53,7 @@ class RouterState:
 
 
 STATE = web.AppKey("state", RouterState)
+log = logging.getLogger("pdtb.router")
 FINAL_TIMING_S = 0.5  # how long a request ended by a stop string waits for its node's timeline
 
 
@@ -85,21 +87,52 @@ class CompletionRun:
         self.handle: RequestHandle | None = None
         self.released = False  # the handle was released (pieces() ended, or close())
         self.num_output_tokens = 0
+        self.output_ids: list[int] = []  # every token the nodes sent, stop token included
+        self.recomputes = 0  # times a node it depended on died and it was prefilled anew elsewhere
         self.status = "200"  # for the requests counter; "499": the client went away
 
     def submit(self) -> None:
         """Send the request to the chosen nodes. Raises ApiError(503) when none is available."""
-        params = Params(self.max_tokens, self.req.temperature, self.req.top_p, self.req.seed,
-                        self.req.ignore_eos, list(self.req.stop_token_ids))
-        tier = self.req.slo_tier or self.state.config.tenant_tiers.get(self.req.tenant, "")
-        greq = GenerateRequest(self.request_id, self.prompt_ids, params, tenant=self.req.tenant,
-                               priority=self.req.priority, slo_tier=tier, arrival_time=time.time())
         try:
-            self.handle = self.state.registry.submit(greq)
+            self.handle = self.state.registry.submit(self._generate_request(self.request_id, self.prompt_ids,
+                                                                            self.max_tokens))
         except RequestFailed as e:
             raise failure_error(e) from None
         self.state.metrics.prompt_tokens.inc(len(self.prompt_ids))
         self.state.metrics.observe_route(self.handle.entry.node_id, self.handle.prefix_overlap_tokens)
+
+    def _generate_request(self, request_id: str, prompt_ids: list[int], max_tokens: int,
+                          first_index: int = 0) -> GenerateRequest:
+        params = Params(max_tokens, self.req.temperature, self.req.top_p, self.req.seed,
+                        self.req.ignore_eos, list(self.req.stop_token_ids), first_index)
+        tier = self.req.slo_tier or self.state.config.tenant_tiers.get(self.req.tenant, "")
+        return GenerateRequest(request_id, prompt_ids, params, tenant=self.req.tenant,
+                               priority=self.req.priority, slo_tier=tier, arrival_time=time.time())
+
+    def _recompute(self, e: RequestFailed) -> bool:
+        """A node the request depended on died (`e`): send it anew, its prompt followed by every
+        token already streamed, to live nodes. Their prefill recomputes the KV; greedy output
+        continues token for token, and a seeded sample draws its next tokens at the same output
+        indices (Params.first_index), as an uninterrupted run would. False when it may not: not
+        a lost node, the retries spent, nothing left to generate, or no node to take it (then
+        it fails as before)."""
+        left = self.max_tokens - len(self.output_ids)
+        if not e.node_lost or self.recomputes >= self.state.config.recompute_retries or left < 1:
+            return False
+        self.recomputes += 1
+        old = self.handle
+        self.state.registry.abort(old, "recomputed on another node")  # any live node still holding it lets go
+        self.state.registry.release(old)
+        rid = f"{self.request_id}.r{self.recomputes}"
+        try:
+            self.handle = self.state.registry.submit(self._generate_request(rid, self.prompt_ids + self.output_ids, left,
+                                                                            len(self.output_ids)))
+        except RequestFailed:
+            self.handle = old  # released already: _end does nothing more
+            return False
+        self.state.metrics.recomputes.inc()
+        log.info("request %s: %s; recomputed as %s after %d tokens", self.request_id, e, rid, len(self.output_ids))
+        return True
 
     async def pieces(self) -> AsyncIterator[Piece]:
         """The output, one Piece per node event. Raises RequestFailed. Use with `aclosing`."""
@@ -111,6 +144,8 @@ class CompletionRun:
                 try:
                     ev = await registry.next_event(self.handle, self.state.config.request_timeout)
                 except RequestFailed as e:
+                    if self._recompute(e):
+                        continue
                     reason = str(e)
                     raise
                 if ev.finish_reason == "error" or ev.error:
@@ -187,6 +222,7 @@ class CompletionRun:
     def _observe(self, ev, now: float, last: float | None) -> float | None:
         """Count the event's tokens; returns the time of the latest token batch."""
         self.num_output_tokens += len(ev.token_ids)
+        self.output_ids += ev.token_ids
         if not ev.token_ids:
             return last
         if last is None:

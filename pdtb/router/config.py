@@ -50,6 +50,9 @@ class RouterConfig:
     api_key: str | None = None  # when set, /v1/* requires `Authorization: Bearer <key>`
     curve_dir: str | None = None  # ZeroMQ CURVE keys for the node connections (pdtb/security.py)
     request_timeout: float = 600.0  # seconds a request may wait for its next event
+    # times a request whose node died is recomputed elsewhere (its prompt plus the tokens already
+    # streamed, prefilled anew) before it fails; 0: it fails at once
+    recompute_retries: int = 2
     max_streams_per_tenant: int = 1024  # concurrent requests per tenant (`user`) before 429
     ping_interval: float = 0.5  # seconds between pings to every node
     health_timeout: float = 3.0  # a node silent this long whose connection dropped is down
@@ -73,6 +76,8 @@ class RouterConfig:
             raise ValueError("configure prefill and decode nodes (disaggregated) or colocated nodes")
         if len({n.address for n in self.nodes}) != len(self.nodes):
             raise ValueError("node addresses must be distinct")
+        if self.recompute_retries < 0:
+            raise ValueError("recompute_retries must be >= 0")
         for name in ("request_timeout", "ping_interval", "health_timeout", "hang_timeout", "shutdown_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")

@@ -33,6 +33,8 @@ class RouterMetrics:
                                      registry=r)
         self.generation_tokens = Counter("pdtb_router_generation_tokens", "Tokens returned to clients",
                                          registry=r)
+        self.recomputes = Counter("pdtb_router_recomputes", "Requests sent anew (prompt plus the tokens "
+                                  "streamed so far) because a node they depended on died", registry=r)
         self.prefix_hit_requests = Counter("pdtb_router_prefix_hit_requests",
                                            "Requests routed (--route cache) to a node believed to hold a "
                                            "prefix of their prompt", ["node"], registry=r)

@@ -60,9 +60,10 @@ FALLBACKS = 3  # other decode nodes a disaggregated request may be handed to
 class RequestFailed(Exception):
     """A request ended without a result: `status` is the HTTP status it maps to."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, node_lost: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.node_lost = node_lost  # a node it depended on is gone: recomputing it elsewhere may succeed
 
 
 @dataclass(eq=False)
@@ -286,7 +287,7 @@ class NodeRegistry:
                 msg = f"{node.spec.role} node {node.node_id} {what}"
                 if node.stats is not None and node.stats.draining:  # its last words (the aborts) were lost
                     msg = f"{node.spec.role} node {node.node_id} shut down: it was draining, then stopped answering"
-                handle.queue.put_nowait(RequestFailed(503, msg))
+                handle.queue.put_nowait(RequestFailed(503, msg, node_lost=True))
 
     # -- receiving -----------------------------------------------------------------------------
     async def _reader(self) -> None:
