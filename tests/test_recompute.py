@@ -99,8 +99,11 @@ def test_decode_node_killed_under_40_greedy_streams(llama_dir, hf_models, tmp_pa
 
     from chaos_util import http_client, stream, until
 
+    # The decode nodes' KV read is capped (40 MB/s: about 10 steps of 20 rows a second), so the
+    # streams decode for seconds: the kill finds decode-0 with streams in flight whatever the
+    # machine's speed (uncapped, all 48 tokens could be out before the kill landed).
     with launched(tmp_path / "c", llama_dir, "--mode", "disagg", "--prefill", "1", "--decode", "2",
-                  "--kv-pages", "800") as (url, run_dir):
+                  "--kv-pages", "800", "--decode-args", "--tenant-bw-cap 4e7") as (url, run_dir):
         vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
         rng = random.Random(3)
         prompts = [[rng.randrange(16, vocab) for _ in range(rng.choice((8, 24, 40)))] for _ in range(40)]
