@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 
 import pytest
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app_thread import app_in_thread, start
 from pdtb.bench.cli import main
 from pdtb.bench.records import RequestSpec
 from pdtb.bench.runner import RunConfig, request_body, run
@@ -76,15 +76,6 @@ def make_app(first_s: float, itl_s: float, state: dict | None = None, hold: int 
     app.router.add_get("/v1/models", models)
     app.router.add_get("/cluster", cluster)
     return app
-
-
-async def start(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    return runner, f"http://127.0.0.1:{port}"
 
 
 def run_against(app, specs, **cfg):
@@ -191,28 +182,12 @@ def test_sse_parser_any_split(cuts, crlf):
 
 def test_cli_end_to_end(tmp_path, capsys):
     """`main` against the server in a thread: results file keys, labels read from /cluster."""
-    loop, ready = asyncio.new_event_loop(), threading.Event()
-    box = {}
-
-    def serve():
-        asyncio.set_event_loop(loop)
-        box["runner"], box["url"] = loop.run_until_complete(start(make_app(0.02, 0.005)))
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert ready.wait(10)
     out = tmp_path / "r.json"
-    try:
-        rc = main(["--url", box["url"], "--workload", "whale-minnow", "--whales", "1", "--whale-prompt", "400",
+    with app_in_thread(make_app(0.02, 0.005)) as url:
+        rc = main(["--url", url, "--workload", "whale-minnow", "--whales", "1", "--whale-prompt", "400",
                    "--whale-output", "200", "--whale-start", "0", "--minnow-rate", "20", "--minnow-prompt", "8",
                    "--minnow-output", "3", "--duration", "0.4", "--seed", "2", "--out", str(out),
                    "--slo", "ttft_ms=5000", "--sample-interval", "0.05", "--quiet", "--label-mode", "test"])
-    finally:
-        asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
     assert rc == 0
     data = json.loads(out.read_text())
     assert list(data) == ["meta", "requests", "summary", "samples"]

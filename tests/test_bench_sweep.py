@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 
 import pytest
 from aiohttp import web
 
+from app_thread import app_in_thread
 from pdtb.bench import sweep_figures as sf
 from pdtb.bench.records import OK, RequestRecord, RequestSpec
 from pdtb.bench.sweep import level_specs, main as sweep_main, build_parser
@@ -171,29 +171,8 @@ def fifo_app() -> web.Application:
 
 @pytest.fixture
 def fifo_url():
-    loop, ready, box = asyncio.new_event_loop(), threading.Event(), {}
-
-    async def start():
-        runner = web.AppRunner(fifo_app())
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-
-    def serve():
-        asyncio.set_event_loop(loop)
-        box["runner"], box["url"] = loop.run_until_complete(start())
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert ready.wait(10)
-    yield box["url"]
-    asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
-    loop.close()
+    with app_in_thread(fifo_app()) as url:
+        yield url
 
 
 def test_the_knee_of_a_fixed_rate_server_brackets_its_capacity(fifo_url, tmp_path):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 
 import pytest
 from aiohttp import web
 
+from app_thread import app_in_thread
 from pdtb.bench.cli import main
 from pdtb.bench.prefix import achieved_hit_rate, counter_increase, ideal_hit_rate, ideal_hit_tokens, prefix_figures
 from pdtb.bench.records import RequestSpec
@@ -129,30 +129,11 @@ def test_run_reads_the_counters_around_the_requests():
 
 
 def test_serve_writes_both_rates(tmp_path, capsys):
-    loop, ready, box = asyncio.new_event_loop(), threading.Event(), {}
-
-    def serve():
-        asyncio.set_event_loop(loop)
-        runner = web.AppRunner(caching_app())
-        loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        loop.run_until_complete(site.start())
-        box["runner"], box["url"] = runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert ready.wait(10)
     out = tmp_path / "r.json"
-    try:
-        rc = main(["--url", box["url"], "--workload", "multi-tenant", "--num-tenants", "2", "--rate", "20",
+    with app_in_thread(caching_app()) as url:
+        rc = main(["--url", url, "--workload", "multi-tenant", "--num-tenants", "2", "--rate", "20",
                    "--duration", "0.5", "--prompt", "48", "--output", "1", "--system-prompt-tokens", "32",
                    "--concurrency", "1", "--quiet", "--out", str(out)])
-    finally:
-        asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
     assert rc == 0
     summary = json.loads(out.read_text())["summary"]
     n = summary["overall"]["count"]
