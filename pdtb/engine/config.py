@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdtb.engine.kv_spec import DTYPES
+from pdtb.engine.page_pool import CHARGES
 from pdtb.engine.scheduler import SchedulerConfig
 
 DECODE_ATTENTION = ("auto", "torch")
@@ -35,8 +36,8 @@ class EngineConfig:
             raise ValueError("page_size must be >= 1")
         if self.decode_attention not in DECODE_ATTENTION:
             raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}")
-        if self.charge not in ("split", "first", "full"):
-            raise ValueError("charge must be split, first or full")
+        if self.charge not in CHARGES:
+            raise ValueError(f"charge must be one of {', '.join(CHARGES)}")
         if self.host_kv_pages < 0:
             raise ValueError("host_kv_pages must be >= 0")
         if self.num_pages < 1:

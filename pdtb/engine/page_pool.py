@@ -95,6 +95,11 @@ class PagePool:
         return len(self._by_hash)
 
     @property
+    def num_shared(self) -> int:
+        """Pages with two holders or more (none: every charge rule counts held pages)."""
+        return len(self._shared)
+
+    @property
     def bytes_per_page(self) -> int:
         return self.spec.bytes_per_page
 

@@ -160,7 +160,7 @@ class Scheduler:
                                      self.pool.held_counts(), hp.held_counts() if hp else {},
                                      self.config.max_num_batched_tokens,
                                      *((self.pool.charged_counts(), self.pool.exclusive_counts())
-                                       if self.pool.num_registered else (None, None)))
+                                       if self.pool.num_shared else (None, None)))
         return self._state
 
     # ---- step ----------------------------------------------------------------------------------

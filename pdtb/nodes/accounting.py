@@ -142,8 +142,8 @@ class NodeAccounting:
         """Device pages per tenant held together with other requests, and charged to it."""
         pool = self.node.engine.pool
         shared, charged = Counter(), Counter()
-        if not pool.num_registered:
-            return shared, charged
+        if not pool.num_shared:
+            return shared, charged  # (then charged is held: `tenant_pages`)
         by_req_shared, by_req_charged = pool.shared_counts(), pool.charged_counts()
         for s in self.node.seqs.values():
             t = self.label(s.tenant)

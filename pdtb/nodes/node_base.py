@@ -282,7 +282,7 @@ class NodeBase:
                          host.num_pages if host else 0, host.num_free if host else 0,
                          running=len(sch.running), waiting=len(sch.waiting) + len(sch.parked), queued_tokens=queued,
                          kv_addr=self.kv_addr, metrics_addr=self.metrics_addr, draining=self.draining,
-                         extra={"page_size": self.engine.spec.page_size, "policy": self.policy.name,
+                         extra={"policy": self.policy.name,
                        **self.acct.tenant_stats(), **self.extra_stats()}, incarnation=self.incarnation,
                          **self.prefix_fields())
 

@@ -168,8 +168,8 @@ class NodeStats:
     draining: bool = False
     extra: dict = field(default_factory=dict)
     incarnation: str = ""  # random per process start: a change means the node restarted
-    # prefix cache (pdtb/engine/prefix_cache.py); prefix_ns "" means the node caches nothing
-    page_size: int = 0  # tokens per KV page (the unit of every page hash)
+    # prefix cache (pdtb/engine/page_pool.py, prefix_hash.py); prefix_ns "" means the node caches nothing
+    page_size: int = 0  # tokens per KV page (the unit of every page hash and of the router's page counts)
     prefix_ns: str = ""  # namespace of the node's page hashes (prefix_hash.page_hashes)
     prefix_summary: list[int] = field(default_factory=list)  # cached page hashes, most recent first (bounded)
     prefix_query_tokens: int = 0  # prompt tokens looked up in the cache (cumulative)

@@ -86,7 +86,6 @@ class CompletionRun:
         self.arrival = time.monotonic()
         self.handle: RequestHandle | None = None
         self.released = False  # the handle was released (pieces() ended, or close())
-        self.num_output_tokens = 0
         self.output_ids: list[int] = []  # every token the nodes sent, stop token included
         self.recomputes = 0  # times a node it depended on died and it was prefilled anew elsewhere
         self.status = "200"  # for the requests counter; "499": the client went away
@@ -221,7 +220,6 @@ class CompletionRun:
 
     def _observe(self, ev, now: float, last: float | None) -> float | None:
         """Count the event's tokens; returns the time of the latest token batch."""
-        self.num_output_tokens += len(ev.token_ids)
         self.output_ids += ev.token_ids
         if not ev.token_ids:
             return last
@@ -229,6 +227,10 @@ class CompletionRun:
             self.state.metrics.ttft.observe(now - self.arrival)
         self.state.metrics.observe_tokens(len(ev.token_ids), None if last is None else now - last)
         return now
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_ids)
 
     def _usage(self) -> dict:
         return usage_body(len(self.prompt_ids), self.num_output_tokens)

@@ -117,7 +117,7 @@ class FakeNode:
         return NodeStats(self.cfg.node_id, self.cfg.role, seq, self.cfg.pages_total,
                          self.cfg.pages_total - busy, running=busy,
                          kv_addr=f"tcp://fake-kv/{self.cfg.node_id}" if self.cfg.role == "decode" else "",
-                         extra={"page_size": self.cfg.page_size}, page_size=self.cfg.page_size,
+                         page_size=self.cfg.page_size,
                          prefix_ns=self.cfg.prefix_ns, prefix_summary=list(reversed(self._cached)))
 
     async def _send(self, ident: bytes, msg) -> None:

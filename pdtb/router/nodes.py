@@ -469,7 +469,7 @@ class NodeRegistry:
         return sorted(others, key=lambda n: -n.free_pages_estimate())[:FALLBACKS]
 
     def _page_size(self, node: NodeState) -> int:
-        return int(node.stats.extra.get("page_size", self.default_page_size) or self.default_page_size)
+        return node.stats.page_size or self.default_page_size
 
     def _pages_for(self, node: NodeState, tokens: int) -> int:
         return math.ceil(tokens / self._page_size(node))
