@@ -13,27 +13,37 @@ Queues and a request's path through them:
     landing and running requests finish within the drain timeout, the rest fail. On adoption
     the node sends the router a HandoffNotice (delivered): from then on the request needs only this node.
 
+Live migration (decode_node/migration.py): a router's Migrate moves a decoding request to another
+decode node over the same transport (precopy of its full pages, then a short pause for the rest);
+this node is the source of some migrations and the target of others. Draining (SIGTERM, or a
+router's Drain) refuses new headers; a router moves the node's requests away while it drains.
+
 The decode node never saw the prompt being admitted: it *inherits* the pages. Whether to take
 them is decided here, by `fairness` policies, against this node's own pool.
 """
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
+import os
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 from pdtb.nodes import kv_meta
 from pdtb.nodes.node_base import NodeBase, to_sampling
-from pdtb.nodes.protocol import HandoffNotice, ProtocolError, handoff_meta
+from pdtb.nodes.protocol import HandoffNotice, Migrate, Params, ProtocolError, handoff_meta
+from decode_node.migration import INJECT, STAGE_SUFFIX, Migrations
 from decode_node.placement import Inherited, place
-from kv_transport import ReceivedTransfer, TransportConfig, make_receiver
-from kv_transport.admission import Admission, FailCode
+from kv_transport import ReceivedTransfer, TransferMeta, TransportConfig, make_receiver, make_sender
+from kv_transport.admission import Admission, FailCode, Verdict
 from pdtb.engine.engine import StepEvent
 from pdtb.engine.prefix_hash import page_hashes
 from pdtb.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 ABORTED_MEMORY = 4096  # request ids remembered as aborted, for transfers that land afterwards
+REPORTED_REQUESTS = 64  # largest requests listed in NodeStats.extra["requests"] (what a rebalancer moves)
 
 
 def _router_of(t: ReceivedTransfer) -> str:
@@ -50,6 +60,8 @@ class DecodeNode(NodeBase):
         self.transport = transport or config.transport_config(endpoint=f"tcp://{config.host}:{config.kv_port}")
         self.receiver = None
         self.aborted: OrderedDict[str, float] = OrderedDict()
+        self.senders: dict[str, object] = {}  # KV address -> sender (migrations out)
+        self.migrations = Migrations(self, config.migration_timeout_s)
 
     def _admit(self, header) -> Admission:
         """Header-only decision (before any payload byte): accept, park in the host tier,
@@ -65,12 +77,40 @@ class DecodeNode(NodeBase):
             meta = handoff_meta(header.extra)
         except ProtocolError as e:
             return Admission.refuse(FailCode.BAD_METADATA, str(e))
+        if meta.migration:
+            return self._admit_migration(header, meta)
         req = Inherited(header.request_id, header.tenant, meta.priority, meta.slo_tier,
                         header.num_pages + header.skip_pages,
                         header.num_tokens, len(header.prompt_token_ids), len(header.output_token_ids),
                         meta.params.max_tokens)
         can_park = self.receiver is None or self.receiver.accepts_other_pools  # torch receivers land in the device tier only
         return place(req, self.engine.scheduler, self.policy, can_park)
+
+    def _admit_migration(self, header, meta) -> Admission:
+        """A live migration's precopy or final header. It lands in the device tier only (it is
+        decoding); the policy decides at the first of the two, the final takes what is staged."""
+        rid = header.request_id.removesuffix(STAGE_SUFFIX)
+        if meta.migration == "final":
+            if meta.inject == "target_exits":
+                log.error("fault injected: the target exits at the final header of %s", rid)
+                os._exit(17)
+            if meta.inject == "refuse_final":
+                return Admission.defer("fault injected: the target refuses the final transfer")
+            if rid in self.seqs:
+                return Admission.defer(f"request {rid} is here already")
+            if self.migrations.staged.get(rid + STAGE_SUFFIX):
+                return Admission.accept()  # admitted at its precopy; the receiver checks the pages it needs
+        elif meta.migration != "precopy":
+            return Admission.refuse(FailCode.BAD_METADATA, f"unknown migration phase {meta.migration!r}")
+        req = Inherited(rid, header.tenant, meta.priority, meta.slo_tier, header.num_pages + header.skip_pages,
+                        header.num_tokens, len(header.prompt_token_ids), len(header.output_token_ids),
+                        meta.params.max_tokens)
+        verdict = place(req, self.engine.scheduler, self.policy, can_park=False)
+        if verdict.verdict is not Verdict.ACCEPT:
+            self.policy.held.pop(rid, None)  # the source keeps it: not an arrival this node owes room
+            if verdict.verdict is not Verdict.REFUSE:
+                return Admission.defer(f"no room for a migrated request: {verdict.reason}")
+        return verdict
 
     async def start_extra(self) -> None:
         kw = {"context": self.ctx} if self.transport.backend == "zmq" else {}  # the ZAP handler lives in self.ctx
@@ -83,6 +123,8 @@ class DecodeNode(NodeBase):
         self.kv_addr = self.receiver.endpoint
 
     async def close_extra(self) -> None:
+        for snd in self.senders.values():
+            await snd.close()
         if self.receiver is None:
             return
         await self.receiver.close()  # frees the pages of transfers still in flight (NACKed)
@@ -100,6 +142,50 @@ class DecodeNode(NodeBase):
     async def poll_io(self) -> None:
         for t in self.receiver.take_completed():
             self._adopt(t)
+        await self.migrations.poll()
+
+    # ---- migrations (decode_node/migration.py) ----------------------------------------------------
+    def on_migrate(self, msg: Migrate, router_id: str) -> None:
+        if msg.inject and msg.inject not in INJECT:
+            msg = dataclasses.replace(msg, inject="")
+        self.migrations.start(msg, router_id)
+
+    async def send_kv(self, addr: str, export, meta: TransferMeta) -> str:
+        """Send `export` (sealed with `meta`) to the decode node at `addr`: a transfer id."""
+        snd = self.senders.get(addr)
+        if snd is None:
+            snd = make_sender(dataclasses.replace(self.transport, endpoint=addr), self.engine.spec)
+            await snd.start()
+            self.senders[addr] = snd
+        h = export.header
+        return snd.send(export, kv_meta.seal(meta, h.request_id, h.num_tokens, h.num_pages, h.skip_pages))
+
+    def transfer_status(self, addr: str, transfer_id: str):
+        snd = self.senders.get(addr)
+        return snd.poll(transfer_id) if snd is not None else None
+
+    def cancel_kv(self, addr: str, transfer_id: str, reason: str) -> None:
+        snd = self.senders.get(addr)
+        if snd is not None:
+            snd.cancel(transfer_id, reason)
+
+    @staticmethod
+    def params_of(seq: Sequence) -> Params:
+        p = seq.params
+        return Params(p.max_tokens, p.temperature, p.top_p, p.seed, p.ignore_eos, list(p.stop_token_ids), p.first_index)
+
+    def let_go(self, request_id: str) -> None:
+        """The request moved to another node: forget it here, with no event."""
+        self.seqs.pop(request_id, None)
+        self.routes.pop(request_id, None)
+        self.acct.forget(request_id)
+
+    async def exit_after_flush(self, why: str) -> None:
+        """Fault injection: die right here, once what was sent has had a moment to leave."""
+        log.error("%s", why)
+        await self.sink.flush()
+        await asyncio.sleep(0.2)
+        os._exit(17)
 
     def _free_landed(self, t: ReceivedTransfer) -> None:
         """Free the pages of a landed transfer that will not be adopted, in the tier it landed
@@ -126,12 +212,25 @@ class DecodeNode(NodeBase):
             self.routes[t.request_id] = _router_of(t)
             self.fail(t.request_id, f"bad request metadata from prefill: {e}")
             return
+        if meta.migration == "precopy":  # staged: claimed by the final transfer, or freed at its lease's end
+            self.migrations.staged_in(t.request_id)
+            self.acct.add_bytes(seq, "migrated_in", nbytes)
+            self.acct.forget(t.request_id)  # (metered per tenant; the stage is not a request)
+            return
         self.routes[t.request_id] = meta.router_id
         now = time.time()
         seq.timeline = tl = meta.timeline
+        self.seqs[seq.request_id] = seq
+        if meta.migration == "final":
+            self.migrations.claim(seq.request_id)  # its staged pages: shared by the request now
+            self.migrations.adopted(seq, meta, nbytes)
+            self.acct.add_bytes(seq, "migrated_in", nbytes)
+            self.engine.scheduler.add_running(seq)
+            self.sink.notice(meta.router_id, HandoffNotice(seq.request_id, self.config.node_id, True,
+                                                           meta.migration_id, len(seq.output_token_ids)))
+            return
         tl.transfer_end = tl.decode_admit = now
         tl.last_token = tl.first_token if tl.first_token is not None else now
-        self.seqs[seq.request_id] = seq
         self.acct.add_received(seq, nbytes)
         self._count_prefix(seq, t)  # (its page hashes are this node's own, from its tokens, when needed)
         if t.tier == "host":
@@ -158,8 +257,13 @@ class DecodeNode(NodeBase):
 
     def on_step_events(self, events: list[StepEvent], t: float) -> None:
         now = time.time()
+        mig = self.migrations
         for ev in events:
             tl = ev.seq.timeline
+            if mig.arrived:
+                mig.first_token(ev.seq, now)
+            if ev.finished and mig.out:
+                mig.forget(ev.seq.request_id, "it finished")
             self.metrics.itl.observe(now - (tl.last_token or now))
             tl.last_token = now
             self.metrics.gen_tokens.inc()
@@ -170,18 +274,39 @@ class DecodeNode(NodeBase):
         self.aborted[request_id] = time.monotonic()
         while len(self.aborted) > ABORTED_MEMORY:
             self.aborted.popitem(last=False)
+        self.migrations.arrived.pop(request_id, None)
+        if self.migrations.forget(request_id, reason):  # paused mid-migration: not in the scheduler
+            self.engine.pool.free(request_id)
+            self.let_go(request_id)
+            return
         super().on_abort(request_id, reason)
 
     def idle(self) -> bool:
-        rx = self.receiver  # transfers landing count as work
-        return super().idle() and (rx is None or not rx.num_reserved_pages)
+        rx = self.receiver  # transfers landing, and migrations out, count as work
+        return super().idle() and (rx is None or not rx.num_reserved_pages) and not self.migrations.out
+
+    def abort_all_paused(self, reason: str) -> None:
+        """Requests paused mid-migration are in no scheduler queue: fail them too."""
+        for rid in list(self.migrations.out):
+            if self.migrations.forget(rid, reason):
+                self.engine.pool.free(rid)
+                self.fail(rid, reason)
 
     def abort_all(self, reason: str) -> None:
         for t in self.receiver.take_completed() if self.receiver else ():  # landed since the last poll
             self._adopt(t)
+        self.abort_all_paused(reason)
         super().abort_all(reason)
 
     def extra_stats(self) -> dict:
-        return {"reserved_pages": self.engine.pool.state_counts()["reserved"], "policy": self.config.policy}
+        sch, pool = self.engine.scheduler, self.engine.pool
+        big = sorted(((pool.num_held(s.request_id), s.request_id, s.tenant) for s in sch.running), reverse=True)
+        waiting = Counter(s.tenant for s in (*sch.parked, *sch.waiting))
+        waiting.update(a.tenant for a in self.policy.held.values())
+        return {"reserved_pages": pool.state_counts()["reserved"], "policy": self.config.policy,
+                # what a rebalancer moves (pdtb/router/rebalance.py): the largest decoding requests,
+                # and per tenant, requests that wait here (parked, queued, or held at a prefill node)
+                "requests": [[rid, tenant, n] for n, rid, tenant in big[:REPORTED_REQUESTS]],
+                "tenant_waiting": dict(waiting), **self.migrations.stats()}
 
 

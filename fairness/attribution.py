@@ -2,7 +2,7 @@
 causes, and each miss blamed on one.
 
 TTFT = dispatch + queue + prefill + recompute before the first token. The decode phase (TPOT) = transfer + held + parked +
-preempted + turn wait + decode compute. A miss is attributed to the largest component of the phase
+preempted + turn wait + migration pause + decode compute. A miss is attributed to the largest component of the phase
 that missed.
 """
 from __future__ import annotations
@@ -33,11 +33,11 @@ def components(tl: Timeline, num_output: int) -> dict:
     ttft = {"dispatch": _gap(tl, "router_arrival", "prefill_queued"), "queue": _gap(tl, "prefill_queued", "prefill_start"),
             "prefill": max(0.0, _gap(tl, "prefill_start", "first_token") - before), "recompute_before_first_token": before}
     decode_total = _gap(tl, "first_token", "last_token")
-    held, parked, pre, turn = tl.held_s, tl.parked_s, tl.preempted_s, tl.turn_wait_s
+    held, parked, pre, turn, mig = tl.held_s, tl.parked_s, tl.preempted_s, tl.turn_wait_s, tl.migrating_s
     transfer = max(0.0, _gap(tl, "transfer_start", "transfer_end") - held)
-    compute = max(0.0, decode_total - transfer - held - parked - pre - turn)
+    compute = max(0.0, decode_total - transfer - held - parked - pre - turn - mig)
     tpot = {"transfer": transfer, "held_at_prefill": held, "parked_in_host": parked, "recompute": pre,
-            "turn_wait": turn, "decode_compute": compute}
+            "turn_wait": turn, "migration": mig, "decode_compute": compute}
     return {"ttft": ttft, "tpot": tpot, "ttft_s": sum(ttft.values()),
             "tpot_s": decode_total / (num_output - 1) if num_output > 1 else None}
 

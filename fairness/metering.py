@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 # "cached" (decode side) and "not_sent" (prefill side): KV of a hand-off's leading pages that the
-# decode node had in its prefix cache, so they were not sent
-KINDS = ("attn_read", "received", "demoted", "promoted", "cached", "not_sent")
+# decode node had in its prefix cache, so they were not sent; "migrated_in" / "migrated_out": KV
+# a live migration between decode nodes moved (decode_node/migration.py)
+KINDS = ("attn_read", "received", "demoted", "promoted", "cached", "not_sent", "migrated_in", "migrated_out")
 
 
 @dataclass

@@ -19,6 +19,7 @@ commands:
   bench controller   per-step decision cost of each policy at 100 / 1k / 10k requests
   bench serve        load-test client against an OpenAI-compatible endpoint
   bench sweep        a workload at a series of offered loads: attainment, goodput, knee
+  bench migration    live migration downtime between decode nodes under load, against its ITL
   sim                simulate a cluster at any scale on the real scheduler and policies
                      (calibrate, validate, roofline, reproduce mcsf|vtc|essay, plan)
   frontier           fairness-throughput frontier of sweep files (table, plot, Pareto points)
@@ -72,6 +73,10 @@ def _dispatch(argv: list[str]) -> int:
         return main(rest[1:])
     if cmd == "bench" and rest[:1] == ["serve"]:
         from pdtb.bench.cli import main
+
+        return main(rest[1:])
+    if cmd == "bench" and rest[:1] == ["migration"]:
+        from pdtb.bench.migration import main
 
         return main(rest[1:])
     if cmd == "bench" and rest[:1] == ["sweep"]:

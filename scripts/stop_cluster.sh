@@ -3,13 +3,15 @@
 # and once they have exited the decode nodes (each drains what it has in flight); SIGKILL
 # whatever is left --timeout seconds (default 40) after its SIGTERM.
 # Leaves no process behind; removes the pid files.
+# With --node NAME (e.g. decode-1) only that node is stopped: a decode node drains, and the router
+# moves its decoding requests to the other decode nodes (live migration) while it does.
 set -euo pipefail
-RUN_DIR="" TIMEOUT=40
+RUN_DIR="" TIMEOUT=40 NODE=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    -h|--help) sed -n '2,5p' "$0"; echo "usage: stop_cluster.sh --run-dir DIR [--timeout S]"; exit 0 ;;
-    --run-dir|--timeout) [ $# -ge 2 ] || { echo "stop_cluster: $1 needs a value" >&2; exit 2; }
-      if [ "$1" = --run-dir ]; then RUN_DIR="$2"; else TIMEOUT="$2"; fi; shift 2 ;;
+    -h|--help) sed -n '2,7p' "$0"; echo "usage: stop_cluster.sh --run-dir DIR [--timeout S] [--node NAME]"; exit 0 ;;
+    --run-dir|--timeout|--node) [ $# -ge 2 ] || { echo "stop_cluster: $1 needs a value" >&2; exit 2; }
+      case "$1" in --run-dir) RUN_DIR="$2" ;; --timeout) TIMEOUT="$2" ;; *) NODE="$2" ;; esac; shift 2 ;;
     *) echo "stop_cluster: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -28,7 +30,7 @@ pids=()
 term_and_wait() {  # role...: SIGTERM their processes, wait (up to --timeout) until they exit
   local role f pid phase=() deadline=$(( SECONDS + TIMEOUT ))
   for role in "$@"; do
-    for f in "$RUN_DIR/$role"-*.pid; do
+    for f in "$RUN_DIR/$role".pid "$RUN_DIR/$role"-*.pid; do  # (one node by name, or every node of a role)
       [ -f "$f" ] || continue
       pid="$(cat "$f")"
       if kill -0 "$pid" 2>/dev/null; then
@@ -49,6 +51,15 @@ term_and_wait() {  # role...: SIGTERM their processes, wait (up to --timeout) un
     fi
   done
 }
+if [ -n "$NODE" ]; then
+  case "$NODE" in */*|.*|'') echo "stop_cluster: bad node name $NODE" >&2; exit 2 ;; esac
+  [ -f "$RUN_DIR/$NODE.pid" ] || { echo "stop_cluster: no $NODE.pid in $RUN_DIR" >&2; exit 2; }
+  term_and_wait "$NODE"
+  for pid in ${pids[@]+"${pids[@]}"}; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+  rm -f "$RUN_DIR/$NODE.pid"
+  echo "stopped $NODE in $RUN_DIR"
+  exit 0
+fi
 term_and_wait router prefill colocated
 term_and_wait decode
 for pid in ${pids[@]+"${pids[@]}"}; do

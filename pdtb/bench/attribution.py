@@ -21,7 +21,7 @@ from collections import Counter
 from pdtb.bench.records import OK, RequestRecord
 
 TTFT_PARTS = ("dispatch", "queue", "prefill", "recompute_before_first_token")
-TPOT_PARTS = ("transfer", "held_at_prefill", "parked_in_host", "recompute", "turn_wait", "decode_compute")
+TPOT_PARTS = ("transfer", "held_at_prefill", "parked_in_host", "recompute", "turn_wait", "migration", "decode_compute")
 
 
 def _slo_of(r: RequestRecord) -> dict | None:

@@ -7,7 +7,8 @@ ends in the final event's `pdtb_timing`; fairness.attribution breaks it into SLO
 
 Waits (`<name>_since` while open, `<name>_s` accumulated): held (the prefill node keeps the
 pages: the decode side deferred), parked (pages in the host tier), preempted (waiting for
-recompute), turn_wait (resident but not served this step). A preemption before the first token
+recompute), turn_wait (resident but not served this step), migrating (paused while its KV moves
+to another decode node: from the source's last step to the target's first token). A preemption before the first token
 accumulates into recompute_ttft_s instead: it is part of the TTFT.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 STAMPS = ("router_arrival", "prefill_queued", "prefill_start", "first_token", "transfer_start", "transfer_end",
           "decode_admit", "last_token")
-WAITS = ("held", "parked", "preempted", "turn_wait")
+WAITS = ("held", "parked", "preempted", "turn_wait", "migrating")
 
 
 @dataclass
@@ -34,10 +35,12 @@ class Timeline:
     parked_since: float | None = None
     preempted_since: float | None = None
     turn_wait_since: float | None = None
+    migrating_since: float | None = None
     held_s: float = 0.0
     parked_s: float = 0.0
     preempted_s: float = 0.0
     turn_wait_s: float = 0.0
+    migrating_s: float = 0.0
     recompute_ttft_s: float = 0.0  # preempted before the first token, waiting for recompute
     num_preemptions: int = 0
 

@@ -15,7 +15,7 @@ import zmq.asyncio
 
 from pdtb.security import secure_server
 from pdtb.aio import bounded
-from pdtb.nodes.protocol import (MAX_CONTROL_BYTES, HandoffNotice, ProtocolError, TokenBatch, TokenEvent, decode_message,
+from pdtb.nodes.protocol import (MAX_CONTROL_BYTES, HandoffNotice, MigrationReport, ProtocolError, TokenBatch, TokenEvent, decode_message,
                                  encode_message)
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,9 @@ class EventSink:
 
     def notice(self, router_id: str, notice: HandoffNotice) -> None:
         self._batch(router_id).notices.append(notice)
+
+    def migration(self, router_id: str, report: MigrationReport) -> None:
+        self._batch(router_id).migrations.append(report)
 
     async def flush(self) -> None:
         pending, self._pending = self._pending, {}

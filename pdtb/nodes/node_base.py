@@ -23,7 +23,8 @@ from pdtb.nodes.node_metrics import NodeMetrics, start_http
 from pdtb.nodes.step_log import StepLog
 from fairness.config import FairnessConfig
 from kv_transport.config import FaultConfig, TransportConfig
-from pdtb.nodes.protocol import AbortRequest, GenerateRequest, NodeDown, NodeStats, Params, Ping, TokenEvent
+from pdtb.nodes.protocol import (AbortRequest, Drain, GenerateRequest, Migrate, MigrationReport, NodeDown, NodeStats,
+                                 Params, Ping, TokenEvent)
 from pdtb.engine.config import EngineConfig
 from pdtb.engine.engine import LLMEngine, StepEvent
 from pdtb.engine.sequence import SamplingParams, Sequence, SeqStatus
@@ -48,6 +49,7 @@ class NodeConfig:
     policy: str = "fcfs"  # admission policy name (fairness registry)
     drain_timeout_s: float = 30.0  # SIGTERM: finish in-flight work within this bound
     hold_timeout_s: float = 120.0  # prefill: how long a refused hand-off keeps retrying
+    migration_timeout_s: float = 5.0  # decode: each phase of a live migration out (decode_node/migration.py)
     check_pages: bool = False  # run pool.check() after every step (tests)
     step_log: str | None = None  # append one JSON line per engine step here (pdtb/nodes/step_log.py)
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
@@ -183,6 +185,14 @@ class NodeBase:
         elif isinstance(msg, NodeDown):
             self.on_node_down(msg.node_id, msg.reason)
             self.wake.set()
+        elif isinstance(msg, Migrate):
+            self.on_migrate(msg, ident.decode(errors="replace"))
+            self.wake.set()
+        elif isinstance(msg, Drain):
+            if not self.draining:
+                log.warning("node %s drains: %s", self.config.node_id, msg.reason or "asked by a router")
+            self.draining = True  # new work is refused; a router moves a decode node's requests away
+            self.wake.set()
         else:
             log.warning("unexpected %s on control socket", type(msg).__name__)
 
@@ -191,6 +201,12 @@ class NodeBase:
 
     def on_node_down(self, node_id: str, reason: str) -> None:
         """A router says decode node `node_id` stopped answering (prefill nodes act on it)."""
+
+    def on_migrate(self, msg: Migrate, router_id: str) -> None:
+        """Move a decoding request to another decode node (decode nodes only)."""
+        self.sink.migration(router_id, MigrationReport(msg.migration_id, msg.request_id, self.config.node_id,
+                                                       msg.target.node_id, False,
+                                                       f"a {self.config.role} node does not migrate requests"))
 
     def on_abort(self, request_id: str, reason: str) -> None:
         seq = self.engine.scheduler.abort(request_id, f"abort: {reason}")

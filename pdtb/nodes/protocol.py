@@ -9,8 +9,11 @@ request's `router_id`, carried through the KV transfer.
     router --AbortRequest-----> any node
     router --Ping-------------> any node     --NodeStats--> router
     router --NodeDown---------> prefill      (a decode node stopped answering: move hand-offs off it)
+    router --Migrate----------> decode       (move one decoding request to another decode node)
+    router --Drain------------> any node     (refuse new work; a decode node's requests are moved away)
     node   --TokenBatch-------> router       (first token from prefill, the rest from decode, and
-                                              HandoffNotices: moved to a fallback, delivered; see handoff.py)
+                                              HandoffNotices: moved to a fallback, delivered; see handoff.py;
+                                              MigrationReports: how a move between decode nodes ended)
 
 Every message is one frame: a msgpack map with "type" (class name) and "v" (PROTOCOL_VERSION).
 `decode_message` validates type, version and every field's type before building the dataclass
@@ -77,6 +80,16 @@ class HandoffMeta:
     attempts: int = 0  # transfers started for it before this one
     fallbacks: list[Target] = field(default_factory=list)  # decode nodes after this one, in order
     slo_tier: str = ""  # the request's SLO tier ("": none; absent from older senders)
+    # live migration between decode nodes (decode_node/migration.py): "" for a hand-off from
+    # prefill, "precopy" (full pages, staged at the target while the source decodes on), "final"
+    # (the rest; the source has paused the request)
+    migration: str = ""
+    migration_id: str = ""
+    migration_from: str = ""  # node id of the source decode node
+    paused_at: float = 0.0  # wall clock: the source stopped stepping the request (final)
+    precopy_bytes: int = 0  # payload bytes the precopy moved (final)
+    precopy_s: float = 0.0  # seconds the precopy took (final)
+    inject: str = ""  # a fault the target injects on purpose (decode_node/migration.py; tests)
 
 
 @dataclass
@@ -88,6 +101,51 @@ class HandoffNotice:
     request_id: str
     decode_node: str
     delivered: bool = False
+    # a decode node that adopted a migrated request: the migration, and the output tokens the
+    # request had when the source paused it (the router has them all, or they are on their way)
+    migration_id: str = ""
+    output_tokens: int = -1
+
+
+@dataclass
+class MigrationReport:
+    """Node -> router: how a migration ended at the source (`ok`: the target confirmed, the
+    source freed the pages; else the request goes on at the source, or failed with `reason`),
+    or, from the target (`downtime_s` > 0), the pause the request saw: from the source's last
+    step to the target's first token."""
+
+    migration_id: str
+    request_id: str
+    source: str
+    target: str
+    ok: bool
+    reason: str = ""
+    phase: str = ""  # where it ended: "precopy" | "final" | "resumed"
+    precopy_bytes: int = 0
+    final_bytes: int = 0
+    precopy_s: float = 0.0
+    final_s: float = 0.0  # the final transfer's time (part of the downtime)
+    downtime_s: float = 0.0
+    pages: int = 0  # pages the request held when it moved
+    output_tokens: int = -1  # ok: output tokens the request had when the source paused it
+
+
+@dataclass
+class Migrate:
+    """Router -> the decode node holding `request_id`: move it to `target` (live migration)."""
+
+    request_id: str
+    migration_id: str
+    target: Target
+    reason: str = ""
+    inject: str = ""  # make one step fail on purpose (decode_node/migration.py INJECT; tests, chaos runs)
+
+
+@dataclass
+class Drain:
+    """Router -> a node: refuse new work from now on (its requests are moved away or finish)."""
+
+    reason: str = ""
 
 
 @dataclass
@@ -134,6 +192,7 @@ class TokenBatch:
     node_id: str
     events: list[TokenEvent]
     notices: list[HandoffNotice] = field(default_factory=list)
+    migrations: list[MigrationReport] = field(default_factory=list)
 
 
 @dataclass
@@ -176,8 +235,10 @@ class NodeStats:
     prefix_hit_tokens: int = 0  # of those, tokens served from the cache: not computed (prefill) or not sent (decode)
 
 
-MESSAGES: dict[str, type] = {c.__name__: c for c in (GenerateRequest, AbortRequest, TokenBatch, Ping, NodeStats, NodeDown)}
-_NESTED = {"Params": Params, "TokenEvent": TokenEvent, "Target": Target, "HandoffNotice": HandoffNotice}
+MESSAGES: dict[str, type] = {c.__name__: c for c in (GenerateRequest, AbortRequest, TokenBatch, Ping, NodeStats, NodeDown,
+                                                      Migrate, Drain)}
+_NESTED = {"Params": Params, "TokenEvent": TokenEvent, "Target": Target, "HandoffNotice": HandoffNotice,
+           "MigrationReport": MigrationReport}
 
 
 def _to_plain(obj):

@@ -5,10 +5,14 @@
     GET  /v1/models        the served model, with max_model_len and vocab_size
     GET  /health           200 when every configured node answered recently, else 503 naming the others
     GET  /metrics          Prometheus text (router-side TTFT/ITL/E2E, requests by status, tokens)
-    GET  /cluster          one JSON entry per node: role, id, address, pages, running/waiting, healthy
+    GET  /cluster          one JSON entry per node: role, id, address, pages, running/waiting, healthy,
+                           migrations in flight from or to it
+    GET  /cluster/migrations   live migrations in flight and the last ones done, with bytes and downtime
+    POST /admin/migrate    {"request_id", "to"}: move a decoding request to decode node "to" (pdtb/router/admin.py)
+    POST /admin/drain      {"node"}: the node takes no new work; a decode node's requests move away
 
-With an API key configured, /v1/* requires `Authorization: Bearer <key>`; /health, /metrics and
-/cluster stay open. Every error is OpenAI-shaped: {"error": {"message", "type", "code", "param"}}.
+With an API key configured, /v1/* and /admin/* require `Authorization: Bearer <key>`; /health,
+/metrics and /cluster stay open. Every error is OpenAI-shaped: {"error": {"message", "type", "code", "param"}}.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import time
 
 from aiohttp import web
 
+from pdtb.router.admin import handle_drain, handle_migrate, handle_migrations
 from pdtb.router.completions import STATE, RouterState, handle_chat_completion, handle_completion
 from pdtb.router.config import RouterConfig, ServedModel
 from pdtb.router.metrics import RouterMetrics
@@ -50,11 +55,11 @@ async def error_middleware(request: web.Request, handler):
 
 
 def auth_middleware(api_key: str):
-    """Require `Authorization: Bearer <api_key>` on /v1/*."""
+    """Require `Authorization: Bearer <api_key>` on /v1/* and /admin/*."""
 
     @web.middleware
     async def check(request: web.Request, handler):
-        if request.path.startswith("/v1/"):
+        if request.path.startswith(("/v1/", "/admin/")):
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
                 return _error_response(ApiError(401, "Incorrect or missing API key.", "invalid_request_error",
@@ -110,6 +115,8 @@ async def handle_cluster(request: web.Request) -> web.Response:
             "prefix_ns": s.prefix_ns if s else "", "prefix_cached_hashes": len(s.prefix_summary) if s else 0,
             "prefix_query_tokens": s.prefix_query_tokens if s else 0,
             "prefix_hit_tokens": s.prefix_hit_tokens if s else 0,
+            "migrations_in_flight": [m.migration_id for m in registry.book.in_flight.values()
+                                     if n.node_id in (m.source, m.target)],
             "extra": s.extra if s else {}})
     return web.json_response(out)
 
@@ -120,7 +127,7 @@ def build_app(config: RouterConfig, model: ServedModel, registry: NodeRegistry |
     registry = registry or NodeRegistry(config.nodes, ping_interval=config.ping_interval,
                                         health_timeout=config.health_timeout, hang_timeout=config.hang_timeout,
                                         default_page_size=config.default_page_size, route=config.route,
-                                        curve_dir=config.curve_dir)
+                                        rebalance=config.rebalance, curve_dir=config.curve_dir)
     middlewares = [error_middleware] + ([auth_middleware(config.api_key)] if config.api_key else [])
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[STATE] = RouterState(config, model, registry, RouterMetrics())
@@ -137,4 +144,9 @@ def build_app(config: RouterConfig, model: ServedModel, registry: NodeRegistry |
     app.router.add_get("/health", handle_health)
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_get("/cluster", handle_cluster)
+    app.router.add_get("/cluster/migrations", handle_migrations)
+    app.router.add_post("/admin/migrate", handle_migrate)
+    app.router.add_post("/admin/drain", handle_drain)
+    registry.book.on_end = app[STATE].metrics.observe_migration
+    registry.on_downtime = app[STATE].metrics.migration_downtime.observe
     return app

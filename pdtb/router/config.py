@@ -64,6 +64,7 @@ class RouterConfig:
     default_page_size: int = 16  # for the pending-pages estimate when a node does not report one
     tenant_tiers: dict = field(default_factory=dict)  # tenant -> SLO tier of its requests that name none
     route: str = "load"  # how the prefill/colocated node is chosen: "load" or "cache" (pdtb/router/cache_route.py)
+    rebalance: str = "off"  # live migration between decode nodes: "off" | "pressure" | "fair" (pdtb/router/rebalance.py)
 
     def __post_init__(self) -> None:
         check_tenant_tiers(self.tenant_tiers)

@@ -3,7 +3,7 @@
     pdtb router [--model DIR] --node prefill=tcp://H:P --node decode=tcp://H:P [--node colocated=...]
                 [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [--api-key KEY]
                 [--request-timeout S] [--max-streams-per-tenant N] [--tenant-tier TENANT=TIER]...
-                [--route load|cache]
+                [--route load|cache] [--rebalance off|pressure|fair]
                 [--log-level LEVEL]
 
 Loads only the tokenizer and config of the model. Prints `router listening on http://HOST:PORT`
@@ -64,7 +64,7 @@ async def serve(config: RouterConfig, model: ServedModel) -> int:
     registry = NodeRegistry(config.nodes, ping_interval=config.ping_interval,
                             health_timeout=config.health_timeout, hang_timeout=config.hang_timeout,
                             default_page_size=config.default_page_size, route=config.route,
-                            on_fatal=on_fatal, curve_dir=config.curve_dir)
+                            rebalance=config.rebalance, on_fatal=on_fatal, curve_dir=config.curve_dir)
     runner, url = await start_router(config, model, registry)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -110,6 +110,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--route", choices=["load", "cache"], default="load",
                     help="choose the prefill (or colocated) node by load alone, or by cached prompt prefix "
                          "against load (nodes with a prefix cache report what they hold)")
+    ap.add_argument("--rebalance", choices=["off", "pressure", "fair"], default="off",
+                    help="move decoding requests between decode nodes (live migration): 'pressure' evens out "
+                         "free pages, 'fair' moves whales away from nodes where other tenants' requests wait; "
+                         "every mode moves requests off a draining decode node (default off)")
     ap.add_argument("--health-timeout", type=float, default=3.0, metavar="S",
                     help="a node silent S seconds whose connection dropped is down: its requests fail")
     ap.add_argument("--hang-timeout", type=float, default=30.0, metavar="S",
@@ -148,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                               max_streams_per_tenant=a.max_streams_per_tenant,
                               shutdown_timeout=a.shutdown_timeout, health_timeout=a.health_timeout,
                               hang_timeout=a.hang_timeout, tenant_tiers=tenant_tiers(a.tenant_tier),
-                              route=a.route)
+                              route=a.route, rebalance=a.rebalance)
         model = load_served_model(resolve_model(a.model), a.served_model_name, a.chat_template)
     except (ValueError, OSError, CliError) as e:
         return die(str(e))

@@ -35,12 +35,21 @@ class RouterMetrics:
                                          registry=r)
         self.recomputes = Counter("pdtb_router_recomputes", "Requests sent anew (prompt plus the tokens "
                                   "streamed so far) because a node they depended on died", registry=r)
+        self.migrations = Counter("pdtb_router_migrations", "Live migrations between decode nodes that ended, "
+                                  "by why they started and how they ended", ["reason", "outcome"], registry=r)
+        self.migration_downtime = Histogram("pdtb_router_migration_downtime_seconds",
+                                            "Pause a migrated request saw: the source's last step to the "
+                                            "target's first token", buckets=ITL_BUCKETS, registry=r)
         self.prefix_hit_requests = Counter("pdtb_router_prefix_hit_requests",
                                            "Requests routed (--route cache) to a node believed to hold a "
                                            "prefix of their prompt", ["node"], registry=r)
         self.prefix_overlap_tokens = Counter("pdtb_router_prefix_overlap_tokens",
                                              "Prompt tokens of routed requests believed cached at their node",
                                              ["node"], registry=r)
+
+    def observe_migration(self, m) -> None:
+        """A live migration ended (pdtb/router/migration.py)."""
+        self.migrations.labels(reason=m.reason, outcome=m.state).inc()
 
     def observe_route(self, node_id: str, overlap_tokens: int) -> None:
         """A request went to `node_id`, which was believed to hold `overlap_tokens` of its prompt."""

@@ -26,6 +26,10 @@ the prefill node is told to drop its hand-off. Once the request is handed off, a
 node that sends events for it is told to drop it. A decode node that stops answering fails the
 requests handed (or delivered) to it, and those with no fallback left; the prefill nodes are
 told (`NodeDown`) and move the others. An abort goes to the fallbacks too (a move may be under way).
+Live migration (`migrate`, pdtb/router/migration.py): a handed-off request moves to another
+decode node; its events come from the source until the token count the target's notice names,
+then from the target. A rebalancer (pdtb/router/rebalance.py, `--rebalance`) decides moves from
+the decode nodes' reports each second, and moves every request off a draining decode node.
 Queues carry TokenEvent items, or a RequestFailed that `next_event` raises.
 """
 from __future__ import annotations
@@ -43,11 +47,14 @@ import zmq
 import zmq.asyncio
 
 from pdtb.nodes.handoff import HandoffEvent, HandoffState, advance
-from pdtb.nodes.protocol import (AbortRequest, GenerateRequest, HandoffNotice, NodeDown, NodeStats, Ping, ProtocolError,
-                                 Target, TokenBatch, TokenEvent, decode_message, encode_message)
+from pdtb.nodes.protocol import (AbortRequest, Drain, GenerateRequest, HandoffNotice, Migrate, MigrationReport, NodeDown,
+                                 NodeStats, Ping, ProtocolError, Target, TokenBatch, TokenEvent, decode_message,
+                                 encode_message)
 from pdtb.aio import bounded
 from pdtb.router.cache_route import ROUTES, CacheChoice, PrefixView, pick_by_cache
 from pdtb.router.config import NodeSpec
+from pdtb.router.migration import Migration, MigrationBook
+from pdtb.router.rebalance import MODES as REBALANCE_MODES, DecodeView, Rebalancer, ReqView
 
 log = logging.getLogger("pdtb.router.nodes")
 MAX_RECV_BYTES = 16 << 20  # TokenBatch and NodeStats are small; larger frames drop the connection
@@ -83,6 +90,7 @@ class NodeState:
     dropped_at: float | None = None  # monotonic time its connection last dropped
     monitor: zmq.asyncio.Socket | None = field(default=None, repr=False)
     prefix_view: PrefixView = field(default_factory=PrefixView, repr=False)  # route "cache": pages it may hold
+    drain_sent: bool = False  # this router told it to drain (it counts as draining before its next report)
 
     @property
     def node_id(self) -> str:
@@ -139,6 +147,8 @@ class RequestHandle:
     held: list[TokenEvent] = field(default_factory=list)  # decode events that overtook the first token
     fallbacks: list[str] = field(default_factory=list)  # decode node ids that may hold it: the chosen one and its fallbacks
     prefix_overlap_tokens: int = 0  # route "cache": prompt tokens the entry node was believed to hold cached
+    tokens: int = 0  # output tokens put on the queue
+    migration: Migration | None = None  # a live migration under way, or whose source's last tokens are due
 
     @property
     def handed_off(self) -> bool:
@@ -156,7 +166,7 @@ class NodeRegistry:
 
     def __init__(self, specs: tuple[NodeSpec, ...] | list[NodeSpec], *, router_id: str | None = None,
                  ping_interval: float = 0.5, health_timeout: float = 3.0, hang_timeout: float | None = None,
-                 default_page_size: int = 16, route: str = "load",
+                 default_page_size: int = 16, route: str = "load", rebalance: str = "off",
                  on_fatal: Callable[[BaseException], None] | None = None, curve_dir: str | None = None) -> None:
         self.curve_dir = curve_dir
         self.router_id = router_id or f"router-{os.getpid()}-{secrets.token_hex(4)}"
@@ -167,6 +177,11 @@ class NodeRegistry:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {', '.join(ROUTES)}, got {route!r}")
         self.route = route
+        if rebalance not in REBALANCE_MODES:
+            raise ValueError(f"rebalance must be one of {', '.join(REBALANCE_MODES)}, got {rebalance!r}")
+        self.rebalancer = Rebalancer(rebalance)
+        self.book = MigrationBook()
+        self.on_downtime: Callable[[float], None] | None = None  # metrics: a migrated request's pause
         self._on_fatal = on_fatal
         self._requests: dict[str, RequestHandle] = {}
         self._ctx: zmq.asyncio.Context | None = None
@@ -190,7 +205,7 @@ class NodeRegistry:
             node.monitor = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
             s.connect(node.spec.address)
             node.socket = s
-        for coro in (self._ping_loop(), self._reader()):
+        for coro in (self._ping_loop(), self._reader(), self._rebalance_loop()):
             task = asyncio.create_task(coro)
             task.add_done_callback(self._task_done)
             self._tasks.append(task)
@@ -239,8 +254,12 @@ class NodeRegistry:
         a request since their last answer (a node killed a moment ago still looks healthy until
         the health timeout, but its queue no longer drains)."""
         now = time.monotonic()
-        return [n for n in self.nodes if n.spec.role == role and self.is_healthy(n, now) and not n.stats.draining
+        return [n for n in self.nodes if n.spec.role == role and self.is_healthy(n, now) and not self.draining(n)
                 and id(n) not in exclude and not (n.refused_at is not None and n.refused_at >= n.last_seen)]
+
+    @staticmethod
+    def draining(node: NodeState) -> bool:
+        return node.drain_sent or bool(node.stats and node.stats.draining)
 
     async def _ping_loop(self) -> None:
         was_healthy = {id(n): False for n in self.nodes}
@@ -283,7 +302,9 @@ class NodeRegistry:
                     n.node_id in handle.fallbacks and n is not node and self.is_healthy(n, now)
                     for n in self.nodes if n.spec.role == "decode"):
                 continue  # its prefill node moves the hand-off to a fallback (NodeDown) or fails it
-            if node in handle.depends_on():
+            mig = handle.migration
+            due = mig is not None and mig.switched and mig.source == node.node_id and handle.tokens < mig.switch_at
+            if node in handle.depends_on() or due:
                 msg = f"{node.spec.role} node {node.node_id} {what}"
                 if node.stats is not None and node.stats.draining:  # its last words (the aborts) were lost
                     msg = f"{node.spec.role} node {node.node_id} shut down: it was draining, then stopped answering"
@@ -343,6 +364,8 @@ class NodeRegistry:
                 self._on_notice(node, notice)
             for event in msg.events:
                 self._on_event(node, event)
+            for report in msg.migrations:
+                self._on_migration_report(node, report)
         else:
             log.warning("unexpected %s from %s", type(msg).__name__, node.spec.address)
 
@@ -350,7 +373,9 @@ class NodeRegistry:
         handle = self._requests.get(notice.request_id)
         if handle is None or handle.handoff is None:
             return  # finished, aborted, or colocated: nothing to follow
-        if node is handle.entry:
+        if notice.migration_id and node.spec.role == "decode":
+            self._migrated(node, handle, notice)
+        elif node is handle.entry:
             self._move(handle, notice.decode_node)
             if notice.delivered and handle.decode is not None and handle.decode.node_id == notice.decode_node:
                 self._deliver(handle)  # it depends on that decode node alone now
@@ -366,21 +391,166 @@ class NodeRegistry:
         if node is handle.entry:
             handle.entry_started = True
             node.pending_tokens.pop(handle.request_id, None)
-            handle.queue.put_nowait(event)
+            self._put(handle, event)
             for held in handle.held:
-                handle.queue.put_nowait(held)
+                self._put(handle, held)
             handle.held.clear()
         elif handle.handoff is not None and node.spec.role == "decode":
+            if handle.migration is not None and self._migration_event(node, handle, event):
+                return
             if not self._held_by(node, handle):
                 return
             if event.token_ids or event.finished:  # its pages now show in the node's device-tier stats
                 node.pending_pages.pop(handle.request_id, None)  # (an adopted request may be parked in host)
             if handle.entry_started:
-                handle.queue.put_nowait(event)
+                self._put(handle, event)
             else:
                 handle.held.append(event)
         else:
             log.warning("event for %s from unrelated node %s", event.request_id, node.spec.address)
+
+    @staticmethod
+    def _put(handle: RequestHandle, event: TokenEvent) -> None:
+        handle.tokens += len(event.token_ids)
+        handle.queue.put_nowait(event)
+
+    # -- live migration (pdtb/router/migration.py) -------------------------------------------------
+    def decode_node(self, node_id: str) -> NodeState | None:
+        return next((n for n in self.nodes if n.spec.role == "decode" and n.node_id == node_id), None)
+
+    def migrate(self, request_id: str, target_id: str, reason: str = "admin", inject: str = "") -> Migration:
+        """Start moving a handed-off request to decode node `target_id`. ValueError says why not."""
+        handle = self._requests.get(request_id)
+        if handle is None or handle.decode is None:
+            raise ValueError(f"request {request_id!r} is not decoding on a decode node here")
+        if not handle.handed_off:
+            raise ValueError(f"request {request_id!r} is not handed off to its decode node yet ({handle.handoff.value})")
+        if handle.migration is not None:
+            raise ValueError(f"request {request_id!r} is moving already ({handle.migration.migration_id})")
+        target = self.decode_node(target_id)
+        if target is None or target is handle.decode:
+            raise ValueError(f"{target_id!r} is not another decode node")
+        if not self.is_healthy(target) or self.draining(target) or not target.stats.kv_addr:
+            raise ValueError(f"decode node {target_id} is not available (down or draining)")
+        source = handle.decode
+        m = self.book.new(request_id, source.node_id, target.node_id, reason, self.router_id)
+        if not self._send(source, Migrate(request_id, m.migration_id, Target(target.node_id, target.stats.kv_addr),
+                                          reason, inject)):
+            self.book.end(m, "failed", f"decode node {source.node_id} is not reachable")
+            raise ValueError(f"decode node {source.node_id} is not reachable")
+        handle.migration = m
+        return m
+
+    def drain(self, node_id: str, reason: str = "drained by the router") -> NodeState:
+        """Tell a node to drain: it takes no new work; a decode node's requests are moved away."""
+        node = next((n for n in self.nodes if n.node_id == node_id), None)
+        if node is None:
+            raise ValueError(f"no node {node_id!r}")
+        if not self._send(node, Drain(reason)):
+            raise ValueError(f"node {node_id} is not reachable")
+        node.drain_sent = True
+        return node
+
+    def _migrated(self, node: NodeState, handle: RequestHandle, notice: HandoffNotice) -> None:
+        """The target adopted a migrated request: switch to it, or tell it to drop the request."""
+        m = handle.migration
+        if m is None or m.migration_id != notice.migration_id or m.target != node.node_id or m.switched:
+            if node is not handle.decode:
+                self._send(node, AbortRequest(handle.request_id, "its migration is over: another node holds it"))
+            return
+        if handle.tokens > notice.output_tokens:  # the source resumed and went on: it holds the request
+            self._send(node, AbortRequest(handle.request_id, "the source resumed the request"))
+            self.book.end(m, "failed", "the source resumed it before the target's word came")
+            handle.migration = None
+            return
+        self._switch(handle, node, notice.output_tokens)
+
+    def _switch(self, handle: RequestHandle, target: NodeState, switch_at: int) -> None:
+        m = handle.migration
+        m.switched, m.switch_at = True, switch_at
+        handle.decode = target
+        self._caught_up(handle)
+
+    def _caught_up(self, handle: RequestHandle) -> None:
+        """Once the source's last tokens are in, the target's held events follow."""
+        m = handle.migration
+        if m is None or not m.switched or handle.tokens < m.switch_at:
+            return
+        handle.migration = None
+        for ev in m.held:
+            self._put(handle, ev)
+        m.held.clear()
+
+    def _migration_event(self, node: NodeState, handle: RequestHandle, event: TokenEvent) -> bool:
+        """Events of a request that is moving. True: handled here."""
+        m = handle.migration
+        if not m.switched:
+            return False  # the source holds it (the target's events before its notice are dropped below)
+        if node is handle.decode:
+            if handle.tokens < m.switch_at:
+                m.held.append(event)
+                return True
+            return False
+        if node.node_id == m.source:
+            if handle.tokens < m.switch_at and not event.finished:
+                self._put(handle, event)
+                self._caught_up(handle)
+            else:  # it went on after the target took over (its confirmation was lost): it lets go
+                self._send(node, AbortRequest(handle.request_id, f"the request moved to {m.target}"))
+            return True
+        return False
+
+    def _on_migration_report(self, node: NodeState, r: MigrationReport) -> None:
+        m = self.book.report(r)
+        if r.downtime_s > 0 and self.on_downtime is not None:
+            self.on_downtime(r.downtime_s)
+        handle = self._requests.get(r.request_id)
+        if m is None or handle is None or handle.migration is not m:
+            return
+        if not r.ok and not m.switched:
+            handle.migration = None  # it stays at the source (resumed), or ended there
+        elif r.ok and not m.switched:  # the target confirmed to the source; its notice is on its way
+            target = self.decode_node(m.target)
+            if target is not None:
+                self._switch(handle, target, r.output_tokens)
+
+    async def _rebalance_loop(self) -> None:
+        """Each second: moves from the rebalancer (drains in every mode)."""
+        while True:
+            await asyncio.sleep(max(1.0, self.ping_interval))
+            now = time.monotonic()
+            self.book.expire(now)
+            views = self._decode_views(now)
+            if not views:
+                continue
+            for move in self.rebalancer.plan(views, now):
+                try:
+                    self.migrate(move.request_id, move.target, move.reason)
+                except ValueError as e:
+                    log.info("rebalance: %s -> %s not started: %s", move.request_id, move.target, e)
+                    continue
+                self.rebalancer.started(move, now)
+
+    def _decode_views(self, now: float) -> list[DecodeView]:
+        views = []
+        for n in self.nodes:
+            if n.spec.role != "decode" or not self.is_healthy(n, now) or n.stats is None:
+                continue
+            extra = n.stats.extra
+            reqs = []
+            for item in extra.get("requests", []) if isinstance(extra.get("requests"), list) else []:
+                try:
+                    rid, tenant, pages = item
+                except (TypeError, ValueError):
+                    continue
+                h = self._requests.get(rid)
+                if h is not None and h.decode is n and h.migration is None and h.handed_off:
+                    reqs.append(ReqView(str(rid), str(tenant), int(pages)))
+            waiting = extra.get("tenant_waiting") if isinstance(extra.get("tenant_waiting"), dict) else {}
+            views.append(DecodeView(n.node_id, n.stats.pages_total, n.free_pages_estimate(), self.draining(n),
+                                    tuple(reqs), {str(k): int(v) for k, v in waiting.items()},
+                                    self.book.by_node(n.node_id)))
+        return views
 
     def _held_by(self, node: NodeState, handle: RequestHandle) -> bool:
         """Decode node `node` says (a notice or output) it holds `handle`'s request. True when
@@ -520,6 +690,11 @@ class NodeRegistry:
         for node in (handle.entry, handle.decode):
             if node is not None:
                 self._send(node, AbortRequest(handle.request_id, reason, final))
+        m = handle.migration
+        if m is not None:  # the other end of a move under way lets go too
+            other = self.decode_node(m.target if handle.decode.node_id == m.source else m.source)
+            if other is not None:
+                self._send(other, AbortRequest(handle.request_id, reason))
         if not handle.handed_off and handle.fallbacks:  # a move may be under way: the new holder drops it too
             for node in self.nodes:
                 if node.spec.role == "decode" and node is not handle.decode and node.node_id in handle.fallbacks:

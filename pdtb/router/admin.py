@@ -1,0 +1,70 @@
+"""Operator endpoints: move a decoding request, drain a node, list migrations.
+
+    POST /admin/migrate {"request_id": ID, "to": NODE_ID[, "inject": FAULT]}
+         202 {"migration_id", "request_id", "source", "target"}; 409 when the request is not
+         decoding on a decode node, is moving already, or the target cannot take it; 400 on a
+         malformed body. `inject` makes one step of the protocol fail on purpose
+         (decode_node/migration.py INJECT: fault-injection tests and chaos runs).
+    POST /admin/drain {"node": NODE_ID}
+         202 {"node", "draining": true}: the node refuses new work from now on; the router moves
+         a decode node's requests to the others (pdtb/router/rebalance.py, in every --rebalance mode)
+    GET  /cluster/migrations
+         {"in_flight": [...], "done": [...], "counts": {...}}: each with source, target, reason,
+         pages, precopy and final bytes and seconds, and the downtime the request saw
+
+Request ids are the router's (those `/cluster` lists per decode node in `extra.requests`).
+Behind the API key when one is set (app.auth_middleware).
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from aiohttp import web
+
+from decode_node.migration import INJECT
+from pdtb.router.completions import STATE
+from pdtb.router.openai_api import ApiError, bad_request
+
+
+async def _body(request: web.Request, *keys: str) -> dict:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise bad_request("the body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise bad_request("the body must be a JSON object")
+    for k in keys:
+        if not isinstance(body.get(k), str) or not body[k]:
+            raise bad_request(f"{k!r} must be a non-empty string", k)
+    return body
+
+
+def _conflict(message: str) -> ApiError:
+    return ApiError(409, message, "invalid_request_error", "conflict")
+
+
+async def handle_migrate(request: web.Request) -> web.Response:
+    body = await _body(request, "request_id", "to")
+    inject = body.get("inject", "")
+    if inject not in ("", *INJECT):
+        raise bad_request(f"'inject' must be one of {', '.join(INJECT)}", "inject")
+    try:
+        m = request.app[STATE].registry.migrate(body["request_id"], body["to"], "admin", inject)
+    except ValueError as e:
+        raise _conflict(str(e)) from None
+    return web.json_response({"migration_id": m.migration_id, "request_id": m.request_id, "source": m.source,
+                              "target": m.target}, status=202)
+
+
+async def handle_drain(request: web.Request) -> web.Response:
+    body = await _body(request, "node")
+    try:
+        node = request.app[STATE].registry.drain(body["node"])
+    except ValueError as e:
+        raise _conflict(str(e)) from None
+    return web.json_response({"node": node.node_id, "draining": True}, status=202)
+
+
+async def handle_migrations(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STATE].registry.book.summary(time.monotonic()))
