@@ -22,8 +22,9 @@ Every step can fail, and each failure leaves the request on one node:
 - the source dies: the target adopts if the final transfer landed, else the router recomputes.
 - the request ends (finished, aborted) during the precopy: the transfer is cancelled.
 
-Without a prefix cache at the target (`--prefix-cache off`) there are no page hashes to share the
-staged pages by, so a migration is one stop-and-copy transfer of every page.
+Without a prefix cache at both ends (`--prefix-cache off`), or with page hashes of different
+namespaces, there is nothing to share staged pages by, so a migration is one stop-and-copy
+transfer of every page.
 
 `inject` (tests, chaos runs; the Migrate message's field) makes one step fail on purpose:
 "lose_precopy" and "lose_final" send nothing and wait out the migration timeout; "refuse_final"
@@ -105,7 +106,7 @@ class Migrations:
         self.out[rid] = o
         full = seq.num_computed_tokens // node.engine.spec.page_size
         # stage what is full already and will not change; the tail (at least one page) goes in the final
-        if sch.prefix_ns is None or full < 2:
+        if sch.prefix_ns is None or sch.prefix_ns != msg.target_prefix_ns or full < 2:
             self._pause(o)
         else:
             o.skip_pages = full
@@ -114,6 +115,9 @@ class Migrations:
         node, seq = self.node, o.seq
         rid, inject = seq.request_id, o.msg.inject
         o.to_send = False
+        if seq not in node.engine.scheduler.running and o.phase == "precopy":
+            self._fail(o, "the request left the device tier before its precopy", "precopy")
+            return
         if o.phase == "precopy":
             if inject == "lose_precopy":
                 return  # nothing sent: the phase times out
@@ -139,7 +143,8 @@ class Migrations:
         hm = HandoffMeta(node.routes.get(rid, ""), node.params_of(seq), seq.priority, seq.timeline,
                          slo_tier=seq.slo_tier, migration=kind, migration_id=o.msg.migration_id, inject=o.msg.inject,
                          migration_from=node.config.node_id, paused_at=o.paused_at,
-                         precopy_bytes=o.precopy_bytes, precopy_s=o.precopy_s)
+                         precopy_bytes=o.precopy_bytes, precopy_s=o.precopy_s,
+                         age_s=max(0.0, time.monotonic() - seq.arrival_time))
         return TransferMeta(tenant=seq.tenant, prompt_token_ids=seq.prompt_token_ids,
                             output_token_ids=seq.output_token_ids, num_computed_tokens=num_tokens,
                             extra=to_extra(hm), page_hashes=hashes)
@@ -154,6 +159,7 @@ class Migrations:
         sch.detach(seq)
         o.phase, o.paused_at, o.final_started = "final", time.time(), time.monotonic()
         o.deadline = o.final_started + self.timeout_s
+        seq.timeline.end_wait("turn_wait", o.paused_at)  # the pause is the migration's, not a turn's
         seq.timeline.start_wait("migrating", o.paused_at)
         o.to_send = True
 
@@ -164,7 +170,16 @@ class Migrations:
         now = time.monotonic()
         for rid, o in list(self.out.items()):
             if o.to_send:
-                await self._send(o)
+                try:
+                    await self._send(o)
+                except Exception as e:  # a sender that cannot start or send: the request stays here
+                    log.warning("migration of %s to %s: %s", rid, o.msg.target.node_id, e, exc_info=True)
+                    self.node.drop_sender(o.msg.target.kv_addr)
+                    if self.out.get(rid) is o:
+                        self._fail(o, f"could not send: {e}", o.phase)
+                    continue
+                if self.out.get(rid) is not o:  # ended (aborted, finished) during the send
+                    continue
             st = self.node.transfer_status(o.msg.target.kv_addr, o.transfer_id) if o.transfer_id else None
             if st is not None and st.state.finished:
                 o.transfer_id = None
@@ -172,6 +187,7 @@ class Migrations:
                     self._phase_done(o, st)
                 elif o.phase == "final" and st.code is FailCode.CACHE_MISS and o.skip_pages:
                     o.skip_pages, o.to_send = 0, True  # a staged page was taken back there: send every page
+                    o.deadline = time.monotonic() + self.timeout_s
                 else:
                     self._fail(o, f"{st.code}: {st.reason}", o.phase)
             elif now > o.deadline:
@@ -202,7 +218,8 @@ class Migrations:
         rid = seq.request_id
         self.out.pop(rid, None)
         self.done["out_failed"] += 1
-        resumed = o.phase == "final" and seq.status == SeqStatus.RUNNING and seq not in node.engine.scheduler.running
+        resumed = (o.phase == "final" and rid in node.seqs and seq.status == SeqStatus.RUNNING
+                   and seq not in node.engine.scheduler.running)
         if resumed:  # it still holds every page here: decode on
             seq.timeline.end_wait("migrating", time.time())
             node.engine.scheduler.add_running(seq)
@@ -234,6 +251,12 @@ class Migrations:
         """The final transfer of `request_id` landed (or failed for good): its stage lets go."""
         owner = stage_owner(request_id)
         if self.staged.pop(owner, None) is not None:
+            self.node.engine.pool.free(owner)
+
+    def free_stages(self) -> None:
+        """Shutting down: every stage lets go."""
+        for owner in list(self.staged):
+            del self.staged[owner]
             self.node.engine.pool.free(owner)
 
     def expire(self) -> None:

@@ -98,10 +98,17 @@ class DecodeNode(NodeBase):
                 return Admission.defer("fault injected: the target refuses the final transfer")
             if rid in self.seqs:
                 return Admission.defer(f"request {rid} is here already")
-            if self.migrations.staged.get(rid + STAGE_SUFFIX):
+            if rid in self.aborted:  # (refused before any byte lands: the source still holds it)
+                return Admission.defer(f"request {rid} was aborted here")
+            if self.engine.pool.num_held(rid + STAGE_SUFFIX):
                 return Admission.accept()  # admitted at its precopy; the receiver checks the pages it needs
         elif meta.migration != "precopy":
             return Admission.refuse(FailCode.BAD_METADATA, f"unknown migration phase {meta.migration!r}")
+        else:
+            # An abort remembered from when this node was told to drop a copy (the other end of
+            # an earlier move held it) must not drop the request now: a client's abort reaches
+            # the source too, which then cancels this migration.
+            self.aborted.pop(rid, None)
         req = Inherited(rid, header.tenant, meta.priority, meta.slo_tier, header.num_pages + header.skip_pages,
                         header.num_tokens, len(header.prompt_token_ids), len(header.output_token_ids),
                         meta.params.max_tokens)
@@ -125,6 +132,7 @@ class DecodeNode(NodeBase):
     async def close_extra(self) -> None:
         for snd in self.senders.values():
             await snd.close()
+        self.migrations.free_stages()
         if self.receiver is None:
             return
         await self.receiver.close()  # frees the pages of transfers still in flight (NACKed)
@@ -149,6 +157,12 @@ class DecodeNode(NodeBase):
         if msg.inject and msg.inject not in INJECT:
             msg = dataclasses.replace(msg, inject="")
         self.migrations.start(msg, router_id)
+
+    def drop_sender(self, addr: str) -> None:
+        """A sender that failed: the next migration to `addr` starts a new one."""
+        snd = self.senders.pop(addr, None)
+        if snd is not None:
+            asyncio.get_running_loop().create_task(snd.close())
 
     async def send_kv(self, addr: str, export, meta: TransferMeta) -> str:
         """Send `export` (sealed with `meta`) to the decode node at `addr`: a transfer id."""
@@ -179,6 +193,7 @@ class DecodeNode(NodeBase):
         self.seqs.pop(request_id, None)
         self.routes.pop(request_id, None)
         self.acct.forget(request_id)
+        self.migrations.arrived.pop(request_id, None)
 
     async def exit_after_flush(self, why: str) -> None:
         """Fault injection: die right here, once what was sent has had a moment to leave."""
@@ -224,6 +239,10 @@ class DecodeNode(NodeBase):
         if meta.migration == "final":
             self.migrations.claim(seq.request_id)  # its staged pages: shared by the request now
             self.migrations.adopted(seq, meta, nbytes)
+            sch = self.engine.scheduler
+            # its age and place in line come with it: victim choices (newest, lru) and aging see
+            # the request the source had, not a newcomer
+            seq.arrival_time, seq.last_step, seq.num_cached_tokens = time.monotonic() - meta.age_s, sch.num_steps, 0
             self.acct.add_bytes(seq, "migrated_in", nbytes)
             self.engine.scheduler.add_running(seq)
             self.sink.notice(meta.router_id, HandoffNotice(seq.request_id, self.config.node_id, True,
@@ -275,6 +294,7 @@ class DecodeNode(NodeBase):
         while len(self.aborted) > ABORTED_MEMORY:
             self.aborted.popitem(last=False)
         self.migrations.arrived.pop(request_id, None)
+        self.migrations.claim(request_id)  # a stage of it lets go
         if self.migrations.forget(request_id, reason):  # paused mid-migration: not in the scheduler
             self.engine.pool.free(request_id)
             self.let_go(request_id)

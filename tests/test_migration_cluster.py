@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 MAX_TOKENS = 40
 # The decode nodes' KV read is capped (a token bucket per tenant), so every stream decodes for
 # seconds and is still there to be moved whatever the machine's speed.
-SLOW_DECODE = ("--decode-args", "--tenant-bw-cap 3e6 --migration-timeout 3")
+SLOW_DECODE = ("--decode-args", "--tenant-bw-cap 3e6 --migration-timeout 3", "--router-args", "--allow-fault-injection")
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
@@ -123,7 +123,11 @@ def test_live_migration_keeps_generate_tokens_and_each_fault_leaves_one_holder(l
         # a request that finished before its move began, or during it, stays where it was, with the reason
         assert len(moved) >= 2 and all(m in moved or "not on this node" in m["outcome"] or "ended during" in m["outcome"]
                                        for m in plain), [(m["state"], m["phase"], m["outcome"]) for m in plain]
-        assert all(m["precopy_bytes"] > 0 and m["final_bytes"] > 0 and m["downtime_s"] for m in moved), moved
+        # (the drain below may move a request on before its first step here: it reports no pause)
+        redrained = {m["request_id"] for m in migrations(url)["done"] if m["reason"] == "drain"}
+        assert all(m["final_bytes"] > 0 and (m["downtime_s"] or m["request_id"] in redrained) for m in moved), \
+            [(m["precopy_bytes"], m["final_bytes"], m["downtime_s"]) for m in moved]
+        assert sum(m["precopy_bytes"] > 0 for m in moved) >= 1  # (a request under two full pages has none)
         for mid, inj in asked.items():
             if inj:
                 m = done[mid]

@@ -145,7 +145,12 @@ def test_an_abort_reaches_both_ends_and_bad_moves_are_refused():
     with pytest.raises(ValueError, match="not available"):
         reg.migrate("r1", "d1")
     d1.stats.draining = False
-    reg.migrate("r1", "d1")
+    handle.entry_started = False  # its first token (from the prefill node) is not in yet
+    with pytest.raises(ValueError, match="not decoding on its decode node yet"):
+        reg.migrate("r1", "d1")
+    handle.entry_started = True
+    m = reg.migrate("r1", "d1")
+    assert sent[-1][1].target_prefix_ns == d1.stats.prefix_ns
     reg.abort(handle, "client gone")
     assert {n for n, msg in sent if isinstance(msg, AbortRequest)} == {"p0", "d0", "d1"}
 

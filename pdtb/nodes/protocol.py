@@ -90,6 +90,7 @@ class HandoffMeta:
     precopy_bytes: int = 0  # payload bytes the precopy moved (final)
     precopy_s: float = 0.0  # seconds the precopy took (final)
     inject: str = ""  # a fault the target injects on purpose (decode_node/migration.py; tests)
+    age_s: float = 0.0  # seconds since the request arrived at the source (keeps its age for victim choice)
 
 
 @dataclass
@@ -139,6 +140,7 @@ class Migrate:
     target: Target
     reason: str = ""
     inject: str = ""  # make one step fail on purpose (decode_node/migration.py INJECT; tests, chaos runs)
+    target_prefix_ns: str = ""  # the target's page-hash namespace ("": no prefix cache: no precopy to stage by)
 
 
 @dataclass

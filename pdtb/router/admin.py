@@ -4,7 +4,8 @@
          202 {"migration_id", "request_id", "source", "target"}; 409 when the request is not
          decoding on a decode node, is moving already, or the target cannot take it; 400 on a
          malformed body. `inject` makes one step of the protocol fail on purpose
-         (decode_node/migration.py INJECT: fault-injection tests and chaos runs).
+         (decode_node/migration.py INJECT: fault-injection tests and chaos runs), only on a router
+         started with --allow-fault-injection (403 otherwise).
     POST /admin/drain {"node": NODE_ID}
          202 {"node", "draining": true}: the node refuses new work from now on; the router moves
          a decode node's requests to the others (pdtb/router/rebalance.py, in every --rebalance mode)
@@ -49,6 +50,9 @@ async def handle_migrate(request: web.Request) -> web.Response:
     inject = body.get("inject", "")
     if inject not in ("", *INJECT):
         raise bad_request(f"'inject' must be one of {', '.join(INJECT)}", "inject")
+    if inject and not request.app[STATE].config.allow_fault_injection:
+        raise ApiError(403, "fault injection is off (pdtb router --allow-fault-injection)", "invalid_request_error",
+                       "forbidden", "inject")
     try:
         m = request.app[STATE].registry.migrate(body["request_id"], body["to"], "admin", inject)
     except ValueError as e:

@@ -65,6 +65,7 @@ class RouterConfig:
     tenant_tiers: dict = field(default_factory=dict)  # tenant -> SLO tier of its requests that name none
     route: str = "load"  # how the prefill/colocated node is chosen: "load" or "cache" (pdtb/router/cache_route.py)
     rebalance: str = "off"  # live migration between decode nodes: "off" | "pressure" | "fair" (pdtb/router/rebalance.py)
+    allow_fault_injection: bool = False  # /admin/migrate may name a fault to inject (tests, chaos runs)
 
     def __post_init__(self) -> None:
         check_tenant_tiers(self.tenant_tiers)

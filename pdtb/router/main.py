@@ -114,6 +114,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="move decoding requests between decode nodes (live migration): 'pressure' evens out "
                          "free pages, 'fair' moves whales away from nodes where other tenants' requests wait; "
                          "every mode moves requests off a draining decode node (default off)")
+    ap.add_argument("--allow-fault-injection", action="store_true",
+                    help="let /admin/migrate name a fault to inject at one step of the migration (tests, chaos "
+                         "runs: one of them ends a node's process)")
     ap.add_argument("--health-timeout", type=float, default=3.0, metavar="S",
                     help="a node silent S seconds whose connection dropped is down: its requests fail")
     ap.add_argument("--hang-timeout", type=float, default=30.0, metavar="S",
@@ -152,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                               max_streams_per_tenant=a.max_streams_per_tenant,
                               shutdown_timeout=a.shutdown_timeout, health_timeout=a.health_timeout,
                               hang_timeout=a.hang_timeout, tenant_tiers=tenant_tiers(a.tenant_tier),
-                              route=a.route, rebalance=a.rebalance)
+                              route=a.route, rebalance=a.rebalance, allow_fault_injection=a.allow_fault_injection)
         model = load_served_model(resolve_model(a.model), a.served_model_name, a.chat_template)
     except (ValueError, OSError, CliError) as e:
         return die(str(e))

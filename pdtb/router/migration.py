@@ -102,9 +102,12 @@ class MigrationBook:
         if self.on_end is not None:
             self.on_end(m)
 
-    def expire(self, now: float) -> None:
-        for m in [m for m in self.in_flight.values() if now - m.started > NO_REPORT_S]:
+    def expire(self, now: float) -> list[Migration]:
+        """End the migrations with no word from their source in NO_REPORT_S; returns them."""
+        old = [m for m in self.in_flight.values() if now - m.started > NO_REPORT_S]
+        for m in old:
             self.end(m, "failed", f"no word from the source in {NO_REPORT_S:g} s")
+        return old
 
     def summary(self, now: float) -> dict:
         return {"in_flight": [m.to_dict(now) for m in self.in_flight.values()],

@@ -358,6 +358,7 @@ class NodeRegistry:
                 # restarted (on the same port) faster than the health timeout: the requests of the
                 # process that died are gone with it
                 log.warning("node %s (%s) restarted", node.node_id, node.spec.address)
+                node.drain_sent = False  # a drain asked of the process that died
                 self._node_lost(node, "restarted")
         elif isinstance(msg, TokenBatch):
             for notice in msg.notices:  # before the events: an adoption, then its output
@@ -423,8 +424,8 @@ class NodeRegistry:
         handle = self._requests.get(request_id)
         if handle is None or handle.decode is None:
             raise ValueError(f"request {request_id!r} is not decoding on a decode node here")
-        if not handle.handed_off:
-            raise ValueError(f"request {request_id!r} is not handed off to its decode node yet ({handle.handoff.value})")
+        if not handle.handed_off or not handle.entry_started:
+            raise ValueError(f"request {request_id!r} is not decoding on its decode node yet ({handle.handoff.value})")
         if handle.migration is not None:
             raise ValueError(f"request {request_id!r} is moving already ({handle.migration.migration_id})")
         target = self.decode_node(target_id)
@@ -435,7 +436,7 @@ class NodeRegistry:
         source = handle.decode
         m = self.book.new(request_id, source.node_id, target.node_id, reason, self.router_id)
         if not self._send(source, Migrate(request_id, m.migration_id, Target(target.node_id, target.stats.kv_addr),
-                                          reason, inject)):
+                                          reason, inject, target.stats.prefix_ns)):
             self.book.end(m, "failed", f"decode node {source.node_id} is not reachable")
             raise ValueError(f"decode node {source.node_id} is not reachable")
         handle.migration = m
@@ -469,6 +470,10 @@ class NodeRegistry:
         m = handle.migration
         m.switched, m.switch_at = True, switch_at
         handle.decode = target
+        if not self.is_healthy(target):  # it died after taking the request: recompute it
+            handle.queue.put_nowait(RequestFailed(503, f"decode node {target.node_id} stopped answering",
+                                                  node_lost=True))
+            return
         self._caught_up(handle)
 
     def _caught_up(self, handle: RequestHandle) -> None:
@@ -519,7 +524,10 @@ class NodeRegistry:
         while True:
             await asyncio.sleep(max(1.0, self.ping_interval))
             now = time.monotonic()
-            self.book.expire(now)
+            for m in self.book.expire(now):  # no word from its source: it is not moving any more
+                h = self._requests.get(m.request_id)
+                if h is not None and h.migration is m and not m.switched:
+                    h.migration = None
             views = self._decode_views(now)
             if not views:
                 continue

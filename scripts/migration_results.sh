@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Live migration between decode nodes, measured on real clusters (CPU, embedded tiny model by default):
+#
+#   scripts/migration_results.sh [--quick] [--out DIR] [--model DIR] [--only "downtime rebalance"]
+#
+#   downtime   1 prefill + 2 decode nodes, 16 greedy streams of 512-token prompts; `pdtb bench
+#              migration` moves 12 of them, one every 0.25 s: downtime p50/p99 against the run's
+#              ITL, bytes and seconds of each phase; then the same with the decode nodes'
+#              prefix cache off (no page hashes to stage by: one stop-and-copy transfer)
+#   rebalance  1 prefill + 2 decode nodes (fcfs, 160 pages each), whale-minnow: 4 whales of
+#              short prompts and long outputs (the router cannot tell them from minnows when it
+#              places them, so they can land on one node), minnows of another tenant; the
+#              router's --rebalance off, pressure and fair on the same seeds
+#
+# Writes DIR/NAME.json per run (and NAME.migrations.json: /cluster/migrations at its end) and
+# DIR/migration.md (pdtb.bench.migration_report); prints the tables.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+QUICK=0 OUT="" MODEL="" ONLY="downtime rebalance"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1; shift ;;
+    --out) OUT="$2"; shift 2 ;;
+    --model) MODEL="$2"; shift 2 ;;
+    --only) ONLY="$2"; shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "migration_results: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+source "$ROOT/scripts/_env.sh"
+OUT="${OUT:-$ROOT/results/migration-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+[ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.common import resolve_model; print(resolve_model(None))')"
+SEEDS="1 2 3"
+[ "$QUICK" = 1 ] && SEEDS="1 2"
+
+launch() {  # launch NAME "LAUNCH ARGS": prints the router URL
+  local launch=()
+  read -r -a launch <<< "$2"
+  bash "$ROOT/scripts/launch_cluster.sh" --model "$MODEL" --port 0 --run-dir "$OUT/run-$1" "${launch[@]}" \
+    | sed -n 's/^READY //p'
+}
+
+stop() {  # stop NAME URL: keeps the router's migration records, then stops the cluster
+  curl -s --max-time 10 "$2/cluster/migrations" > "$OUT/$1.migrations.json" || true
+  bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$OUT/run-$1" --timeout 20 >&2
+}
+
+for what in $ONLY; do
+  case "$what" in
+    downtime)
+      for kind in precopy stopcopy; do
+        cache=on
+        [ "$kind" = stopcopy ] && cache=off
+        name="downtime-$kind"
+        url="$(launch "$name" "--mode disagg --prefill 1 --decode 2 --kv-pages 4096 --decode-args --prefix-cache=$cache")"
+        echo "== $name" >&2
+        rc=0
+        pdtb bench migration --url "$url" --streams 16 --prompt 512 --max-tokens 128 --moves 12 --every 0.25 \
+          --label "$kind" --out "$OUT/$name.json" || rc=$?
+        stop "$name" "$url"
+        [ "$rc" = 0 ] || exit "$rc"
+      done ;;
+    rebalance)
+      # 160 pages a decode node: two whales (50 pages each at their end) and the minnows fit in
+      # one, three do not
+      for seed in $SEEDS; do
+        for mode in off pressure fair; do
+          name="rebalance-$mode-s$seed"
+          url="$(launch "$name" "--mode disagg --prefill 1 --decode 2 --kv-pages 160 --prefill-kv-pages 2048 --router-args --rebalance=$mode")"
+          echo "== $name" >&2
+          rc=0
+          pdtb bench serve --url "$url" --workload whale-minnow --whales 4 --whale-prompt 32 --whale-output 768 \
+            --whale-start 1 --whale-interval 0.2 --minnow-prompt 48 --minnow-output 16 --minnow-rate 6 \
+            --duration "$([ "$QUICK" = 1 ] && echo 20 || echo 30)" --seed "$seed" \
+            --label-mode disagg --label-policy "rebalance-$mode" --out "$OUT/$name.json" --quiet || rc=$?
+          stop "$name" "$url"
+          [ "$rc" = 0 ] || exit "$rc"
+        done
+      done ;;
+    *) echo "migration_results: unknown experiment $what" >&2; exit 2 ;;
+  esac
+done
+python -m pdtb.bench.migration_report "$OUT" --out "$OUT/migration.md"
+echo "report: $OUT/migration.md"
