@@ -322,7 +322,7 @@ class DecodeNode(NodeBase):
         sch, pool = self.engine.scheduler, self.engine.pool
         big = sorted(((pool.num_held(s.request_id), s.request_id, s.tenant) for s in sch.running), reverse=True)
         waiting = Counter(s.tenant for s in (*sch.parked, *sch.waiting))
-        waiting.update(a.tenant for a in self.policy.held.values())
+        waiting.update(a.tenant for a in self.policy.fresh_held(sch.state()))  # (those still retried here)
         return {"reserved_pages": pool.state_counts()["reserved"], "policy": self.config.policy,
                 # what a rebalancer moves (pdtb/router/rebalance.py): the largest decoding requests,
                 # and per tenant, requests that wait here (parked, queued, or held at a prefill node)

@@ -18,6 +18,11 @@ from pdtb.engine.sequence import Sequence
 
 
 HELD_TTL_S = 5.0  # a deferred arrival not retried within this long is forgotten
+# A deferred arrival keeps its place in line (later arrivals wait behind it) only while it is
+# retried here: the prefill side retries a refused hand-off within 0.1 s, at this node or, with
+# fallbacks, at the next one, where it may be taken. One that landed elsewhere must not make this
+# node defer every later arrival (each of which then lands elsewhere too, leaving this node idle).
+HELD_ORDER_S = 1.0
 
 
 @dataclass
@@ -175,7 +180,7 @@ class BasePolicy:
         prev = self.held.get(arrival.request_id)
         if prev is not None:  # a retry keeps its place in line
             arrival.first_seen = prev.first_seen
-        others_held = [h for h in self.live_held(state) if h.request_id != arrival.request_id]
+        others_held = [h for h in self.fresh_held(state) if h.request_id != arrival.request_id]
         idle = queued == 0 and not self.running and not self.candidates and \
             not [r for r in self.incoming if r != arrival.request_id]
         if idle and arrival.num_pages <= state.device_free and \
@@ -205,7 +210,7 @@ class BasePolicy:
     def _place(self, arrival: Arrival, queued: int, state: SchedState) -> str:
         headroom = len(self.running) + self._reserved(arrival, state)  # a page per running request
         older_held = any(h.first_seen < arrival.first_seen and h.request_id != arrival.request_id
-                         for h in self.live_held(state))
+                         for h in self.fresh_held(state))
         if queued == 0 and not older_held and arrival.num_pages + headroom <= state.device_free:
             return "device"
         if arrival.num_pages <= state.host_free:
@@ -224,6 +229,10 @@ class BasePolicy:
         for rid in [r for r, h in self.held.items() if state.now - h.last_seen > HELD_TTL_S]:
             del self.held[rid]
         return list(self.held.values())
+
+    def fresh_held(self, state: SchedState) -> list[Arrival]:
+        """Deferred arrivals retried here within HELD_ORDER_S: those later arrivals queue behind."""
+        return [h for h in self.live_held(state) if state.now - h.last_seen <= HELD_ORDER_S]
 
     # ---- helpers --------------------------------------------------------------------------------
     def owner(self, req) -> str:

@@ -281,3 +281,10 @@ def test_simulated_cluster_keeps_the_invariants(mode, seed, settle_s, interval_s
             del cluster[m.source]["reqs"][m.request_id]
             target["reqs"][m.request_id] = (tenant, pages)
             moved_at[m.request_id] = pair_at[(m.source, m.target)] = node_at[m.source] = node_at[m.target] = now
+
+
+def test_fair_moves_the_heaviest_tenants_whale_even_when_its_own_requests_wait_too():
+    # a preempted whale of "big" waits at a along with minnows of "small": big's running whale still goes
+    a = node("a", req("w1", 40, "big"), req("w2", 30, "big"), req("s", 4, "small"), free=5,
+             waiting={"big": 1, "small": 3})
+    assert Rebalancer("fair").plan([a, node("b", free=90)], 0.0) == [Move("w1", "a", "b", "fair")]

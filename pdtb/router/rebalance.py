@@ -8,7 +8,8 @@ One plan call, in order:
 
     1. drain     every mode: each listed request of a draining node goes to the non-draining node
                  with the most free pages where it fits; at most `drain_in_flight` in flight per source
-    2. fair      mode "fair": one whale leaves a node where another tenant's requests wait
+    2. fair      mode "fair": one whale leaves a node where another tenant's requests wait (a whale:
+                 a request of the heaviest tenant there that some other tenant waits behind)
     3. pressure  "pressure", and "fair" when step 2 found nothing: one request goes from the node with
                  the smallest free fraction to the one with the largest, when they differ by > gap_frac
 
@@ -187,7 +188,14 @@ class Rebalancer:
         victims.sort(key=lambda v: (-sum(n for n in v.tenant_waiting.values() if n > 0), v.node_id))
         for src in victims:
             waiting = _waiting_tenants(src)
-            whales = [r for r in _by_size(src.requests) if r.tenant not in waiting and r.pages > 0
+            # The heaviest tenant here (pages of its listed requests) that another tenant waits
+            # behind: its requests are the whales, largest first. Its own requests waiting too (a
+            # whale preempted) does not keep its running ones here.
+            held: dict[str, int] = {}
+            for r in src.requests:
+                held[r.tenant] = held.get(r.tenant, 0) + r.pages
+            heavy = next((t for t in sorted(held, key=lambda t: (-held[t], t)) if waiting - {t}), None)
+            whales = [r for r in _by_size(src.requests) if r.tenant == heavy and r.pages > 0
                       and r.request_id not in work.planned and not self._settling(recent, r, now)]
             # The largest whale that can go anywhere: one that fits nowhere frees nothing.
             for whale in whales:
