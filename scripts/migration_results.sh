@@ -7,10 +7,12 @@
 #              migration` moves 12 of them, one every 0.25 s: downtime p50/p99 against the run's
 #              ITL, bytes and seconds of each phase; then the same with the decode nodes'
 #              prefix cache off (no page hashes to stage by: one stop-and-copy transfer)
-#   rebalance  1 prefill + 2 decode nodes (fcfs, 160 pages each), whale-minnow: 4 whales of
-#              short prompts and long outputs (the router cannot tell them from minnows when it
-#              places them, so they can land on one node), minnows of another tenant; the
-#              router's --rebalance off, pressure and fair on the same seeds
+#   rebalance  1 prefill + 2 decode nodes (fcfs, 100 pages each) replaying pdtb.bench.rebalance_trace:
+#              three whales with short prompts and long outputs arrive while a batch request
+#              holds the first decode node, so the router (which cannot see output lengths)
+#              places all three on the second one, where they outgrow its pool; minnows of
+#              another tenant stream throughout. The router's --rebalance off, pressure and fair,
+#              on the same trace, once per seed of the minnow arrivals
 #
 # Writes DIR/NAME.json per run (and NAME.migrations.json: /cluster/migrations at its end) and
 # DIR/migration.md (pdtb.bench.migration_report); prints the tables.
@@ -63,17 +65,15 @@ for what in $ONLY; do
         [ "$rc" = 0 ] || exit "$rc"
       done ;;
     rebalance)
-      # 160 pages a decode node: two whales (50 pages each at their end) and the minnows fit in
-      # one, three do not
       for seed in $SEEDS; do
+        python -m pdtb.bench.rebalance_trace "$OUT/rebalance-trace-s$seed.jsonl" --seed "$seed" \
+          --duration "$([ "$QUICK" = 1 ] && echo 20 || echo 25)"
         for mode in off pressure fair; do
           name="rebalance-$mode-s$seed"
-          url="$(launch "$name" "--mode disagg --prefill 1 --decode 2 --kv-pages 160 --prefill-kv-pages 2048 --router-args --rebalance=$mode")"
+          url="$(launch "$name" "--mode disagg --prefill 1 --decode 2 --kv-pages 100 --prefill-kv-pages 2048 --router-args --rebalance=$mode")"
           echo "== $name" >&2
           rc=0
-          pdtb bench serve --url "$url" --workload whale-minnow --whales 4 --whale-prompt 32 --whale-output 768 \
-            --whale-start 1 --whale-interval 0.2 --minnow-prompt 48 --minnow-output 16 --minnow-rate 6 \
-            --duration "$([ "$QUICK" = 1 ] && echo 20 || echo 30)" --seed "$seed" \
+          pdtb bench serve --url "$url" --workload "trace:$OUT/rebalance-trace-s$seed.jsonl" \
             --label-mode disagg --label-policy "rebalance-$mode" --out "$OUT/$name.json" --quiet || rc=$?
           stop "$name" "$url"
           [ "$rc" = 0 ] || exit "$rc"

@@ -249,7 +249,7 @@ def test_simulated_cluster_keeps_the_invariants(mode, seed, settle_s, interval_s
     rb = Rebalancer(mode, settle_s=settle_s, interval_s=interval_s, headroom_frac=HEADROOM, drain_in_flight=2)
     cluster, now = make_cluster(rng), 0.0
     moved_at: dict[str, float] = {}  # request -> last start
-    pair_at: dict[tuple[str, str], float] = {}  # (source, target) -> last start
+    pair_at: dict[tuple[str, str, str], float] = {}  # (source, target, reason) -> last start
     node_at: dict[str, float] = {}  # node -> last start it took part in
     for _ in range(25):
         now += rng.uniform(0.0, 4.0)
@@ -272,7 +272,8 @@ def test_simulated_cluster_keeps_the_invariants(mode, seed, settle_s, interval_s
             assert m.source != m.target and not target["draining"]
             assert pages <= free[m.target] - math.ceil(HEADROOM * target["total"])
             assert m.request_id not in moved_at or now - moved_at[m.request_id] >= settle_s
-            assert (m.target, m.source) not in pair_at or now - pair_at[(m.target, m.source)] >= settle_s
+            back = (m.target, m.source, m.reason)
+            assert back not in pair_at or now - pair_at[back] >= settle_s
             if m.reason != "drain":
                 assert all(n not in node_at or now - node_at[n] >= interval_s for n in (m.source, m.target))
                 assert not cluster[m.source]["draining"]
@@ -280,7 +281,7 @@ def test_simulated_cluster_keeps_the_invariants(mode, seed, settle_s, interval_s
             rb.started(m, now)
             del cluster[m.source]["reqs"][m.request_id]
             target["reqs"][m.request_id] = (tenant, pages)
-            moved_at[m.request_id] = pair_at[(m.source, m.target)] = node_at[m.source] = node_at[m.target] = now
+            moved_at[m.request_id] = pair_at[(m.source, m.target, m.reason)] = node_at[m.source] = node_at[m.target] = now
 
 
 def test_fair_moves_the_heaviest_tenants_whale_even_when_its_own_requests_wait_too():
@@ -288,3 +289,13 @@ def test_fair_moves_the_heaviest_tenants_whale_even_when_its_own_requests_wait_t
     a = node("a", req("w1", 40, "big"), req("w2", 30, "big"), req("s", 4, "small"), free=5,
              waiting={"big": 1, "small": 3})
     assert Rebalancer("fair").plan([a, node("b", free=90)], 0.0) == [Move("w1", "a", "b", "fair")]
+
+
+def test_a_fair_move_may_go_against_a_recent_pressure_move():
+    rb = Rebalancer("fair", interval_s=2.0, settle_s=10.0)
+    rb.started(Move("x", "b", "a", "pressure"), 0.0)  # pressure sent a request to a...
+    # ...where minnows now wait behind a whale: the fair move back to b is no ping-pong
+    assert rb.plan([victim_a(), node("b", free=90)], 3.0) == [Move("w", "a", "b", "fair")]
+    rb2 = Rebalancer("fair", interval_s=2.0, settle_s=10.0)
+    rb2.started(Move("x", "b", "a", "fair"), 0.0)
+    assert [m.reason for m in rb2.plan([victim_a(), node("b", free=90)], 3.0)] != ["fair"]  # (pressure may)

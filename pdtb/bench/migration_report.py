@@ -52,8 +52,8 @@ def downtime_table(d: Path) -> list[str]:
     return rows + [""]
 
 
-def _class(res: dict, klass: str) -> dict:
-    return res["summary"]["per_class"].get(klass) or {}
+def _class(res: dict, tenant: str) -> dict:
+    return res["summary"]["per_tenant"].get(tenant) or {}
 
 
 def _migrations(p: Path) -> dict:
@@ -71,14 +71,15 @@ def rebalance_table(d: Path) -> list[str]:
     if not runs:
         return []
     rows = ["| --rebalance | seed | minnow TTFT p50 ms | p99 ms | minnow ITL p99 ms | minnows ok | whale ITL p99 ms | "
-            "output tok/s | moves done | failed |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "whale E2E max s | output tok/s | moves done | failed |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode in MODES:
         for seed, r, mig in runs.get(mode, []):
             mn, wh, ov = _class(r, "minnow"), _class(r, "whale"), r["summary"]["overall"]
             rows.append(f"| {mode} | {seed} | {_f(mn.get('ttft_ms', {}).get('p50'))} | "
                         f"{_f(mn.get('ttft_ms', {}).get('p99'))} | {_f(mn.get('itl_ms', {}).get('p99'))} | "
                         f"{mn.get('count', 0) - mn.get('failed', 0)}/{mn.get('count', 0)} | "
-                        f"{_f(wh.get('itl_ms', {}).get('p99'))} | {_f(ov.get('output_tok_s'))} | "
+                        f"{_f(wh.get('itl_ms', {}).get('p99'))} | {_f((wh.get('e2e_ms', {}).get('max') or 0) / 1e3)} | "
+                        f"{_f(ov.get('output_tok_s'))} | "
                         f"{mig.get('done', 0)} | {mig.get('failed', 0)} |")
     rows.append("")
     base = {seed: r for seed, r, _ in runs.get("off", [])}

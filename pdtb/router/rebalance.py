@@ -21,7 +21,8 @@ Steps 2 and 3 are rate limited; a drain must finish within its bound, so it wait
     - a node that was source or target of a move started less than interval_s ago takes no part
     - a node with max_in_flight migrations in flight (its view's plus this call's) takes no part
     - a request whose move started less than settle_s ago stays where it is
-    - no move B -> A within settle_s of a started move A -> B (ping-pong)
+    - no move B -> A within settle_s of a started move A -> B for the same reason (ping-pong);
+      a fair move may undo a pressure move's direction: a pressure move knows nothing of who waits
 
 Ties fall to the lower node_id, then the lower request_id, so a plan is a function of its inputs.
 """
@@ -75,7 +76,7 @@ class _Recent:
     node_at: dict[str, float] = field(default_factory=dict)  # node -> last start it took part in
     request_at: dict[str, float] = field(default_factory=dict)  # request -> its last start
     request_from: dict[str, str] = field(default_factory=dict)  # request -> source of its last start
-    pair_at: dict[tuple[str, str], float] = field(default_factory=dict)  # (source, target) -> last start
+    pair_at: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (source, target, reason) -> last start
 
 
 @dataclass
@@ -202,7 +203,7 @@ class Rebalancer:
                 targets = [t for t in free_to_move if t.node_id != src.node_id
                            and not (_waiting_tenants(t) - {whale.tenant})  # no other tenant's minnows there
                            and self._fits(work, whale.pages, t)
-                           and not self._ping_pong(recent, src.node_id, t.node_id, now)]
+                           and not self._ping_pong(recent, src.node_id, t.node_id, now, "fair")]
                 if targets:
                     target = min(targets, key=lambda t: (-work.free[t.node_id], t.node_id))
                     work.add(Move(whale.request_id, src.node_id, target.node_id, "fair"), whale.pages)
@@ -221,7 +222,7 @@ class Rebalancer:
         dst = min(nodes, key=lambda v: (-frac[v.node_id], v.node_id))
         if frac[dst.node_id] - frac[src.node_id] <= self.gap_frac or src is dst:
             return
-        if self._ping_pong(recent, src.node_id, dst.node_id, now):
+        if self._ping_pong(recent, src.node_id, dst.node_id, now, "pressure"):
             return
         # Moving p pages changes the difference in free pages by 2p: half the difference evens them.
         half = (work.free[dst.node_id] - work.free[src.node_id]) / 2
@@ -252,8 +253,8 @@ class Rebalancer:
         at = recent.request_at.get(req.request_id)
         return at is not None and now - at < self.settle_s
 
-    def _ping_pong(self, recent: _Recent, source: str, target: str, now: float) -> bool:
-        at = recent.pair_at.get((target, source))
+    def _ping_pong(self, recent: _Recent, source: str, target: str, now: float, reason: str) -> bool:
+        at = recent.pair_at.get((target, source, reason))
         return at is not None and now - at < self.settle_s
 
     def _index(self) -> _Recent:
@@ -261,7 +262,7 @@ class Rebalancer:
         for at, m in self._records:
             recent.node_at[m.source] = recent.node_at[m.target] = at
             recent.request_at[m.request_id], recent.request_from[m.request_id] = at, m.source
-            recent.pair_at[(m.source, m.target)] = at
+            recent.pair_at[(m.source, m.target, m.reason)] = at
         return recent
 
     def _forget(self, now: float) -> None:
