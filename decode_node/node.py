@@ -139,6 +139,8 @@ class DecodeNode(NodeBase):
         left = self.receiver.take_completed()  # committed after the drain's last look
         for t in left:
             self._free_landed(t)
+            if t.request_id.endswith(STAGE_SUFFIX):  # a migration's stage is no request: its source goes on
+                continue
             self.routes[t.request_id] = _router_of(t)
             self.fail(t.request_id, "node shut down before the request started")
         if left:

@@ -87,12 +87,12 @@ def test_live_migration_keeps_generate_tokens_and_each_fault_leaves_one_holder(l
     Pages all free."""
     with launched(tmp_path / "c", llama_dir, "--mode", "disagg", "--prefill", "1", "--decode", "2",
                   "--kv-pages", "800", *SLOW_DECODE) as (url, run_dir):
-        prompts = prompts_for(url, 16, seed=11)
+        prompts = prompts_for(url, 12, seed=11)
         asked: dict[str, str] = {}  # migration id -> inject ("" for a plain move)
         drained = {"had": 0}  # requests decoding on the stopped node when it got its SIGTERM
 
         def move_some():
-            wait_until(lambda: sum(map(len, decoding_on(url).values())) >= 8, 60, what="requests decoding")
+            wait_until(lambda: sum(map(len, decoding_on(url).values())) >= 6, 60, what="requests decoding")
             on = decoding_on(url)
             ids = sorted(on)
             faults = ["lose_precopy", "lose_final", "refuse_final"]
@@ -104,7 +104,7 @@ def test_live_migration_keeps_generate_tokens_and_each_fault_leaves_one_holder(l
                         asked[body["migration_id"]] = inject
             status, body = post(f"{url}/admin/migrate", {"request_id": "no-such", "to": ids[1]})
             assert status == 409 and "not decoding" in body["error"]["message"]
-            status, body = post(f"{url}/admin/migrate", {"request_id": on[ids[0]][0], "to": ids[1], "inject": "x"})
+            status, body = post(f"{url}/admin/migrate", {"request_id": "no-such", "to": ids[1], "inject": "x"})
             assert status == 400
             wait_until(lambda: settled(url), 30, what="the moves to end")
             drained["had"] = len(decoding_on(url).get(ids[1], []))
@@ -150,7 +150,7 @@ def test_a_node_dying_mid_migration_leaves_each_request_finished(llama_dir, hf_m
 
     with launched(tmp_path / "c", llama_dir, "--mode", "disagg", "--prefill", "1", "--decode", "3",
                   "--kv-pages", "800", *SLOW_DECODE) as (url, run_dir):
-        prompts = prompts_for(url, 12, seed=12)
+        prompts = prompts_for(url, 9, seed=12)
 
         def kill_two():
             wait_until(lambda: sum(map(len, decoding_on(url).values())) >= 6, 60, what="requests decoding")

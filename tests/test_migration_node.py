@@ -594,8 +594,6 @@ def test_a_second_migrate_and_one_for_an_unknown_request_are_refused(llama_dir, 
     asyncio.run(go())
 
 
-@pytest.mark.xfail(strict=True, reason="DecodeNode.close_extra fails every landed transfer it finds as a request, a "
-                                       "precopy stage too: the router gets an error event for '<id>#pre'")
 def test_a_target_shut_down_with_a_stage_landed_reports_no_request_for_it(llama_dir, handoffs, unmigrated):
     req = handoffs["long"]
 
