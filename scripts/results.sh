@@ -7,16 +7,19 @@
 #   - the paged engine against transformers.generate (pdtb bench engine);
 #   - the KV transport against raw pyzmq, ipc and tcp (pdtb bench transport);
 #   - prefix caching on real clusters (scripts/prefix_results.sh --quick, or the full run);
+#   - live migration between decode nodes: downtime, and rebalancing whales and minnows
+#     (scripts/migration_results.sh --quick, or the full run);
 #   - the simulator (scripts/sim_results.sh): validated against the comparison's real runs,
 #     the reproductions, one hour of the Azure trace on 8 GPUs, the H200 grid against the roofline.
-# About 25 minutes on a 2-core machine (the frontier: 10). The run's files stay in OUT
+# About 40 minutes on a 2-core machine (the frontier: 10). The run's files stay in OUT
 # (results/docs-*); the frontier's plots are copied next to the document (docs/img).
 #
 #   bash scripts/results.sh [--full] [--policies "fcfs memfair vtc mcsf priority"] [--out DIR]
-#                           [--skip-bench] [--skip-frontier] [--skip-prefix] [--skip-sim] [--doc docs/results.md]
+#                           [--skip-bench] [--skip-frontier] [--skip-prefix] [--skip-migration] [--skip-sim]
+#                           [--doc docs/results.md]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-QUICK=(--quick) POLICIES="fcfs memfair vtc mcsf priority" OUT="" BENCH=1 FRONTIER=1 SIM=1 PREFIX=1 DOC="$ROOT/docs/results.md"
+QUICK=(--quick) POLICIES="fcfs memfair vtc mcsf priority" OUT="" BENCH=1 FRONTIER=1 SIM=1 PREFIX=1 MIGRATION=1 DOC="$ROOT/docs/results.md"
 while [ $# -gt 0 ]; do
   case "$1" in
     --full) QUICK=(); shift ;;
@@ -26,8 +29,9 @@ while [ $# -gt 0 ]; do
     --skip-frontier) FRONTIER=0; shift ;;
     --skip-sim) SIM=0; shift ;;
     --skip-prefix) PREFIX=0; shift ;;
+    --skip-migration) MIGRATION=0; shift ;;
     --doc) DOC="$2"; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "results.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -59,6 +63,12 @@ if [ "$PREFIX" = 1 ]; then
   echo "== $PREFIX_CMD" >&2
   bash scripts/prefix_results.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/prefix" >&2
   args+=(--prefix "$OUT/prefix" --prefix-command "$PREFIX_CMD")
+fi
+if [ "$MIGRATION" = 1 ]; then
+  MIGRATION_CMD="bash scripts/migration_results.sh${QUICK[*]+ ${QUICK[*]}}"
+  echo "== $MIGRATION_CMD" >&2
+  bash scripts/migration_results.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/migration" >&2
+  args+=(--migration "$OUT/migration" --migration-command "$MIGRATION_CMD")
 fi
 if [ "$SIM" = 1 ]; then
   echo "== bash scripts/sim_results.sh" >&2

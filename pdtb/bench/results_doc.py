@@ -209,8 +209,32 @@ def replace_block(text: str, block: list[str]) -> str:
     return text[:i + len(BEGIN)] + "\n" + "\n".join(block) + "\n" + text[j:]
 
 
+MIGRATION_HEADING = "## Moving requests between decode nodes"
+
+
+def migration_section(migration_dir: str, command: str, stamp: str | None = None) -> list[str]:
+    from pdtb.bench.migration_report import report as migration_report
+
+    when = f" Measured {stamp}." if stamp else ""
+    return [MIGRATION_HEADING, "", f"`{command}`: real clusters on this machine, the embedded model; every ratio "
+            f"is between runs of the same invocation.{when}", "", *migration_report(Path(migration_dir))]
+
+
+def replace_section(text: str, heading: str, section: list[str], before: str = "## The simulator") -> str:
+    """`text` with the section under `heading` (up to the next "## ") replaced by `section`, or
+    `section` inserted before the heading starting with `before` (else at the end)."""
+    lines = text.rstrip("\n").split("\n")
+    if heading in lines:
+        i = lines.index(heading)
+        j = next((k for k in range(i + 1, len(lines)) if lines[k].startswith("## ")), len(lines))
+    else:
+        i = j = next((k for k, ln in enumerate(lines) if ln.startswith(before)), len(lines))
+    return "\n".join(lines[:i] + section + lines[j:]) + "\n"
+
+
 def render(run: Run, images: str | None = None, sim_dir: str | None = None, prefix_dir: str | None = None,
-           prefix_command: str = "bash scripts/prefix_results.sh --quick") -> str:
+           prefix_command: str = "bash scripts/prefix_results.sh --quick", migration_dir: str | None = None,
+           migration_command: str = "bash scripts/migration_results.sh --quick") -> str:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["# Results", "",
              f"Written by `bash scripts/results.sh` on {now}, commit {run.commit}.  ",
@@ -231,6 +255,8 @@ def render(run: Run, images: str | None = None, sim_dir: str | None = None, pref
 
         lines += ["## Prefix caching", "", f"`{prefix_command}`: real clusters on this machine, the embedded "
                   "model; every ratio is between runs of the same invocation.", "", *prefix_report(Path(prefix_dir))]
+    if migration_dir:
+        lines += migration_section(migration_dir, migration_command)
     if sim_dir:
         from pdtb.sim.results_section import render as sim_section
 
@@ -251,9 +277,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sim", help="directory of scripts/sim_results.sh outputs")
     ap.add_argument("--prefix", help="directory of scripts/prefix_results.sh outputs")
     ap.add_argument("--prefix-command", default="bash scripts/prefix_results.sh --quick")
+    ap.add_argument("--migration", help="directory of scripts/migration_results.sh outputs")
+    ap.add_argument("--migration-command", default="bash scripts/migration_results.sh --quick")
+    ap.add_argument("--section", choices=["migration"],
+                    help="replace only this section of the existing --out (its own date and commit in its first "
+                         "line), leaving the others as they are")
     ap.add_argument("--out", required=True)
     ap.add_argument("--readme", help="also replace the headline block of this README")
     a = ap.parse_args(argv)
+    if a.section == "migration":
+        if not a.migration:
+            ap.error("--section migration needs --migration DIR")
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parents[2]).stdout.strip() or "unknown"
+        stamp = f"on {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, commit {commit}"
+        out = Path(a.out)
+        out.write_text(replace_section(out.read_text(), MIGRATION_HEADING,
+                                       migration_section(a.migration, a.migration_command, stamp)))
+        print(f"replaced the migration section of {a.out}")
+        return 0
     run = Run.load(a, Path(__file__).resolve().parents[2])
     images = None
     if a.frontier:  # the frontier's plots go next to the document, under img/
@@ -265,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             if src.exists():
                 shutil.copyfile(src, img / src.name)
         images = "img"
-    text = render(run, images, a.sim, a.prefix, a.prefix_command)
+    text = render(run, images, a.sim, a.prefix, a.prefix_command, a.migration, a.migration_command)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(text)
     print(f"wrote {a.out}")
