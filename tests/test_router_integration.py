@@ -372,6 +372,18 @@ def test_auth_limits_and_http_errors(served, tokens):
                         assert resp.status == want and set((await resp.json())["error"]) >= {"message", "type"}
                 async with s.get(c.url + "/v1/nothing") as resp:
                     assert resp.status == 404 and "error" in await resp.json()
+                # the admin routes are behind the key; a fault to inject needs --allow-fault-injection
+                for body, want in (({"request_id": "r", "to": "d0"}, 409), ({"node": "nobody"}, 409),
+                                   ({"request_id": "r", "to": "d0", "inject": "lose_final"}, 403),
+                                   ({"request_id": "r"}, 400)):
+                    path = "/admin/drain" if "node" in body else "/admin/migrate"
+                    async with s.post(c.url + path, json=body) as resp:
+                        assert resp.status == want and "error" in await resp.json(), (path, body)
+                async with s.get(c.url + "/cluster/migrations") as resp:
+                    assert resp.status == 200 and (await resp.json())["in_flight"] == []
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
+                async with s.post(c.url + "/admin/drain", json={"node": "d0"}) as resp:
+                    assert resp.status == 401
 
     run(go())
 
