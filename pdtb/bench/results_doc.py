@@ -288,8 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.section == "migration":
         if not a.migration:
             ap.error("--section migration needs --migration DIR")
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parents[2]).stdout.strip() or "unknown"
+        measured = Path(a.migration) / "commit"  # written by the run; else this checkout's
+        commit = (measured.read_text().strip() if measured.exists() else "") or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+            cwd=Path(__file__).resolve().parents[2]).stdout.strip() or "unknown"
         stamp = f"on {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, commit {commit}"
         out = Path(a.out)
         out.write_text(replace_section(out.read_text(), MIGRATION_HEADING,
