@@ -165,3 +165,12 @@ def test_the_rebalance_views_list_only_requests_the_router_can_move():
     assert reg._decode_views(time.monotonic())[0].draining
     moves = reg.rebalancer.plan(list(reg._decode_views(time.monotonic())), time.monotonic())
     assert [(mv.request_id, mv.source, mv.target, mv.reason) for mv in moves] == [("r1", "d0", "d1", "drain")]
+
+
+def test_a_source_lost_ends_its_migrations_in_the_book():
+    reg, handle, sent, (p0, d0, d1) = make_registry()
+    m = reg.migrate("r1", "d1")
+    feed(reg, d1, notice("d1", m.migration_id, 0))  # the target took it, then the source died
+    reg._node_lost(d0, "stopped answering")
+    done = reg.book.summary(time.monotonic())["done"][0]
+    assert done["state"] == "done" and "after the target took" in done["outcome"] and not reg.book.in_flight

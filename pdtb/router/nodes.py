@@ -289,6 +289,10 @@ class NodeRegistry:
         """`node`'s process is gone ("stopped answering", "restarted"): fail what depends on it;
         prefill nodes move hand-offs off it."""
         self._fail_dependents(node, what)
+        for m in [m for m in self.book.in_flight.values() if m.source == node.node_id]:
+            # its report will not come: the target took the request (switched), or it is recomputed
+            self.book.end(m, "done" if m.switched else "failed", f"the source {what}" +
+                          (" after the target took the request" if m.switched else ""))
         if node.spec.role == "decode":
             now = time.monotonic()
             for p in self.nodes:
