@@ -43,6 +43,7 @@ from kv_transport import TransferMeta, TransferState
 from kv_transport.admission import FailCode
 from pdtb.engine.kv_export import export_request
 from pdtb.engine.sequence import Sequence, SeqStatus
+from pdtb.nodes.node_base import to_params
 from pdtb.nodes.protocol import HandoffMeta, Migrate, MigrationReport, to_extra
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ class Migrations:
     def _meta(self, o: Outbound, kind: str, num_tokens: int, hashes: list[int]) -> TransferMeta:
         node, seq = self.node, o.seq
         rid = seq.request_id
-        hm = HandoffMeta(node.routes.get(rid, ""), node.params_of(seq), seq.priority, seq.timeline,
+        hm = HandoffMeta(node.routes.get(rid, ""), to_params(seq.params), seq.priority, seq.timeline,
                          slo_tier=seq.slo_tier, migration=kind, migration_id=o.msg.migration_id, inject=o.msg.inject,
                          migration_from=node.config.node_id, paused_at=o.paused_at,
                          precopy_bytes=o.precopy_bytes, precopy_s=o.precopy_s,
@@ -174,13 +175,13 @@ class Migrations:
                     await self._send(o)
                 except Exception as e:  # a sender that cannot start or send: the request stays here
                     log.warning("migration of %s to %s: %s", rid, o.msg.target.node_id, e, exc_info=True)
-                    self.node.drop_sender(o.msg.target.kv_addr)
+                    self.node.senders.drop(o.msg.target.kv_addr)
                     if self.out.get(rid) is o:
                         self._fail(o, f"could not send: {e}", o.phase)
                     continue
                 if self.out.get(rid) is not o:  # ended (aborted, finished) during the send
                     continue
-            st = self.node.transfer_status(o.msg.target.kv_addr, o.transfer_id) if o.transfer_id else None
+            st = self.node.senders.poll(o.msg.target.kv_addr, o.transfer_id) if o.transfer_id else None
             if st is not None and st.state.finished:
                 o.transfer_id = None
                 if st.state == TransferState.DONE:
@@ -192,7 +193,7 @@ class Migrations:
                     self._fail(o, f"{st.code}: {st.reason}", o.phase)
             elif now > o.deadline:
                 if o.transfer_id:
-                    self.node.cancel_kv(o.msg.target.kv_addr, o.transfer_id, "migration timed out")
+                    self.node.senders.cancel(o.msg.target.kv_addr, o.transfer_id, "migration timed out")
                     o.transfer_id = None
                 self._fail(o, f"{o.phase} not done after {self.timeout_s:g} s", o.phase)
 
@@ -233,7 +234,7 @@ class Migrations:
         if o is None:
             return False
         if o.transfer_id:
-            self.node.cancel_kv(o.msg.target.kv_addr, o.transfer_id, reason)
+            self.node.senders.cancel(o.msg.target.kv_addr, o.transfer_id, reason)
         self.done["out_failed"] += 1
         self._report(o.msg, o.router, False, f"the request ended during its migration: {reason}", o.phase)
         return o.phase == "final"
@@ -247,25 +248,24 @@ class Migrations:
     def staged_in(self, owner: str) -> None:
         self.staged[owner] = time.monotonic() + 2 * self.timeout_s  # (the final header, which shares the stage, follows the precopy at once)
 
-    def claim(self, request_id: str) -> None:
-        """The final transfer of `request_id` landed (or failed for good): its stage lets go."""
-        owner = stage_owner(request_id)
+    def _let_go(self, owner: str) -> None:
         if self.staged.pop(owner, None) is not None:
             self.node.engine.pool.free(owner)
+
+    def claim(self, request_id: str) -> None:
+        """The final transfer of `request_id` landed (or failed for good): its stage lets go."""
+        self._let_go(stage_owner(request_id))
 
     def free_stages(self) -> None:
         """Shutting down: every stage lets go."""
         for owner in list(self.staged):
-            del self.staged[owner]
-            self.node.engine.pool.free(owner)
+            self._let_go(owner)
 
     def expire(self) -> None:
         now = time.monotonic()
-        for owner, until in list(self.staged.items()):
-            if now > until:
-                del self.staged[owner]
-                self.node.engine.pool.free(owner)
-                log.info("stage %s expired: its final transfer never came", owner)
+        for owner in [o for o, until in self.staged.items() if now > until]:
+            self._let_go(owner)
+            log.info("stage %s expired: its final transfer never came", owner)
 
     def adopted(self, seq: Sequence, meta: HandoffMeta, nbytes: int) -> None:
         """A migrated request landed here (the final transfer): remember it for its first token."""

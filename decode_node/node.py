@@ -32,10 +32,11 @@ from collections import Counter, OrderedDict
 
 from pdtb.nodes import kv_meta
 from pdtb.nodes.node_base import NodeBase, to_sampling
-from pdtb.nodes.protocol import HandoffNotice, Migrate, Params, ProtocolError, handoff_meta
+from pdtb.nodes.protocol import HandoffNotice, Migrate, ProtocolError, handoff_meta
 from decode_node.migration import INJECT, STAGE_SUFFIX, Migrations
 from decode_node.placement import Inherited, place
-from kv_transport import ReceivedTransfer, TransferMeta, TransportConfig, make_receiver, make_sender
+from kv_transport import ReceivedTransfer, TransferMeta, TransportConfig, make_receiver
+from pdtb.nodes.kv_senders import KVSenders
 from kv_transport.admission import Admission, FailCode, Verdict
 from pdtb.engine.engine import StepEvent
 from pdtb.engine.prefix_hash import page_hashes
@@ -52,6 +53,14 @@ def _router_of(t: ReceivedTransfer) -> str:
     return router if isinstance(router, str) else ""
 
 
+def _inherited(header, meta, request_id: str) -> Inherited:
+    """What a transfer header tells placement about its request (a migration's stage: `request_id`
+    is the request's own id, not the stage's)."""
+    return Inherited(request_id, header.tenant, meta.priority, meta.slo_tier, header.num_pages + header.skip_pages,
+                     header.num_tokens, len(header.prompt_token_ids), len(header.output_token_ids),
+                     meta.params.max_tokens)
+
+
 class DecodeNode(NodeBase):
     moves_kv = True
 
@@ -60,7 +69,7 @@ class DecodeNode(NodeBase):
         self.transport = transport or config.transport_config(endpoint=f"tcp://{config.host}:{config.kv_port}")
         self.receiver = None
         self.aborted: OrderedDict[str, float] = OrderedDict()
-        self.senders: dict[str, object] = {}  # KV address -> sender (migrations out)
+        self.senders = KVSenders(self.transport, self.engine.spec)  # migrations out
         self.migrations = Migrations(self, config.migration_timeout_s)
 
     def _admit(self, header) -> Admission:
@@ -79,10 +88,7 @@ class DecodeNode(NodeBase):
             return Admission.refuse(FailCode.BAD_METADATA, str(e))
         if meta.migration:
             return self._admit_migration(header, meta)
-        req = Inherited(header.request_id, header.tenant, meta.priority, meta.slo_tier,
-                        header.num_pages + header.skip_pages,
-                        header.num_tokens, len(header.prompt_token_ids), len(header.output_token_ids),
-                        meta.params.max_tokens)
+        req = _inherited(header, meta, header.request_id)
         can_park = self.receiver is None or self.receiver.accepts_other_pools  # torch receivers land in the device tier only
         return place(req, self.engine.scheduler, self.policy, can_park)
 
@@ -109,9 +115,7 @@ class DecodeNode(NodeBase):
             # an earlier move held it) must not drop the request now: a client's abort reaches
             # the source too, which then cancels this migration.
             self.aborted.pop(rid, None)
-        req = Inherited(rid, header.tenant, meta.priority, meta.slo_tier, header.num_pages + header.skip_pages,
-                        header.num_tokens, len(header.prompt_token_ids), len(header.output_token_ids),
-                        meta.params.max_tokens)
+        req = _inherited(header, meta, rid)
         verdict = place(req, self.engine.scheduler, self.policy, can_park=False)
         if verdict.verdict is not Verdict.ACCEPT:
             self.policy.held.pop(rid, None)  # the source keeps it: not an arrival this node owes room
@@ -130,8 +134,7 @@ class DecodeNode(NodeBase):
         self.kv_addr = self.receiver.endpoint
 
     async def close_extra(self) -> None:
-        for snd in self.senders.values():
-            await snd.close()
+        await self.senders.close()
         self.migrations.free_stages()
         if self.receiver is None:
             return
@@ -160,35 +163,11 @@ class DecodeNode(NodeBase):
             msg = dataclasses.replace(msg, inject="")
         self.migrations.start(msg, router_id)
 
-    def drop_sender(self, addr: str) -> None:
-        """A sender that failed: the next migration to `addr` starts a new one."""
-        snd = self.senders.pop(addr, None)
-        if snd is not None:
-            asyncio.get_running_loop().create_task(snd.close())
-
     async def send_kv(self, addr: str, export, meta: TransferMeta) -> str:
         """Send `export` (sealed with `meta`) to the decode node at `addr`: a transfer id."""
-        snd = self.senders.get(addr)
-        if snd is None:
-            snd = make_sender(dataclasses.replace(self.transport, endpoint=addr), self.engine.spec)
-            await snd.start()
-            self.senders[addr] = snd
         h = export.header
-        return snd.send(export, kv_meta.seal(meta, h.request_id, h.num_tokens, h.num_pages, h.skip_pages))
-
-    def transfer_status(self, addr: str, transfer_id: str):
-        snd = self.senders.get(addr)
-        return snd.poll(transfer_id) if snd is not None else None
-
-    def cancel_kv(self, addr: str, transfer_id: str, reason: str) -> None:
-        snd = self.senders.get(addr)
-        if snd is not None:
-            snd.cancel(transfer_id, reason)
-
-    @staticmethod
-    def params_of(seq: Sequence) -> Params:
-        p = seq.params
-        return Params(p.max_tokens, p.temperature, p.top_p, p.seed, p.ignore_eos, list(p.stop_token_ids), p.first_index)
+        return (await self.senders.get(addr)).send(export, kv_meta.seal(meta, h.request_id, h.num_tokens, h.num_pages,
+                                                                        h.skip_pages))
 
     def let_go(self, request_id: str) -> None:
         """The request moved to another node: forget it here, with no event."""

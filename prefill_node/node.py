@@ -27,7 +27,6 @@ The prefill node owns a request's pages until the decode side confirms receipt.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 
@@ -39,7 +38,8 @@ from pdtb.nodes.handoff import HandoffEvent
 from prefill_node.handoff import Handoff, Outcome, transfer_ended
 from pdtb.nodes.protocol import GenerateRequest, HandoffMeta, HandoffNotice, Target, to_extra
 from pdtb.colocated.node import accept_request
-from kv_transport import TransferMeta, TransferState, TransportConfig, make_sender
+from kv_transport import TransferMeta, TransferState, TransportConfig
+from pdtb.nodes.kv_senders import KVSenders
 from kv_transport.admission import FailCode
 from pdtb.engine.engine import StepEvent
 from pdtb.engine.kv_export import export_request
@@ -53,7 +53,7 @@ class PrefillNode(NodeBase):
         super().__init__(config, engine)
         self.engine.scheduler.prefill_only = True  # a prompt needs its own pages here, not its output's
         self.transport = transport or config.transport_config()
-        self.senders: dict[str, object] = {}
+        self.senders = KVSenders(self.transport, self.engine.spec)
         self.handoffs: dict[str, Handoff] = {}
         self.reqs: dict[str, GenerateRequest] = {}
         self.peer_pages = PeerPages()  # what each decode node was sent and may still cache
@@ -95,14 +95,6 @@ class PrefillNode(NodeBase):
         self.handoffs[seq.request_id] = h
 
     # ---- hand-offs -----------------------------------------------------------------------------
-    async def _sender(self, addr: str):
-        s = self.senders.get(addr)
-        if s is None:
-            s = make_sender(dataclasses.replace(self.transport, endpoint=addr), self.engine.spec)
-            await s.start()
-            self.senders[addr] = s
-        return s
-
     async def _start_transfer(self, h: Handoff) -> None:
         seq, req = h.seq, h.req
         hashes = self._page_hashes(seq)
@@ -120,7 +112,7 @@ class PrefillNode(NodeBase):
                             page_hashes=hashes)
         # sealed last: the digest covers exactly what the header will carry (pdtb/nodes/kv_meta.py)
         meta = kv_meta.seal(meta, seq.request_id, export.header.num_tokens, export.header.num_pages, h.skip_pages)
-        h.transfer_id = (await self._sender(req.decode_kv_addr)).send(export, meta)
+        h.transfer_id = (await self.senders.get(req.decode_kv_addr)).send(export, meta)
         h.on(HandoffEvent.SEND)
         h.attempts += 1
 
@@ -146,7 +138,7 @@ class PrefillNode(NodeBase):
         for rid, h in list(self.handoffs.items()):
             if h.transfer_id is None:
                 continue
-            st = self.senders[h.req.decode_kv_addr].poll(h.transfer_id)
+            st = self.senders.poll(h.req.decode_kv_addr, h.transfer_id)
             if st is None or not st.state.finished:
                 continue
             st_node = h.req.decode_node
@@ -205,7 +197,7 @@ class PrefillNode(NodeBase):
             if not current:
                 continue
             if h.transfer_id is not None:
-                self.senders[h.req.decode_kv_addr].cancel(h.transfer_id, f"decode node {node_id} is down")
+                self.senders.cancel(h.req.decode_kv_addr, h.transfer_id, f"decode node {node_id} is down")
                 h.transfer_id = None
             if h.targets:
                 h.retry_at = time.monotonic()
@@ -230,7 +222,7 @@ class PrefillNode(NodeBase):
             self.reqs.pop(request_id, None)
             return super().on_abort(request_id, reason)
         if h.transfer_id is not None:
-            self.senders[h.req.decode_kv_addr].cancel(h.transfer_id, reason)
+            self.senders.cancel(h.req.decode_kv_addr, h.transfer_id, reason)
         self._release(request_id)
 
     def abort_all(self, reason: str) -> None:
@@ -248,5 +240,4 @@ class PrefillNode(NodeBase):
                 "held_pages": sum(len(self.engine.pool.pages_of(r)) for r in self.handoffs)}
 
     async def close_extra(self) -> None:
-        for s in self.senders.values():
-            await s.close()
+        await self.senders.close()

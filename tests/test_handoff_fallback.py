@@ -50,7 +50,7 @@ def prefill_node(llama_dir):
     from prefill_node.node import PrefillNode
 
     node = PrefillNode(NodeConfig("prefill", "p0", EngineConfig(llama_dir, num_pages=64)))
-    node.senders = {t.kv_addr: FakeSender() for t in (X, Y, Z)}
+    node.senders.by_addr = {t.kv_addr: FakeSender() for t in (X, Y, Z)}
     node.events, node.notices = [], []
     node.sink.add = lambda route, ev: node.events.append(ev)
     node.sink.notice = lambda route, n: node.notices.append(n)
@@ -98,11 +98,11 @@ def test_a_refusal_for_good_moves_the_hand_off_to_the_next_decode_node(llama_dir
     async def go():
         hand_off(node, "r")
         await node.poll_io()
-        node.senders[X.kv_addr].end(TransferState.FAILED, FailCode.DRAINING, "receiver: the decode node is shutting down")
+        node.senders.by_addr[X.kv_addr].end(TransferState.FAILED, FailCode.DRAINING, "receiver: the decode node is shutting down")
         await node.poll_io()  # the refusal is seen: the hand-off moves to Y and starts there at once
         assert notices(node) == [Y.node_id] and node.handoffs["r"].req.decode_kv_addr == Y.kv_addr
-        assert len(node.senders[Y.kv_addr].sent) == 1
-        node.senders[Y.kv_addr].end(TransferState.DONE)
+        assert len(node.senders.by_addr[Y.kv_addr].sent) == 1
+        node.senders.by_addr[Y.kv_addr].end(TransferState.DONE)
         await node.poll_io()
         assert "r" not in node.handoffs and node.engine.pool.num_free == node.engine.pool.num_pages
         assert not [ev for ev in node.events if ev.finish_reason == "error"]
@@ -118,7 +118,7 @@ def test_without_a_fallback_a_refusal_still_fails_the_request(llama_dir):
     async def go():
         hand_off(node, "r", fallbacks=())
         await node.poll_io()
-        node.senders[X.kv_addr].end(TransferState.FAILED, FailCode.DRAINING, "receiver: the decode node is shutting down")
+        node.senders.by_addr[X.kv_addr].end(TransferState.FAILED, FailCode.DRAINING, "receiver: the decode node is shutting down")
         await node.poll_io()
         errors = [ev for ev in node.events if ev.finish_reason == "error"]
         assert len(errors) == 1 and "draining" in errors[0].error and not notices(node)
@@ -133,10 +133,10 @@ def test_bad_metadata_fails_at_once_rather_than_trying_another_node(llama_dir):
     async def go():
         hand_off(node, "r")
         await node.poll_io()
-        node.senders[X.kv_addr].end(TransferState.FAILED, FailCode.BAD_METADATA, "receiver: request metadata digest")
+        node.senders.by_addr[X.kv_addr].end(TransferState.FAILED, FailCode.BAD_METADATA, "receiver: request metadata digest")
         await node.poll_io()
         assert not notices(node) and [ev.finish_reason for ev in node.events if ev.finished] == ["error"]
-        assert not node.senders[Y.kv_addr].sent
+        assert not node.senders.by_addr[Y.kv_addr].sent
 
     run(node, go)
 
@@ -147,17 +147,17 @@ def test_a_full_decode_node_passes_the_turn_to_the_next_and_backs_off_only_after
     async def go():
         hand_off(node, "r", fallbacks=(Y, Z))
         await node.poll_io()
-        node.senders[X.kv_addr].end(TransferState.FAILED, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free")
+        node.senders.by_addr[X.kv_addr].end(TransferState.FAILED, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free")
         await node.poll_io()
-        assert notices(node) == [Y.node_id] and len(node.senders[Y.kv_addr].sent) == 1  # no wait in between
-        node.senders[Y.kv_addr].end(TransferState.FAILED, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free")
+        assert notices(node) == [Y.node_id] and len(node.senders.by_addr[Y.kv_addr].sent) == 1  # no wait in between
+        node.senders.by_addr[Y.kv_addr].end(TransferState.FAILED, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free")
         await node.poll_io()
-        assert len(node.senders[Z.kv_addr].sent) == 1
-        node.senders[Z.kv_addr].end(TransferState.FAILED, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free")
+        assert len(node.senders.by_addr[Z.kv_addr].sent) == 1
+        node.senders.by_addr[Z.kv_addr].end(TransferState.FAILED, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free")
         await node.poll_io()  # all three refused: back to X, after a backoff
         h = node.handoffs["r"]
         assert notices(node) == [Y.node_id, Z.node_id, X.node_id] and h.transfer_id is None and h.retry_at > time.monotonic()
-        assert len(node.senders[X.kv_addr].sent) == 1
+        assert len(node.senders.by_addr[X.kv_addr].sent) == 1
 
     run(node, go)
 
@@ -169,15 +169,15 @@ def test_node_down_cancels_the_transfer_and_moves_or_fails_the_hand_offs(llama_d
         hand_off(node, "moves")
         hand_off(node, "stuck", fallbacks=())
         await node.poll_io()
-        assert len(node.senders[X.kv_addr].sent) == 2
+        assert len(node.senders.by_addr[X.kv_addr].sent) == 2
         submit(node, "queued", fallbacks=(Z, Y))  # not prefilled yet, bound to X too
         node._on_message(b"r1", NodeDown(X.node_id, "stopped answering"))
-        assert len(node.senders[X.kv_addr].cancelled) == 2
+        assert len(node.senders.by_addr[X.kv_addr].cancelled) == 2
         assert notices(node) == [Z.node_id, Y.node_id] and node.handoffs["moves"].req.decode_node == Y.node_id
         errors = [ev for ev in node.events if ev.finish_reason == "error"]
         assert [ev.request_id for ev in errors] == ["stuck"] and "stopped answering" in errors[0].error
         await node.poll_io()
-        assert len(node.senders[Y.kv_addr].sent) == 1
+        assert len(node.senders.by_addr[Y.kv_addr].sent) == 1
         prefill(node)
         assert node.handoffs["queued"].targets == [Z, Y]  # X is off its list
         # a request sent after that (the router saw X answer again: a restart) goes to X

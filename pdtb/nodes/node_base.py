@@ -112,6 +112,11 @@ def to_sampling(p: Params) -> SamplingParams:
                           ignore_eos=p.ignore_eos, stop_token_ids=tuple(p.stop_token_ids), first_index=p.first_index)
 
 
+def to_params(p: SamplingParams) -> Params:
+    """`to_sampling`'s inverse: a request's sampling parameters as they travel."""
+    return Params(p.max_tokens, p.temperature, p.top_p, p.seed, p.ignore_eos, list(p.stop_token_ids), p.first_index)
+
+
 def queued_tokens(sch) -> int:
     """Prompt tokens a node has yet to prefill (what the router balances prefill nodes on)."""
     return sum(s.num_uncomputed_tokens for s in sch.waiting) + sum(

@@ -1,0 +1,44 @@
+"""A node's KV senders, one per destination address, started on first use: the prefill node's
+hand-offs and a decode node's live migrations go through the same kind of pool."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from kv_transport import TransferStatus, TransportConfig, make_sender
+from pdtb.engine.kv_spec import KVSpec
+
+
+class KVSenders:
+    def __init__(self, transport: TransportConfig, spec: KVSpec) -> None:
+        self.transport, self.spec = transport, spec
+        self.by_addr: dict[str, object] = {}  # destination KV address -> its sender
+
+    async def get(self, addr: str):
+        """The started sender to `addr` (a new one if there is none yet)."""
+        s = self.by_addr.get(addr)
+        if s is None:
+            s = make_sender(dataclasses.replace(self.transport, endpoint=addr), self.spec)
+            await s.start()
+            self.by_addr[addr] = s
+        return s
+
+    def poll(self, addr: str, transfer_id: str) -> TransferStatus | None:
+        s = self.by_addr.get(addr)
+        return s.poll(transfer_id) if s is not None else None
+
+    def cancel(self, addr: str, transfer_id: str, reason: str) -> None:
+        s = self.by_addr.get(addr)
+        if s is not None:
+            s.cancel(transfer_id, reason)
+
+    def drop(self, addr: str) -> None:
+        """A sender that failed: the next transfer to `addr` starts a new one."""
+        s = self.by_addr.pop(addr, None)
+        if s is not None:
+            asyncio.get_running_loop().create_task(s.close())
+
+    async def close(self) -> None:
+        for s in self.by_addr.values():
+            await s.close()
+        self.by_addr.clear()
