@@ -89,8 +89,7 @@ class DecodeNode(NodeBase):
         if meta.migration:
             return self._admit_migration(header, meta)
         req = _inherited(header, meta, header.request_id)
-        can_park = self.receiver is None or self.receiver.accepts_other_pools  # torch receivers land in the device tier only
-        return place(req, self.engine.scheduler, self.policy, can_park)
+        return place(req, self.engine.scheduler, self.policy, can_park=self.receiver is None or self.receiver.accepts_other_pools)
 
     def _admit_migration(self, header, meta) -> Admission:
         """A live migration's precopy or final header. It lands in the device tier only (it is

@@ -25,6 +25,9 @@ def make_sender(config: TransportConfig, spec: KVSpec, **kwargs) -> KVSender:
     if config.backend == "zmq":
         from kv_transport.zmq_backend import ZmqSender
         return ZmqSender(config, spec, **kwargs)
+    if config.backend in ("shm", "auto"):
+        from kv_transport.shm_backend import ShmSender
+        return ShmSender(config, spec, **kwargs)
     if config.backend == "torch":
         from kv_transport.torch_backend import TorchSender
         return TorchSender(config, spec, **kwargs)
@@ -37,6 +40,9 @@ def make_receiver(config: TransportConfig, pool: PagePool, **kwargs) -> KVReceiv
     if config.backend == "zmq":
         from kv_transport.zmq_backend import ZmqReceiver
         return ZmqReceiver(config, pool, **kwargs)
+    if config.backend in ("shm", "auto"):
+        from kv_transport.shm_backend import ShmReceiver
+        return ShmReceiver(config, pool, **kwargs)
     if config.backend == "torch":
         from kv_transport.torch_backend import TorchReceiver
         return TorchReceiver(config, pool, **kwargs)

@@ -9,7 +9,9 @@ checksum). Every completed transfer's pages are freed right away. Role "raw" is 
 pyzmq baseline: a ROUTER that counts bytes until an "end" frame and answers "done"; with
 --land-bytes N it also copies every frame into a preallocated N-byte buffer (the landing copy
 a receiver that keeps the bytes cannot avoid, without any of the transport's work).
-A "stats" line on stdin is answered with the pool's page state counts (after pool.check()).
+With --verdicts, the admission answer depends on the request id's first word (accept-*,
+park-* into a host tier of --num-pages pages, defer-*, refuse-*), and reports say which tier
+each transfer landed in. A "stats" line on stdin is answered with the pool's page state counts (after pool.check()).
 The peer exits when its stdin closes (the parent died or is done), or after --max-s.
 """
 from __future__ import annotations
@@ -44,7 +46,8 @@ def emit(obj: dict) -> None:
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="kv_transport.bench_peer")
     p.add_argument("--role", choices=("transport", "raw"), default="transport")
-    p.add_argument("--backend", choices=("zmq", "torch"), default="zmq")
+    p.add_argument("--backend", choices=("zmq", "torch", "shm", "auto"), default="zmq")
+    p.add_argument("--verdicts", action="store_true", help="admit by request id: accept-, park-, defer-, refuse-")
     p.add_argument("--endpoint", default="tcp://127.0.0.1:0")
     p.add_argument("--num-pages", type=int, default=9000)
     p.add_argument("--chunk-bytes", type=int, default=4 * MiB)
@@ -103,8 +106,10 @@ def run_raw(args: argparse.Namespace) -> None:
 
 async def run_transport(args: argparse.Namespace) -> None:
     from kv_transport import make_receiver
-    pool = PagePool(TINY_SPEC, args.num_pages, device=args.device)
+    shared = args.backend in ("shm", "auto")  # pools a one-sided sender can write into
+    pool = PagePool(TINY_SPEC, args.num_pages, device=args.device, shared=shared)
     pool.kv.fill_(1.0)  # fault the pool's pages in now, as a long-running node would have
+    host = PagePool(TINY_SPEC, args.num_pages, tier="host", shared=shared) if args.verdicts else None
     cfg = TransportConfig(backend=args.backend, endpoint=args.endpoint,
                           chunk_bytes=args.chunk_bytes, checksum=args.checksum,
                           window=args.window, socket_buffer_bytes=args.socket_buffer,
@@ -114,7 +119,7 @@ async def run_transport(args: argparse.Namespace) -> None:
                           transfer_timeout_s=args.timeout_s)
     if args.backend == "torch":
         init_dist_pair(args.dist_port, rank=1)
-    rx = make_receiver(cfg, pool)
+    rx = make_receiver(cfg, pool, admit=verdicts(host) if args.verdicts else None)
     await rx.start()
     emit({"endpoint": rx.endpoint})
     stdin_closed = asyncio.Event()
@@ -127,7 +132,7 @@ async def run_transport(args: argparse.Namespace) -> None:
             stdin_closed.set()
         elif line.strip() == "stats":
             pool.check()
-            emit({"counts": pool.state_counts()})
+            emit({"counts": pool.state_counts(), "host_counts": host.state_counts() if host else None})
     loop.add_reader(sys.stdin.fileno(), on_stdin)
     stop_at = time.monotonic() + args.max_s
     try:
@@ -135,18 +140,37 @@ async def run_transport(args: argparse.Namespace) -> None:
             t = await rx.next_completed(0.2)
             if t is None:
                 continue
+            landed = host if t.tier == "host" else pool
             if args.report:
-                data = pool.export_pages(t.pages).cpu().numpy().tobytes()
+                data = landed.export_pages(t.pages).cpu().numpy().tobytes()
                 emit({"request_id": t.request_id, "num_pages": len(t.pages),
                       "num_tokens": t.num_tokens, "tenant": t.tenant,
                       "prompt_token_ids": t.prompt_token_ids,
                       "sha256": hashlib.sha256(data).hexdigest(),
-                      "reserved": pool.state_counts()["reserved"]})
-            pool.free(t.request_id)
+                      "reserved": pool.state_counts()["reserved"], "tier": t.tier})
+            landed.free(t.request_id)
     finally:
         loop.remove_reader(sys.stdin.fileno())
         await rx.close()
         pool.check()
+        if host is not None:
+            host.check()
+
+
+def verdicts(host: PagePool):
+    """An admission function that answers by the request id's first word (process tests)."""
+    from kv_transport.admission import Admission, FailCode
+
+    def admit(header) -> Admission:
+        kind = header.request_id.split("-", 1)[0]
+        if kind == "park":
+            return Admission.park(host)
+        if kind == "defer":
+            return Admission.defer("deferred by name")
+        if kind == "refuse":
+            return Admission.refuse(FailCode.TOO_LARGE, "refused by name")
+        return Admission.accept()
+    return admit
 
 
 def init_dist_pair(port: int, rank: int) -> None:

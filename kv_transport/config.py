@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 
 MiB = 1 << 20
 
-BACKENDS = ("zmq", "torch", "fake")
+BACKENDS = ("zmq", "torch", "fake", "shm", "auto")  # shm: one-sided writes (same host); auto: shm, else zmq
 CHECKSUMS = ("sum64", "crc32")
 # Message kinds a fault can hit (see wire.MsgType): data path of the sender, control of either.
-FAULT_KINDS = ("header", "batch", "chunk", "credit", "ack", "nack", "cancel")
+FAULT_KINDS = ("header", "batch", "chunk", "credit", "ack", "nack", "cancel", "grant", "commit")
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,8 @@ class FaultConfig:
     disconnect_after_chunks: int | None = None  # after N chunks: drop the link, reconnect (once)
     kinds: tuple[str, ...] = ("header", "batch", "chunk")  # message kinds faults may hit
     max_faults: int | None = None  # stop drawing random faults after this many (None: unlimited); the disconnect is extra
+    shm_delay_s: float = 0.0  # shm sender: wait this long after a Grant before writing (a late writer)
+    shm_stall_s: float = 0.0  # shm sender: after the first piece, hold the write slot this long, blocked (stalled mid-write)
     seed: int = 0  # seed of the fault random stream
 
     def __post_init__(self) -> None:
@@ -39,8 +41,8 @@ class FaultConfig:
             p = getattr(self, name)
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"FaultConfig.{name} must be in [0, 1], got {p}")
-        if self.delay_s < 0:
-            raise ValueError("FaultConfig.delay_s must be >= 0")
+        if self.delay_s < 0 or self.shm_delay_s < 0 or self.shm_stall_s < 0:
+            raise ValueError("FaultConfig.delay_s, shm_delay_s and shm_stall_s must be >= 0")
         if self.disconnect_after_chunks is not None and self.disconnect_after_chunks < 0:
             raise ValueError("FaultConfig.disconnect_after_chunks must be >= 0")
         if self.max_faults is not None and self.max_faults < 0:
@@ -53,14 +55,15 @@ class FaultConfig:
     def enabled(self) -> bool:
         probs = (self.drop_prob, self.delay_prob, self.duplicate_prob, self.corrupt_prob,
                  self.truncate_prob)
-        return any(p > 0 for p in probs) or self.disconnect_after_chunks is not None
+        return any(p > 0 for p in probs) or self.disconnect_after_chunks is not None \
+            or self.shm_delay_s > 0 or self.shm_stall_s > 0
 
 
 @dataclass(frozen=True)
 class TransportConfig:
     """Settings of a KV sender or receiver. Sizes in bytes, times in seconds."""
 
-    backend: str = "zmq"  # "zmq", "torch" (payload over torch.distributed) or "fake"
+    backend: str = "zmq"  # "zmq", "torch" (payload over torch.distributed), "shm", "auto" or "fake"
     endpoint: str = "tcp://127.0.0.1:0"  # receiver binds it (port 0 / ipc://*: ephemeral)
     chunk_bytes: int = 4 * MiB  # large payloads move in chunks of about this size
     window: int = 4  # chunk credits a receiver grants per transfer (chunks in flight)

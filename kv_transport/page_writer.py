@@ -178,3 +178,24 @@ class PageWriter:
                 stop = first - take
                 dst[first:stop if stop >= 0 else None:-1] = src[pos:pos + take]
             r, pos = r + take, pos + take
+
+    def checksum(self, plan: WritePlan, algo: str) -> int:
+        """The checksum of the payload as it stands in the pool's pages (CPU pools): what a
+        one-sided sender wrote, read back. sum64 is order-free, so runs of pages are summed
+        where they lie; crc32 reads the rows in payload order, 1 MiB at a time."""
+        from kv_transport import checksum
+
+        acc = checksum.initial(algo)
+        if algo == "sum64" and plan.runs is not None:
+            for lk in range(self.num_lk):
+                base = lk * self.num_pool_pages
+                for _, p0, ln, step in plan.runs:
+                    lo = base + (p0 if step == 1 else p0 - ln + 1)
+                    acc = checksum.update(algo, acc, self.np_rows[lo:lo + ln].reshape(-1))
+            return acc
+        rows = plan.rows if plan.rows is not None else \
+            (np.arange(self.num_lk)[:, None] * self.num_pool_pages + plan.page_ids[None, :]).ravel()
+        step = max(1, (1 << 20) // self.row_bytes)
+        for a in range(0, len(rows), step):
+            acc = checksum.update(algo, acc, self.np_rows[rows[a:a + step]].reshape(-1))
+        return acc

@@ -33,7 +33,7 @@ from kv_transport.config import TransportConfig
 from kv_transport.endpoint_core import EndpointCore
 from kv_transport.malloc_tuning import keep_freed_memory
 from kv_transport.page_writer import PageWriter, WritePlan
-from kv_transport.wire import (Ack, Cancel, Credit, KVChunk, KVTransferHeader, Nack,
+from kv_transport.wire import (STREAMED, Ack, Cancel, Credit, KVChunk, KVTransferHeader, Nack,
                                TransferBatch, WireError, decode, encode)
 from pdtb.engine.page_pool import PagePool, PoolError
 
@@ -187,7 +187,11 @@ class ReceiverCore(EndpointCore):
             else:
                 self._fail(inb, FailCode.CANCELLED, f"sender cancelled: {m.reason}", nack=False)
         else:
-            log.warning("receiver: unexpected %s from %r discarded", type(m).__name__, peer)
+            self._on_other(peer, m)
+
+    def _on_other(self, peer: bytes | None, m) -> None:
+        """A message type this backend does not take (backends extend it)."""
+        log.warning("receiver: unexpected %s from %r discarded", type(m).__name__, peer)
 
     def _foreign(self, peer: bytes | None, transfer_id: str, kind: str) -> bool:
         """A chunk or Cancel for a live transfer from another connection than its header's:
@@ -254,6 +258,8 @@ class ReceiverCore(EndpointCore):
         if h.mode == "chunked":
             inb.granted = min(h.num_chunks, self.config.window)
             self._reply(peer, Credit(tid, inb.granted), "credit", [inb])
+        elif h.mode == "shm":
+            self._start_shm(inb)
         else:
             self._start_dist(inb)
         return False
@@ -321,7 +327,7 @@ class ReceiverCore(EndpointCore):
             log.info("receiver: late chunk %d of %s discarded", c.chunk_index, c.transfer_id)
             return
         h = inb.header
-        if h.mode != "chunked" or c.chunk_index < inb.next_chunk:
+        if h.mode not in STREAMED or c.chunk_index < inb.next_chunk:
             log.info("receiver: duplicate chunk %d of %s discarded", c.chunk_index, h.transfer_id)
             return
         if c.chunk_index > inb.next_chunk:
@@ -373,6 +379,11 @@ class ReceiverCore(EndpointCore):
         if last:
             self._commit(inb)
             self._reply(inb.peer, Ack([h.transfer_id]), "ack")
+
+    def _start_shm(self, inb: _Inbound) -> None:
+        """Mode shm on a receiver with no one-sided path: the sender streams chunks instead."""
+        inb.granted = min(inb.header.num_chunks, self.config.window)
+        self._reply(inb.peer, Credit(inb.status.transfer_id, inb.granted), "credit", [inb])
 
     def _start_dist(self, inb: _Inbound) -> None:
         self._fail(inb, FailCode.BAD_MESSAGE, "this receiver has no dist payload path")

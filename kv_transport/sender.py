@@ -34,7 +34,7 @@ from kv_transport.admission import FailCode
 from kv_transport.base import TransferMeta, TransferState, TransferStatus, TransportError
 from kv_transport.config import TransportConfig
 from kv_transport.endpoint_core import EndpointCore
-from kv_transport.wire import (Ack, Cancel, Credit, KVChunk, KVTransferHeader, Nack,
+from kv_transport.wire import (STREAMED, Ack, Cancel, Credit, KVChunk, KVTransferHeader, Nack,
                                TransferBatch, WireError, decode, encode)
 from pdtb.engine.kv_export import SUM_BLOCK_BYTES, KVExport
 from pdtb.engine.kv_spec import KVSpec
@@ -110,12 +110,13 @@ class SenderCore(EndpointCore):
         view = None if data.device.type != "cpu" else \
             memoryview(data.reshape(-1).view(torch.uint8).numpy())
         algo = self.config.checksum
-        chunk = self._chunk_bytes if mode == "chunked" else nbytes
+        streamed = mode in STREAMED
+        chunk = self._chunk_bytes if streamed else nbytes
         sums = None  # running checksum after each chunk, if the export already summed it
         if algo == "sum64" and export.block_sums is not None:
             sums = checksum.running_from_blocks(export.block_sums, SUM_BLOCK_BYTES,
-                                                chunk if mode == "chunked" else nbytes, nbytes,
-                                                whole=mode != "chunked")
+                                                chunk if streamed else nbytes, nbytes,
+                                                whole=not streamed)
         tid = f"{self._prefix}-{next(self._seq)}"
         header = KVTransferHeader(
             transfer_id=tid, request_id=h.request_id, tenant=meta.tenant,
@@ -126,9 +127,9 @@ class SenderCore(EndpointCore):
             num_layers=self.spec.num_layers, num_kv_heads=self.spec.num_kv_heads,
             head_dim=self.spec.head_dim, payload_bytes=nbytes, mode=mode,
             chunk_bytes=chunk,
-            num_chunks=-(-nbytes // self._chunk_bytes) if mode == "chunked" else 1,
+            num_chunks=-(-nbytes // self._chunk_bytes) if streamed else 1,
             checksum_algo=algo,
-            checksum=None if mode == "chunked" else sums[-1] if sums else
+            checksum=None if streamed else sums[-1] if sums else
             checksum.of(algo, data if view is None else view),
             src_rank=self._src_rank(), skip_pages=h.skip_pages, page_hashes=list(meta.page_hashes))
         frame0 = encode(header)[0]  # fails here, in the caller, if meta is not msgpack-safe
@@ -136,7 +137,7 @@ class SenderCore(EndpointCore):
         status = TransferStatus(tid, h.request_id, S.BOOTSTRAPPING, bytes_total=nbytes,
                                 t_created=now)
         o = _Outbound(header, data, view, status, now + self.config.transfer_timeout_s, frame0,
-                      sums=sums if mode == "chunked" and sums else [])
+                      sums=sums if streamed and sums else [])
         self._live[tid] = o
         (self._inline_q if mode == "inline" else self._chunked_q).append(o)
         self._wake.set()
@@ -374,7 +375,7 @@ class SenderCore(EndpointCore):
         """While idle (waiting for credits), checksum one chunk that will be sent soon, so
         that a credit is answered by a send and not by a pass over 4 MiB. True if it did."""
         for o in self._streaming:
-            if o.header.mode != "chunked" or o.view is None:
+            if o.header.mode != "chunked" or o.view is None:  # (shm: written one-sided, no chunk sums)
                 continue
             if len(o.sums) < min(o.header.num_chunks, o.next_chunk + self.config.window):
                 self._checksum_next(o)

@@ -207,7 +207,6 @@ class TorchSender(ZmqSender):
 class TorchReceiver(ZmqReceiver):
     """ZmqReceiver whose large payloads arrive by torch.distributed irecv."""
 
-    accepts_other_pools = False  # the staging copy writes into the device pool only
 
     def __init__(self, config: TransportConfig, pool: PagePool, admit: AdmitFn | None = None,
                  **kwargs) -> None:
@@ -283,8 +282,8 @@ class TorchReceiver(ZmqReceiver):
         if value != h.checksum:
             self._fail(inb, FailCode.CHECKSUM, f"payload checksum {value:#x} != {h.checksum:#x}")
             return
-        rows = buf.view(self.pool.kv.dtype).view(-1, self._writer.row_elems)
-        self._writer.write(inb.plan, 0, rows)
+        rows = buf.view(self.pool.kv.dtype).view(-1, inb.writer.row_elems)
+        inb.writer.write(inb.plan, 0, rows)  # the device pool, or the host tier for a parked request
         inb.status.bytes_done = h.payload_bytes
         self._commit(inb)
         self._reply(inb.peer, Ack([h.transfer_id]), "ack")

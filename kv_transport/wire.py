@@ -1,4 +1,4 @@
-"""Wire format of the KV transport, version 2 (the reference is kv_transport/README.md).
+"""Wire format of the KV transport, version 4 (the reference is kv_transport/README.md).
 
 Every message is one multipart message:
 
@@ -24,11 +24,12 @@ from kv_transport.admission import FailCode
 from kv_transport.wire_check import (Fields, WireChecksumError, WireError, WireFieldError,
                                      WireLimits, WireSizeError, WireVersionError, frame_view)
 
-WIRE_VERSION = 3  # 3: Nack.code is one of admission.FailCode; 2: Credit.upto is cumulative
-MODES = ("inline", "chunked", "dist")  # where a transfer's payload travels
+WIRE_VERSION = 4  # 4: mode "shm", Grant, Commit; 3: Nack.code is a FailCode; 2: Credit.upto is cumulative
+MODES = ("inline", "chunked", "dist", "shm")  # where a transfer's payload travels
+STREAMED = ("chunked", "shm")  # modes whose payload may come in KVChunks (shm: if not written one-sided)
 
 __all__ = ["WIRE_VERSION", "MODES", "MsgType", "KVTransferHeader", "TransferBatch", "KVChunk",
-           "Credit", "Ack", "Nack", "Cancel", "Message", "Decoded", "encode", "decode",
+           "Credit", "Ack", "Nack", "Cancel", "Grant", "Commit", "Message", "Decoded", "encode", "decode",
            "WireError", "WireVersionError", "WireFieldError", "WireSizeError",
            "WireChecksumError", "WireLimits", "frame_view"]
 
@@ -41,6 +42,8 @@ class MsgType(enum.IntEnum):
     ACK = 5  # receiver -> sender: these transfers are committed
     NACK = 6  # receiver -> sender: this transfer failed (reason); its pages are freed
     CANCEL = 7  # sender -> receiver: abandon this transfer and free its pages
+    GRANT = 8  # receiver -> sender (mode shm): pages reserved; write them yourself, here
+    COMMIT = 9  # sender -> receiver (mode shm): the pages are written; verify and commit
 
 
 # Messages are plain (not frozen) dataclasses: a frozen 21-field __init__ costs ~12 us, which
@@ -68,7 +71,7 @@ class KVTransferHeader:
     num_kv_heads: int
     head_dim: int
     payload_bytes: int  # == num_pages * bytes_per_page
-    mode: str  # "inline" (frame 1 is the payload), "chunked" (KVChunk follow), "dist"
+    mode: str  # "inline" (frame 1 is the payload), "chunked" (KVChunk follow), "dist", "shm" (Grant, one-sided write, Commit; or chunks)
     chunk_bytes: int  # size of every chunk but the last (chunked); == payload_bytes otherwise
     num_chunks: int  # ceil(payload_bytes / chunk_bytes)
     checksum_algo: str  # "sum64" or "crc32"
@@ -142,7 +145,37 @@ class Cancel:
     reason: str
 
 
-Message = Union[KVTransferHeader, TransferBatch, KVChunk, Credit, Ack, Nack, Cancel]
+@dataclass
+class Grant:
+    """Mode shm: the receiver reserved `pages` in a pool another process of its host can map
+    (shared_memory.Locator fields `buffer*`) and lets the sender write them while it holds
+    write slot `slot` at generation `gen` (shm_slots.py). `upto` is a chunk credit, as in a
+    Credit, for a sender that cannot map the pool and sends chunks instead."""
+
+    MSG_TYPE: ClassVar[MsgType] = MsgType.GRANT
+    transfer_id: str
+    upto: int
+    host: str  # the receiver's boot id
+    buffer: str  # the pool's locator path and token
+    buffer_token: str
+    slots: str  # the write-slot table's locator path and token
+    slots_token: str
+    slot: int
+    gen: int
+    pool_pages: int  # pages in the pool: payload row lk * n + i lands in pool row lk * pool_pages + pages[i]
+    pages: list[int]  # the request's reserved pages, in page-table order
+
+
+@dataclass
+class Commit:
+    """Mode shm: every page is written; `checksum` is the payload's (its algorithm)."""
+
+    MSG_TYPE: ClassVar[MsgType] = MsgType.COMMIT
+    transfer_id: str
+    checksum: int
+
+
+Message = Union[KVTransferHeader, TransferBatch, KVChunk, Credit, Ack, Nack, Cancel, Grant, Commit]
 
 
 @dataclass
@@ -232,15 +265,16 @@ def _header(f: Fields, limits: WireLimits) -> KVTransferHeader:
     if payload > limits.max_transfer_bytes:
         raise WireSizeError("payload_bytes", f"{payload} > {limits.max_transfer_bytes}", tid)
     mode = f.choice("mode", MODES)
-    chunk = f.within("chunk_bytes", 1, limits.max_message_bytes if mode == "chunked" else payload)
-    if mode != "chunked" and chunk != payload:
+    streamed = mode in STREAMED
+    chunk = f.within("chunk_bytes", 1, limits.max_message_bytes if streamed else payload)
+    if not streamed and chunk != payload:
         raise WireFieldError("chunk_bytes", f"must equal payload_bytes in mode {mode}", tid)
-    if mode == "chunked" and chunk % limits.chunk_align:
+    if streamed and chunk % limits.chunk_align:
         raise WireFieldError("chunk_bytes", f"{chunk} not a multiple of {limits.chunk_align}", tid)
     f.equal("num_chunks", d["num_chunks"], -(-payload // chunk))
     checksum = f.opt_int("checksum", 0, (1 << 64) - 1)
-    if (checksum is None) != (mode == "chunked"):
-        raise WireFieldError("checksum", f"required in mode {mode} only if not chunked", tid)
+    if (checksum is None) != streamed:
+        raise WireFieldError("checksum", f"required in mode {mode} only if not streamed", tid)
     return KVTransferHeader(
         transfer_id=tid, request_id=f.id("request_id"), tenant=f.str("tenant", limits.max_id_len),
         num_tokens=num_tokens, prompt_token_ids=f.tokens("prompt_token_ids"),
@@ -335,11 +369,33 @@ def _dec_cancel(f: Fields, payloads: list, limits: WireLimits) -> Cancel:
     return Cancel(f.id("transfer_id"), f.str("reason", 4096))
 
 
+def _dec_grant(f: Fields, payloads: list, limits: WireLimits) -> Grant:
+    _check_payloads(payloads, [], None)
+    tid = f.id("transfer_id")
+    f.transfer_id = tid
+    pages = f.d.get("pages")
+    if type(pages) is not list or not 0 < len(pages) <= limits.max_pages:
+        raise WireFieldError("pages", f"expected a list of 1..{limits.max_pages} page ids", tid)
+    pool_pages = f.int("pool_pages", 1, 1 << 40)
+    for p in pages:
+        if type(p) is not int or not 0 <= p < pool_pages:
+            raise WireFieldError("pages", f"page {p!r} is not an int in [0, {pool_pages})", tid)
+    return Grant(tid, f.int("upto", 0, 1 << 31), f.str("host", 128), f.str("buffer", 256),
+                 f.str("buffer_token", 64), f.str("slots", 256), f.str("slots_token", 64),
+                 f.int("slot", 0, 1 << 31), f.int("gen", 1, (1 << 64) - 1), pool_pages, pages)
+
+
+def _dec_commit(f: Fields, payloads: list, limits: WireLimits) -> Commit:
+    _check_payloads(payloads, [], None)
+    return Commit(f.id("transfer_id"), f.int("checksum", 0, (1 << 64) - 1))
+
+
 _DECODERS = {
     MsgType.HEADER: _dec_header, MsgType.BATCH: _dec_batch, MsgType.CHUNK: _dec_chunk,
     MsgType.CREDIT: _dec_credit, MsgType.ACK: _dec_ack, MsgType.NACK: _dec_nack,
-    MsgType.CANCEL: _dec_cancel,
+    MsgType.CANCEL: _dec_cancel, MsgType.GRANT: _dec_grant, MsgType.COMMIT: _dec_commit,
 }
 _ALLOWED = {t: frozenset(field_names(cls)) | {"t", "v"} for t, cls in (
     (MsgType.HEADER, KVTransferHeader), (MsgType.BATCH, TransferBatch), (MsgType.CHUNK, KVChunk),
-    (MsgType.CREDIT, Credit), (MsgType.ACK, Ack), (MsgType.NACK, Nack), (MsgType.CANCEL, Cancel))}
+    (MsgType.CREDIT, Credit), (MsgType.ACK, Ack), (MsgType.NACK, Nack), (MsgType.CANCEL, Cancel),
+    (MsgType.GRANT, Grant), (MsgType.COMMIT, Commit))}

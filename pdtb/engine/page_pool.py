@@ -18,7 +18,7 @@ import enum
 
 import torch
 
-from pdtb.engine import host_memory
+from pdtb.engine import host_memory, shared_memory
 from pdtb.engine.kv_spec import KVSpec
 
 
@@ -50,7 +50,7 @@ class PagePool:
 
     def __init__(self, spec: KVSpec, num_pages: int, device: str | torch.device = "cpu",
                  tier: str = "device", pin_memory: bool = False, storage: bool = True,
-                 charge: str = "split") -> None:
+                 charge: str = "split", shared: bool = False) -> None:
         if num_pages <= 0:
             raise ValueError("num_pages must be positive")
         if tier not in ("device", "host"):
@@ -62,7 +62,13 @@ class PagePool:
         self.tier = tier
         self.charge = charge
         pin = pin_memory and torch.cuda.is_available()
-        if not storage:  # ownership only (pdtb sim): the same state machine at any pool size, no bytes
+        self.shared = None  # shared_memory.SharedBuffer holding kv, where peers may map it
+        if shared:  # a one-sided sender on this host writes straight into these pages
+            if torch.device(device).type != "cpu" or pin:
+                raise ValueError("a shared pool lives in host memory (device='cpu', no pinning)")
+            self.shared = shared_memory.SharedBuffer(spec.bytes_per_page * num_pages, f"pdtb-kv-{tier}")
+            self.kv = self.shared.tensor(spec.page_shape(num_pages), spec.torch_dtype)
+        elif not storage:  # ownership only (pdtb sim): the same state machine at any pool size, no bytes
             self.kv = None
         elif torch.device(device).type == "cpu" and not pin:  # scattered page reads: huge pages help
             self.kv = host_memory.zeros(spec.page_shape(num_pages), spec.torch_dtype)

@@ -1,0 +1,291 @@
+"""One-sided writes into the receiver's pool, for peers on one host (`backend="shm"|"auto"`).
+
+    sender                                             receiver (pools in shared memory)
+    header (mode "shm") ────────────────────────────>  admit; reserve pages (device or host tier)
+                        <── Grant(pool locator, pages, write slot s, generation g, credit)
+    map the pool once; per piece of chunk_bytes:
+      hold slot s at g (shm_slots.py); copy rows straight into the pages; let go
+    Commit(checksum) ───────────────────────────────>  revoke s; read the pages back and check
+                        <── Ack                         the sum; commit
+
+Control messages travel over the ZeroMQ socket of the zmq backend; only the payload bytes
+move differently: one copy, from the sender's export into the receiver's pool pages, with no
+socket, no receive buffer and no landing copy. The state machines, timeouts, Nacks and page
+ownership are the zmq backend's.
+
+- A receiver whose receiving pool is not shared (PagePool(shared=True)) answers a Credit, and
+  the sender streams chunks as in the zmq backend.
+- A sender that cannot map the Grant's pool (another host, another container's /proc) streams
+  chunks under the Grant's credit with `backend="auto"`; with `backend="shm"` the transfer
+  fails (code peer_lost) with the reason.
+- A late writer never touches pages handed out again: every grant has a fresh generation, a
+  sender writes a piece only while it holds the slot's lock and reads its generation there, and
+  the receiver frees or commits the pages only after it has revoked the slot under that lock.
+  A sender inside a piece when its transfer fails (stalled, or slow) keeps the revoke from
+  succeeding: the pages stay reserved, the Nack goes out, and the revoke is tried again every
+  tick; a sender that dies drops its lock with its files.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from kv_transport import checksum
+from kv_transport.admission import AdmitFn, FailCode
+from kv_transport.base import TransferState
+from kv_transport.config import TransportConfig
+from kv_transport.page_writer import PageWriter, WritePlan
+from kv_transport.receiver import _Inbound
+from kv_transport.sender import _Outbound
+from kv_transport.shm_slots import SlotGuard, WriteSlots
+from kv_transport.wire import Ack, Commit, Grant, Nack, encode
+from kv_transport.zmq_backend import ZmqReceiver, ZmqSender
+from pdtb.engine.kv_spec import KVSpec
+from pdtb.engine.page_pool import PagePool
+from pdtb.engine.shared_memory import Locator, SharedMemoryError, boot_id, data_tensor, open_buffer
+
+log = logging.getLogger(__name__)
+S = TransferState
+NUM_SLOTS = 1024  # one-sided transfers a receiver lets write at once (more get chunks)
+
+
+@dataclass
+class _PoolView:
+    """What PageWriter needs of a pool: its geometry and its tensor (here, a peer's mapping)."""
+
+    spec: KVSpec
+    num_pages: int
+    kv: object  # torch.Tensor
+
+
+@dataclass
+class _Target:
+    """A receiver pool this sender has mapped."""
+
+    writer: PageWriter
+    guard: SlotGuard
+
+
+@dataclass
+class _Write:
+    """One granted transfer's one-sided write, piece by piece."""
+
+    grant: Grant
+    target: _Target
+    plan: WritePlan
+    next_row: int = 0  # payload rows [0, next_row) are written
+    acc: int = 0  # running checksum of the rows written
+    not_before: float = 0.0  # (fault injection: a late writer)
+
+
+class ShmSender(ZmqSender):
+    """A ZmqSender that writes granted transfers straight into the receiver's shared pool."""
+
+    def __init__(self, config: TransportConfig, spec: KVSpec, name: str = "tx", context=None) -> None:
+        super().__init__(config, spec, name, context)
+        self.strict = config.backend == "shm"
+        self._targets: dict[tuple[str, str], _Target] = {}  # (pool locator path, token)
+        self._writes: dict[str, _Write] = {}  # transfer id -> its write in progress
+        self.one_sided = 0  # transfers written one-sided (the rest went as chunks)
+
+    def _mode_for(self, nbytes: int) -> str:
+        return "inline" if nbytes <= self.config.inline_max_bytes else "shm"
+
+    def _on_control(self, msg) -> None:
+        if not isinstance(msg, Grant):
+            super()._on_control(msg)
+            return
+        o = self._live.get(msg.transfer_id)
+        if o is None or o.status.state is not S.WAITING:
+            log.info("sender: late or duplicate grant for %s discarded", msg.transfer_id)
+            return
+        o.status.state, o.status.t_started = S.TRANSFERRING, time.monotonic()
+        try:
+            target = self._target(msg)
+        except SharedMemoryError as e:
+            if self.strict:
+                self._finish(o, S.FAILED, f"cannot write the receiver's pool one-sided: {e} "
+                             "(--transport auto falls back to ZeroMQ)", notify=True, code=FailCode.PEER_LOST)
+                return
+            log.info("sender: %s goes as chunks: %s", msg.transfer_id, e)
+            o.upto = max(o.upto, msg.upto)
+        else:
+            delay = self.config.faults.shm_delay_s
+            self._writes[msg.transfer_id] = _Write(msg, target, target.writer.plan(msg.pages),
+                                                   acc=checksum.initial(o.header.checksum_algo),
+                                                   not_before=time.monotonic() + delay if delay else 0.0)
+        self._wake.set()
+
+    def _target(self, g: Grant) -> _Target:
+        key = (g.buffer, g.buffer_token)
+        t = self._targets.get(key)
+        if t is not None:
+            return t
+        pool = open_buffer(Locator(g.buffer, g.buffer_token, g.host))
+        try:
+            if pool.nbytes != g.pool_pages * self.spec.bytes_per_page:
+                raise SharedMemoryError(f"the pool has {pool.nbytes} bytes, not {g.pool_pages} pages of this geometry")
+            guard = SlotGuard(Locator(g.slots, g.slots_token, g.host))
+        except BaseException:
+            pool.close()
+            raise
+        kv = data_tensor(pool.map, pool.nbytes, self.spec.page_shape(g.pool_pages), self.spec.torch_dtype)
+        pool.close()  # the mapping stays (kv holds it); locks go through the guard's own file
+        t = self._targets[key] = _Target(PageWriter(_PoolView(self.spec, g.pool_pages, kv)), guard)
+        return t
+
+    async def _send_chunks(self) -> bool:
+        wrote = False
+        for tid, w in list(self._writes.items()):
+            o = self._live.get(tid)
+            if o is None or o.status.state.finished:
+                del self._writes[tid]
+            elif time.monotonic() >= w.not_before:
+                wrote = await self._write_piece(o, w) or wrote
+        return await super()._send_chunks() or wrote
+
+    async def _write_piece(self, o: _Outbound, w: _Write) -> bool:
+        """Write the next piece under the grant's slot; on the last, send the Commit."""
+        g, guard = w.grant, w.target.guard
+        held = guard.acquire(g.slot, g.gen)
+        if held is None:  # the receiver is granting or revoking this very instant
+            return False
+        if held is False:
+            del self._writes[o.status.transfer_id]
+            self._finish(o, S.FAILED, "the receiver revoked the write grant (it timed out or was "
+                         "cancelled there): nothing written", code=FailCode.CANCELLED)
+            return False
+        writer, row = w.target.writer, w.target.writer.row_bytes
+        total = len(o.view) // row
+        rows = min(total - w.next_row, max(1, self.config.chunk_bytes // row))
+        try:
+            data = o.view[w.next_row * row:(w.next_row + rows) * row]
+            algo = o.header.checksum_algo
+            fused = writer.write_bytes_sum64(w.plan, w.next_row, data, w.acc) if algo == "sum64" else None
+            if fused is None:
+                writer.write_bytes(w.plan, w.next_row, data)
+                fused = checksum.update(algo, w.acc, data)
+            w.acc = fused
+            if self.config.faults.shm_stall_s and w.next_row == 0:
+                log.error("fault injected: the writer stalls %.1fs holding its slot", self.config.faults.shm_stall_s)
+                time.sleep(self.config.faults.shm_stall_s)  # blocks the whole process, as a stalled one would
+        finally:
+            guard.release(g.slot)
+        w.next_row += rows
+        o.status.bytes_done += len(data)
+        if w.next_row == total:
+            del self._writes[o.status.transfer_id]
+            self.one_sided += 1
+            await self._emit(encode(Commit(o.status.transfer_id, w.acc)), "commit", [o])
+        return True
+
+    async def _shutdown(self) -> None:
+        await super()._shutdown()
+        for t in self._targets.values():
+            t.guard.close()
+        self._targets.clear()
+
+
+class ShmReceiver(ZmqReceiver):
+    """A ZmqReceiver that grants one-sided writes into its shared pools."""
+
+    def __init__(self, config: TransportConfig, pool: PagePool, admit: AdmitFn | None = None,
+                 context=None, num_slots: int = NUM_SLOTS) -> None:
+        super().__init__(config, pool, admit, context)
+        self.slots = WriteSlots(num_slots)
+        self._slot_of: dict[str, tuple[int, int]] = {}  # transfer id -> (slot, gen) granted
+        self._held: list[tuple[_Inbound, int]] = []  # failed while a writer was inside a piece
+        self._stale: list[int] = []  # slots of committed transfers not yet revoked (a misbehaving sender)
+
+    @property
+    def num_held_pages(self) -> int:
+        """Pages of failed transfers kept reserved until their writer is out of them."""
+        return sum(len(inb.pages) + len(inb.shared) for inb, _ in self._held)
+
+    def _start_shm(self, inb: _Inbound) -> None:
+        buf = inb.pool.shared
+        slot = self.slots.grant() if buf is not None else None
+        if slot is None:
+            super()._start_shm(inb)
+            return
+        h, loc = inb.header, buf.locator
+        self._slot_of[h.transfer_id] = slot
+        inb.granted = min(h.num_chunks, self.config.window)
+        self._reply(inb.peer, Grant(h.transfer_id, inb.granted, boot_id(), loc.path, loc.token,
+                                    self.slots.locator.path, self.slots.locator.token, slot[0], slot[1],
+                                    inb.pool.num_pages, list(inb.pages)), "grant", [inb])
+
+    def _on_other(self, peer: bytes | None, m) -> None:
+        if isinstance(m, Commit):
+            self._on_commit(peer, m)
+        else:
+            super()._on_other(peer, m)
+
+    def _on_commit(self, peer: bytes | None, m: Commit) -> None:
+        inb = self._live.get(m.transfer_id)
+        if inb is None:
+            log.info("receiver: late commit for %s discarded", m.transfer_id)
+            return
+        if self._foreign(peer, m.transfer_id, "commit"):
+            return
+        slot = self._slot_of.get(m.transfer_id)
+        if slot is None or inb.next_chunk:
+            self._fail(inb, FailCode.BAD_MESSAGE, "a commit for a transfer not written one-sided")
+            return
+        if not self.slots.revoke(slot[0]):  # the sender committed while still holding its slot
+            self._fail(inb, FailCode.BAD_MESSAGE, "commit while the writer still holds its slot")
+            return
+        del self._slot_of[m.transfer_id]
+        h = inb.header
+        value = inb.writer.checksum(inb.plan, h.checksum_algo)
+        if value != m.checksum:
+            self._fail(inb, FailCode.CHECKSUM, f"pages read back sum to {value:#x}, the commit says {m.checksum:#x}")
+            return
+        now = time.monotonic()
+        inb.status.t_started = inb.status.t_started or now
+        inb.status.bytes_done = h.payload_bytes
+        self._commit(inb)
+        self._reply(inb.peer, Ack([h.transfer_id]), "ack")
+
+    def _commit(self, inb: _Inbound) -> None:
+        slot = self._slot_of.pop(inb.status.transfer_id, None)  # (granted, then sent as chunks)
+        if slot is not None and not self.slots.revoke(slot[0]):
+            log.error("receiver: %s came as chunks while its sender holds write slot %d", inb.status.transfer_id, slot[0])
+            self._stale.append(slot[0])
+        super()._commit(inb)
+
+    def _fail(self, inb: _Inbound, code: FailCode, reason: str, nack: bool = True) -> None:
+        if inb.status.state.finished:
+            return
+        slot = self._slot_of.pop(inb.status.transfer_id, None)
+        if slot is not None and not self.slots.revoke(slot[0]):
+            # A writer is inside a piece now: these pages stay RESERVED (nobody else gets them)
+            # until a later revoke finds it out, at a tick of _expire.
+            self._held.append((inb, slot[0]))
+            self._release(inb)
+            self._finish_status(inb.status, S.FAILED, reason, code)
+            log.warning("receiver: transfer %s failed (%s: %s) while its writer holds slot %d: "
+                        "its %d pages stay reserved until the writer is out", inb.status.transfer_id,
+                        code, reason, slot[0], len(inb.pages))
+            if nack:
+                self._reply(inb.peer, Nack(inb.status.transfer_id, code, reason), "nack")
+            return
+        super()._fail(inb, code, reason, nack)
+
+    def _expire(self, now: float) -> None:
+        super()._expire(now)
+        for inb, slot in list(self._held):
+            if self.slots.revoke(slot):
+                self._held.remove((inb, slot))
+                inb.pool.free(inb.header.request_id, inb.shared + inb.pages)
+                log.info("receiver: the writer of %s is out; its pages are free", inb.status.transfer_id)
+        self._stale = [s for s in self._stale if not self.slots.revoke(s)]
+
+    async def close(self) -> None:
+        await super().close()
+        self._expire(time.monotonic())
+        if self._held:
+            log.error("receiver: closed with %d pages held by writers still inside them", self.num_held_pages)
+        self.slots.close()
+
