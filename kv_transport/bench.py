@@ -1,6 +1,6 @@
 """`pdtb bench transport`: KV transport throughput against its own ceilings, in one run.
 
-    pdtb bench transport [--backend zmq|torch] [--endpoint ipc|tcp] [--size-mib 64]
+    pdtb bench transport [--backend zmq|torch|shm] [--endpoint ipc|tcp] [--size-mib 64]
                          [--small-requests N] [--reps 10] [--checksum sum64|crc32] [--json]
                          [--chunk-mib 4] [--window 4] [--socket-buffer-mib 0]
 
@@ -20,7 +20,8 @@ page_size 16, float32: 32 KiB per page) and real exported pages of random data:
 - small_pages_per_s: `small_requests` requests of 1-2 pages each, all sent, all DONE.
 - export_gbps / gather_gbps: the sender's export before a transfer (not in `gbps`): the page
   gather plus the 64 KiB block sums the transport reuses as its checksums, and the gather alone.
-Each process runs torch with one thread.
+Each process runs torch with one thread. `--backend shm` measures other figures
+(kv_transport/bench_shm.py).
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ from pdtb.engine.page_pool import PagePool
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pdtb bench transport")
-    p.add_argument("--backend", choices=("zmq", "torch"), default="zmq")
+    p.add_argument("--backend", choices=("zmq", "torch", "shm"), default="zmq",
+                   help="shm: one-sided writes, against ZeroMQ ipc and an in-process pool-to-pool copy")
     p.add_argument("--endpoint", choices=("ipc", "tcp"), default="ipc")
     p.add_argument("--size-mib", type=int, default=64)
     p.add_argument("--small-requests", type=int, default=2000)
@@ -215,6 +217,9 @@ def main(argv: list[str]) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.backend == "shm":
+        from kv_transport.bench_shm import run_shm_bench
+        return run_shm_bench(args)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     chunk = int(args.chunk_mib * MiB)

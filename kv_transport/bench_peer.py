@@ -11,7 +11,10 @@ pyzmq baseline: a ROUTER that counts bytes until an "end" frame and answers "don
 a receiver that keeps the bytes cannot avoid, without any of the transport's work).
 With --verdicts, the admission answer depends on the request id's first word (accept-*,
 park-* into a host tier of --num-pages pages, defer-*, refuse-*), and reports say which tier
-each transfer landed in. A "stats" line on stdin is answered with the pool's page state counts (after pool.check()).
+each transfer landed in. Role "send" is a sender instead (chaos tests): it sends one --send-pages export to
+--endpoint, prints {"sent": id} and then {"state", "code", "reason"} once it ends; with
+--shm-stall-s it stalls inside its first one-sided piece, holding its write slot.
+A "stats" line on stdin is answered with the pool's page state counts (after pool.check()).
 The peer exits when its stdin closes (the parent died or is done), or after --max-s.
 """
 from __future__ import annotations
@@ -45,7 +48,9 @@ def emit(obj: dict) -> None:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="kv_transport.bench_peer")
-    p.add_argument("--role", choices=("transport", "raw"), default="transport")
+    p.add_argument("--role", choices=("transport", "raw", "send"), default="transport")
+    p.add_argument("--send-pages", type=int, default=64, help="role send: pages of the one export")
+    p.add_argument("--shm-stall-s", type=float, default=0.0, help="role send: FaultConfig.shm_stall_s")
     p.add_argument("--backend", choices=("zmq", "torch", "shm", "auto"), default="zmq")
     p.add_argument("--verdicts", action="store_true", help="admit by request id: accept-, park-, defer-, refuse-")
     p.add_argument("--endpoint", default="tcp://127.0.0.1:0")
@@ -173,6 +178,23 @@ def verdicts(host: PagePool):
     return admit
 
 
+async def run_send(args: argparse.Namespace) -> None:
+    from kv_transport import FaultConfig, make_sender
+    from kv_transport.testing import make_export, make_pool
+    cfg = TransportConfig(backend=args.backend, endpoint=args.endpoint, chunk_bytes=args.chunk_bytes,
+                          inline_max_bytes=args.inline_max_bytes, transfer_timeout_s=args.timeout_s,
+                          faults=FaultConfig(shm_stall_s=args.shm_stall_s))
+    tx = make_sender(cfg, TINY_SPEC)
+    await tx.start()
+    try:
+        tid = tx.send(make_export(make_pool(args.send_pages, seed=1), "sent", args.send_pages))
+        emit({"sent": tid})
+        st = await tx.wait(tid, args.timeout_s + 1)
+        emit({"state": st.state.name, "code": str(st.code), "reason": st.reason})
+    finally:
+        await tx.close()
+
+
 def init_dist_pair(port: int, rank: int) -> None:
     """Join a 2-rank gloo group whose TCPStore the parent (rank 0) hosts on `port`."""
     import datetime
@@ -191,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     if args.role == "raw":
         run_raw(args)
+    elif args.role == "send":
+        import uvloop
+        uvloop.run(run_send(args))
     else:
         import uvloop
         uvloop.run(run_transport(args))

@@ -179,23 +179,39 @@ class PageWriter:
                 dst[first:stop if stop >= 0 else None:-1] = src[pos:pos + take]
             r, pos = r + take, pos + take
 
-    def checksum(self, plan: WritePlan, algo: str) -> int:
-        """The checksum of the payload as it stands in the pool's pages (CPU pools): what a
-        one-sided sender wrote, read back. sum64 is order-free, so runs of pages are summed
-        where they lie; crc32 reads the rows in payload order, 1 MiB at a time."""
+    def checksum(self, plan: WritePlan, algo: str, row0: int = 0, row1: int | None = None,
+                 acc: int | None = None) -> int:
+        """The running checksum `acc` (default: empty) extended by payload rows [row0, row1) as
+        they stand in the pool's pages (CPU pools): what a one-sided sender wrote, read back.
+        sum64 is order-free, so a run of pages is summed where it lies, in place; crc32 reads
+        the rows in payload order, 1 MiB at a time."""
         from kv_transport import checksum
 
-        acc = checksum.initial(algo)
+        n = plan.num_pages
+        row1 = self.num_lk * n if row1 is None else row1
+        acc = checksum.initial(algo) if acc is None else acc
         if algo == "sum64" and plan.runs is not None:
-            for lk in range(self.num_lk):
-                base = lk * self.num_pool_pages
-                for _, p0, ln, step in plan.runs:
-                    lo = base + (p0 if step == 1 else p0 - ln + 1)
-                    acc = checksum.update(algo, acc, self.np_rows[lo:lo + ln].reshape(-1))
+            for first, count in self._row_blocks(plan, row0, row1):
+                acc = checksum.update(algo, acc, self.np_rows[first:first + count].reshape(-1))
             return acc
-        rows = plan.rows if plan.rows is not None else \
-            (np.arange(self.num_lk)[:, None] * self.num_pool_pages + plan.page_ids[None, :]).ravel()
+        r = np.arange(row0, row1, dtype=np.int64)
+        lk, i = np.divmod(r, n)
+        rows = plan.rows[row0:row1] if plan.rows is not None else lk * self.num_pool_pages + plan.page_ids[i]
         step = max(1, (1 << 20) // self.row_bytes)
         for a in range(0, len(rows), step):
             acc = checksum.update(algo, acc, self.np_rows[rows[a:a + step]].reshape(-1))
         return acc
+
+    def _row_blocks(self, plan: WritePlan, row0: int, row1: int):
+        """(first pool row, count) of contiguous pool rows holding payload rows [row0, row1), in
+        any order (descending runs are given by their lowest row)."""
+        n, r = plan.num_pages, row0
+        while r < row1:
+            lk, i = divmod(r, n)
+            for i0, p0, ln, step in plan.runs:
+                if i0 <= i < i0 + ln:
+                    break
+            take = min(row1 - r, i0 + ln - i)
+            first = lk * self.num_pool_pages + p0 + (i - i0) * step
+            yield (first, take) if step == 1 else (first - take + 1, take)
+            r += take

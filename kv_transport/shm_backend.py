@@ -65,6 +65,17 @@ class _Target:
 
     writer: PageWriter
     guard: SlotGuard
+    receiver: str  # the token of the receiver's slot table: one per receiver process
+
+
+@dataclass
+class _Granted:
+    """A transfer the receiver let write one-sided."""
+
+    slot: int
+    gen: int
+    rows: int = 0  # payload rows [0, rows) checked against the sender's running checksum
+    running: int = 0  # their checksum, read back from the pages
 
 
 @dataclass
@@ -132,7 +143,11 @@ class ShmSender(ZmqSender):
             raise
         kv = data_tensor(pool.map, pool.nbytes, self.spec.page_shape(g.pool_pages), self.spec.torch_dtype)
         pool.close()  # the mapping stays (kv holds it); locks go through the guard's own file
-        t = self._targets[key] = _Target(PageWriter(_PoolView(self.spec, g.pool_pages, kv)), guard)
+        for k, old in list(self._targets.items()):  # a restarted receiver: let the dead one's memory go
+            if old.receiver != g.slots_token:
+                old.guard.close()
+                del self._targets[k]
+        t = self._targets[key] = _Target(PageWriter(_PoolView(self.spec, g.pool_pages, kv)), guard, g.slots_token)
         return t
 
     async def _send_chunks(self) -> bool:
@@ -177,7 +192,7 @@ class ShmSender(ZmqSender):
         if w.next_row == total:
             del self._writes[o.status.transfer_id]
             self.one_sided += 1
-            await self._emit(encode(Commit(o.status.transfer_id, w.acc)), "commit", [o])
+        await self._emit(encode(Commit(o.status.transfer_id, w.next_row, w.acc)), "commit", [o])
         return True
 
     async def _shutdown(self) -> None:
@@ -194,7 +209,7 @@ class ShmReceiver(ZmqReceiver):
                  context=None, num_slots: int = NUM_SLOTS) -> None:
         super().__init__(config, pool, admit, context)
         self.slots = WriteSlots(num_slots)
-        self._slot_of: dict[str, tuple[int, int]] = {}  # transfer id -> (slot, gen) granted
+        self._slot_of: dict[str, _Granted] = {}  # transfer id -> its grant
         self._held: list[tuple[_Inbound, int]] = []  # failed while a writer was inside a piece
         self._stale: list[int] = []  # slots of committed transfers not yet revoked (a misbehaving sender)
 
@@ -210,7 +225,7 @@ class ShmReceiver(ZmqReceiver):
             super()._start_shm(inb)
             return
         h, loc = inb.header, buf.locator
-        self._slot_of[h.transfer_id] = slot
+        self._slot_of[h.transfer_id] = _Granted(*slot, running=checksum.initial(h.checksum_algo))
         inb.granted = min(h.num_chunks, self.config.window)
         self._reply(inb.peer, Grant(h.transfer_id, inb.granted, boot_id(), loc.path, loc.token,
                                     self.slots.locator.path, self.slots.locator.token, slot[0], slot[1],
@@ -223,51 +238,63 @@ class ShmReceiver(ZmqReceiver):
             super()._on_other(peer, m)
 
     def _on_commit(self, peer: bytes | None, m: Commit) -> None:
+        """Check the rows written since the last Commit against the sender's running checksum,
+        reading them back from the pages (a piece is checked while the sender writes the next);
+        the last one revokes the slot, then commits."""
         inb = self._live.get(m.transfer_id)
         if inb is None:
             log.info("receiver: late commit for %s discarded", m.transfer_id)
             return
         if self._foreign(peer, m.transfer_id, "commit"):
             return
-        slot = self._slot_of.get(m.transfer_id)
-        if slot is None or inb.next_chunk:
+        g = self._slot_of.get(m.transfer_id)
+        h = inb.header
+        total = inb.writer.num_lk * h.num_pages
+        if g is None or inb.next_chunk:
             self._fail(inb, FailCode.BAD_MESSAGE, "a commit for a transfer not written one-sided")
             return
-        if not self.slots.revoke(slot[0]):  # the sender committed while still holding its slot
-            self._fail(inb, FailCode.BAD_MESSAGE, "commit while the writer still holds its slot")
+        if not g.rows < m.rows <= total:
+            self._fail(inb, FailCode.BAD_MESSAGE, f"commit of rows up to {m.rows}: {g.rows} checked, {total} in all")
             return
-        del self._slot_of[m.transfer_id]
-        h = inb.header
-        value = inb.writer.checksum(inb.plan, h.checksum_algo)
-        if value != m.checksum:
-            self._fail(inb, FailCode.CHECKSUM, f"pages read back sum to {value:#x}, the commit says {m.checksum:#x}")
+        if m.rows == total and not self.slots.revoke(g.slot):
+            self._fail(inb, FailCode.BAD_MESSAGE, "last commit while the writer still holds its slot")
             return
+        g.running = inb.writer.checksum(inb.plan, h.checksum_algo, g.rows, m.rows, g.running)
+        g.rows = m.rows
         now = time.monotonic()
-        inb.status.t_started = inb.status.t_started or now
-        inb.status.bytes_done = h.payload_bytes
-        self._commit(inb)
-        self._reply(inb.peer, Ack([h.transfer_id]), "ack")
+        inb.last_seen = now
+        if inb.status.state is S.WAITING:
+            inb.status.state, inb.status.t_started = S.TRANSFERRING, now
+        if g.running != m.checksum:
+            self._fail(inb, FailCode.CHECKSUM, f"rows up to {m.rows} read back sum to {g.running:#x}, "
+                                               f"the sender's say {m.checksum:#x}")
+            return
+        inb.status.bytes_done = m.rows * inb.writer.row_bytes
+        if m.rows == total:
+            del self._slot_of[m.transfer_id]  # (revoked above)
+            self._commit(inb)
+            self._reply(inb.peer, Ack([h.transfer_id]), "ack")
 
     def _commit(self, inb: _Inbound) -> None:
-        slot = self._slot_of.pop(inb.status.transfer_id, None)  # (granted, then sent as chunks)
-        if slot is not None and not self.slots.revoke(slot[0]):
-            log.error("receiver: %s came as chunks while its sender holds write slot %d", inb.status.transfer_id, slot[0])
-            self._stale.append(slot[0])
+        g = self._slot_of.pop(inb.status.transfer_id, None)  # (granted, then sent as chunks)
+        if g is not None and not self.slots.revoke(g.slot):
+            log.error("receiver: %s came as chunks while its sender holds write slot %d", inb.status.transfer_id, g.slot)
+            self._stale.append(g.slot)
         super()._commit(inb)
 
     def _fail(self, inb: _Inbound, code: FailCode, reason: str, nack: bool = True) -> None:
         if inb.status.state.finished:
             return
-        slot = self._slot_of.pop(inb.status.transfer_id, None)
-        if slot is not None and not self.slots.revoke(slot[0]):
+        g = self._slot_of.pop(inb.status.transfer_id, None)
+        if g is not None and not self.slots.revoke(g.slot):
             # A writer is inside a piece now: these pages stay RESERVED (nobody else gets them)
             # until a later revoke finds it out, at a tick of _expire.
-            self._held.append((inb, slot[0]))
+            self._held.append((inb, g.slot))
             self._release(inb)
             self._finish_status(inb.status, S.FAILED, reason, code)
             log.warning("receiver: transfer %s failed (%s: %s) while its writer holds slot %d: "
                         "its %d pages stay reserved until the writer is out", inb.status.transfer_id,
-                        code, reason, slot[0], len(inb.pages))
+                        code, reason, g.slot, len(inb.pages))
             if nack:
                 self._reply(inb.peer, Nack(inb.status.transfer_id, code, reason), "nack")
             return

@@ -31,7 +31,8 @@ from pdtb.engine.shared_memory import HEADER_BYTES, Locator, Mapped, SharedBuffe
 
 _F_WRLCK, _F_UNLCK = fcntl.F_WRLCK, fcntl.F_UNLCK
 _FLOCK = "hhqqi4x"  # struct flock on Linux: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks)
-F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)  # linux/fcntl.h
+F_OFD_GETLK = getattr(fcntl, "F_OFD_GETLK", 36)  # linux/fcntl.h
+F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
 
 
 def _lock(fd: int, slot: int, kind: int) -> bool:
@@ -94,6 +95,11 @@ class WriteSlots:
         _lock(self.buf.fd, slot, _F_UNLCK)
         self._free.append(slot)
         return True
+
+    def busy(self, slot: int) -> bool:
+        """Whether a writer holds `slot` now (it is inside a piece); takes nothing."""
+        got = fcntl.fcntl(self.buf.fd, F_OFD_GETLK, struct.pack(_FLOCK, _F_WRLCK, 0, HEADER_BYTES + 8 * slot, 8, 0))
+        return struct.unpack(_FLOCK, got)[0] != _F_UNLCK
 
     def close(self) -> None:
         self.buf.close()

@@ -43,7 +43,7 @@ class MsgType(enum.IntEnum):
     NACK = 6  # receiver -> sender: this transfer failed (reason); its pages are freed
     CANCEL = 7  # sender -> receiver: abandon this transfer and free its pages
     GRANT = 8  # receiver -> sender (mode shm): pages reserved; write them yourself, here
-    COMMIT = 9  # sender -> receiver (mode shm): the pages are written; verify and commit
+    COMMIT = 9  # sender -> receiver (mode shm): rows written so far; check them (the last: commit)
 
 
 # Messages are plain (not frozen) dataclasses: a frozen 21-field __init__ costs ~12 us, which
@@ -168,10 +168,13 @@ class Grant:
 
 @dataclass
 class Commit:
-    """Mode shm: every page is written; `checksum` is the payload's (its algorithm)."""
+    """Mode shm: payload rows [0, rows) are written into the granted pages; `checksum` is their
+    running checksum. Sent after each piece, so the receiver checks a piece while the next is
+    written; the one whose rows cover the payload commits the transfer."""
 
     MSG_TYPE: ClassVar[MsgType] = MsgType.COMMIT
     transfer_id: str
+    rows: int  # payload rows: one (layer, k/v, page) slab each
     checksum: int
 
 
@@ -387,7 +390,7 @@ def _dec_grant(f: Fields, payloads: list, limits: WireLimits) -> Grant:
 
 def _dec_commit(f: Fields, payloads: list, limits: WireLimits) -> Commit:
     _check_payloads(payloads, [], None)
-    return Commit(f.id("transfer_id"), f.int("checksum", 0, (1 << 64) - 1))
+    return Commit(f.id("transfer_id"), f.int("rows", 1, 1 << 40), f.int("checksum", 0, (1 << 64) - 1))
 
 
 _DECODERS = {

@@ -1,0 +1,122 @@
+"""`pdtb bench transport --backend shm`: one-sided writes against ZeroMQ ipc and against an
+in-process copy between two pools, in one run.
+
+- shm_gbps: one `size_mib` transfer over the shm backend, send() -> DONE: header, Grant, the
+  sender's copy into the receiver's shared pool (a separate process), Commit, the receiver
+  reading the pages back against the checksum, Ack. Best of `reps`.
+- zmq_ipc_gbps: the same transfer over the zmq backend on an ipc endpoint, to another
+  receiving process; its reps alternate with the shm reps, so each pair sees the same machine.
+- pool_copy_gbps: the best in-process copy of the same pages from one pool into another's
+  (both in this process, no transport): the export's bytes landed in the other pool's pages
+  by the C landing copy, and a torch index copy pool to pool; the better of the two.
+- ratio_vs_zmq_ipc, ratio_vs_pool_copy: shm_gbps over each (best / best), and
+  ratio_paired_median: the median of per-pair shm/zmq ratios.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import torch
+
+from kv_transport.config import MiB, TransportConfig
+from kv_transport.page_writer import PageWriter
+from kv_transport.testing import TINY_SPEC as SPEC, PeerProcess, make_pool
+from pdtb.engine.kv_export import KVExport
+from pdtb.engine.page_pool import PagePool
+
+
+def _peer(args, backend: str, tag: str, chunk: int, pages: int) -> PeerProcess:
+    return PeerProcess(["--backend", backend, "--endpoint", f"ipc://{args.ipc_dir}/{tag}.sock",
+                        "--num-pages", str(pages), "--chunk-bytes", str(chunk),
+                        "--checksum", args.checksum, "--window", str(args.window)])
+
+
+async def _reps(args, big: KVExport, chunk: int) -> tuple[list[float], list[float], int]:
+    from kv_transport import TransferState, make_sender
+    pages = 2 * big.header.num_pages + 64
+    peers = {b: _peer(args, b, b, chunk, pages) for b in ("shm", "zmq")}
+    senders = {}
+    try:
+        for b, peer in peers.items():
+            senders[b] = make_sender(TransportConfig(backend=b, endpoint=peer.endpoint(), chunk_bytes=chunk,
+                                                     checksum=args.checksum, window=args.window,
+                                                     transfer_timeout_s=60.0), SPEC)
+            await senders[b].start()
+        rates: dict[str, list[float]] = {"shm": [], "zmq": []}
+        for _ in range(args.reps + 1):  # the first pair warms up connections, mappings and pages
+            for b, tx in senders.items():
+                t0 = time.perf_counter()
+                st = await tx.wait(tx.send(big), 60)
+                assert st.state is TransferState.DONE, f"{b}: {st.reason}"
+                rates[b].append(big.header.payload_bytes / (time.perf_counter() - t0) / 1e9)
+        return rates["shm"][1:], rates["zmq"][1:], senders["shm"].one_sided
+    finally:
+        for tx in senders.values():
+            await tx.close()
+        for peer in peers.values():
+            peer.stop()
+
+
+def pool_copy_gbps(src: PagePool, big: KVExport, reps: int) -> tuple[float, float]:
+    """(landing copy of the export into another pool, torch index copy pool to pool), best of reps."""
+    n = big.header.num_pages
+    dst = PagePool(SPEC, n + 8)
+    dst.kv.fill_(1.0)  # faulted in, as the receiving peers' pools are
+    dst_pages = dst.allocate("copy", n)
+    src_pages = src.allocate("copy", n)
+    writer = PageWriter(dst)
+    plan = writer.plan(dst_pages)
+    view = memoryview(big.data.reshape(-1).view(torch.uint8).numpy())
+    src_idx, dst_idx = torch.tensor(src_pages), torch.tensor(dst_pages)
+    land = index = 0.0
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        if writer.write_bytes_sum64(plan, 0, view, 0) is None:
+            writer.write_bytes(plan, 0, view)
+        t1 = time.perf_counter()
+        dst.kv[:, :, dst_idx] = src.kv[:, :, src_idx]
+        t2 = time.perf_counter()
+        land, index = max(land, len(view) / (t1 - t0) / 1e9), max(index, len(view) / (t2 - t1) / 1e9)
+    src.free("copy")
+    return land, index
+
+
+def run_shm_bench(args) -> int:
+    import uvloop
+
+    from kv_transport.bench import make_exports
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    chunk = int(args.chunk_mib * MiB)
+    n_pages = args.size_mib * MiB // SPEC.bytes_per_page
+    pool = make_pool(2 * n_pages + 8, seed=0)
+    big = make_exports(pool, [n_pages], "big")[0]
+    shm, zmq_ipc, one_sided = uvloop.run(_reps(args, big, chunk))
+    land, index = pool_copy_gbps(pool, big, args.reps)
+    best, copy = max(shm), max(land, index)
+    out = {"backend": "shm", "size_mib": args.size_mib, "chunk_mib": args.chunk_mib, "checksum": args.checksum,
+           "reps": args.reps, "shm_gbps": round(best, 3), "shm_gbps_median": round(statistics.median(shm), 3),
+           "zmq_ipc_gbps": round(max(zmq_ipc), 3), "zmq_ipc_gbps_median": round(statistics.median(zmq_ipc), 3),
+           "pool_copy_gbps": round(copy, 3), "pool_landing_copy_gbps": round(land, 3),
+           "pool_index_copy_gbps": round(index, 3),
+           "ratio_vs_zmq_ipc": round(best / max(zmq_ipc), 3),
+           "ratio_paired_median": round(statistics.median(a / b for a, b in zip(shm, zmq_ipc)), 3),
+           "ratio_vs_pool_copy": round(best / copy, 3), "one_sided_transfers": one_sided}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"transport bench: one-sided shm vs ZeroMQ ipc vs in-process pool copy, size={out['size_mib']} MiB "
+          f"chunk={out['chunk_mib']} MiB checksum={out['checksum']} reps={out['reps']} (best / median)")
+    rows = [("shm (one-sided)", f"{out['shm_gbps']:.2f} / {out['shm_gbps_median']:.2f} GB/s"),
+            ("zmq ipc", f"{out['zmq_ipc_gbps']:.2f} / {out['zmq_ipc_gbps_median']:.2f} GB/s"),
+            ("in-process pool copy", f"{out['pool_copy_gbps']:.2f} GB/s (landing copy "
+                                     f"{out['pool_landing_copy_gbps']:.2f}, index copy {out['pool_index_copy_gbps']:.2f})"),
+            ("ratio vs zmq ipc (best/best)", f"{out['ratio_vs_zmq_ipc']:.2f}"),
+            ("ratio vs zmq ipc, median of pairs", f"{out['ratio_paired_median']:.2f}"),
+            ("ratio vs in-process pool copy", f"{out['ratio_vs_pool_copy']:.2f}"),
+            ("transfers written one-sided", str(out["one_sided_transfers"]))]
+    for name, value in rows:
+        print(f"  {name:<34} {value}")
+    return 0

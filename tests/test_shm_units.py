@@ -1,0 +1,176 @@
+"""The one-sided backend's parts: shared buffers, write slots, the Grant/Commit wire checks,
+and the fallback to chunks where the receiver's pool cannot be mapped."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+
+import pytest
+import torch
+
+from kv_transport import TransferState, TransportConfig, make_receiver, make_sender
+from kv_transport.shm_slots import SlotGuard, WriteSlots
+from kv_transport.testing import TINY_SPEC, make_export, make_pool
+from kv_transport.wire import Commit, Grant, WireError, WireLimits, decode, encode
+from pdtb.engine.page_pool import PagePool
+from pdtb.engine.shared_memory import Locator, SharedBuffer, SharedMemoryError, boot_id, open_buffer
+
+PAGE = TINY_SPEC.bytes_per_page
+
+
+def test_a_shared_buffer_is_seen_by_a_peer_and_only_with_its_token():
+    buf = SharedBuffer(1 << 16)
+    t = buf.tensor((1 << 14,), torch.float32)
+    t[:4] = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    peer = open_buffer(buf.locator)
+    seen = torch.frombuffer(peer.map, dtype=torch.float32, count=4, offset=4096)
+    assert seen.tolist() == [1.0, 2.0, 3.0, 4.0]
+    seen[0] = 9.0  # and a peer's write is ours
+    assert t[0].item() == 9.0
+    with pytest.raises(SharedMemoryError, match="token"):
+        open_buffer(dataclasses.replace(buf.locator, token="00" * 16))
+    with pytest.raises(SharedMemoryError, match="another host"):
+        open_buffer(dataclasses.replace(buf.locator, host="not-" + boot_id()))
+    with pytest.raises(SharedMemoryError):
+        open_buffer(Locator(f"/proc/{os.getpid()}/fd/0", buf.locator.token, boot_id()))  # not a buffer
+    with pytest.raises(SharedMemoryError):
+        open_buffer(Locator("/etc/passwd", buf.locator.token, boot_id()))
+    peer.close()
+    buf.close()
+
+
+def test_a_shared_pool_is_a_pool():
+    pool = PagePool(TINY_SPEC, 8, shared=True)
+    assert pool.shared is not None and pool.kv.shape == TINY_SPEC.page_shape(8) and pool.kv.abs().sum() == 0
+    pages = pool.allocate("r", 3)
+    pool.kv[:, :, pages] = 1.5
+    assert open_buffer(pool.shared.locator).nbytes == 8 * PAGE
+    with pytest.raises(ValueError, match="host memory"):
+        PagePool(TINY_SPEC, 8, device="meta", shared=True)
+
+
+def test_write_slots_grant_revoke_and_generations():
+    slots = WriteSlots(2)
+    a, b = slots.grant(), slots.grant()
+    assert a[0] != b[0] and a[1] < b[1] and slots.grant() is None  # both slots in use
+    guard = SlotGuard(slots.locator)
+    assert guard.acquire(*a) is True
+    assert slots.busy(a[0]) and not slots.busy(b[0])
+    assert slots.revoke(a[0]) is False  # a writer is inside: the receiver must wait
+    guard.release(a[0])
+    assert slots.revoke(a[0]) is True and not slots.busy(a[0])
+    assert guard.acquire(*a) is False  # revoked: the late writer writes nothing
+    c = slots.grant()  # the same slot again, with a new generation
+    assert c[0] == a[0] and c[1] > b[1]
+    assert guard.acquire(a[0], a[1]) is False and guard.acquire(*c) is True
+    guard.release(c[0])
+    assert guard.acquire(99, c[1]) is False  # outside the table
+
+
+def _limits() -> WireLimits:
+    return WireLimits.from_config(TransportConfig(), TINY_SPEC)
+
+
+def test_grant_and_commit_round_trip_and_reject_bad_fields():
+    g = Grant("t1", 2, "host", "/proc/1/fd/3", "ab", "/proc/1/fd/4", "cd", 0, 7, 100, [5, 6, 99])
+    assert decode(encode(g), _limits()).msg == g
+    c = Commit("t1", 16, 12345)
+    assert decode(encode(c), _limits()).msg == c
+    for bad in (dataclasses.replace(g, pages=[100]), dataclasses.replace(g, pages=[]),
+                dataclasses.replace(g, pages=[-1]), dataclasses.replace(g, gen=0),
+                dataclasses.replace(g, pages=[True])):
+        with pytest.raises(WireError):
+            decode(encode(bad), _limits())
+    with pytest.raises(WireError):
+        decode(encode(Commit("t1", 0, 1)), _limits())
+
+
+@pytest.mark.parametrize("backend", ["auto", "shm"])
+def test_a_pool_it_cannot_map_goes_as_chunks_under_auto_and_fails_under_shm(backend, tmp_path, monkeypatch):
+    """A Grant naming another host's pool: `auto` streams chunks under the Grant's credit and
+    the transfer lands; `shm` fails it with the reason. Nothing stays reserved either way."""
+    import kv_transport.shm_backend as shm
+
+    monkeypatch.setattr(shm, "boot_id", lambda: "another-host")  # what the receiver puts in its Grants
+    config = TransportConfig(backend=backend, endpoint=f"ipc://{tmp_path}/rx.sock", chunk_bytes=2 * PAGE,
+                             inline_max_bytes=PAGE // 2, transfer_timeout_s=5.0, tick_s=0.01)
+    src, dst = make_pool(32, seed=8), PagePool(TINY_SPEC, 32, shared=True)
+
+    async def body():
+        rx = make_receiver(config, dst)
+        await rx.start()
+        tx = make_sender(dataclasses.replace(config, endpoint=rx.endpoint), TINY_SPEC)
+        await tx.start()
+        try:
+            e = make_export(src, "r", 9)
+            st = await tx.wait(tx.send(e), 10)
+            if backend == "auto":
+                assert st.state is TransferState.DONE, st.reason
+                got = await rx.next_completed(5)
+                assert torch.equal(dst.export_pages(got.pages), e.data) and tx.one_sided == 0
+                dst.free("r")
+            else:
+                assert st.state is TransferState.FAILED and "another host" in st.reason and "auto" in st.reason
+            for _ in range(100):
+                if not dst.state_counts()["reserved"] and not rx._slot_of:
+                    break
+                await asyncio.sleep(0.02)
+            assert dst.state_counts()["reserved"] == 0 and not rx._slot_of and rx.slots.num_free == rx.slots.num_slots
+            dst.check()
+        finally:
+            await tx.close()
+            await rx.close()
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
+def test_a_receiver_whose_pool_is_not_shared_answers_with_credits(tmp_path):
+    config = TransportConfig(backend="shm", endpoint=f"ipc://{tmp_path}/rx.sock", chunk_bytes=2 * PAGE,
+                             inline_max_bytes=PAGE // 2, transfer_timeout_s=5.0, tick_s=0.01)
+    src, dst = make_pool(32, seed=9), make_pool(32)
+
+    async def body():
+        rx = make_receiver(config, dst)
+        await rx.start()
+        tx = make_sender(dataclasses.replace(config, endpoint=rx.endpoint), TINY_SPEC)
+        await tx.start()
+        try:
+            e = make_export(src, "r", 9)
+            st = await tx.wait(tx.send(e), 10)
+            assert st.state is TransferState.DONE and tx.one_sided == 0, st.reason
+            got = await rx.next_completed(5)
+            assert torch.equal(dst.export_pages(got.pages), e.data)
+        finally:
+            await tx.close()
+            await rx.close()
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
+def test_a_commit_whose_rows_do_not_sum_fails_and_frees(tmp_path, monkeypatch):
+    """A sender that commits rows it did not write (its pieces lost): the read-back sum
+    differs, the transfer fails checksum, the pages are free."""
+    import kv_transport.shm_backend as shm
+
+    config = TransportConfig(backend="shm", endpoint=f"ipc://{tmp_path}/rx.sock", chunk_bytes=2 * PAGE,
+                             inline_max_bytes=PAGE // 2, transfer_timeout_s=5.0, tick_s=0.01)
+    src, dst = make_pool(32, seed=10), PagePool(TINY_SPEC, 32, shared=True)
+
+    async def body():
+        rx = make_receiver(config, dst)
+        await rx.start()
+        tx = make_sender(dataclasses.replace(config, endpoint=rx.endpoint), TINY_SPEC)
+
+        def skip_copy(self, plan, row0, data, acc):  # sums the bytes, copies none of them
+            from kv_transport import checksum
+            return checksum.update("sum64", acc, data)
+        await tx.start()
+        try:
+            monkeypatch.setattr(shm.PageWriter, "write_bytes_sum64", skip_copy)
+            st = await tx.wait(tx.send(make_export(src, "r", 9)), 10)
+            assert st.state is TransferState.FAILED and str(st.code) == "checksum", st
+            assert dst.state_counts()["reserved"] == 0
+            dst.check()
+        finally:
+            await tx.close()
+            await rx.close()
+    asyncio.run(asyncio.wait_for(body(), 30))
