@@ -45,6 +45,7 @@ from pdtb.engine.sequence import Sequence
 log = logging.getLogger(__name__)
 ABORTED_MEMORY = 4096  # request ids remembered as aborted, for transfers that land afterwards
 REPORTED_REQUESTS = 64  # largest requests listed in NodeStats.extra["requests"] (what a rebalancer moves)
+DEFERRED_KEPT = 65536  # deferred request ids remembered, so a retried one counts once
 
 
 def _router_of(t: ReceivedTransfer) -> str:
@@ -71,6 +72,8 @@ class DecodeNode(NodeBase):
         self.aborted: OrderedDict[str, float] = OrderedDict()
         self.senders = KVSenders(self.transport, self.engine.spec)  # migrations out
         self.migrations = Migrations(self, config.migration_timeout_s)
+        self.admissions: Counter[str] = Counter()  # hand-off headers' verdicts (_count_admission)
+        self._deferred: OrderedDict[str, None] = OrderedDict()  # requests deferred so far (the latest)
 
     def _admit(self, header) -> Admission:
         """Header-only decision (before any payload byte): accept, park in the host tier,
@@ -89,7 +92,21 @@ class DecodeNode(NodeBase):
         if meta.migration:
             return self._admit_migration(header, meta)
         req = _inherited(header, meta, header.request_id)
-        return place(req, self.engine.scheduler, self.policy, can_park=self.receiver is None or self.receiver.accepts_other_pools)
+        answer = place(req, self.engine.scheduler, self.policy, can_park=self.receiver is None or self.receiver.accepts_other_pools)
+        self._count_admission(header.request_id, answer.verdict)
+        return answer
+
+    def _count_admission(self, rid: str, verdict: Verdict) -> None:
+        """Per verdict, requests (a deferred one is retried: `defer` counts each request once,
+        `defer_answers` every answer)."""
+        if verdict is Verdict.DEFER:
+            self.admissions["defer_answers"] += 1
+            if rid in self._deferred:
+                return
+            self._deferred[rid] = None
+            while len(self._deferred) > DEFERRED_KEPT:
+                self._deferred.popitem(last=False)
+        self.admissions[verdict.value] += 1
 
     def _admit_migration(self, header, meta) -> Admission:
         """A live migration's precopy or final header. It lands in the device tier only (it is
@@ -123,7 +140,7 @@ class DecodeNode(NodeBase):
         return verdict
 
     async def start_extra(self) -> None:
-        kw = {"context": self.ctx} if self.transport.backend == "zmq" else {}  # the ZAP handler lives in self.ctx
+        kw = {"context": self.ctx} if self.transport.backend in ("zmq", "shm", "auto") else {}  # the ZAP handler lives in self.ctx
         self.receiver = make_receiver(self.transport, self.engine.pool, admit=self._admit, **kw)
         sch = self.engine.scheduler
         if sch.prefix_ns is not None:
@@ -307,6 +324,6 @@ class DecodeNode(NodeBase):
                 # what a rebalancer moves (pdtb/router/rebalance.py): the largest decoding requests,
                 # and per tenant, requests that wait here (parked, queued, or held at a prefill node)
                 "requests": [[rid, tenant, n] for n, rid, tenant in big[:REPORTED_REQUESTS]],
-                "tenant_waiting": dict(waiting), **self.migrations.stats()}
+                "tenant_waiting": dict(waiting), "admissions": dict(self.admissions), **self.migrations.stats()}
 
 

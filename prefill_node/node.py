@@ -236,6 +236,7 @@ class PrefillNode(NodeBase):
 
     def extra_stats(self) -> dict:
         return {"handoffs": len(self.handoffs), "kv_bytes_sent": self.kv_bytes["sent"],
+                "kv_transfers_one_sided": self.senders.one_sided,
                 "kv_bytes_not_sent": self.kv_bytes["not_sent"],
                 "held_pages": sum(len(self.engine.pool.pages_of(r)) for r in self.handoffs)}
 

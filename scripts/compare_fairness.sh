@@ -3,7 +3,7 @@
 #
 #   scripts/compare_fairness.sh [--quick] [--out DIR] [--policies LIST] [--modes "colocated disagg"]
 #                               [--model DIR] [--seed N] [--device cpu|cuda[:N]] [--step-log]
-#                               [--node-args "ARGS"] [--context-whales N]
+#                               [--node-args "ARGS"] [--context-whales N] [--transport zmq|torch|shm|auto]
 #                               [--sim [--calibration FILE]]
 #
 # Same KV page budget in both modes: the colocated node gets TOTAL device pages; the
@@ -24,13 +24,14 @@
 # every node also writes one JSON line per engine step to DIR/run-MODE-POLICY/steps-NODE.jsonl.
 # --node-args passes more flags to every node (split on spaces, no quoting), e.g.
 # "--long-yield-steps 16" or "--no-read-share".
+# --transport picks the disaggregated clusters' KV transport (default zmq).
 # --sim runs every configuration through the simulator (pdtb sim, calibrated cost model: FILE
 # from `pdtb sim calibrate`, default the shipped one) with exactly the same workload and node
 # flags, instead of real clusters; scripts/validate_sim.sh compares the two.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUICK=0 OUT="" POLICIES="" MODES="colocated disagg" MODEL="" SEED=0 DEVICE=cpu STEPLOG=0 NODE_ARGS="" CTX=""
-SIM=0 CALIBRATION=""
+SIM=0 CALIBRATION="" TRANSPORT=zmq
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
@@ -45,7 +46,8 @@ while [ $# -gt 0 ]; do
     --context-whales) CTX="$2"; shift 2 ;;
     --sim) SIM=1; shift ;;
     --calibration) CALIBRATION="$2"; shift 2 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    --transport) TRANSPORT="$2"; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "compare_fairness: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -104,7 +106,7 @@ run_one() {  # run_one MODE POLICY
   if [ "$mode" = colocated ]; then
     pages="$TOTAL"; extra=(-- --torch-threads 1 --max-num-batched-tokens "$BUDGET" --device "$DEVICE")
   else
-    pages=$(( TOTAL - PREFILL )); extra=(--prefill-kv-pages "$PREFILL" -- --max-num-batched-tokens "$BUDGET" --device "$DEVICE")
+    pages=$(( TOTAL - PREFILL )); extra=(--prefill-kv-pages "$PREFILL" --transport "$TRANSPORT" -- --max-num-batched-tokens "$BUDGET" --device "$DEVICE")
   fi
   extra+=("${NODE_SLO[@]}")
   [ "$STEPLOG" = 0 ] || extra+=(--step-log "$rd/steps-{node}.jsonl")

@@ -2,7 +2,7 @@
 # Launch a pd-testbed cluster: nodes + router, on loopback by default.
 #
 #   scripts/launch_cluster.sh --mode disagg|colocated [--prefill N] [--decode M] [--colocated K]
-#       [--model DIR] [--policy NAME] [--transport zmq|torch] [--dist-init-method URL]
+#       [--model DIR] [--policy NAME] [--transport zmq|torch|shm|auto] [--dist-init-method URL]
 #       [--kv-pages N] [--host-kv-pages N]
 #       [--prefill-kv-pages N] [--page-size T] [--port P] [--run-dir DIR] [--host IFACE] [--hosts-file FILE]
 #       [--router-args "..."] [--prefill-args "..."] [--decode-args "..."] [--curve-dir DIR] [--timeout S]
@@ -21,6 +21,10 @@
 # --transport torch: KV payloads by torch.distributed (gloo on CPU, NCCL on GPUs); every prefill
 # and decode node joins one process group (decode nodes rank 0..M-1, prefill nodes after them),
 # rendezvous at --dist-init-method (default file://RUN_DIR/dist-init; tcp://HOST:PORT across hosts).
+#
+# --transport shm: prefill nodes write KV straight into the decode nodes' pools (shared memory,
+# one host, CPU pools); --transport auto: the same where a decode pool can be mapped, ZeroMQ
+# otherwise (other hosts, GPU pools).
 #
 # Multi-host: --hosts-file lines "ROLE HOST" (e.g. "decode 10.0.0.2"); nodes of that role are
 # started there over ssh (same checkout path, its .venv), bound to HOST. See README.
@@ -68,7 +72,7 @@ case "$MODE" in disagg|colocated) ;; *) echo "launch_cluster: --mode must be dis
 source "$ROOT/scripts/_env.sh"
 RUN_DIR="${RUN_DIR:-$ROOT/runs/cluster-$(date +%Y%m%d-%H%M%S)-$$}"
 mkdir -p "$RUN_DIR"
-case "$TRANSPORT" in zmq|torch) ;; *) echo "launch_cluster: --transport must be zmq or torch" >&2; exit 2 ;; esac
+case "$TRANSPORT" in zmq|torch|shm|auto) ;; *) echo "launch_cluster: --transport must be zmq, torch, shm or auto" >&2; exit 2 ;; esac
 if [ "$TRANSPORT" = torch ] && [ -z "$DIST_INIT" ]; then
   DIST_INIT="file://$(cd "$RUN_DIR" && pwd)/dist-init"  # single host; several hosts: --dist-init-method tcp://HOST:PORT
   rm -f "${DIST_INIT#file://}"  # a file left by an earlier run would confuse the rendezvous

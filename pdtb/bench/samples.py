@@ -3,9 +3,10 @@
 A sample is {"t": s since the run's start, "nodes": [{"role", "id", "pages_total", "pages_free",
 "host_pages_total", "host_pages_free", "running", "waiting", "tenant_pages": {tenant: pages},
 "tenant_pages_charged": {tenant: pages}, "tenant_pages_shared": {tenant: pages}, "kv_bytes_sent",
-"kv_bytes_not_sent"}]}; each tenant map is {} unless the node reports it in `extra` (pages
+"kv_bytes_not_sent", "admissions"}]}; each tenant map is {} unless the node reports it in `extra` (pages
 charged and shared under the prefix cache's charge rule), the byte counters (prefill nodes'
-hand-off payloads, and the bytes left out because the decode node had them cached) None.
+hand-off payloads, and the bytes left out because the decode node had them cached) None;
+`admissions` is a decode node's count of hand-off verdicts so far ({} elsewhere).
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ def cluster_sample(t: float, nodes: list[dict]) -> dict:
             row[key] = {str(k): v for k, v in m.items()} if isinstance(m, dict) else {}
         for key in ("kv_bytes_sent", "kv_bytes_not_sent"):
             row[key] = extra.get(key)
+        adm = extra.get("admissions")
+        row["admissions"] = {str(k): v for k, v in adm.items()} if isinstance(adm, dict) else {}
         out.append(row)
     return {"t": t, "nodes": out}
 

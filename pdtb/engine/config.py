@@ -30,6 +30,10 @@ class EngineConfig:
     # (page_pool.py); `charge`: how a shared page counts against quotas (page_pool.CHARGES)
     prefix_cache: bool = True
     charge: str = "split"
+    # pools in shared memory: a KV sender on this host writes into their pages one-sided
+    # (kv_transport/shm_backend.py); host-memory pools only (the device tier of a CPU engine,
+    # and the host tier of a CPU engine)
+    shared_kv: bool = False
 
     def __post_init__(self) -> None:
         if self.page_size < 1:

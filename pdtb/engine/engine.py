@@ -71,9 +71,12 @@ class LLMEngine:
             model.set_attn_implementation(paged_attention.ATTN_NAME)
         self.model, self.tokenizer, self.info = model, tokenizer, info
         self.spec = info.kv_spec(config.page_size, config.dtype)
-        self.pool = PagePool(self.spec, config.num_pages, device=config.device, charge=config.charge)
+        on_cpu = torch.device(config.device).type == "cpu"
+        self.pool = PagePool(self.spec, config.num_pages, device=config.device, charge=config.charge,
+                             shared=config.shared_kv and on_cpu)
         self.host_pool = PagePool(self.spec, config.host_kv_pages, device="cpu", tier="host",
-                                  pin_memory=config.device.startswith("cuda")) if config.host_kv_pages else None
+                                  pin_memory=config.device.startswith("cuda"),
+                                  shared=config.shared_kv and on_cpu) if config.host_kv_pages else None
         self.scheduler = Scheduler(config.scheduler_config(info.max_model_len), self.pool, policy=policy,
                                    host_pool=self.host_pool)
         if config.prefix_cache:

@@ -13,6 +13,12 @@ class KVSenders:
     def __init__(self, transport: TransportConfig, spec: KVSpec) -> None:
         self.transport, self.spec = transport, spec
         self.by_addr: dict[str, object] = {}  # destination KV address -> its sender
+        self._one_sided_gone = 0  # one-sided transfers of senders dropped or closed
+
+    @property
+    def one_sided(self) -> int:
+        """Transfers written straight into a receiver's pool (shm backend), so far."""
+        return self._one_sided_gone + sum(getattr(s, "one_sided", 0) for s in self.by_addr.values())
 
     async def get(self, addr: str):
         """The started sender to `addr` (a new one if there is none yet)."""
@@ -36,9 +42,11 @@ class KVSenders:
         """A sender that failed: the next transfer to `addr` starts a new one."""
         s = self.by_addr.pop(addr, None)
         if s is not None:
+            self._one_sided_gone += getattr(s, "one_sided", 0)
             asyncio.get_running_loop().create_task(s.close())
 
     async def close(self) -> None:
         for s in self.by_addr.values():
+            self._one_sided_gone += getattr(s, "one_sided", 0)
             await s.close()
         self.by_addr.clear()

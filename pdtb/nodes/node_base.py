@@ -45,7 +45,7 @@ class NodeConfig:
     ctrl_port: int = 0  # 0: ephemeral (the address is written to addr_file)
     metrics_port: int = 0
     kv_port: int = 0  # decode: KV transport receiver port
-    transport: str = "zmq"  # "zmq" | "torch"
+    transport: str = "zmq"  # "zmq" | "torch" | "shm" (one-sided, same host) | "auto" (shm where it can, else zmq)
     policy: str = "fcfs"  # admission policy name (fairness registry)
     drain_timeout_s: float = 30.0  # SIGTERM: finish in-flight work within this bound
     hold_timeout_s: float = 120.0  # prefill: how long a refused hand-off keeps retrying
@@ -64,8 +64,11 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode", "colocated"):
             raise ValueError(f"unknown role {self.role!r}")
-        if self.transport not in ("zmq", "torch"):
-            raise ValueError("transport must be zmq or torch")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}")
+        if self.transport == "shm" and self.role == "decode" and not self.engine.device.startswith("cpu"):
+            raise ValueError("--transport shm writes into host-memory pools; a decode pool on "
+                             f"{self.engine.device} takes chunks: use --transport auto or zmq")
         if self.transport == "torch" and self.role != "colocated" and not (
                 self.dist_init_method and 0 <= self.dist_rank < self.dist_world_size):
             raise ValueError("--transport torch needs --dist-init-method URL, --dist-rank R and --dist-world-size N "
@@ -87,6 +90,9 @@ class NodeConfig:
                                idle_timeout_s=min(TransportConfig.idle_timeout_s, t), faults=self.transport_faults,
                                dist_init_method=self.dist_init_method, dist_rank=self.dist_rank,
                                dist_world_size=self.dist_world_size, **kw)
+
+
+TRANSPORTS = ("zmq", "torch", "shm", "auto")
 
 
 def keep_gloo_on_loopback(host: str) -> None:

@@ -20,7 +20,10 @@ def parse(role: str, argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--ctrl-port", type=int, default=0, help="control socket port (0: ephemeral)")
     ap.add_argument("--metrics-port", type=int, default=0, help="/metrics HTTP port (0: ephemeral)")
     ap.add_argument("--kv-port", type=int, default=0, help="decode: KV receiver port (0: ephemeral)")
-    ap.add_argument("--transport", choices=["zmq", "torch"], default="zmq")
+    ap.add_argument("--transport", choices=["zmq", "torch", "shm", "auto"], default="zmq",
+                    help="KV transport: zmq; torch (torch.distributed payloads); shm (one-sided writes "
+                         "into the decode node's shared-memory pool, peers on one host); auto (shm where "
+                         "the peer's pool can be mapped, else zmq)")
     ap.add_argument("--dist-init-method", default=None,
                     help="--transport torch: process-group rendezvous, file:///shared/path or tcp://HOST:PORT")
     ap.add_argument("--dist-rank", type=int, default=-1, help="--transport torch: this node's rank")
@@ -115,7 +118,8 @@ def main(role: str, argv: list[str]) -> int:
     try:
         cfg = NodeConfig(role=role, node_id=node_id,
                          engine=dataclasses.replace(engine_config(a, model_dir), torch_threads=a.torch_threads,
-                                                    host_kv_pages=0 if role == "prefill" else a.host_kv_pages),
+                                                    host_kv_pages=0 if role == "prefill" else a.host_kv_pages,
+                                                    shared_kv=role == "decode" and a.transport in ("shm", "auto")),
                          host=a.host, ctrl_port=a.ctrl_port, metrics_port=a.metrics_port, kv_port=a.kv_port,
                          transport=a.transport, policy=a.policy, fairness=fairness_config(a),
                          drain_timeout_s=a.drain_timeout, hold_timeout_s=a.hold_timeout, curve_dir=a.curve_dir,
