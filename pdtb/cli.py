@@ -16,6 +16,7 @@ commands:
   bench engine       paged engine vs transformers generate (same run)
   bench transport    KV transport throughput vs raw pyzmq and memcpy (same run)
   bench steps        engine step time by what it carries (long rows, prefill chunks)
+  bench roofline     decode step time against the memory roofline, by batch size
   bench controller   per-step decision cost of each policy at 100 / 1k / 10k requests
   bench serve        load-test client against an OpenAI-compatible endpoint
   bench sweep        a workload at a series of offered loads: attainment, goodput, knee
@@ -99,6 +100,9 @@ def _dispatch(argv: list[str]) -> int:
         from pdtb.bench.report import main
 
         return main(rest)
+    if cmd == "bench" and rest[:1] == ["roofline"]:
+        from pdtb.engine.bench_roofline import main
+        return main(rest[1:])
     if cmd == "bench" and rest[:1] == ["steps"]:
         from pdtb.engine.bench_steps import main
 

@@ -8,7 +8,8 @@
 # 1. tests/test_cuda.py: engine vs transformers.generate on the GPU, exports across devices,
 #    tier moves to the pinned host tier, ZeroMQ transfers between CUDA pools of two processes;
 # 2. pdtb bench engine on the GPU (float32 and bfloat16);
-# 3. pdtb bench transport with both pools on the GPU (ipc and tcp), and CPU pools beside it;
+# 3. pdtb bench transport with both pools on the GPU (ipc and tcp), and CPU pools beside it
+#    (zmq ipc, and one-sided shm); pdtb bench roofline of a Llama-3-8B shape in bfloat16;
 # 4. scripts/compare_fairness.sh --quick (fcfs, memfair) with every node on the GPU;
 # 5. with --steps-grid: pdtb bench steps --grid on the GPU, the tiny model (float32) and a
 #    Llama-3-8B shape with random weights (bfloat16), samples for pdtb sim calibrate.
@@ -59,6 +60,9 @@ if [ "$BENCH" = 1 ]; then
   step transport-ipc 120 pdtb bench transport --device "$DEVICE" --endpoint ipc --json
   step transport-tcp 120 pdtb bench transport --device "$DEVICE" --endpoint tcp --json
   step transport-ipc-cpu 120 pdtb bench transport --device cpu --endpoint ipc --json  # same host, CPU pools
+  step transport-shm-cpu 120 pdtb bench transport --backend shm --json  # one-sided, CPU pools
+  # decode steps of a Llama-3-8B shape (random weights, bfloat16) against the HBM roofline
+  step roofline-llama-3-8b 240 pdtb bench roofline --device "$DEVICE" --random-init llama-3-8b --json
 fi
 if [ "$GRID" = 1 ]; then
   # Each under ~90 s on an H100: the 8B grid holds 32 rows of 4096 tokens (11k pages of 2 MiB
@@ -72,7 +76,7 @@ if [ "$COMPARE" = 1 ]; then
   step compare 420 bash scripts/compare_fairness.sh --quick --device "$DEVICE" --out "$OUT/compare"
   [ -f "$OUT/compare/compare.txt" ] && cat "$OUT/compare/compare.txt"
 fi
-for f in "$OUT"/engine-*.log "$OUT"/transport-*.log "$OUT"/steps-grid-*.log; do
+for f in "$OUT"/engine-*.log "$OUT"/transport-*.log "$OUT"/steps-grid-*.log "$OUT"/roofline-*.log; do
   [ -f "$f" ] && grep -h '^{' "$f" | tail -n 1 > "${f%.log}.json"
 done
 exit $failed

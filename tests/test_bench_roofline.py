@@ -1,0 +1,50 @@
+"""`pdtb bench roofline`: the bytes a decode step must move, counted by hand from the config,
+and the command's figures for each batch size asked for."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from test_cli import run_pdtb
+
+
+def by_hand(cfg: dict, batch: int, context: int, elem: int) -> int:
+    """Weights read by a decode step of `batch` rows, plus their KV read and written."""
+    h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    q, kv = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * inter + 2 * h  # q, k, v, o; gate, up, down; two norms
+    weights = layers * per_layer + h + cfg["vocab_size"] * h + batch * h  # final norm, lm_head, the rows' embeddings
+    kv_bytes = batch * (context + 2) * layers * 2 * kv  # context + the new token read, the new token written
+    return (weights + kv_bytes) * elem
+
+
+def test_weight_and_kv_bytes_match_a_count_by_hand(llama_dir):
+    from pdtb.engine.bench_roofline import kv_bytes, weight_bytes
+    from pdtb.engine.loader import load_model
+
+    cfg = json.loads((Path(llama_dir) / "config.json").read_text())
+    assert not cfg["tie_word_embeddings"]
+    model, _, info = load_model(llama_dir)
+    spec = info.kv_spec(16, "float32")
+    for batch, context in ((1, 10), (7, 300)):
+        assert weight_bytes(model, batch) + kv_bytes(spec, batch, context) == by_hand(cfg, batch, context, 4)
+
+
+def test_bench_roofline_reports_each_batch(llama_dir):
+    r = run_pdtb("bench", "roofline", "--model", llama_dir, "--batches", "1,3", "--context", "40", "--reps", "2",
+                 "--bandwidth", "10", "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    cfg = json.loads((Path(llama_dir) / "config.json").read_text())
+    assert res["bandwidth_gbps"] == 10 and res["bandwidth_source"] == "--bandwidth"
+    assert [row["batch"] for row in res["rows"]] == [1, 3]
+    for row in res["rows"]:
+        nbytes = by_hand(cfg, row["batch"], 40, 4)
+        assert row["bytes_mb"] == round(nbytes / 1e6, 1)
+        assert row["roofline_ms"] == round(1000 * nbytes / 10e9, 3)
+        assert row["step_ms"] > 0 and abs(row["fraction"] - row["roofline_ms"] / row["step_ms"]) < 0.01
+
+
+def test_bench_roofline_refuses_bad_sizes(llama_dir):
+    r = run_pdtb("bench", "roofline", "--model", llama_dir, "--batches", "0")
+    assert r.returncode == 2 and "positive" in r.stderr
