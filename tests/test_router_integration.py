@@ -652,3 +652,33 @@ def test_a_node_restarted_within_the_health_timeout_fails_the_dead_processs_requ
         assert reg.is_healthy(node, _time.monotonic())  # the new process serves
 
     asyncio.run(go())
+
+
+def test_a_node_added_at_run_time_takes_work(served, tokens):
+    """POST /admin/nodes: a colocated node that joins a running router answers its pings and
+    serves requests once the first node is gone; the same address twice is 409, a bad role 400."""
+    async def go():
+        async with cluster(served, tokens, mode="colocated") as c:
+            extra = FakeNode(FakeNodeConfig("colocated", "c1", tokens))
+            addr = await extra.start()
+            try:
+                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
+                    async with s.post(c.url + "/admin/nodes", json={"role": "colocated", "address": addr}) as resp:
+                        assert resp.status == 200 and (await resp.json())["address"] == addr
+                    async with s.post(c.url + "/admin/nodes", json={"role": "colocated", "address": addr}) as resp:
+                        assert resp.status == 409
+                    async with s.post(c.url + "/admin/nodes", json={"role": "router", "address": addr}) as resp:
+                        assert resp.status == 400
+                reg = c.state.registry
+                await wait_until(lambda: len(reg.nodes) == 2 and reg.is_healthy(reg.nodes[1]), what="the new node healthy")
+                await c.nodes["colocated"].close()  # the first node goes: the new one serves
+                await wait_until(lambda: not reg.is_healthy(reg.nodes[0]), what="the first node down")
+                r = await c.client().completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=3,
+                                                        extra_body={"return_token_ids": True})
+                assert r.choices[0].token_ids == expected_output([5, 6, 7], 3, tokens)
+                status, nodes = await get(c.url + "/cluster")
+                assert [n["id"] for n in nodes if n["healthy"]] == ["c1"]
+            finally:
+                await extra.close()
+
+    run(go())

@@ -9,6 +9,10 @@
     POST /admin/drain {"node": NODE_ID}
          202 {"node", "draining": true}: the node refuses new work from now on; the router moves
          a decode node's requests to the others (pdtb/router/rebalance.py, in every --rebalance mode)
+    POST /admin/nodes {"role": ROLE, "address": tcp://HOST:PORT}
+         200 {"role", "address"}: the router connects to the node and sends it work once it answers
+         pings (pdtb/ray_cluster supervisors add the replacements they start); 409 when a node at
+         that address is listed already; 400 on a malformed body
     GET  /cluster/migrations
          {"in_flight": [...], "done": [...], "counts": {...}}: each with source, target, reason,
          pages, precopy and final bytes and seconds, and the downtime the request saw
@@ -68,6 +72,21 @@ async def handle_drain(request: web.Request) -> web.Response:
     except ValueError as e:
         raise _conflict(str(e)) from None
     return web.json_response({"node": node.node_id, "draining": True}, status=202)
+
+
+async def handle_add_node(request: web.Request) -> web.Response:
+    from pdtb.router.config import NodeSpec
+
+    body = await _body(request, "role", "address")
+    try:
+        spec = NodeSpec(body["role"], body["address"])
+    except ValueError as e:
+        raise bad_request(str(e), "role" if "role" in str(e) else "address") from None
+    try:
+        request.app[STATE].registry.add(spec)
+    except ValueError as e:
+        raise _conflict(str(e)) from None
+    return web.json_response({"role": spec.role, "address": spec.address})
 
 
 async def handle_migrations(request: web.Request) -> web.Response:

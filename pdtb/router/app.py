@@ -10,6 +10,7 @@
     GET  /cluster/migrations   live migrations in flight and the last ones done, with bytes and downtime
     POST /admin/migrate    {"request_id", "to"}: move a decoding request to decode node "to" (pdtb/router/admin.py)
     POST /admin/drain      {"node"}: the node takes no new work; a decode node's requests move away
+    POST /admin/nodes      {"role", "address"}: a node joins (a replacement a supervisor started)
 
 With an API key configured, /v1/* and /admin/* require `Authorization: Bearer <key>`; /health,
 /metrics and /cluster stay open. Every error is OpenAI-shaped: {"error": {"message", "type", "code", "param"}}.
@@ -22,7 +23,7 @@ import time
 
 from aiohttp import web
 
-from pdtb.router.admin import handle_drain, handle_migrate, handle_migrations
+from pdtb.router.admin import handle_add_node, handle_drain, handle_migrate, handle_migrations
 from pdtb.router.completions import STATE, RouterState, handle_chat_completion, handle_completion
 from pdtb.router.config import RouterConfig, ServedModel
 from pdtb.router.metrics import RouterMetrics
@@ -147,6 +148,7 @@ def build_app(config: RouterConfig, model: ServedModel, registry: NodeRegistry |
     app.router.add_get("/cluster/migrations", handle_migrations)
     app.router.add_post("/admin/migrate", handle_migrate)
     app.router.add_post("/admin/drain", handle_drain)
+    app.router.add_post("/admin/nodes", handle_add_node)
     registry.book.on_end = app[STATE].metrics.observe_migration
     registry.on_downtime = app[STATE].metrics.migration_downtime.observe
     return app

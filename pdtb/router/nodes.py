@@ -193,22 +193,37 @@ class NodeRegistry:
         """Connect one DEALER per node and start the ping and reader tasks."""
         self._ctx = zmq.asyncio.Context()
         for node in self.nodes:
-            s = self._ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.IDENTITY, self.router_id.encode())
-            for opt, val in ((zmq.LINGER, 0), (zmq.SNDHWM, SEND_HWM), (zmq.RCVHWM, SEND_HWM),
-                             (zmq.MAXMSGSIZE, MAX_RECV_BYTES), (zmq.IMMEDIATE, 1)):
-                s.setsockopt(opt, val)
-            if self.curve_dir:
-                from pdtb.security import CurveKeys, secure_client
-
-                secure_client(s, CurveKeys.load(self.curve_dir))
-            node.monitor = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
-            s.connect(node.spec.address)
-            node.socket = s
+            self._connect(node)
         for coro in (self._ping_loop(), self._reader(), self._rebalance_loop()):
             task = asyncio.create_task(coro)
             task.add_done_callback(self._task_done)
             self._tasks.append(task)
+
+    def _connect(self, node: NodeState) -> None:
+        s = self._ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.IDENTITY, self.router_id.encode())
+        for opt, val in ((zmq.LINGER, 0), (zmq.SNDHWM, SEND_HWM), (zmq.RCVHWM, SEND_HWM),
+                         (zmq.MAXMSGSIZE, MAX_RECV_BYTES), (zmq.IMMEDIATE, 1)):
+            s.setsockopt(opt, val)
+        if self.curve_dir:
+            from pdtb.security import CurveKeys, secure_client
+
+            secure_client(s, CurveKeys.load(self.curve_dir))
+        node.monitor = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
+        s.connect(node.spec.address)
+        node.socket = s
+
+    def add(self, spec: NodeSpec) -> NodeState:
+        """A node that joins while the router runs (a replacement started by a supervisor); it
+        takes work once it has answered a ping, as the nodes given at start do. ValueError if a
+        node with that address is listed already."""
+        if any(n.spec.address == spec.address for n in self.nodes):
+            raise ValueError(f"a node at {spec.address} is listed already")
+        node = NodeState(spec)
+        self._connect(node)
+        self.nodes.append(node)
+        log.info("node %s at %s added", spec.role, spec.address)
+        return node
 
     def fail_all(self, reason: str) -> int:
         """Fail every open request with a 503 `reason` (its handler reports it to the client and
@@ -320,13 +335,13 @@ class NodeRegistry:
 
         poller = zmq.asyncio.Poller()
         by_socket, by_monitor = {}, {}
-        for node in self.nodes:
-            poller.register(node.socket, zmq.POLLIN)
-            by_socket[node.socket] = node
-            if node.monitor is not None:
-                poller.register(node.monitor, zmq.POLLIN)
-                by_monitor[node.monitor] = node
         while True:
+            for node in self.nodes[len(by_socket):]:  # (nodes are only ever appended: add())
+                poller.register(node.socket, zmq.POLLIN)
+                by_socket[node.socket] = node
+                if node.monitor is not None:
+                    poller.register(node.monitor, zmq.POLLIN)
+                    by_monitor[node.monitor] = node
             for sock, _ in await poller.poll(timeout=int(self.ping_interval * 1000)):
                 node = by_monitor.get(sock)
                 if node is not None:  # connection events: a dropped connection is how a dead process shows
