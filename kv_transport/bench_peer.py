@@ -51,6 +51,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--role", choices=("transport", "raw", "send"), default="transport")
     p.add_argument("--send-pages", type=int, default=64, help="role send: pages of the one export")
     p.add_argument("--shm-stall-s", type=float, default=0.0, help="role send: FaultConfig.shm_stall_s")
+    p.add_argument("--no-shm-verify", action="store_true", help="TransportConfig.shm_verify=False")
     p.add_argument("--backend", choices=("zmq", "torch", "shm", "auto"), default="zmq")
     p.add_argument("--verdicts", action="store_true", help="admit by request id: accept-, park-, defer-, refuse-")
     p.add_argument("--endpoint", default="tcp://127.0.0.1:0")
@@ -121,7 +122,7 @@ async def run_transport(args: argparse.Namespace) -> None:
                           inline_max_bytes=args.inline_max_bytes,
                           max_message_bytes=args.max_message_bytes,
                           max_pages_per_transfer=args.num_pages,
-                          transfer_timeout_s=args.timeout_s)
+                          transfer_timeout_s=args.timeout_s, shm_verify=not args.no_shm_verify)
     if args.backend == "torch":
         init_dist_pair(args.dist_port, rank=1)
     rx = make_receiver(cfg, pool, admit=verdicts(host) if args.verdicts else None)

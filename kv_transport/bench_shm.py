@@ -4,8 +4,10 @@ in-process copy between two pools, in one run.
 - shm_gbps: one `size_mib` transfer over the shm backend, send() -> DONE: header, Grant, the
   sender's copy into the receiver's shared pool (a separate process), Commit, the receiver
   reading the pages back against the checksum, Ack. Best of `reps`.
+- shm_unchecked_gbps: the same over a receiver with `shm_verify=False`, which takes the
+  sender's checksum for the pages instead of reading them back (what the check costs).
 - zmq_ipc_gbps: the same transfer over the zmq backend on an ipc endpoint, to another
-  receiving process; its reps alternate with the shm reps, so each pair sees the same machine.
+  receiving process; the reps of the three alternate, so each set sees the same machine.
 - pool_copy_gbps: the best in-process copy of the same pages from one pool into another's
   (both in this process, no transport): the export's bytes landed in the other pool's pages
   by the C landing copy, and a torch index copy pool to pool; the better of the two.
@@ -27,31 +29,35 @@ from pdtb.engine.kv_export import KVExport
 from pdtb.engine.page_pool import PagePool
 
 
-def _peer(args, backend: str, tag: str, chunk: int, pages: int) -> PeerProcess:
-    return PeerProcess(["--backend", backend, "--endpoint", f"ipc://{args.ipc_dir}/{tag}.sock",
+KINDS = {"shm": ("shm", []), "shm_unchecked": ("shm", ["--no-shm-verify"]), "zmq": ("zmq", [])}
+
+
+def _peer(args, kind: str, chunk: int, pages: int) -> PeerProcess:
+    backend, extra = KINDS[kind]
+    return PeerProcess(["--backend", backend, "--endpoint", f"ipc://{args.ipc_dir}/{kind}.sock",
                         "--num-pages", str(pages), "--chunk-bytes", str(chunk),
-                        "--checksum", args.checksum, "--window", str(args.window)])
+                        "--checksum", args.checksum, "--window", str(args.window), *extra])
 
 
-async def _reps(args, big: KVExport, chunk: int) -> tuple[list[float], list[float], int]:
+async def _reps(args, big: KVExport, chunk: int) -> tuple[dict[str, list[float]], int]:
     from kv_transport import TransferState, make_sender
     pages = 2 * big.header.num_pages + 64
-    peers = {b: _peer(args, b, b, chunk, pages) for b in ("shm", "zmq")}
+    peers = {k: _peer(args, k, chunk, pages) for k in KINDS}
     senders = {}
     try:
-        for b, peer in peers.items():
-            senders[b] = make_sender(TransportConfig(backend=b, endpoint=peer.endpoint(), chunk_bytes=chunk,
+        for k, peer in peers.items():
+            senders[k] = make_sender(TransportConfig(backend=KINDS[k][0], endpoint=peer.endpoint(), chunk_bytes=chunk,
                                                      checksum=args.checksum, window=args.window,
                                                      transfer_timeout_s=60.0), SPEC)
-            await senders[b].start()
-        rates: dict[str, list[float]] = {"shm": [], "zmq": []}
+            await senders[k].start()
+        rates: dict[str, list[float]] = {k: [] for k in KINDS}
         for _ in range(args.reps + 1):  # the first pair warms up connections, mappings and pages
             for b, tx in senders.items():
                 t0 = time.perf_counter()
                 st = await tx.wait(tx.send(big), 60)
                 assert st.state is TransferState.DONE, f"{b}: {st.reason}"
                 rates[b].append(big.header.payload_bytes / (time.perf_counter() - t0) / 1e9)
-        return rates["shm"][1:], rates["zmq"][1:], senders["shm"].one_sided
+        return {k: v[1:] for k, v in rates.items()}, senders["shm"].one_sided
     finally:
         for tx in senders.values():
             await tx.close()
@@ -93,11 +99,16 @@ def run_shm_bench(args) -> int:
     n_pages = args.size_mib * MiB // SPEC.bytes_per_page
     pool = make_pool(2 * n_pages + 8, seed=0)
     big = make_exports(pool, [n_pages], "big")[0]
-    shm, zmq_ipc, one_sided = uvloop.run(_reps(args, big, chunk))
+    rates, one_sided = uvloop.run(_reps(args, big, chunk))
+    shm, unchecked, zmq_ipc = rates["shm"], rates["shm_unchecked"], rates["zmq"]
     land, index = pool_copy_gbps(pool, big, args.reps)
     best, copy = max(shm), max(land, index)
     out = {"backend": "shm", "size_mib": args.size_mib, "chunk_mib": args.chunk_mib, "checksum": args.checksum,
            "reps": args.reps, "shm_gbps": round(best, 3), "shm_gbps_median": round(statistics.median(shm), 3),
+           "shm_unchecked_gbps": round(max(unchecked), 3),
+           "shm_unchecked_gbps_median": round(statistics.median(unchecked), 3),
+           "unchecked_ratio_vs_zmq_ipc": round(max(unchecked) / max(zmq_ipc), 3),
+           "unchecked_ratio_vs_pool_copy": round(max(unchecked) / copy, 3),
            "zmq_ipc_gbps": round(max(zmq_ipc), 3), "zmq_ipc_gbps_median": round(statistics.median(zmq_ipc), 3),
            "pool_copy_gbps": round(copy, 3), "pool_landing_copy_gbps": round(land, 3),
            "pool_index_copy_gbps": round(index, 3),
@@ -110,6 +121,9 @@ def run_shm_bench(args) -> int:
     print(f"transport bench: one-sided shm vs ZeroMQ ipc vs in-process pool copy, size={out['size_mib']} MiB "
           f"chunk={out['chunk_mib']} MiB checksum={out['checksum']} reps={out['reps']} (best / median)")
     rows = [("shm (one-sided)", f"{out['shm_gbps']:.2f} / {out['shm_gbps_median']:.2f} GB/s"),
+            ("shm, pages not read back", f"{out['shm_unchecked_gbps']:.2f} / {out['shm_unchecked_gbps_median']:.2f} GB/s "
+                                         f"({out['unchecked_ratio_vs_zmq_ipc']:.2f}x zmq ipc, "
+                                         f"{out['unchecked_ratio_vs_pool_copy']:.2f}x pool copy)"),
             ("zmq ipc", f"{out['zmq_ipc_gbps']:.2f} / {out['zmq_ipc_gbps_median']:.2f} GB/s"),
             ("in-process pool copy", f"{out['pool_copy_gbps']:.2f} GB/s (landing copy "
                                      f"{out['pool_landing_copy_gbps']:.2f}, index copy {out['pool_index_copy_gbps']:.2f})"),

@@ -90,6 +90,9 @@ class TransportConfig:
     dist_world_size: int = 0  # torch backend: world size (with dist_init_method)
     dist_backend: str = "auto"  # "auto" (nccl on CUDA pools, else gloo), "gloo" or "nccl"
     curve_dir: str | None = None  # ZeroMQ CURVE keys (see pdtb/security.py); None: no encryption
+    # shm receiver: read every one-sided piece back from the pages and check it against the
+    # sender's running checksum (False: take the sender's word for it, as an RDMA write does)
+    shm_verify: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

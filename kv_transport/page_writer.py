@@ -51,6 +51,10 @@ class WritePlan:
 
 def find_runs(pages: list[int]) -> list[tuple[int, int, int, int]]:
     """Maximal runs of pages whose ids step by +1 or -1: (first i, first page, length, step)."""
+    if len(pages) > 2:  # one run all along (a fresh or orderly free list): found without a Python loop
+        steps = np.diff(np.asarray(pages, dtype=np.int64))
+        if abs(int(steps[0])) == 1 and bool((steps == steps[0]).all()):
+            return [(0, int(pages[0]), len(pages), int(steps[0]))]
     runs: list[tuple[int, int, int, int]] = []
     for i, p in enumerate(pages):
         if runs:

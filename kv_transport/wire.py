@@ -380,9 +380,8 @@ def _dec_grant(f: Fields, payloads: list, limits: WireLimits) -> Grant:
     if type(pages) is not list or not 0 < len(pages) <= limits.max_pages:
         raise WireFieldError("pages", f"expected a list of 1..{limits.max_pages} page ids", tid)
     pool_pages = f.int("pool_pages", 1, 1 << 40)
-    for p in pages:
-        if type(p) is not int or not 0 <= p < pool_pages:
-            raise WireFieldError("pages", f"page {p!r} is not an int in [0, {pool_pages})", tid)
+    if set(map(type, pages)) != {int} or not 0 <= min(pages) <= max(pages) < pool_pages:  # (bool is not int here)
+        raise WireFieldError("pages", f"page ids must be ints in [0, {pool_pages})", tid)
     return Grant(tid, f.int("upto", 0, 1 << 31), f.str("host", 128), f.str("buffer", 256),
                  f.str("buffer_token", 64), f.str("slots", 256), f.str("slots_token", 64),
                  f.int("slot", 0, 1 << 31), f.int("gen", 1, (1 << 64) - 1), pool_pages, pages)

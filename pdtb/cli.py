@@ -17,6 +17,7 @@ commands:
   bench transport    KV transport throughput vs raw pyzmq and memcpy (same run)
   bench steps        engine step time by what it carries (long rows, prefill chunks)
   bench roofline     decode step time against the memory roofline, by batch size
+  cluster            up|down|status: a cluster placed and supervised by Ray (the ray extra)
   bench controller   per-step decision cost of each policy at 100 / 1k / 10k requests
   bench serve        load-test client against an OpenAI-compatible endpoint
   bench sweep        a workload at a series of offered loads: attainment, goodput, knee
@@ -99,6 +100,13 @@ def _dispatch(argv: list[str]) -> int:
     if cmd == "report":
         from pdtb.bench.report import main
 
+        return main(rest)
+    if cmd == "cluster":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise CliError("pdtb cluster needs Ray: pip install 'pd-testbed[ray]'") from None
+        from pdtb.ray_cluster.cli import main
         return main(rest)
     if cmd == "bench" and rest[:1] == ["roofline"]:
         from pdtb.engine.bench_roofline import main

@@ -20,3 +20,17 @@ def test_bench_transport_prints_every_figure_and_its_ratios(endpoint):
     assert out["ratio_vs_raw_zmq"] == pytest.approx(out["gbps"] / out["raw_zmq_gbps"], rel=0.01)
     assert out["ratio_vs_raw_land"] == pytest.approx(out["gbps"] / out["raw_land_gbps"], rel=0.01)
     assert (out["endpoint"], out["size_mib"], out["chunk_mib"]) == (endpoint, 2, 0.5)
+
+
+def test_bench_transport_shm_against_zmq_ipc_and_a_pool_copy():
+    r = run_pdtb("bench", "transport", "--backend", "shm", "--size-mib", "2", "--reps", "2", "--chunk-mib", "0.5",
+                 "--json", timeout=240)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    for key in ("shm_gbps", "shm_unchecked_gbps", "zmq_ipc_gbps", "pool_copy_gbps", "pool_landing_copy_gbps",
+                "pool_index_copy_gbps"):
+        assert out[key] > 0, key
+    assert out["ratio_vs_zmq_ipc"] == pytest.approx(out["shm_gbps"] / out["zmq_ipc_gbps"], rel=0.01)
+    assert out["ratio_vs_pool_copy"] == pytest.approx(out["shm_gbps"] / out["pool_copy_gbps"], rel=0.01)
+    assert out["pool_copy_gbps"] == max(out["pool_landing_copy_gbps"], out["pool_index_copy_gbps"])
+    assert out["one_sided_transfers"] == 3  # the warm-up and two reps, none as chunks

@@ -1,0 +1,130 @@
+"""The Ray actors of a cluster: one per pd-testbed process, and its supervisor.
+
+A `ProcessActor` lives on the Ray node its placement gave it, starts its process there bound
+to that node's address (`ray.util.get_node_ip_address()`), and reports the addresses the
+process printed. Ray places and supervises; the KV bytes and the control messages go between
+the processes as on one host (ZeroMQ, or NCCL/gloo), never through Ray.
+
+The `Supervisor` checks every member each second. A member whose actor died (its Ray node
+went away) or whose process exited is counted lost; with `restart` it starts a replacement of
+the same role in the same placement group (Ray moves the group's bundle to a node that still
+has the resources) and adds it to the router (`POST /admin/nodes`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.request
+
+import ray
+
+from pdtb.ray_cluster.process import NodeProcess
+
+log = logging.getLogger(__name__)
+
+
+@ray.remote(max_restarts=0)
+class ProcessActor:
+    def __init__(self, role: str, name: str) -> None:
+        self.role, self.name = role, name
+        self.proc: NodeProcess | None = None
+        self.reported: dict = {}
+
+    def start(self, args: list[str], timeout: float) -> dict:
+        """Start the process (`--host` is this Ray node's address) and return what it reported,
+        with where it runs."""
+        host = ray.util.get_node_ip_address()
+        self.proc = NodeProcess(self.role, [*args, "--host", host], name=self.name)
+        info = self.proc.start(timeout)
+        self.reported = {**info, "role": self.role, "name": self.name, "host": host,
+                         "ray_node": ray.get_runtime_context().get_node_id()}
+        return self.reported
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.alive()
+
+    def info(self) -> dict:
+        return {**self.reported, "alive": self.proc is not None and self.proc.alive()}
+
+    def tail(self) -> str:
+        return "" if self.proc is None else self.proc.tail()
+
+    def stop(self, timeout: float) -> int | None:
+        return None if self.proc is None else self.proc.stop(timeout)
+
+
+@ray.remote(max_restarts=0, num_cpus=0)
+class Supervisor:
+    """Watches the members of one cluster (see the module docstring)."""
+
+    def __init__(self, cluster: str, namespace: str, router_url: str, restart: bool, start_timeout: float,
+                 api_key: str | None = None) -> None:
+        self.cluster, self.namespace, self.router_url = cluster, namespace, router_url
+        self.restart, self.start_timeout, self.api_key = restart, start_timeout, api_key
+        self.members: dict[str, dict] = {}  # actor name -> {"role", "args", "pg", "bundle", "options"}
+        self.lost: list[dict] = []  # {"name", "role", "at", "why", "replaced_by"}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="pdtb-supervisor", daemon=True)
+        self._thread.start()
+
+    def watch(self, name: str, member: dict) -> None:
+        self.members[name] = member
+
+    def report(self) -> dict:
+        return {"members": sorted(self.members), "lost": list(self.lost)}
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            for name, member in list(self.members.items()):
+                why = self._check(name)
+                if why is None or name not in self.members:
+                    continue
+                del self.members[name]
+                entry = {"name": name, "role": member["role"], "at": time.time(), "why": why, "replaced_by": None}
+                self.lost.append(entry)
+                log.warning("cluster %s: %s (%s) lost: %s", self.cluster, name, member["role"], why)
+                if self.restart:
+                    entry["replaced_by"] = self._replace(name, member)
+
+    def _check(self, name: str) -> str | None:
+        try:
+            actor = ray.get_actor(name, namespace=self.namespace)
+            return None if ray.get(actor.alive.remote(), timeout=10) else "its process exited"
+        except ValueError:
+            return "its actor is gone"
+        except ray.exceptions.RayActorError:
+            return "its actor died (its Ray node went away?)"
+        except ray.exceptions.GetTimeoutError:
+            return None  # busy, not known dead: the router's own health check covers a hang
+
+    def _replace(self, name: str, member: dict) -> str | None:
+        from pdtb.ray_cluster.placement import start_member
+
+        new = f"{name.rsplit('~', 1)[0]}~{int(time.time() * 1000) % 10**9}"
+        try:
+            try:
+                ray.kill(ray.get_actor(name, namespace=self.namespace))
+            except (ValueError, ray.exceptions.RayActorError):
+                pass
+            info = start_member(new, member, self.namespace, self.start_timeout)
+            self._add_to_router(member["role"], info["ctrl"])
+        except Exception as e:  # noqa: BLE001 - a failed restart is reported, and tried at the next loss
+            log.error("cluster %s: could not replace %s: %s", self.cluster, name, e)
+            return None
+        self.members[new] = member
+        return new
+
+    def _add_to_router(self, role: str, address: str) -> None:
+        req = urllib.request.Request(f"{self.router_url}/admin/nodes", method="POST",
+                                     data=json.dumps({"role": role, "address": address}).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            if r.status != 200:
+                raise RuntimeError(f"the router answered {r.status}")

@@ -1,0 +1,105 @@
+"""One pd-testbed process (a node or the router) started and watched by whatever hosts it: a
+Ray actor (pdtb/ray_cluster/actors.py) or a test. Plain Python, no Ray.
+
+The process is a child of its host with the parent-death signal set to SIGKILL, so it never
+outlives the actor that started it: a Ray node that dies takes its workers with it, and the
+kernel then ends their pd-testbed processes, whose dropped connections the router sees as it
+sees any killed node. Its output goes to a log file; `start` waits, bounded, for the line that
+says it is up and returns what that line says.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+READY = {"router": re.compile(r"router listening on (http://\S+)")}
+NODE_READY = re.compile(r"^NODE READY (\{.*\})$", re.M)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+    os.setsid()  # its own process group: a stop reaches every process it starts
+
+
+class NodeProcess:
+    """`python -m pdtb ROLE ARGS...` with a log file, started once, stopped once."""
+
+    def __init__(self, role: str, args: list[str], log_dir: str | None = None, name: str | None = None) -> None:
+        self.role, self.args = role, list(args)
+        self.name = name or role
+        self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="pdtb-ray-")) / f"{self.name}.log"
+        self.proc: subprocess.Popen | None = None
+        self.info: dict = {}
+
+    def start(self, timeout: float) -> dict:
+        """Start the process and wait until it says it is up: a node's NODE READY line (its
+        addresses), the router's listening line ({"url": ...}). RuntimeError with the log's tail
+        if it exits or is silent for `timeout` seconds."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "pdtb", self.role, *self.args], stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self._ready()
+            if info is not None:
+                self.info = {**info, "pid": self.proc.pid, "log": str(self.log_path)}
+                return self.info
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} during start-up:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                self.stop(5)
+                raise RuntimeError(f"{self.name} not up after {timeout:.0f}s:\n{self.tail()}")
+            time.sleep(0.1)
+
+    def _ready(self) -> dict | None:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        if self.role in READY:
+            m = READY[self.role].search(text)
+            return {"url": m.group(1)} if m else None
+        m = NODE_READY.search(text)
+        return json.loads(m.group(1)) if m else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float) -> int | None:
+        """SIGTERM (a node drains, the router finishes what it can), SIGKILL after `timeout`
+        seconds; every process of its group goes. Returns its exit code."""
+        if self.proc is None:
+            return None
+        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+            if self.proc.poll() is not None:
+                break
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # anything it started and left behind
+        except (ProcessLookupError, PermissionError):
+            pass
+        return self.proc.poll()
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
