@@ -41,7 +41,7 @@ if [ "$have" != unmanaged ] && [ "$have" != "$want" ]; then
     "$VENV/bin/python" -c "import torch" || { echo "[pdtb] torch install failed" >&2; exit 1; }
   fi
   echo "[pdtb] installing pd-testbed and test dependencies (versions of requirements.lock)" >&2
-  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[test]" -c "$LOCK" 2>&1 \
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e "$ROOT[test,ray]" -c "$LOCK" 2>&1 \
     | grep -v "^WARNING: Location" >&2 || true
   "$VENV/bin/python" -c "import pdtb.engine, transformers, zmq, msgpack, uvloop, aiohttp, pytest" \
     || { echo "[pdtb] project install failed" >&2; exit 1; }

@@ -34,10 +34,10 @@ for name, low in re.findall(r'"([A-Za-z0-9_.\-]+)>=([0-9][0-9.]*)', deps + test)
         print(f"{name}=={low}")
 PYEOF
   cat "$VENV/lower-bounds.txt" >&2
-  "${PIP[@]}" -e "$ROOT[test]" -c "$VENV/lower-bounds.txt" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  "${PIP[@]}" -e "$ROOT[test,ray]" -c "$VENV/lower-bounds.txt" 2>&1 | grep -v "^WARNING: Location" >&2 || true
 else
   # torch named with its pin: an eager upgrade would otherwise replace the CPU build
-  "${PIP[@]}" --upgrade --upgrade-strategy eager -e "$ROOT[test]" "$TORCH_SPEC" ${WITH[@]+"${WITH[@]}"} 2>&1 \
+  "${PIP[@]}" --upgrade --upgrade-strategy eager -e "$ROOT[test,ray]" "$TORCH_SPEC" ${WITH[@]+"${WITH[@]}"} 2>&1 \
     | grep -v "^WARNING: Location" >&2 || true
 fi
 "$VENV/bin/python" -c "import pdtb.engine, transformers, zmq, msgpack, uvloop, aiohttp, pytest" \

@@ -6,6 +6,8 @@
 #       [--kv-pages N] [--host-kv-pages N]
 #       [--prefill-kv-pages N] [--page-size T] [--port P] [--run-dir DIR] [--host IFACE] [--hosts-file FILE]
 #       [--router-args "..."] [--prefill-args "..."] [--decode-args "..."] [--curve-dir DIR] [--timeout S]
+#       [--ray ADDRESS|auto [--ray-name NAME] [--node-resources ROLE=JSON]... [--router-resources JSON]
+#        [--placement spread|pack] [--restart-failed]]
 #       [-- extra node flags]
 #
 # Flags after "--" go to every node; --prefill-args / --decode-args (split on spaces, like
@@ -26,18 +28,25 @@
 # one host, CPU pools); --transport auto: the same where a decode pool can be mapped, ZeroMQ
 # otherwise (other hosts, GPU pools).
 #
-# Multi-host: --hosts-file lines "ROLE HOST" (e.g. "decode 10.0.0.2"); nodes of that role are
+# --ray ADDRESS: the nodes and the router are placed by Ray on the Ray cluster at ADDRESS (`ray
+# start --head` prints it; auto: the one this host belongs to), as `pdtb cluster up` does (see
+# pdtb/ray_cluster/launch.py): each node is a Ray actor in its role's placement group, bound to
+# its Ray node's address; stop_cluster.sh --run-dir removes every actor and group. Needs the
+# ray extra (pip install 'pd-testbed[ray]') and the project on every Ray node.
+#
+# Multi-host without Ray (a thin fallback: no placement, no supervision, never run in CI):
+# --hosts-file lines "ROLE HOST" (e.g. "decode 10.0.0.2"); nodes of that role are
 # started there over ssh (same checkout path, its .venv), bound to HOST. See README.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 MODE=disagg NP=1 ND=1 NC=1 MODEL="" POLICY=fcfs TRANSPORT=zmq KV_PAGES=4096 HOST_KV_PAGES=0
 CURVE_DIR="" PREFILL_KV_PAGES="" PAGE_SIZE=16 PORT=8000 RUN_DIR="" HOST=127.0.0.1 HOSTS_FILE="" TIMEOUT=180 ROUTER_ARGS=""
-PREFILL_ARGS="" DECODE_ARGS="" DIST_INIT=""
+PREFILL_ARGS="" DECODE_ARGS="" DIST_INIT="" RAY="" RAY_ARGS=()
 EXTRA=()
 while [ $# -gt 0 ]; do
-  case "$1" in  # every option but --, -h and --help takes a value
-    --|-h|--help) ;;
+  case "$1" in  # every option but --, -h, --help and --restart-failed takes a value
+    --|-h|--help|--restart-failed) ;;
     -*) [ $# -ge 2 ] || { echo "launch_cluster: $1 needs a value" >&2; exit 2; } ;;
   esac
   case "$1" in
@@ -62,8 +71,12 @@ while [ $# -gt 0 ]; do
     --decode-args) DECODE_ARGS="$2"; shift 2 ;;
     --curve-dir) CURVE_DIR="$(cd "$2" && pwd)"; shift 2 ;;
     --timeout) TIMEOUT="$2"; shift 2 ;;
+    --ray) RAY="$2"; shift 2 ;;
+    --ray-name) RAY_ARGS+=(--name "$2"); shift 2 ;;
+    --node-resources|--router-resources|--placement) RAY_ARGS+=("$1" "$2"); shift 2 ;;
+    --restart-failed) RAY_ARGS+=(--restart-failed); shift ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) echo "launch_cluster: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -73,6 +86,17 @@ source "$ROOT/scripts/_env.sh"
 RUN_DIR="${RUN_DIR:-$ROOT/runs/cluster-$(date +%Y%m%d-%H%M%S)-$$}"
 mkdir -p "$RUN_DIR"
 case "$TRANSPORT" in zmq|torch|shm|auto) ;; *) echo "launch_cluster: --transport must be zmq, torch, shm or auto" >&2; exit 2 ;; esac
+if [ -n "$RAY" ]; then  # Ray places and supervises: pdtb cluster up does the rest
+  [ -z "$HOSTS_FILE" ] || { echo "launch_cluster: --ray and --hosts-file exclude each other" >&2; exit 2; }
+  [ "$TRANSPORT" != torch ] || { echo "launch_cluster: --transport torch is not placed by Ray yet (zmq, shm or auto)" >&2; exit 2; }
+  source "$ROOT/scripts/_env.sh"
+  args=(--ray "$RAY" --mode "$MODE" --prefill "$NP" --decode "$ND" --colocated "$NC" --policy "$POLICY"
+        --transport "$TRANSPORT" --kv-pages "$KV_PAGES" --host-kv-pages "$HOST_KV_PAGES" --page-size "$PAGE_SIZE"
+        --port "$PORT" --timeout "$TIMEOUT" --router-args "$ROUTER_ARGS" --prefill-args "$PREFILL_ARGS"
+        --decode-args "$DECODE_ARGS" ${MODEL:+--model "$MODEL"} ${PREFILL_KV_PAGES:+--prefill-kv-pages "$PREFILL_KV_PAGES"}
+        ${RUN_DIR:+--run-dir "$RUN_DIR"} ${CURVE_DIR:+--curve-dir "$CURVE_DIR"} ${RAY_ARGS[@]+"${RAY_ARGS[@]}"})
+  exec pdtb cluster up "${args[@]}" -- ${EXTRA[@]+"${EXTRA[@]}"}
+fi
 if [ "$TRANSPORT" = torch ] && [ -z "$DIST_INIT" ]; then
   DIST_INIT="file://$(cd "$RUN_DIR" && pwd)/dist-init"  # single host; several hosts: --dist-init-method tcp://HOST:PORT
   rm -f "${DIST_INIT#file://}"  # a file left by an earlier run would confuse the rendezvous

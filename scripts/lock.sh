@@ -14,7 +14,7 @@ if "$VENV/bin/python" -m pip freeze --disable-pip-version-check | grep -q -E '^n
   exit 1
 fi
 {
-  echo "# Exact versions installed by scripts/_env.sh (constraints for 'pip install -e .[test]')."
+  echo "# Exact versions installed by scripts/_env.sh (constraints for 'pip install -e .[test,ray]')."
   echo "# Written by scripts/lock.sh from a venv that passed scripts/check_latest.sh; do not edit."
   echo "# torch is the CPU build (local version label dropped: '==' matches it)."
   "$VENV/bin/python" -m pip freeze --exclude-editable --disable-pip-version-check \

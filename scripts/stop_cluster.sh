@@ -2,7 +2,8 @@
 # Stop a cluster started by launch_cluster.sh: SIGTERM the router, prefill and colocated nodes,
 # and once they have exited the decode nodes (each drains what it has in flight); SIGKILL
 # whatever is left --timeout seconds (default 40) after its SIGTERM.
-# Leaves no process behind; removes the pid files.
+# Leaves no process behind; removes the pid files. A cluster placed by Ray (its run dir has
+# ray.json) is stopped by pdtb cluster down: every actor and placement group goes.
 # With --node NAME (e.g. decode-1) only that node is stopped: a decode node drains, and the router
 # moves its decoding requests to the other decode nodes (live migration) while it does.
 set -euo pipefail
@@ -18,6 +19,11 @@ done
 [ -n "$RUN_DIR" ] || { echo "stop_cluster: --run-dir DIR is required" >&2; exit 2; }
 case "$TIMEOUT" in ''|*[!0-9]*) echo "stop_cluster: --timeout wants a whole number of seconds, got '$TIMEOUT'" >&2; exit 2 ;; esac
 [ -d "$RUN_DIR" ] || { echo "stop_cluster: no such run dir: $RUN_DIR" >&2; exit 2; }
+if [ -f "$RUN_DIR/ray.json" ]; then  # placed by Ray (launch_cluster.sh --ray): its actors and groups go
+  [ -z "$NODE" ] || { echo "stop_cluster: --node on a Ray cluster: POST /admin/drain {\"node\": ...} to the router" >&2; exit 2; }
+  source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/_env.sh"
+  exec pdtb cluster down --run-dir "$RUN_DIR" --timeout "$TIMEOUT"
+fi
 
 # Two phases, so that nothing in flight is lost to the order of shutdown. First the router
 # (it stops accepting and waits out its grace period for the requests it has), the prefill

@@ -47,6 +47,9 @@ def parse_up(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--port", type=int, default=8000, help="router port (0: a free one)")
     ap.add_argument("--router-args", default="", help="more router flags (split on spaces)")
+    ap.add_argument("--prefill-args", default="", help="more flags for the prefill nodes (split on spaces)")
+    ap.add_argument("--decode-args", default="", help="more flags for the decode nodes (split on spaces)")
+    ap.add_argument("--curve-dir", default=None, help="ZeroMQ CURVE keys, the same path on every Ray node")
     ap.add_argument("--api-key", default=None, help="the router's API key (its /admin/* needs it)")
     ap.add_argument("--run-dir", default=None, help="write ray.json and url here (for pdtb cluster down --run-dir)")
     ap.add_argument("--timeout", type=float, default=180.0)
@@ -76,9 +79,12 @@ def spec_of(a: argparse.Namespace):
             args += ["--transport", a.transport]
         if role != "prefill":
             args += ["--host-kv-pages", str(a.host_kv_pages)]
-        node_args[role] = args + a.extra
+        if a.curve_dir:
+            args += ["--curve-dir", a.curve_dir]
+        own = {"prefill": a.prefill_args, "decode": a.decode_args}.get(role, "")
+        node_args[role] = args + a.extra + shlex.split(own)
     router_args = [*(["--model", a.model] if a.model else []), "--port", str(a.port), *shlex.split(a.router_args),
-                   *(["--api-key", a.api_key] if a.api_key else [])]
+                   *(["--api-key", a.api_key] if a.api_key else []), *(["--curve-dir", a.curve_dir] if a.curve_dir else [])]
     return ClusterSpec(address=a.ray, name=a.name or f"pdtb-{secrets.token_hex(3)}", counts=counts,
                        resources=resources, router_resources=_resources(a.router_resources), placement=a.placement,
                        restart_failed=a.restart_failed, node_args=node_args, router_args=router_args,

@@ -19,18 +19,12 @@ groups. Every actor and group is named `NAME:...` in the namespace `pdtb`.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import secrets
-import shlex
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 
 NAMESPACE = "pdtb"
-ROLES = ("prefill", "decode", "colocated")
+ROLES = ("decode", "prefill", "colocated")  # (the router lists nodes in this order, as launch_cluster.sh does)
 
 
 @dataclass
@@ -49,10 +43,15 @@ class ClusterSpec:
 
 
 def connect(address: str) -> None:
+    """Join the Ray cluster as a driver. A cluster on loopback addresses (one machine's test
+    cluster) is joined from loopback too: the driver would otherwise look for its raylet at
+    the machine's outward address."""
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="warning")
+        local = address.startswith(("127.", "localhost"))
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="warning",
+                 **({"_node_ip_address": "127.0.0.1"} if local else {}))
 
 
 def _members(spec: ClusterSpec) -> dict[str, dict]:
@@ -73,7 +72,7 @@ def up(spec: ClusterSpec) -> dict:
     import ray
 
     from pdtb.ray_cluster.actors import ProcessActor, Supervisor
-    from pdtb.ray_cluster.placement import bundle_for, make_group, start_member
+    from pdtb.ray_cluster.placement import bundle_for, make_group, start_members
 
     connect(spec.address)
     if _names(spec.name):
@@ -84,9 +83,7 @@ def up(spec: ClusterSpec) -> dict:
             if spec.counts.get(role):
                 make_group(spec.name, role, spec.counts[role], bundle_for(spec.resources.get(role)), spec.placement,
                            spec.timeout)
-        infos = {}
-        for name, m in members.items():  # decode nodes first, as the router lists them
-            infos[name] = start_member(name, m, NAMESPACE, spec.timeout)
+        infos = start_members(members, NAMESPACE, spec.timeout)
         nodes = [f"--node={m['role']}={infos[n]['ctrl']}" for n, m in members.items()]
         router = ProcessActor.options(name=f"{spec.name}:router", namespace=NAMESPACE, lifetime="detached",
                                       num_cpus=0, resources=spec.router_resources).remote("router", f"{spec.name}:router")
@@ -154,12 +151,13 @@ def down(address: str, cluster: str, timeout: float = 20.0) -> dict:
     sup = handles.pop(f"{cluster}:supervisor", None)
     if sup is not None:
         _quietly(lambda: ray.get(sup.shutdown.remote(), timeout=10))
-    router = handles.pop(f"{cluster}:router", None)
-    stops = [h.stop.remote(timeout) for h in handles.values()]
-    _quietly(lambda: ray.get(stops, timeout=timeout + 15))
-    if router is not None:
-        _quietly(lambda: ray.get(router.stop.remote(10), timeout=30))
-    for h in [*handles.values(), router, sup]:
+    # As stop_cluster.sh: the router, prefill and colocated nodes first (prompts in flight are
+    # handed off), then the decode nodes, which drain what they hold.
+    decode = [n for n in handles if n.split(":", 1)[1].startswith("decode")]
+    for phase in ([n for n in handles if n not in decode], decode):
+        stops = [handles[n].stop.remote(timeout) for n in phase]
+        _quietly(lambda: ray.get(stops, timeout=timeout + 15))
+    for h in [*handles.values(), sup]:
         if h is not None:
             _quietly(lambda h=h: ray.kill(h))
     groups = _groups(cluster)

@@ -44,10 +44,18 @@ def make_group(cluster: str, role: str, count: int, bundle: dict, placement: str
     return pg
 
 
+def start_members(members: dict[str, dict], namespace: str, timeout: float) -> dict[str, dict]:
+    """Start process actors in their bundles, all at once; what each process reported, by name."""
+    pending = {}
+    for name, member in members.items():
+        pg = get_placement_group(member["pg"])
+        strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=member["bundle"])
+        actor = ProcessActor.options(name=name, namespace=namespace, lifetime="detached", scheduling_strategy=strategy,
+                                     **member["options"]).remote(member["role"], name)
+        pending[name] = actor.start.remote(member["args"], timeout)
+    return dict(zip(pending, ray.get(list(pending.values()), timeout=timeout + 60)))
+
+
 def start_member(name: str, member: dict, namespace: str, timeout: float) -> dict:
     """Start one process actor in its bundle and return what its process reported."""
-    pg = get_placement_group(member["pg"])
-    strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=member["bundle"])
-    actor = ProcessActor.options(name=name, namespace=namespace, lifetime="detached", scheduling_strategy=strategy,
-                                 **member["options"]).remote(member["role"], name)
-    return ray.get(actor.start.remote(member["args"], timeout), timeout=timeout + 60)
+    return start_members({name: member}, namespace, timeout)[name]

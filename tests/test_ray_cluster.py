@@ -1,0 +1,148 @@
+"""Clusters placed by Ray (launch_cluster.sh --ray): on a local Ray cluster of four Ray nodes
+with distinct custom resources (router, prefill, two decode), every pd-testbed process lands on
+a Ray node that has its role's resource, outputs equal transformers.generate through the
+router, a Ray node removed under load leaves no request hanging (they complete on the other
+decode node), and a stop leaves no actor, placement group or process behind.
+
+Needs the ray extra; where Ray is not installed, or cannot start on the machine, the tests
+are skipped with the reason."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+
+import pytest
+
+from cluster_util import ROOT, alive, get_json, wait_until
+from conftest import hf_greedy
+
+pytestmark = pytest.mark.slow
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'pd-testbed[ray]')")
+openai = pytest.importorskip("openai")
+NODE = dict(num_cpus=1, object_store_memory=80 * 1024 * 1024, node_ip_address="127.0.0.1")
+
+
+@pytest.fixture(scope="module")
+def ray_nodes():
+    """A local Ray cluster on loopback: head (router), prefill, decode-a, decode-b."""
+    from ray.cluster_utils import Cluster
+
+    try:
+        c = Cluster(initialize_head=True, head_node_args={**NODE, "resources": {"router": 1}, "include_dashboard": False})
+    except Exception as e:  # noqa: BLE001 - no Ray here: the reason is the skip's
+        pytest.skip(f"Ray could not start a local cluster here: {type(e).__name__}: {e}")
+    try:
+        nodes = {"head": c.head_node, "prefill": c.add_node(**NODE, resources={"prefill": 1}),
+                 "decode-a": c.add_node(**NODE, resources={"decode": 1}),
+                 "decode-b": c.add_node(**NODE, resources={"decode": 1})}
+        c.wait_for_nodes(timeout=120)
+        ray.init(address=c.address, namespace="pdtb", _node_ip_address="127.0.0.1", log_to_driver=False)
+        yield c, nodes
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def launch(c, run_dir, *args: str) -> str:
+    r = subprocess.run(["bash", str(ROOT / "scripts/launch_cluster.sh"), "--ray", c.address, "--port", "0",
+                        "--run-dir", str(run_dir), "--kv-pages", "256", "--timeout", "150",
+                        "--node-resources", 'prefill={"prefill": 1}', "--node-resources", 'decode={"decode": 1}',
+                        "--router-resources", '{"router": 1}', *args],
+                       capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.strip().splitlines()[-1].removeprefix("READY ")
+
+
+def stop(run_dir) -> dict:
+    rec = json.loads((run_dir / "ray.json").read_text())
+    r = subprocess.run(["bash", str(ROOT / "scripts/stop_cluster.sh"), "--run-dir", str(run_dir), "--timeout", "20"],
+                       capture_output=True, text=True, timeout=200)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    return rec
+
+
+def assert_gone(rec: dict) -> None:
+    """No actor of the cluster is listed, no placement group of it is live, no process is left."""
+    name = rec["name"]
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(f"{name}:")]
+    live = [g for g in ray.util.placement_group_table().values()
+            if g.get("name", "").startswith(f"{name}:") and g.get("state") != "REMOVED"]
+    assert not live, live
+    wait_until(lambda: not any(alive(m["pid"]) for m in rec["members"]), 20, what="every process gone")
+
+
+def completions(url: str, prompts, max_tokens: int) -> list[list[int]]:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
+    model = client.models.list().data[0].id
+    return [client.completions.create(model=model, prompt=p, max_tokens=max_tokens, temperature=0,
+                                      extra_body={"return_token_ids": True, "ignore_eos": True}).choices[0].token_ids
+            for p in prompts]
+
+
+def test_ray_places_each_role_on_its_resource_and_serves_generates_tokens(ray_nodes, hf_models, tmp_path):
+    c, nodes = ray_nodes
+    run_dir = tmp_path / "ray1"
+    url = launch(c, run_dir, "--prefill", "1", "--decode", "1")
+    try:
+        rec = json.loads((run_dir / "ray.json").read_text())
+        where = {m["role"]: m["ray_node"] for m in rec["members"]}
+        assert where["prefill"] == nodes["prefill"].unique_id
+        assert where["decode"] in (nodes["decode-a"].unique_id, nodes["decode-b"].unique_id)
+        assert where["router"] == nodes["head"].unique_id
+        assert all(m["host"] == "127.0.0.1" for m in rec["members"])
+        prompts = [[5, 9, 33, 7], list(range(3, 40))]
+        assert completions(url, prompts, 8) == [hf_greedy(hf_models["llama"], p, 8, ignore_eos=True) for p in prompts]
+        status = json.loads(subprocess.run(["pdtb", "cluster", "status", "--run-dir", str(run_dir), "--json"],
+                                           capture_output=True, text=True, timeout=60, check=True).stdout)
+        assert sorted(m["role"] for m in status["members"]) == ["decode", "prefill", "router"]
+        assert all(m["alive"] for m in status["members"]) and status["lost"] == []
+    finally:
+        rec = stop(run_dir)
+    assert_gone(rec)
+
+
+def test_a_ray_node_removed_under_load_loses_no_request(ray_nodes, hf_models, tmp_path):
+    """Two decode nodes spread over the two decode Ray nodes; one Ray node is removed while
+    requests stream: its node process goes with it, the router finds it down and sends its
+    requests to the other decode node (recompute), every request ends with generate's tokens,
+    and the supervisor reports the loss. (Removes a Ray node: the module's last test.)"""
+    c, nodes = ray_nodes
+    run_dir = tmp_path / "ray2"
+    url = launch(c, run_dir, "--prefill", "1", "--decode", "2", "--placement", "spread")
+    try:
+        rec = json.loads((run_dir / "ray.json").read_text())
+        decode_at = {m["ray_node"]: m for m in rec["members"] if m["role"] == "decode"}
+        assert set(decode_at) == {nodes["decode-a"].unique_id, nodes["decode-b"].unique_id}
+        victim = decode_at[nodes["decode-a"].unique_id]
+        prompts = [[3 + (7 * i + j) % 400 for j in range(20 + i)] for i in range(8)]
+
+        async def all_of_them():
+            client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=120, max_retries=0)
+            model = (await client.models.list()).data[0].id
+
+            async def one(p):
+                r = await client.completions.create(model=model, prompt=p, max_tokens=48, temperature=0,
+                                                    extra_body={"return_token_ids": True, "ignore_eos": True})
+                return r.choices[0].token_ids
+
+            tasks = [asyncio.ensure_future(one(p)) for p in prompts]
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not [n for n in get_json(f"{url}/cluster")
+                                                       if n["address"] == victim["ctrl"] and n["running"]]:
+                await asyncio.sleep(0.1)
+            c.remove_node(nodes["decode-a"])
+            return await asyncio.gather(*tasks)
+
+        got = asyncio.run(asyncio.wait_for(all_of_them(), 180))
+        assert got == [hf_greedy(hf_models["llama"], p, 48, ignore_eos=True) for p in prompts]
+        wait_until(lambda: not alive(victim["pid"]), 30, what="the removed node's process gone")
+        wait_until(lambda: [n for n in get_json(f"{url}/cluster") if n["address"] == victim["ctrl"]
+                            and not n["healthy"]], 30, what="the router marks it down")
+        status = json.loads(subprocess.run(["pdtb", "cluster", "status", "--run-dir", str(run_dir), "--json"],
+                                           capture_output=True, text=True, timeout=60, check=True).stdout)
+        assert [lost["name"] for lost in status["lost"]] == [victim["name"]]
+    finally:
+        rec = stop(run_dir)
+    assert_gone(rec)

@@ -1,0 +1,54 @@
+"""The process a Ray actor runs (pdtb/ray_cluster/process.py), without Ray: it reports what its
+READY line says, stops on SIGTERM, dies with its parent, and a start that fails says why."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from cluster_util import alive, wait_until
+from pdtb.ray_cluster.process import NodeProcess
+
+
+def test_a_router_process_reports_its_url_and_stops(tmp_path):
+    p = NodeProcess("router", ["--port", "0", "--host", "127.0.0.1", "--node", "colocated=tcp://127.0.0.1:9"],
+                    log_dir=str(tmp_path))
+    info = p.start(timeout=60)
+    try:
+        assert info["url"].startswith("http://127.0.0.1:") and alive(info["pid"]) and p.alive()
+    finally:
+        code = p.stop(10)
+    assert code is not None and not p.alive()
+
+
+def test_a_start_that_fails_says_why(tmp_path):
+    p = NodeProcess("decode", ["--kv-pages", "-3"], log_dir=str(tmp_path))
+    try:
+        p.start(timeout=60)
+    except RuntimeError as e:
+        assert "exited" in str(e) and "num_pages must be >= 1" in str(e)  # the log's tail
+    else:
+        raise AssertionError("a node with -3 pages started")
+
+
+def test_the_process_dies_with_the_one_that_started_it(tmp_path):
+    """Its parent (a Ray worker, here a plain Python process) is killed with SIGKILL: the kernel
+    ends the node process too (the parent-death signal), so no process outlives its actor."""
+    script = textwrap.dedent(f"""
+        import json, sys, time
+        from pdtb.ray_cluster.process import NodeProcess
+        p = NodeProcess("router", ["--port", "0", "--host", "127.0.0.1", "--node", "colocated=tcp://127.0.0.1:9"],
+                        log_dir={str(tmp_path)!r})
+        print(json.dumps(p.start(timeout=60)), flush=True)
+        time.sleep(120)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(parent.stdout.readline())
+        assert alive(info["pid"])
+        parent.kill()
+        parent.wait(10)
+        wait_until(lambda: not alive(info["pid"]), 15, what="the router process gone with its parent")
+    finally:
+        parent.kill()
