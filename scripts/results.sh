@@ -9,6 +9,8 @@
 #   - prefix caching on real clusters (scripts/prefix_results.sh --quick, or the full run);
 #   - live migration between decode nodes: downtime, and rebalancing whales and minnows
 #     (scripts/migration_results.sh --quick, or the full run);
+#   - KV transports on one host: one-sided writes, admission verdicts per transport
+#     (scripts/transport_results.sh, after the document is written: it replaces its section);
 #   - the simulator (scripts/sim_results.sh): validated against the comparison's real runs,
 #     the reproductions, one hour of the Azure trace on 8 GPUs, the H200 grid against the roofline.
 # About 40 minutes on a 2-core machine (the frontier: 10). The run's files stay in OUT
@@ -16,10 +18,11 @@
 #
 #   bash scripts/results.sh [--full] [--policies "fcfs memfair vtc mcsf priority"] [--out DIR]
 #                           [--skip-bench] [--skip-frontier] [--skip-prefix] [--skip-migration] [--skip-sim]
+#                           [--skip-transports]
 #                           [--doc docs/results.md]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-QUICK=(--quick) POLICIES="fcfs memfair vtc mcsf priority" OUT="" BENCH=1 FRONTIER=1 SIM=1 PREFIX=1 MIGRATION=1 DOC="$ROOT/docs/results.md"
+QUICK=(--quick) POLICIES="fcfs memfair vtc mcsf priority" OUT="" BENCH=1 FRONTIER=1 SIM=1 PREFIX=1 MIGRATION=1 TRANSPORTS=1 DOC="$ROOT/docs/results.md"
 while [ $# -gt 0 ]; do
   case "$1" in
     --full) QUICK=(); shift ;;
@@ -28,6 +31,7 @@ while [ $# -gt 0 ]; do
     --skip-bench) BENCH=0; shift ;;
     --skip-frontier) FRONTIER=0; shift ;;
     --skip-sim) SIM=0; shift ;;
+    --skip-transports) TRANSPORTS=0; shift ;;
     --skip-prefix) PREFIX=0; shift ;;
     --skip-migration) MIGRATION=0; shift ;;
     --doc) DOC="$2"; shift 2 ;;
@@ -78,3 +82,7 @@ if [ "$SIM" = 1 ]; then
   args+=(--sim "$OUT/sim")
 fi
 python -m pdtb.bench.results_doc "${args[@]}" --out "$DOC" --readme "$ROOT/README.md"
+if [ "$TRANSPORTS" = 1 ]; then
+  echo "== bash scripts/transport_results.sh" >&2
+  bash scripts/transport_results.sh --out "$OUT/transports" --doc "$DOC" >&2
+fi

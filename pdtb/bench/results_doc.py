@@ -210,6 +210,40 @@ def replace_block(text: str, block: list[str]) -> str:
 
 
 MIGRATION_HEADING = "## Moving requests between decode nodes"
+TRANSPORTS_HEADING = "## KV transports on one host"
+
+
+def transports_section(shm: list[dict], admissions_dir: str | None, stamp: str | None = None) -> list[str]:
+    """One-sided writes against ZeroMQ ipc and a pool copy; admission verdicts per transport."""
+    when = f" Measured {stamp}." if stamp else ""
+    out = [TRANSPORTS_HEADING, "",
+           f"`bash scripts/transport_results.sh`: this machine, tiny-model page geometry (32 KiB pages).{when}", "",
+           "`pdtb bench transport --backend shm --size-mib SIZE --json`: one request's KV, send() to ACK, best of "
+           "the interleaved repetitions, to a receiver in another process: one-sided into its shared pool (the "
+           "receiver reads every piece back against the sender's checksum), the same with that check off, and "
+           "ZeroMQ over ipc; against an in-process copy of the same pages from one pool into another.", "",
+           "| size (MiB) | shm GB/s | x zmq ipc | x pool copy | shm, not read back GB/s | x zmq ipc | x pool copy "
+           "| zmq ipc GB/s | pool copy GB/s |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in shm:
+        out.append(f"| {r['size_mib']} | {r['shm_gbps']:.2f} | **{r['ratio_vs_zmq_ipc']:.2f}x** "
+                   f"| **{r['ratio_vs_pool_copy']:.2f}x** | {r['shm_unchecked_gbps']:.2f} "
+                   f"| {r['unchecked_ratio_vs_zmq_ipc']:.2f}x | {r['unchecked_ratio_vs_pool_copy']:.2f}x "
+                   f"| {r['zmq_ipc_gbps']:.2f} | {r['pool_copy_gbps']:.2f} |")
+    out.append("")
+    if admissions_dir:
+        from pdtb.bench.admissions import table
+
+        dirs = sorted((d for d in Path(admissions_dir).iterdir() if d.is_dir() and list(d.glob("disagg-*.json"))),
+                      key=lambda d: (d.name != "zmq", d.name))
+        lines, same = table(dirs)
+        out += ["`bash scripts/compare_transports.sh --quick`: the disaggregated quick fairness runs (the same "
+                "seeded workload) over each transport; the decode node's verdicts on hand-off headers (`defer` "
+                "counts each deferred request once, `defer_answers` every deferral as the prefill side retries). "
+                + ("Every count equals ZeroMQ's." if same else
+                   "A verdict depends on what the decode pool holds when a header arrives, so a transport that "
+                   "lands pages sooner or later can tip a request at the edge of a full pool the other way; the "
+                   "counts that differ are listed."), "", "```", *lines, "```", ""]
+    return out
 
 
 def migration_section(migration_dir: str, command: str, stamp: str | None = None) -> list[str]:
@@ -279,12 +313,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix-command", default="bash scripts/prefix_results.sh --quick")
     ap.add_argument("--migration", help="directory of scripts/migration_results.sh outputs")
     ap.add_argument("--migration-command", default="bash scripts/migration_results.sh --quick")
-    ap.add_argument("--section", choices=["migration"],
+    ap.add_argument("--shm", nargs="*", default=[], help="pdtb bench transport --backend shm --json outputs")
+    ap.add_argument("--admissions", help="directory of scripts/compare_transports.sh outputs")
+    ap.add_argument("--commit-file", help="file holding the commit the figures were measured on")
+    ap.add_argument("--section", choices=["migration", "transports"],
                     help="replace only this section of the existing --out (its own date and commit in its first "
                          "line), leaving the others as they are")
     ap.add_argument("--out", required=True)
     ap.add_argument("--readme", help="also replace the headline block of this README")
     a = ap.parse_args(argv)
+    if a.section == "transports":
+        if not a.shm:
+            ap.error("--section transports needs --shm FILE...")
+        commit = (Path(a.commit_file).read_text().strip() if a.commit_file and Path(a.commit_file).exists() else "") \
+            or "unknown"
+        stamp = f"on {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, commit {commit}"
+        shm = [json.loads(Path(f).read_text()) for f in a.shm]
+        out = Path(a.out)
+        out.write_text(replace_section(out.read_text(), TRANSPORTS_HEADING, transports_section(shm, a.admissions, stamp),
+                                       before="## Prefix caching"))
+        print(f"replaced the transports section of {a.out}")
+        return 0
     if a.section == "migration":
         if not a.migration:
             ap.error("--section migration needs --migration DIR")

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# KV transports on one host, measured here: one-sided writes against ZeroMQ ipc and an
+# in-process pool copy (pdtb bench transport --backend shm, 64 and 256 MiB), and the decode
+# nodes' admission verdicts of the same seeded fairness runs over zmq, shm and torch (gloo)
+# (scripts/compare_transports.sh). Replaces the "KV transports on one host" section of
+# docs/results.md (its own date and commit).
+#
+#   scripts/transport_results.sh [--quick] [--out DIR] [--doc FILE]
+#
+# --quick: 5 reps of each size instead of 10; the fairness runs are the quick ones either way.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPS=10 OUT="" DOC="$ROOT/docs/results.md"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) REPS=5; shift ;;
+    --out) OUT="$2"; shift 2 ;;
+    --doc) DOC="$2"; shift 2 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "transport_results: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+source "$ROOT/scripts/_env.sh"
+OUT="${OUT:-$ROOT/results/transports-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+git -C "$ROOT" rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true  # what the figures were measured on
+for size in 64 256; do
+  echo "== pdtb bench transport --backend shm --size-mib $size --reps $REPS" >&2
+  pdtb bench transport --backend shm --size-mib "$size" --reps "$REPS" --json > "$OUT/shm-$size.json"
+done
+bash "$ROOT/scripts/compare_transports.sh" --quick --out "$OUT/verdicts" >&2
+python -m pdtb.bench.results_doc --section transports --shm "$OUT"/shm-64.json "$OUT"/shm-256.json \
+  --admissions "$OUT/verdicts" --commit-file "$OUT/commit" --out "$DOC"

@@ -1,0 +1,62 @@
+"""The per-verdict table across transports (pdtb.bench.admissions) and the results section
+that holds it with the one-sided figures (results_doc --section transports), from results files
+made here: counts summed over decode nodes from each run's last sample, compared to the first
+transport's; the section replaced in place, the rest of the document kept."""
+from __future__ import annotations
+
+import json
+
+from pdtb.bench.admissions import admissions_of, main as admissions_main, table
+from pdtb.bench.results_doc import TRANSPORTS_HEADING, main as results_doc
+
+
+def results(adm_by_node: list[dict], earlier: list[dict] | None = None) -> dict:
+    def sample(t, adms):
+        return {"t": t, "nodes": [{"role": "decode", "admissions": a} for a in adms] + [{"role": "prefill", "admissions": {}}]}
+    samples = ([sample(0.5, earlier)] if earlier else []) + [sample(9.0, adm_by_node)]
+    return {"meta": {}, "requests": [], "summary": {}, "samples": samples}
+
+
+def write(tmp_path, transport: str, policy: str, adms: list[dict]) -> None:
+    d = tmp_path / transport
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"disagg-{policy}.json").write_text(json.dumps(results(adms, earlier=[{"accept": 1}])))
+
+
+def test_counts_are_the_last_samples_summed_over_decode_nodes(tmp_path):
+    r = results([{"accept": 3, "park": 1}, {"accept": 2, "defer": 4, "defer_answers": 9}], earlier=[{"accept": 1}])
+    assert admissions_of(r) == {"accept": 5, "park": 1, "defer": 4, "refuse": 0, "defer_answers": 9}
+    assert admissions_of({"samples": []}) == {v: 0 for v in ("accept", "park", "defer", "refuse", "defer_answers")}
+
+
+def test_the_table_says_which_transport_differs(tmp_path, capsys):
+    write(tmp_path, "zmq", "fcfs", [{"accept": 10, "park": 2, "defer": 1, "defer_answers": 5}])
+    write(tmp_path, "shm", "fcfs", [{"accept": 10, "park": 2, "defer": 1, "defer_answers": 5}])
+    write(tmp_path, "torch", "fcfs", [{"accept": 11, "park": 1, "defer": 1, "defer_answers": 7}])
+    lines, same = table([tmp_path / "zmq", tmp_path / "shm", tmp_path / "torch"])
+    assert not same
+    assert "fcfs      accept               10       10       11" in lines
+    assert lines[-1] == ("fcfs      vs zmq: every count: shm: same, torch: differs; "
+                         "verdicts per request: shm: same, torch: differs")
+    assert admissions_main([str(tmp_path / "zmq"), str(tmp_path / "shm")]) == 0
+    assert "shm: same" in capsys.readouterr().out
+    assert admissions_main([str(tmp_path / "nope")]) == 2
+
+
+def test_the_transports_section_is_replaced_in_place(tmp_path):
+    for t in ("zmq", "shm"):
+        write(tmp_path / "verdicts", t, "memfair", [{"accept": 4}])
+    shm = {"size_mib": 64, "shm_gbps": 6.0, "ratio_vs_zmq_ipc": 3.0, "ratio_vs_pool_copy": 0.5, "shm_unchecked_gbps": 7.0,
+           "unchecked_ratio_vs_zmq_ipc": 3.5, "unchecked_ratio_vs_pool_copy": 0.58, "zmq_ipc_gbps": 2.0, "pool_copy_gbps": 12.0}
+    (tmp_path / "shm.json").write_text(json.dumps(shm))
+    (tmp_path / "commit").write_text("abc1234\n")
+    doc = tmp_path / "results.md"
+    doc.write_text("# Results\n\n## KV transport against raw pyzmq\n\nold\n\n## Prefix caching\n\nkept\n")
+    args = ["--section", "transports", "--shm", str(tmp_path / "shm.json"), "--admissions", str(tmp_path / "verdicts"),
+            "--commit-file", str(tmp_path / "commit"), "--out", str(doc)]
+    assert results_doc(args) == 0
+    text = doc.read_text()
+    assert text.index(TRANSPORTS_HEADING) < text.index("## Prefix caching") and "kept" in text and "old" in text
+    assert "commit abc1234" in text and "| 64 | 6.00 | **3.00x** | **0.50x** | 7.00 |" in text
+    assert "Every count equals ZeroMQ's." in text
+    assert results_doc(args) == 0 and doc.read_text().count(TRANSPORTS_HEADING) == 1
