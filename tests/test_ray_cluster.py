@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +22,10 @@ from cluster_util import ROOT, alive, get_json, wait_until
 from conftest import hf_greedy
 
 pytestmark = pytest.mark.slow
+# Ray replaces a loopback address by the machine's outward one unless told it runs on one host
+# (read when ray is imported; the nodes, the launcher and every worker inherit it): the whole
+# test cluster stays on 127.0.0.1.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'pd-testbed[ray]')")
 openai = pytest.importorskip("openai")
 NODE = dict(num_cpus=1, object_store_memory=80 * 1024 * 1024, node_ip_address="127.0.0.1")
@@ -26,7 +33,8 @@ NODE = dict(num_cpus=1, object_store_memory=80 * 1024 * 1024, node_ip_address="1
 
 @pytest.fixture(scope="module")
 def ray_nodes():
-    """A local Ray cluster on loopback: head (router), prefill, decode-a, decode-b."""
+    """A local Ray cluster on loopback: head (router), prefill, decode-a, decode-b (two decode
+    bundles fit on it: one of the spread pair, and a replacement)."""
     from ray.cluster_utils import Cluster
 
     try:
@@ -36,17 +44,17 @@ def ray_nodes():
     try:
         nodes = {"head": c.head_node, "prefill": c.add_node(**NODE, resources={"prefill": 1}),
                  "decode-a": c.add_node(**NODE, resources={"decode": 1}),
-                 "decode-b": c.add_node(**NODE, resources={"decode": 1})}
+                 "decode-b": c.add_node(**NODE, resources={"decode": 2})}  # (room for a replacement)
         c.wait_for_nodes(timeout=120)
-        ray.init(address=c.address, namespace="pdtb", _node_ip_address="127.0.0.1", log_to_driver=False)
+        ray.init(address=c.address, namespace="pdtb", log_to_driver=False)
         yield c, nodes
     finally:
         ray.shutdown()
         c.shutdown()
 
 
-def launch(c, run_dir, *args: str) -> str:
-    r = subprocess.run(["bash", str(ROOT / "scripts/launch_cluster.sh"), "--ray", c.address, "--port", "0",
+def launch(c, run_dir, model: str, *args: str) -> str:
+    r = subprocess.run(["bash", str(ROOT / "scripts/launch_cluster.sh"), "--ray", c.address, "--port", "0", "--model", model,
                         "--run-dir", str(run_dir), "--kv-pages", "256", "--timeout", "150",
                         "--node-resources", 'prefill={"prefill": 1}', "--node-resources", 'decode={"decode": 1}',
                         "--router-resources", '{"router": 1}', *args],
@@ -81,16 +89,16 @@ def completions(url: str, prompts, max_tokens: int) -> list[list[int]]:
             for p in prompts]
 
 
-def test_ray_places_each_role_on_its_resource_and_serves_generates_tokens(ray_nodes, hf_models, tmp_path):
+def test_ray_places_each_role_on_its_resource_and_serves_generates_tokens(ray_nodes, llama_dir, hf_models, tmp_path):
     c, nodes = ray_nodes
     run_dir = tmp_path / "ray1"
-    url = launch(c, run_dir, "--prefill", "1", "--decode", "1")
+    url = launch(c, run_dir, llama_dir, "--prefill", "1", "--decode", "1")
     try:
         rec = json.loads((run_dir / "ray.json").read_text())
         where = {m["role"]: m["ray_node"] for m in rec["members"]}
-        assert where["prefill"] == nodes["prefill"].unique_id
-        assert where["decode"] in (nodes["decode-a"].unique_id, nodes["decode-b"].unique_id)
-        assert where["router"] == nodes["head"].unique_id
+        assert where["prefill"] == nodes["prefill"].node_id
+        assert where["decode"] in (nodes["decode-a"].node_id, nodes["decode-b"].node_id)
+        assert where["router"] == nodes["head"].node_id
         assert all(m["host"] == "127.0.0.1" for m in rec["members"])
         prompts = [[5, 9, 33, 7], list(range(3, 40))]
         assert completions(url, prompts, 8) == [hf_greedy(hf_models["llama"], p, 8, ignore_eos=True) for p in prompts]
@@ -103,19 +111,21 @@ def test_ray_places_each_role_on_its_resource_and_serves_generates_tokens(ray_no
     assert_gone(rec)
 
 
-def test_a_ray_node_removed_under_load_loses_no_request(ray_nodes, hf_models, tmp_path):
-    """Two decode nodes spread over the two decode Ray nodes; one Ray node is removed while
-    requests stream: its node process goes with it, the router finds it down and sends its
-    requests to the other decode node (recompute), every request ends with generate's tokens,
-    and the supervisor reports the loss. (Removes a Ray node: the module's last test.)"""
+def test_a_ray_node_removed_under_load_loses_no_request(ray_nodes, llama_dir, hf_models, tmp_path):
+    """Two decode nodes spread over the two decode Ray nodes, --restart-failed; one Ray node is
+    removed while requests stream: its node process goes with it, the router finds it down and
+    sends its requests to the other decode node (recompute), every request ends with generate's
+    tokens; the supervisor reports the loss and starts a replacement where the resources are
+    left, which joins the router and serves. (Removes a Ray node: the module's last test.)"""
     c, nodes = ray_nodes
     run_dir = tmp_path / "ray2"
-    url = launch(c, run_dir, "--prefill", "1", "--decode", "2", "--placement", "spread")
+    url = launch(c, run_dir, llama_dir, "--prefill", "1", "--decode", "2", "--placement", "spread", "--restart-failed")
+    started = []
     try:
         rec = json.loads((run_dir / "ray.json").read_text())
         decode_at = {m["ray_node"]: m for m in rec["members"] if m["role"] == "decode"}
-        assert set(decode_at) == {nodes["decode-a"].unique_id, nodes["decode-b"].unique_id}
-        victim = decode_at[nodes["decode-a"].unique_id]
+        assert set(decode_at) == {nodes["decode-a"].node_id, nodes["decode-b"].node_id}
+        victim = decode_at[nodes["decode-a"].node_id]
         prompts = [[3 + (7 * i + j) % 400 for j in range(20 + i)] for i in range(8)]
 
         async def all_of_them():
@@ -140,9 +150,21 @@ def test_a_ray_node_removed_under_load_loses_no_request(ray_nodes, hf_models, tm
         wait_until(lambda: not alive(victim["pid"]), 30, what="the removed node's process gone")
         wait_until(lambda: [n for n in get_json(f"{url}/cluster") if n["address"] == victim["ctrl"]
                             and not n["healthy"]], 30, what="the router marks it down")
-        status = json.loads(subprocess.run(["pdtb", "cluster", "status", "--run-dir", str(run_dir), "--json"],
-                                           capture_output=True, text=True, timeout=60, check=True).stdout)
+
+        def replaced():
+            status = json.loads(subprocess.run(["pdtb", "cluster", "status", "--run-dir", str(run_dir), "--json"],
+                                               capture_output=True, text=True, timeout=60, check=True).stdout)
+            return status if status["lost"] and status["lost"][0]["replaced_by"] else None
+        status = wait_until(replaced, 120, every=2, what="a replacement started")
         assert [lost["name"] for lost in status["lost"]] == [victim["name"]]
+        new = next(m for m in status["members"] if m["name"] == status["lost"][0]["replaced_by"])
+        assert new["alive"] and new["ray_node"] == nodes["decode-b"].node_id
+        wait_until(lambda: [n for n in get_json(f"{url}/cluster") if n["address"] == new["ctrl"] and n["healthy"]],
+                   30, what="the replacement serving through the router")
+        assert completions(url, prompts[:2], 8) == [hf_greedy(hf_models["llama"], p, 8, ignore_eos=True)
+                                                    for p in prompts[:2]]
+        started.append(new)
     finally:
         rec = stop(run_dir)
-    assert_gone(rec)
+        shutil.rmtree(Path(victim["log"]).parent, ignore_errors=True)  # (its actor died before it could)
+    assert_gone({**rec, "members": rec["members"] + started})  # the replacement's process too

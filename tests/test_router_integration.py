@@ -673,6 +673,8 @@ def test_a_node_added_at_run_time_takes_work(served, tokens):
                 await wait_until(lambda: len(reg.nodes) == 2 and reg.is_healthy(reg.nodes[1]), what="the new node healthy")
                 await c.nodes["colocated"].close()  # the first node goes: the new one serves
                 await wait_until(lambda: not reg.is_healthy(reg.nodes[0]), what="the first node down")
+                await asyncio.sleep(4 * 0.5)  # health timeouts: the new node stays healthy only if pinged
+                assert reg.is_healthy(reg.nodes[1]) and all(not t.done() for t in reg._tasks)
                 r = await c.client().completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=3,
                                                         extra_body={"return_token_ids": True})
                 assert r.choices[0].token_ids == expected_output([5, 6, 7], 3, tokens)

@@ -43,15 +43,12 @@ class ClusterSpec:
 
 
 def connect(address: str) -> None:
-    """Join the Ray cluster as a driver. A cluster on loopback addresses (one machine's test
-    cluster) is joined from loopback too: the driver would otherwise look for its raylet at
-    the machine's outward address."""
+    """Join the Ray cluster as a driver (Ray replaces a loopback address by this machine's
+    outward one, unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 says the cluster is this host's)."""
     import ray
 
     if not ray.is_initialized():
-        local = address.startswith(("127.", "localhost"))
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="warning",
-                 **({"_node_ip_address": "127.0.0.1"} if local else {}))
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="warning")
 
 
 def _members(spec: ClusterSpec) -> dict[str, dict]:
@@ -70,6 +67,8 @@ def _members(spec: ClusterSpec) -> dict[str, dict]:
 def up(spec: ClusterSpec) -> dict:
     """Start the cluster; on any failure, remove what was made and raise RuntimeError."""
     import ray
+
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from pdtb.ray_cluster.actors import ProcessActor, Supervisor
     from pdtb.ray_cluster.placement import bundle_for, make_group, start_members
@@ -90,7 +89,9 @@ def up(spec: ClusterSpec) -> dict:
         rinfo = ray.get(router.start.remote([*nodes, *spec.router_args], spec.timeout), timeout=spec.timeout + 60)
         url = rinfo["url"]
         _wait_health(url, spec.timeout)
-        sup = Supervisor.options(name=f"{spec.name}:supervisor", namespace=NAMESPACE, lifetime="detached").remote(
+        beside_router = NodeAffinitySchedulingStrategy(node_id=rinfo["ray_node"], soft=False)  # (not on a node it watches)
+        sup = Supervisor.options(name=f"{spec.name}:supervisor", namespace=NAMESPACE, lifetime="detached",
+                                 scheduling_strategy=beside_router).remote(
             spec.name, NAMESPACE, url, spec.restart_failed, spec.timeout, spec.api_key)
         ray.get([sup.watch.remote(n, m) for n, m in members.items()], timeout=30)
     except BaseException as e:

@@ -13,6 +13,7 @@ import ctypes
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +40,7 @@ class NodeProcess:
     def __init__(self, role: str, args: list[str], log_dir: str | None = None, name: str | None = None) -> None:
         self.role, self.args = role, list(args)
         self.name = name or role
+        self._own_dir = log_dir is None  # a temporary directory of its own: removed by stop()
         self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="pdtb-ray-")) / f"{self.name}.log"
         self.proc: subprocess.Popen | None = None
         self.info: dict = {}
@@ -58,11 +60,12 @@ class NodeProcess:
             if info is not None:
                 self.info = {**info, "pid": self.proc.pid, "log": str(self.log_path)}
                 return self.info
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} during start-up:\n{self.tail()}")
-            if time.monotonic() > deadline:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                why = f"exited with {self.proc.returncode} during start-up" if self.proc.poll() is not None \
+                    else f"not up after {timeout:.0f}s"
+                tail = self.tail()
                 self.stop(5)
-                raise RuntimeError(f"{self.name} not up after {timeout:.0f}s:\n{self.tail()}")
+                raise RuntimeError(f"{self.name} {why}:\n{tail}")
             time.sleep(0.1)
 
     def _ready(self) -> dict | None:
@@ -96,6 +99,8 @@ class NodeProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)  # anything it started and left behind
         except (ProcessLookupError, PermissionError):
             pass
+        if self._own_dir:
+            shutil.rmtree(self.log_path.parent, ignore_errors=True)
         return self.proc.poll()
 
     def tail(self, lines: int = 30) -> str:

@@ -294,7 +294,7 @@ class NodeRegistry:
             last = now
             for node in self.nodes:
                 ok = self.is_healthy(node, now)
-                if was_healthy[id(node)] and not ok:
+                if was_healthy.get(id(node), False) and not ok:  # (a node added since start: not yet judged)
                     log.warning("node %s (%s) stopped answering", node.node_id, node.spec.address)
                     self._node_lost(node, "stopped answering")
                 was_healthy[id(node)] = ok
