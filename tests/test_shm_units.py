@@ -3,6 +3,7 @@ and the fallback to chunks where the receiver's pool cannot be mapped."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 
@@ -86,6 +87,29 @@ def test_grant_and_commit_round_trip_and_reject_bad_fields():
         decode(encode(Commit("t1", 0, 1)), _limits())
 
 
+def shm_config(tmp_path, backend: str = "shm") -> TransportConfig:
+    return TransportConfig(backend=backend, endpoint=f"ipc://{tmp_path}/rx.sock", chunk_bytes=2 * PAGE,
+                           inline_max_bytes=PAGE // 2, transfer_timeout_s=5.0, tick_s=0.01)
+
+
+@contextlib.asynccontextmanager
+async def linked(config: TransportConfig, dst: PagePool):
+    """A started receiver into `dst` and a sender to it, both closed on the way out."""
+    rx = make_receiver(config, dst)
+    await rx.start()
+    tx = make_sender(dataclasses.replace(config, endpoint=rx.endpoint), TINY_SPEC)
+    await tx.start()
+    try:
+        yield tx, rx
+    finally:
+        await tx.close()
+        await rx.close()
+
+
+def run(coro) -> None:
+    asyncio.run(asyncio.wait_for(coro, 30))
+
+
 @pytest.mark.parametrize("backend", ["auto", "shm"])
 def test_a_pool_it_cannot_map_goes_as_chunks_under_auto_and_fails_under_shm(backend, tmp_path, monkeypatch):
     """A Grant naming another host's pool: `auto` streams chunks under the Grant's credit and
@@ -93,16 +117,10 @@ def test_a_pool_it_cannot_map_goes_as_chunks_under_auto_and_fails_under_shm(back
     import kv_transport.shm_backend as shm
 
     monkeypatch.setattr(shm, "boot_id", lambda: "another-host")  # what the receiver puts in its Grants
-    config = TransportConfig(backend=backend, endpoint=f"ipc://{tmp_path}/rx.sock", chunk_bytes=2 * PAGE,
-                             inline_max_bytes=PAGE // 2, transfer_timeout_s=5.0, tick_s=0.01)
     src, dst = make_pool(32, seed=8), PagePool(TINY_SPEC, 32, shared=True)
 
     async def body():
-        rx = make_receiver(config, dst)
-        await rx.start()
-        tx = make_sender(dataclasses.replace(config, endpoint=rx.endpoint), TINY_SPEC)
-        await tx.start()
-        try:
+        async with linked(shm_config(tmp_path, backend), dst) as (tx, rx):
             e = make_export(src, "r", 9)
             st = await tx.wait(tx.send(e), 10)
             if backend == "auto":
@@ -118,59 +136,38 @@ def test_a_pool_it_cannot_map_goes_as_chunks_under_auto_and_fails_under_shm(back
                 await asyncio.sleep(0.02)
             assert dst.state_counts()["reserved"] == 0 and not rx._slot_of and rx.slots.num_free == rx.slots.num_slots
             dst.check()
-        finally:
-            await tx.close()
-            await rx.close()
-    asyncio.run(asyncio.wait_for(body(), 30))
+    run(body())
 
 
 def test_a_receiver_whose_pool_is_not_shared_answers_with_credits(tmp_path):
-    config = TransportConfig(backend="shm", endpoint=f"ipc://{tmp_path}/rx.sock", chunk_bytes=2 * PAGE,
-                             inline_max_bytes=PAGE // 2, transfer_timeout_s=5.0, tick_s=0.01)
     src, dst = make_pool(32, seed=9), make_pool(32)
 
     async def body():
-        rx = make_receiver(config, dst)
-        await rx.start()
-        tx = make_sender(dataclasses.replace(config, endpoint=rx.endpoint), TINY_SPEC)
-        await tx.start()
-        try:
+        async with linked(shm_config(tmp_path), dst) as (tx, rx):
             e = make_export(src, "r", 9)
             st = await tx.wait(tx.send(e), 10)
             assert st.state is TransferState.DONE and tx.one_sided == 0, st.reason
             got = await rx.next_completed(5)
             assert torch.equal(dst.export_pages(got.pages), e.data)
-        finally:
-            await tx.close()
-            await rx.close()
-    asyncio.run(asyncio.wait_for(body(), 30))
+    run(body())
 
 
 def test_a_commit_whose_rows_do_not_sum_fails_and_frees(tmp_path, monkeypatch):
     """A sender that commits rows it did not write (its pieces lost): the read-back sum
     differs, the transfer fails checksum, the pages are free."""
     import kv_transport.shm_backend as shm
+    from kv_transport import checksum
 
-    config = TransportConfig(backend="shm", endpoint=f"ipc://{tmp_path}/rx.sock", chunk_bytes=2 * PAGE,
-                             inline_max_bytes=PAGE // 2, transfer_timeout_s=5.0, tick_s=0.01)
     src, dst = make_pool(32, seed=10), PagePool(TINY_SPEC, 32, shared=True)
 
-    async def body():
-        rx = make_receiver(config, dst)
-        await rx.start()
-        tx = make_sender(dataclasses.replace(config, endpoint=rx.endpoint), TINY_SPEC)
+    def skip_copy(self, plan, row0, data, acc):  # sums the bytes, copies none of them
+        return checksum.update("sum64", acc, data)
 
-        def skip_copy(self, plan, row0, data, acc):  # sums the bytes, copies none of them
-            from kv_transport import checksum
-            return checksum.update("sum64", acc, data)
-        await tx.start()
-        try:
+    async def body():
+        async with linked(shm_config(tmp_path), dst) as (tx, rx):
             monkeypatch.setattr(shm.PageWriter, "write_bytes_sum64", skip_copy)
             st = await tx.wait(tx.send(make_export(src, "r", 9)), 10)
             assert st.state is TransferState.FAILED and str(st.code) == "checksum", st
             assert dst.state_counts()["reserved"] == 0
             dst.check()
-        finally:
-            await tx.close()
-            await rx.close()
-    asyncio.run(asyncio.wait_for(body(), 30))
+    run(body())
