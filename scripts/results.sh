@@ -11,6 +11,7 @@
 #     (scripts/migration_results.sh --quick, or the full run);
 #   - KV transports on one host: one-sided writes, admission verdicts per transport
 #     (scripts/transport_results.sh, after the document is written: it replaces its section);
+#   - clusters placed by Ray, and where they ran (scripts/ray_results.sh, the same way);
 #   - the simulator (scripts/sim_results.sh): validated against the comparison's real runs,
 #     the reproductions, one hour of the Azure trace on 8 GPUs, the H200 grid against the roofline.
 # About 40 minutes on a 2-core machine (the frontier: 10). The run's files stay in OUT
@@ -18,11 +19,11 @@
 #
 #   bash scripts/results.sh [--full] [--policies "fcfs memfair vtc mcsf priority"] [--out DIR]
 #                           [--skip-bench] [--skip-frontier] [--skip-prefix] [--skip-migration] [--skip-sim]
-#                           [--skip-transports]
+#                           [--skip-transports] [--skip-ray]
 #                           [--doc docs/results.md]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-QUICK=(--quick) POLICIES="fcfs memfair vtc mcsf priority" OUT="" BENCH=1 FRONTIER=1 SIM=1 PREFIX=1 MIGRATION=1 TRANSPORTS=1 DOC="$ROOT/docs/results.md"
+QUICK=(--quick) POLICIES="fcfs memfair vtc mcsf priority" OUT="" BENCH=1 FRONTIER=1 SIM=1 PREFIX=1 MIGRATION=1 TRANSPORTS=1 RAY=1 DOC="$ROOT/docs/results.md"
 while [ $# -gt 0 ]; do
   case "$1" in
     --full) QUICK=(); shift ;;
@@ -32,6 +33,7 @@ while [ $# -gt 0 ]; do
     --skip-frontier) FRONTIER=0; shift ;;
     --skip-sim) SIM=0; shift ;;
     --skip-transports) TRANSPORTS=0; shift ;;
+    --skip-ray) RAY=0; shift ;;
     --skip-prefix) PREFIX=0; shift ;;
     --skip-migration) MIGRATION=0; shift ;;
     --doc) DOC="$2"; shift 2 ;;
@@ -85,4 +87,8 @@ python -m pdtb.bench.results_doc "${args[@]}" --out "$DOC" --readme "$ROOT/READM
 if [ "$TRANSPORTS" = 1 ]; then
   echo "== bash scripts/transport_results.sh" >&2
   bash scripts/transport_results.sh --out "$OUT/transports" --doc "$DOC" >&2
+fi
+if [ "$RAY" = 1 ]; then
+  echo "== bash scripts/ray_results.sh" >&2
+  bash scripts/ray_results.sh --doc "$DOC" >&2
 fi

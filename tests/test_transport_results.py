@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from pdtb.bench.admissions import admissions_of, main as admissions_main, table
-from pdtb.bench.results_doc import TRANSPORTS_HEADING, main as results_doc
+from pdtb.bench.results_doc import RAY_HEADING, TRANSPORTS_HEADING, main as results_doc
 
 
 def results(adm_by_node: list[dict], earlier: list[dict] | None = None) -> dict:
@@ -60,3 +60,20 @@ def test_the_transports_section_is_replaced_in_place(tmp_path):
     assert "commit abc1234" in text and "| 64 | 6.00 | **3.00x** | **0.50x** | 7.00 |" in text
     assert "Every count equals ZeroMQ's." in text
     assert results_doc(args) == 0 and doc.read_text().count(TRANSPORTS_HEADING) == 1
+
+
+def test_the_ray_section_lists_each_test_and_where_it_ran(tmp_path):
+    junit = tmp_path / "ray.xml"
+    junit.write_text('<testsuites><testsuite name="pytest"><testcase classname="t" name="test_a" time="40.2"/>'
+                     '<testcase classname="t" name="test_b" time="90"><failure message="x"/></testcase>'
+                     '<testcase classname="t" name="test_c" time="0"><skipped message="no ray"/></testcase>'
+                     '</testsuite></testsuites>')
+    doc = tmp_path / "results.md"
+    doc.write_text("# Results\n\n## The simulator (`pdtb sim`)\n\nkept\n")
+    (tmp_path / "commit").write_text("abc1234\n")
+    assert results_doc(["--section", "ray", "--ray-junit", str(junit), "--ray-seconds", "131",
+                        "--commit-file", str(tmp_path / "commit"), "--out", str(doc)]) == 0
+    text = doc.read_text()
+    assert text.index(RAY_HEADING) < text.index("## The simulator") and "kept" in text
+    assert "| `test_a` | passed | 40 |" in text and "| `test_b` | failed | 90 |" in text
+    assert "| `test_c` | skipped: no ray | 0 |" in text and "local Ray cluster only" in text and "131 s" in text

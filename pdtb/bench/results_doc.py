@@ -213,6 +213,28 @@ MIGRATION_HEADING = "## Moving requests between decode nodes"
 TRANSPORTS_HEADING = "## KV transports on one host"
 
 
+RAY_HEADING = "## Clusters placed by Ray"
+
+
+def ray_section(junit: str, seconds: int, stamp: str) -> list[str]:
+    """What the Ray tests showed, from their JUnit report, and where they ran."""
+    import xml.etree.ElementTree as ET
+
+    suite = ET.parse(junit).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    rows = []
+    for case in suite.iter("testcase"):
+        failed = case.find("failure") is not None or case.find("error") is not None
+        skipped = case.find("skipped")
+        outcome = "failed" if failed else f"skipped: {skipped.get('message', '')}" if skipped is not None else "passed"
+        rows.append(f"| `{case.get('name')}` | {outcome} | {float(case.get('time', 0)):.0f} |")
+    return [RAY_HEADING, "", f"`bash scripts/ray_results.sh`: `tests/test_ray_cluster.py` {stamp}, {seconds} s in all.", "",
+            "Every run so far is on a **local Ray cluster only**: four Ray nodes (`ray.cluster_utils.Cluster`) "
+            "on this one machine, on loopback, with the custom resources router, prefill and decode (two). No "
+            "cluster has run across separate machines yet; the KV and control paths between hosts are the "
+            "ZeroMQ ones the single-host tests cover.", "", "| test | outcome | seconds |", "|---|---|---|", *rows, ""]
+
+
 def transports_section(shm: list[dict], admissions_dir: str | None, stamp: str | None = None) -> list[str]:
     """One-sided writes against ZeroMQ ipc and a pool copy; admission verdicts per transport."""
     when = f" Measured {stamp}." if stamp else ""
@@ -316,12 +338,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shm", nargs="*", default=[], help="pdtb bench transport --backend shm --json outputs")
     ap.add_argument("--admissions", help="directory of scripts/compare_transports.sh outputs")
     ap.add_argument("--commit-file", help="file holding the commit the figures were measured on")
-    ap.add_argument("--section", choices=["migration", "transports"],
+    ap.add_argument("--ray-junit", help="JUnit XML of tests/test_ray_cluster.py (scripts/ray_results.sh)")
+    ap.add_argument("--ray-seconds", type=int, default=0)
+    ap.add_argument("--section", choices=["migration", "transports", "ray"],
                     help="replace only this section of the existing --out (its own date and commit in its first "
                          "line), leaving the others as they are")
     ap.add_argument("--out", required=True)
     ap.add_argument("--readme", help="also replace the headline block of this README")
     a = ap.parse_args(argv)
+    if a.section == "ray":
+        if not a.ray_junit:
+            ap.error("--section ray needs --ray-junit FILE")
+        commit = (Path(a.commit_file).read_text().strip() if a.commit_file else "") or "unknown"
+        stamp = f"on {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, commit {commit}"
+        out = Path(a.out)
+        out.write_text(replace_section(out.read_text(), RAY_HEADING, ray_section(a.ray_junit, a.ray_seconds, stamp)))
+        print(f"replaced the Ray section of {a.out}")
+        return 0
     if a.section == "transports":
         if not a.shm:
             ap.error("--section transports needs --shm FILE...")

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Clusters placed by Ray, as run here: tests/test_ray_cluster.py on a local Ray cluster of four
+# Ray nodes on this machine (placement by role, outputs equal generate through the router, a
+# Ray node removed under load with --restart-failed, a stop that leaves nothing), and what that
+# says about multi-host runs. Replaces the "Clusters placed by Ray" section of docs/results.md.
+#
+#   scripts/ray_results.sh [--doc FILE]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DOC="$ROOT/docs/results.md"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --doc) DOC="$2"; shift 2 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    *) echo "ray_results: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+source "$ROOT/scripts/_env.sh"
+cd "$ROOT"
+OUT="$(mktemp -d)"
+trap 'rm -rf "$OUT"' EXIT
+t0=$(date +%s)
+rc=0
+python -m pytest -q -p no:cacheprovider tests/test_ray_cluster.py --junitxml "$OUT/ray.xml" > "$OUT/ray.log" 2>&1 || rc=$?
+tail -n 3 "$OUT/ray.log" >&2
+python -m pdtb.bench.results_doc --section ray --ray-junit "$OUT/ray.xml" --ray-seconds "$(( $(date +%s) - t0 ))" \
+  --commit-file <(git rev-parse --short HEAD) --out "$DOC"
+exit $rc
