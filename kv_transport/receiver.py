@@ -413,19 +413,26 @@ class ReceiverCore(EndpointCore):
         self._completed_evt.set()
 
     def _fail(self, inb: _Inbound, code: FailCode, reason: str, nack: bool = True) -> None:
-        """Free the transfer's pages, then (optionally) tell the sender."""
+        """Free the transfer's pages (unless a writer may still be in them: `_pages_free_now`),
+        then (optionally) tell the sender."""
         if inb.status.state.finished:
             return
-        try:
-            inb.pool.free(inb.header.request_id, inb.shared + inb.pages)
-        except PoolError as e:  # someone freed them behind our back: report, do not crash the receiver
-            log.error("receiver: pages of %s were already freed: %s", inb.status.transfer_id, e)
+        if self._pages_free_now(inb):
+            try:
+                inb.pool.free(inb.header.request_id, inb.shared + inb.pages)
+            except PoolError as e:  # someone freed them behind our back: report, do not crash the receiver
+                log.error("receiver: pages of %s were already freed: %s", inb.status.transfer_id, e)
         self._release(inb)
         self._finish_status(inb.status, S.FAILED, reason, code)
         log.info("receiver: transfer %s (%s) failed: %s: %s", inb.status.transfer_id,
                  inb.header.request_id, code, reason)
         if nack:
             self._reply(inb.peer, Nack(inb.status.transfer_id, code, reason), "nack")
+
+    def _pages_free_now(self, inb: _Inbound) -> bool:
+        """Whether a failed transfer's pages may be freed at once (backends whose senders write
+        into pages themselves keep them while a writer may be inside: shm_backend)."""
+        return True
 
     def _fail_all(self, reason: str) -> None:
         for inb in list(self._live.values()):

@@ -39,7 +39,7 @@ from kv_transport.page_writer import PageWriter, WritePlan
 from kv_transport.receiver import _Inbound
 from kv_transport.sender import _Outbound
 from kv_transport.shm_slots import SlotGuard, WriteSlots
-from kv_transport.wire import Ack, Commit, Grant, Nack, encode
+from kv_transport.wire import Ack, Commit, Grant, encode
 from kv_transport.zmq_backend import ZmqReceiver, ZmqSender
 from pdtb.engine.kv_spec import KVSpec
 from pdtb.engine.page_pool import PagePool
@@ -272,7 +272,6 @@ class ShmReceiver(ZmqReceiver):
             return
         inb.status.bytes_done = m.rows * inb.writer.row_bytes
         if m.rows == total:
-            del self._slot_of[m.transfer_id]  # (revoked above)
             self._commit(inb)
             self._reply(inb.peer, Ack([h.transfer_id]), "ack")
 
@@ -283,23 +282,16 @@ class ShmReceiver(ZmqReceiver):
             self._stale.append(g.slot)
         super()._commit(inb)
 
-    def _fail(self, inb: _Inbound, code: FailCode, reason: str, nack: bool = True) -> None:
-        if inb.status.state.finished:
-            return
+    def _pages_free_now(self, inb: _Inbound) -> bool:
         g = self._slot_of.pop(inb.status.transfer_id, None)
-        if g is not None and not self.slots.revoke(g.slot):
-            # A writer is inside a piece now: these pages stay RESERVED (nobody else gets them)
-            # until a later revoke finds it out, at a tick of _expire.
-            self._held.append((inb, g.slot))
-            self._release(inb)
-            self._finish_status(inb.status, S.FAILED, reason, code)
-            log.warning("receiver: transfer %s failed (%s: %s) while its writer holds slot %d: "
-                        "its %d pages stay reserved until the writer is out", inb.status.transfer_id,
-                        code, reason, g.slot, len(inb.pages))
-            if nack:
-                self._reply(inb.peer, Nack(inb.status.transfer_id, code, reason), "nack")
-            return
-        super()._fail(inb, code, reason, nack)
+        if g is None or self.slots.revoke(g.slot):
+            return True
+        # A writer is inside a piece now: these pages stay RESERVED (nobody else gets them) until
+        # a later revoke finds it out, at a tick of _expire.
+        self._held.append((inb, g.slot))
+        log.warning("receiver: transfer %s failed while its writer holds slot %d: its %d pages stay "
+                    "reserved until the writer is out", inb.status.transfer_id, g.slot, len(inb.pages))
+        return False
 
     def _expire(self, now: float) -> None:
         super()._expire(now)

@@ -58,6 +58,7 @@ class WriteSlots:
         self.buf = SharedBuffer(8 * num_slots, "pdtb-kv-slots")
         self.words = _words(self.buf.map, num_slots)
         self._free = list(range(num_slots - 1, -1, -1))
+        self._granted: set[int] = set()  # slots with a live grant (each also absent from _free)
         self._gens = itertools.count(1)
 
     @property
@@ -84,15 +85,20 @@ class WriteSlots:
         gen = next(self._gens)
         self.words[slot] = gen
         _lock(self.buf.fd, slot, _F_UNLCK)
+        self._granted.add(slot)
         return slot, gen
 
     def revoke(self, slot: int) -> bool:
         """End the grant on `slot`: True once no write under it can happen any more (the slot
-        is free again); False while a writer holds it (call again later)."""
+        is free again); False while a writer holds it (call again later). A slot with no live
+        grant (revoked already) answers True and stays free once."""
+        if slot not in self._granted:
+            return True
         if not _lock(self.buf.fd, slot, _F_WRLCK):
             return False
         self.words[slot] = 0
         _lock(self.buf.fd, slot, _F_UNLCK)
+        self._granted.discard(slot)
         self._free.append(slot)
         return True
 

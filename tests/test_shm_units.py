@@ -61,9 +61,10 @@ def test_write_slots_grant_revoke_and_generations():
     assert slots.revoke(a[0]) is False  # a writer is inside: the receiver must wait
     guard.release(a[0])
     assert slots.revoke(a[0]) is True and not slots.busy(a[0])
+    assert slots.revoke(a[0]) is True and slots.num_free == 1  # revoked twice (a failure after a last commit): free once
     assert guard.acquire(*a) is False  # revoked: the late writer writes nothing
     c = slots.grant()  # the same slot again, with a new generation
-    assert c[0] == a[0] and c[1] > b[1]
+    assert c[0] == a[0] and c[1] > b[1] and slots.grant() is None
     assert guard.acquire(a[0], a[1]) is False and guard.acquire(*c) is True
     guard.release(c[0])
     assert guard.acquire(99, c[1]) is False  # outside the table
