@@ -111,12 +111,7 @@ class PageWriter:
         caller then writes and sums separately."""
         if self.copier is None or self.row_bytes % 8 or len(data) % self.row_bytes:
             return None
-        k = len(data) // self.row_bytes
-        if plan.rows is not None:
-            rows = plan.rows[row0:row0 + k]
-        else:  # payload row r = lk * n + i lands in pool row lk * P + pages[i]
-            lk, i = np.divmod(np.arange(row0, row0 + k, dtype=np.int64), plan.num_pages)
-            rows = lk * self.num_pool_pages + plan.page_ids[i]
+        rows = self._pool_rows(plan, row0, row0 + len(data) // self.row_bytes)
         return self.copier(self.np_rows.ctypes.data, np.ascontiguousarray(rows), data, self.row_bytes, acc)
 
     def write_bytes(self, plan: WritePlan, row0: int, data: memoryview) -> None:
@@ -166,22 +161,35 @@ class PageWriter:
         else:
             self._write_runs(plan, row0, src, self.np_rows)
 
-    def _write_runs(self, plan: WritePlan, row0: int, src, dst) -> None:
-        n, r, end, pos, run = plan.num_pages, row0, row0 + src.shape[0], 0, 0
-        runs = plan.runs
-        while r < end:
+    def _runs_of(self, plan: WritePlan, row0: int, row1: int):
+        """(first pool row, rows, step +-1) of each stretch of payload rows [row0, row1) that
+        lands in consecutive pool rows, in payload order (`plan.runs` only)."""
+        n, r, runs, run = plan.num_pages, row0, plan.runs, 0
+        while r < row1:
             lk, i = divmod(r, n)
             while not runs[run][0] <= i < runs[run][0] + runs[run][2]:
                 run = (run + 1) % len(runs)
             i0, p0, ln, step = runs[run]
-            take = min(end - r, i0 + ln - i)
-            first = lk * self.num_pool_pages + p0 + (i - i0) * step
+            take = min(row1 - r, i0 + ln - i)
+            yield lk * self.num_pool_pages + p0 + (i - i0) * step, take, step
+            r += take
+
+    def _pool_rows(self, plan: WritePlan, row0: int, row1: int) -> np.ndarray:
+        """The pool row of each payload row in [row0, row1): lk * n + i lands in lk * P + pages[i]."""
+        if plan.rows is not None:
+            return plan.rows[row0:row1]
+        lk, i = np.divmod(np.arange(row0, row1, dtype=np.int64), plan.num_pages)
+        return lk * self.num_pool_pages + plan.page_ids[i]
+
+    def _write_runs(self, plan: WritePlan, row0: int, src, dst) -> None:
+        pos = 0
+        for first, take, step in self._runs_of(plan, row0, row0 + src.shape[0]):
             if step == 1:
                 dst[first:first + take] = src[pos:pos + take]
             else:  # descending pages: a negative-stride view (numpy only)
                 stop = first - take
                 dst[first:stop if stop >= 0 else None:-1] = src[pos:pos + take]
-            r, pos = r + take, pos + take
+            pos += take
 
     def checksum(self, plan: WritePlan, algo: str, row0: int = 0, row1: int | None = None,
                  acc: int | None = None) -> int:
@@ -191,31 +199,15 @@ class PageWriter:
         the rows in payload order, 1 MiB at a time."""
         from kv_transport import checksum
 
-        n = plan.num_pages
-        row1 = self.num_lk * n if row1 is None else row1
+        row1 = self.num_lk * plan.num_pages if row1 is None else row1
         acc = checksum.initial(algo) if acc is None else acc
         if algo == "sum64" and plan.runs is not None:
-            for first, count in self._row_blocks(plan, row0, row1):
-                acc = checksum.update(algo, acc, self.np_rows[first:first + count].reshape(-1))
+            for first, take, step in self._runs_of(plan, row0, row1):
+                lo = first if step == 1 else first - take + 1
+                acc = checksum.update(algo, acc, self.np_rows[lo:lo + take].reshape(-1))
             return acc
-        r = np.arange(row0, row1, dtype=np.int64)
-        lk, i = np.divmod(r, n)
-        rows = plan.rows[row0:row1] if plan.rows is not None else lk * self.num_pool_pages + plan.page_ids[i]
+        rows = self._pool_rows(plan, row0, row1)
         step = max(1, (1 << 20) // self.row_bytes)
         for a in range(0, len(rows), step):
             acc = checksum.update(algo, acc, self.np_rows[rows[a:a + step]].reshape(-1))
         return acc
-
-    def _row_blocks(self, plan: WritePlan, row0: int, row1: int):
-        """(first pool row, count) of contiguous pool rows holding payload rows [row0, row1), in
-        any order (descending runs are given by their lowest row)."""
-        n, r = plan.num_pages, row0
-        while r < row1:
-            lk, i = divmod(r, n)
-            for i0, p0, ln, step in plan.runs:
-                if i0 <= i < i0 + ln:
-                    break
-            take = min(row1 - r, i0 + ln - i)
-            first = lk * self.num_pool_pages + p0 + (i - i0) * step
-            yield (first, take) if step == 1 else (first - take + 1, take)
-            r += take
