@@ -256,8 +256,7 @@ class ReceiverCore(EndpointCore):
             self._commit(inb)
             return True
         if h.mode == "chunked":
-            inb.granted = min(h.num_chunks, self.config.window)
-            self._reply(peer, Credit(tid, inb.granted), "credit", [inb])
+            self._first_credit(inb)
         elif h.mode == "shm":
             self._start_shm(inb)
         else:
@@ -380,10 +379,14 @@ class ReceiverCore(EndpointCore):
             self._commit(inb)
             self._reply(inb.peer, Ack([h.transfer_id]), "ack")
 
-    def _start_shm(self, inb: _Inbound) -> None:
-        """Mode shm on a receiver with no one-sided path: the sender streams chunks instead."""
+    def _first_credit(self, inb: _Inbound) -> None:
+        """Pages reserved: let the sender stream its first window of chunks."""
         inb.granted = min(inb.header.num_chunks, self.config.window)
         self._reply(inb.peer, Credit(inb.status.transfer_id, inb.granted), "credit", [inb])
+
+    def _start_shm(self, inb: _Inbound) -> None:
+        """Mode shm on a receiver with no one-sided path: the sender streams chunks instead."""
+        self._first_credit(inb)
 
     def _start_dist(self, inb: _Inbound) -> None:
         self._fail(inb, FailCode.BAD_MESSAGE, "this receiver has no dist payload path")

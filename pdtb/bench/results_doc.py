@@ -320,6 +320,17 @@ def render(run: Run, images: str | None = None, sim_dir: str | None = None, pref
     return "\n".join(lines)
 
 
+def _read(path: str | None) -> str:
+    """A small file's text, stripped ("" where there is none)."""
+    return Path(path).read_text().strip() if path and Path(path).exists() else ""
+
+
+def _stamp(commit: str) -> str:
+    """When a section was measured, and on which commit."""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"on {now}, commit {commit or 'unknown'}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pdtb.bench.results_doc", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -349,8 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.section == "ray":
         if not a.ray_junit:
             ap.error("--section ray needs --ray-junit FILE")
-        commit = (Path(a.commit_file).read_text().strip() if a.commit_file else "") or "unknown"
-        stamp = f"on {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, commit {commit}"
+        stamp = _stamp(_read(a.commit_file))
         out = Path(a.out)
         out.write_text(replace_section(out.read_text(), RAY_HEADING, ray_section(a.ray_junit, a.ray_seconds, stamp)))
         print(f"replaced the Ray section of {a.out}")
@@ -358,9 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.section == "transports":
         if not a.shm:
             ap.error("--section transports needs --shm FILE...")
-        commit = (Path(a.commit_file).read_text().strip() if a.commit_file and Path(a.commit_file).exists() else "") \
-            or "unknown"
-        stamp = f"on {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, commit {commit}"
+        stamp = _stamp(_read(a.commit_file))
         shm = [json.loads(Path(f).read_text()) for f in a.shm]
         out = Path(a.out)
         out.write_text(replace_section(out.read_text(), TRANSPORTS_HEADING, transports_section(shm, a.admissions, stamp),
@@ -370,11 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.section == "migration":
         if not a.migration:
             ap.error("--section migration needs --migration DIR")
-        measured = Path(a.migration) / "commit"  # written by the run; else this checkout's
-        commit = (measured.read_text().strip() if measured.exists() else "") or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-            cwd=Path(__file__).resolve().parents[2]).stdout.strip() or "unknown"
-        stamp = f"on {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, commit {commit}"
+        measured = _read(str(Path(a.migration) / "commit"))  # written by the run; else this checkout's
+        stamp = _stamp(measured or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                                  cwd=Path(__file__).resolve().parents[2]).stdout.strip())
         out = Path(a.out)
         out.write_text(replace_section(out.read_text(), MIGRATION_HEADING,
                                        migration_section(a.migration, a.migration_command, stamp)))
