@@ -46,7 +46,7 @@ class WritePlan:
     num_pages: int  # n: pages of the request
     runs: list[tuple[int, int, int, int]] | None  # (first i, first page, length, step +-1)
     rows: np.ndarray | torch.Tensor | None  # pool row of every payload row, if runs is None
-    page_ids: np.ndarray | None = None  # CPU pools: the pages, for the C landing copy's row list
+    page_ids: np.ndarray | None = None  # the pages (the C landing copy's and the read-back's row lists)
 
 
 def find_runs(pages: list[int]) -> list[tuple[int, int, int, int]]:
@@ -94,7 +94,7 @@ class PageWriter:
 
     def plan(self, pages: list[int]) -> WritePlan:
         ids = np.asarray(pages, dtype=np.int64)
-        kept = ids if self.cpu else None  # (only the C landing copy reads it)
+        kept = ids
         runs = find_runs(pages)
         usable = self.cpu or all(step == 1 for _, _, _, step in runs)
         if usable and len(pages) >= MIN_AVG_RUN * len(runs):
@@ -194,13 +194,17 @@ class PageWriter:
     def checksum(self, plan: WritePlan, algo: str, row0: int = 0, row1: int | None = None,
                  acc: int | None = None) -> int:
         """The running checksum `acc` (default: empty) extended by payload rows [row0, row1) as
-        they stand in the pool's pages (CPU pools): what a one-sided sender wrote, read back.
+        they stand in the pool's pages: what a one-sided sender wrote, read back.
         sum64 is order-free, so a run of pages is summed where it lies, in place; crc32 reads
         the rows in payload order, 1 MiB at a time."""
         from kv_transport import checksum
 
         row1 = self.num_lk * plan.num_pages if row1 is None else row1
         acc = checksum.initial(algo) if acc is None else acc
+        if not self.cpu:  # a device pool: the rows gathered on the device (sum64 summed there too)
+            rows = self._pool_rows(plan, row0, row1)
+            idx = rows if isinstance(rows, torch.Tensor) else torch.from_numpy(rows).to(self.rows.device)
+            return checksum.update(algo, acc, self.rows.index_select(0, idx))
         if algo == "sum64" and plan.runs is not None:
             for first, take, step in self._runs_of(plan, row0, row1):
                 lo = first if step == 1 else first - take + 1

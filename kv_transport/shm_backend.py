@@ -15,6 +15,9 @@ ownership are the zmq backend's.
 
 - A receiver whose receiving pool is not shared (PagePool(shared=True)) answers a Credit, and
   the sender streams chunks as in the zmq backend.
+- A GPU pool is shared through a CUDA IPC handle (pdtb/engine/cuda_ipc.py): a sender whose
+  payload is on a GPU copies device to device, and synchronizes before it lets go of the
+  slot; the receiver reads the pages back on the device.
 - A sender that cannot map the Grant's pool (another host, another container's /proc) streams
   chunks under the Grant's credit with `backend="auto"`; with `backend="shm"` the transfer
   fails (code peer_lost) with the reason.
@@ -31,16 +34,19 @@ import logging
 import time
 from dataclasses import dataclass
 
+import torch
+
 from kv_transport import checksum
 from kv_transport.admission import AdmitFn, FailCode
 from kv_transport.base import TransferState
 from kv_transport.config import TransportConfig
 from kv_transport.page_writer import PageWriter, WritePlan
 from kv_transport.receiver import _Inbound
-from kv_transport.sender import _Outbound
+from kv_transport.sender import _Outbound, to_host
 from kv_transport.shm_slots import SlotGuard, WriteSlots
-from kv_transport.wire import Ack, Commit, Grant, encode
+from kv_transport.wire import Ack, Commit, Credit, Grant, encode
 from kv_transport.zmq_backend import ZmqReceiver, ZmqSender
+from pdtb.engine import cuda_ipc
 from pdtb.engine.kv_spec import KVSpec
 from pdtb.engine.page_pool import PagePool
 from pdtb.engine.shared_memory import Locator, SharedMemoryError, boot_id, data_tensor, open_buffer
@@ -66,6 +72,7 @@ class _Target:
     writer: PageWriter
     guard: SlotGuard
     receiver: str  # the token of the receiver's slot table: one per receiver process
+    device: bool = False  # a GPU pool (CUDA IPC)
 
 
 @dataclass
@@ -103,8 +110,24 @@ class ShmSender(ZmqSender):
     def _mode_for(self, nbytes: int) -> str:
         return "inline" if nbytes <= self.config.inline_max_bytes else "shm"
 
+    def _stage(self, data: torch.Tensor, mode: str) -> torch.Tensor:
+        """A payload on a GPU stays there for a one-sided write into a GPU pool (a device copy);
+        it comes to the host only if the receiver wants bytes (`_host_view`)."""
+        if mode == "shm" and data.is_cuda:
+            return data.detach().contiguous()
+        return super()._stage(data, mode)
+
+    def _host_view(self, o: _Outbound) -> None:
+        """Give a payload kept on the GPU its host bytes (chunks, a host-memory pool)."""
+        if o.view is None and o.data is not None:
+            o.data = to_host(o.data)
+            o.view = memoryview(o.data.reshape(-1).view(torch.uint8).numpy())
+
     def _on_control(self, msg) -> None:
         if not isinstance(msg, Grant):
+            o = self._live.get(msg.transfer_id) if isinstance(msg, Credit) else None
+            if o is not None:  # the receiver takes chunks
+                self._host_view(o)
             super()._on_control(msg)
             return
         o = self._live.get(msg.transfer_id)
@@ -120,8 +143,11 @@ class ShmSender(ZmqSender):
                              "(--transport auto falls back to ZeroMQ)", notify=True, code=FailCode.PEER_LOST)
                 return
             log.info("sender: %s goes as chunks: %s", msg.transfer_id, e)
+            self._host_view(o)
             o.upto = max(o.upto, msg.upto)
         else:
+            if not (target.device and o.data is not None and o.data.is_cuda):
+                self._host_view(o)  # bytes from the host: into host memory, or staged to the GPU
             delay = self.config.faults.shm_delay_s
             self._writes[msg.transfer_id] = _Write(msg, target, target.writer.plan(msg.pages),
                                                    acc=checksum.initial(o.header.checksum_algo),
@@ -133,21 +159,27 @@ class ShmSender(ZmqSender):
         t = self._targets.get(key)
         if t is not None:
             return t
-        pool = open_buffer(Locator(g.buffer, g.buffer_token, g.host))
-        try:
-            if pool.nbytes != g.pool_pages * self.spec.bytes_per_page:
-                raise SharedMemoryError(f"the pool has {pool.nbytes} bytes, not {g.pool_pages} pages of this geometry")
+        shape = self.spec.page_shape(g.pool_pages)
+        if cuda_ipc.is_cuda_locator(g.buffer):  # a GPU pool: device copies into its memory
+            kv = cuda_ipc.open_pool(Locator(g.buffer, g.buffer_token, g.host), shape, self.spec.torch_dtype)
             guard = SlotGuard(Locator(g.slots, g.slots_token, g.host))
-        except BaseException:
-            pool.close()
-            raise
-        kv = data_tensor(pool.map, pool.nbytes, self.spec.page_shape(g.pool_pages), self.spec.torch_dtype)
-        pool.close()  # the mapping stays (kv holds it); locks go through the guard's own file
+        else:
+            pool = open_buffer(Locator(g.buffer, g.buffer_token, g.host))
+            try:
+                if pool.nbytes != g.pool_pages * self.spec.bytes_per_page:
+                    raise SharedMemoryError(f"the pool has {pool.nbytes} bytes, not {g.pool_pages} pages of this geometry")
+                guard = SlotGuard(Locator(g.slots, g.slots_token, g.host))
+            except BaseException:
+                pool.close()
+                raise
+            kv = data_tensor(pool.map, pool.nbytes, shape, self.spec.torch_dtype)
+            pool.close()  # the mapping stays (kv holds it); locks go through the guard's own file
         for k, old in list(self._targets.items()):  # a restarted receiver: let the dead one's memory go
             if old.receiver != g.slots_token:
                 old.guard.close()
                 del self._targets[k]
-        t = self._targets[key] = _Target(PageWriter(_PoolView(self.spec, g.pool_pages, kv)), guard, g.slots_token)
+        t = self._targets[key] = _Target(PageWriter(_PoolView(self.spec, g.pool_pages, kv)), guard, g.slots_token,
+                                         kv.is_cuda)
         return t
 
     async def _send_chunks(self) -> bool:
@@ -172,23 +204,33 @@ class ShmSender(ZmqSender):
                          "cancelled there): nothing written", code=FailCode.CANCELLED)
             return False
         writer, row = w.target.writer, w.target.writer.row_bytes
-        total = len(o.view) // row
+        total = o.header.payload_bytes // row
         rows = min(total - w.next_row, max(1, self.config.chunk_bytes // row))
+        algo = o.header.checksum_algo
         try:
-            data = o.view[w.next_row * row:(w.next_row + rows) * row]
-            algo = o.header.checksum_algo
-            fused = writer.write_bytes_sum64(w.plan, w.next_row, data, w.acc) if algo == "sum64" else None
-            if fused is None:
-                writer.write_bytes(w.plan, w.next_row, data)
-                fused = checksum.update(algo, w.acc, data)
-            w.acc = fused
+            if o.view is None:  # GPU to GPU: a device copy, finished before the slot is let go
+                data = o.data.reshape(-1, writer.row_elems)[w.next_row:w.next_row + rows]
+                writer.write(w.plan, w.next_row, data)
+                w.acc = checksum.update(algo, w.acc, data)
+                torch.cuda.synchronize(writer.rows.device)
+                nbytes = rows * row
+            else:
+                data = o.view[w.next_row * row:(w.next_row + rows) * row]
+                fused = writer.write_bytes_sum64(w.plan, w.next_row, data, w.acc) if algo == "sum64" else None
+                if fused is None:
+                    writer.write_bytes(w.plan, w.next_row, data)
+                    if not writer.cpu:
+                        torch.cuda.synchronize(writer.rows.device)
+                    fused = checksum.update(algo, w.acc, data)
+                w.acc = fused
+                nbytes = len(data)
             if self.config.faults.shm_stall_s and w.next_row == 0:
                 log.error("fault injected: the writer stalls %.1fs holding its slot", self.config.faults.shm_stall_s)
                 time.sleep(self.config.faults.shm_stall_s)  # blocks the whole process, as a stalled one would
         finally:
             guard.release(g.slot)
         w.next_row += rows
-        o.status.bytes_done += len(data)
+        o.status.bytes_done += nbytes
         if w.next_row == total:
             del self._writes[o.status.transfer_id]
             self.one_sided += 1

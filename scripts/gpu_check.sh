@@ -3,29 +3,35 @@
 # logged; a failing step does not stop the others, and the exit code says whether all passed.
 #
 #   PDTB_SYSTEM_PYTHON=1 bash scripts/gpu_check.sh [--out DIR] [--device cuda[:N]] [--skip-tests]
-#                                                  [--skip-bench] [--skip-compare] [--steps-grid]
+#                                                  [--skip-bench] [--skip-transport] [--skip-compare]
+#                                                  [--steps-grid]
 #
-# 1. tests/test_cuda.py: engine vs transformers.generate on the GPU, exports across devices,
-#    tier moves to the pinned host tier, ZeroMQ transfers between CUDA pools of two processes;
-# 2. pdtb bench engine on the GPU (float32 and bfloat16);
+# 1. the GPU tests: the Triton paged decode kernels against a float64 reference, the engine
+#    (Triton kernel, CUDA graphs) token-identical to transformers.generate, exports across
+#    devices, tier moves to the pinned host tier, ZeroMQ transfers between CUDA pools of two
+#    processes, one-sided writes into a GPU pool over CUDA IPC (and a 1P+1D cluster on one GPU
+#    that way, token-identical to generate);
+# 2. pdtb bench engine on the GPU: float32 and bfloat16 with CUDA graphs, bfloat16 without;
+#    pdtb bench roofline of a Llama-3-8B shape in bfloat16, every decode path timed;
 # 3. pdtb bench transport with both pools on the GPU (ipc and tcp), and CPU pools beside it
-#    (zmq ipc, and one-sided shm); pdtb bench roofline of a Llama-3-8B shape in bfloat16;
+#    (zmq ipc, and one-sided shm);
 # 4. scripts/compare_fairness.sh --quick (fcfs, memfair) with every node on the GPU;
 # 5. with --steps-grid: pdtb bench steps --grid on the GPU, the tiny model (float32) and a
 #    Llama-3-8B shape with random weights (bfloat16), samples for pdtb sim calibrate.
 # Writes DIR/<step>.log and DIR/<step>.json; prints one line per step.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" DEVICE=cuda COMPARE=1 BENCH=1 TESTS=1 GRID=0
+OUT="" DEVICE=cuda COMPARE=1 BENCH=1 TESTS=1 GRID=0 TRANSPORT=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --device) DEVICE="$2"; shift 2 ;;
     --skip-compare) COMPARE=0; shift ;;
     --skip-bench) BENCH=0; shift ;;
+    --skip-transport) TRANSPORT=0; shift ;;
     --skip-tests) TESTS=0; shift ;;
     --steps-grid) GRID=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -53,16 +59,20 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", tr
 for i in range(torch.cuda.device_count()):
     print("device", i, torch.cuda.get_device_name(i))
 EOF
-[ "$TESTS" = 1 ] && step tests 300 python -m pytest -q -x -p no:cacheprovider tests/test_cuda.py
+[ "$TESTS" = 1 ] && step tests 420 python -m pytest -q -x -p no:cacheprovider tests/test_triton_decode.py \
+  tests/test_cuda_graphs.py tests/test_cuda_ipc.py tests/test_cuda.py
 if [ "$BENCH" = 1 ]; then
-  step engine-fp32 120 pdtb bench engine --device "$DEVICE" --batch 32 --json
-  step engine-bf16 120 pdtb bench engine --device "$DEVICE" --dtype bfloat16 --batch 32 --json
+  step engine-fp32 150 pdtb bench engine --device "$DEVICE" --batch 32 --json
+  step engine-bf16 150 pdtb bench engine --device "$DEVICE" --dtype bfloat16 --batch 32 --json
+  step engine-bf16-eager 150 pdtb bench engine --device "$DEVICE" --dtype bfloat16 --batch 32 --cuda-graphs off --json
+  # decode steps of a Llama-3-8B shape (random weights, bfloat16) against the HBM roofline
+  step roofline-llama-3-8b 300 pdtb bench roofline --device "$DEVICE" --random-init llama-3-8b --compare --json
+fi
+if [ "$TRANSPORT" = 1 ]; then
   step transport-ipc 120 pdtb bench transport --device "$DEVICE" --endpoint ipc --json
   step transport-tcp 120 pdtb bench transport --device "$DEVICE" --endpoint tcp --json
   step transport-ipc-cpu 120 pdtb bench transport --device cpu --endpoint ipc --json  # same host, CPU pools
   step transport-shm-cpu 120 pdtb bench transport --backend shm --json  # one-sided, CPU pools
-  # decode steps of a Llama-3-8B shape (random weights, bfloat16) against the HBM roofline
-  step roofline-llama-3-8b 240 pdtb bench roofline --device "$DEVICE" --random-init llama-3-8b --json
 fi
 if [ "$GRID" = 1 ]; then
   # Each under ~90 s on an H100: the 8B grid holds 32 rows of 4096 tokens (11k pages of 2 MiB

@@ -48,3 +48,16 @@ def test_bench_roofline_reports_each_batch(llama_dir):
 def test_bench_roofline_refuses_bad_sizes(llama_dir):
     r = run_pdtb("bench", "roofline", "--model", llama_dir, "--batches", "0")
     assert r.returncode == 2 and "positive" in r.stderr
+
+
+def test_bench_roofline_compare_times_each_decode_path(llama_dir):
+    """On the CPU: the C kernel (the engine's path) and the gather path, on the same rows."""
+    r = run_pdtb("bench", "roofline", "--model", llama_dir, "--batches", "2", "--context", "40", "--reps", "1",
+                 "--bandwidth", "10", "--compare", "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["paths"][-1] == "gather" and len(res["paths"]) in (1, 2)  # C kernel where a compiler is found
+    row = res["rows"][0]
+    assert row["path"] == res["paths"][0]
+    for name in res["paths"][1:]:
+        assert row[f"{name}_ms"] > 0 and abs(row[f"{name}_fraction"] - row["roofline_ms"] / row[f"{name}_ms"]) < 0.01

@@ -22,6 +22,11 @@ from pdtb.engine.sequence import SamplingParams
 from test_transport_procs import peers, run, send_ragged  # noqa: F401  (peers: a fixture)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+try:
+    import triton  # noqa: F401
+    HAVE_TRITON = True
+except ImportError:
+    HAVE_TRITON = False
 LENGTHS = (1, 5, 17, 100, 333)
 
 
@@ -42,6 +47,9 @@ def test_cuda_batched_greedy_matches_generate(model_dirs, hf_cuda, arch, page_si
     seqs = engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
     for p, s in zip(prompts, seqs):
         assert s.output_token_ids == hf_greedy(hf_cuda[arch], p, 24, ignore_eos=True), f"prompt of {len(p)} tokens"
+    if HAVE_TRITON:  # decode rows read their pages in place, steps replayed from CUDA graphs
+        assert engine.runner.kernel.name == "triton"
+        assert engine.runner.graphs.disabled is None and engine.runner.graphs.replays > 0
     engine.pool.check()
     assert engine.pool.num_free == engine.pool.num_pages
 
@@ -107,3 +115,41 @@ def test_zmq_cuda_pools_bit_identical(kind, peers, tmp_path):  # noqa: F811
     peer = peers("--endpoint", endpoint, "--chunk-bytes", str(256 * 1024), "--device", "cuda")
     config = TransportConfig(endpoint=peer.endpoint(), chunk_bytes=256 * 1024, transfer_timeout_s=20.0)
     run(send_ragged(config, peer, device="cuda"))
+
+
+@pytest.mark.parametrize("src", ["cuda", "cpu"])
+def test_shm_over_cuda_ipc_bit_identical(src, peers, tmp_path):  # noqa: F811
+    """--transport shm into a GPU pool of another process: the receiver shares its pool by a
+    CUDA IPC handle, the sender writes each piece with a device copy (from a GPU pool) or
+    from host bytes (a CPU pool). Strict shm: a pool it could not open fails the transfer."""
+    from kv_transport import TransportConfig
+
+    peer = peers("--backend", "shm", "--endpoint", f"ipc://{tmp_path}/rx.sock", "--chunk-bytes",
+                 str(256 * 1024), "--device", "cuda")
+    config = TransportConfig(backend="shm", endpoint=peer.endpoint(), chunk_bytes=256 * 1024, transfer_timeout_s=20.0)
+    run(send_ragged(config, peer, device=src))
+
+
+def test_disagg_on_one_gpu_over_cuda_ipc(llama_dir, hf_cuda, tmp_path):
+    """A 1P+1D cluster on one GPU, --transport shm: the decode node's pool is shared by a CUDA
+    IPC handle and the prefill node writes its hand-offs into it with device copies. Outputs
+    equal generate on the same GPU; the prefill node counts its one-sided hand-offs."""
+    import json
+    import urllib.request
+
+    from cluster_util import all_pages_free, get_json, launched, wait_until
+
+    with launched(tmp_path / "c", llama_dir, "--mode", "disagg", "--transport", "shm", "--kv-pages", "600",
+                  "--", "--device", "cuda") as (url, _):
+        vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
+        model = get_json(f"{url}/v1/models")["data"][0]["id"]
+        for p in make_prompts((17, 300, 260), vocab, seed=5):
+            body = json.dumps({"model": model, "prompt": p, "max_tokens": 6, "temperature": 0,
+                               "return_token_ids": True, "ignore_eos": True}).encode()
+            req = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                got = json.loads(r.read())["choices"][0]["token_ids"]
+            assert got == hf_greedy(hf_cuda["llama"], p, 6, ignore_eos=True), f"prompt of {len(p)} tokens"
+        wait_until(lambda: all_pages_free(url), 30, what="all pages free")
+        wait_until(lambda: [n for n in get_json(f"{url}/cluster") if n["role"] == "prefill"][0]["extra"]
+                   ["kv_transfers_one_sided"] == 2, 10, what="two one-sided hand-offs")

@@ -132,7 +132,10 @@ def _f(v) -> str:
 
 
 def engine_section(r: dict) -> list[str]:
-    how = "C paged decode kernel" if r.get("decode_kernel") else "torch decode attention"
+    kernel = r.get("decode_kernel")
+    kernel = "c" if kernel is True else kernel  # a results file may say True: the C kernel
+    how = {"c": "C paged decode kernel", "triton": "Triton paged decode kernel"}.get(kernel, "torch decode attention")
+    how += ", CUDA graphs" if r.get("cuda_graphs") else ""
     return ["## Paged engine against `transformers.generate`", "",
             f"`pdtb bench engine --batch {r['batch']} --prompt-len {r['prompt_len']} "
             f"--max-tokens {r['max_tokens']} --json` ({r['device']}, {r['dtype']}, {r['torch_threads']} torch "

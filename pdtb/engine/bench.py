@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--decode-attention", choices=["auto", "torch"], default="auto",
                     help="the paged engine's decode attention (see EngineConfig.decode_attention)")
+    ap.add_argument("--cuda-graphs", choices=["on", "off"], default="on",
+                    help="on a GPU: decode steps replayed from CUDA graphs (see EngineConfig.cuda_graphs)")
     ap.add_argument("--repeat", type=int, default=5, help="interleaved runs per side; the best of each is reported (noise on shared machines only slows a run down)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
@@ -85,9 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     pages = sum(-(-(len(p) + a.max_tokens) // a.page_size) for p in prompts) + a.batch
     engine = LLMEngine(EngineConfig(model_dir, page_size=a.page_size, num_pages=pages, device=a.device,
                                     dtype=a.dtype, max_num_batched_tokens=max(2048, a.batch * (a.prompt_len + 32)),
-                                    decode_attention=a.decode_attention))
+                                    decode_attention=a.decode_attention, cuda_graphs=a.cuda_graphs == "on",
+                                    max_num_seqs=max(a.batch, 8)))
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     run_hf(hf_model, prompts[:2], 4, pad)  # warm-up both sides
+    engine.warm_up()  # on a GPU: every decode bucket's CUDA graph captured here, not in a timed run
     run_paged(engine, prompts[:2], 4)
     hf_s, paged_s, steps = [], [], []
     for _ in range(a.repeat):  # interleaved so machine noise hits both sides alike
@@ -102,12 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     res["step_ms_median"] = 1000 * statistics.median(steps) if steps else None
     res.update(batch=a.batch, prompt_len=a.prompt_len, max_tokens=a.max_tokens, page_size=a.page_size,
                device=a.device, dtype=a.dtype, repeat=a.repeat, torch_threads=torch.get_num_threads(),
-               decode_kernel=engine.runner.kernel is not None,
+               decode_kernel=getattr(engine.runner.kernel, "name", None),
+               cuda_graphs=engine.runner.graphs is not None and engine.runner.graphs.disabled is None,
+               graph_replays=0 if engine.runner.graphs is None else engine.runner.graphs.replays,
                model=str(model_dir))
     if a.json:
         print(json.dumps(res))
     else:
-        how = "C paged decode kernel" if res["decode_kernel"] else "torch decode attention"
+        how = {"c": "C paged decode kernel", "triton": "Triton paged decode kernel"}.get(
+            res["decode_kernel"], "torch decode attention") + (", CUDA graphs" if res["cuda_graphs"] else "")
         print(f"paged engine : {res['paged_tok_s']:9.1f} tok/s  (median decode step {res['step_ms_median']:.2f} ms; {how})")
         print(f"hf generate  : {res['hf_padded_tok_s']:9.1f} tok/s  (padded batch of {a.batch})")
         print(f"ratio        : {res['ratio']:.2f}x  (best / best; median of the {a.repeat} run pairs "

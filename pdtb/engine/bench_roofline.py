@@ -12,11 +12,13 @@ The bandwidth is the device's datasheet figure where the device is known (H100 S
 read plus written per second), and `--bandwidth GB/s` sets it. For each batch size the engine
 runs a decode step of that many rows of `--context` tokens (a warm-up step, then the median of
 `--reps` timed ones, the device synchronized around each) and prints the step time, the
-roofline and the fraction of it reached (roofline / step time).
+roofline and the fraction of it reached (roofline / step time). The engine's decode path is
+timed (on a GPU: CUDA graphs over the Triton paged kernel); `--compare` also times, on the
+same rows, the kernel run eagerly and the pages gathered for torch attention.
 
     pdtb bench roofline [--random-init llama-3-8b | --model DIR] [--device cuda] [--dtype bfloat16]
                         [--batches 1,2,4,8,16,32,64,128] [--context 1024] [--reps 5]
-                        [--bandwidth GBPS] [--json]
+                        [--bandwidth GBPS] [--compare] [--json]
 
 With `--random-init` (default llama-3-8b) the model has that config's shape and random weights:
 no checkpoint is needed, and an 8B model in bfloat16 fits one 80 GB GPU with the KV of 128
@@ -51,6 +53,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1, help="torch threads on the CPU")
     ap.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in GB/s (default: datasheet or measured)")
+    ap.add_argument("--compare", action="store_true",
+                    help="also time the engine's other decode paths on the same rows (the paged kernel without "
+                         "CUDA graphs; pages gathered for torch attention)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.model and a.random_init:
@@ -146,21 +151,44 @@ def run(a: argparse.Namespace) -> dict:
         tok = lambda: int(torch.randint(3, vocab, (1,), generator=gen))  # noqa: E731
         rows.append((BatchChunk(f"r{i}", [tok()], a.context, pages, True),
                      BatchChunk(f"r{i}", [tok()], a.context + 1, pages, True)))
+    runner = eng.runner
+    paths = decode_paths(runner) if a.compare else decode_paths(runner)[:1]
     out = []
     for b in a.batches:
-        times = []
-        for _ in range(a.reps):
-            eng.runner.run([warm for warm, _ in rows[:b]])
-            times.append(timed(eng.runner, [step for _, step in rows[:b]]))
-        ms = statistics.median(times)
-        nbytes = weight_bytes(eng.runner.model, b) + kv_bytes(eng.spec, b, a.context)
+        nbytes = weight_bytes(runner.model, b) + kv_bytes(eng.spec, b, a.context)
         roof = 1000 * nbytes / bw
-        out.append({"batch": b, "step_ms": round(ms, 3), "bytes_mb": round(nbytes / 1e6, 1),
-                    "roofline_ms": round(roof, 3), "fraction": round(roof / ms, 3),
-                    "tokens_per_s": round(1000 * b / ms, 1)})
+        row = {"batch": b, "bytes_mb": round(nbytes / 1e6, 1), "roofline_ms": round(roof, 3)}
+        for name, kernel, graphs in paths:  # each path times the same rows
+            runner.kernel, runner.graphs = kernel, graphs
+            times = []
+            for _ in range(a.reps):
+                runner.run([warm for warm, _ in rows[:b]])
+                times.append(timed(runner, [step for _, step in rows[:b]]))
+            ms = statistics.median(times)
+            if name == paths[0][0]:
+                row.update(path=name, step_ms=round(ms, 3), fraction=round(roof / ms, 3),
+                           tokens_per_s=round(1000 * b / ms, 1))
+            else:
+                row[f"{name}_ms"] = round(ms, 3)
+                row[f"{name}_fraction"] = round(roof / ms, 3)
+        runner.kernel, runner.graphs = paths[0][1], paths[0][2]
+        out.append(row)
     return {"model": a.random_init or a.model or "embedded tiny model", "device": a.device, "dtype": a.dtype,
             "context": a.context, "reps": a.reps, "bandwidth_gbps": round(bw / 1e9, 1), "bandwidth_source": source,
-            "rows": out}
+            "paths": [name for name, _, _ in paths], "rows": out}
+
+
+def decode_paths(runner) -> list[tuple[str, object, object]]:
+    """(name, kernel, graphs) of each way the runner can run a decode step, the engine's own
+    first: CUDA graphs over the paged kernel, the kernel run eagerly, pages gathered for torch
+    attention."""
+    paths = []
+    if runner.graphs is not None:
+        paths.append(("graphs", runner.kernel, runner.graphs))
+    if runner.kernel is not None:
+        paths.append((getattr(runner.kernel, "name", "kernel"), runner.kernel, None))
+    paths.append(("gather", None, None))
+    return paths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,10 +202,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"roofline: {res['model']} on {res['device']} ({res['dtype']}), context {res['context']}, "
           f"bandwidth {res['bandwidth_gbps']} GB/s ({res['bandwidth_source']}), median of {res['reps']}")
-    print(f"  {'batch':>5} {'step ms':>9} {'MB read+written':>16} {'roofline ms':>12} {'fraction':>9} {'tokens/s':>10}")
+    others = res["paths"][1:]
+    print(f"  decode path: {res['paths'][0]}" + (f" (also timed: {', '.join(others)})" if others else ""))
+    print(f"  {'batch':>5} {'step ms':>9} {'MB read+written':>16} {'roofline ms':>12} {'fraction':>9} {'tokens/s':>10}"
+          + "".join(f" {name + ' ms':>12} {'fraction':>9}" for name in others))
     for r in res["rows"]:
         print(f"  {r['batch']:>5} {r['step_ms']:>9.3f} {r['bytes_mb']:>16.1f} {r['roofline_ms']:>12.3f} "
-              f"{r['fraction']:>9.3f} {r['tokens_per_s']:>10.1f}")
+              f"{r['fraction']:>9.3f} {r['tokens_per_s']:>10.1f}"
+              + "".join(f" {r[name + '_ms']:>12.3f} {r[name + '_fraction']:>9.3f}" for name in others))
     return 0
 
 

@@ -22,17 +22,22 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's own context length
     torch_threads: int | None = None  # torch intra-op threads (None: torch default)
     host_kv_pages: int = 0  # pages in the host tier (pinned host memory on a GPU); 0: none
-    # "auto": decode rows of a float32 CPU pool use the C paged kernel (pdtb/engine/csrc),
-    # built at first use, where a C compiler is found; "torch": the read cache and batched
-    # matmuls (always the path on a GPU, for other dtypes, and where the kernel cannot be built)
+    # "auto": decode rows read their pages in place: on a GPU through the Triton kernel
+    # (triton_decode.py, where torch ships Triton), on a float32 CPU pool through the C kernel
+    # (pdtb/engine/csrc, built at first use where a C compiler is found); "torch": pages
+    # gathered for torch attention (the read cache and batched matmuls on the CPU), the path
+    # too for other CPU dtypes and where no kernel can be had
     decode_attention: str = "auto"
+    # on a GPU with the Triton kernel: decode steps replayed from CUDA graphs at bucketed batch
+    # sizes (cuda_graphs.py)
+    cuda_graphs: bool = True
     # prefix cache: full pages shared by requests whose prompts start the same way
     # (page_pool.py); `charge`: how a shared page counts against quotas (page_pool.CHARGES)
     prefix_cache: bool = True
     charge: str = "split"
-    # pools in shared memory: a KV sender on this host writes into their pages one-sided
-    # (kv_transport/shm_backend.py); host-memory pools only (the device tier of a CPU engine,
-    # and the host tier of a CPU engine)
+    # pools a KV sender on this host writes into one-sided (kv_transport/shm_backend.py): the
+    # device tier (shared memory on the CPU, a CUDA IPC handle on a GPU) and, on a CPU
+    # engine, the host tier (a GPU engine's pinned host tier takes chunks)
     shared_kv: bool = False
 
     def __post_init__(self) -> None:

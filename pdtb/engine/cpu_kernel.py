@@ -108,6 +108,8 @@ def _build_with(cc: str, version: str, flags: tuple[str, ...], cache_dir: Path |
 class DecodeKernel:
     """`pdtb_paged_decode_f32` with its argument types; see the C file for the layout."""
 
+    name = "c"
+
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._fn = lib.pdtb_paged_decode_f32
         self._fn.restype = None

@@ -73,7 +73,7 @@ class LLMEngine:
         self.spec = info.kv_spec(config.page_size, config.dtype)
         on_cpu = torch.device(config.device).type == "cpu"
         self.pool = PagePool(self.spec, config.num_pages, device=config.device, charge=config.charge,
-                             shared=config.shared_kv and on_cpu)
+                             shared=config.shared_kv)
         self.host_pool = PagePool(self.spec, config.host_kv_pages, device="cpu", tier="host",
                                   pin_memory=config.device.startswith("cuda"),
                                   shared=config.shared_kv and on_cpu) if config.host_kv_pages else None
@@ -84,13 +84,25 @@ class LLMEngine:
         kernel = self._decode_kernel(config)
         hf_compat.check_model(model, self.pool.kv, config.page_size, kernel)
         self.runner = ModelRunner(model, self.pool.kv, config.page_size, config.device, kernel=kernel)
+        if config.cuda_graphs and self.pool.kv.is_cuda and getattr(kernel, "name", "") == "triton":
+            from pdtb.engine.cuda_graphs import DecodeGraphs
+
+            self.runner.graphs = DecodeGraphs(model, self.pool.kv, config.page_size, kernel,
+                                              max_rows=config.max_num_seqs,
+                                              max_len=self.scheduler.config.max_model_len)
         self._ids = itertools.count()
         self.last_output: SchedulerOutput | None = None
 
     def _decode_kernel(self, config: EngineConfig):
-        """The CPU paged decode kernel where it applies (see EngineConfig.decode_attention)."""
-        if config.decode_attention != "auto" or self.pool.kv.device.type != "cpu" \
-                or self.pool.kv.dtype != torch.float32:
+        """The paged decode kernel where it applies (see EngineConfig.decode_attention): Triton
+        on a GPU, C on a float32 CPU pool."""
+        if config.decode_attention != "auto":
+            return None
+        if self.pool.kv.is_cuda:
+            from pdtb.engine import triton_decode
+
+            return triton_decode.load(str(self.pool.kv.device))
+        if self.pool.kv.dtype != torch.float32:
             return None
         from pdtb.engine import cpu_kernel
 
@@ -165,6 +177,8 @@ class LLMEngine:
         finally:
             for rid in rows:
                 self.pool.free(rid)
+        if self.runner.graphs is not None:  # every decode bucket's graph, before the first request
+            self.runner.graphs.capture_all()
         return time.perf_counter() - t0
 
     # ---- offline ------------------------------------------------------------------------------

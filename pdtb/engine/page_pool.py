@@ -62,10 +62,17 @@ class PagePool:
         self.tier = tier
         self.charge = charge
         pin = pin_memory and torch.cuda.is_available()
-        self.shared = None  # shared_memory.SharedBuffer holding kv, where peers may map it
-        if shared:  # a one-sided sender on this host writes straight into these pages
+        # where peers may map kv: shared_memory.SharedBuffer (host memory) or
+        # cuda_ipc.CudaSharedBuffer (a GPU pool)
+        self.shared = None
+        if shared and torch.device(device).type == "cuda":  # one-sided device copies, CUDA IPC
+            from pdtb.engine.cuda_ipc import CudaSharedBuffer
+
+            self.kv = torch.zeros(spec.page_shape(num_pages), dtype=spec.torch_dtype, device=device)
+            self.shared = CudaSharedBuffer(self.kv)
+        elif shared:  # a one-sided sender on this host writes straight into these pages
             if torch.device(device).type != "cpu" or pin:
-                raise ValueError("a shared pool lives in host memory (device='cpu', no pinning)")
+                raise ValueError("a shared pool lives in host memory (device='cpu', no pinning) or on a CUDA device")
             self.shared = shared_memory.SharedBuffer(spec.bytes_per_page * num_pages, f"pdtb-kv-{tier}")
             self.kv = self.shared.tensor(spec.page_shape(num_pages), spec.torch_dtype)
         elif not storage:  # ownership only (pdtb sim): the same state machine at any pool size, no bytes

@@ -10,13 +10,15 @@ pool is the attention function registered through its public `AttentionInterface
 "pdtb_paged"), which receives each layer's new K/V after RoPE and the step's metadata through
 the forward's `**kwargs` (`pdtb_meta`). Per layer it does two things:
 
-- `read_pages` writes the step's new K/V into the pool at `slot_mapping`, then gathers each
+- `read_pages` writes the step's new K/V into the pool at `slot_mapping` (through the
+  kernel's `store` where it has one: the Triton kernel on a GPU), then gathers each
   group's pages into a padded batch `[B_g, kv_heads, max_pages_g * page_size, head_dim]` (or,
   for a steady decode batch, reads the decode read cache).
 - `attend` runs each group:
-  on a float32 CPU pool with the C helpers built, the decode rows are one group that the C
-  kernel (`StepMetadata.kernel`, csrc/paged_decode.c) runs straight over the pool's pages,
-  each row its own keys (nothing gathered, padded or masked); otherwise
+  where the engine has a paged decode kernel (`StepMetadata.kernel`: csrc/paged_decode.c on
+  a float32 CPU pool, triton_decode.py on a GPU), the decode rows are one group that the
+  kernel runs straight over the pool's pages, each row its own keys (nothing gathered, padded
+  or masked); otherwise
   a decode group is a slice of the flat rows (one query each; two matmuls or SDPA), a prefill
   group pads its queries into `[B_g, heads, q_max_g, head_dim]` and runs SDPA with a
   per-sequence causal mask. The runner orders the flat tokens so that the groups are
@@ -83,10 +85,15 @@ def read_pages(m: StepMetadata, layer: int, key_states: torch.Tensor, value_stat
     pages gathered into a padded batch `[B_g, kv_heads, max_pages_g * page_size, head_dim]`."""
     _, _, num_pages, page_size, kvh, hd = m.kv.shape
     cache = m.kv[layer]  # [2, pages, page_size, kv_heads, head_dim]
-    new = torch.stack((key_states[0], value_states[0])).transpose(1, 2)  # [2, T, kvh, hd]
-    if new.dtype != cache.dtype:
-        new = new.to(cache.dtype)
-    cache.view(2, num_pages * page_size, kvh, hd).index_copy_(1, m.slot_mapping, new)
+    store = getattr(m.kernel, "store", None)
+    if store is not None:  # the GPU kernel's own store (a negative slot writes nothing)
+        store(cache, key_states, value_states, m.slot_mapping)
+        new = None
+    else:
+        new = torch.stack((key_states[0], value_states[0])).transpose(1, 2)  # [2, T, kvh, hd]
+        if new.dtype != cache.dtype:
+            new = new.to(cache.dtype)
+        cache.view(2, num_pages * page_size, kvh, hd).index_copy_(1, m.slot_mapping, new)
     out = []
     for g in m.groups:
         b, plan = g.num_rows, g.read_plan

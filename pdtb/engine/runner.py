@@ -41,7 +41,8 @@ class ModelRunner:
         self.kv = kv
         self.page_size = page_size
         self.device = torch.device(device)
-        self.kernel = kernel  # cpu_kernel.DecodeKernel: decode rows read their pages in place
+        self.kernel = kernel  # cpu_kernel / triton_decode DecodeKernel: decode rows read their pages in place
+        self.graphs = None  # cuda_graphs.DecodeGraphs: decode steps replayed from CUDA graphs
         self.read_cache = ReadCaches(kv.shape[0], kv.shape[4], kv.shape[5], kv.dtype, self.device) \
             if self.device.type == "cpu" and kernel is None else None
 
@@ -235,6 +236,10 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, chunks: list[BatchChunk]) -> torch.Tensor:
         """Forward the chunks; return float32 logits [num_wanting_logits, vocab]."""
+        if self.graphs is not None:
+            logits = self.graphs.run(chunks)
+            if logits is not None:
+                return logits
         try:  # planning a read cache counts this step's appends: if the step fails, forget it
             ids, pos, meta, logits_idx = self.build_metadata(chunks)
             keep_none = False

@@ -1,0 +1,158 @@
+"""Decode steps replayed from CUDA graphs, one graph per bucketed batch size.
+
+A decode step of a stock transformers model launches hundreds of small kernels from Python;
+on a GPU the launches, not the memory traffic, set its time. A step of `n` one-token rows
+that all sample is run instead by replaying the graph captured for the smallest bucket
+`b >= n` (BUCKETS, up to the engine's max_num_seqs):
+
+- the graph reads fixed device buffers: token ids, positions, pool slots, key counts and a
+  page-table block of `width = ceil(max_model_len / page_size)` pages per row; a step writes
+  its rows into them (two host-to-device copies) and replays;
+- rows [n, b) are padding: slot -1 (the Triton store writes nothing), 0 keys (the decode
+  kernel attends to nothing), so no pool page is touched for them;
+- the attention is the Triton paged kernel (triton_decode.py), whose grid depends on the
+  bucket only, so one capture serves every context length up to max_model_len.
+
+Graphs share one memory pool and are captured lazily (the first step of a bucket) or all at
+once by `capture_all` (the engine's warm-up). A capture that fails turns graphs off for the
+engine, logged with the reason; steps then run eagerly through the same kernel. Steps with
+prefill rows, more rows than the largest bucket or a row past max_model_len run eagerly.
+
+On the CPU (tests) the same buffers are filled and the captured function is called instead of
+replayed, so the bucketing, padding and page-table layout are checked token for token against
+transformers' generate without a GPU (tests/test_cuda_graphs.py).
+"""
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left
+
+import numpy as np
+import torch
+
+from pdtb.engine.paged_attention import AttnGroup, StepMetadata
+
+log = logging.getLogger(__name__)
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+class DecodeGraphs:
+    def __init__(self, model, kv: torch.Tensor, page_size: int, kernel, max_rows: int, max_len: int) -> None:
+        self.model, self.kv, self.page_size, self.kernel = model, kv, page_size, kernel
+        self.device = kv.device
+        self.buckets = tuple(b for b in BUCKETS if b < max_rows) + (max_rows,)
+        self.width = -(-max_len // page_size)
+        rows = self.buckets[-1]
+        # ids, positions, slots, key counts: one [4, rows] buffer, one copy per step
+        self.small = torch.zeros(4, rows, dtype=torch.int64, device=self.device)
+        self.pages = torch.zeros(rows * self.width, dtype=torch.int64, device=self.device)
+        self.start = torch.arange(rows, dtype=torch.int64, device=self.device) * self.width
+        self.host_small = np.zeros((4, rows), np.int64)
+        self.host_pages = np.zeros((rows, self.width), np.int64)
+        self.graphs: dict[int, object] = {}  # bucket -> callable returning the logits [b, vocab]
+        self.mempool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+        self.disabled: str | None = None  # why graphs are off (a capture failed)
+        self.replays = 0  # steps served from a graph
+
+    def bucket(self, n: int) -> int | None:
+        i = bisect_left(self.buckets, n)
+        return self.buckets[i] if i < len(self.buckets) else None
+
+    def run(self, chunks) -> torch.Tensor | None:
+        """Float32 logits [n, vocab] of a decode step served from a graph, in the chunks'
+        order; None when the step is not one (the caller runs it eagerly)."""
+        if self.disabled is not None:
+            return None
+        n = len(chunks)
+        b = self.bucket(n)
+        if b is None or not self._fill(chunks, b):
+            return None
+        entry = self.graphs.get(b)
+        if entry is None:
+            entry = self._capture(b)
+            if entry is None:
+                return None
+        self.replays += 1
+        return entry()[:n].to(torch.float32, copy=True)
+
+    def _fill(self, chunks, b: int) -> bool:
+        hs, hp, ps, width = self.host_small[:, :b], self.host_pages[:b], self.page_size, self.width
+        hs[:] = 0
+        hs[2] = -1
+        hp[:] = 0
+        for i, c in enumerate(chunks):
+            if len(c.token_ids) != 1 or not c.wants_logits:
+                return False
+            p = c.start_pos
+            if p // ps >= width:
+                return False
+            pt = c.page_table
+            hs[0, i], hs[1, i], hs[2, i], hs[3, i] = c.token_ids[0], p, pt[p // ps] * ps + p % ps, p + 1
+            k = min(len(pt), width)
+            hp[i, :k] = pt[:k]
+        self.small[:, :b].copy_(torch.from_numpy(hs))
+        self.pages[:b * width].copy_(torch.from_numpy(hp.reshape(-1)))
+        return True
+
+    def _forward_fn(self, b: int):
+        ids, pos, slots, lens = (self.small[i, :b] for i in range(4))
+        group = AttnGroup(None, 0, None, span=(0, b), pages=self.pages[:b * self.width], page_start=self.start[:b],
+                          lens=lens, max_len=self.width * self.page_size)
+        meta = StepMetadata(slots, [group], self.kv, kernel=self.kernel)
+        model = self.model
+
+        def forward() -> torch.Tensor:
+            meta.layers_run.clear()
+            return model(input_ids=ids[None], position_ids=pos[None], use_cache=False, logits_to_keep=0,
+                         pdtb_meta=meta).logits[0]
+        return forward
+
+    def _capture(self, b: int):
+        forward = self._forward_fn(b)
+        if self.device.type != "cuda":
+            self.graphs[b] = forward
+            return forward
+        try:
+            out, graph = self._record(forward)
+        except Exception as e:  # a model whose forward cannot be captured: eager from now on
+            self.disabled = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+            log.warning("CUDA graph capture of a %d-row decode step failed (%s); decode steps run eagerly",
+                        b, self.disabled)
+            return None
+
+        def replay() -> torch.Tensor:
+            graph.replay()
+            return out
+        self.graphs[b] = replay
+        return replay
+
+    def _record(self, forward):
+        """Warm up on a side stream (library handles, Triton compiles), then capture."""
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                forward()
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.mempool, capture_error_mode="thread_local"):
+            out = forward()
+        return out, graph
+
+    @torch.inference_mode()
+    def capture_all(self) -> int:
+        """Capture every bucket not captured yet, largest first (the pool then holds the largest
+        graph's memory, which the smaller ones reuse); the buffers hold padding only, so no pool
+        page is written. Returns the number of graphs held."""
+        self.host_small[:] = 0
+        self.host_small[2] = -1
+        self.small.copy_(torch.from_numpy(self.host_small))
+        self.pages.zero_()
+        for b in reversed(self.buckets):
+            if self.disabled is not None:
+                break
+            if b not in self.graphs:
+                self._capture(b)
+        return len(self.graphs)
