@@ -382,7 +382,7 @@ def _dec_grant(f: Fields, payloads: list, limits: WireLimits) -> Grant:
     pool_pages = f.int("pool_pages", 1, 1 << 40)
     if set(map(type, pages)) != {int} or not 0 <= min(pages) <= max(pages) < pool_pages:  # (bool is not int here)
         raise WireFieldError("pages", f"page ids must be ints in [0, {pool_pages})", tid)
-    return Grant(tid, f.int("upto", 0, 1 << 31), f.str("host", 128), f.str("buffer", 256),
+    return Grant(tid, f.int("upto", 0, 1 << 31), f.str("host", 128), f.str("buffer", 2048),
                  f.str("buffer_token", 64), f.str("slots", 256), f.str("slots_token", 64),
                  f.int("slot", 0, 1 << 31), f.int("gen", 1, (1 << 64) - 1), pool_pages, pages)
 

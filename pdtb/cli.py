@@ -17,6 +17,7 @@ commands:
   bench transport    KV transport throughput vs raw pyzmq and memcpy (same run)
   bench steps        engine step time by what it carries (long rows, prefill chunks)
   bench roofline     decode step time against the memory roofline, by batch size
+  bench decode-kernel  the Triton paged decode kernel's bandwidth by launch setting (GPU)
   cluster            up|down|status: a cluster placed and supervised by Ray (the ray extra)
   bench controller   per-step decision cost of each policy at 100 / 1k / 10k requests
   bench serve        load-test client against an OpenAI-compatible endpoint
@@ -110,6 +111,10 @@ def _dispatch(argv: list[str]) -> int:
         return main(rest)
     if cmd == "bench" and rest[:1] == ["roofline"]:
         from pdtb.engine.bench_roofline import main
+        return main(rest[1:])
+    if cmd == "bench" and rest[:1] == ["decode-kernel"]:
+        from pdtb.engine.bench_decode_kernel import main
+
         return main(rest[1:])
     if cmd == "bench" and rest[:1] == ["steps"]:
         from pdtb.engine.bench_steps import main

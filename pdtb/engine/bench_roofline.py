@@ -53,6 +53,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1, help="torch threads on the CPU")
     ap.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in GB/s (default: datasheet or measured)")
+    ap.add_argument("--kernel-config", default=None, metavar="K=V,...",
+                    help="launch settings of the Triton decode kernel (triton_decode.KernelConfig fields)")
     ap.add_argument("--compare", action="store_true",
                     help="also time the engine's other decode paths on the same rows (the paged kernel without "
                          "CUDA graphs; pages gathered for torch attention)")
@@ -152,6 +154,10 @@ def run(a: argparse.Namespace) -> dict:
         rows.append((BatchChunk(f"r{i}", [tok()], a.context, pages, True),
                      BatchChunk(f"r{i}", [tok()], a.context + 1, pages, True)))
     runner = eng.runner
+    if a.kernel_config and getattr(runner.kernel, "name", "") == "triton":
+        from pdtb.engine.triton_decode import KernelConfig
+
+        runner.kernel.configure(KernelConfig.parse(a.kernel_config))
     paths = decode_paths(runner) if a.compare else decode_paths(runner)[:1]
     out = []
     for b in a.batches:
@@ -175,7 +181,8 @@ def run(a: argparse.Namespace) -> dict:
         out.append(row)
     return {"model": a.random_init or a.model or "embedded tiny model", "device": a.device, "dtype": a.dtype,
             "context": a.context, "reps": a.reps, "bandwidth_gbps": round(bw / 1e9, 1), "bandwidth_source": source,
-            "paths": [name for name, _, _ in paths], "rows": out}
+            "paths": [name for name, _, _ in paths], "rows": out,
+            "kernel_config": str(getattr(runner.kernel, "config", "")) or None}
 
 
 def decode_paths(runner) -> list[tuple[str, object, object]]:

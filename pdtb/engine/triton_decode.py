@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -44,21 +45,21 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def choose_splits(rows: int, kv_heads: int, max_len: int, programs: int) -> int:
-    """Spans per row: enough (row, kv head, span) programs to give every multiprocessor two
-    (`programs` = 2 x SMs), no span shorter than two inner steps, a power of two at most
+def choose_splits(rows: int, kv_heads: int, max_len: int, programs: int, block_n: int = BLOCK_N) -> int:
+    """Spans per row: enough (row, kv head, span) programs to reach `programs` (a multiple of
+    the multiprocessors), no span shorter than two inner steps, a power of two at most
     MAX_SPLITS. Depends on host integers only, so it is fixed for a captured graph."""
     want = -(-programs // max(1, rows * kv_heads))
-    most = max(1, max_len // (2 * BLOCK_N))
+    most = max(1, max_len // (2 * block_n))
     return min(MAX_SPLITS, _next_pow2(max(1, min(want, most))))
 
 
 if triton is not None:
     @triton.jit
-    def _split_kernel(q_ptr, k_ptr, v_ptr, pages_ptr, start_ptr, lens_ptr, o_ptr, lse_ptr,
-                      stride_qr, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, splits, scale,
-                      PS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr,
-                      HD_PAD: tl.constexpr, BLOCK: tl.constexpr, IEEE: tl.constexpr):
+    def _split_kernel(q_ptr, k_ptr, v_ptr, pages_ptr, start_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr,
+                      stride_qr, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_or, stride_oh,
+                      splits, scale, PS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr,
+                      HD_PAD: tl.constexpr, BLOCK: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr):
         row = tl.program_id(0)
         kh = tl.program_id(1)
         s = tl.program_id(2)
@@ -102,10 +103,14 @@ if triton is not None:
             m_i = m_new
         seen = l_i > 0
         out = acc / tl.where(seen, l_i, 1.0)[:, None]
-        lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
-        base = (row * heads + kh * G + g) * splits + s  # [rows, heads, splits] layout
-        tl.store(lse_ptr + base, lse, mask=gm)
-        tl.store(o_ptr + base[:, None] * HD + d[None, :], out, mask=gm[:, None] & dm[None, :])
+        if DIRECT:  # one span per row: this is the row's attention, no merge
+            tl.store(out_ptr + row * stride_or + (kh * G + g)[:, None] * stride_oh + d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=gm[:, None] & dm[None, :])
+        else:
+            lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
+            base = (row * heads + kh * G + g) * splits + s  # [rows, heads, splits] layout
+            tl.store(lse_ptr + base, lse, mask=gm)
+            tl.store(o_ptr + base[:, None] * HD + d[None, :], out, mask=gm[:, None] & dm[None, :])
 
     @triton.jit
     def _merge_kernel(o_ptr, lse_ptr, out_ptr, stride_or, stride_oh, splits,
@@ -141,21 +146,53 @@ if triton is not None:
         tl.store(v_ptr + at, v.to(v_ptr.dtype.element_ty), mask=m)
 
 
+@dataclass(frozen=True)
+class KernelConfig:
+    """Launch settings of the span kernel (`pdtb bench decode-kernel` measures them)."""
+
+    block_n: int = BLOCK_N  # keys per inner step
+    num_warps: int = 4
+    num_stages: int = 2
+    programs_per_sm: int = 2  # spans are added until (rows x kv heads x spans) reaches this x SMs
+
+    @classmethod
+    def parse(cls, text: str) -> "KernelConfig":
+        """`block_n=64,num_warps=8,...` (any subset of the fields)."""
+        kw = {}
+        for item in filter(None, (x.strip() for x in text.split(","))):
+            key, _, value = item.partition("=")
+            if key not in cls.__dataclass_fields__ or not value.isdigit() or int(value) < 1:
+                raise ValueError(f"decode kernel config: {item!r} is not one of "
+                                 f"{', '.join(cls.__dataclass_fields__)} = a positive integer")
+            kw[key] = int(value)
+        cfg = cls(**kw)
+        if cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1):
+            raise ValueError("decode kernel config: block_n is a power of two, at least 16")
+        return cfg
+
+
 class DecodeKernel:
     """Decode attention over the paged pool (the C kernel's call, see cpu_kernel.DecodeKernel)."""
 
     name = "triton"
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, config: KernelConfig | None = None) -> None:
         self.device = device
-        if device.type == "cuda":
-            self.programs = 2 * torch.cuda.get_device_properties(device).multi_processor_count
-        else:  # Triton's interpreter (tests)
-            self.programs = 8
-        self._scratch: dict = {}
+        self.config = config or KernelConfig()
+        # multiprocessors (Triton's interpreter, in tests: a small number)
+        self.sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+        self.programs = self.config.programs_per_sm * self.sms
+        self.forced_splits: int | None = None  # a fixed span count (the kernel bench)
+
+    def configure(self, config: KernelConfig) -> None:
+        """New launch settings (before any CUDA graph is captured with this kernel)."""
+        self.config = config
+        self.programs = config.programs_per_sm * self.sms
 
     def splits(self, rows: int, kv_heads: int, max_len: int) -> int:
-        return choose_splits(rows, kv_heads, max_len, self.programs)
+        if self.forced_splits:
+            return self.forced_splits
+        return choose_splits(rows, kv_heads, max_len, self.programs, self.config.block_n)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor,
                  page_start: torch.Tensor, lens: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
@@ -174,16 +211,20 @@ class DecodeKernel:
         if rows == 0:
             return out
         splits = self.splits(rows, kvh, max_len)
-        part, lse = self._buffers(rows, heads, splits, hd, q.device)
+        direct = splits == 1
+        part, lse = (out, out) if direct else self._buffers(rows, heads, splits, hd, q.device)
         group = heads // kvh
         hd_pad = max(16, _next_pow2(hd))
+        c = self.config
         _split_kernel[(rows, kvh, splits)](
-            q, k, v, pages, page_start, lens, part, lse,
-            q.stride(0), q.stride(1), k.stride(1), k.stride(2), v.stride(1), v.stride(2), splits, float(scale),
-            PS=ps, G=group, G_PAD=max(16, _next_pow2(group)), HD=hd, HD_PAD=hd_pad, BLOCK=BLOCK_N,
-            IEEE=k.dtype == torch.float32)
-        _merge_kernel[(rows, heads)](part, lse, out, out.stride(0), out.stride(1), splits,
-                                     HD=hd, HD_PAD=hd_pad, S_PAD=max(2, _next_pow2(splits)))
+            q, k, v, pages, page_start, lens, part, lse, out,
+            q.stride(0), q.stride(1), k.stride(1), k.stride(2), v.stride(1), v.stride(2), out.stride(0),
+            out.stride(1), splits, float(scale), PS=ps, G=group, G_PAD=max(16, _next_pow2(group)), HD=hd,
+            HD_PAD=hd_pad, BLOCK=c.block_n, IEEE=k.dtype == torch.float32, DIRECT=direct,
+            num_warps=c.num_warps, num_stages=c.num_stages)
+        if not direct:
+            _merge_kernel[(rows, heads)](part, lse, out, out.stride(0), out.stride(1), splits,
+                                         HD=hd, HD_PAD=hd_pad, S_PAD=max(2, _next_pow2(splits)))
         return out
 
     def _buffers(self, rows: int, heads: int, splits: int, hd: int, device) -> tuple[torch.Tensor, torch.Tensor]:
