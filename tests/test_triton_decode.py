@@ -112,7 +112,8 @@ def test_any_split_count(dtype):
     q = torch.randn(len(lens), 8, 64, generator=gen).to(DEVICE, dtype)
     want = reference(q, pool, tables, lens, 64 ** -0.5)
     tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
-    for splits, cfg in ((1, ""), (2, "block_n=16"), (4, "block_n=64,num_warps=8"), (32, "num_stages=3")):
+    for splits, cfg in ((1, ""), (2, "block_n=16,min_span=16"), (4, "block_n=64,num_warps=8,head_major=1"),
+                        (32, "block_n=32,num_stages=2,min_span=32"), (8, "min_span=512")):
         kernel = triton_decode.DecodeKernel(torch.device(DEVICE), triton_decode.KernelConfig.parse(cfg))
         kernel.forced_splits = splits  # 1: the span kernel writes the output itself, no merge
         got = run_kernel(kernel, q, pool, tables, lens, max_len=4096)
@@ -123,7 +124,8 @@ def test_any_split_count(dtype):
 def test_kernel_config_parse():
     cfg = triton_decode.KernelConfig.parse("block_n=64, num_warps=8")
     assert (cfg.block_n, cfg.num_warps, cfg.num_stages) == (64, 8, triton_decode.KernelConfig().num_stages)
-    for bad in ("block_n=48", "warps=4", "num_warps=0", "num_stages=x"):
+    assert triton_decode.KernelConfig.parse("block_n=16,min_span=16").min_span == 16
+    for bad in ("block_n=48", "warps=4", "num_warps=0", "num_stages=x", "block_n=64,min_span=96"):
         with pytest.raises(ValueError, match="decode kernel config"):
             triton_decode.KernelConfig.parse(bad)
 
@@ -131,8 +133,9 @@ def test_kernel_config_parse():
 def test_choose_splits():
     assert triton_decode.choose_splits(64, 8, 1024, 264) == 1  # enough rows x heads already
     assert triton_decode.choose_splits(1, 8, 8192, 264) == 32  # one row: up to 32 spans
+    assert triton_decode.choose_splits(1, 8, 8192, 264, min_span=1024) == 8  # spans of 1024 keys at least
     assert triton_decode.choose_splits(1, 8, 100, 264) == 1  # too short to split
-    assert triton_decode.choose_splits(2, 2, 4096, 264) == 32  # capped, power of two
+    assert triton_decode.choose_splits(2, 2, 16384, 264) == 32  # capped, power of two
 
 
 def test_store_writes_at_slots_and_skips_negative():

@@ -2,7 +2,7 @@
 
 One layer's decode attention of `--batches` rows of `--context` keys each, their pages
 scattered through the pool, timed for each launch setting (keys per inner step, warps,
-pipeline stages) and each span count; the bytes are the K and V the rows read once. Prints,
+pipeline stages, program order) and each span count; the bytes are the K and V the rows read once. Prints,
 per batch size, the GB/s of each setting and the best, against a device-to-device copy of
 the same bytes measured in the same run (the practical ceiling).
 
@@ -43,6 +43,7 @@ def parse(argv):
     ap.add_argument("--block-n", type=_ints, default=[32, 64])
     ap.add_argument("--warps", type=_ints, default=[4, 8])
     ap.add_argument("--stages", type=_ints, default=[2, 3])
+    ap.add_argument("--head-major", type=_ints, default=[0, 1], help="program order (KernelConfig.head_major)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -94,19 +95,19 @@ def run(a) -> dict:
         copy_s = timed(lambda: dst.copy_(src))  # noqa: B023
         row = {"batch": b, "bytes_mb": round(nbytes / 1e6, 1), "copy_gbps": round(2 * nbytes / copy_s / 1e9, 1),
                "settings": []}
-        for block_n, warps, stages in itertools.product(a.block_n, a.warps, a.stages):
-            cfg = triton_decode.KernelConfig(block_n=block_n, num_warps=warps, num_stages=stages)
+        for block_n, warps, stages, major in itertools.product(a.block_n, a.warps, a.stages, a.head_major):
+            cfg = triton_decode.KernelConfig(block_n=block_n, num_warps=warps, num_stages=stages, head_major=major)
             kernel = triton_decode.DecodeKernel(dev, cfg)
             for splits in a.splits:
                 kernel.forced_splits = splits
                 s = timed(lambda: kernel(q, pool[0], pool[1], flat, start, lens, a.context,  # noqa: B023
                                          a.head_dim ** -0.5))
                 row["settings"].append({"block_n": block_n, "num_warps": warps, "num_stages": stages,
-                                        "splits": splits, "us": round(s * 1e6, 1), "gbps": round(nbytes / s / 1e9, 1)})
+                                        "head_major": major, "splits": splits, "us": round(s * 1e6, 1), "gbps": round(nbytes / s / 1e9, 1)})
             kernel.forced_splits = None
             s = timed(lambda: kernel(q, pool[0], pool[1], flat, start, lens, a.context, a.head_dim ** -0.5))  # noqa: B023
             row["settings"].append({"block_n": block_n, "num_warps": warps, "num_stages": stages,
-                                    "splits": f"auto ({kernel.splits(b, a.kv_heads, a.context)})",
+                                    "head_major": major, "splits": f"auto ({kernel.splits(b, a.kv_heads, a.context)})",
                                     "us": round(s * 1e6, 1), "gbps": round(nbytes / s / 1e9, 1)})
         row["best"] = max(row["settings"], key=lambda r: r["gbps"])
         out.append(row)
@@ -127,7 +128,8 @@ def main(argv=None) -> int:
         print(f"  batch {r['batch']:>4}: {r['bytes_mb']} MB of KV; device copy {r['copy_gbps']} GB/s (read + written)")
         for s in sorted(r["settings"], key=lambda s: -s["gbps"])[:6]:
             mark = "  <- best" if s is best else ""
-            print(f"    block_n {s['block_n']:>3} warps {s['num_warps']} stages {s['num_stages']} splits {s['splits']!s:>8}: "
+            print(f"    block_n {s['block_n']:>3} warps {s['num_warps']} stages {s['num_stages']} "
+                  f"head-major {s['head_major']} splits {s['splits']!s:>8}: "
                   f"{s['us']:>9.1f} us {s['gbps']:>8.1f} GB/s{mark}")
     return 0
 

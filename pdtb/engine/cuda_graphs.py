@@ -77,22 +77,29 @@ class DecodeGraphs:
         return entry()[:n].to(torch.float32, copy=True)
 
     def _fill(self, chunks, b: int) -> bool:
-        hs, hp, ps, width = self.host_small[:, :b], self.host_pages[:b], self.page_size, self.width
-        hs[:] = 0
-        hs[2] = -1
-        hp[:] = 0
+        hs, hp, ps, width = self.host_small[:, :b], self.host_pages, self.page_size, self.width
+        n = len(chunks)
+        ids, pos, slots = [], [], []
         for i, c in enumerate(chunks):
-            if len(c.token_ids) != 1 or not c.wants_logits:
-                return False
             p = c.start_pos
-            if p // ps >= width:
+            if len(c.token_ids) != 1 or not c.wants_logits or p // ps >= width:
                 return False
             pt = c.page_table
-            hs[0, i], hs[1, i], hs[2, i], hs[3, i] = c.token_ids[0], p, pt[p // ps] * ps + p % ps, p + 1
-            k = min(len(pt), width)
-            hp[i, :k] = pt[:k]
+            ids.append(c.token_ids[0])
+            pos.append(p)
+            slots.append(pt[p // ps] * ps + p % ps)
+            # columns past the row's table keep stale ids: the kernel reads only the pages of
+            # its p + 1 keys (and padding rows read none)
+            if len(pt) <= width:
+                hp[i, :len(pt)] = pt
+            else:
+                hp[i] = pt[:width]
+        hs[:] = 0
+        hs[2] = -1
+        hs[0, :n], hs[1, :n], hs[2, :n] = ids, pos, slots
+        hs[3, :n] = hs[1, :n] + 1
         self.small[:, :b].copy_(torch.from_numpy(hs))
-        self.pages[:b * width].copy_(torch.from_numpy(hp.reshape(-1)))
+        self.pages[:b * width].copy_(torch.from_numpy(hp[:b].reshape(-1)))
         return True
 
     def _forward_fn(self, b: int):

@@ -37,7 +37,7 @@ try:
 except ImportError:  # CPU builds of torch ship without Triton
     triton = None
 
-BLOCK_N = 32  # keys per inner step of a span
+BLOCK_N = 64  # keys per inner step of a span
 MAX_SPLITS = 32
 
 
@@ -45,12 +45,12 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def choose_splits(rows: int, kv_heads: int, max_len: int, programs: int, block_n: int = BLOCK_N) -> int:
+def choose_splits(rows: int, kv_heads: int, max_len: int, programs: int, min_span: int = 256) -> int:
     """Spans per row: enough (row, kv head, span) programs to reach `programs` (a multiple of
-    the multiprocessors), no span shorter than two inner steps, a power of two at most
-    MAX_SPLITS. Depends on host integers only, so it is fixed for a captured graph."""
+    the multiprocessors), no span shorter than `min_span` keys at `max_len`, a power of two
+    at most MAX_SPLITS. Depends on host integers only, so it is fixed for a captured graph."""
     want = -(-programs // max(1, rows * kv_heads))
-    most = max(1, max_len // (2 * block_n))
+    most = max(1, max_len // min_span)
     return min(MAX_SPLITS, _next_pow2(max(1, min(want, most))))
 
 
@@ -59,14 +59,20 @@ if triton is not None:
     def _split_kernel(q_ptr, k_ptr, v_ptr, pages_ptr, start_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr,
                       stride_qr, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_or, stride_oh,
                       splits, scale, PS: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, HD: tl.constexpr,
-                      HD_PAD: tl.constexpr, BLOCK: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr):
-        row = tl.program_id(0)
-        kh = tl.program_id(1)
+                      HD_PAD: tl.constexpr, BLOCK: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr,
+                      HEAD_MAJOR: tl.constexpr, MIN_SPAN: tl.constexpr):
+        if HEAD_MAJOR:  # a row's kv heads run side by side: they read the same token records
+            kh = tl.program_id(0)
+            row = tl.program_id(1)
+            heads = tl.num_programs(0) * G
+        else:
+            row = tl.program_id(0)
+            kh = tl.program_id(1)
+            heads = tl.num_programs(1) * G
         s = tl.program_id(2)
-        heads = tl.num_programs(1) * G
         length = tl.load(lens_ptr + row)
         first = tl.load(start_ptr + row)
-        span = tl.cdiv(tl.cdiv(length, splits), BLOCK) * BLOCK
+        span = tl.maximum(tl.cdiv(tl.cdiv(length, splits), BLOCK) * BLOCK, MIN_SPAN)
         lo = s * span
         hi = tl.minimum(lo + span, length)
         g = tl.arange(0, G_PAD)
@@ -150,10 +156,15 @@ if triton is not None:
 class KernelConfig:
     """Launch settings of the span kernel (`pdtb bench decode-kernel` measures them)."""
 
+    # Defaults: the best of `pdtb bench decode-kernel` for one Llama-3-8B layer (bfloat16, 1,024
+    # keys a row) at 64 and 128 rows on an H200; one span a row was the fastest at every batch
+    # size at that length, so spans are added only for rows of over min_span keys each.
     block_n: int = BLOCK_N  # keys per inner step
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 3
     programs_per_sm: int = 2  # spans are added until (rows x kv heads x spans) reaches this x SMs
+    min_span: int = 512  # keys a span covers at least (a shorter row uses fewer spans)
+    head_major: int = 0  # 1: programs ordered kv head first, so a row's heads run side by side
 
     @classmethod
     def parse(cls, text: str) -> "KernelConfig":
@@ -161,13 +172,13 @@ class KernelConfig:
         kw = {}
         for item in filter(None, (x.strip() for x in text.split(","))):
             key, _, value = item.partition("=")
-            if key not in cls.__dataclass_fields__ or not value.isdigit() or int(value) < 1:
+            if key not in cls.__dataclass_fields__ or not value.isdigit() or (int(value) < 1 and key != "head_major"):
                 raise ValueError(f"decode kernel config: {item!r} is not one of "
                                  f"{', '.join(cls.__dataclass_fields__)} = a positive integer")
             kw[key] = int(value)
         cfg = cls(**kw)
-        if cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1):
-            raise ValueError("decode kernel config: block_n is a power of two, at least 16")
+        if cfg.block_n < 16 or cfg.block_n & (cfg.block_n - 1) or cfg.min_span % cfg.block_n:
+            raise ValueError("decode kernel config: block_n is a power of two, at least 16, and divides min_span")
         return cfg
 
 
@@ -192,7 +203,7 @@ class DecodeKernel:
     def splits(self, rows: int, kv_heads: int, max_len: int) -> int:
         if self.forced_splits:
             return self.forced_splits
-        return choose_splits(rows, kv_heads, max_len, self.programs, self.config.block_n)
+        return choose_splits(rows, kv_heads, max_len, self.programs, self.config.min_span)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor,
                  page_start: torch.Tensor, lens: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
@@ -216,12 +227,12 @@ class DecodeKernel:
         group = heads // kvh
         hd_pad = max(16, _next_pow2(hd))
         c = self.config
-        _split_kernel[(rows, kvh, splits)](
+        _split_kernel[(kvh, rows, splits) if c.head_major else (rows, kvh, splits)](
             q, k, v, pages, page_start, lens, part, lse, out,
             q.stride(0), q.stride(1), k.stride(1), k.stride(2), v.stride(1), v.stride(2), out.stride(0),
             out.stride(1), splits, float(scale), PS=ps, G=group, G_PAD=max(16, _next_pow2(group)), HD=hd,
             HD_PAD=hd_pad, BLOCK=c.block_n, IEEE=k.dtype == torch.float32, DIRECT=direct,
-            num_warps=c.num_warps, num_stages=c.num_stages)
+            HEAD_MAJOR=bool(c.head_major), MIN_SPAN=c.min_span, num_warps=c.num_warps, num_stages=c.num_stages)
         if not direct:
             _merge_kernel[(rows, heads)](part, lse, out, out.stride(0), out.stride(1), splits,
                                          HD=hd, HD_PAD=hd_pad, S_PAD=max(2, _next_pow2(splits)))

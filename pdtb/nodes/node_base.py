@@ -66,9 +66,6 @@ class NodeConfig:
             raise ValueError(f"unknown role {self.role!r}")
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}")
-        if self.transport == "shm" and self.role == "decode" and not self.engine.device.startswith("cpu"):
-            raise ValueError("--transport shm writes into host-memory pools; a decode pool on "
-                             f"{self.engine.device} takes chunks: use --transport auto or zmq")
         if self.transport == "torch" and self.role != "colocated" and not (
                 self.dist_init_method and 0 <= self.dist_rank < self.dist_world_size):
             raise ValueError("--transport torch needs --dist-init-method URL, --dist-rank R and --dist-world-size N "
