@@ -11,14 +11,16 @@
 #    devices, tier moves to the pinned host tier, ZeroMQ transfers between CUDA pools of two
 #    processes, one-sided writes into a GPU pool over CUDA IPC (and a 1P+1D cluster on one GPU
 #    that way, token-identical to generate);
-# 2. pdtb bench engine on the GPU: float32 and bfloat16 with CUDA graphs, bfloat16 without;
-#    pdtb bench roofline of a Llama-3-8B shape in bfloat16, every decode path timed;
+# 2. pdtb bench decode-kernel (the Triton kernel's launch settings); pdtb bench engine on the
+#    GPU: float32 and bfloat16 with CUDA graphs, bfloat16 without; pdtb bench roofline of a
+#    Llama-3-8B shape in bfloat16, every decode path timed;
 # 3. pdtb bench transport with both pools on the GPU (ipc and tcp), and CPU pools beside it
 #    (zmq ipc, and one-sided shm);
 # 4. scripts/compare_fairness.sh --quick (fcfs, memfair) with every node on the GPU;
 # 5. with --steps-grid: pdtb bench steps --grid on the GPU, the tiny model (float32) and a
 #    Llama-3-8B shape with random weights (bfloat16), samples for pdtb sim calibrate.
-# Writes DIR/<step>.log and DIR/<step>.json; prints one line per step.
+# Writes DIR/<step>.log and DIR/<step>.json; prints one line per step. The figures go into
+# docs/results.md with: python -m pdtb.bench.results_doc --section gpu --gpu DIR --out docs/results.md
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="" DEVICE=cuda COMPARE=1 BENCH=1 TESTS=1 GRID=0 TRANSPORT=1
@@ -40,6 +42,7 @@ set +e  # _env.sh sets -e: here a failing step must not stop the others
 OUT="${OUT:-$ROOT/results/gpu-check-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 cd "$ROOT"
+git rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true
 failed=0
 
 step() {  # step NAME SECONDS CMD...
@@ -62,6 +65,7 @@ EOF
 [ "$TESTS" = 1 ] && step tests 420 python -m pytest -q -x -p no:cacheprovider tests/test_triton_decode.py \
   tests/test_cuda_graphs.py tests/test_cuda_ipc.py tests/test_cuda.py
 if [ "$BENCH" = 1 ]; then
+  step decode-kernel 120 sh -c "pdtb bench decode-kernel --device $DEVICE --json > $OUT/kernel.json"
   step engine-fp32 150 pdtb bench engine --device "$DEVICE" --batch 32 --json
   step engine-bf16 150 pdtb bench engine --device "$DEVICE" --dtype bfloat16 --batch 32 --json
   step engine-bf16-eager 150 pdtb bench engine --device "$DEVICE" --dtype bfloat16 --batch 32 --cuda-graphs off --json

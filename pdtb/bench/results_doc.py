@@ -354,12 +354,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commit-file", help="file holding the commit the figures were measured on")
     ap.add_argument("--ray-junit", help="JUnit XML of tests/test_ray_cluster.py (scripts/ray_results.sh)")
     ap.add_argument("--ray-seconds", type=int, default=0)
-    ap.add_argument("--section", choices=["migration", "transports", "ray"],
+    ap.add_argument("--gpu", help="directory of a scripts/gpu_check.sh run (its --out)")
+    ap.add_argument("--section", choices=["migration", "transports", "ray", "gpu"],
                     help="replace only this section of the existing --out (its own date and commit in its first "
                          "line), leaving the others as they are")
     ap.add_argument("--out", required=True)
     ap.add_argument("--readme", help="also replace the headline block of this README")
     a = ap.parse_args(argv)
+    if a.section == "gpu":
+        if not a.gpu:
+            ap.error("--section gpu needs --gpu DIR")
+        from pdtb.bench.gpu_section import GPU_HEADING, gpu_section
+
+        stamp = _stamp(_read(a.commit_file) or _read(str(Path(a.gpu) / "commit")))
+        out = Path(a.out)
+        out.write_text(replace_section(out.read_text(), GPU_HEADING, gpu_section(a.gpu, stamp)))
+        print(f"replaced the GPU section of {a.out}")
+        return 0
     if a.section == "ray":
         if not a.ray_junit:
             ap.error("--section ray needs --ray-junit FILE")
