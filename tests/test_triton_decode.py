@@ -132,10 +132,11 @@ def test_kernel_config_parse():
 
 def test_choose_splits():
     assert triton_decode.choose_splits(64, 8, 1024, 264) == 1  # enough rows x heads already
-    assert triton_decode.choose_splits(1, 8, 8192, 264) == 32  # one row: up to 32 spans
-    assert triton_decode.choose_splits(1, 8, 8192, 264, min_span=1024) == 8  # spans of 1024 keys at least
+    assert triton_decode.choose_splits(1, 8, 8192, 264) == 16  # one row: spans of 512 keys at least
+    assert triton_decode.choose_splits(1, 8, 8192, 264, min_span=256) == 32  # up to 32 spans
+    assert triton_decode.choose_splits(1, 8, 8192, 264, min_span=1024) == 8
     assert triton_decode.choose_splits(1, 8, 100, 264) == 1  # too short to split
-    assert triton_decode.choose_splits(2, 2, 16384, 264) == 32  # capped, power of two
+    assert triton_decode.choose_splits(2, 2, 32768, 264, min_span=512) == 32  # capped, power of two
 
 
 def test_store_writes_at_slots_and_skips_negative():

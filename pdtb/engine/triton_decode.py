@@ -45,7 +45,7 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def choose_splits(rows: int, kv_heads: int, max_len: int, programs: int, min_span: int = 256) -> int:
+def choose_splits(rows: int, kv_heads: int, max_len: int, programs: int, min_span: int = 512) -> int:
     """Spans per row: enough (row, kv head, span) programs to reach `programs` (a multiple of
     the multiprocessors), no span shorter than `min_span` keys at `max_len`, a power of two
     at most MAX_SPLITS. Depends on host integers only, so it is fixed for a captured graph."""
