@@ -4,4 +4,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/_env.sh"
 cd "$ROOT"
+# Test files run on PDTB_TEST_WORKERS pytest-xdist workers (default 2; 0: one process), each
+# file's tests in one worker, where xdist is installed (a GPU machine's own python may lack it).
+if [ "${PDTB_TEST_WORKERS:-2}" != 0 ] && python -c "import xdist" 2>/dev/null; then
+  set -- -n "${PDTB_TEST_WORKERS:-2}" --dist loadfile "$@"
+fi
 exec python -m pytest -q "$@"
