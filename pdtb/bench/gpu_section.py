@@ -96,7 +96,7 @@ def gpu_section(d: str, stamp: str) -> list[str]:
                 f"over {roof['bandwidth_gbps']:.0f} GB/s ({roof['bandwidth_source']}); the fraction is roofline / "
                 f"step time."
                 + (f" The next column uses the device-to-device copy rate `pdtb bench decode-kernel` measured in "
-                   f"the same call ({copy:.0f} GB/s, bytes read plus written) instead." if copy else "")
+                   f"the same run ({copy:.0f} GB/s, bytes read plus written) instead." if copy else "")
                 + f" The engine's path is {roof['paths'][0]}; "
                 + ", ".join(f"`{p}`" for p in roof["paths"][1:])
                 + " are the paged kernel run eagerly and the pages gathered for torch attention, on the same rows. "
