@@ -132,10 +132,9 @@ def _f(v) -> str:
 
 
 def engine_section(r: dict) -> list[str]:
-    kernel = r.get("decode_kernel")
-    kernel = "c" if kernel is True else kernel  # a results file may say True: the C kernel
-    how = {"c": "C paged decode kernel", "triton": "Triton paged decode kernel"}.get(kernel, "torch decode attention")
-    how += ", CUDA graphs" if r.get("cuda_graphs") else ""
+    from pdtb.engine.bench import decode_path_label
+
+    how = decode_path_label(r)
     return ["## Paged engine against `transformers.generate`", "",
             f"`pdtb bench engine --batch {r['batch']} --prompt-len {r['prompt_len']} "
             f"--max-tokens {r['max_tokens']} --json` ({r['device']}, {r['dtype']}, {r['torch_threads']} torch "
@@ -328,6 +327,14 @@ def _read(path: str | None) -> str:
     return Path(path).read_text().strip() if path and Path(path).exists() else ""
 
 
+def _write_section(path: str, heading: str, section: list[str], what: str, **kw) -> int:
+    """Replace (or insert) one section of the document at `path`, the others left as they are."""
+    out = Path(path)
+    out.write_text(replace_section(out.read_text(), heading, section, **kw))
+    print(f"replaced the {what} section of {path}")
+    return 0
+
+
 def _stamp(commit: str) -> str:
     """When a section was measured, and on which commit."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -367,39 +374,26 @@ def main(argv: list[str] | None = None) -> int:
         from pdtb.bench.gpu_section import GPU_HEADING, gpu_section
 
         stamp = _stamp(_read(a.commit_file) or _read(str(Path(a.gpu) / "commit")))
-        out = Path(a.out)
-        out.write_text(replace_section(out.read_text(), GPU_HEADING, gpu_section(a.gpu, stamp)))
-        print(f"replaced the GPU section of {a.out}")
-        return 0
+        return _write_section(a.out, GPU_HEADING, gpu_section(a.gpu, stamp), "GPU")
     if a.section == "ray":
         if not a.ray_junit:
             ap.error("--section ray needs --ray-junit FILE")
-        stamp = _stamp(_read(a.commit_file))
-        out = Path(a.out)
-        out.write_text(replace_section(out.read_text(), RAY_HEADING, ray_section(a.ray_junit, a.ray_seconds, stamp)))
-        print(f"replaced the Ray section of {a.out}")
-        return 0
+        section = ray_section(a.ray_junit, a.ray_seconds, _stamp(_read(a.commit_file)))
+        return _write_section(a.out, RAY_HEADING, section, "Ray")
     if a.section == "transports":
         if not a.shm:
             ap.error("--section transports needs --shm FILE...")
-        stamp = _stamp(_read(a.commit_file))
         shm = [json.loads(Path(f).read_text()) for f in a.shm]
-        out = Path(a.out)
-        out.write_text(replace_section(out.read_text(), TRANSPORTS_HEADING, transports_section(shm, a.admissions, stamp),
-                                       before="## Prefix caching"))
-        print(f"replaced the transports section of {a.out}")
-        return 0
+        section = transports_section(shm, a.admissions, _stamp(_read(a.commit_file)))
+        return _write_section(a.out, TRANSPORTS_HEADING, section, "transports", before="## Prefix caching")
     if a.section == "migration":
         if not a.migration:
             ap.error("--section migration needs --migration DIR")
         measured = _read(str(Path(a.migration) / "commit"))  # written by the run; else this checkout's
         stamp = _stamp(measured or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                                   cwd=Path(__file__).resolve().parents[2]).stdout.strip())
-        out = Path(a.out)
-        out.write_text(replace_section(out.read_text(), MIGRATION_HEADING,
-                                       migration_section(a.migration, a.migration_command, stamp)))
-        print(f"replaced the migration section of {a.out}")
-        return 0
+        return _write_section(a.out, MIGRATION_HEADING, migration_section(a.migration, a.migration_command, stamp),
+                              "migration")
     run = Run.load(a, Path(__file__).resolve().parents[2])
     images = None
     if a.frontier:  # the frontier's plots go next to the document, under img/

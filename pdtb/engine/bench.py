@@ -34,6 +34,14 @@ def run_hf(model, prompts, max_tokens: int, pad_id: int) -> float:
     return dt
 
 
+def decode_path_label(res: dict) -> str:
+    """How a `pdtb bench engine` result's decode steps ran, in words (its `decode_kernel`:
+    "c", "triton" or None; a results file may say True for the C kernel)."""
+    kernel = "c" if res.get("decode_kernel") is True else res.get("decode_kernel")
+    how = {"c": "C paged decode kernel", "triton": "Triton paged decode kernel"}.get(kernel, "torch decode attention")
+    return how + (", CUDA graphs" if res.get("cuda_graphs") else "")
+
+
 def run_paged(engine, prompts, max_tokens: int) -> tuple[float, list[float]]:
     from pdtb.engine.sequence import SamplingParams
 
@@ -113,8 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(res))
     else:
-        how = {"c": "C paged decode kernel", "triton": "Triton paged decode kernel"}.get(
-            res["decode_kernel"], "torch decode attention") + (", CUDA graphs" if res["cuda_graphs"] else "")
+        how = decode_path_label(res)
         print(f"paged engine : {res['paged_tok_s']:9.1f} tok/s  (median decode step {res['step_ms_median']:.2f} ms; {how})")
         print(f"hf generate  : {res['hf_padded_tok_s']:9.1f} tok/s  (padded batch of {a.batch})")
         print(f"ratio        : {res['ratio']:.2f}x  (best / best; median of the {a.repeat} run pairs "

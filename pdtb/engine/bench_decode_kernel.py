@@ -98,17 +98,14 @@ def run(a) -> dict:
         for block_n, warps, stages, major in itertools.product(a.block_n, a.warps, a.stages, a.head_major):
             cfg = triton_decode.KernelConfig(block_n=block_n, num_warps=warps, num_stages=stages, head_major=major)
             kernel = triton_decode.DecodeKernel(dev, cfg)
-            for splits in a.splits:
+            for splits in [*a.splits, None]:  # None: the span count the engine would choose
                 kernel.forced_splits = splits
                 s = timed(lambda: kernel(q, pool[0], pool[1], flat, start, lens, a.context,  # noqa: B023
                                          a.head_dim ** -0.5))
+                label = splits if splits else f"auto ({kernel.splits(b, a.kv_heads, a.context)})"
                 row["settings"].append({"block_n": block_n, "num_warps": warps, "num_stages": stages,
-                                        "head_major": major, "splits": splits, "us": round(s * 1e6, 1), "gbps": round(nbytes / s / 1e9, 1)})
-            kernel.forced_splits = None
-            s = timed(lambda: kernel(q, pool[0], pool[1], flat, start, lens, a.context, a.head_dim ** -0.5))  # noqa: B023
-            row["settings"].append({"block_n": block_n, "num_warps": warps, "num_stages": stages,
-                                    "head_major": major, "splits": f"auto ({kernel.splits(b, a.kv_heads, a.context)})",
-                                    "us": round(s * 1e6, 1), "gbps": round(nbytes / s / 1e9, 1)})
+                                        "head_major": major, "splits": label, "us": round(s * 1e6, 1),
+                                        "gbps": round(nbytes / s / 1e9, 1)})
         row["best"] = max(row["settings"], key=lambda r: r["gbps"])
         out.append(row)
     return {"device": a.device, "dtype": a.dtype, "heads": a.heads, "kv_heads": a.kv_heads, "head_dim": a.head_dim,

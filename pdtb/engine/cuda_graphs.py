@@ -94,8 +94,7 @@ class DecodeGraphs:
                 hp[i, :len(pt)] = pt
             else:
                 hp[i] = pt[:width]
-        hs[:] = 0
-        hs[2] = -1
+        _pad(hs)
         hs[0, :n], hs[1, :n], hs[2, :n] = ids, pos, slots
         hs[3, :n] = hs[1, :n] + 1
         self.small[:, :b].copy_(torch.from_numpy(hs))
@@ -153,8 +152,7 @@ class DecodeGraphs:
         """Capture every bucket not captured yet, largest first (the pool then holds the largest
         graph's memory, which the smaller ones reuse); the buffers hold padding only, so no pool
         page is written. Returns the number of graphs held."""
-        self.host_small[:] = 0
-        self.host_small[2] = -1
+        _pad(self.host_small)
         self.small.copy_(torch.from_numpy(self.host_small))
         self.pages.zero_()
         for b in reversed(self.buckets):
@@ -163,3 +161,10 @@ class DecodeGraphs:
             if b not in self.graphs:
                 self._capture(b)
         return len(self.graphs)
+
+
+def _pad(small: np.ndarray) -> None:
+    """Every row of a [4, rows] ids/positions/slots/key-counts block a padding row: token 0 at
+    position 0, slot -1 (nothing written), 0 keys (nothing read)."""
+    small[:] = 0
+    small[2] = -1

@@ -63,14 +63,10 @@ class PagePool:
         self.charge = charge
         pin = pin_memory and torch.cuda.is_available()
         # where peers may map kv: shared_memory.SharedBuffer (host memory) or
-        # cuda_ipc.CudaSharedBuffer (a GPU pool)
+        # cuda_ipc.CudaSharedBuffer (a GPU pool, exported once it is allocated below)
         self.shared = None
-        if shared and torch.device(device).type == "cuda":  # one-sided device copies, CUDA IPC
-            from pdtb.engine.cuda_ipc import CudaSharedBuffer
-
-            self.kv = torch.zeros(spec.page_shape(num_pages), dtype=spec.torch_dtype, device=device)
-            self.shared = CudaSharedBuffer(self.kv)
-        elif shared:  # a one-sided sender on this host writes straight into these pages
+        cuda = torch.device(device).type == "cuda"
+        if shared and not cuda:  # a one-sided sender on this host writes straight into these pages
             if torch.device(device).type != "cpu" or pin:
                 raise ValueError("a shared pool lives in host memory (device='cpu', no pinning) or on a CUDA device")
             self.shared = shared_memory.SharedBuffer(spec.bytes_per_page * num_pages, f"pdtb-kv-{tier}")
@@ -81,6 +77,10 @@ class PagePool:
             self.kv = host_memory.zeros(spec.page_shape(num_pages), spec.torch_dtype)
         else:
             self.kv = torch.zeros(spec.page_shape(num_pages), dtype=spec.torch_dtype, device=device, pin_memory=pin)
+        if shared and cuda:  # one-sided device copies into these pages, over CUDA IPC
+            from pdtb.engine.cuda_ipc import CudaSharedBuffer
+
+            self.shared = CudaSharedBuffer(self.kv)
         self._owned_state = PageState.RESIDENT if tier == "device" else PageState.PARKED
         self._state = [PageState.FREE] * num_pages
         self._holders: list[list[str]] = [[] for _ in range(num_pages)]  # in order of taking

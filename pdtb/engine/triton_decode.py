@@ -188,7 +188,6 @@ class DecodeKernel:
     name = "triton"
 
     def __init__(self, device: torch.device, config: KernelConfig | None = None) -> None:
-        self.device = device
         self.config = config or KernelConfig()
         # multiprocessors (Triton's interpreter, in tests: a small number)
         self.sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
