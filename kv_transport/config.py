@@ -93,6 +93,9 @@ class TransportConfig:
     # shm receiver: read every one-sided piece back from the pages and check it against the
     # sender's running checksum (False: take the sender's word for it, as an RDMA write does)
     shm_verify: bool = True
+    # shm backend: once a peer has a Grant, control messages between the two go over a Unix
+    # socket read by the event loop (local_link.py) instead of ZeroMQ's I/O threads
+    local_link: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

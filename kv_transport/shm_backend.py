@@ -3,15 +3,20 @@
     sender                                             receiver (pools in shared memory)
     header (mode "shm") ────────────────────────────>  admit; reserve pages (device or host tier)
                         <── Grant(pool locator, pages, write slot s, generation g, credit)
-    map the pool once; per piece of chunk_bytes:
+    map the pool once; per piece (a quarter of what is left, at least chunk_bytes):
       hold slot s at g (shm_slots.py); copy rows straight into the pages; let go
     Commit(checksum) ───────────────────────────────>  revoke s; read the pages back and check
                         <── Ack                         the sum; commit
 
-Control messages travel over the ZeroMQ socket of the zmq backend; only the payload bytes
-move differently: one copy, from the sender's export into the receiver's pool pages, with no
+Control messages start on the ZeroMQ socket of the zmq backend. Every Grant also names the
+receiver's local link (local_link.py) and a ticket for the peer it goes to; the sender connects
+once, and from then on both ends send their control messages over it (a Unix socket the event
+loop reads: one wake-up per message where ZeroMQ's I/O threads take several), each end still
+reading both; a transfer's own messages all go the way its header went. The payload
+bytes move in one copy, from the sender's export into the receiver's pool pages, with no
 socket, no receive buffer and no landing copy. The state machines, timeouts, Nacks and page
-ownership are the zmq backend's.
+ownership are the zmq backend's; a link that ends fails the sender's transfers in flight
+(PEER_LOST), as a reset ZeroMQ connection does.
 
 - A receiver whose receiving pool is not shared (PagePool(shared=True)) answers a Credit, and
   the sender streams chunks as in the zmq backend.
@@ -30,16 +35,19 @@ ownership are the zmq backend's.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
 
 import torch
+import zmq
 
 from kv_transport import checksum
 from kv_transport.admission import AdmitFn, FailCode
 from kv_transport.base import TransferState
 from kv_transport.config import TransportConfig
+from kv_transport.local_link import LinkClient, LinkError, LinkListener
 from kv_transport.page_writer import PageWriter, WritePlan
 from kv_transport.receiver import _Inbound
 from kv_transport.sender import _Outbound, to_host
@@ -54,6 +62,10 @@ from pdtb.engine.shared_memory import Locator, SharedMemoryError, boot_id, data_
 log = logging.getLogger(__name__)
 S = TransferState
 NUM_SLOTS = 1024  # one-sided transfers a receiver lets write at once (more get chunks)
+# A piece is a quarter of what is left to write, at least chunk_bytes: few Commits (each one
+# wakes the receiver), and small pieces at the end, so that the read-back of the last one,
+# which nothing overlaps, is short (64 MiB in 4 MiB chunks: 16, 12, 9, 6.75, 5, then 4 MiB).
+PIECE_SHARE = 4
 
 
 @dataclass
@@ -97,8 +109,41 @@ class _Write:
     not_before: float = 0.0  # (fault injection: a late writer)
 
 
+async def _either(sock, ready: asyncio.Event, timeout: float) -> None:
+    """Wait until `sock` has a message or `ready` is set, at most `timeout` seconds; nothing
+    is taken from either (a poll, not a receive: a message is never lost to a cancelled wait)."""
+    poll = asyncio.ensure_future(sock.poll(int(timeout * 1000), zmq.POLLIN))
+    flag = asyncio.ensure_future(ready.wait())
+    try:
+        await asyncio.wait((poll, flag), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for f in (poll, flag):
+            if not f.done():
+                f.cancel()
+
+
+def _recv_now(sock) -> list | None:
+    """A message already waiting on `sock`, or None."""
+    try:
+        fut = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        return fut.result() if fut.done() else None
+    except zmq.Again:
+        return None
+
+
+def _sent() -> asyncio.Future:
+    fut = asyncio.get_running_loop().create_future()
+    fut.set_result(None)
+    return fut
+
+
+LINK = b"link"  # (sender) `peer` of a message that goes on the local link
+
+
 class ShmSender(ZmqSender):
     """A ZmqSender that writes granted transfers straight into the receiver's shared pool."""
+
+    send_errors = (zmq.ZMQError, LinkError)
 
     def __init__(self, config: TransportConfig, spec: KVSpec, name: str = "tx", context=None) -> None:
         super().__init__(config, spec, name, context)
@@ -106,6 +151,92 @@ class ShmSender(ZmqSender):
         self._targets: dict[tuple[str, str], _Target] = {}  # (pool locator path, token)
         self._writes: dict[str, _Write] = {}  # transfer id -> its write in progress
         self.one_sided = 0  # transfers written one-sided (the rest went as chunks)
+        self._link: LinkClient | None = None  # the receiver's local link, once connected
+        self._linking: asyncio.Task | None = None
+        self._unreachable: set[str] = set()  # links that could not be connected (not tried again)
+        self._on_link: set[str] = set()  # live transfers announced on the link: all their messages go there
+        self.links = 0  # local links connected (a restarted receiver needs a new one)
+
+    # ---- the local link -------------------------------------------------------------------
+    def _maybe_link(self, g: Grant) -> None:
+        if not (self.config.local_link and g.link and g.host == boot_id()) or g.link in self._unreachable or \
+                self._link is not None or self._linking is not None:
+            return
+        self._linking = asyncio.ensure_future(self._connect_link(g.link, g.ticket))
+
+    async def _connect_link(self, name: str, ticket: str) -> None:
+        link = LinkClient(self.limits.max_batch + 1, self.config.max_header_bytes)
+        try:
+            await link.connect(name, ticket, self.config.send_timeout_s)
+        except (OSError, asyncio.TimeoutError) as e:
+            log.info("sender: no local link to the receiver (%s); control stays on ZeroMQ", e)
+            link.close()
+            if len(self._unreachable) < 64:
+                self._unreachable.add(name)
+            return
+        finally:
+            self._linking = None
+        link.on_lost = self._link_lost
+        self._link = link
+        self.links += 1
+
+    def _link_lost(self) -> None:
+        """The receiver closed the link (it died, closed, or refused what it got)."""
+        self._link = None
+        log.warning("sender: the local link to the receiver ended")
+        self._on_disconnected()
+
+    # A transfer's messages all take the way its header took, so none overtakes another
+    # (a Commit on the link could pass an earlier one still in ZeroMQ's queues).
+    async def _emit(self, frames: list, kind: str, owners: list, peer: bytes | None = None) -> None:
+        tids = [o.status.transfer_id for o in owners]
+        if self._link is not None and kind in ("header", "batch"):
+            self._on_link.update(tids)
+        on_link = bool(tids) and all(t in self._on_link for t in tids)
+        await super()._emit(frames, kind, owners, LINK if on_link else None)
+
+    async def _flush_control(self) -> None:
+        while self._control:
+            c = self._control.popleft()
+            await super()._emit(encode(c), "cancel", [], LINK if c.transfer_id in self._on_link else None)
+            self._on_link.discard(c.transfer_id)
+
+    def _finish(self, o: _Outbound, state: TransferState, reason: str | None = None,
+                notify: bool = False, code: FailCode | None = None) -> None:
+        super()._finish(o, state, reason, notify, code)
+        if not notify:  # (with notify, its Cancel is queued: the set keeps it until that goes out)
+            self._on_link.discard(o.status.transfer_id)
+
+    def _write(self, frames: list, peer: bytes | None):
+        if peer is LINK:
+            if self._link is None:
+                raise LinkError("the local link ended")
+            self._link.send(frames)
+            return _sent()
+        return super()._write(frames, peer)
+
+    async def _read(self, timeout: float):
+        link = self._link
+        if link is None:
+            return await super()._read(timeout)
+        got = link.take() or _recv_now(self._sock)
+        if got is None:
+            await _either(self._sock, link.ready, timeout)
+            got = link.take() or _recv_now(self._sock)
+        return got
+
+    async def _reset(self) -> None:
+        self._drop_link()  # the link speaks for the old socket's identity
+        await super()._reset()
+
+    def _drop_link(self) -> None:
+        if self._linking is not None:
+            self._linking.cancel()
+            self._linking = None
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+        self._on_link.clear()
 
     def _mode_for(self, nbytes: int) -> str:
         return "inline" if nbytes <= self.config.inline_max_bytes else "shm"
@@ -130,6 +261,7 @@ class ShmSender(ZmqSender):
                 self._host_view(o)
             super()._on_control(msg)
             return
+        self._maybe_link(msg)
         o = self._live.get(msg.transfer_id)
         if o is None or o.status.state is not S.WAITING:
             log.info("sender: late or duplicate grant for %s discarded", msg.transfer_id)
@@ -205,7 +337,8 @@ class ShmSender(ZmqSender):
             return False
         writer, row = w.target.writer, w.target.writer.row_bytes
         total = o.header.payload_bytes // row
-        rows = min(total - w.next_row, max(1, self.config.chunk_bytes // row))
+        left = total - w.next_row
+        rows = min(left, max(1, self.config.chunk_bytes // row, left // PIECE_SHARE))
         algo = o.header.checksum_algo
         try:
             if o.view is None:  # GPU to GPU: a device copy, finished before the slot is let go
@@ -238,6 +371,7 @@ class ShmSender(ZmqSender):
         return True
 
     async def _shutdown(self) -> None:
+        self._drop_link()
         await super()._shutdown()
         for t in self._targets.values():
             t.guard.close()
@@ -247,9 +381,13 @@ class ShmSender(ZmqSender):
 class ShmReceiver(ZmqReceiver):
     """A ZmqReceiver that grants one-sided writes into its shared pools."""
 
+    send_errors = (zmq.ZMQError, LinkError)
+
     def __init__(self, config: TransportConfig, pool: PagePool, admit: AdmitFn | None = None,
                  context=None, num_slots: int = NUM_SLOTS) -> None:
         super().__init__(config, pool, admit, context)
+        self.link: LinkListener | None = None  # started with the socket (config.local_link)
+        self._link_first = False  # which source _read tries first: they take turns
         self.slots = WriteSlots(num_slots)
         self._slot_of: dict[str, _Granted] = {}  # transfer id -> its grant
         self._held: list[tuple[_Inbound, int]] = []  # failed while a writer was inside a piece
@@ -260,6 +398,55 @@ class ShmReceiver(ZmqReceiver):
         """Pages of failed transfers kept reserved until their writer is out of them."""
         return sum(len(inb.pages) + len(inb.shared) for inb, _ in self._held)
 
+    # ---- the local link (see the module docstring) -------------------------------------------
+    async def _open(self) -> None:
+        await super()._open()
+        if not self.config.local_link:
+            return
+        link = LinkListener(self.limits.max_batch + 1, self.config.max_header_bytes + self.config.max_message_bytes)
+        try:
+            await link.start()
+        except OSError as e:
+            log.warning("receiver: no local link (%s); control stays on ZeroMQ", e)
+            return
+        self.link = link
+
+    def _write(self, frames: list, peer: bytes | None):
+        if self.link is not None and self.link.linked(peer):
+            try:
+                self.link.send(peer, frames)
+                return _sent()
+            except LinkError as e:
+                log.info("receiver: the link to a sender failed (%s); answering on ZeroMQ", e)
+        return super()._write(frames, peer)
+
+    async def _read(self, timeout: float):
+        link = self.link
+        if link is None:
+            return await super()._read(timeout)
+        got = self._take(link)
+        if got is None:
+            await _either(self._sock, link.ready, timeout)
+            got = self._take(link)
+        return got
+
+    def _take(self, link: LinkListener):
+        """A message from the link or the socket, whichever is first in turn (neither starves)."""
+        self._link_first = not self._link_first
+        if self._link_first:
+            got = link.take()
+            if got is not None:
+                return got
+        frames = _recv_now(self._sock)
+        if frames is not None:
+            return frames[0].bytes, frames[1:]
+        return None if self._link_first else link.take()
+
+    async def _shutdown(self) -> None:
+        if self.link is not None:
+            await self.link.close()
+        await super()._shutdown()
+
     def _start_shm(self, inb: _Inbound) -> None:
         buf = inb.pool.shared
         slot = self.slots.grant() if buf is not None else None
@@ -269,9 +456,11 @@ class ShmReceiver(ZmqReceiver):
         h, loc = inb.header, buf.locator
         self._slot_of[h.transfer_id] = _Granted(*slot, running=checksum.initial(h.checksum_algo))
         inb.granted = min(h.num_chunks, self.config.window)
+        link = self.link if inb.peer is not None else None
         self._reply(inb.peer, Grant(h.transfer_id, inb.granted, boot_id(), loc.path, loc.token,
                                     self.slots.locator.path, self.slots.locator.token, slot[0], slot[1],
-                                    inb.pool.num_pages, list(inb.pages)), "grant", [inb])
+                                    inb.pool.num_pages, list(inb.pages), link.name if link else "",
+                                    link.ticket(inb.peer) if link else ""), "grant", [inb])
 
     def _on_other(self, peer: bytes | None, m) -> None:
         if isinstance(m, Commit):

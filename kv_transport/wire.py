@@ -1,4 +1,4 @@
-"""Wire format of the KV transport, version 4 (the reference is kv_transport/README.md).
+"""Wire format of the KV transport, version 5 (the reference is kv_transport/README.md).
 
 Every message is one multipart message:
 
@@ -24,7 +24,7 @@ from kv_transport.admission import FailCode
 from kv_transport.wire_check import (Fields, WireChecksumError, WireError, WireFieldError,
                                      WireLimits, WireSizeError, WireVersionError, frame_view)
 
-WIRE_VERSION = 4  # 4: mode "shm", Grant, Commit; 3: Nack.code is a FailCode; 2: Credit.upto is cumulative
+WIRE_VERSION = 5  # 5: Grant.link, Grant.ticket; 4: mode "shm", Grant, Commit; 3: Nack.code is a FailCode; 2: Credit.upto is cumulative
 MODES = ("inline", "chunked", "dist", "shm")  # where a transfer's payload travels
 STREAMED = ("chunked", "shm")  # modes whose payload may come in KVChunks (shm: if not written one-sided)
 
@@ -164,6 +164,8 @@ class Grant:
     gen: int
     pool_pages: int  # pages in the pool: payload row lk * n + i lands in pool row lk * pool_pages + pages[i]
     pages: list[int]  # the request's reserved pages, in page-table order
+    link: str = ""  # the receiver's local link (local_link.py), "" for none: control goes on over it
+    ticket: str = ""  # what the sender presents there to speak as the peer this Grant went to
 
 
 @dataclass
@@ -384,7 +386,8 @@ def _dec_grant(f: Fields, payloads: list, limits: WireLimits) -> Grant:
         raise WireFieldError("pages", f"page ids must be ints in [0, {pool_pages})", tid)
     return Grant(tid, f.int("upto", 0, 1 << 31), f.str("host", 128), f.str("buffer", 2048),
                  f.str("buffer_token", 64), f.str("slots", 256), f.str("slots_token", 64),
-                 f.int("slot", 0, 1 << 31), f.int("gen", 1, (1 << 64) - 1), pool_pages, pages)
+                 f.int("slot", 0, 1 << 31), f.int("gen", 1, (1 << 64) - 1), pool_pages, pages,
+                 f.str("link", 256), f.str("ticket", 64))
 
 
 def _dec_commit(f: Fields, payloads: list, limits: WireLimits) -> Commit:

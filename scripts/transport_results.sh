@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # KV transports on one host, measured here: one-sided writes against ZeroMQ ipc and an
-# in-process pool copy (pdtb bench transport --backend shm, 64 and 256 MiB), and the decode
+# in-process pool copy (pdtb bench transport --backend shm, 64 and 256 MiB), a control
+# message's round trip over ZeroMQ and over the local link (python -m kv_transport.bench_link), and the decode
 # nodes' admission verdicts of the same seeded fairness runs over zmq, shm and torch (gloo)
 # (scripts/compare_transports.sh). Replaces the "KV transports on one host" section of
 # docs/results.md (its own date and commit).
@@ -16,7 +17,7 @@ while [ $# -gt 0 ]; do
     --quick) REPS=5; shift ;;
     --out) OUT="$2"; shift 2 ;;
     --doc) DOC="$2"; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "transport_results: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -28,6 +29,8 @@ for size in 64 256; do
   echo "== pdtb bench transport --backend shm --size-mib $size --reps $REPS" >&2
   pdtb bench transport --backend shm --size-mib "$size" --reps "$REPS" --json > "$OUT/shm-$size.json"
 done
+echo "== python -m kv_transport.bench_link" >&2
+python -m kv_transport.bench_link --n 2000 --json > "$OUT/link.json"
 bash "$ROOT/scripts/compare_transports.sh" --quick --out "$OUT/verdicts" >&2
 python -m pdtb.bench.results_doc --section transports --shm "$OUT"/shm-64.json "$OUT"/shm-256.json \
-  --admissions "$OUT/verdicts" --commit-file "$OUT/commit" --out "$DOC"
+  --link "$OUT/link.json" --admissions "$OUT/verdicts" --commit-file "$OUT/commit" --out "$DOC"

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import time
 
+import pytest
 import torch
 
 from kv_transport import FaultConfig, TransferState, TransportConfig, make_receiver, make_sender
@@ -69,24 +70,28 @@ def test_a_sender_killed_inside_a_piece_holds_its_pages_until_it_is_gone(tmp_pat
     asyncio.run(asyncio.wait_for(body(), 90))
 
 
-def test_a_receiver_killed_under_a_granted_transfer_ends_it(tmp_path):
+@pytest.mark.parametrize("local_link", [True, False], ids=["link", "zmq-control"])
+def test_a_receiver_killed_under_a_granted_transfer_ends_it(tmp_path, local_link):
     """The receiver dies after granting (the sender waits before writing): the sender's write
-    lands in memory nobody will read, no Ack comes, and the transfer ends FAILED at its
-    timeout; a new receiver then takes transfers from the same sender."""
+    lands in memory nobody will read, no Ack comes, and the transfer ends FAILED: at once when
+    its local link ends (peer_lost), else at its timeout. A new receiver then takes transfers
+    from the same sender (over a new link)."""
     src = make_pool(32, seed=2)
 
     async def body():
         peer = PeerProcess(["--backend", "shm", "--endpoint", f"ipc://{tmp_path}/peer.sock", "--num-pages", "32",
                             "--chunk-bytes", str(CHUNK), "--inline-max-bytes", str(PAGE // 2), "--report"])
         late = FaultConfig(shm_delay_s=0.5)
-        tx = make_sender(cfg(tmp_path, endpoint=peer.endpoint(), transfer_timeout_s=2.0, faults=late), TINY_SPEC)
+        tx = make_sender(cfg(tmp_path, endpoint=peer.endpoint(), transfer_timeout_s=2.0, faults=late,
+                             local_link=local_link), TINY_SPEC)
         await tx.start()
         try:
             tid = tx.send(make_export(src, "lost", 9))
-            await until(lambda: tid in tx._writes, 20, "granted")
+            await until(lambda: tid in tx._writes and tx.links == int(local_link), 20, "granted (and linked)")
             peer.kill()
             st = await tx.wait(tid, 10)
             assert st.state is TransferState.FAILED, st
+            assert str(st.code) == ("peer_lost" if local_link else "timeout"), st
             peer = PeerProcess(["--backend", "shm", "--endpoint", f"ipc://{tmp_path}/peer.sock", "--num-pages", "32",
                                 "--chunk-bytes", str(CHUNK), "--inline-max-bytes", str(PAGE // 2), "--report"])
             peer.endpoint()
@@ -97,6 +102,7 @@ def test_a_receiver_killed_under_a_granted_transfer_ends_it(tmp_path):
             counts = peer.counts()
             assert counts["reserved"] == 0 and counts["resident"] == 0
             assert len(tx._targets) == 1  # the dead receiver's pool is no longer mapped
+            await until(lambda: tx.links == 2 * int(local_link), 10, "linked to the new receiver")
         finally:
             await tx.close()
             peer.kill()

@@ -196,3 +196,112 @@ def test_the_read_back_checksum_of_any_row_range_is_the_payloads(algo, pages):
         acc = writer.checksum(plan, algo, r, nxt, acc)
         r = nxt
     assert r == rows and acc == checksum.of(algo, memoryview(data)) == writer.checksum(plan, algo)
+
+
+@pytest.mark.parametrize("local_link", [True, False], ids=["link", "zmq-control"])
+def test_control_moves_to_the_local_link_after_the_first_grant(tmp_path, monkeypatch, local_link):
+    """The first Grant names the receiver's local link: the sender connects, and the next
+    transfer sends nothing on ZeroMQ either way. Both land intact. With local_link=False
+    every message stays on ZeroMQ."""
+    import kv_transport.zmq_backend as zb
+
+    sends = {"tx": 0, "rx": 0}
+    for side, cls in (("tx", zb.ZmqSender), ("rx", zb.ZmqReceiver)):
+        def counted(self, frames, peer, _orig=cls._write, _side=side):
+            sends[_side] += 1
+            return _orig(self, frames, peer)
+        monkeypatch.setattr(cls, "_write", counted)
+    src, dst = make_pool(64, seed=11), PagePool(TINY_SPEC, 64, shared=True)
+
+    async def body():
+        async with linked(dataclasses.replace(shm_config(tmp_path), local_link=local_link), dst) as (tx, rx):
+            first = make_export(src, "first", 9)
+            assert (await tx.wait(tx.send(first), 10)).state is TransferState.DONE
+            for _ in range(100):
+                if tx.links == int(local_link):
+                    break
+                await asyncio.sleep(0.02)
+            assert tx.links == int(local_link) and (rx.link is not None) == local_link
+            sends.update(tx=0, rx=0)
+            second = make_export(src, "second", 12)
+            st = await tx.wait(tx.send(second), 10)
+            assert st.state is TransferState.DONE and tx.one_sided == 2, st.reason
+            if local_link:
+                assert sends == {"tx": 0, "rx": 0}
+            else:
+                assert sends["tx"] >= 2 and sends["rx"] >= 2  # header and Commit(s); Grant and Ack
+            for e in (first, second):
+                got = await rx.next_completed(5)
+                assert got.request_id == e.header.request_id and torch.equal(dst.export_pages(got.pages), e.data)
+                dst.free(got.request_id)
+            dst.check()
+    run(body())
+
+
+@pytest.mark.parametrize("junk", [b"\xff" * 64, b"\x02\x00\x00\x00" + b"\x00" * 60], ids=["garbage", "no-ticket"])
+def test_a_stranger_on_the_receivers_link_is_shut_out_and_transfers_go_on(tmp_path, junk):
+    import socket
+
+    src, dst = make_pool(32, seed=12), PagePool(TINY_SPEC, 32, shared=True)
+
+    async def body():
+        async with linked(shm_config(tmp_path), dst) as (tx, rx):
+            stranger = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            stranger.setblocking(False)
+            try:
+                loop = asyncio.get_running_loop()
+                await loop.sock_connect(stranger, rx.link.name)
+                await loop.sock_sendall(stranger, junk)
+                for e in (make_export(src, "a", 9), make_export(src, "b", 9)):
+                    st = await tx.wait(tx.send(e), 10)
+                    assert st.state is TransferState.DONE, st.reason
+                    got = await rx.next_completed(5)
+                    assert torch.equal(dst.export_pages(got.pages), e.data)
+                    dst.free(got.request_id)
+                assert await asyncio.wait_for(loop.sock_recv(stranger, 16), 5) == b""  # closed on it
+                assert len(rx.link._links) == 1 and tx.links == 1  # the sender's link only
+            finally:
+                stranger.close()
+    run(body())
+
+
+def test_a_transfer_keeps_to_the_way_its_header_went(tmp_path, monkeypatch):
+    """The link comes up while the first transfer waits to write (shm_delay_s): that transfer's
+    Commits still go on ZeroMQ, behind its header, so none can pass another; every message of
+    the next transfer goes on the link."""
+    import msgpack
+
+    import kv_transport.local_link as ll
+    import kv_transport.zmq_backend as zb
+    from kv_transport import FaultConfig
+
+    sent: list[tuple[str, int, str]] = []  # (way, message type, transfer id) of every sender message
+
+    def record(way, frames):
+        body = msgpack.unpackb(bytes(memoryview(frames[0])))
+        sent.append((way, body["t"], body.get("transfer_id", "")))
+
+    def zmq_write(self, frames, peer, _orig=zb.ZmqSender._write):
+        record("zmq", frames)
+        return _orig(self, frames, peer)
+
+    def link_send(self, frames, _orig=ll.LinkClient.send):
+        record("link", frames)
+        return _orig(self, frames)
+    monkeypatch.setattr(zb.ZmqSender, "_write", zmq_write)
+    monkeypatch.setattr(ll.LinkClient, "send", link_send)
+    src, dst = make_pool(64, seed=13), PagePool(TINY_SPEC, 64, shared=True)
+    config = dataclasses.replace(shm_config(tmp_path), faults=FaultConfig(shm_delay_s=0.3))
+
+    async def body():
+        async with linked(config, dst) as (tx, rx):
+            first = tx.send(make_export(src, "first", 9))
+            assert (await tx.wait(first, 10)).state is TransferState.DONE and tx.links == 1
+            second = tx.send(make_export(src, "second", 9))
+            assert (await tx.wait(second, 10)).state is TransferState.DONE
+            ways = {tid: {w for w, _, t in sent if t == tid} for tid in (first, second)}
+            assert ways == {first: {"zmq"}, second: {"link"}}, sent
+            assert sum(1 for w, t, tid in sent if tid == first and t == 9) >= 2  # its Commits, on ZeroMQ
+            for _ in range(2):
+                dst.free((await rx.next_completed(5)).request_id)
+    run(body())

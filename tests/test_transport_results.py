@@ -49,16 +49,20 @@ def test_the_transports_section_is_replaced_in_place(tmp_path):
     shm = {"size_mib": 64, "shm_gbps": 6.0, "ratio_vs_zmq_ipc": 3.0, "ratio_vs_pool_copy": 0.5, "shm_unchecked_gbps": 7.0,
            "unchecked_ratio_vs_zmq_ipc": 3.5, "unchecked_ratio_vs_pool_copy": 0.58, "zmq_ipc_gbps": 2.0, "pool_copy_gbps": 12.0}
     (tmp_path / "shm.json").write_text(json.dumps(shm))
+    link = {"n": 100, "zmq": {"median_us": 400.0, "p10_us": 300.0}, "link": {"median_us": 100.0, "p10_us": 50.0},
+            "ratio_median": 4.0}
+    (tmp_path / "link.json").write_text(json.dumps(link))
     (tmp_path / "commit").write_text("abc1234\n")
     doc = tmp_path / "results.md"
     doc.write_text("# Results\n\n## KV transport against raw pyzmq\n\nold\n\n## Prefix caching\n\nkept\n")
     args = ["--section", "transports", "--shm", str(tmp_path / "shm.json"), "--admissions", str(tmp_path / "verdicts"),
-            "--commit-file", str(tmp_path / "commit"), "--out", str(doc)]
+            "--link", str(tmp_path / "link.json"), "--commit-file", str(tmp_path / "commit"), "--out", str(doc)]
     assert results_doc(args) == 0
     text = doc.read_text()
     assert text.index(TRANSPORTS_HEADING) < text.index("## Prefix caching") and "kept" in text and "old" in text
     assert "commit abc1234" in text and "| 64 | 6.00 | **3.00x** | **0.50x** | 7.00 |" in text
     assert "Every count equals ZeroMQ's." in text
+    assert "over ipc 400 us (300)" in text and "local link" in text and "**4.00x**" in text
     assert results_doc(args) == 0 and doc.read_text().count(TRANSPORTS_HEADING) == 1
 
 
@@ -72,7 +76,7 @@ def test_the_ray_section_lists_each_test_and_where_it_ran(tmp_path):
     doc.write_text("# Results\n\n## The simulator (`pdtb sim`)\n\nkept\n")
     (tmp_path / "commit").write_text("abc1234\n")
     assert results_doc(["--section", "ray", "--ray-junit", str(junit), "--ray-seconds", "131",
-                        "--commit-file", str(tmp_path / "commit"), "--out", str(doc)]) == 0
+                        "--link", str(tmp_path / "link.json"), "--commit-file", str(tmp_path / "commit"), "--out", str(doc)]) == 0
     text = doc.read_text()
     assert text.index(RAY_HEADING) < text.index("## The simulator") and "kept" in text
     assert "| `test_a` | passed | 40 |" in text and "| `test_b` | failed | 90 |" in text

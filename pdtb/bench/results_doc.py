@@ -237,8 +237,10 @@ def ray_section(junit: str, seconds: int, stamp: str) -> list[str]:
             "ZeroMQ ones the single-host tests cover.", "", "| test | outcome | seconds |", "|---|---|---|", *rows, ""]
 
 
-def transports_section(shm: list[dict], admissions_dir: str | None, stamp: str | None = None) -> list[str]:
-    """One-sided writes against ZeroMQ ipc and a pool copy; admission verdicts per transport."""
+def transports_section(shm: list[dict], admissions_dir: str | None, stamp: str | None = None,
+                       link: dict | None = None) -> list[str]:
+    """One-sided writes against ZeroMQ ipc and a pool copy; control round trips (`link`:
+    python -m kv_transport.bench_link --json); admission verdicts per transport."""
     when = f" Measured {stamp}." if stamp else ""
     out = [TRANSPORTS_HEADING, "",
            f"`bash scripts/transport_results.sh`: this machine, tiny-model page geometry (32 KiB pages).{when}", "",
@@ -254,6 +256,12 @@ def transports_section(shm: list[dict], admissions_dir: str | None, stamp: str |
                    f"| {r['unchecked_ratio_vs_zmq_ipc']:.2f}x | {r['unchecked_ratio_vs_pool_copy']:.2f}x "
                    f"| {r['zmq_ipc_gbps']:.2f} | {r['pool_copy_gbps']:.2f} |")
     out.append("")
+    if link:
+        z, k = link["zmq"], link["link"]
+        out += [f"`python -m kv_transport.bench_link --n {link['n']}`: a 64-byte control message's round trip between "
+                f"two processes, median (10th percentile): through pyzmq's asyncio sockets over ipc {z['median_us']:.0f} us "
+                f"({z['p10_us']:.0f}), over the local link the shm backend switches to after its first Grant "
+                f"{k['median_us']:.0f} us ({k['p10_us']:.0f}): **{link['ratio_median']:.2f}x**.", ""]
     if admissions_dir:
         from pdtb.bench.admissions import table
 
@@ -358,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--migration-command", default="bash scripts/migration_results.sh --quick")
     ap.add_argument("--shm", nargs="*", default=[], help="pdtb bench transport --backend shm --json outputs")
     ap.add_argument("--admissions", help="directory of scripts/compare_transports.sh outputs")
+    ap.add_argument("--link", help="python -m kv_transport.bench_link --json output")
     ap.add_argument("--commit-file", help="file holding the commit the figures were measured on")
     ap.add_argument("--ray-junit", help="JUnit XML of tests/test_ray_cluster.py (scripts/ray_results.sh)")
     ap.add_argument("--ray-seconds", type=int, default=0)
@@ -384,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         if not a.shm:
             ap.error("--section transports needs --shm FILE...")
         shm = [json.loads(Path(f).read_text()) for f in a.shm]
-        section = transports_section(shm, a.admissions, _stamp(_read(a.commit_file)))
+        link = json.loads(Path(a.link).read_text()) if a.link else None
+        section = transports_section(shm, a.admissions, _stamp(_read(a.commit_file)), link)
         return _write_section(a.out, TRANSPORTS_HEADING, section, "transports", before="## Prefix caching")
     if a.section == "migration":
         if not a.migration:

@@ -296,9 +296,10 @@ class PagePool:
     def commit(self, owner: str) -> None:
         """The transfer into `owner`'s reserved pages is done: they become owned."""
         self.version += 1
+        st, reserved, owned = self._state, PageState.RESERVED, self._owned_state  # (locals: a transfer commits thousands)
         for p in self._by_owner.get(owner, ()):
-            if self._state[p] == PageState.RESERVED:
-                self._state[p] = self._owned_state
+            if st[p] is reserved:
+                st[p] = owned
 
     def free(self, owner: str, pages: list[int] | None = None) -> int:
         """Release `owner`'s hold on its pages (all, or the given ones). Returns the count.
@@ -312,33 +313,38 @@ class PagePool:
             if pages:
                 raise PoolError(f"{owner!r} holds no pages")
             return 0
-        if pages is None:
-            pages = list(held)
-        drop = set(pages)
         holders = self._holders
-        for p in drop:
-            if owner not in holders[p]:
-                raise PoolError(f"page {p} is not owned by {owner!r}")
+        drop = set(held if pages is None else pages)
+        if pages is None:  # every page it holds lists it: nothing to check
+            del self._by_owner[owner]
+        else:
+            for p in drop:
+                if owner not in holders[p]:
+                    raise PoolError(f"page {p} is not owned by {owner!r}")
+            rest = [p for p in held if p not in drop]
+            if rest:
+                self._by_owner[owner] = rest
+            else:
+                del self._by_owner[owner]
         self.version += 1
+        st, hashes, free = self._state, self._hash, self._free  # (locals: a request frees thousands)
+        resident, cached, free_state = PageState.RESIDENT, PageState.CACHED, PageState.FREE
         for p in drop:
             hs = holders[p]
-            hs.remove(owner)
-            if hs:
+            if len(hs) > 1:
+                hs.remove(owner)
                 if len(hs) == 1:
                     self._shared.discard(p)
                 continue
-            if self._hash[p] is not None and self._state[p] == PageState.RESIDENT:
-                self._state[p] = PageState.CACHED
-                self._lru[p] = None
-            else:
+            hs.clear()
+            if hashes[p] is not None:
+                if st[p] is resident:
+                    st[p] = cached
+                    self._lru[p] = None
+                    continue
                 self._unregister(p)
-                self._state[p] = PageState.FREE
-                self._free.append(p)
-        rest = [p for p in held if p not in drop]
-        if rest:
-            self._by_owner[owner] = rest
-        else:
-            del self._by_owner[owner]
+            st[p] = free_state
+            free.append(p)
         return len(drop)
 
     # ---- bytes ---------------------------------------------------------------------------

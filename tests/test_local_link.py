@@ -1,0 +1,149 @@
+"""The local link (kv_transport/local_link.py): framing, tickets, and what a bad peer gets."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+import pytest
+
+from kv_transport.local_link import HELLO, LinkClient, LinkError, LinkListener, _Framer, pack
+
+
+def wire_bytes(frames: list) -> bytes:
+    return b"".join(bytes(b) for b in pack(frames))
+
+
+def run(coro) -> None:
+    asyncio.run(asyncio.wait_for(coro, 20))
+
+
+@pytest.mark.parametrize("step", [1, 3, 7, 1000])
+def test_frames_come_out_whole_however_the_stream_is_split(step):
+    messages = [[b"header", b"x" * 300], [b""], [bytes(range(256)) * 3, b"a", b"bc"]]
+    stream = b"".join(wire_bytes(m) for m in messages)
+    framer, got = _Framer(max_frames=4, max_bytes=4096), []
+    for i in range(0, len(stream), step):
+        got += framer.feed(stream[i:i + step])
+    assert got == messages and not framer.buf
+
+
+@pytest.mark.parametrize("head", [struct.pack("<I", 0), struct.pack("<I", 5),
+                                  struct.pack("<3I", 2, 4000, 97)], ids=["no-frames", "too-many", "too-big"])
+def test_a_message_over_the_limits_is_refused_before_its_bytes(head):
+    with pytest.raises(LinkError):
+        _Framer(max_frames=4, max_bytes=4096).feed(head)
+
+
+def test_tickets_name_peers_and_the_oldest_lapse():
+    listener = LinkListener(4, 1024)
+    a, b = listener.ticket(b"a", limit=2), listener.ticket(b"b", limit=2)
+    assert listener.ticket(b"a", limit=2) == a and a != b
+    listener.ticket(b"c", limit=2)  # a's ticket lapses
+    assert a not in listener._tickets and b in listener._tickets and b"a" not in listener._ticket_of
+
+
+async def until(pred, what: str, limit: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while not pred():
+        assert loop.time() < deadline, f"not within {limit}s: {what}"
+        await asyncio.sleep(0.01)
+
+
+def test_a_link_carries_messages_both_ways_as_the_peer_its_ticket_names():
+    async def body():
+        listener = LinkListener(4, 1 << 20)
+        await listener.start()
+        client = LinkClient(4, 1 << 20)
+        try:
+            await client.connect(listener.name, listener.ticket(b"peer-1"), 5)
+            client.send([b"a", memoryview(b"bc")])
+            await until(lambda: listener.queue, "the message arrives")
+            assert listener.take() == (b"peer-1", [b"a", b"bc"]) and listener.linked(b"peer-1")
+            listener.send(b"peer-1", [b"answer"])
+            await until(lambda: client.queue, "the answer arrives")
+            assert client.take() == [b"answer"]
+            with pytest.raises(LinkError):
+                listener.send(b"peer-2", [b"x"])  # nobody linked as peer-2
+            lost = []
+            client.on_lost = lambda: lost.append(1)
+            await listener.close()
+            await until(lambda: lost, "the client learns the link ended")
+            assert not client.up and lost == [1]
+            with pytest.raises(LinkError):
+                client.send([b"late"])
+        finally:
+            client.close()
+            await listener.close()
+    run(body())
+
+
+async def _closed_by_peer(sock: socket.socket, limit: float = 5.0) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while loop.time() < deadline:
+        try:
+            data = await asyncio.wait_for(loop.sock_recv(sock, 4096), 0.2)
+        except asyncio.TimeoutError:
+            continue
+        except ConnectionError:
+            return True
+        if not data:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("first", [
+    wire_bytes([HELLO, b"0" * 32]),  # a ticket nobody was given
+    wire_bytes([b"hello", b"x"]),  # not the hello
+    struct.pack("<I", 0xFFFFFFFF),  # garbage
+], ids=["wrong-ticket", "no-hello", "garbage"])
+def test_a_connection_without_a_valid_ticket_is_closed_and_nothing_is_dispatched(first):
+    async def body():
+        listener = LinkListener(4, 1 << 20)
+        await listener.start()
+        listener.ticket(b"peer-1")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await asyncio.get_running_loop().sock_connect(sock, listener.name)
+            await asyncio.get_running_loop().sock_sendall(sock, first + wire_bytes([b"would-be message"]))
+            assert await _closed_by_peer(sock)
+            assert not listener.queue and not listener._links
+        finally:
+            sock.close()
+            await listener.close()
+    run(body())
+
+
+def test_a_connection_that_ends_inside_a_message_dispatches_nothing_of_it():
+    async def body():
+        listener = LinkListener(4, 1 << 20)
+        await listener.start()
+        ticket = listener.ticket(b"peer-1")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.sock_connect(sock, listener.name)
+            whole = wire_bytes([b"whole"])
+            await loop.sock_sendall(sock, wire_bytes([HELLO, ticket.encode()]) + whole + wire_bytes([b"cut" * 10])[:-5])
+            await until(lambda: listener.queue, "the whole message arrives")
+            sock.close()
+            await until(lambda: not listener._links, "the link is dropped")
+            assert listener.take() == (b"peer-1", [b"whole"]) and listener.take() is None
+        finally:
+            sock.close()
+            await listener.close()
+    run(body())
+
+
+def test_bench_link_times_both_paths_between_two_processes():
+    from kv_transport import bench_link
+
+    out = bench_link.run(50)
+    assert out["n"] == 50 and set(out) == {"n", "zmq", "link", "ratio_median"}
+    for path in ("zmq", "link"):
+        assert 0 < out[path]["p10_us"] <= out[path]["median_us"]
+    assert out["ratio_median"] == round(out["zmq"]["median_us"] / out["link"]["median_us"], 2)
