@@ -34,3 +34,4 @@ def test_bench_transport_shm_against_zmq_ipc_and_a_pool_copy():
     assert out["ratio_vs_pool_copy"] == pytest.approx(out["shm_gbps"] / out["pool_copy_gbps"], rel=0.01)
     assert out["pool_copy_gbps"] == max(out["pool_landing_copy_gbps"], out["pool_index_copy_gbps"])
     assert out["one_sided_transfers"] == 3  # the warm-up and two reps, none as chunks
+    assert out["local_links"] == 1  # connected after the first Grant, kept
