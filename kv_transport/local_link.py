@@ -121,13 +121,16 @@ class _Conn(asyncio.Protocol):
 
 class LinkListener:
     """The receiving side: accepts links from peers holding a ticket, and queues their messages
-    as (peer, frames) for one reader."""
+    as (peer, frames) for one reader, with any others `put` there (the receiver's ZeroMQ
+    socket's), in order of arrival."""
 
     def __init__(self, max_frames: int, max_bytes: int) -> None:
         self.max_frames, self.max_bytes = max_frames, max_bytes
         self.name = f"\0pdtb-link-{os.getpid()}-{secrets.token_hex(8)}"
-        self.queue: collections.deque[tuple[bytes, list[bytes]]] = collections.deque()
+        self.queue: collections.deque[tuple[bytes, list]] = collections.deque()
         self.ready = asyncio.Event()  # set while `queue` holds messages
+        self.room = asyncio.Event()  # set while `queue` is under MAX_QUEUED: a `put` source waits for it
+        self.room.set()
         self._tickets: collections.OrderedDict[str, bytes] = collections.OrderedDict()  # ticket -> peer
         self._ticket_of: dict[bytes, str] = {}  # peer -> its ticket
         self._links: dict[bytes, _Conn] = {}  # peer -> its live link
@@ -182,20 +185,27 @@ class LinkListener:
                 old.transport.abort()
             c.peer, self._links[peer] = peer, c
             return True
-        self.queue.append((c.peer, frames))
-        self.ready.set()
-        if len(self.queue) > MAX_QUEUED and not c.paused:
+        self.put((c.peer, frames))
+        if not self.room.is_set() and not c.paused:
             c.paused = True
             c.transport.pause_reading()
         return True
 
-    def take(self) -> tuple[bytes, list[bytes]] | None:
+    def put(self, item: tuple[bytes, list]) -> None:
+        """Queue a message (peer, frames) from another source behind the links' ones."""
+        self.queue.append(item)
+        self.ready.set()
+        if len(self.queue) >= MAX_QUEUED:
+            self.room.clear()
+
+    def take(self) -> tuple[bytes, list] | None:
         """The oldest queued message, or None."""
         if not self.queue:
             self.ready.clear()
             return None
         item = self.queue.popleft()
-        if len(self.queue) < MAX_QUEUED // 2:
+        if not self.room.is_set() and len(self.queue) < MAX_QUEUED // 2:
+            self.room.set()
             for c in self._conns:
                 if c.paused and not c.transport.is_closing():
                     c.paused = False

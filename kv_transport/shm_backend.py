@@ -54,6 +54,7 @@ from kv_transport.sender import _Outbound, to_host
 from kv_transport.shm_slots import SlotGuard, WriteSlots
 from kv_transport.wire import Ack, Commit, Credit, Grant, encode
 from kv_transport.zmq_backend import ZmqReceiver, ZmqSender
+from pdtb.aio import bounded
 from pdtb.engine import cuda_ipc
 from pdtb.engine.kv_spec import KVSpec
 from pdtb.engine.page_pool import PagePool
@@ -109,26 +110,23 @@ class _Write:
     not_before: float = 0.0  # (fault injection: a late writer)
 
 
-async def _either(sock, ready: asyncio.Event, timeout: float) -> None:
-    """Wait until `sock` has a message or `ready` is set, at most `timeout` seconds; nothing
-    is taken from either (a poll, not a receive: a message is never lost to a cancelled wait)."""
-    poll = asyncio.ensure_future(sock.poll(int(timeout * 1000), zmq.POLLIN))
-    flag = asyncio.ensure_future(ready.wait())
-    try:
-        await asyncio.wait((poll, flag), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for f in (poll, flag):
-            if not f.done():
-                f.cancel()
-
-
 def _recv_now(sock) -> list | None:
-    """A message already waiting on `sock`, or None."""
+    """A message already waiting on `sock`, or None (asks libzmq first: no future for nothing)."""
+    if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        return None
     try:
         fut = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
         return fut.result() if fut.done() else None
     except zmq.Again:
         return None
+
+
+async def _next(ready: asyncio.Event, timeout: float) -> None:
+    """Wait at most `timeout` seconds for `ready`."""
+    try:
+        await bounded(ready.wait(), timeout)
+    except asyncio.TimeoutError:
+        pass
 
 
 def _sent() -> asyncio.Future:
@@ -216,12 +214,14 @@ class ShmSender(ZmqSender):
         return super()._write(frames, peer)
 
     async def _read(self, timeout: float):
+        # With a link up the receiver answers this peer only there; ZeroMQ can hold only what
+        # it sent before the link came up, picked up here at the next link message or tick.
         link = self._link
         if link is None:
             return await super()._read(timeout)
         got = link.take() or _recv_now(self._sock)
         if got is None:
-            await _either(self._sock, link.ready, timeout)
+            await _next(link.ready, timeout)
             got = link.take() or _recv_now(self._sock)
         return got
 
@@ -387,7 +387,6 @@ class ShmReceiver(ZmqReceiver):
                  context=None, num_slots: int = NUM_SLOTS) -> None:
         super().__init__(config, pool, admit, context)
         self.link: LinkListener | None = None  # started with the socket (config.local_link)
-        self._link_first = False  # which source _read tries first: they take turns
         self.slots = WriteSlots(num_slots)
         self._slot_of: dict[str, _Granted] = {}  # transfer id -> its grant
         self._held: list[tuple[_Inbound, int]] = []  # failed while a writer was inside a piece
@@ -410,6 +409,9 @@ class ShmReceiver(ZmqReceiver):
             log.warning("receiver: no local link (%s); control stays on ZeroMQ", e)
             return
         self.link = link
+        pump = asyncio.create_task(self._pump(), name="kv-receiver-zmq-pump")
+        pump.add_done_callback(self._task_done)  # stopped with the others; a crash fails the receiver
+        self._tasks.append(pump)
 
     def _write(self, frames: list, peer: bytes | None):
         if self.link is not None and self.link.linked(peer):
@@ -424,23 +426,19 @@ class ShmReceiver(ZmqReceiver):
         link = self.link
         if link is None:
             return await super()._read(timeout)
-        got = self._take(link)
+        got = link.take()
         if got is None:
-            await _either(self._sock, link.ready, timeout)
-            got = self._take(link)
+            await _next(link.ready, timeout)
+            got = link.take()
         return got
 
-    def _take(self, link: LinkListener):
-        """A message from the link or the socket, whichever is first in turn (neither starves)."""
-        self._link_first = not self._link_first
-        if self._link_first:
-            got = link.take()
-            if got is not None:
-                return got
-        frames = _recv_now(self._sock)
-        if frames is not None:
-            return frames[0].bytes, frames[1:]
-        return None if self._link_first else link.take()
+    async def _pump(self) -> None:
+        """ZeroMQ's messages into the link's queue, behind the links' own: one reader, in order
+        of arrival, and one receive pending at a time instead of a poll per wait."""
+        while True:
+            await self.link.room.wait()
+            frames = await self._sock.recv_multipart(copy=False)
+            self.link.put((frames[0].bytes, frames[1:]))
 
     async def _shutdown(self) -> None:
         if self.link is not None:
