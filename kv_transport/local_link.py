@@ -11,9 +11,13 @@ Commit, Ack) and one Commit per piece.
 Setting up (shm_backend.py): a receiver listens on an abstract-namespace socket (no file to
 leave behind) and names it in every Grant with a ticket minted for the ZeroMQ peer the Grant
 goes to. The sender connects and sends the ticket as its first message; the receiver then
-treats messages on the connection as that peer's and answers that peer over it. A wrong
+treats messages on the connection as that peer's and answers that peer over it.
+
+An abstract socket has no file permissions, so the listener takes connections only from
+processes of its own user (SO_PEERCRED), at most MAX_STRANGERS at a time before their ticket,
+and the first message must be the ticket, small (HELLO_BYTES), within HELLO_TIMEOUT_S. A wrong
 ticket, a frame count or message size over the limits, or a connection that ends inside a
-message closes the connection; nothing on it is dispatched.
+message closes the connection: the messages before the bad one are dispatched, nothing after.
 
 Framing (little endian):
 
@@ -34,12 +38,26 @@ from pdtb.aio import bounded
 log = logging.getLogger(__name__)
 HELLO = b"PDTBLINK1"
 _U32 = struct.Struct("<I")
-MAX_QUEUED = 256  # parsed messages waiting for the loop; more pause reading the connection
+MAX_QUEUED = 64  # parsed messages waiting for the loop (ZeroMQ's default queue); more pause reading
 MAX_BUFFERED = 64 << 20  # bytes queued for a peer that does not read: the link counts as stuck
+HELLO_BYTES = 128  # the first message (HELLO, ticket) is no larger
+HELLO_TIMEOUT_S = 5.0  # a connection that has not shown a ticket by then is closed
+MAX_STRANGERS = 16  # connections without a ticket yet; more are closed at once
 
 
 class LinkError(ConnectionError):
     """The link is closed or its peer does not read."""
+
+
+def _same_user(transport) -> bool:
+    """Whether the process at the other end runs as this user (SO_PEERCRED; True where the
+    platform cannot say)."""
+    sock = transport.get_extra_info("socket")
+    try:
+        _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except (AttributeError, OSError):
+        return True
+    return uid == os.getuid()
 
 
 def pack(frames: list) -> list:
@@ -50,62 +68,79 @@ def pack(frames: list) -> list:
 
 
 class _Framer:
-    """Splits a byte stream into messages; raises LinkError on one over the limits."""
+    """Splits a byte stream into messages, one at a time; LinkError on one over the limits
+    (which a listener raises once a connection has shown its ticket)."""
 
     def __init__(self, max_frames: int, max_bytes: int) -> None:
         self.max_frames, self.max_bytes = max_frames, max_bytes
         self.buf = bytearray()
 
     def feed(self, data: bytes) -> list[list[bytes]]:
+        """Every whole message `data` completes (for callers that do not change the limits)."""
         self.buf += data
         out = []
-        while len(self.buf) >= 4:
-            n = _U32.unpack_from(self.buf, 0)[0]
-            if not 0 < n <= self.max_frames:
-                raise LinkError(f"a message of {n} frames (at most {self.max_frames})")
-            if len(self.buf) < 4 + 4 * n:
-                break
-            lens = struct.unpack_from(f"<{n}I", self.buf, 4)
-            total = sum(lens)
-            if total > self.max_bytes:
-                raise LinkError(f"a message of {total} bytes (at most {self.max_bytes})")
-            at = 4 + 4 * n
-            if len(self.buf) < at + total:
-                break
-            frames = []
-            for ln in lens:
-                frames.append(bytes(self.buf[at:at + ln]))
-                at += ln
-            del self.buf[:at]
+        while (frames := self.next()) is not None:
             out.append(frames)
         return out
+
+    def next(self) -> list[bytes] | None:
+        """The next whole message in the buffer, or None."""
+        buf = self.buf
+        if len(buf) < 4:
+            return None
+        n = _U32.unpack_from(buf, 0)[0]
+        if not 0 < n <= self.max_frames:
+            raise LinkError(f"a message of {n} frames (at most {self.max_frames})")
+        if len(buf) < 4 + 4 * n:
+            return None
+        lens = struct.unpack_from(f"<{n}I", buf, 4)
+        total = sum(lens)
+        if total > self.max_bytes:
+            raise LinkError(f"a message of {total} bytes (at most {self.max_bytes})")
+        at = 4 + 4 * n
+        if len(buf) < at + total:
+            return None
+        frames = []
+        for ln in lens:
+            frames.append(bytes(buf[at:at + ln]))
+            at += ln
+        del buf[:at]
+        return frames
 
 
 class _Conn(asyncio.Protocol):
     """One end of a link: parsed messages go to `deliver(conn, frames)`."""
 
-    def __init__(self, framer: _Framer, deliver, lost) -> None:
-        self.framer, self.deliver, self.lost = framer, deliver, lost
+    def __init__(self, framer: _Framer, deliver, lost, on_made=None) -> None:
+        self.framer, self.deliver, self.lost, self.on_made = framer, deliver, lost, on_made
         self.transport: asyncio.Transport | None = None
         self.peer: bytes | None = None  # (listener side) the peer its ticket names
         self.paused = False
+        self.deadline: asyncio.TimerHandle | None = None  # (listener side) for the ticket
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if self.on_made is not None:
+            self.on_made(self)
 
     def data_received(self, data: bytes) -> None:
-        try:
-            messages = self.framer.feed(data)
-        except LinkError as e:
-            log.warning("link: closing a connection: %s", e)
-            self.transport.abort()
-            return
-        for frames in messages:
-            if self.transport.is_closing() or not self.deliver(self, frames):
+        self.framer.buf += data
+        while not self.transport.is_closing():
+            try:
+                frames = self.framer.next()
+            except LinkError as e:
+                log.warning("link: closing a connection: %s", e)
+                self.transport.abort()
+                return
+            if frames is None:
+                return
+            if not self.deliver(self, frames):
                 self.transport.abort()
                 return
 
     def connection_lost(self, exc) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
         if self.framer.buf:
             log.warning("link: a connection ended inside a message (%d bytes dropped)", len(self.framer.buf))
         self.lost(self)
@@ -149,9 +184,21 @@ class LinkListener:
         self._server = await asyncio.get_running_loop().create_unix_server(self._protocol, sock=sock)
 
     def _protocol(self) -> _Conn:
-        c = _Conn(_Framer(self.max_frames, self.max_bytes), self._deliver, self._lost)
+        c = _Conn(_Framer(2, HELLO_BYTES), self._deliver, self._lost, on_made=self._made)
         self._conns.add(c)
         return c
+
+    def _made(self, c: _Conn) -> None:
+        """A new connection: only a process of this user, and only so many before their tickets."""
+        strangers = sum(1 for x in self._conns if x.peer is None and x.transport is not None
+                        and not x.transport.is_closing())  # (this one included; not those still to start)
+        if strangers > MAX_STRANGERS or not _same_user(c.transport):
+            log.warning("link: a connection refused (%s)", "too many without a ticket" if strangers > MAX_STRANGERS
+                        else "another user")
+            c.transport.abort()
+            return
+        loop = asyncio.get_running_loop()
+        c.deadline = loop.call_later(HELLO_TIMEOUT_S, lambda: None if c.peer is not None else c.transport.abort())
 
     def ticket(self, peer: bytes, limit: int = 4096) -> str:
         """A ticket that binds a link to `peer` (the same one for a peer asked again)."""
@@ -184,6 +231,9 @@ class LinkListener:
             if old is not None and old is not c:
                 old.transport.abort()
             c.peer, self._links[peer] = peer, c
+            c.framer.max_frames, c.framer.max_bytes = self.max_frames, self.max_bytes
+            if c.deadline is not None:
+                c.deadline.cancel()
             return True
         self.put((c.peer, frames))
         if not self.room.is_set() and not c.paused:
@@ -228,16 +278,18 @@ class LinkListener:
 
 
 class LinkClient:
-    """The sending side: one link to one receiver, its messages queued for one reader."""
+    """The sending side: one link to one receiver, its messages queued for one reader. A link
+    that ends stays `ended` only once every message received before the end was taken, so
+    that an Ack that came just before the receiver went away is still read."""
 
     def __init__(self, max_frames: int, max_bytes: int) -> None:
         self.queue: collections.deque[list[bytes]] = collections.deque()
         self.ready = asyncio.Event()
         self._conn = _Conn(_Framer(max_frames, max_bytes), self._deliver, self._lost)
-        self.on_lost = None  # called once when an established link ends
 
     async def connect(self, name: str, ticket: str, timeout: float) -> None:
-        """Connect to the listener `name` and present `ticket`; OSError if it is not there."""
+        """Connect to the listener `name` and present `ticket`; OSError (or LinkError, also an
+        OSError) if it is not there or the ticket cannot be sent. Nothing stays open on failure."""
         if not name.startswith("\0"):
             raise OSError(f"not a link name: {name!r}")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -246,10 +298,15 @@ class LinkClient:
             loop = asyncio.get_running_loop()
             await bounded(loop.sock_connect(sock, name), timeout)
             await bounded(loop.create_unix_connection(lambda: self._conn, sock=sock), timeout)
+            try:
+                hello = ticket.encode("ascii")
+            except UnicodeEncodeError:
+                raise LinkError("the ticket is not ASCII") from None
+            self._conn.write([HELLO, hello])
         except BaseException:
+            self.close()
             sock.close()
             raise
-        self._conn.write([HELLO, ticket.encode("ascii")])
 
     @property
     def up(self) -> bool:
@@ -265,17 +322,20 @@ class LinkClient:
         return True
 
     def take(self) -> list[bytes] | None:
+        """The oldest message, or None."""
         if not self.queue:
             self.ready.clear()
             return None
         return self.queue.popleft()
 
+    @property
+    def ended(self) -> bool:
+        """The link has ended and every message received before the end was taken."""
+        return not self.queue and self._conn.transport is not None and self._conn.transport.is_closing()
+
     def _lost(self, c: _Conn) -> None:
-        if self.on_lost is not None:
-            cb, self.on_lost = self.on_lost, None
-            cb()
+        self.ready.set()  # (the reader finds the queue drained, then `ended`)
 
     def close(self) -> None:
-        self.on_lost = None
         if self._conn.transport is not None:
             self._conn.transport.abort()

@@ -3,7 +3,7 @@
     sender                                             receiver (pools in shared memory)
     header (mode "shm") ────────────────────────────>  admit; reserve pages (device or host tier)
                         <── Grant(pool locator, pages, write slot s, generation g, credit)
-    map the pool once; per piece (a quarter of what is left, at least chunk_bytes):
+    map the pool once; per piece (a quarter of what is left, 1 to 4 chunk_bytes):
       hold slot s at g (shm_slots.py); copy rows straight into the pages; let go
     Commit(checksum) ───────────────────────────────>  revoke s; read the pages back and check
                         <── Ack                         the sum; commit
@@ -16,7 +16,8 @@ reading both; a transfer's own messages all go the way its header went. The payl
 bytes move in one copy, from the sender's export into the receiver's pool pages, with no
 socket, no receive buffer and no landing copy. The state machines, timeouts, Nacks and page
 ownership are the zmq backend's; a link that ends fails the sender's transfers in flight
-(PEER_LOST), as a reset ZeroMQ connection does.
+(PEER_LOST; those announced on ZeroMQ too), as a reset ZeroMQ connection does, once every
+message that came on it before the end has been read.
 
 - A receiver whose receiving pool is not shared (PagePool(shared=True)) answers a Credit, and
   the sender streams chunks as in the zmq backend.
@@ -63,10 +64,12 @@ from pdtb.engine.shared_memory import Locator, SharedMemoryError, boot_id, data_
 log = logging.getLogger(__name__)
 S = TransferState
 NUM_SLOTS = 1024  # one-sided transfers a receiver lets write at once (more get chunks)
-# A piece is a quarter of what is left to write, at least chunk_bytes: few Commits (each one
-# wakes the receiver), and small pieces at the end, so that the read-back of the last one,
-# which nothing overlaps, is short (64 MiB in 4 MiB chunks: 16, 12, 9, 6.75, 5, then 4 MiB).
+# A piece is a quarter of what is left to write, at least one chunk_bytes and at most
+# PIECE_MAX_CHUNKS of them: few Commits (each one wakes the receiver), small pieces at the end,
+# so that the read-back of the last one, which nothing overlaps, is short, and no piece holds
+# either loop for long (64 MiB in 4 MiB chunks: 16, 12, 9, 6.75, 5.06, 4, 4, 4, 3.19 MiB).
 PIECE_SHARE = 4
+PIECE_MAX_CHUNKS = 4
 
 
 @dataclass
@@ -166,29 +169,38 @@ class ShmSender(ZmqSender):
         link = LinkClient(self.limits.max_batch + 1, self.config.max_header_bytes)
         try:
             await link.connect(name, ticket, self.config.send_timeout_s)
-        except (OSError, asyncio.TimeoutError) as e:
+        except (OSError, asyncio.TimeoutError) as e:  # (LinkError is an OSError)
             log.info("sender: no local link to the receiver (%s); control stays on ZeroMQ", e)
-            link.close()
             if len(self._unreachable) < 64:
                 self._unreachable.add(name)
             return
         finally:
-            self._linking = None
-        link.on_lost = self._link_lost
+            if self._linking is asyncio.current_task():
+                self._linking = None
         self._link = link
         self.links += 1
 
     def _link_lost(self) -> None:
-        """The receiver closed the link (it died, closed, or refused what it got)."""
+        """The link ended (the receiver died, closed, or refused what it got), and every message
+        that came on it before that was read: what is still in flight is lost."""
+        self._link.close()
         self._link = None
         log.warning("sender: the local link to the receiver ended")
         self._on_disconnected()
 
-    # A transfer's messages all take the way its header took, so none overtakes another
-    # (a Commit on the link could pass an earlier one still in ZeroMQ's queues).
+    # A transfer's messages all take the way its header took, so none overtakes another (a
+    # Commit on the link could pass an earlier one still in ZeroMQ's queues), and transfers are
+    # announced on the link only once none announced on ZeroMQ is left, Cancels included (a
+    # retry of a cancelled request could otherwise arrive before the Cancel: busy).
+    def _zmq_pending(self, announcing: list[str]) -> bool:
+        """Whether a transfer announced on ZeroMQ (other than `announcing`) or its Cancel is in flight."""
+        return any(o.status.state > S.BOOTSTRAPPING and o.status.transfer_id not in self._on_link
+                   and o.status.transfer_id not in announcing for o in self._live.values()) or \
+            any(c.transfer_id not in self._on_link for c in self._control)
+
     async def _emit(self, frames: list, kind: str, owners: list, peer: bytes | None = None) -> None:
         tids = [o.status.transfer_id for o in owners]
-        if self._link is not None and kind in ("header", "batch"):
+        if kind in ("header", "batch") and self._link is not None and not self._zmq_pending(tids):
             self._on_link.update(tids)
         on_link = bool(tids) and all(t in self._on_link for t in tids)
         await super()._emit(frames, kind, owners, LINK if on_link else None)
@@ -196,14 +208,17 @@ class ShmSender(ZmqSender):
     async def _flush_control(self) -> None:
         while self._control:
             c = self._control.popleft()
-            await super()._emit(encode(c), "cancel", [], LINK if c.transfer_id in self._on_link else None)
+            # (a Cancel for a transfer whose link is gone goes on ZeroMQ: same peer, and it frees
+            # the receiver's pages now rather than at its idle timeout)
+            way = LINK if c.transfer_id in self._on_link and self._link is not None else None
             self._on_link.discard(c.transfer_id)
+            await super()._emit(encode(c), "cancel", [], way)
 
     def _finish(self, o: _Outbound, state: TransferState, reason: str | None = None,
                 notify: bool = False, code: FailCode | None = None) -> None:
         super()._finish(o, state, reason, notify, code)
-        if not notify:  # (with notify, its Cancel is queued: the set keeps it until that goes out)
-            self._on_link.discard(o.status.transfer_id)
+        if not any(c.transfer_id == o.status.transfer_id for c in self._control):
+            self._on_link.discard(o.status.transfer_id)  # (a queued Cancel keeps it until it goes)
 
     def _write(self, frames: list, peer: bytes | None):
         if peer is LINK:
@@ -220,9 +235,13 @@ class ShmSender(ZmqSender):
         if link is None:
             return await super()._read(timeout)
         got = link.take() or _recv_now(self._sock)
-        if got is None:
+        if got is None and not link.ended:
             await _next(link.ready, timeout)
+            if link is not self._link:  # dropped meanwhile (a reset): its messages are the old socket's
+                return None
             got = link.take() or _recv_now(self._sock)
+        if got is None and link.ended:
+            self._link_lost()
         return got
 
     async def _reset(self) -> None:
@@ -337,8 +356,8 @@ class ShmSender(ZmqSender):
             return False
         writer, row = w.target.writer, w.target.writer.row_bytes
         total = o.header.payload_bytes // row
-        left = total - w.next_row
-        rows = min(left, max(1, self.config.chunk_bytes // row, left // PIECE_SHARE))
+        left, chunk_rows = total - w.next_row, max(1, self.config.chunk_bytes // row)
+        rows = min(left, PIECE_MAX_CHUNKS * chunk_rows, max(chunk_rows, left // PIECE_SHARE))
         algo = o.header.checksum_algo
         try:
             if o.view is None:  # GPU to GPU: a device copy, finished before the slot is let go

@@ -66,17 +66,29 @@ def test_a_link_carries_messages_both_ways_as_the_peer_its_ticket_names():
             assert client.take() == [b"answer"]
             with pytest.raises(LinkError):
                 listener.send(b"peer-2", [b"x"])  # nobody linked as peer-2
-            lost = []
-            client.on_lost = lambda: lost.append(1)
+            listener.send(b"peer-1", [b"last words"])  # then the listener goes away
             await listener.close()
-            await until(lambda: lost, "the client learns the link ended")
-            assert not client.up and lost == [1]
+            await until(lambda: not client.up, "the client learns the link ended")
+            assert not client.ended  # what came before the end is still to be read
+            assert client.take() == [b"last words"] and client.ended
             with pytest.raises(LinkError):
                 client.send([b"late"])
         finally:
             client.close()
             await listener.close()
     run(body())
+
+
+async def stranger(listener: LinkListener) -> socket.socket:
+    """A plain socket connected to the listener, as any local process could open one."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, listener.name)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 async def _closed_by_peer(sock: socket.socket, limit: float = 5.0) -> bool:
@@ -98,16 +110,15 @@ async def _closed_by_peer(sock: socket.socket, limit: float = 5.0) -> bool:
     wire_bytes([HELLO, b"0" * 32]),  # a ticket nobody was given
     wire_bytes([b"hello", b"x"]),  # not the hello
     struct.pack("<I", 0xFFFFFFFF),  # garbage
-], ids=["wrong-ticket", "no-hello", "garbage"])
+    struct.pack("<3I", 2, 9, 1000),  # a first message larger than any hello
+], ids=["wrong-ticket", "no-hello", "garbage", "big-first"])
 def test_a_connection_without_a_valid_ticket_is_closed_and_nothing_is_dispatched(first):
     async def body():
         listener = LinkListener(4, 1 << 20)
         await listener.start()
         listener.ticket(b"peer-1")
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.setblocking(False)
+        sock = await stranger(listener)
         try:
-            await asyncio.get_running_loop().sock_connect(sock, listener.name)
             await asyncio.get_running_loop().sock_sendall(sock, first + wire_bytes([b"would-be message"]))
             assert await _closed_by_peer(sock)
             assert not listener.queue and not listener._links
@@ -122,11 +133,9 @@ def test_a_connection_that_ends_inside_a_message_dispatches_nothing_of_it():
         listener = LinkListener(4, 1 << 20)
         await listener.start()
         ticket = listener.ticket(b"peer-1")
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.setblocking(False)
+        sock = await stranger(listener)
         loop = asyncio.get_running_loop()
         try:
-            await loop.sock_connect(sock, listener.name)
             whole = wire_bytes([b"whole"])
             await loop.sock_sendall(sock, wire_bytes([HELLO, ticket.encode()]) + whole + wire_bytes([b"cut" * 10])[:-5])
             await until(lambda: listener.queue, "the whole message arrives")
@@ -147,3 +156,59 @@ def test_bench_link_times_both_paths_between_two_processes():
     for path in ("zmq", "link"):
         assert 0 < out[path]["p10_us"] <= out[path]["median_us"]
     assert out["ratio_median"] == round(out["zmq"]["median_us"] / out["link"]["median_us"], 2)
+
+
+def test_a_connection_that_shows_no_ticket_in_time_is_closed(monkeypatch):
+    import kv_transport.local_link as ll
+
+    monkeypatch.setattr(ll, "HELLO_TIMEOUT_S", 0.2)
+
+    async def body():
+        listener = LinkListener(4, 1 << 20)
+        await listener.start()
+        sock = await stranger(listener)
+        try:
+            assert await _closed_by_peer(sock)  # said nothing: closed at the deadline
+            await until(lambda: not listener._conns, "the listener forgets it")
+        finally:
+            sock.close()
+            await listener.close()
+    run(body())
+
+
+def test_only_so_many_connections_wait_for_their_ticket(monkeypatch):
+    import kv_transport.local_link as ll
+
+    monkeypatch.setattr(ll, "MAX_STRANGERS", 2)
+
+    async def body():
+        listener = LinkListener(4, 1 << 20)
+        await listener.start()
+        socks = []
+        try:
+            for _ in range(3):
+                socks.append(await stranger(listener))
+            assert await _closed_by_peer(socks[2])  # the third stranger is turned away
+            assert len(listener._conns) == 2 and all(c.peer is None for c in listener._conns)
+        finally:
+            for s in socks:
+                s.close()
+            await listener.close()
+    run(body())
+
+
+def test_a_failed_connect_leaves_nothing_open():
+    async def body():
+        listener = LinkListener(4, 1 << 20)
+        await listener.start()
+        client = LinkClient(4, 1 << 20)
+        try:
+            with pytest.raises(LinkError, match="ASCII"):
+                await client.connect(listener.name, "t\u00e9", 5)
+            assert not client.up
+            await until(lambda: not listener._conns, "the listener sees it closed")
+            with pytest.raises(OSError):
+                await LinkClient(4, 1 << 20).connect("\0pdtb-link-nobody-here", "t", 5)
+        finally:
+            await listener.close()
+    run(body())

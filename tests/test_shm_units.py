@@ -305,3 +305,44 @@ def test_a_transfer_keeps_to_the_way_its_header_went(tmp_path, monkeypatch):
             for _ in range(2):
                 dst.free((await rx.next_completed(5)).request_id)
     run(body())
+
+
+def test_an_ack_that_came_just_before_the_link_ended_still_counts(tmp_path, monkeypatch):
+    """The receiver answers a transfer's last Commit with its Ack on the link and the link ends
+    right after (the receiver went away): the sender reads the Ack before it learns of the end,
+    so the transfer is DONE, not failed peer_lost. Then control falls back to ZeroMQ."""
+    import kv_transport.shm_backend as shm
+
+    src, dst = make_pool(64, seed=14), PagePool(TINY_SPEC, 64, shared=True)
+    end_after_ack = {"on": False}
+
+    def write(self, frames, peer, _orig=shm.ShmReceiver._write):
+        out = _orig(self, frames, peer)
+        if end_after_ack["on"] and b"transfer_ids" in bytes(memoryview(frames[0])) and self.link.linked(peer):
+            for c in list(self.link._conns):
+                c.transport.close()  # (close, not abort: what was written goes out first)
+        return out
+    monkeypatch.setattr(shm.ShmReceiver, "_write", write)
+
+    async def body():
+        async with linked(shm_config(tmp_path), dst) as (tx, rx):
+            assert (await tx.wait(tx.send(make_export(src, "first", 9)), 10)).state is TransferState.DONE
+            for _ in range(100):
+                if tx.links:
+                    break
+                await asyncio.sleep(0.02)
+            end_after_ack["on"] = True
+            st = await tx.wait(tx.send(make_export(src, "second", 9)), 10)
+            assert st.state is TransferState.DONE, st
+            end_after_ack["on"] = False
+            for _ in range(100):
+                if tx._link is None:
+                    break
+                await asyncio.sleep(0.02)
+            assert tx._link is None and tx.links == 1
+            st = await tx.wait(tx.send(make_export(src, "third", 9)), 10)  # announced on ZeroMQ again
+            assert st.state is TransferState.DONE, st
+            for _ in range(3):
+                dst.free((await rx.next_completed(5)).request_id)
+            dst.check()
+    run(body())
