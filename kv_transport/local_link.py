@@ -75,14 +75,6 @@ class _Framer:
         self.max_frames, self.max_bytes = max_frames, max_bytes
         self.buf = bytearray()
 
-    def feed(self, data: bytes) -> list[list[bytes]]:
-        """Every whole message `data` completes (for callers that do not change the limits)."""
-        self.buf += data
-        out = []
-        while (frames := self.next()) is not None:
-            out.append(frames)
-        return out
-
     def next(self) -> list[bytes] | None:
         """The next whole message in the buffer, or None."""
         buf = self.buf

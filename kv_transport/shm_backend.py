@@ -10,9 +10,11 @@
 
 Control messages start on the ZeroMQ socket of the zmq backend. Every Grant also names the
 receiver's local link (local_link.py) and a ticket for the peer it goes to; the sender connects
-once, and from then on both ends send their control messages over it (a Unix socket the event
-loop reads: one wake-up per message where ZeroMQ's I/O threads take several), each end still
-reading both; a transfer's own messages all go the way its header went. The payload
+(again after a lost link or a reset), and once no transfer announced on ZeroMQ is left it
+announces on the link (a Unix socket the event loop reads: one wake-up per message where
+ZeroMQ's I/O threads take several). A transfer's own messages all go the way its header went;
+the receiver answers a linked peer there and pumps ZeroMQ into the same queue, and the sender
+checks ZeroMQ at every link message and tick. The payload
 bytes move in one copy, from the sender's export into the receiver's pool pages, with no
 socket, no receive buffer and no landing copy. The state machines, timeouts, Nacks and page
 ownership are the zmq backend's; a link that ends fails the sender's transfers in flight

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 
 import pytest
 import torch
 
+from chaos_util import until
 from kv_transport import FaultConfig, TransferState, TransportConfig, make_receiver, make_sender
 from kv_transport.testing import TINY_SPEC, PeerProcess, make_export, make_pool
 from pdtb.engine.page_pool import PagePool
@@ -23,13 +23,6 @@ def cfg(tmp_path, **kw) -> TransportConfig:
     base = dict(backend="shm", endpoint=f"ipc://{tmp_path}/rx.sock", chunk_bytes=CHUNK, window=2,
                 inline_max_bytes=PAGE // 2, transfer_timeout_s=10.0, idle_timeout_s=10.0, tick_s=0.01)
     return TransportConfig(**{**base, **kw})
-
-
-async def until(pred, limit: float, what: str) -> None:
-    deadline = time.monotonic() + limit
-    while not pred():
-        assert time.monotonic() < deadline, f"not within {limit}s: {what}"
-        await asyncio.sleep(0.02)
 
 
 def test_a_sender_killed_inside_a_piece_holds_its_pages_until_it_is_gone(tmp_path):

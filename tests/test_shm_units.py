@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 
+from chaos_util import until
 from kv_transport import TransferState, TransportConfig, make_receiver, make_sender
 from kv_transport.shm_slots import SlotGuard, WriteSlots
 from kv_transport.testing import TINY_SPEC, make_export, make_pool
@@ -217,10 +218,7 @@ def test_control_moves_to_the_local_link_after_the_first_grant(tmp_path, monkeyp
         async with linked(dataclasses.replace(shm_config(tmp_path), local_link=local_link), dst) as (tx, rx):
             first = make_export(src, "first", 9)
             assert (await tx.wait(tx.send(first), 10)).state is TransferState.DONE
-            for _ in range(100):
-                if tx.links == int(local_link):
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: tx.links == int(local_link), 2, "the link connected")
             assert tx.links == int(local_link) and (rx.link is not None) == local_link
             sends.update(tx=0, rx=0)
             second = make_export(src, "second", 12)
@@ -327,18 +325,12 @@ def test_an_ack_that_came_just_before_the_link_ended_still_counts(tmp_path, monk
     async def body():
         async with linked(shm_config(tmp_path), dst) as (tx, rx):
             assert (await tx.wait(tx.send(make_export(src, "first", 9)), 10)).state is TransferState.DONE
-            for _ in range(100):
-                if tx.links:
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: tx.links, 2, "the link connected")
             end_after_ack["on"] = True
             st = await tx.wait(tx.send(make_export(src, "second", 9)), 10)
             assert st.state is TransferState.DONE, st
             end_after_ack["on"] = False
-            for _ in range(100):
-                if tx._link is None:
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: tx._link is None, 2, "the sender dropped the ended link")
             assert tx._link is None and tx.links == 1
             st = await tx.wait(tx.send(make_export(src, "third", 9)), 10)  # announced on ZeroMQ again
             assert st.state is TransferState.DONE, st
