@@ -1,4 +1,4 @@
-"""Wire format of the KV transport, version 5 (the reference is kv_transport/README.md).
+"""Wire format of the KV transport, version 6 (the reference is kv_transport/README.md).
 
 Every message is one multipart message:
 
@@ -12,20 +12,24 @@ subclasses, whose `field` names the offending field.
 """
 from __future__ import annotations
 
+import array
 import dataclasses
 import enum
 import functools
 from dataclasses import dataclass, field
+import sys
 from typing import ClassVar, Union
 
 import msgpack
+import numpy as np
 
 from kv_transport.admission import FailCode
 from kv_transport.wire_check import (Fields, WireChecksumError, WireError, WireFieldError,
                                      WireLimits, WireSizeError, WireVersionError, frame_view)
 
-WIRE_VERSION = 5  # 5: Grant.link, Grant.ticket; 4: mode "shm", Grant, Commit; 3: Nack.code is a FailCode; 2: Credit.upto is cumulative
+WIRE_VERSION = 6  # 6: Grant.pages packed; 5: Grant.link, Grant.ticket; 4: mode "shm", Grant, Commit; 3: Nack.code is a FailCode; 2: Credit.upto is cumulative
 MODES = ("inline", "chunked", "dist", "shm")  # where a transfer's payload travels
+PAGE_IDS = np.dtype("<u4")  # Grant.pages on the wire: little-endian uint32 ids, packed
 STREAMED = ("chunked", "shm")  # modes whose payload may come in KVChunks (shm: if not written one-sided)
 
 __all__ = ["WIRE_VERSION", "MODES", "MsgType", "KVTransferHeader", "TransferBatch", "KVChunk",
@@ -163,7 +167,7 @@ class Grant:
     slot: int
     gen: int
     pool_pages: int  # pages in the pool: payload row lk * n + i lands in pool row lk * pool_pages + pages[i]
-    pages: list[int]  # the request's reserved pages, in page-table order
+    pages: list[int]  # the request's reserved pages, in page-table order (on the wire: PAGE_IDS bytes)
     link: str = ""  # the receiver's local link (local_link.py), "" for none: control goes on over it
     ticket: str = ""  # what the sender presents there to speak as the peer this Grant went to
 
@@ -207,7 +211,18 @@ def _body(msg: Message) -> dict:
         return _fields(msg)
     if isinstance(msg, TransferBatch):
         return {"headers": [_fields(h) for h in msg.headers]}
-    return _fields(msg)
+    body = _fields(msg)
+    if isinstance(msg, Grant):  # a big request's thousands of page ids: one bytes field, not a msgpack array
+        body["pages"] = pack_pages(msg.pages)
+    return body
+
+
+def pack_pages(pages) -> bytes:
+    """Page ids as PAGE_IDS bytes (ids must fit in 32 bits)."""
+    ids = array.array("I", pages)  # (OverflowError for an id that does not fit)
+    if sys.byteorder != "little":
+        ids.byteswap()
+    return ids.tobytes()
 
 
 def encode(msg: Message, payloads: list | tuple = ()) -> list:
@@ -378,12 +393,15 @@ def _dec_grant(f: Fields, payloads: list, limits: WireLimits) -> Grant:
     _check_payloads(payloads, [], None)
     tid = f.id("transfer_id")
     f.transfer_id = tid
-    pages = f.d.get("pages")
-    if type(pages) is not list or not 0 < len(pages) <= limits.max_pages:
-        raise WireFieldError("pages", f"expected a list of 1..{limits.max_pages} page ids", tid)
-    pool_pages = f.int("pool_pages", 1, 1 << 40)
-    if set(map(type, pages)) != {int} or not 0 <= min(pages) <= max(pages) < pool_pages:  # (bool is not int here)
-        raise WireFieldError("pages", f"page ids must be ints in [0, {pool_pages})", tid)
+    raw = f.d.get("pages")
+    size = PAGE_IDS.itemsize
+    if type(raw) is not bytes or len(raw) % size or not 0 < len(raw) // size <= limits.max_pages:
+        raise WireFieldError("pages", f"expected 1..{limits.max_pages} page ids as {size}-byte words", tid)
+    pool_pages = f.int("pool_pages", 1, 1 << 32)
+    ids = np.frombuffer(raw, dtype=PAGE_IDS)
+    if int(ids.max()) >= pool_pages:
+        raise WireFieldError("pages", f"page ids must be in [0, {pool_pages})", tid)
+    pages = ids.tolist()
     return Grant(tid, f.int("upto", 0, 1 << 31), f.str("host", 128), f.str("buffer", 2048),
                  f.str("buffer_token", 64), f.str("slots", 256), f.str("slots_token", 64),
                  f.int("slot", 0, 1 << 31), f.int("gen", 1, (1 << 64) - 1), pool_pages, pages,

@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import struct
 
+import msgpack
 import pytest
 import torch
 
@@ -75,16 +77,29 @@ def _limits() -> WireLimits:
     return WireLimits.from_config(TransportConfig(), TINY_SPEC)
 
 
+def _with(frames: list, **fields) -> list:
+    """`frames` with fields of its msgpack body replaced as they would go on the wire."""
+    body = msgpack.unpackb(frames[0], raw=False)
+    body.update(fields)
+    return [msgpack.packb(body, use_bin_type=True), *frames[1:]]
+
+
 def test_grant_and_commit_round_trip_and_reject_bad_fields():
     g = Grant("t1", 2, "host", "/proc/1/fd/3", "ab", "/proc/1/fd/4", "cd", 0, 7, 100, [5, 6, 99])
-    assert decode(encode(g), _limits()).msg == g
+    frames = encode(g)
+    assert decode(frames, _limits()).msg == g
+    assert msgpack.unpackb(frames[0])["pages"] == struct.pack("<3I", 5, 6, 99)  # packed little-endian
     c = Commit("t1", 16, 12345)
     assert decode(encode(c), _limits()).msg == c
-    for bad in (dataclasses.replace(g, pages=[100]), dataclasses.replace(g, pages=[]),
-                dataclasses.replace(g, pages=[-1]), dataclasses.replace(g, gen=0),
-                dataclasses.replace(g, pages=[True])):
+    for bad in (encode(dataclasses.replace(g, pages=[100])), encode(dataclasses.replace(g, pages=[])),
+                encode(dataclasses.replace(g, gen=0)), _with(frames, pages=[5, 6]),
+                _with(frames, pages=b"\x05\x00\x00"), _with(frames, pages=True),
+                _with(frames, pages=struct.pack("<I", 1 << 31)),
+                _with(frames, pages=b"\0" * 4 * (_limits().max_pages + 1))):
         with pytest.raises(WireError):
-            decode(encode(bad), _limits())
+            decode(bad, _limits())
+    with pytest.raises(OverflowError):  # an id that does not fit the wire's 32 bits never leaves
+        encode(dataclasses.replace(g, pages=[-1]))
     with pytest.raises(WireError):
         decode(encode(Commit("t1", 0, 1)), _limits())
 
