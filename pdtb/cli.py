@@ -23,6 +23,8 @@ commands:
   bench serve        load-test client against an OpenAI-compatible endpoint
   bench sweep        a workload at a series of offered loads: attainment, goodput, knee
   bench migration    live migration downtime between decode nodes under load, against its ITL
+  bench lockstep     a workload's hand-offs into a real decode node in a fixed order of events:
+                     its admission verdicts, to compare KV transports decision by decision
   sim                simulate a cluster at any scale on the real scheduler and policies
                      (calibrate, validate, roofline, reproduce mcsf|vtc|essay, plan)
   frontier           fairness-throughput frontier of sweep files (table, plot, Pareto points)
@@ -126,6 +128,10 @@ def _dispatch(argv: list[str]) -> int:
         return main(rest[1:])
     if cmd == "bench" and rest[:1] == ["transport"]:
         from kv_transport.bench import main
+
+        return main(rest[1:])
+    if cmd == "bench" and rest[:1] == ["lockstep"]:
+        from pdtb.bench.lockstep import main
 
         return main(rest[1:])
     if cmd in ("prefill", "decode", "colocated"):

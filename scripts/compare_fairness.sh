@@ -4,7 +4,7 @@
 #   scripts/compare_fairness.sh [--quick] [--out DIR] [--policies LIST] [--modes "colocated disagg"]
 #                               [--model DIR] [--seed N] [--device cpu|cuda[:N]] [--step-log]
 #                               [--node-args "ARGS"] [--context-whales N] [--transport zmq|torch|shm|auto]
-#                               [--sim [--calibration FILE]]
+#                               [--sim [--calibration FILE]] [--lockstep [--step-ms MS]]
 #
 # Same KV page budget in both modes: the colocated node gets TOTAL device pages; the
 # disaggregated cluster splits them, PREFILL pages on the prefill node and the rest on the
@@ -28,10 +28,15 @@
 # --sim runs every configuration through the simulator (pdtb sim, calibrated cost model: FILE
 # from `pdtb sim calibrate`, default the shipped one) with exactly the same workload and node
 # flags, instead of real clusters; scripts/validate_sim.sh compares the two.
+# --lockstep (disaggregated mode only) hands the same workload off into a real decode node with
+# the same flags over --transport, in a fixed order of events on a virtual clock of MS per
+# engine step (pdtb bench lockstep, default 20): its admission verdicts, every request's and in
+# all, do not depend on timing, so transports can be compared decision by decision
+# (scripts/compare_transports.sh). Writes DIR/disagg-POLICY.json (lockstep results).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUICK=0 OUT="" POLICIES="" MODES="colocated disagg" MODEL="" SEED=0 DEVICE=cpu STEPLOG=0 NODE_ARGS="" CTX=""
-SIM=0 CALIBRATION="" TRANSPORT=zmq
+SIM=0 CALIBRATION="" TRANSPORT=zmq LOCKSTEP=0 STEP_MS=20
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
@@ -47,7 +52,9 @@ while [ $# -gt 0 ]; do
     --sim) SIM=1; shift ;;
     --calibration) CALIBRATION="$2"; shift 2 ;;
     --transport) TRANSPORT="$2"; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    --lockstep) LOCKSTEP=1; shift ;;
+    --step-ms) STEP_MS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "compare_fairness: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -100,8 +107,19 @@ sim_one() {  # sim_one MODE POLICY: the same flags through the simulator
     ${node_args[@]+"${node_args[@]}"} --label-mode "$mode" --label-policy "$pol" --out "$OUT/$mode-$pol.json" >/dev/null
 }
 
+lockstep_one() {  # lockstep_one MODE POLICY: the decode node's flags, in lockstep (disagg only)
+  local pol="$2" node_args=()
+  read -r -a node_args <<< "$NODE_ARGS"
+  echo "== disagg / $pol in lockstep over $TRANSPORT: decode pages $(( TOTAL - PREFILL )), host $HOST" >&2
+  pdtb bench lockstep "${WL[@]}" --step-ms "$STEP_MS" --out "$OUT/disagg-$pol.json" -- --model "$MODEL" \
+    --policy "$pol" --transport "$TRANSPORT" --kv-pages "$(( TOTAL - PREFILL ))" --host-kv-pages "$HOST" \
+    --page-size "$PAGE" --torch-threads 1 --max-num-batched-tokens "$BUDGET" --device "$DEVICE" "${NODE_SLO[@]}" \
+    ${node_args[@]+"${node_args[@]}"}
+}
+
 run_one() {  # run_one MODE POLICY
   [ "$SIM" = 0 ] || { sim_one "$@"; return; }
+  [ "$LOCKSTEP" = 0 ] || { lockstep_one "$@"; return; }
   local mode="$1" pol="$2" rd="$OUT/run-$1-$2" extra=() pages
   if [ "$mode" = colocated ]; then
     pages="$TOTAL"; extra=(-- --torch-threads 1 --max-num-batched-tokens "$BUDGET" --device "$DEVICE")
@@ -125,12 +143,16 @@ run_one() {  # run_one MODE POLICY
   return $rc
 }
 
+if [ "$LOCKSTEP" = 1 ] && [ "$MODES" != disagg ]; then
+  echo "compare_fairness: --lockstep runs the disaggregated mode only (--modes disagg)" >&2; exit 2
+fi
 for mode in $MODES; do
   for pol in $POLICIES; do
     run_one "$mode" "$pol"
   done
 done
 echo
+[ "$LOCKSTEP" = 0 ] || exit 0  # lockstep results are verdicts, not request records: python -m pdtb.bench.admissions
 pdtb compare "$OUT"/*.json | tee "$OUT/compare.txt"
 pdtb report "$OUT"/*.json --out "$OUT/report" >/dev/null
 echo "report: $OUT/report/report.md"

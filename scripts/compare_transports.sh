@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# The same seeded disaggregated fairness runs over several KV transports, and the decode
-# nodes' admission verdicts side by side (accept, park, defer, refuse).
+# The same seeded disaggregated fairness workload over several KV transports, and the decode
+# nodes' admission verdicts side by side (accept, park, defer, refuse), two ways:
 #
 #   scripts/compare_transports.sh [--quick] [--out DIR] [--transports "zmq shm torch"]
-#                                 [--policies "fcfs memfair"] [--seed N]
+#                                 [--policies "fcfs memfair"] [--seed N] [--no-live] [--no-lockstep]
 #
-# Runs scripts/compare_fairness.sh --modes disagg once per transport (OUT/TRANSPORT/), then
-# python -m pdtb.bench.admissions over them: per policy, the verdict counts of each transport
-# and whether they equal the first transport's. The workload is seeded, but a verdict depends
-# on what the decode pool holds when a header arrives, so a transport that moves bytes faster or
-# slower can tip a request that arrives at the edge of a full pool the other way.
+# - live (OUT/live/TRANSPORT/): scripts/compare_fairness.sh --modes disagg, real clusters in
+#   real time, once per transport and once more over the first (named FIRST-again). A verdict
+#   depends on what the decode pool holds at the moment a header arrives, so counts differ from
+#   run to run, over one transport as over two: the -again column shows by how much.
+# - lockstep (OUT/lockstep/TRANSPORT/): compare_fairness.sh --lockstep, the same workload and
+#   decode node flags handed off into a real decode node over each transport in a fixed order
+#   of events on a virtual clock (pdtb bench lockstep): every request's verdicts, the counts
+#   and the generated tokens must equal the first transport's (exit status 1 otherwise).
+#
+# python -m pdtb.bench.admissions prints each table (OUT/live.txt, OUT/lockstep.txt).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-QUICK=() OUT="" TRANSPORTS="zmq shm torch" POLICIES="fcfs memfair" SEED=0
+QUICK=() OUT="" TRANSPORTS="zmq shm torch" POLICIES="fcfs memfair" SEED=0 LIVE=1 LOCKSTEP=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=(--quick); shift ;;
@@ -20,18 +25,37 @@ while [ $# -gt 0 ]; do
     --transports) TRANSPORTS="$2"; shift 2 ;;
     --policies) POLICIES="$2"; shift 2 ;;
     --seed) SEED="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --no-live) LIVE=0; shift ;;
+    --no-lockstep) LOCKSTEP=0; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "compare_transports: unknown option $1" >&2; exit 2 ;;
   esac
 done
 source "$ROOT/scripts/_env.sh"
 OUT="${OUT:-$ROOT/results/transports-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
-DIRS=()
-for t in $TRANSPORTS; do
-  echo "== transport $t" >&2
+read -r -a TS <<< "$TRANSPORTS"
+run() {  # run KIND NAME TRANSPORT [compare_fairness flags...]
+  local kind="$1" name="$2" t="$3"
+  shift 3
+  echo "== $kind: transport $t" >&2
   bash "$ROOT/scripts/compare_fairness.sh" ${QUICK[@]+"${QUICK[@]}"} --modes disagg --policies "$POLICIES" \
-    --seed "$SEED" --transport "$t" --out "$OUT/$t" >&2
-  DIRS+=("$OUT/$t")
-done
-python -m pdtb.bench.admissions "${DIRS[@]}" | tee "$OUT/admissions.txt"
+    --seed "$SEED" --transport "$t" --out "$OUT/$kind/$name" "$@" >&2
+}
+rc=0
+if [ "$LIVE" = 1 ]; then
+  DIRS=()
+  for t in "${TS[@]}"; do run live "$t" "$t"; DIRS+=("$OUT/live/$t"); done
+  run live "${TS[0]}-again" "${TS[0]}"
+  DIRS=("${DIRS[0]}" "$OUT/live/${TS[0]}-again" "${DIRS[@]:1}")
+  echo "live runs (real time):"
+  python -m pdtb.bench.admissions "${DIRS[@]}" | tee "$OUT/live.txt"
+fi
+if [ "$LOCKSTEP" = 1 ]; then
+  DIRS=()
+  for t in "${TS[@]}"; do run lockstep "$t" "$t" --lockstep; DIRS+=("$OUT/lockstep/$t"); done
+  echo "lockstep (a fixed order of events):"
+  python -m pdtb.bench.admissions --check "${DIRS[@]}" | tee "$OUT/lockstep.txt" || rc=$?
+  [ "$rc" = 0 ] || echo "compare_transports: the lockstep decisions differ between transports" >&2
+fi
+exit "$rc"

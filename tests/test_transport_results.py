@@ -36,16 +36,43 @@ def test_the_table_says_which_transport_differs(tmp_path, capsys):
     lines, same = table([tmp_path / "zmq", tmp_path / "shm", tmp_path / "torch"])
     assert not same
     assert "fcfs      accept               10       10       11" in lines
-    assert lines[-1] == ("fcfs      vs zmq: every count: shm: same, torch: differs; "
-                         "verdicts per request: shm: same, torch: differs")
+    assert lines[-1] == "fcfs      vs zmq: every count: shm: same, torch: differs"
     assert admissions_main([str(tmp_path / "zmq"), str(tmp_path / "shm")]) == 0
     assert "shm: same" in capsys.readouterr().out
     assert admissions_main([str(tmp_path / "nope")]) == 2
 
 
+def lockstep(tmp_path, transport: str, policy: str, verdicts: dict, tokens: str = "ab") -> None:
+    d = tmp_path / transport
+    d.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for vs in verdicts.values():
+        for v in vs:
+            counts[v] = counts.get(v, 0) + 1
+    (d / f"disagg-{policy}.json").write_text(json.dumps({"lockstep": True, "admissions": counts,
+                                                         "verdicts": verdicts, "tokens_sha256": tokens}))
+
+
+def test_lockstep_results_are_compared_request_by_request(tmp_path, capsys):
+    lockstep(tmp_path, "zmq", "fcfs", {"r0": ["accept"], "r1": ["defer", "park"]})
+    lockstep(tmp_path, "shm", "fcfs", {"r0": ["accept"], "r1": ["defer", "park"]})
+    lockstep(tmp_path, "torch", "fcfs", {"r0": ["defer", "park"], "r1": ["accept"]})  # the same counts
+    lines, same = table([tmp_path / "zmq", tmp_path / "shm", tmp_path / "torch"])
+    assert not same and "fcfs      defer                 1        1        1" in lines
+    assert lines[-1] == ("fcfs      vs zmq: every count: shm: same, torch: same; every request's verdicts: "
+                         "shm: same, torch: differs; tokens: shm: same, torch: same")
+    assert admissions_main(["--check", str(tmp_path / "zmq"), str(tmp_path / "shm")]) == 0
+    assert admissions_main(["--check", str(tmp_path / "zmq"), str(tmp_path / "torch")]) == 1
+    lockstep(tmp_path, "shm", "fcfs", {"r0": ["accept"], "r1": ["defer", "park"]}, tokens="cd")
+    assert admissions_main(["--check", str(tmp_path / "zmq"), str(tmp_path / "shm")]) == 1
+    assert "tokens: shm: differs" in capsys.readouterr().out
+
+
 def test_the_transports_section_is_replaced_in_place(tmp_path):
+    for t in ("zmq", "zmq-again", "shm"):
+        write(tmp_path / "verdicts" / "live", t, "memfair", [{"accept": 4 if t != "zmq-again" else 3}])
     for t in ("zmq", "shm"):
-        write(tmp_path / "verdicts", t, "memfair", [{"accept": 4}])
+        lockstep(tmp_path / "verdicts" / "lockstep", t, "memfair", {"r0": ["accept"]})
     shm = {"size_mib": 64, "shm_gbps": 6.0, "ratio_vs_zmq_ipc": 3.0, "ratio_vs_pool_copy": 0.5, "shm_unchecked_gbps": 7.0,
            "unchecked_ratio_vs_zmq_ipc": 3.5, "unchecked_ratio_vs_pool_copy": 0.58, "zmq_ipc_gbps": 2.0, "pool_copy_gbps": 12.0}
     (tmp_path / "shm.json").write_text(json.dumps(shm))
@@ -61,7 +88,10 @@ def test_the_transports_section_is_replaced_in_place(tmp_path):
     text = doc.read_text()
     assert text.index(TRANSPORTS_HEADING) < text.index("## Prefix caching") and "kept" in text and "old" in text
     assert "commit abc1234" in text and "| 64 | 6.00 | **3.00x** | **0.50x** | 7.00 |" in text
-    assert "Every count equals ZeroMQ's." in text
+    assert "every request's verdicts, every count and the generated tokens equal ZeroMQ's" in text
+    assert text.index("In lockstep") < text.index("Live (real clusters") < text.index("## Prefix caching")
+    live = text[text.index("Live (real clusters"):]
+    assert "memfair   vs zmq: every count: zmq-again: differs, shm: same" in live
     assert "over ipc 400 us (300)" in text and "local link" in text and "**4.00x**" in text
     assert results_doc(args) == 0 and doc.read_text().count(TRANSPORTS_HEADING) == 1
 

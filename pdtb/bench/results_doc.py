@@ -263,18 +263,37 @@ def transports_section(shm: list[dict], admissions_dir: str | None, stamp: str |
                 f"({z['p10_us']:.0f}), over the local link the shm backend switches to after its first Grant "
                 f"{k['median_us']:.0f} us ({k['p10_us']:.0f}): **{link['ratio_median']:.2f}x**.", ""]
     if admissions_dir:
-        from pdtb.bench.admissions import table
+        out += verdicts_lines(Path(admissions_dir))
+    return out
 
-        dirs = sorted((d for d in Path(admissions_dir).iterdir() if d.is_dir() and list(d.glob("disagg-*.json"))),
-                      key=lambda d: (d.name != "zmq", d.name))
-        lines, same = table(dirs)
-        out += ["`bash scripts/compare_transports.sh --quick`: the disaggregated quick fairness runs (the same "
-                "seeded workload) over each transport; the decode node's verdicts on hand-off headers (`defer` "
-                "counts each deferred request once, `defer_answers` every deferral as the prefill side retries). "
-                + ("Every count equals ZeroMQ's." if same else
-                   "A verdict depends on what the decode pool holds when a header arrives, so a transport that "
-                   "lands pages sooner or later can tip a request at the edge of a full pool the other way; the "
-                   "counts that differ are listed."), "", "```", *lines, "```", ""]
+
+def _verdict_dirs(root: Path) -> list[Path]:
+    """The transports' result directories under `root`: ZeroMQ first, then its second run."""
+    dirs = [d for d in root.iterdir() if d.is_dir() and list(d.glob("disagg-*.json"))]
+    return sorted(dirs, key=lambda d: (d.name != "zmq", not d.name.endswith("-again"), d.name))
+
+
+def verdicts_lines(root: Path) -> list[str]:
+    """The verdict tables of scripts/compare_transports.sh's output directory `root`."""
+    from pdtb.bench.admissions import table
+
+    out = ["`bash scripts/compare_transports.sh --quick`: the disaggregated quick fairness workload (seeded) over "
+           "each transport; the decode node's verdicts on hand-off headers (`defer` counts each deferred request "
+           "once, `defer_answers` every deferral as the prefill side retries).", ""]
+    if (root / "lockstep").is_dir():
+        lines, same = table(_verdict_dirs(root / "lockstep"))
+        out += ["In lockstep (`pdtb bench lockstep`: the same workload and decode node flags, each request's KV "
+                "handed off into a real decode node over the transport in a fixed order of events, on a virtual "
+                "clock of 20 ms per engine step): "
+                + ("every request's verdicts, every count and the generated tokens equal ZeroMQ's, over every "
+                   "transport." if same else "**the decisions differ between transports** (below)."),
+                "", "```", *lines, "```", ""]
+    live = root / "live" if (root / "live").is_dir() else root
+    if _verdict_dirs(live):
+        lines, _ = table(_verdict_dirs(live))
+        out += ["Live (real clusters in real time; `zmq-again` is a second run over ZeroMQ): a verdict depends on "
+                "what the decode pool holds at the moment a header arrives, so counts differ between two runs over "
+                "one transport as they do between transports.", "", "```", *lines, "```", ""]
     return out
 
 

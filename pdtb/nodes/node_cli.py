@@ -99,36 +99,42 @@ def _write_addr(path: str | None, addrs: dict) -> None:
     print(f"NODE READY {line}", flush=True)
 
 
+def node_config(role: str, a: argparse.Namespace, model_dir: str):
+    """The NodeConfig of a node started with the flags `a` (`parse(role, ...)`); CliError if they
+    do not make one."""
+    import dataclasses
+
+    from pdtb.nodes.node_base import NodeConfig
+
+    node_id = a.node_id or f"{role}-{os.getpid()}"
+    try:
+        return NodeConfig(role=role, node_id=node_id,
+                          engine=dataclasses.replace(engine_config(a, model_dir), torch_threads=a.torch_threads,
+                                                     host_kv_pages=0 if role == "prefill" else a.host_kv_pages,
+                                                     shared_kv=role == "decode" and a.transport in ("shm", "auto")),
+                          host=a.host, ctrl_port=a.ctrl_port, metrics_port=a.metrics_port, kv_port=a.kv_port,
+                          transport=a.transport, policy=a.policy, fairness=fairness_config(a),
+                          drain_timeout_s=a.drain_timeout, hold_timeout_s=a.hold_timeout, curve_dir=a.curve_dir,
+                          migration_timeout_s=a.migration_timeout, check_pages=a.check_pages,
+                          step_log=a.step_log and a.step_log.replace("{node}", node_id),
+                          transfer_timeout_s=a.transfer_timeout, transport_faults=fault_config(a.transport_fault),
+                          dist_init_method=a.dist_init_method, dist_rank=a.dist_rank,
+                          dist_world_size=a.dist_world_size)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
 def main(role: str, argv: list[str]) -> int:
     a = parse(role, argv)
     if a.torch_threads < 1:
         raise CliError("--torch-threads must be at least 1")
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
-    import dataclasses
-
     import torch
     import uvloop
 
-    from pdtb.nodes.node_base import NodeConfig
-
     torch.set_num_threads(max(1, a.torch_threads))
-    model_dir = resolve_model(a.model)
-    node_id = a.node_id or f"{role}-{os.getpid()}"
-    try:
-        cfg = NodeConfig(role=role, node_id=node_id,
-                         engine=dataclasses.replace(engine_config(a, model_dir), torch_threads=a.torch_threads,
-                                                    host_kv_pages=0 if role == "prefill" else a.host_kv_pages,
-                                                    shared_kv=role == "decode" and a.transport in ("shm", "auto")),
-                         host=a.host, ctrl_port=a.ctrl_port, metrics_port=a.metrics_port, kv_port=a.kv_port,
-                         transport=a.transport, policy=a.policy, fairness=fairness_config(a),
-                         drain_timeout_s=a.drain_timeout, hold_timeout_s=a.hold_timeout, curve_dir=a.curve_dir,
-                         migration_timeout_s=a.migration_timeout,
-                         check_pages=a.check_pages, step_log=a.step_log and a.step_log.replace("{node}", node_id), transfer_timeout_s=a.transfer_timeout,
-                         transport_faults=fault_config(a.transport_fault), dist_init_method=a.dist_init_method,
-                         dist_rank=a.dist_rank, dist_world_size=a.dist_world_size)
-    except ValueError as e:
-        raise CliError(str(e)) from None
+    cfg = node_config(role, a, resolve_model(a.model))
     if cfg.transport_faults.enabled:
         logging.getLogger("pdtb.node").warning("KV transport fault injection is on: %s", cfg.transport_faults)
     if role == "prefill":

@@ -1,0 +1,315 @@
+"""`pdtb bench lockstep`: a seeded workload's hand-offs into a real decode node over one KV
+transport, in a fixed order of events, so that two transports' admission decisions can differ
+only by what the transports do with them.
+
+    pdtb bench lockstep [--step-ms 20] [--out FILE] WORKLOAD FLAGS -- DECODE NODE FLAGS
+
+The workload flags are `pdtb bench serve`'s, the node flags `pdtb node decode`'s (`--policy`,
+`--transport`, `--kv-pages`, ...): a live run's, so that both run the same configuration.
+
+In a live run a verdict depends on what the decode pool holds at the wall-clock moment a
+header arrives, so two runs over the same transport already differ. Here:
+
+- the decode node is `DecodeNode` itself: its admission (`_admit`: the policy's placement),
+  its receiver of the chosen backend, landing parked requests in the host tier, adoption, and
+  continuous-batching steps of the model over the landed pages;
+- the prefill side is a child process (lockstep_peer.py) that sends a request's KV (seeded
+  bytes: prefill is taken as instant and unlimited) when told, and reports how it ended;
+- time is virtual: the node's scheduler clock reads `step * step_s`. At each step boundary the
+  requests whose send time has come are handed off in workload order, then the deferred ones
+  whose backoff is over are retried (the prefill node's backoff, prefill_node/handoff.py
+  RETRY_S), each after the previous transfer has ended; then the engine runs one step.
+
+The result: the node's verdict counts (`DecodeNode.admissions`, as a live run's /cluster
+samples give them), every request's verdicts in order, and a digest of every generated token
+(the same bytes landed give the same greedy tokens), with the pools checked empty at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import hashlib
+import json
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from decode_node.node import DecodeNode
+from pdtb.nodes.control import EventSink
+from pdtb.nodes.protocol import HandoffMeta, Params, to_extra
+from prefill_node.handoff import RETRY_S
+
+ROUTER = "lockstep"  # the router id the hand-offs name (there is none: events are counted, not sent)
+ANSWER_TIMEOUT_S = 60.0  # one hand-off, from command to the peer's answer
+ADOPT_TIMEOUT_S = 10.0  # a landed transfer's adoption by the node
+
+
+@dataclass
+class LockstepResult:
+    transport: str
+    policy: str
+    step_s: float
+    steps: int
+    requests: int
+    finished: int  # requests that generated all their tokens
+    failed: dict[str, int]  # requests the prefill side gives up on, by the transfer's code
+    admissions: dict[str, int]  # the node's verdict counts (DecodeNode.admissions)
+    verdicts: dict[str, list[str]]  # request id -> its verdicts, in order
+    tokens_sha256: str  # every request's generated tokens, in request order
+    pages_free: bool  # both tiers empty and consistent at the end
+    wall_s: float = 0.0
+    lockstep: bool = field(default=True, init=False)  # (tells the result files apart from live runs')
+
+
+class _NoRouter(EventSink):
+    """Token events are kept by the node (`_Node.emit`); none goes to a router."""
+
+    async def flush(self) -> None:
+        self._pending.clear()
+
+
+class _Node(DecodeNode):
+    """The decode node, recording its verdicts and tokens, on a virtual clock."""
+
+    def __init__(self, config, now) -> None:
+        super().__init__(config)
+        self.now = now
+        self.engine.scheduler.clock = now
+        self.sink = _NoRouter(self.ctrl, config.node_id)
+        self.verdicts: dict[str, list[str]] = {}
+        self.tokens: dict[str, list[int]] = {}
+        self.finished: set[str] = set()
+
+    def _count_admission(self, rid, verdict) -> None:
+        super()._count_admission(rid, verdict)
+        self.verdicts.setdefault(rid, []).append(verdict.value)
+
+    def _adopt(self, t) -> None:
+        super()._adopt(t)
+        seq = self.seqs.get(t.request_id)
+        if seq is not None:
+            seq.arrival_time = self.now()  # its place in line, on the node's clock
+
+    def emit(self, seq, tokens, finished=False) -> None:
+        self.tokens.setdefault(seq.request_id, []).extend(tokens)
+        if finished:
+            self.finished.add(seq.request_id)
+        super().emit(seq, tokens, finished)
+
+
+@dataclass
+class _Held:
+    index: int
+    retry_at: float
+    backoff: float
+
+
+class _Peer:
+    """The lockstep_peer child: one command, one answer."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, backend: str, spec, max_pages: int, dist_port: int) -> "_Peer":
+        args = [sys.executable, "-m", "pdtb.bench.lockstep_peer", "--backend", backend,
+                "--spec", json.dumps(dataclasses.asdict(spec)), "--max-pages", str(max_pages)]
+        if dist_port:
+            args += ["--dist-port", str(dist_port)]
+        return cls(await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.PIPE,
+                                                        stdout=asyncio.subprocess.PIPE))
+
+    async def ask(self, msg: dict, timeout: float = ANSWER_TIMEOUT_S) -> dict:
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        await self.proc.stdin.drain()
+        return await self.read(timeout)
+
+    async def read(self, timeout: float) -> dict:
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        if not line:
+            raise RuntimeError(f"the lockstep peer exited ({await self.proc.wait()})")
+        return json.loads(line)
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.stdin.close()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except asyncio.TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+def _tokens(spec, index: int, seed: int, vocab: int) -> tuple[list[int], int]:
+    """A request's prompt token ids and its first output token (sampled at prefill), seeded."""
+    rng = random.Random(f"{seed}/lockstep/{index}")
+    return [rng.randrange(3, vocab) for _ in range(spec.prompt_len)], rng.randrange(3, vocab)
+
+
+def _meta(spec, prompt: list[int], first: int) -> dict:
+    hm = HandoffMeta(ROUTER, Params(max_tokens=spec.output_len, ignore_eos=True), spec.priority or 0,
+                     slo_tier=spec.slo_tier or "")
+    return {"tenant": spec.tenant, "prompt_token_ids": prompt, "output_token_ids": [first],
+            "num_computed_tokens": len(prompt), "extra": to_extra(hm)}
+
+
+async def _adopted(node: _Node, rid: str) -> None:
+    """Wait (bounded) until the node has adopted a landed transfer."""
+    deadline = time.monotonic() + ADOPT_TIMEOUT_S
+    while rid not in node.seqs and rid not in node.finished:
+        await node.poll_io()
+        if rid in node.seqs or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.001)
+    if rid not in node.seqs and rid not in node.finished:
+        raise RuntimeError(f"{rid} landed but the node did not adopt it within {ADOPT_TIMEOUT_S}s")
+
+
+async def run_lockstep(config, specs: list, step_s: float, seed: int, vocab: int,
+                       max_steps: int = 200_000) -> LockstepResult:
+    """Hand `specs` off into a DecodeNode built from `config`, in lockstep (module docstring)."""
+    t0 = time.monotonic()
+    clock = [0.0]
+    store = None
+    if config.transport == "torch":
+        import datetime
+
+        import torch.distributed as dist
+        store = dist.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=30))
+        config = dataclasses.replace(config, dist_init_method=f"tcp://127.0.0.1:{store.port}", dist_rank=0,
+                                     dist_world_size=2)
+    node = _Node(config, lambda: clock[0])
+    spec = node.engine.spec
+    max_pages = max(spec.pages_for(s.prompt_len) for s in specs) + 1
+    peer = await _Peer.start(config.transport, spec, max_pages, store.port if store else 0)
+    try:
+        if store is not None:
+            await asyncio.to_thread(dist.init_process_group, "gloo", store=store, rank=0, world_size=2,
+                                    timeout=datetime.timedelta(seconds=30))
+        await node.start_extra()
+        await peer.ask({"endpoint": node.kv_addr})
+        order = sorted(range(len(specs)), key=lambda i: (specs[i].send_time, i))
+        pending, held, failed = deque(order), {}, {}
+        rids = [f"r{i:05d}" for i in range(len(specs))]
+
+        async def hand_off(i: int) -> None:
+            s, rid = specs[i], rids[i]
+            prompt, first = _tokens(s, i, seed, vocab)
+            got = await peer.ask({"rid": rid, "num_tokens": len(prompt), "seed": seed * 1_000_003 + i,
+                                  "meta": _meta(s, prompt, first)})
+            h = held.pop(rid, None)
+            if got["state"] == "DONE":
+                await _adopted(node, rid)
+            elif got["code"] == "no_pages":  # deferred: kept and retried, as a prefill node backs off
+                back = h.backoff if h else RETRY_S[0]
+                held[rid] = _Held(i, clock[0] + back, min(2 * back, RETRY_S[1]))
+            else:
+                failed[got["code"]] = failed.get(got["code"], 0) + 1
+
+        steps = 0
+        while steps < max_steps:
+            clock[0] = steps * step_s
+            while pending and specs[pending[0]].send_time <= clock[0]:
+                await hand_off(pending.popleft())
+            for rid, h in list(held.items()):
+                if h.retry_at <= clock[0]:
+                    await hand_off(h.index)
+            await node.poll_io()
+            if node.engine.has_work():
+                node.on_step_events(node.engine.step(), clock[0])
+                await node.sink.flush()
+            elif not pending and not held:
+                break
+            steps += 1
+        else:
+            raise RuntimeError(f"not done after {max_steps} steps: {len(pending)} to send, {len(held)} held")
+        pools = [p for p in (node.engine.pool, node.engine.host_pool) if p is not None]
+        for p in pools:
+            p.check()
+        digest = hashlib.sha256()
+        for rid in rids:
+            digest.update(json.dumps([rid, node.tokens.get(rid, [])]).encode())
+        return LockstepResult(config.transport, config.policy, step_s, steps, len(specs), len(node.finished),
+                              failed, {k: int(v) for k, v in sorted(node.admissions.items())}, node.verdicts,
+                              digest.hexdigest(), all(p.num_free == p.num_pages for p in pools),
+                              round(time.monotonic() - t0, 3))
+    finally:
+        await peer.stop()
+        await node.close_extra()
+        node.ctx.destroy(linger=0)
+        if store is not None and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def parse(argv: list[str]):
+    """(lockstep options, workload namespace, decode node namespace) from
+    `[--step-ms MS] [--out FILE] WORKLOAD FLAGS -- NODE FLAGS`."""
+    from pdtb.bench.cli import build_parser
+    from pdtb.nodes.node_cli import parse as parse_node
+
+    own, node_argv = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    ap = argparse.ArgumentParser(prog="pdtb bench lockstep", description=__doc__.split("\n\n")[0], add_help=False)
+    ap.add_argument("--step-ms", type=float, default=20.0, help="virtual milliseconds per engine step")
+    ap.add_argument("--out", help="write the result here as JSON")
+    ap.add_argument("-h", "--help", action="store_true")
+    a, rest = ap.parse_known_args(own)
+    if a.help:
+        print(__doc__)
+        raise SystemExit(0)
+    if not a.step_ms > 0:
+        ap.error("--step-ms must be > 0")
+    na = parse_node("decode", node_argv)
+    if na.transport == "torch":  # a group of this node and the peer, on a store run_lockstep hosts
+        na.dist_init_method, na.dist_rank, na.dist_world_size = "tcp://127.0.0.1:0", 0, 2
+    return a, build_parser().parse_args(rest), na
+
+
+@dataclass
+class Lockstep:
+    """What `run_lockstep` takes, from the command line's flags."""
+
+    config: object  # the decode node's NodeConfig
+    specs: list
+    step_s: float
+    seed: int
+    vocab: int  # prompt token ids are drawn below it
+    out: str | None = None
+
+
+def prepare(argv: list[str]) -> Lockstep:
+    from transformers import AutoConfig
+
+    from pdtb.bench.cli import build_workload
+    from pdtb.common import resolve_model
+    from pdtb.nodes.node_cli import node_config
+
+    a, wa, na = parse(argv)
+    model_dir = resolve_model(na.model)
+    specs, _ = build_workload(wa)
+    return Lockstep(node_config("decode", na, model_dir), specs, a.step_ms / 1000, wa.seed,
+                    AutoConfig.from_pretrained(model_dir).vocab_size, a.out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    import uvloop
+
+    job = prepare(sys.argv[1:] if argv is None else argv)
+    torch.set_num_threads(max(1, job.config.engine.torch_threads or 1))
+    res = uvloop.run(run_lockstep(job.config, job.specs, job.step_s, job.seed, job.vocab))
+    if job.out:
+        with open(job.out, "w") as f:
+            json.dump(dataclasses.asdict(res), f)
+    counts = " ".join(f"{k}={v}" for k, v in res.admissions.items())
+    print(f"lockstep {res.transport}/{res.policy}: {res.requests} requests, {res.finished} finished, "
+          f"{res.steps} steps of {res.step_s * 1000:g} ms; verdicts {counts}; failed {res.failed or 'none'}; "
+          f"tokens {res.tokens_sha256[:16]}; pools {'empty' if res.pages_free else 'NOT EMPTY'} ({res.wall_s:.1f} s)")
+    return 0 if res.pages_free else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
