@@ -288,6 +288,10 @@ class ShmSender(ZmqSender):
             log.info("sender: late or duplicate grant for %s discarded", msg.transfer_id)
             return
         o.status.state, o.status.t_started = S.TRANSFERRING, time.monotonic()
+        if len(msg.pages) != o.header.num_pages:  # the pieces' rows are the header's: they must all have a page
+            self._finish(o, S.FAILED, f"the receiver granted {len(msg.pages)} pages for a transfer of "
+                         f"{o.header.num_pages}", notify=True, code=FailCode.BAD_MESSAGE)
+            return
         try:
             target = self._target(msg)
         except SharedMemoryError as e:

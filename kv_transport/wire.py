@@ -12,12 +12,10 @@ subclasses, whose `field` names the offending field.
 """
 from __future__ import annotations
 
-import array
 import dataclasses
 import enum
 import functools
 from dataclasses import dataclass, field
-import sys
 from typing import ClassVar, Union
 
 import msgpack
@@ -218,11 +216,11 @@ def _body(msg: Message) -> dict:
 
 
 def pack_pages(pages) -> bytes:
-    """Page ids as PAGE_IDS bytes (ids must fit in 32 bits)."""
-    ids = array.array("I", pages)  # (OverflowError for an id that does not fit)
-    if sys.byteorder != "little":
-        ids.byteswap()
-    return ids.tobytes()
+    """Page ids as PAGE_IDS bytes; ValueError for an id that is not an int in [0, 2**32)."""
+    ids = np.asarray(pages)
+    if ids.size and (ids.dtype.kind not in "iu" or int(ids.min()) < 0 or int(ids.max()) > np.iinfo(PAGE_IDS).max):
+        raise ValueError(f"page ids must be ints in [0, 2**32), got {ids.dtype} ids")
+    return ids.astype(PAGE_IDS).tobytes()
 
 
 def encode(msg: Message, payloads: list | tuple = ()) -> list:

@@ -35,6 +35,7 @@ source "$ROOT/scripts/_env.sh"
 OUT="${OUT:-$ROOT/results/transports-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 read -r -a TS <<< "$TRANSPORTS"
+[ "${#TS[@]}" -gt 0 ] || { echo "compare_transports: --transports names none" >&2; exit 2; }
 run() {  # run KIND NAME TRANSPORT [compare_fairness flags...]
   local kind="$1" name="$2" t="$3"
   shift 3

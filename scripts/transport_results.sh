@@ -2,9 +2,9 @@
 # KV transports on one host, measured here: one-sided writes against ZeroMQ ipc and an
 # in-process pool copy (pdtb bench transport --backend shm, 64 and 256 MiB), a control
 # message's round trip over ZeroMQ and over the local link (python -m kv_transport.bench_link), and the decode
-# nodes' admission verdicts of the same seeded fairness runs over zmq, shm and torch (gloo)
-# (scripts/compare_transports.sh). Replaces the "KV transports on one host" section of
-# docs/results.md (its own date and commit).
+# nodes' admission verdicts of the same seeded fairness workload over zmq, shm and torch (gloo),
+# live and in lockstep (scripts/compare_transports.sh). Replaces the "KV transports on one host"
+# section of docs/results.md (its own date and commit); exits 1 if the lockstep decisions differ.
 #
 #   scripts/transport_results.sh [--quick] [--out DIR] [--doc FILE]
 #
@@ -31,6 +31,8 @@ for size in 64 256; do
 done
 echo "== python -m kv_transport.bench_link" >&2
 python -m kv_transport.bench_link --n 2000 --json > "$OUT/link.json"
-bash "$ROOT/scripts/compare_transports.sh" --quick --out "$OUT/verdicts" >&2
+rc=0  # (lockstep decisions that differ between transports: recorded, then the exit status)
+bash "$ROOT/scripts/compare_transports.sh" --quick --out "$OUT/verdicts" >&2 || rc=$?
 python -m pdtb.bench.results_doc --section transports --shm "$OUT"/shm-64.json "$OUT"/shm-256.json \
   --link "$OUT/link.json" --admissions "$OUT/verdicts" --commit-file "$OUT/commit" --out "$DOC"
+exit "$rc"

@@ -10,6 +10,7 @@ import asyncio
 import json
 
 import pytest
+import torch
 
 from pdtb.bench.lockstep import main as lockstep_main, prepare, run_lockstep
 
@@ -47,7 +48,11 @@ def test_every_transport_makes_the_same_decisions(llama_dir):
 def test_the_command_writes_its_result(llama_dir, tmp_path, capsys):
     out = tmp_path / "r.json"
     flags = node_flags(llama_dir, "zmq", "fcfs")
-    assert lockstep_main([*WORKLOAD, "--whales", "1", "--out", str(out), "--", *flags]) == 0
+    threads = torch.get_num_threads()
+    try:
+        assert lockstep_main([*WORKLOAD, "--whales", "1", "--out", str(out), "--", *flags]) == 0
+    finally:
+        torch.set_num_threads(threads)  # (the command sets the node's --torch-threads)
     r = json.loads(out.read_text())
     assert r["lockstep"] and r["policy"] == "fcfs" and len(r["verdicts"]) == r["requests"]  # each one decided
     assert "pools empty" in capsys.readouterr().out
@@ -61,3 +66,5 @@ def test_prepare_takes_a_live_runs_flags(llama_dir):
     assert job.config.policy == "memfair" and len(job.specs) > 10
     torch_job = prepare([*WORKLOAD, "--", *node_flags(llama_dir, "torch")])
     assert (torch_job.config.dist_rank, torch_job.config.dist_world_size) == (0, 2)
+    with pytest.raises(SystemExit):  # gloo and pages on the CPU: a torch lockstep on a GPU is refused
+        prepare([*WORKLOAD, "--", *node_flags(llama_dir, "torch"), "--device", "cuda"])

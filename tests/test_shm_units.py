@@ -98,8 +98,9 @@ def test_grant_and_commit_round_trip_and_reject_bad_fields():
                 _with(frames, pages=b"\0" * 4 * (_limits().max_pages + 1))):
         with pytest.raises(WireError):
             decode(bad, _limits())
-    with pytest.raises(OverflowError):  # an id that does not fit the wire's 32 bits never leaves
-        encode(dataclasses.replace(g, pages=[-1]))
+    for bad in ([-1], [1 << 32], [True], [2.0]):  # what does not fit the wire's 32-bit ids never leaves
+        with pytest.raises(ValueError):
+            encode(dataclasses.replace(g, pages=bad))
     with pytest.raises(WireError):
         decode(encode(Commit("t1", 0, 1)), _limits())
 
@@ -186,6 +187,35 @@ def test_a_commit_whose_rows_do_not_sum_fails_and_frees(tmp_path, monkeypatch):
             st = await tx.wait(tx.send(make_export(src, "r", 9)), 10)
             assert st.state is TransferState.FAILED and str(st.code) == "checksum", st
             assert dst.state_counts()["reserved"] == 0
+            dst.check()
+    run(body())
+
+
+@pytest.mark.parametrize("granted", [8, 10])
+def test_a_grant_of_the_wrong_number_of_pages_writes_nothing(tmp_path, monkeypatch, granted):
+    """A Grant whose page list does not match the header (a faulty receiver): the sender fails
+    the transfer bad_message before it writes a byte (its pieces would run past the pages
+    granted), the receiver frees the pages on the sender's Cancel, and the pool is untouched."""
+    import kv_transport.shm_backend as shm
+
+    src, dst = make_pool(32, seed=12), PagePool(TINY_SPEC, 32, shared=True)
+    before = dst.kv.clone()
+    reply = shm.ShmReceiver._reply
+
+    def miscount(self, peer, msg, kind, owners=None):
+        if isinstance(msg, Grant):
+            extra = [p for p in range(dst.num_pages) if p not in msg.pages]
+            msg = dataclasses.replace(msg, pages=(msg.pages + extra)[:granted])
+        return reply(self, peer, msg, kind, owners)
+
+    async def body():
+        monkeypatch.setattr(shm.ShmReceiver, "_reply", miscount)
+        async with linked(shm_config(tmp_path), dst) as (tx, rx):
+            st = await tx.wait(tx.send(make_export(src, "r", 9)), 10)
+            assert st.state is TransferState.FAILED and str(st.code) == "bad_message", st
+            assert f"granted {granted} pages for a transfer of 9" in st.reason and tx.one_sided == 0
+            await until(lambda: dst.state_counts()["reserved"] == 0 and not rx._slot_of, 5, "the pages freed")
+            assert torch.equal(dst.kv, before)
             dst.check()
     run(body())
 

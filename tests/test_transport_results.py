@@ -49,7 +49,7 @@ def lockstep(tmp_path, transport: str, policy: str, verdicts: dict, tokens: str 
     for vs in verdicts.values():
         for v in vs:
             counts[v] = counts.get(v, 0) + 1
-    (d / f"disagg-{policy}.json").write_text(json.dumps({"lockstep": True, "admissions": counts,
+    (d / f"disagg-{policy}.json").write_text(json.dumps({"lockstep": True, "step_s": 0.02, "admissions": counts,
                                                          "verdicts": verdicts, "tokens_sha256": tokens}))
 
 
@@ -88,7 +88,8 @@ def test_the_transports_section_is_replaced_in_place(tmp_path):
     text = doc.read_text()
     assert text.index(TRANSPORTS_HEADING) < text.index("## Prefix caching") and "kept" in text and "old" in text
     assert "commit abc1234" in text and "| 64 | 6.00 | **3.00x** | **0.50x** | 7.00 |" in text
-    assert "every request's verdicts, every count and the generated tokens equal ZeroMQ's" in text
+    assert "every request's verdicts, every count and the generated tokens equal zmq's" in text
+    assert "a virtual clock of 20 ms per engine step" in text
     assert text.index("In lockstep") < text.index("Live (real clusters") < text.index("## Prefix caching")
     live = text[text.index("Live (real clusters"):]
     assert "memfair   vs zmq: every count: zmq-again: differs, shm: same" in live

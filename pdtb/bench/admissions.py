@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from pdtb.bench.results import load_results
+from pdtb.bench.results import check_results
 
 VERDICTS = ("accept", "park", "defer", "refuse", "defer_answers")
 
@@ -39,7 +39,10 @@ def admissions_of(results: dict) -> dict[str, int]:
 def load(path: Path) -> dict:
     """A live run's results file, or a lockstep result."""
     data = json.loads(path.read_text())
-    return data if data.get("lockstep") else load_results(path)
+    if data.get("lockstep"):
+        return data
+    check_results(data, path)
+    return data
 
 
 def _same(a, b) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -43,16 +44,17 @@ from pdtb.nodes.protocol import HandoffMeta, Params, to_extra
 from prefill_node.handoff import RETRY_S
 
 ROUTER = "lockstep"  # the router id the hand-offs name (there is none: events are counted, not sent)
-ANSWER_TIMEOUT_S = 60.0  # one hand-off, from command to the peer's answer
+ANSWER_MARGIN_S = 10.0  # a hand-off's answer, beyond the transfer timeout
 ADOPT_TIMEOUT_S = 10.0  # a landed transfer's adoption by the node
+GROUP_TIMEOUT_S = 30.0  # --transport torch: the peer joining the gloo group
 
 
 @dataclass
 class LockstepResult:
     transport: str
     policy: str
-    step_s: float
-    steps: int
+    step_s: float  # virtual seconds per engine step
+    steps: int  # engine steps until every request ended
     requests: int
     finished: int  # requests that generated all their tokens
     failed: dict[str, int]  # requests the prefill side gives up on, by the transfer's code
@@ -60,7 +62,7 @@ class LockstepResult:
     verdicts: dict[str, list[str]]  # request id -> its verdicts, in order
     tokens_sha256: str  # every request's generated tokens, in request order
     pages_free: bool  # both tiers empty and consistent at the end
-    wall_s: float = 0.0
+    wall_s: float = 0.0  # real seconds the run took
     lockstep: bool = field(default=True, init=False)  # (tells the result files apart from live runs')
 
 
@@ -68,7 +70,7 @@ class _NoRouter(EventSink):
     """Token events are kept by the node (`_Node.emit`); none goes to a router."""
 
     async def flush(self) -> None:
-        self._pending.clear()
+        self.take()
 
 
 class _Node(DecodeNode):
@@ -102,33 +104,38 @@ class _Node(DecodeNode):
 
 @dataclass
 class _Held:
-    index: int
-    retry_at: float
-    backoff: float
+    """A deferred hand-off, as a prefill node holds it (prefill_node/handoff.py)."""
+
+    index: int  # into the workload
+    retry_step: int  # the step at whose boundary it is sent again
+    backoff_s: float  # the wait after its next deferral
+    deadline_s: float  # virtual time after which a deferral fails it (the node's hold timeout)
 
 
 class _Peer:
     """The lockstep_peer child: one command, one answer."""
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, answer_timeout_s: float) -> None:
         self.proc = proc
+        self.answer_timeout_s = answer_timeout_s
 
     @classmethod
-    async def start(cls, backend: str, spec, max_pages: int, dist_port: int) -> "_Peer":
-        args = [sys.executable, "-m", "pdtb.bench.lockstep_peer", "--backend", backend,
-                "--spec", json.dumps(dataclasses.asdict(spec)), "--max-pages", str(max_pages)]
+    async def start(cls, config, spec, max_pages: int, dist_port: int) -> "_Peer":
+        t = config.transfer_timeout_s
+        args = [sys.executable, "-m", "pdtb.bench.lockstep_peer", "--backend", config.transport,
+                "--spec", json.dumps(dataclasses.asdict(spec)), "--max-pages", str(max_pages), "--timeout-s", str(t)]
         if dist_port:
             args += ["--dist-port", str(dist_port)]
         return cls(await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.PIPE,
-                                                        stdout=asyncio.subprocess.PIPE))
+                                                        stdout=asyncio.subprocess.PIPE), t + ANSWER_MARGIN_S)
 
-    async def ask(self, msg: dict, timeout: float = ANSWER_TIMEOUT_S) -> dict:
-        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-        await self.proc.stdin.drain()
-        return await self.read(timeout)
-
-    async def read(self, timeout: float) -> dict:
-        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+    async def ask(self, msg: dict) -> dict:
+        try:
+            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            await self.proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            raise RuntimeError(f"the lockstep peer exited ({await self.proc.wait()})") from None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), self.answer_timeout_s)
         if not line:
             raise RuntimeError(f"the lockstep peer exited ({await self.proc.wait()})")
         return json.loads(line)
@@ -168,81 +175,126 @@ async def _adopted(node: _Node, rid: str) -> None:
         raise RuntimeError(f"{rid} landed but the node did not adopt it within {ADOPT_TIMEOUT_S}s")
 
 
+class _Driver:
+    """The order of events: hand-offs at their send times and retries at their backoff's end,
+    each after the previous one has ended, then one engine step, step after step."""
+
+    def __init__(self, node: _Node, peer: _Peer, specs: list, step_s: float, seed: int, vocab: int) -> None:
+        self.node, self.peer, self.specs, self.step_s = node, peer, specs, step_s
+        self.seed, self.vocab = seed, vocab
+        self.rids = [f"r{i:05d}" for i in range(len(specs))]
+        self.pending = deque(sorted(range(len(specs)), key=lambda i: (specs[i].send_time, i)))
+        self.held: dict[str, _Held] = {}  # in order of first deferral
+        self.failed: dict[str, int] = {}
+        self.steps = 0
+
+    def now(self) -> float:
+        return self.steps * self.step_s
+
+    async def run(self, max_steps: int) -> None:
+        node = self.node
+        while self.steps < max_steps:
+            while self.pending and self.specs[self.pending[0]].send_time <= self.now():
+                await self.hand_off(self.pending.popleft())
+            for h in [h for h in self.held.values() if h.retry_step <= self.steps]:
+                await self.hand_off(h.index)
+            await node.poll_io()
+            if node.engine.has_work():
+                node.on_step_events(node.engine.step(), self.now())
+                await node.sink.flush()
+            elif not self.pending and not self.held:
+                return
+            self.steps += 1
+        raise RuntimeError(f"not done after {max_steps} steps: {len(self.pending)} to send, {len(self.held)} held")
+
+    async def hand_off(self, i: int) -> None:
+        s, rid = self.specs[i], self.rids[i]
+        prompt, first = _tokens(s, i, self.seed, self.vocab)
+        got = await self.peer.ask({"rid": rid, "num_tokens": len(prompt), "seed": self.seed * 1_000_003 + i,
+                                   "meta": _meta(s, prompt, first)})
+        h = self.held.pop(rid, None)
+        if got["state"] == "DONE":
+            await _adopted(self.node, rid)
+            return
+        deadline = h.deadline_s if h else self.now() + self.node.config.hold_timeout_s
+        if got["code"] == "no_pages" and self.now() < deadline:  # held, retried after a backoff (RETRY_S)
+            back = h.backoff_s if h else RETRY_S[0]
+            self.held[rid] = _Held(i, self.steps + max(1, round(back / self.step_s)), min(2 * back, RETRY_S[1]),
+                                   deadline)
+        else:  # the prefill side fails it
+            self.failed[got["code"]] = self.failed.get(got["code"], 0) + 1
+
+
 async def run_lockstep(config, specs: list, step_s: float, seed: int, vocab: int,
                        max_steps: int = 200_000) -> LockstepResult:
     """Hand `specs` off into a DecodeNode built from `config`, in lockstep (module docstring)."""
     t0 = time.monotonic()
-    clock = [0.0]
-    store = None
-    if config.transport == "torch":
-        import datetime
-
-        import torch.distributed as dist
-        store = dist.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=30))
-        config = dataclasses.replace(config, dist_init_method=f"tcp://127.0.0.1:{store.port}", dist_rank=0,
-                                     dist_world_size=2)
-    node = _Node(config, lambda: clock[0])
-    spec = node.engine.spec
-    max_pages = max(spec.pages_for(s.prompt_len) for s in specs) + 1
-    peer = await _Peer.start(config.transport, spec, max_pages, store.port if store else 0)
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        store = None
+        if config.transport == "torch":
+            store = _store()
+            config = dataclasses.replace(config, dist_init_method=f"tcp://127.0.0.1:{store.port}", dist_rank=0,
+                                         dist_world_size=2)
+        clock = []  # the driver, once there is one: the node's clock reads its step
+        node = _Node(config, lambda: clock[0].now() if clock else 0.0)
+        stack.callback(node.ctx.destroy, 0)
+        spec = node.engine.spec
+        max_pages = max(spec.pages_for(s.prompt_len) for s in specs) + 1
+        peer = await _Peer.start(config, spec, max_pages, store.port if store else 0)
+        stack.push_async_callback(peer.stop)
         if store is not None:
-            await asyncio.to_thread(dist.init_process_group, "gloo", store=store, rank=0, world_size=2,
-                                    timeout=datetime.timedelta(seconds=30))
+            await _join_group(store, peer)
+            stack.callback(_leave_group)
         await node.start_extra()
+        stack.push_async_callback(node.close_extra)
         await peer.ask({"endpoint": node.kv_addr})
-        order = sorted(range(len(specs)), key=lambda i: (specs[i].send_time, i))
-        pending, held, failed = deque(order), {}, {}
-        rids = [f"r{i:05d}" for i in range(len(specs))]
+        driver = _Driver(node, peer, specs, step_s, seed, vocab)
+        clock.append(driver)
+        await driver.run(max_steps)
+        return _result(node, driver, time.monotonic() - t0)
 
-        async def hand_off(i: int) -> None:
-            s, rid = specs[i], rids[i]
-            prompt, first = _tokens(s, i, seed, vocab)
-            got = await peer.ask({"rid": rid, "num_tokens": len(prompt), "seed": seed * 1_000_003 + i,
-                                  "meta": _meta(s, prompt, first)})
-            h = held.pop(rid, None)
-            if got["state"] == "DONE":
-                await _adopted(node, rid)
-            elif got["code"] == "no_pages":  # deferred: kept and retried, as a prefill node backs off
-                back = h.backoff if h else RETRY_S[0]
-                held[rid] = _Held(i, clock[0] + back, min(2 * back, RETRY_S[1]))
-            else:
-                failed[got["code"]] = failed.get(got["code"], 0) + 1
 
-        steps = 0
-        while steps < max_steps:
-            clock[0] = steps * step_s
-            while pending and specs[pending[0]].send_time <= clock[0]:
-                await hand_off(pending.popleft())
-            for rid, h in list(held.items()):
-                if h.retry_at <= clock[0]:
-                    await hand_off(h.index)
-            await node.poll_io()
-            if node.engine.has_work():
-                node.on_step_events(node.engine.step(), clock[0])
-                await node.sink.flush()
-            elif not pending and not held:
-                break
-            steps += 1
-        else:
-            raise RuntimeError(f"not done after {max_steps} steps: {len(pending)} to send, {len(held)} held")
-        pools = [p for p in (node.engine.pool, node.engine.host_pool) if p is not None]
-        for p in pools:
-            p.check()
-        digest = hashlib.sha256()
-        for rid in rids:
-            digest.update(json.dumps([rid, node.tokens.get(rid, [])]).encode())
-        return LockstepResult(config.transport, config.policy, step_s, steps, len(specs), len(node.finished),
-                              failed, {k: int(v) for k, v in sorted(node.admissions.items())}, node.verdicts,
-                              digest.hexdigest(), all(p.num_free == p.num_pages for p in pools),
-                              round(time.monotonic() - t0, 3))
-    finally:
-        await peer.stop()
-        await node.close_extra()
-        node.ctx.destroy(linger=0)
-        if store is not None and dist.is_initialized():
-            dist.destroy_process_group()
+def _store():
+    """The TCPStore of the 2-rank gloo group (this node: rank 0; the peer: rank 1)."""
+    import datetime
+
+    import torch.distributed as dist
+    return dist.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+
+
+async def _join_group(store, peer: _Peer) -> None:
+    """Join the group as rank 0; fails at once if the peer exits instead of joining."""
+    import datetime
+
+    import torch.distributed as dist
+    join = asyncio.ensure_future(asyncio.to_thread(dist.init_process_group, "gloo", store=store, rank=0,
+                                                   world_size=2, timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S)))
+    gone = asyncio.ensure_future(peer.proc.wait())
+    await asyncio.wait((join, gone), timeout=GROUP_TIMEOUT_S + 5, return_when=asyncio.FIRST_COMPLETED)
+    gone.cancel()
+    if not join.done():
+        raise RuntimeError(f"the lockstep peer did not join the gloo group (exit status {peer.proc.returncode})")
+    join.result()
+
+
+def _leave_group() -> None:
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _result(node: _Node, d: _Driver, wall_s: float) -> LockstepResult:
+    pools = [p for p in (node.engine.pool, node.engine.host_pool) if p is not None]
+    for p in pools:
+        p.check()
+    digest = hashlib.sha256()
+    for rid in d.rids:
+        digest.update(json.dumps([rid, node.tokens.get(rid, [])]).encode())
+    return LockstepResult(node.config.transport, node.config.policy, d.step_s, d.steps, len(d.specs),
+                          len(node.finished), d.failed, {k: int(v) for k, v in sorted(node.admissions.items())},
+                          node.verdicts, digest.hexdigest(), all(p.num_free == p.num_pages for p in pools),
+                          round(wall_s, 3))
 
 
 def parse(argv: list[str]):
@@ -264,6 +316,8 @@ def parse(argv: list[str]):
         ap.error("--step-ms must be > 0")
     na = parse_node("decode", node_argv)
     if na.transport == "torch":  # a group of this node and the peer, on a store run_lockstep hosts
+        if na.device != "cpu":
+            ap.error("--transport torch runs in lockstep on the CPU only (a gloo group; the peer's pages are on the CPU)")
         na.dist_init_method, na.dist_rank, na.dist_world_size = "tcp://127.0.0.1:0", 0, 2
     return a, build_parser().parse_args(rest), na
 

@@ -7,7 +7,7 @@ its sender is up, then each command line, one at a time, with one JSON line once
 transfer has ended:
 
     {"rid": ID, "num_tokens": N, "seed": S, "meta": {TransferMeta fields}}
-    -> {"rid": ID, "state": "DONE" | "FAILED", "code": FailCode or null}
+    -> {"rid": ID, "state": "DONE" | "FAILED", "code": null | a FailCode | "timeout"}
 
 The payload is N tokens of KV drawn from `seed` (the same bytes on every backend), sealed with
 the meta as a prefill node seals its hand-offs (pdtb/nodes/kv_meta.py). With --dist-port it
@@ -74,9 +74,14 @@ async def serve(a: argparse.Namespace) -> None:
             export = payload(pool, cmd["rid"], cmd["num_tokens"], cmd["seed"])
             h = export.header
             meta = kv_meta.seal(TransferMeta(**cmd["meta"]), h.request_id, h.num_tokens, h.num_pages)
-            st = await tx.wait(tx.send(export, meta), a.timeout_s + 5)
+            tid = tx.send(export, meta)
+            st = await tx.wait(tid, a.timeout_s + 5)
+            if not st.state.finished:  # (the transport's own timeout should have ended it)
+                tx.cancel(tid, "no end within the transfer timeout")
+                emit({"rid": cmd["rid"], "state": "FAILED", "code": "timeout"})
+                continue
             emit({"rid": cmd["rid"], "state": st.state.name,
-                  "code": None if st.state is TransferState.DONE or st.code is None else str(st.code)})
+                  "code": None if st.state is TransferState.DONE else str(st.code or "unknown")})
     finally:
         await tx.close()
 

@@ -40,7 +40,11 @@ def write_results(path: str | Path, results: dict, compact: bool = False) -> Non
 
 
 def load_results(path: str | Path) -> dict:
-    data = json.loads(Path(path).read_text())
+    return check_results(json.loads(Path(path).read_text()), path)
+
+
+def check_results(data: dict, path: str | Path) -> dict:
+    """`data` (read from `path`) if it is a results file, with its samples defaulted."""
     for key in ("meta", "requests", "summary"):
         if key not in data:
             raise ValueError(f"{path}: not a results file (no {key!r})")

@@ -281,12 +281,15 @@ def verdicts_lines(root: Path) -> list[str]:
            "each transport; the decode node's verdicts on hand-off headers (`defer` counts each deferred request "
            "once, `defer_answers` every deferral as the prefill side retries).", ""]
     if (root / "lockstep").is_dir():
-        lines, same = table(_verdict_dirs(root / "lockstep"))
+        dirs = _verdict_dirs(root / "lockstep")
+        lines, same = table(dirs)
+        steps = sorted({json.loads(p.read_text()).get("step_s") for d in dirs for p in d.glob("disagg-*.json")})
+        clock = " or ".join(f"{s * 1000:g} ms" for s in steps if s)
         out += ["In lockstep (`pdtb bench lockstep`: the same workload and decode node flags, each request's KV "
                 "handed off into a real decode node over the transport in a fixed order of events, on a virtual "
-                "clock of 20 ms per engine step): "
-                + ("every request's verdicts, every count and the generated tokens equal ZeroMQ's, over every "
-                   "transport." if same else "**the decisions differ between transports** (below)."),
+                f"clock of {clock} per engine step): "
+                + (f"every request's verdicts, every count and the generated tokens equal {dirs[0].name}'s, over "
+                   "every transport." if same else "**the decisions differ between transports** (below)."),
                 "", "```", *lines, "```", ""]
     live = root / "live" if (root / "live").is_dir() else root
     if _verdict_dirs(live):

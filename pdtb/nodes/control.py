@@ -134,9 +134,13 @@ class EventSink:
     def migration(self, router_id: str, report: MigrationReport) -> None:
         self._batch(router_id).migrations.append(report)
 
-    async def flush(self) -> None:
+    def take(self) -> dict[bytes, TokenBatch]:
+        """The batches collected since the last flush, by router identity (removed here)."""
         pending, self._pending = self._pending, {}
-        for ident, batch in pending.items():
+        return pending
+
+    async def flush(self) -> None:
+        for ident, batch in self.take().items():
             why = await self.server.deliver(ident, batch)
             if why == "gone" and self.on_gone is not None:
                 self.on_gone(ident.decode(errors="replace"))

@@ -106,6 +106,8 @@ def node_config(role: str, a: argparse.Namespace, model_dir: str):
 
     from pdtb.nodes.node_base import NodeConfig
 
+    if a.torch_threads < 1:
+        raise CliError("--torch-threads must be at least 1")
     node_id = a.node_id or f"{role}-{os.getpid()}"
     try:
         return NodeConfig(role=role, node_id=node_id,
@@ -126,15 +128,13 @@ def node_config(role: str, a: argparse.Namespace, model_dir: str):
 
 def main(role: str, argv: list[str]) -> int:
     a = parse(role, argv)
-    if a.torch_threads < 1:
-        raise CliError("--torch-threads must be at least 1")
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
     import torch
     import uvloop
 
-    torch.set_num_threads(max(1, a.torch_threads))
     cfg = node_config(role, a, resolve_model(a.model))
+    torch.set_num_threads(a.torch_threads)
     if cfg.transport_faults.enabled:
         logging.getLogger("pdtb.node").warning("KV transport fault injection is on: %s", cfg.transport_faults)
     if role == "prefill":
