@@ -64,6 +64,7 @@ async def serve(a: argparse.Namespace) -> None:
     tx = make_sender(TransportConfig(backend=a.backend, endpoint=json.loads(first)["endpoint"],
                                      transfer_timeout_s=a.timeout_s), spec)
     await tx.start()
+    kept = {}  # request id -> the export of a deferred hand-off
     emit({"ready": True})
     try:
         while True:
@@ -71,17 +72,20 @@ async def serve(a: argparse.Namespace) -> None:
             if not line:
                 return
             cmd = json.loads(line)
-            export = payload(pool, cmd["rid"], cmd["num_tokens"], cmd["seed"])
+            rid = cmd["rid"]
+            export = kept.pop(rid, None) or payload(pool, rid, cmd["num_tokens"], cmd["seed"])
             h = export.header
             meta = kv_meta.seal(TransferMeta(**cmd["meta"]), h.request_id, h.num_tokens, h.num_pages)
             tid = tx.send(export, meta)
             st = await tx.wait(tid, a.timeout_s + 5)
             if not st.state.finished:  # (the transport's own timeout should have ended it)
                 tx.cancel(tid, "no end within the transfer timeout")
-                emit({"rid": cmd["rid"], "state": "FAILED", "code": "timeout"})
+                emit({"rid": rid, "state": "FAILED", "code": "timeout"})
                 continue
-            emit({"rid": cmd["rid"], "state": st.state.name,
-                  "code": None if st.state is TransferState.DONE else str(st.code or "unknown")})
+            code = None if st.state is TransferState.DONE else str(st.code or "unknown")
+            if code == "no_pages":  # deferred: the same bytes go again at its retry
+                kept[rid] = export
+            emit({"rid": rid, "state": st.state.name, "code": code})
     finally:
         await tx.close()
 
