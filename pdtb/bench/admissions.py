@@ -39,10 +39,7 @@ def admissions_of(results: dict) -> dict[str, int]:
 def load(path: Path) -> dict:
     """A live run's results file, or a lockstep result."""
     data = json.loads(path.read_text())
-    if data.get("lockstep"):
-        return data
-    check_results(data, path)
-    return data
+    return data if data.get("lockstep") else check_results(data, path)
 
 
 def _same(a, b) -> str:

@@ -17,8 +17,9 @@ header arrives, so two runs over the same transport already differ. Here:
   bytes: prefill is taken as instant and unlimited) when told, and reports how it ended;
 - time is virtual: the node's scheduler clock reads `step * step_s`. At each step boundary the
   requests whose send time has come are handed off in workload order, then the deferred ones
-  whose backoff is over are retried (the prefill node's backoff, prefill_node/handoff.py
-  RETRY_S), each after the previous transfer has ended; then the engine runs one step.
+  whose backoff is over are retried, each after the previous transfer has ended; then the
+  engine runs one step. A transfer's end is taken as a prefill node takes it
+  (prefill_node/handoff.py `transfer_ended`: backoff, hold timeout, failure).
 
 The result: the node's verdict counts (`DecodeNode.admissions`, as a live run's /cluster
 samples give them), every request's verdicts in order, and a digest of every generated token
@@ -39,14 +40,19 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from decode_node.node import DecodeNode
+from kv_transport.admission import FailCode
+from pdtb.engine.sequence import Sequence
 from pdtb.nodes.control import EventSink
-from pdtb.nodes.protocol import HandoffMeta, Params, to_extra
-from prefill_node.handoff import RETRY_S
+from pdtb.nodes.handoff import HandoffEvent
+from pdtb.nodes.node_base import to_sampling
+from pdtb.nodes.protocol import GenerateRequest, HandoffMeta, Params, Target, to_extra
+from prefill_node.handoff import Handoff, Outcome, transfer_ended
 
 ROUTER = "lockstep"  # the router id the hand-offs name (there is none: events are counted, not sent)
 ANSWER_MARGIN_S = 10.0  # a hand-off's answer, beyond the transfer timeout
 ADOPT_TIMEOUT_S = 10.0  # a landed transfer's adoption by the node
 GROUP_TIMEOUT_S = 30.0  # --transport torch: the peer joining the gloo group
+_CODES = {c.value for c in FailCode}
 
 
 @dataclass
@@ -76,14 +82,17 @@ class _NoRouter(EventSink):
 class _Node(DecodeNode):
     """The decode node, recording its verdicts and tokens, on a virtual clock."""
 
-    def __init__(self, config, now) -> None:
+    def __init__(self, config) -> None:
         super().__init__(config)
-        self.now = now
-        self.engine.scheduler.clock = now
+        self.set_clock(lambda: 0.0)
         self.sink = _NoRouter(self.ctrl, config.node_id)
         self.verdicts: dict[str, list[str]] = {}
         self.tokens: dict[str, list[int]] = {}
         self.finished: set[str] = set()
+
+    def set_clock(self, now) -> None:
+        """Read the time from `now` (the driver's step), here and in the scheduler."""
+        self.now = self.engine.scheduler.clock = now
 
     def _count_admission(self, rid, verdict) -> None:
         super()._count_admission(rid, verdict)
@@ -100,16 +109,6 @@ class _Node(DecodeNode):
         if finished:
             self.finished.add(seq.request_id)
         super().emit(seq, tokens, finished)
-
-
-@dataclass
-class _Held:
-    """A deferred hand-off, as a prefill node holds it (prefill_node/handoff.py)."""
-
-    index: int  # into the workload
-    retry_step: int  # the step at whose boundary it is sent again
-    backoff_s: float  # the wait after its next deferral
-    deadline_s: float  # virtual time after which a deferral fails it (the node's hold timeout)
 
 
 class _Peer:
@@ -150,29 +149,35 @@ class _Peer:
                 await self.proc.wait()
 
 
-def _tokens(spec, index: int, seed: int, vocab: int) -> tuple[list[int], int]:
-    """A request's prompt token ids and its first output token (sampled at prefill), seeded."""
+def _handoff(spec, index: int, rid: str, seed: int, vocab: int, deadline: float) -> Handoff:
+    """Request `index`'s hand-off as a prefill node holds it: its prompt token ids and first output
+    token (sampled at prefill) seeded, bound to the one decode node."""
     rng = random.Random(f"{seed}/lockstep/{index}")
-    return [rng.randrange(3, vocab) for _ in range(spec.prompt_len)], rng.randrange(3, vocab)
+    prompt = [rng.randrange(3, vocab) for _ in range(spec.prompt_len)]
+    req = GenerateRequest(rid, prompt, Params(max_tokens=spec.output_len, ignore_eos=True), spec.tenant,
+                          spec.priority or 0, spec.slo_tier or "", router_id=ROUTER, decode_node="decode")
+    seq = Sequence(rid, [*prompt, rng.randrange(3, vocab)], len(prompt), to_sampling(req.params), req.tenant,
+                   req.priority, req.slo_tier, num_computed_tokens=len(prompt))
+    return Handoff(seq, req, [Target(req.decode_node, "")], deadline=deadline)
 
 
-def _meta(spec, prompt: list[int], first: int) -> dict:
-    hm = HandoffMeta(ROUTER, Params(max_tokens=spec.output_len, ignore_eos=True), spec.priority or 0,
-                     slo_tier=spec.slo_tier or "")
-    return {"tenant": spec.tenant, "prompt_token_ids": prompt, "output_token_ids": [first],
-            "num_computed_tokens": len(prompt), "extra": to_extra(hm)}
+def _meta(h: Handoff) -> dict:
+    seq, req = h.seq, h.req
+    return {"tenant": seq.tenant, "prompt_token_ids": seq.prompt_token_ids, "output_token_ids": seq.output_token_ids,
+            "num_computed_tokens": seq.num_computed_tokens,
+            "extra": to_extra(HandoffMeta(req.router_id, req.params, req.priority, slo_tier=req.slo_tier))}
 
 
 async def _adopted(node: _Node, rid: str) -> None:
     """Wait (bounded) until the node has adopted a landed transfer."""
     deadline = time.monotonic() + ADOPT_TIMEOUT_S
-    while rid not in node.seqs and rid not in node.finished:
+    while True:
         await node.poll_io()
-        if rid in node.seqs or time.monotonic() > deadline:
-            break
+        if rid in node.seqs:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{rid} landed but the node did not adopt it within {ADOPT_TIMEOUT_S}s")
         await asyncio.sleep(0.001)
-    if rid not in node.seqs and rid not in node.finished:
-        raise RuntimeError(f"{rid} landed but the node did not adopt it within {ADOPT_TIMEOUT_S}s")
 
 
 class _Driver:
@@ -184,7 +189,7 @@ class _Driver:
         self.seed, self.vocab = seed, vocab
         self.rids = [f"r{i:05d}" for i in range(len(specs))]
         self.pending = deque(sorted(range(len(specs)), key=lambda i: (specs[i].send_time, i)))
-        self.held: dict[str, _Held] = {}  # in order of first deferral
+        self.held: dict[int, tuple[Handoff, int]] = {}  # deferred: (its hand-off, the step it goes again at)
         self.failed: dict[str, int] = {}
         self.steps = 0
 
@@ -195,9 +200,11 @@ class _Driver:
         node = self.node
         while self.steps < max_steps:
             while self.pending and self.specs[self.pending[0]].send_time <= self.now():
-                await self.hand_off(self.pending.popleft())
-            for h in [h for h in self.held.values() if h.retry_step <= self.steps]:
-                await self.hand_off(h.index)
+                i = self.pending.popleft()
+                await self.hand_off(i, _handoff(self.specs[i], i, self.rids[i], self.seed, self.vocab,
+                                                self.now() + node.config.hold_timeout_s))
+            for i in [i for i, (_, step) in self.held.items() if step <= self.steps]:
+                await self.hand_off(i, self.held.pop(i)[0])
             await node.poll_io()
             if node.engine.has_work():
                 node.on_step_events(node.engine.step(), self.now())
@@ -207,22 +214,19 @@ class _Driver:
             self.steps += 1
         raise RuntimeError(f"not done after {max_steps} steps: {len(self.pending)} to send, {len(self.held)} held")
 
-    async def hand_off(self, i: int) -> None:
-        s, rid = self.specs[i], self.rids[i]
-        prompt, first = _tokens(s, i, self.seed, self.vocab)
-        got = await self.peer.ask({"rid": rid, "num_tokens": len(prompt), "seed": self.seed * 1_000_003 + i,
-                                   "meta": _meta(s, prompt, first)})
-        h = self.held.pop(rid, None)
-        if got["state"] == "DONE":
-            await _adopted(self.node, rid)
-            return
-        deadline = h.deadline_s if h else self.now() + self.node.config.hold_timeout_s
-        if got["code"] == "no_pages" and self.now() < deadline:  # held, retried after a backoff (RETRY_S)
-            back = h.backoff_s if h else RETRY_S[0]
-            self.held[rid] = _Held(i, self.steps + max(1, round(back / self.step_s)), min(2 * back, RETRY_S[1]),
-                                   deadline)
+    async def hand_off(self, i: int, h: Handoff) -> None:
+        """One attempt; its end as a prefill node takes it (prefill_node/handoff.transfer_ended)."""
+        got = await self.peer.ask({"rid": h.req.request_id, "num_tokens": h.seq.num_computed_tokens,
+                                   "seed": self.seed * 1_000_003 + i, "meta": _meta(h)})
+        h.on(HandoffEvent.SEND)
+        code = got["code"]
+        out = transfer_ended(h, got["state"] == "DONE", FailCode(code) if code in _CODES else None, self.now())
+        if out is Outcome.LANDED:
+            await _adopted(self.node, h.req.request_id)
+        elif out is Outcome.HELD:
+            self.held[i] = (h, self.steps + max(1, round((h.retry_at - self.now()) / self.step_s)))
         else:  # the prefill side fails it
-            self.failed[got["code"]] = self.failed.get(got["code"], 0) + 1
+            self.failed[code] = self.failed.get(code, 0) + 1
 
 
 async def run_lockstep(config, specs: list, step_s: float, seed: int, vocab: int,
@@ -235,8 +239,7 @@ async def run_lockstep(config, specs: list, step_s: float, seed: int, vocab: int
             store = _store()
             config = dataclasses.replace(config, dist_init_method=f"tcp://127.0.0.1:{store.port}", dist_rank=0,
                                          dist_world_size=2)
-        clock = []  # the driver, once there is one: the node's clock reads its step
-        node = _Node(config, lambda: clock[0].now() if clock else 0.0)
+        node = _Node(config)
         stack.callback(node.ctx.destroy, 0)
         spec = node.engine.spec
         max_pages = max(spec.pages_for(s.prompt_len) for s in specs) + 1
@@ -249,7 +252,7 @@ async def run_lockstep(config, specs: list, step_s: float, seed: int, vocab: int
         stack.push_async_callback(node.close_extra)
         await peer.ask({"endpoint": node.kv_addr})
         driver = _Driver(node, peer, specs, step_s, seed, vocab)
-        clock.append(driver)
+        node.set_clock(driver.now)
         await driver.run(max_steps)
         return _result(node, driver, time.monotonic() - t0)
 
@@ -353,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
 
     job = prepare(sys.argv[1:] if argv is None else argv)
-    torch.set_num_threads(max(1, job.config.engine.torch_threads or 1))
+    torch.set_num_threads(job.config.engine.torch_threads)
     res = uvloop.run(run_lockstep(job.config, job.specs, job.step_s, job.seed, job.vocab))
     if job.out:
         with open(job.out, "w") as f:
