@@ -6,14 +6,15 @@
 #                                                  [--skip-bench] [--skip-transport] [--skip-compare]
 #                                                  [--steps-grid]
 #
-# 1. the GPU tests: the Triton paged decode kernels against a float64 reference, the engine
-#    (Triton kernel, CUDA graphs) token-identical to transformers.generate, exports across
+# 1. the GPU tests: the Triton paged decode kernels against a float64 reference, the fused
+#    RMSNorm against transformers' own, the engine (Triton kernels, CUDA graphs)
+#    token-identical to transformers.generate, exports across
 #    devices, tier moves to the pinned host tier, ZeroMQ transfers between CUDA pools of two
 #    processes, one-sided writes into a GPU pool over CUDA IPC (and a 1P+1D cluster on one GPU
 #    that way, token-identical to generate);
-# 2. pdtb bench decode-kernel (the Triton kernel's launch settings); pdtb bench engine on the
-#    GPU: float32 and bfloat16 with CUDA graphs, bfloat16 without; pdtb bench roofline of a
-#    Llama-3-8B shape in bfloat16, every decode path timed;
+# 2. pdtb bench decode-kernel (the Triton kernel's launch settings); pdtb bench roofline of a
+#    Llama-3-8B shape in bfloat16 at the setting fastest at 64 rows, every decode path timed;
+#    pdtb bench engine on the GPU: float32 and bfloat16 with CUDA graphs, bfloat16 without;
 # 3. pdtb bench transport with both pools on the GPU (ipc and tcp), and CPU pools beside it
 #    (zmq ipc, and one-sided shm);
 # 4. scripts/compare_fairness.sh --quick (fcfs, memfair) with every node on the GPU;
@@ -63,14 +64,18 @@ for i in range(torch.cuda.device_count()):
     print("device", i, torch.cuda.get_device_name(i))
 EOF
 [ "$TESTS" = 1 ] && step tests 420 python -m pytest -q -x -p no:cacheprovider tests/test_triton_decode.py \
-  tests/test_cuda_graphs.py tests/test_cuda_ipc.py tests/test_cuda.py
+  tests/test_fused_norm.py tests/test_cuda_graphs.py tests/test_cuda_ipc.py tests/test_cuda.py
 if [ "$BENCH" = 1 ]; then
-  step decode-kernel 120 sh -c "pdtb bench decode-kernel --device $DEVICE --json > $OUT/kernel.json"
+  step decode-kernel 240 sh -c "pdtb bench decode-kernel --device $DEVICE --json > $OUT/kernel.json"
+  # the roofline runs the kernel at the launch setting the sweep found fastest at 64 rows (and a
+  # span rule that picks its span count there); KernelConfig's defaults where the sweep did not run
+  KC="$(python -m pdtb.engine.bench_decode_kernel --pick 64 < "$OUT/kernel.json" 2>/dev/null || true)"
+  # decode steps of a Llama-3-8B shape (random weights, bfloat16) against the HBM roofline
+  step roofline-llama-3-8b 300 pdtb bench roofline --device "$DEVICE" --random-init llama-3-8b --compare --json \
+    ${KC:+--kernel-config "$KC"}
   step engine-fp32 150 pdtb bench engine --device "$DEVICE" --batch 32 --json
   step engine-bf16 150 pdtb bench engine --device "$DEVICE" --dtype bfloat16 --batch 32 --json
   step engine-bf16-eager 150 pdtb bench engine --device "$DEVICE" --dtype bfloat16 --batch 32 --cuda-graphs off --json
-  # decode steps of a Llama-3-8B shape (random weights, bfloat16) against the HBM roofline
-  step roofline-llama-3-8b 300 pdtb bench roofline --device "$DEVICE" --random-init llama-3-8b --compare --json
 fi
 if [ "$TRANSPORT" = 1 ]; then
   step transport-ipc 120 pdtb bench transport --device "$DEVICE" --endpoint ipc --json

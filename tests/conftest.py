@@ -8,6 +8,18 @@ import pytest
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _no_cuda() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+# Triton reads TRITON_INTERPRET when first imported, by whichever test module comes first in a
+# worker: without a GPU its kernels run in the interpreter (tests/test_triton_decode.py).
+if _no_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory) -> dict[str, str]:
     """One tiny checkpoint per supported family, written once per pytest run."""

@@ -1,9 +1,9 @@
 """The GPU decode path (Triton paged kernel, steps served by bucketed CUDA graphs) against
 transformers' generate.
 
-On a GPU: the engine as it runs there (graphs captured and replayed). Elsewhere: the same
-runner with the Triton kernels in Triton's interpreter and each graph's function called where
-a GPU would replay it, which checks the bucketing, the padding rows and the page-table block
+On a GPU: the engine as it runs there (graphs captured and replayed, RMSNorms fused).
+Elsewhere: the same runner with the Triton kernels (paged decode, fused RMSNorm) in Triton's
+interpreter and each graph's function called where a GPU would replay it, which checks the bucketing, the padding rows and the page-table block
 (pdtb/engine/cuda_graphs.py) token for token. Skipped where Triton is not installed.
 """
 from __future__ import annotations
@@ -33,12 +33,16 @@ def gpu_path_engine(model_dir: str, page_size: int, max_num_seqs: int = 256, gra
     eng = make_engine(model_dir, page_size=page_size, num_pages=2048, device=DEVICE, max_num_seqs=max_num_seqs,
                       cuda_graphs=graphs)
     if DEVICE == "cpu":
+        from pdtb.engine.fused_norm import fuse_norms
+
+        assert fuse_norms(eng.model) == 2 * eng.model.config.num_hidden_layers + 1  # as a GPU engine does
         kernel = triton_decode.DecodeKernel(torch.device("cpu"))
         eng.runner = ModelRunner(eng.model, eng.pool.kv, page_size, "cpu", kernel=kernel)
         if graphs:
             eng.runner.graphs = DecodeGraphs(eng.model, eng.pool.kv, page_size, kernel, max_rows=max_num_seqs,
                                              max_len=eng.scheduler.config.max_model_len)
     assert getattr(eng.runner.kernel, "name", "") == "triton"
+    assert DEVICE == "cpu" or eng.fused_norms == 2 * eng.model.config.num_hidden_layers + 1
     assert (eng.runner.graphs is not None) == graphs
     return eng
 

@@ -10,6 +10,9 @@ import json
 from pathlib import Path
 
 GPU_HEADING = "## On a GPU"
+# what each decode path `pdtb bench roofline --compare` times beside the engine's own
+PATHS = {"unfused": "CUDA graphs with transformers' own RMSNorms", "triton": "the paged kernel run eagerly",
+         "gather": "the pages gathered for torch attention, eagerly"}
 
 
 def _load(path: Path) -> dict | None:
@@ -60,11 +63,14 @@ def kernel_rows(k: dict) -> list[str]:
     out = ["| rows | KV MB | device copy GB/s (read + written) | engine's setting GB/s | best setting | best GB/s |",
            "|---|---|---|---|---|---|"]
     for r in k["rows"]:
-        mine = [s for s in r["settings"] if (s["block_n"], s["num_warps"], s["num_stages"], s.get("head_major", 0))
-                == (c.block_n, c.num_warps, c.num_stages, c.head_major) and str(s["splits"]).startswith("auto")]
+        mine = [s for s in r["settings"] if (s["block_n"], s["num_warps"], s["num_stages"], s.get("head_major", 0),
+                                             s.get("all_heads", 0))
+                == (c.block_n, c.num_warps, c.num_stages, c.head_major, c.all_heads)
+                and str(s["splits"]).startswith("auto")]
         b = r["best"]
         best = (f"{b['block_n']} keys, {b['num_warps']} warps, {b['num_stages']} stages, "
-                f"{'head-major, ' if b.get('head_major') else ''}{b['splits']} span(s)")
+                f"{'head-major, ' if b.get('head_major') else ''}{'all kv heads, ' if b.get('all_heads') else ''}"
+                f"{b['splits']} span(s)")
         out.append(f"| {r['batch']} | {r['bytes_mb']} | {r['copy_gbps']:.0f} | {mine[0]['gbps']:.0f} |" if mine else
                    f"| {r['batch']} | {r['bytes_mb']} | {r['copy_gbps']:.0f} | - |")
         out[-1] += f" {best} | {b['gbps']:.0f} |"
@@ -97,13 +103,14 @@ def gpu_section(d: str, stamp: str) -> list[str]:
                 f"step time."
                 + (f" The next column uses the device-to-device copy rate `pdtb bench decode-kernel` measured in "
                    f"the same run ({copy:.0f} GB/s, bytes read plus written) instead." if copy else "")
-                + f" The engine's path is {roof['paths'][0]}; "
-                + ", ".join(f"`{p}`" for p in roof["paths"][1:])
-                + " are the paged kernel run eagerly and the pages gathered for torch attention, on the same rows. "
-                f"Kernel settings: `{roof.get('kernel_config')}`.", "", *roofline_rows(roof, copy), ""]
+                + f" The engine's path is {roof['paths'][0]}"
+                + (f" with its {roof['fused_norms']} RMSNorms fused" if roof.get("fused_norms") else "")
+                + "; on the same rows, " + "; ".join(f"`{p}`: {PATHS.get(p, p)}" for p in roof["paths"][1:])
+                + f". Kernel settings: `{roof.get('kernel_config')}`.", "", *roofline_rows(roof, copy), ""]
     if kern:
         out += [f"`pdtb bench decode-kernel`: one layer's decode attention ({kern['heads']} query heads, "
                 f"{kern['kv_heads']} KV heads of {kern['head_dim']}, {kern['dtype']}, {kern['context']} keys a row "
-                f"on scattered pages of {kern['page_size']}), GB/s of KV read, median of {kern['reps']}.", "",
+                f"on scattered pages of {kern['page_size']}), GB/s of KV read; on the GPU each call is a CUDA graph "
+                f"replayed {kern['reps']} times (mean), as the engine runs it.", "",
                 *kernel_rows(kern), ""]
     return out

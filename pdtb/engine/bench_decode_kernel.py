@@ -2,13 +2,19 @@
 
 One layer's decode attention of `--batches` rows of `--context` keys each, their pages
 scattered through the pool, timed for each launch setting (keys per inner step, warps,
-pipeline stages, program order) and each span count; the bytes are the K and V the rows read once. Prints,
-per batch size, the GB/s of each setting and the best, against a device-to-device copy of
-the same bytes measured in the same run (the practical ceiling).
+pipeline stages, program order, a program per kv head or one over all of them) and each span
+count; the bytes are the K and V the rows read
+once. On a GPU each call is captured in a CUDA graph and replayed, as the engine's decode steps
+run it, so no launch cost from Python is counted. Prints, per batch size, the GB/s of each
+setting and the best (and the best with the span count the engine would pick), against a
+device-to-device copy of the same bytes measured in the same run (the practical ceiling). A
+setting past the device's limits (shared memory) is skipped and listed.
 
     pdtb bench decode-kernel [--device cuda] [--dtype bfloat16] [--heads 32] [--kv-heads 8]
                              [--head-dim 128] [--page-size 16] [--context 1024]
-                             [--batches 1,8,64,128] [--splits 1,2,4,8,16] [--reps 20] [--json]
+                             [--batches 1,8,64,128] [--splits 1,2,4,8] [--block-n 32,64,128]
+                             [--warps 4,8] [--stages 2,3,4] [--head-major 0,1]
+                             [--all-heads-block-n 16,32] [--reps 20] [--json]
 
 The default shape is one layer of Llama-3-8B. `KernelConfig` (triton_decode.py) holds the
 settings the engine uses.
@@ -39,17 +45,33 @@ def parse(argv):
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--batches", type=_ints, default=[1, 8, 64, 128])
-    ap.add_argument("--splits", type=_ints, default=[1, 2, 4, 8, 16])
-    ap.add_argument("--block-n", type=_ints, default=[32, 64])
+    ap.add_argument("--splits", type=_ints, default=[1, 2, 4, 8])
+    ap.add_argument("--block-n", type=_ints, default=[32, 64, 128])
     ap.add_argument("--warps", type=_ints, default=[4, 8])
-    ap.add_argument("--stages", type=_ints, default=[2, 3])
+    ap.add_argument("--stages", type=_ints, default=[2, 3, 4])
     ap.add_argument("--head-major", type=_ints, default=[0, 1], help="program order (KernelConfig.head_major)")
+    ap.add_argument("--all-heads-block-n", type=_ints, default=[16, 32],
+                    help="keys per inner step of the settings with one program over every kv head "
+                         "(KernelConfig.all_heads; empty: none)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.heads % a.kv_heads or min(a.batches + a.splits + [a.context, a.reps, a.page_size]) < 1:
         ap.error("heads must be a multiple of kv heads; sizes must be positive")
     return a
+
+
+def settings(a) -> list:
+    """The launch settings swept: a program per kv head (`--block-n` x `--warps` x `--stages` x
+    `--head-major`), then one program over every kv head (`--all-heads-block-n` x `--warps` x
+    `--stages`)."""
+    from pdtb.engine.triton_decode import KernelConfig
+
+    out = [KernelConfig(block_n=b, num_warps=w, num_stages=st, head_major=m)
+           for b, w, st, m in itertools.product(a.block_n, a.warps, a.stages, a.head_major)]
+    out += [KernelConfig(block_n=b, num_warps=w, num_stages=st, all_heads=1)
+            for b, w, st in itertools.product(a.all_heads_block_n, a.warps, a.stages)]
+    return out
 
 
 def run(a) -> dict:
@@ -73,8 +95,27 @@ def run(a) -> dict:
     elem = pool.element_size()
 
     def timed(fn) -> float:
+        """Seconds of one call: on a GPU, one call captured in a CUDA graph (as the engine runs
+        it, no launch cost from Python) replayed `reps` times back to back, the mean; on the
+        CPU the median of `reps` calls."""
         fn()
         sync()
+        if cuda:
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                fn()
+            torch.cuda.current_stream(dev).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            graph.replay()
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(a.reps):
+                graph.replay()
+            sync()
+            return (time.perf_counter() - t0) / a.reps
         times = []
         for _ in range(a.reps):
             t0 = time.perf_counter()
@@ -94,25 +135,62 @@ def run(a) -> dict:
         dst = torch.empty_like(src)
         copy_s = timed(lambda: dst.copy_(src))  # noqa: B023
         row = {"batch": b, "bytes_mb": round(nbytes / 1e6, 1), "copy_gbps": round(2 * nbytes / copy_s / 1e9, 1),
-               "settings": []}
-        for block_n, warps, stages, major in itertools.product(a.block_n, a.warps, a.stages, a.head_major):
-            cfg = triton_decode.KernelConfig(block_n=block_n, num_warps=warps, num_stages=stages, head_major=major)
+               "settings": [], "skipped": []}
+        for cfg in settings(a):
+            block_n, warps, stages, major = cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.head_major
             kernel = triton_decode.DecodeKernel(dev, cfg)
             for splits in [*a.splits, None]:  # None: the span count the engine would choose
                 kernel.forced_splits = splits
-                s = timed(lambda: kernel(q, pool[0], pool[1], flat, start, lens, a.context,  # noqa: B023
-                                         a.head_dim ** -0.5))
                 label = splits if splits else f"auto ({kernel.splits(b, a.kv_heads, a.context)})"
-                row["settings"].append({"block_n": block_n, "num_warps": warps, "num_stages": stages,
-                                        "head_major": major, "splits": label, "us": round(s * 1e6, 1),
-                                        "gbps": round(nbytes / s / 1e9, 1)})
+                setting = {"block_n": block_n, "num_warps": warps, "num_stages": stages, "head_major": major,
+                           "all_heads": cfg.all_heads, "splits": label}
+                try:
+                    s = timed(lambda: kernel(q, pool[0], pool[1], flat, start, lens, a.context,  # noqa: B023
+                                             a.head_dim ** -0.5))
+                except Exception as e:  # a setting past the device's limits (shared memory, say)
+                    row["skipped"].append({**setting, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"})
+                    break
+                row["settings"].append({**setting, "us": round(s * 1e6, 1), "gbps": round(nbytes / s / 1e9, 1)})
+        if not row["settings"]:
+            raise CliError(f"no launch setting ran at {b} rows: {row['skipped'][0]['error']}")
         row["best"] = max(row["settings"], key=lambda r: r["gbps"])
+        auto = [r for r in row["settings"] if str(r["splits"]).startswith("auto")]
+        row["best_auto"] = max(auto, key=lambda r: r["gbps"]) if auto else None  # spans as the engine picks them
         out.append(row)
-    return {"device": a.device, "dtype": a.dtype, "heads": a.heads, "kv_heads": a.kv_heads, "head_dim": a.head_dim,
+    return {"device": a.device, "sms": triton_decode.DecodeKernel(dev).sms, "dtype": a.dtype, "heads": a.heads,
+            "kv_heads": a.kv_heads, "head_dim": a.head_dim,
             "page_size": a.page_size, "context": a.context, "reps": a.reps, "rows": out}
 
 
+def pick(res: dict, rows: int) -> str:
+    """The `KernelConfig.parse` text of the fastest setting at `rows` rows ('' when that batch
+    size was not run). Where a forced span count won, the span rule is set so that the engine
+    picks that count at `rows` rows of the sweep's context: `min_span` = context / spans, and
+    enough programs per multiprocessor for (rows x kv heads x spans) programs."""
+    for r in res["rows"]:
+        if r["batch"] != rows or not r.get("best"):
+            continue
+        b = r["best"]
+        text = f"block_n={b['block_n']},num_warps={b['num_warps']},num_stages={b['num_stages']}," \
+               f"head_major={b['head_major']}" + (",all_heads=1" if b.get("all_heads") else "")
+        spans = b["splits"]
+        if isinstance(spans, int) and res.get("sms"):
+            span = max(b["block_n"], res["context"] // spans // b["block_n"] * b["block_n"])
+            per_row = 1 if b.get("all_heads") else res["kv_heads"]
+            text += f",min_span={span},programs_per_sm={-(-spans * rows * per_row // res['sms'])}"
+        return text
+    return ""
+
+
 def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--pick"]:  # `--pick ROWS < results.json`: the setting to run the engine at
+        if len(argv) != 2 or not argv[1].isdigit():
+            raise CliError("usage: python -m pdtb.engine.bench_decode_kernel --pick ROWS < decode-kernel.json")
+        text = pick(json.load(sys.stdin), int(argv[1]))
+        print(text)
+        return 0 if text else 1
     a = parse(argv)
     res = run(a)
     if a.json:
@@ -123,10 +201,13 @@ def main(argv=None) -> int:
     for r in res["rows"]:
         best = r["best"]
         print(f"  batch {r['batch']:>4}: {r['bytes_mb']} MB of KV; device copy {r['copy_gbps']} GB/s (read + written)")
-        for s in sorted(r["settings"], key=lambda s: -s["gbps"])[:6]:
+        if r["skipped"]:
+            print(f"    ({len(r['skipped'])} setting(s) past the device's limits skipped: {r['skipped'][0]['error']})")
+        for s in sorted(r["settings"], key=lambda s: -s["gbps"])[:6]:  # the six fastest
             mark = "  <- best" if s is best else ""
             print(f"    block_n {s['block_n']:>3} warps {s['num_warps']} stages {s['num_stages']} "
-                  f"head-major {s['head_major']} splits {s['splits']!s:>8}: "
+                  f"{'all-heads   ' if s.get('all_heads') else 'head-major ' + str(s['head_major'])} "
+                  f"splits {s['splits']!s:>8}: "
                   f"{s['us']:>9.1f} us {s['gbps']:>8.1f} GB/s{mark}")
     return 0
 

@@ -13,8 +13,9 @@ read plus written per second), and `--bandwidth GB/s` sets it. For each batch si
 runs a decode step of that many rows of `--context` tokens (a warm-up step, then the median of
 `--reps` timed ones, the device synchronized around each) and prints the step time, the
 roofline and the fraction of it reached (roofline / step time). The engine's decode path is
-timed (on a GPU: CUDA graphs over the Triton paged kernel); `--compare` also times, on the
-same rows, the kernel run eagerly and the pages gathered for torch attention.
+timed (on a GPU: CUDA graphs over the Triton paged kernel, the RMSNorms fused); `--compare`
+also times, on the same rows, graphs captured with transformers' own RMSNorms (`unfused`),
+the kernel run eagerly and the pages gathered for torch attention.
 
     pdtb bench roofline [--random-init llama-3-8b | --model DIR] [--device cuda] [--dtype bfloat16]
                         [--batches 1,2,4,8,16,32,64,128] [--context 1024] [--reps 5]
@@ -135,6 +136,7 @@ def run(a: argparse.Namespace) -> dict:
     import torch
 
     from pdtb.engine.bench_steps import step_timer
+    from pdtb.engine.fused_norm import set_fused
     from pdtb.engine.runner import BatchChunk
 
     ps = a.page_size
@@ -158,14 +160,16 @@ def run(a: argparse.Namespace) -> dict:
         from pdtb.engine.triton_decode import KernelConfig
 
         runner.kernel.configure(KernelConfig.parse(a.kernel_config))
-    paths = decode_paths(runner) if a.compare else decode_paths(runner)[:1]
+    paths = decode_paths(runner, eng.fused_norms)
+    paths = paths if a.compare else paths[:1]
     out = []
     for b in a.batches:
         nbytes = weight_bytes(runner.model, b) + kv_bytes(eng.spec, b, a.context)
         roof = 1000 * nbytes / bw
         row = {"batch": b, "bytes_mb": round(nbytes / 1e6, 1), "roofline_ms": round(roof, 3)}
-        for name, kernel, graphs in paths:  # each path times the same rows
+        for name, kernel, graphs, fused in paths:  # each path times the same rows
             runner.kernel, runner.graphs = kernel, graphs
+            set_fused(runner.model, fused)
             times = []
             for _ in range(a.reps):
                 runner.run([warm for warm, _ in rows[:b]])
@@ -178,23 +182,32 @@ def run(a: argparse.Namespace) -> dict:
                 row[f"{name}_ms"] = round(ms, 3)
                 row[f"{name}_fraction"] = round(roof / ms, 3)
         runner.kernel, runner.graphs = paths[0][1], paths[0][2]
+        set_fused(runner.model, True)
         out.append(row)
     return {"model": a.random_init or a.model or "embedded tiny model", "device": a.device, "dtype": a.dtype,
             "context": a.context, "reps": a.reps, "bandwidth_gbps": round(bw / 1e9, 1), "bandwidth_source": source,
-            "paths": [name for name, _, _ in paths], "rows": out,
+            "paths": [name for name, *_ in paths], "rows": out, "fused_norms": eng.fused_norms,
             "kernel_config": str(getattr(runner.kernel, "config", "")) or None}
 
 
-def decode_paths(runner) -> list[tuple[str, object, object]]:
-    """(name, kernel, graphs) of each way the runner can run a decode step, the engine's own
-    first: CUDA graphs over the paged kernel, the kernel run eagerly, pages gathered for torch
-    attention."""
+def decode_paths(runner, fused_norms: int = 0) -> list[tuple[str, object, object, bool]]:
+    """(name, kernel, graphs, norms fused) of each way the runner can run a decode step, the
+    engine's own first: CUDA graphs over the paged kernel; where the engine fused its RMSNorms,
+    graphs captured with transformers' own norms (`unfused`); the kernel run eagerly; pages
+    gathered for torch attention."""
     paths = []
-    if runner.graphs is not None:
-        paths.append(("graphs", runner.kernel, runner.graphs))
+    g = runner.graphs
+    if g is not None:
+        paths.append(("graphs", runner.kernel, g, True))
+        if fused_norms:
+            from pdtb.engine.cuda_graphs import DecodeGraphs
+
+            plain = DecodeGraphs(runner.model, runner.kv, runner.page_size, runner.kernel,
+                                 max_rows=g.buckets[-1], max_len=g.width * g.page_size)
+            paths.append(("unfused", runner.kernel, plain, False))
     if runner.kernel is not None:
-        paths.append((getattr(runner.kernel, "name", "kernel"), runner.kernel, None))
-    paths.append(("gather", None, None))
+        paths.append((getattr(runner.kernel, "name", "kernel"), runner.kernel, None, True))
+    paths.append(("gather", None, None, True))
     return paths
 
 

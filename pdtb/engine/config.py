@@ -31,6 +31,9 @@ class EngineConfig:
     # on a GPU with the Triton kernel: decode steps replayed from CUDA graphs at bucketed batch
     # sizes (cuda_graphs.py)
     cuda_graphs: bool = True
+    # on a GPU with Triton: the model's RMSNorm modules run as one fused kernel each
+    # (fused_norm.py) instead of transformers' seven or eight elementwise kernels
+    fused_norm: bool = True
     # prefix cache: full pages shared by requests whose prompts start the same way
     # (page_pool.py); `charge`: how a shared page counts against quotas (page_pool.CHARGES)
     prefix_cache: bool = True

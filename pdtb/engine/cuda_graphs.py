@@ -5,9 +5,10 @@ on a GPU the launches, not the memory traffic, set its time. A step of `n` one-t
 that all sample is run instead by replaying the graph captured for the smallest bucket
 `b >= n` (BUCKETS, up to the engine's max_num_seqs):
 
-- the graph reads fixed device buffers: token ids, positions, pool slots, key counts and a
-  page-table block of `width = ceil(max_model_len / page_size)` pages per row; a step writes
-  its rows into them (two host-to-device copies) and replays;
+- the graph reads fixed device buffers: token ids, positions, pool slots, key counts, and the
+  rows' page tables back to back with each row's offset (room for `width = ceil(max_model_len
+  / page_size)` pages a row); a step writes its rows into them (two host-to-device copies)
+  and replays;
 - rows [n, b) are padding: slot -1 (the Triton store writes nothing), 0 keys (the decode
   kernel attends to nothing), so no pool page is touched for them;
 - the attention is the Triton paged kernel (triton_decode.py), whose grid depends on the
@@ -24,6 +25,7 @@ transformers' generate without a GPU (tests/test_cuda_graphs.py).
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from bisect import bisect_left
 
@@ -44,12 +46,12 @@ class DecodeGraphs:
         self.buckets = tuple(b for b in BUCKETS if b < max_rows) + (max_rows,)
         self.width = -(-max_len // page_size)
         rows = self.buckets[-1]
-        # ids, positions, slots, key counts: one [4, rows] buffer, one copy per step
-        self.small = torch.zeros(4, rows, dtype=torch.int64, device=self.device)
+        # ids, positions, slots, key counts, page-table offsets: one [5, rows] buffer, one copy
+        # per step; the rows' page tables back to back in `pages`, a second copy of only their
+        # length (64 rows of 1,024 tokens: 4,160 ids, not 64 x width)
+        self.small = torch.zeros(5, rows, dtype=torch.int64, device=self.device)
         self.pages = torch.zeros(rows * self.width, dtype=torch.int64, device=self.device)
-        self.start = torch.arange(rows, dtype=torch.int64, device=self.device) * self.width
-        self.host_small = np.zeros((4, rows), np.int64)
-        self.host_pages = np.zeros((rows, self.width), np.int64)
+        self.host_small = np.zeros((5, rows), np.int64)
         self.graphs: dict[int, object] = {}  # bucket -> callable returning the logits [b, vocab]
         self.mempool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         self.disabled: str | None = None  # why graphs are off (a capture failed)
@@ -77,33 +79,33 @@ class DecodeGraphs:
         return entry()[:n].to(torch.float32, copy=True)
 
     def _fill(self, chunks, b: int) -> bool:
-        hs, hp, ps, width = self.host_small[:, :b], self.host_pages, self.page_size, self.width
+        hs, ps, width = self.host_small[:, :b], self.page_size, self.width
         n = len(chunks)
-        ids, pos, slots = [], [], []
-        for i, c in enumerate(chunks):
+        ids, pos, slots, starts, tables = [], [], [], [], []
+        at = 0
+        for c in chunks:
             p = c.start_pos
             if len(c.token_ids) != 1 or not c.wants_logits or p // ps >= width:
                 return False
             pt = c.page_table
+            if len(pt) > width:  # the kernel reads only the pages of the row's p + 1 keys
+                pt = pt[:width]
             ids.append(c.token_ids[0])
             pos.append(p)
             slots.append(pt[p // ps] * ps + p % ps)
-            # columns past the row's table keep stale ids: the kernel reads only the pages of
-            # its p + 1 keys (and padding rows read none)
-            if len(pt) <= width:
-                hp[i, :len(pt)] = pt
-            else:
-                hp[i] = pt[:width]
-        _pad(hs)
-        hs[0, :n], hs[1, :n], hs[2, :n] = ids, pos, slots
+            starts.append(at)
+            tables.append(pt)
+            at += len(pt)
+        _pad(hs)  # padding rows: 0 keys at offset 0, no page read
+        hs[0, :n], hs[1, :n], hs[2, :n], hs[4, :n] = ids, pos, slots, starts
         hs[3, :n] = hs[1, :n] + 1
         self.small[:, :b].copy_(torch.from_numpy(hs))
-        self.pages[:b * width].copy_(torch.from_numpy(hp[:b].reshape(-1)))
+        self.pages[:at].copy_(torch.from_numpy(np.fromiter(itertools.chain.from_iterable(tables), np.int64, at)))
         return True
 
     def _forward_fn(self, b: int):
-        ids, pos, slots, lens = (self.small[i, :b] for i in range(4))
-        group = AttnGroup(None, 0, None, span=(0, b), pages=self.pages[:b * self.width], page_start=self.start[:b],
+        ids, pos, slots, lens, starts = (self.small[i, :b] for i in range(5))
+        group = AttnGroup(None, 0, None, span=(0, b), pages=self.pages, page_start=starts,
                           lens=lens, max_len=self.width * self.page_size)
         meta = StepMetadata(slots, [group], self.kv, kernel=self.kernel)
         model = self.model
@@ -164,7 +166,7 @@ class DecodeGraphs:
 
 
 def _pad(small: np.ndarray) -> None:
-    """Every row of a [4, rows] ids/positions/slots/key-counts block a padding row: token 0 at
-    position 0, slot -1 (nothing written), 0 keys (nothing read)."""
+    """Every row of a [5, rows] ids/positions/slots/key-counts/page-offsets block a padding row:
+    token 0 at position 0, slot -1 (nothing written), 0 keys (nothing read)."""
     small[:] = 0
     small[2] = -1
