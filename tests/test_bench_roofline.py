@@ -65,36 +65,32 @@ def test_bench_roofline_compare_times_each_decode_path(llama_dir):
 
 def test_decode_kernel_pick_takes_the_fastest_setting_with_the_engines_spans(tmp_path):
     """`--pick ROWS` reads a decode-kernel sweep and names the fastest setting at that many
-    rows, with a span rule under which the engine picks the winning span count there; an absent
-    batch size gives nothing and exit status 1."""
+    rows among those run with the engine's own span count, with the span rule it ran under (a
+    faster forced span count is passed over); an absent batch size gives nothing and exit
+    status 1."""
     import io
     import json
     import sys
 
-    import torch
-
     from pdtb.engine.bench_decode_kernel import main as kernel_main
-    from pdtb.engine.triton_decode import DecodeKernel, KernelConfig
+    from pdtb.engine.triton_decode import KernelConfig
 
-    def setting(bn, warps, stages, major, splits, gbps):
-        return {"block_n": bn, "num_warps": warps, "num_stages": stages, "head_major": major, "splits": splits,
-                "gbps": gbps}
-    res = {"sms": 132, "context": 1024, "kv_heads": 8,
-           "rows": [{"batch": 8, "best": setting(32, 4, 2, 0, "auto (2)", 900.0)},
-                    {"batch": 64, "best": setting(64, 4, 3, 1, 2, 3000.0)}]}
+    def setting(bn, warps, stages, major, splits, gbps, **rule):
+        return {"block_n": bn, "num_warps": warps, "num_stages": stages, "head_major": major, "all_heads": 1,
+                "splits": splits, "gbps": gbps, **rule}
+    res = {"rows": [{"batch": 8, "best_auto": setting(32, 4, 2, 0, "auto (2)", 900.0, programs_per_sm=2,
+                                                      min_span=256)},
+                    {"batch": 64, "best": setting(64, 4, 3, 1, 2, 3000.0),
+                     "best_auto": setting(16, 8, 2, 0, "auto (4)", 2600.0, programs_per_sm=4, min_span=256)}]}
     out = []
-    for rows in ("8", "64", "128"):
+    for rows in ("64", "128"):
         sys.stdin, stdout = io.StringIO(json.dumps(res)), sys.stdout
         sys.stdout = buf = io.StringIO()
         try:
             out.append((kernel_main(["--pick", rows]), buf.getvalue().strip()))
         finally:
             sys.stdin, sys.stdout = sys.__stdin__, stdout
-    # 64 rows won with 2 spans forced: spans of 512 keys, and 2 x 64 x 8 = 1,024 programs over
-    # 132 multiprocessors is 8 a multiprocessor (7.76 rounded up)
-    assert out == [(0, "block_n=32,num_warps=4,num_stages=2,head_major=0"),
-                   (0, "block_n=64,num_warps=4,num_stages=3,head_major=1,min_span=512,programs_per_sm=8"), (1, "")]
-    cfg = KernelConfig.parse(out[1][1])
-    kernel = DecodeKernel(torch.device("cpu"), cfg)
-    kernel.sms, kernel.programs = 132, cfg.programs_per_sm * 132
-    assert kernel.splits(64, 8, 1024) == 2  # the engine then picks the winning span count itself
+    text = "block_n=16,num_warps=8,num_stages=2,head_major=0,all_heads=1,programs_per_sm=4,min_span=256"
+    assert out == [(0, text), (1, "")]
+    assert KernelConfig.parse(text) == KernelConfig(block_n=16, num_warps=8, num_stages=2, all_heads=1,
+                                                    programs_per_sm=4, min_span=256)

@@ -64,8 +64,9 @@ def kernel_rows(k: dict) -> list[str]:
            "|---|---|---|---|---|---|"]
     for r in k["rows"]:
         mine = [s for s in r["settings"] if (s["block_n"], s["num_warps"], s["num_stages"], s.get("head_major", 0),
-                                             s.get("all_heads", 0))
-                == (c.block_n, c.num_warps, c.num_stages, c.head_major, c.all_heads)
+                                             s.get("all_heads", 0), s.get("programs_per_sm", c.programs_per_sm),
+                                             s.get("min_span", c.min_span))
+                == (c.block_n, c.num_warps, c.num_stages, c.head_major, c.all_heads, c.programs_per_sm, c.min_span)
                 and str(s["splits"]).startswith("auto")]
         b = r["best"]
         best = (f"{b['block_n']} keys, {b['num_warps']} warps, {b['num_stages']} stages, "

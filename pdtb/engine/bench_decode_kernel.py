@@ -6,7 +6,8 @@ pipeline stages, program order, a program per kv head or one over all of them) a
 count; the bytes are the K and V the rows read
 once. On a GPU each call is captured in a CUDA graph and replayed, as the engine's decode steps
 run it, so no launch cost from Python is counted. Prints, per batch size, the GB/s of each
-setting and the best (and the best with the span count the engine would pick), against a
+setting and the best (and the best with the span count the engine picks, under each span
+rule of `--programs-per-sm` x `--min-span`), against a
 device-to-device copy of the same bytes measured in the same run (the practical ceiling). A
 setting past the device's limits (shared memory) is skipped and listed.
 
@@ -14,7 +15,8 @@ setting past the device's limits (shared memory) is skipped and listed.
                              [--head-dim 128] [--page-size 16] [--context 1024]
                              [--batches 1,8,64,128] [--splits 1,2,4,8] [--block-n 32,64,128]
                              [--warps 4,8] [--stages 2,3,4] [--head-major 0,1]
-                             [--all-heads-block-n 16,32] [--reps 20] [--json]
+                             [--all-heads-block-n 16,32] [--programs-per-sm 2,4]
+                             [--min-span 256,512] [--reps 20] [--json]
 
 The default shape is one layer of Llama-3-8B. `KernelConfig` (triton_decode.py) holds the
 settings the engine uses.
@@ -22,6 +24,7 @@ settings the engine uses.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -50,6 +53,9 @@ def parse(argv):
     ap.add_argument("--warps", type=_ints, default=[4, 8])
     ap.add_argument("--stages", type=_ints, default=[2, 3, 4])
     ap.add_argument("--head-major", type=_ints, default=[0, 1], help="program order (KernelConfig.head_major)")
+    ap.add_argument("--programs-per-sm", type=_ints, default=[2, 4],
+                    help="span rules the engine's own span count is timed under (KernelConfig.programs_per_sm)")
+    ap.add_argument("--min-span", type=_ints, default=[256, 512], help="... and KernelConfig.min_span")
     ap.add_argument("--all-heads-block-n", type=_ints, default=[16, 32],
                     help="keys per inner step of the settings with one program over every kv head "
                          "(KernelConfig.all_heads; empty: none)")
@@ -139,11 +145,19 @@ def run(a) -> dict:
         for cfg in settings(a):
             block_n, warps, stages, major = cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.head_major
             kernel = triton_decode.DecodeKernel(dev, cfg)
-            for splits in [*a.splits, None]:  # None: the span count the engine would choose
+            # a forced span count, then the engine's own choice under each span rule
+            for splits, rule in [*((n, None) for n in a.splits),
+                                 *((None, r) for r in itertools.product(a.programs_per_sm, a.min_span))]:
                 kernel.forced_splits = splits
-                label = splits if splits else f"auto ({kernel.splits(b, a.kv_heads, a.context)})"
                 setting = {"block_n": block_n, "num_warps": warps, "num_stages": stages, "head_major": major,
-                           "all_heads": cfg.all_heads, "splits": label}
+                           "all_heads": cfg.all_heads}
+                if rule:
+                    pps, span = rule
+                    kernel.configure(dataclasses.replace(cfg, programs_per_sm=pps, min_span=max(span, block_n)))
+                    setting.update(programs_per_sm=pps, min_span=kernel.config.min_span,
+                                   splits=f"auto ({kernel.splits(b, a.kv_heads, a.context)})")
+                else:
+                    setting["splits"] = splits
                 try:
                     s = timed(lambda: kernel(q, pool[0], pool[1], flat, start, lens, a.context,  # noqa: B023
                                              a.head_dim ** -0.5))
@@ -163,22 +177,15 @@ def run(a) -> dict:
 
 
 def pick(res: dict, rows: int) -> str:
-    """The `KernelConfig.parse` text of the fastest setting at `rows` rows ('' when that batch
-    size was not run). Where a forced span count won, the span rule is set so that the engine
-    picks that count at `rows` rows of the sweep's context: `min_span` = context / spans, and
-    enough programs per multiprocessor for (rows x kv heads x spans) programs."""
+    """The `KernelConfig.parse` text of the fastest setting at `rows` rows among those timed with
+    the span count the engine picks, with the span rule it was picked under ('' when that
+    batch size was not run)."""
     for r in res["rows"]:
-        if r["batch"] != rows or not r.get("best"):
-            continue
-        b = r["best"]
-        text = f"block_n={b['block_n']},num_warps={b['num_warps']},num_stages={b['num_stages']}," \
-               f"head_major={b['head_major']}" + (",all_heads=1" if b.get("all_heads") else "")
-        spans = b["splits"]
-        if isinstance(spans, int) and res.get("sms"):
-            span = max(b["block_n"], res["context"] // spans // b["block_n"] * b["block_n"])
-            per_row = 1 if b.get("all_heads") else res["kv_heads"]
-            text += f",min_span={span},programs_per_sm={-(-spans * rows * per_row // res['sms'])}"
-        return text
+        b = r.get("best_auto") if r["batch"] == rows else None
+        if b:
+            return f"block_n={b['block_n']},num_warps={b['num_warps']},num_stages={b['num_stages']}," \
+                   f"head_major={b['head_major']},all_heads={b.get('all_heads', 0)}," \
+                   f"programs_per_sm={b['programs_per_sm']},min_span={b['min_span']}"
     return ""
 
 
@@ -207,7 +214,8 @@ def main(argv=None) -> int:
             mark = "  <- best" if s is best else ""
             print(f"    block_n {s['block_n']:>3} warps {s['num_warps']} stages {s['num_stages']} "
                   f"{'all-heads   ' if s.get('all_heads') else 'head-major ' + str(s['head_major'])} "
-                  f"splits {s['splits']!s:>8}: "
+                  f"splits {s['splits']!s:>8}"
+                  + (f" ({s['programs_per_sm']}/SM, spans >= {s['min_span']})" if "min_span" in s else "") + ": "
                   f"{s['us']:>9.1f} us {s['gbps']:>8.1f} GB/s{mark}")
     return 0
 
