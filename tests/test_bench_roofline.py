@@ -76,7 +76,7 @@ def test_decode_kernel_pick_takes_the_fastest_setting_with_the_engines_spans(tmp
     from pdtb.engine.triton_decode import KernelConfig
 
     def setting(bn, warps, stages, major, splits, gbps, **rule):
-        return {"block_n": bn, "num_warps": warps, "num_stages": stages, "head_major": major, "all_heads": 1,
+        return {"block_n": bn, "num_warps": warps, "num_stages": stages, "head_major": major,
                 "splits": splits, "gbps": gbps, **rule}
     res = {"rows": [{"batch": 8, "best_auto": setting(32, 4, 2, 0, "auto (2)", 900.0, programs_per_sm=2,
                                                       min_span=256)},
@@ -90,7 +90,7 @@ def test_decode_kernel_pick_takes_the_fastest_setting_with_the_engines_spans(tmp
             out.append((kernel_main(["--pick", rows]), buf.getvalue().strip()))
         finally:
             sys.stdin, sys.stdout = sys.__stdin__, stdout
-    text = "block_n=16,num_warps=8,num_stages=2,head_major=0,all_heads=1,programs_per_sm=4,min_span=256"
+    text = "block_n=16,num_warps=8,num_stages=2,head_major=0,programs_per_sm=4,min_span=256"
     assert out == [(0, text), (1, "")]
-    assert KernelConfig.parse(text) == KernelConfig(block_n=16, num_warps=8, num_stages=2, all_heads=1,
-                                                    programs_per_sm=4, min_span=256)
+    assert KernelConfig.parse(text) == KernelConfig(block_n=16, num_warps=8, num_stages=2, programs_per_sm=4,
+                                                    min_span=256)

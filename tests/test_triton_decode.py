@@ -76,12 +76,8 @@ def run_kernel(kernel, q, pool, tables, lens, max_len=None):
                   max_len or max(max(lens), 1), q.shape[-1] ** -0.5)
 
 
-@pytest.mark.parametrize("all_heads", [0, 1])
-@pytest.mark.parametrize("page_size,heads,kvh,hd", [(16, 4, 2, 32), (7, 8, 8, 64), (1, 32, 8, 128), (16, 6, 2, 80),
-                                                    (16, 9, 3, 32)])
-def test_decode_matches_reference(page_size, heads, kvh, hd, all_heads):
-    """Rows of 0 to 333 keys on scattered pages, both program layouts (a program per kv head,
-    or one over every kv head, padded where the kv heads are not a power of two)."""
+@pytest.mark.parametrize("page_size,heads,kvh,hd", [(16, 4, 2, 32), (7, 8, 8, 64), (1, 32, 8, 128), (16, 6, 2, 80)])
+def test_decode_matches_reference(page_size, heads, kvh, hd):
     gen = torch.Generator().manual_seed(page_size * 1000 + heads + hd)
     lens = [1, 5, 17, 100, 0, 333]
     pool = make_pool(sum(-(-n // page_size) for n in lens) + 3, page_size, kvh, hd, torch.float32, gen)
@@ -92,10 +88,7 @@ def test_decode_matches_reference(page_size, heads, kvh, hd, all_heads):
         tables.append(order[:k])
         order = order[k:]
     q = torch.randn(len(lens), heads, hd, generator=gen).to(DEVICE)
-    # every kv head's float32 tiles of 16 keys at once fit a multiprocessor's shared memory
-    # without pipeline stages (8 heads of 128: 64 KB for K and as much for V)
-    cfg = triton_decode.KernelConfig(all_heads=1, block_n=16, num_stages=1) if all_heads else triton_decode.KernelConfig()
-    kernel = triton_decode.DecodeKernel(torch.device(DEVICE), cfg)
+    kernel = triton_decode.DecodeKernel(torch.device(DEVICE))
     got = run_kernel(kernel, q, pool, tables, lens)
     want = reference(q, pool, tables, lens, hd ** -0.5)
     assert got.shape == (len(lens), heads, hd) and got.dtype == torch.float32
@@ -120,8 +113,7 @@ def test_any_split_count(dtype):
     want = reference(q, pool, tables, lens, 64 ** -0.5)
     tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
     for splits, cfg in ((1, ""), (2, "block_n=16,min_span=16"), (4, "block_n=64,num_warps=8,head_major=1"),
-                        (32, "block_n=32,num_stages=2,min_span=32"), (8, "min_span=512"),
-                        (1, "all_heads=1,block_n=16"), (3, "all_heads=1,block_n=32,min_span=32")):
+                        (32, "block_n=32,num_stages=2,min_span=32"), (8, "min_span=512")):
         kernel = triton_decode.DecodeKernel(torch.device(DEVICE), triton_decode.KernelConfig.parse(cfg))
         kernel.forced_splits = splits  # 1: the span kernel writes the output itself, no merge
         got = run_kernel(kernel, q, pool, tables, lens, max_len=4096)
@@ -133,7 +125,6 @@ def test_kernel_config_parse():
     cfg = triton_decode.KernelConfig.parse("block_n=64, num_warps=8")
     assert (cfg.block_n, cfg.num_warps, cfg.num_stages) == (64, 8, triton_decode.KernelConfig().num_stages)
     assert triton_decode.KernelConfig.parse("block_n=16,min_span=16").min_span == 16
-    assert triton_decode.KernelConfig.parse("all_heads=1").all_heads == 1
     for bad in ("block_n=48", "warps=4", "num_warps=0", "num_stages=x", "block_n=64,min_span=96"):
         with pytest.raises(ValueError, match="decode kernel config"):
             triton_decode.KernelConfig.parse(bad)
@@ -146,12 +137,6 @@ def test_choose_splits():
     assert triton_decode.choose_splits(1, 8, 8192, 264, min_span=1024) == 8
     assert triton_decode.choose_splits(1, 8, 100, 264) == 1  # too short to split
     assert triton_decode.choose_splits(2, 2, 32768, 264, min_span=512) == 32  # capped, power of two
-    per_head = triton_decode.DecodeKernel(torch.device("cpu"))
-    whole = triton_decode.DecodeKernel(torch.device("cpu"), triton_decode.KernelConfig(all_heads=1))
-    for k in (per_head, whole):
-        k.programs = 264
-    # 64 rows of 8 kv heads: 512 programs already, or 64 (one a row) and spans of 512 to add
-    assert (per_head.splits(64, 8, 1024), whole.splits(64, 8, 1024)) == (1, 2)
 
 
 def test_store_writes_at_slots_and_skips_negative():

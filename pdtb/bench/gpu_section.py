@@ -64,14 +64,12 @@ def kernel_rows(k: dict) -> list[str]:
            "|---|---|---|---|---|---|"]
     for r in k["rows"]:
         mine = [s for s in r["settings"] if (s["block_n"], s["num_warps"], s["num_stages"], s.get("head_major", 0),
-                                             s.get("all_heads", 0), s.get("programs_per_sm", c.programs_per_sm),
-                                             s.get("min_span", c.min_span))
-                == (c.block_n, c.num_warps, c.num_stages, c.head_major, c.all_heads, c.programs_per_sm, c.min_span)
+                                             s.get("programs_per_sm", c.programs_per_sm), s.get("min_span", c.min_span))
+                == (c.block_n, c.num_warps, c.num_stages, c.head_major, c.programs_per_sm, c.min_span)
                 and str(s["splits"]).startswith("auto")]
         b = r["best"]
         best = (f"{b['block_n']} keys, {b['num_warps']} warps, {b['num_stages']} stages, "
-                f"{'head-major, ' if b.get('head_major') else ''}{'all kv heads, ' if b.get('all_heads') else ''}"
-                f"{b['splits']} span(s)")
+                f"{'head-major, ' if b.get('head_major') else ''}{b['splits']} span(s)")
         out.append(f"| {r['batch']} | {r['bytes_mb']} | {r['copy_gbps']:.0f} | {mine[0]['gbps']:.0f} |" if mine else
                    f"| {r['batch']} | {r['bytes_mb']} | {r['copy_gbps']:.0f} | - |")
         out[-1] += f" {best} | {b['gbps']:.0f} |"

@@ -2,8 +2,7 @@
 
 One layer's decode attention of `--batches` rows of `--context` keys each, their pages
 scattered through the pool, timed for each launch setting (keys per inner step, warps,
-pipeline stages, program order, a program per kv head or one over all of them) and each span
-count; the bytes are the K and V the rows read
+pipeline stages, program order) and each span count; the bytes are the K and V the rows read
 once. On a GPU each call is captured in a CUDA graph and replayed, as the engine's decode steps
 run it, so no launch cost from Python is counted. Prints, per batch size, the GB/s of each
 setting and the best (and the best with the span count the engine picks, under each span
@@ -14,8 +13,7 @@ setting past the device's limits (shared memory) is skipped and listed.
     pdtb bench decode-kernel [--device cuda] [--dtype bfloat16] [--heads 32] [--kv-heads 8]
                              [--head-dim 128] [--page-size 16] [--context 1024]
                              [--batches 1,8,64,128] [--splits 1,2,4,8] [--block-n 32,64,128]
-                             [--warps 4,8] [--stages 2,3,4] [--head-major 0,1]
-                             [--all-heads-block-n 16,32] [--programs-per-sm 2,4]
+                             [--warps 4,8] [--stages 2,3,4] [--head-major 0,1] [--programs-per-sm 2,4]
                              [--min-span 256,512] [--reps 20] [--json]
 
 The default shape is one layer of Llama-3-8B. `KernelConfig` (triton_decode.py) holds the
@@ -56,9 +54,6 @@ def parse(argv):
     ap.add_argument("--programs-per-sm", type=_ints, default=[2, 4],
                     help="span rules the engine's own span count is timed under (KernelConfig.programs_per_sm)")
     ap.add_argument("--min-span", type=_ints, default=[256, 512], help="... and KernelConfig.min_span")
-    ap.add_argument("--all-heads-block-n", type=_ints, default=[16, 32],
-                    help="keys per inner step of the settings with one program over every kv head "
-                         "(KernelConfig.all_heads; empty: none)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -68,16 +63,11 @@ def parse(argv):
 
 
 def settings(a) -> list:
-    """The launch settings swept: a program per kv head (`--block-n` x `--warps` x `--stages` x
-    `--head-major`), then one program over every kv head (`--all-heads-block-n` x `--warps` x
-    `--stages`)."""
+    """The launch settings swept: `--block-n` x `--warps` x `--stages` x `--head-major`."""
     from pdtb.engine.triton_decode import KernelConfig
 
-    out = [KernelConfig(block_n=b, num_warps=w, num_stages=st, head_major=m)
-           for b, w, st, m in itertools.product(a.block_n, a.warps, a.stages, a.head_major)]
-    out += [KernelConfig(block_n=b, num_warps=w, num_stages=st, all_heads=1)
-            for b, w, st in itertools.product(a.all_heads_block_n, a.warps, a.stages)]
-    return out
+    return [KernelConfig(block_n=b, num_warps=w, num_stages=st, head_major=m)
+            for b, w, st, m in itertools.product(a.block_n, a.warps, a.stages, a.head_major)]
 
 
 def run(a) -> dict:
@@ -149,8 +139,7 @@ def run(a) -> dict:
             for splits, rule in [*((n, None) for n in a.splits),
                                  *((None, r) for r in itertools.product(a.programs_per_sm, a.min_span))]:
                 kernel.forced_splits = splits
-                setting = {"block_n": block_n, "num_warps": warps, "num_stages": stages, "head_major": major,
-                           "all_heads": cfg.all_heads}
+                setting = {"block_n": block_n, "num_warps": warps, "num_stages": stages, "head_major": major}
                 if rule:
                     pps, span = rule
                     kernel.configure(dataclasses.replace(cfg, programs_per_sm=pps, min_span=max(span, block_n)))
@@ -184,7 +173,7 @@ def pick(res: dict, rows: int) -> str:
         b = r.get("best_auto") if r["batch"] == rows else None
         if b:
             return f"block_n={b['block_n']},num_warps={b['num_warps']},num_stages={b['num_stages']}," \
-                   f"head_major={b['head_major']},all_heads={b.get('all_heads', 0)}," \
+                   f"head_major={b['head_major']}," \
                    f"programs_per_sm={b['programs_per_sm']},min_span={b['min_span']}"
     return ""
 
@@ -213,8 +202,7 @@ def main(argv=None) -> int:
         for s in sorted(r["settings"], key=lambda s: -s["gbps"])[:6]:  # the six fastest
             mark = "  <- best" if s is best else ""
             print(f"    block_n {s['block_n']:>3} warps {s['num_warps']} stages {s['num_stages']} "
-                  f"{'all-heads   ' if s.get('all_heads') else 'head-major ' + str(s['head_major'])} "
-                  f"splits {s['splits']!s:>8}"
+                  f"head-major {s['head_major']} splits {s['splits']!s:>8}"
                   + (f" ({s['programs_per_sm']}/SM, spans >= {s['min_span']})" if "min_span" in s else "") + ": "
                   f"{s['us']:>9.1f} us {s['gbps']:>8.1f} GB/s{mark}")
     return 0

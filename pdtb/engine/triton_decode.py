@@ -6,7 +6,7 @@ pool `[pages, page_size, kv_heads, head_dim]` for K and for V. Nothing is gather
 padded batch and no mask is built.
 
 Split-K ("flash decoding"): a row's keys are cut into `splits` equal spans, one program per
-(row, kv head, span), or with `KernelConfig.all_heads` one per (row, span) over every kv head. The program holds the kv head's group of query heads as one tile
+(row, kv head, span). The program holds the kv head's group of query heads as one tile
 (`[G_PAD, head_dim]`, GQA without copying K/V), walks its span `BLOCK_N` keys at a time
 (token t of the row lies at slot `pages[page_start + t // page_size] * page_size + t %
 page_size`), and keeps an online softmax in float32. A second kernel merges the spans by
@@ -119,71 +119,6 @@ if triton is not None:
             tl.store(o_ptr + base[:, None] * HD + d[None, :], out, mask=gm[:, None] & dm[None, :])
 
     @triton.jit
-    def _rows_kernel(q_ptr, k_ptr, v_ptr, pages_ptr, start_ptr, lens_ptr, o_ptr, lse_ptr, out_ptr,
-                     stride_qr, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_or, stride_oh,
-                     splits, scale, PS: tl.constexpr, KVH: tl.constexpr, KVH_PAD: tl.constexpr, G: tl.constexpr,
-                     G_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, BLOCK: tl.constexpr,
-                     IEEE: tl.constexpr, DIRECT: tl.constexpr, MIN_SPAN):
-        # One program per (row, span) over every kv head: a token's K (and V) record of all its
-        # heads is one contiguous run of the page, read whole, and the heads are the batch axis
-        # of the products ([kv heads, query group, head_dim] x [kv heads, head_dim, keys]).
-        row = tl.program_id(0)
-        s = tl.program_id(1)
-        length = tl.load(lens_ptr + row)
-        first = tl.load(start_ptr + row)
-        span = tl.maximum(tl.cdiv(tl.cdiv(length, splits), BLOCK) * BLOCK, MIN_SPAN)
-        lo = s * span
-        hi = tl.minimum(lo + span, length)
-        h = tl.arange(0, KVH_PAD)
-        g = tl.arange(0, G_PAD)
-        d = tl.arange(0, HD_PAD)
-        hm = h < KVH
-        dm = d < HD
-        qh = h[:, None] * G + g[None, :]  # [KVH_PAD, G_PAD] query head of each slot
-        qm = hm[:, None] & (g < G)[None, :]
-        q = tl.load(q_ptr + row * stride_qr + qh[:, :, None] * stride_qh + d[None, None, :],
-                    mask=qm[:, :, None] & dm[None, None, :], other=0.0)
-        m_i = tl.full([KVH_PAD, G_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([KVH_PAD, G_PAD], tl.float32)
-        acc = tl.zeros([KVH_PAD, G_PAD, HD_PAD], tl.float32)
-        for n0 in range(lo, hi, BLOCK):
-            n = n0 + tl.arange(0, BLOCK)
-            nm = n < hi
-            page = tl.load(pages_ptr + first + n // PS, mask=nm, other=0).to(tl.int64)
-            slot = page * PS + n % PS
-            kv_mask = hm[:, None, None] & nm[None, :, None] & dm[None, None, :]  # [KVH_PAD, BLOCK, HD_PAD]
-            k = tl.load(k_ptr + slot[None, :, None] * stride_ks + h[:, None, None] * stride_kh + d[None, None, :],
-                        mask=kv_mask, other=0.0)
-            v = tl.load(v_ptr + slot[None, :, None] * stride_vs + h[:, None, None] * stride_vh + d[None, None, :],
-                        mask=kv_mask, other=0.0)
-            if IEEE:
-                sc = tl.dot(q, tl.permute(k, (0, 2, 1)), input_precision="ieee")
-            else:
-                sc = tl.dot(q, tl.permute(k, (0, 2, 1)))
-            sc = tl.where(nm[None, None, :], sc * scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, 2))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(sc - m_new[:, :, None])
-            l_i = l_i * alpha + tl.sum(p, 2)
-            if IEEE:
-                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, :, None] + pv
-            m_i = m_new
-        seen = l_i > 0
-        out = acc / tl.where(seen, l_i, 1.0)[:, :, None]
-        om = qm[:, :, None] & dm[None, None, :]
-        if DIRECT:
-            tl.store(out_ptr + row * stride_or + qh[:, :, None] * stride_oh + d[None, None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=om)
-        else:
-            lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
-            base = (row * (KVH * G) + qh) * splits + s  # [rows, heads, splits] layout
-            tl.store(lse_ptr + base, lse, mask=qm)
-            tl.store(o_ptr + base[:, :, None] * HD + d[None, None, :], out, mask=om)
-
-    @triton.jit
     def _merge_kernel(o_ptr, lse_ptr, out_ptr, stride_or, stride_oh, splits,
                       HD: tl.constexpr, HD_PAD: tl.constexpr, S_PAD: tl.constexpr):
         row = tl.program_id(0)
@@ -221,18 +156,16 @@ if triton is not None:
 class KernelConfig:
     """Launch settings of the span kernel (`pdtb bench decode-kernel` measures them)."""
 
-    # Defaults: the best of `pdtb bench decode-kernel` for one Llama-3-8B layer (bfloat16, 1,024
-    # keys a row) at 64 and 128 rows on an H200; one span a row was the fastest at every batch
-    # size at that length, so spans are added only for rows of over min_span keys each.
+    # Defaults: the best of `pdtb bench decode-kernel` (each call a replayed CUDA graph) for one
+    # Llama-3-8B layer (bfloat16, 1,024 keys a row) at 64 and 128 rows on an H200, 3,900 and
+    # 4,050 GB/s of KV read with one span a row. Spans of 256 keys at least: as fast there (one
+    # span either way) and 1.3-1.4x spans of 512 at 1 and 8 rows, where more spans fill the GPU.
     block_n: int = BLOCK_N  # keys per inner step
     num_warps: int = 4
     num_stages: int = 3
     programs_per_sm: int = 2  # spans are added until (rows x kv heads x spans) reaches this x SMs
-    min_span: int = 512  # keys a span covers at least (a shorter row uses fewer spans)
+    min_span: int = 256  # keys a span covers at least (a shorter row uses fewer spans)
     head_major: int = 0  # 1: programs ordered kv head first, so a row's heads run side by side
-    # 1: one program per (row, span) covers every kv head, reading each token's record of all
-    # heads whole (`head_major` then does not apply)
-    all_heads: int = 0
 
     @classmethod
     def parse(cls, text: str) -> "KernelConfig":
@@ -240,8 +173,7 @@ class KernelConfig:
         kw = {}
         for item in filter(None, (x.strip() for x in text.split(","))):
             key, _, value = item.partition("=")
-            if key not in cls.__dataclass_fields__ or not value.isdigit() \
-                    or (int(value) < 1 and key not in ("head_major", "all_heads")):
+            if key not in cls.__dataclass_fields__ or not value.isdigit() or (int(value) < 1 and key != "head_major"):
                 raise ValueError(f"decode kernel config: {item!r} is not one of "
                                  f"{', '.join(cls.__dataclass_fields__)} = a positive integer")
             kw[key] = int(value)
@@ -271,8 +203,7 @@ class DecodeKernel:
     def splits(self, rows: int, kv_heads: int, max_len: int) -> int:
         if self.forced_splits:
             return self.forced_splits
-        per_row = 1 if self.config.all_heads else kv_heads  # programs a row's span takes
-        return choose_splits(rows, per_row, max_len, self.programs, self.config.min_span)
+        return choose_splits(rows, kv_heads, max_len, self.programs, self.config.min_span)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pages: torch.Tensor,
                  page_start: torch.Tensor, lens: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
@@ -297,21 +228,12 @@ class DecodeKernel:
         hd_pad = max(16, _next_pow2(hd))
         c = self.config
         min_span = c.block_n if self.forced_splits else c.min_span  # a forced count is taken as it is
-        if c.all_heads:
-            _rows_kernel[(rows, splits)](
-                q, k, v, pages, page_start, lens, part, lse, out,
-                q.stride(0), q.stride(1), k.stride(1), k.stride(2), v.stride(1), v.stride(2), out.stride(0),
-                out.stride(1), splits, float(scale), PS=ps, KVH=kvh, KVH_PAD=_next_pow2(kvh), G=group,
-                G_PAD=max(16, _next_pow2(group)), HD=hd, HD_PAD=hd_pad, BLOCK=c.block_n,
-                IEEE=k.dtype == torch.float32, DIRECT=direct, MIN_SPAN=min_span, num_warps=c.num_warps,
-                num_stages=c.num_stages)
-        else:
-            _split_kernel[(kvh, rows, splits) if c.head_major else (rows, kvh, splits)](
-                q, k, v, pages, page_start, lens, part, lse, out,
-                q.stride(0), q.stride(1), k.stride(1), k.stride(2), v.stride(1), v.stride(2), out.stride(0),
-                out.stride(1), splits, float(scale), PS=ps, G=group, G_PAD=max(16, _next_pow2(group)), HD=hd,
-                HD_PAD=hd_pad, BLOCK=c.block_n, IEEE=k.dtype == torch.float32, DIRECT=direct,
-                HEAD_MAJOR=bool(c.head_major), MIN_SPAN=min_span, num_warps=c.num_warps, num_stages=c.num_stages)
+        _split_kernel[(kvh, rows, splits) if c.head_major else (rows, kvh, splits)](
+            q, k, v, pages, page_start, lens, part, lse, out,
+            q.stride(0), q.stride(1), k.stride(1), k.stride(2), v.stride(1), v.stride(2), out.stride(0),
+            out.stride(1), splits, float(scale), PS=ps, G=group, G_PAD=max(16, _next_pow2(group)), HD=hd,
+            HD_PAD=hd_pad, BLOCK=c.block_n, IEEE=k.dtype == torch.float32, DIRECT=direct,
+            HEAD_MAJOR=bool(c.head_major), MIN_SPAN=min_span, num_warps=c.num_warps, num_stages=c.num_stages)
         if not direct:
             _merge_kernel[(rows, heads)](part, lse, out, out.stride(0), out.stride(1), splits,
                                          HD=hd, HD_PAD=hd_pad, S_PAD=max(2, _next_pow2(splits)))
