@@ -80,7 +80,8 @@ def gpu_section(d: str, stamp: str) -> list[str]:
     d = Path(d)
     env = (d / "env.txt").read_text().strip().replace("\n", "; ") if (d / "env.txt").exists() else "?"
     out = [GPU_HEADING, "", f"`PDTB_SYSTEM_PYTHON=1 bash scripts/gpu_check.sh` {stamp}: {env}.", "",
-           f"GPU tests (the Triton kernels against float64, the engine with the Triton kernel and CUDA graphs "
+           f"GPU tests (the Triton kernels against float64, the fused RMSNorm against transformers' own, the "
+           f"engine with the Triton kernels and CUDA graphs "
            f"token-identical to `generate`, one-sided writes into a GPU pool over CUDA IPC, a 1P+1D cluster on "
            f"one GPU over CUDA IPC token-identical to `generate`, and the rest of `tests/test_cuda.py`): "
            f"{_tests(d)}.", ""]
