@@ -7,11 +7,10 @@
 #                                                  [--steps-grid]
 #
 # 1. the GPU tests: the Triton paged decode kernels against a float64 reference, the fused
-#    RMSNorm against transformers' own, the engine (Triton kernels, CUDA graphs)
-#    token-identical to transformers.generate, exports across
-#    devices, tier moves to the pinned host tier, ZeroMQ transfers between CUDA pools of two
-#    processes, one-sided writes into a GPU pool over CUDA IPC (and a 1P+1D cluster on one GPU
-#    that way, token-identical to generate);
+#    RMSNorm against transformers' own, the engine (Triton kernels, CUDA graphs) token-identical
+#    to transformers.generate, exports across devices, tier moves to the pinned host tier,
+#    ZeroMQ transfers between CUDA pools of two processes, one-sided writes into a GPU pool over
+#    CUDA IPC (and a 1P+1D cluster on one GPU that way, token-identical to generate);
 # 2. pdtb bench decode-kernel (the Triton kernel's launch settings); pdtb bench roofline of a
 #    Llama-3-8B shape in bfloat16 at the setting fastest at 64 rows, every decode path timed;
 #    pdtb bench engine on the GPU: float32 and bfloat16 with CUDA graphs, bfloat16 without;
@@ -34,7 +33,7 @@ while [ $# -gt 0 ]; do
     --skip-transport) TRANSPORT=0; shift ;;
     --skip-tests) TESTS=0; shift ;;
     --steps-grid) GRID=1; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
   esac
 done
