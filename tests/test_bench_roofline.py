@@ -63,7 +63,7 @@ def test_bench_roofline_compare_times_each_decode_path(llama_dir):
         assert row[f"{name}_ms"] > 0 and abs(row[f"{name}_fraction"] - row["roofline_ms"] / row[f"{name}_ms"]) < 0.01
 
 
-def test_decode_kernel_pick_takes_the_fastest_setting_with_the_engines_spans(tmp_path):
+def test_decode_kernel_pick_takes_the_fastest_setting_with_the_engines_spans():
     """`--pick ROWS` reads a decode-kernel sweep and names the fastest setting at that many
     rows among those run with the engine's own span count, with the span rule it ran under (a
     faster forced span count is passed over); an absent batch size gives nothing and exit

@@ -3,18 +3,15 @@ transformers' generate.
 
 On a GPU: the engine as it runs there (graphs captured and replayed, RMSNorms fused).
 Elsewhere: the same runner with the Triton kernels (paged decode, fused RMSNorm) in Triton's
-interpreter and each graph's function called where a GPU would replay it, which checks the bucketing, the padding rows and the page-table block
+interpreter (TRITON_INTERPRET=1, set by conftest.py) and each graph's function called where a
+GPU would replay it, which checks the bucketing, the padding rows and the page tables
 (pdtb/engine/cuda_graphs.py) token for token. Skipped where Triton is not installed.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 import test_triton_decode  # noqa: E402,F401  (its import adapts Triton's interpreter to numpy 2.4)

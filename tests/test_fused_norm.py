@@ -1,17 +1,13 @@
 """The fused RMSNorm kernel (pdtb/engine/fused_norm.py) against transformers' RMSNorm modules.
 
-On a GPU it runs compiled; elsewhere in Triton's interpreter (TRITON_INTERPRET=1, set before
-Triton is first imported). Skipped where Triton is not installed.
+On a GPU it runs compiled; elsewhere in Triton's interpreter (TRITON_INTERPRET=1, set by
+conftest.py before Triton is first imported). Skipped where Triton is not installed.
 """
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 import test_triton_decode  # noqa: E402,F401  (its import adapts Triton's interpreter to numpy 2.4)

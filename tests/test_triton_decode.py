@@ -1,8 +1,8 @@
 """The Triton paged decode kernels (pdtb/engine/triton_decode.py) against a float64 reference.
 
-On a GPU they run compiled; elsewhere in Triton's interpreter (TRITON_INTERPRET=1, set here
-before Triton is first imported). Skipped where Triton is not installed (the CPU build of
-torch ships without it).
+On a GPU they run compiled; elsewhere in Triton's interpreter (TRITON_INTERPRET=1, set by
+conftest.py before Triton is first imported). Skipped where Triton is not installed (the CPU
+build of torch ships without it).
 """
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ import os
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 from pdtb.engine import triton_decode  # noqa: E402

@@ -53,7 +53,8 @@ def table(dirs: list[Path]) -> tuple[list[str], bool]:
     lines = [f"{'policy':9} {'verdict':14} " + " ".join(f"{n:>8}" for n in names)]
     same = True
     for pol in policies:
-        runs = [load(d / f"disagg-{pol}.json") if (d / f"disagg-{pol}.json").exists() else None for d in dirs]
+        paths = [d / f"disagg-{pol}.json" for d in dirs]
+        runs = [load(p) if p.exists() else None for p in paths]
         counts = [admissions_of(r) if r is not None else None for r in runs]
         for v in VERDICTS:
             cells = ["-" if c is None else str(c[v]) for c in counts]

@@ -291,9 +291,9 @@ def verdicts_lines(root: Path) -> list[str]:
                 + (f"every request's verdicts, every count and the generated tokens equal {dirs[0].name}'s, over "
                    "every transport." if same else "**the decisions differ between transports** (below)."),
                 "", "```", *lines, "```", ""]
-    live = root / "live" if (root / "live").is_dir() else root
-    if _verdict_dirs(live):
-        lines, _ = table(_verdict_dirs(live))
+    live = _verdict_dirs(root / "live" if (root / "live").is_dir() else root)
+    if live:
+        lines, _ = table(live)
         out += ["Live (real clusters in real time; `zmq-again` is a second run over ZeroMQ): a verdict depends on "
                 "what the decode pool holds at the moment a header arrives, so counts differ between two runs over "
                 "one transport as they do between transports.", "", "```", *lines, "```", ""]

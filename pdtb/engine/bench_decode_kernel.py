@@ -133,16 +133,16 @@ def run(a) -> dict:
         row = {"batch": b, "bytes_mb": round(nbytes / 1e6, 1), "copy_gbps": round(2 * nbytes / copy_s / 1e9, 1),
                "settings": [], "skipped": []}
         for cfg in settings(a):
-            block_n, warps, stages, major = cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.head_major
             kernel = triton_decode.DecodeKernel(dev, cfg)
             # a forced span count, then the engine's own choice under each span rule
             for splits, rule in [*((n, None) for n in a.splits),
                                  *((None, r) for r in itertools.product(a.programs_per_sm, a.min_span))]:
                 kernel.forced_splits = splits
-                setting = {"block_n": block_n, "num_warps": warps, "num_stages": stages, "head_major": major}
+                setting = {"block_n": cfg.block_n, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+                           "head_major": cfg.head_major}
                 if rule:
                     pps, span = rule
-                    kernel.configure(dataclasses.replace(cfg, programs_per_sm=pps, min_span=max(span, block_n)))
+                    kernel.configure(dataclasses.replace(cfg, programs_per_sm=pps, min_span=max(span, cfg.block_n)))
                     setting.update(programs_per_sm=pps, min_span=kernel.config.min_span,
                                    splits=f"auto ({kernel.splits(b, a.kv_heads, a.context)})")
                 else:
@@ -160,8 +160,7 @@ def run(a) -> dict:
         auto = [r for r in row["settings"] if str(r["splits"]).startswith("auto")]
         row["best_auto"] = max(auto, key=lambda r: r["gbps"]) if auto else None  # spans as the engine picks them
         out.append(row)
-    return {"device": a.device, "sms": triton_decode.DecodeKernel(dev).sms, "dtype": a.dtype, "heads": a.heads,
-            "kv_heads": a.kv_heads, "head_dim": a.head_dim,
+    return {"device": a.device, "dtype": a.dtype, "heads": a.heads, "kv_heads": a.kv_heads, "head_dim": a.head_dim,
             "page_size": a.page_size, "context": a.context, "reps": a.reps, "rows": out}
 
 

@@ -23,6 +23,7 @@ Mistral) with Triton 3.6; tests/test_fused_norm.py runs the kernel in Triton's i
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 from torch import nn
@@ -82,15 +83,12 @@ class FusedRMSNorm(nn.Module):
 
 
 def _takes(x: torch.Tensor, w: torch.Tensor) -> bool:
-    interp = not x.is_cuda and _interpreted()
-    return (x.is_cuda or interp) and x.dtype in _DTYPES and x.stride(-1) == 1 and x.device == w.device \
-        and w.is_contiguous()
+    return _runs_on(x) and x.dtype in _DTYPES and x.stride(-1) == 1 and x.device == w.device and w.is_contiguous()
 
 
-def _interpreted() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"
+def _runs_on(t: torch.Tensor) -> bool:
+    """The kernel runs where `t` lies: a GPU, or anywhere in Triton's interpreter (tests)."""
+    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _candidate(module: nn.Module) -> bool:
@@ -121,7 +119,7 @@ def fuse_norms(model: nn.Module) -> int:
     swaps = []
     wrapped = {id(m.inner) for m in model.modules() if isinstance(m, FusedRMSNorm)}
     for name, module in model.named_modules():
-        if id(module) in wrapped or not _candidate(module) or not (module.weight.is_cuda or _interpreted()):
+        if id(module) in wrapped or not _candidate(module) or not _runs_on(module.weight):
             continue
         fused = FusedRMSNorm(module)
         if not _matches(module, fused):
