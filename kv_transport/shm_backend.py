@@ -74,6 +74,11 @@ PIECE_SHARE = 4
 PIECE_MAX_CHUNKS = 4
 
 
+def piece_rows(left: int, chunk_rows: int) -> int:
+    """Rows in the next piece when `left` rows are still to write, `chunk_rows` to a chunk."""
+    return min(left, PIECE_MAX_CHUNKS * chunk_rows, max(chunk_rows, left // PIECE_SHARE))
+
+
 @dataclass
 class _PoolView:
     """What PageWriter needs of a pool: its geometry and its tensor (here, a peer's mapping)."""
@@ -363,7 +368,7 @@ class ShmSender(ZmqSender):
         writer, row = w.target.writer, w.target.writer.row_bytes
         total = o.header.payload_bytes // row
         left, chunk_rows = total - w.next_row, max(1, self.config.chunk_bytes // row)
-        rows = min(left, PIECE_MAX_CHUNKS * chunk_rows, max(chunk_rows, left // PIECE_SHARE))
+        rows = piece_rows(left, chunk_rows)
         algo = o.header.checksum_algo
         try:
             if o.view is None:  # GPU to GPU: a device copy, finished before the slot is let go

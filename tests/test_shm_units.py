@@ -383,3 +383,26 @@ def test_an_ack_that_came_just_before_the_link_ended_still_counts(tmp_path, monk
                 dst.free((await rx.next_completed(5)).request_id)
             dst.check()
     run(body())
+
+
+def test_pieces_shrink_to_the_end_and_cover_every_row():
+    from kv_transport.shm_backend import piece_rows
+
+    chunk, total, sizes = 1024, 16 * 1024, []  # 64 MiB of 4 KiB rows in 4 MiB chunks
+    while sum(sizes) < total:
+        sizes.append(piece_rows(total - sum(sizes), chunk))
+    assert sizes == [4096, 3072, 2304, 1728, 1296, 1024, 1024, 1024, 816] and sum(sizes) == total
+    assert piece_rows(10, chunk) == 10 and piece_rows(1, 1) == 1
+
+
+def test_the_checked_copy_reads_back_what_it_wrote_and_fails_on_a_difference(monkeypatch):
+    from kv_transport import bench_shm
+    from kv_transport.page_writer import PageWriter
+
+    pool = make_pool(40, seed=1)
+    export = make_export(pool, "r", 32)
+    assert bench_shm.checked_copy_gbps(export, 4 * PAGE, reps=1) > 0
+    real = PageWriter.checksum
+    monkeypatch.setattr(PageWriter, "checksum", lambda self, *a: real(self, *a) + 1)
+    with pytest.raises(RuntimeError, match="read back"):
+        bench_shm.checked_copy_gbps(export, 4 * PAGE, reps=0)
