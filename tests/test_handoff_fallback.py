@@ -298,3 +298,46 @@ def test_a_dead_decode_node_fails_only_requests_without_a_way_out():
             raise stuck.queue.get_nowait()
 
     asyncio.run(go())
+
+
+def test_a_move_names_the_node_that_answers_to_the_id_not_the_one_it_replaced():
+    """A replacement reports the id of the node it replaced, which stays listed (down): the
+    prefill node's notice names that id, and the request follows the live node. Following the
+    dead one would leave it waiting for events that never come (the live node's are refused
+    as a second holder's)."""
+    from pdtb.router.nodes import NodeState
+
+    async def go():
+        reg, p, a, b = registry()
+        sent = []
+        reg._send = lambda node, msg: sent.append((node, msg)) or True
+        a.last_seen = time.monotonic() - 60  # a is down
+        a2 = NodeState(NodeSpec("decode", "tcp://127.0.0.1:4"))  # as NodeRegistry.add lists it (no sockets here)
+        reg.nodes.append(a2)
+        a2.stats, a2.last_seen = NodeStats("a", "decode", 0, 100, 100, kv_addr="tcp://127.0.0.1:24"), time.monotonic()
+        assert reg.by_id("a") is a2 and reg.decode_node("a") is a2
+        handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
+        assert handle.decode is a2  # the most free pages, beside b
+        reg._on_event(p, TokenEvent("r", [7]))
+        reg._on_notice(p, HandoffNotice("r", "a", delivered=True))
+        assert handle.decode is a2 and handle.handed_off
+        reg._on_event(a2, TokenEvent("r", [8], finished=True, finish_reason="length"))
+        assert [e.token_ids for e in drain(handle)] == [[7], [8]]
+        assert not [m for _, m in sent[1:] if type(m).__name__ == "AbortRequest"]
+
+    asyncio.run(go())
+
+
+def test_a_move_to_a_node_that_is_down_fails_the_request_at_once():
+    async def go():
+        reg, p, a, b = registry()
+        reg._send = lambda node, msg: True
+        handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
+        assert handle.decode is a
+        b.last_seen = time.monotonic() - 60  # judged lost already: no second judgement comes
+        reg._on_notice(p, HandoffNotice("r", "b", delivered=True))
+        assert handle.decode is a
+        with pytest.raises(Exception, match="decode node b took the request but stopped answering"):
+            raise handle.queue.get_nowait()
+
+    asyncio.run(go())

@@ -52,3 +52,12 @@ def test_the_process_dies_with_the_one_that_started_it(tmp_path):
         wait_until(lambda: not alive(info["pid"]), 15, what="the router process gone with its parent")
     finally:
         parent.kill()
+
+
+def test_a_replacement_takes_a_new_node_id():
+    from pdtb.ray_cluster.launch import with_node_id
+
+    args = ["--node-id", "decode-0", "--kv-pages", "64"]
+    assert with_node_id(args, "decode-0~123") == ["--node-id", "decode-0~123", "--kv-pages", "64"]
+    assert args[1] == "decode-0"  # the lost member's own arguments are kept as they were
+    assert with_node_id(["--kv-pages", "64"], "d~1") == ["--node-id", "d~1", "--kv-pages", "64"]

@@ -20,6 +20,7 @@ import urllib.request
 
 import ray
 
+from pdtb.ray_cluster.launch import with_node_id
 from pdtb.ray_cluster.process import NodeProcess
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ class Supervisor:
         from pdtb.ray_cluster.placement import start_member
 
         new = f"{name.rsplit('~', 1)[0]}~{int(time.time() * 1000) % 10**9}"
+        member = {**member, "args": with_node_id(member["args"], new.split(":", 1)[-1])}
         try:
             try:
                 ray.kill(ray.get_actor(name, namespace=self.namespace))

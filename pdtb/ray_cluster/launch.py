@@ -64,6 +64,17 @@ def _members(spec: ClusterSpec) -> dict[str, dict]:
     return out
 
 
+def with_node_id(args: list[str], node_id: str) -> list[str]:
+    """A member's node arguments with `--node-id node_id`. A replacement takes a new id: the
+    router and the prefill nodes tell decode nodes apart by id, and the node it replaces stays
+    listed (down) beside it."""
+    out = list(args)
+    if "--node-id" in out[:-1]:
+        out[out.index("--node-id") + 1] = node_id
+        return out
+    return ["--node-id", node_id, *out]
+
+
 def up(spec: ClusterSpec) -> dict:
     """Start the cluster; on any failure, remove what was made and raise RuntimeError."""
     import ray

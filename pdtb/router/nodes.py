@@ -396,7 +396,7 @@ class NodeRegistry:
         if notice.migration_id and node.spec.role == "decode":
             self._migrated(node, handle, notice)
         elif node is handle.entry:
-            self._move(handle, notice.decode_node)
+            self._move(handle, self.by_id(notice.decode_node, "decode"), notice.decode_node)
             if notice.delivered and handle.decode is not None and handle.decode.node_id == notice.decode_node:
                 self._deliver(handle)  # it depends on that decode node alone now
         elif node.spec.role == "decode":
@@ -436,7 +436,15 @@ class NodeRegistry:
 
     # -- live migration (pdtb/router/migration.py) -------------------------------------------------
     def decode_node(self, node_id: str) -> NodeState | None:
-        return next((n for n in self.nodes if n.spec.role == "decode" and n.node_id == node_id), None)
+        return self.by_id(node_id, "decode")
+
+    def by_id(self, node_id: str, role: str | None = None) -> NodeState | None:
+        """The node that answers to `node_id` now. An id repeats where a node was started again
+        beside the one it replaces (a supervisor's replacement, a restart at another address):
+        a healthy node wins over one that is down, then the one added last."""
+        now = time.monotonic()
+        found = [n for n in self.nodes if n.node_id == node_id and (role is None or n.spec.role == role)]
+        return next((n for n in reversed(found) if self.is_healthy(n, now)), found[-1] if found else None)
 
     def migrate(self, request_id: str, target_id: str, reason: str = "admin", inject: str = "") -> Migration:
         """Start moving a handed-off request to decode node `target_id`. ValueError says why not."""
@@ -463,7 +471,7 @@ class NodeRegistry:
 
     def drain(self, node_id: str, reason: str = "drained by the router") -> NodeState:
         """Tell a node to drain: it takes no new work; a decode node's requests are moved away."""
-        node = next((n for n in self.nodes if n.node_id == node_id), None)
+        node = self.by_id(node_id)
         if node is None:
             raise ValueError(f"no node {node_id!r}")
         if not self._send(node, Drain(reason)):
@@ -594,7 +602,7 @@ class NodeRegistry:
         # gave up on that landed after all): it holds the request now
         log.info("request %s: decode node %s holds it (the router had %s)", handle.request_id, node.node_id,
                  handle.decode.node_id)
-        self._move(handle, node.node_id)
+        self._move(handle, node, node.node_id, spoke=True)
         self._send(handle.entry, AbortRequest(handle.request_id, f"held by decode node {node.node_id}"))
         self._deliver(handle)
         return True
@@ -603,13 +611,20 @@ class NodeRegistry:
         if not handle.handoff.final:
             handle.handoff = advance(handle.handoff, HandoffEvent.LANDED)
 
-    def _move(self, handle: RequestHandle, node_id: str) -> None:
-        """The prefill node handed `handle`'s request to decode node `node_id` instead."""
-        new = next((n for n in self.nodes if n.spec.role == "decode" and n.node_id == node_id), None)
+    def _move(self, handle: RequestHandle, new: NodeState | None, node_id: str, spoke: bool = False) -> None:
+        """`handle`'s request went to decode node `new` (named `node_id`; None: unknown) instead:
+        its prefill node says so, or (`spoke`) that decode node itself."""
         if handle.decode is None or handle.handed_off or new is None or new is handle.decode:
             if new is None or (handle.handed_off and new is not handle.decode):
                 log.warning("request %s: ignoring a move to decode node %r (%s)", handle.request_id, node_id,
                             "unknown node" if new is None else "already handed off")
+            return
+        if not spoke and not self.is_healthy(new):
+            # Its loss was judged already (and is not judged again): the request would wait
+            # for events that never come until the request timeout.
+            log.warning("request %s: moved to decode node %s, which is down", handle.request_id, node_id)
+            handle.queue.put_nowait(RequestFailed(503, f"decode node {node_id} took the request but stopped answering",
+                                                  node_lost=True))
             return
         pages = handle.decode.pending_pages.pop(handle.request_id, None)
         if pages is not None:
