@@ -87,22 +87,24 @@ def pool_copy_gbps(src: PagePool, big: KVExport, reps: int) -> tuple[float, floa
     view = memoryview(big.data.reshape(-1).view(torch.uint8).numpy())
     src_idx, dst_idx = torch.tensor(src_pages), torch.tensor(dst_pages)
     land = index = 0.0
-    for _ in range(reps + 1):
+    for rep in range(reps + 1):  # (the first round warms up)
         t0 = time.perf_counter()
         if writer.write_bytes_sum64(plan, 0, view, 0) is None:
             writer.write_bytes(plan, 0, view)
         t1 = time.perf_counter()
         dst.kv[:, :, dst_idx] = src.kv[:, :, src_idx]
         t2 = time.perf_counter()
-        land, index = max(land, len(view) / (t1 - t0) / 1e9), max(index, len(view) / (t2 - t1) / 1e9)
+        if rep:
+            land, index = max(land, len(view) / (t1 - t0) / 1e9), max(index, len(view) / (t2 - t1) / 1e9)
     src.free("copy")
     return land, index
 
 
 def checked_copy_gbps(big: KVExport, chunk: int, reps: int, timeout: float = 60.0) -> float:
     """The export written piece by piece into a shared pool (copy and sum in one pass) while a
-    second thread reads every finished piece back and sums it; best of reps. The C copy and
-    numpy's sum let go of the GIL, so the two run at once, as sender and receiver do."""
+    second thread reads every finished piece back and sums it; best of `reps` after a warm-up
+    round. The C copy and numpy's sum let go of the GIL, so the two run at once, as sender and
+    receiver do."""
     n = big.header.num_pages
     dst = PagePool(SPEC, n + 8, shared=True)
     try:
@@ -113,36 +115,46 @@ def checked_copy_gbps(big: KVExport, chunk: int, reps: int, timeout: float = 60.
         row = writer.row_bytes
         total, chunk_rows = len(view) // row, max(1, chunk // row)
         best = 0.0
-        for _ in range(reps + 1):
+        for rep in range(reps + 1):
             done: queue.SimpleQueue = queue.SimpleQueue()  # rows written so far, then None
-            got: list[int] = []
+            got: list = []  # the read-back sum, or what stopped the reader
 
             def read_back() -> None:
-                acc = row0 = 0
-                while (row1 := done.get(timeout=timeout)) is not None:
-                    acc = writer.checksum(plan, "sum64", row0, row1, acc)
-                    row0 = row1
-                got.append(acc)
+                try:
+                    acc = row0 = 0
+                    while (row1 := done.get(timeout=timeout)) is not None:
+                        acc = writer.checksum(plan, "sum64", row0, row1, acc)
+                        row0 = row1
+                    got.append(acc)
+                except BaseException as e:  # noqa: BLE001 - handed to the writing thread, raised there
+                    got.append(e)
 
             reader = threading.Thread(target=read_back, name="read-back", daemon=True)
             reader.start()
             t0 = time.perf_counter()
             acc = r = 0
-            while r < total:
-                k = piece_rows(total - r, chunk_rows)
-                data = view[r * row:(r + k) * row]
-                fused = writer.write_bytes_sum64(plan, r, data, acc)
-                if fused is None:
-                    writer.write_bytes(plan, r, data)
-                    fused = checksum.update("sum64", acc, data)
-                acc, r = fused, r + k
-                done.put(r)
-            done.put(None)
-            reader.join(timeout)
+            try:
+                while r < total:
+                    k = piece_rows(total - r, chunk_rows)
+                    data = view[r * row:(r + k) * row]
+                    fused = writer.write_bytes_sum64(plan, r, data, acc)
+                    if fused is None:
+                        writer.write_bytes(plan, r, data)
+                        fused = checksum.update("sum64", acc, data)
+                    acc, r = fused, r + k
+                    done.put(r)
+            finally:
+                done.put(None)
+                reader.join(timeout)
             dt = time.perf_counter() - t0
-            if got != [acc]:
-                raise RuntimeError(f"read back {got}, written {acc:#x}")
-            best = max(best, len(view) / dt / 1e9)
+            if reader.is_alive() or not got:
+                raise RuntimeError(f"the read-back thread did not finish within {timeout}s")
+            if isinstance(got[0], BaseException):
+                raise RuntimeError("the read-back failed") from got[0]
+            if got[0] != acc:
+                raise RuntimeError(f"read back {got[0]:#x}, written {acc:#x}")
+            if rep:
+                best = max(best, len(view) / dt / 1e9)
         return best
     finally:
         dst.shared.close()

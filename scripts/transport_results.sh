@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# KV transports on one host, measured here: one-sided writes against ZeroMQ ipc and an
-# in-process pool copy (pdtb bench transport --backend shm, 64 and 256 MiB), a control
+# KV transports on one host, measured here: one-sided writes against ZeroMQ ipc, an in-process
+# pool copy and an in-process checked copy (pdtb bench transport --backend shm, 64 and 256 MiB), a control
 # message's round trip over ZeroMQ and over the local link (python -m kv_transport.bench_link), and the decode
 # nodes' admission verdicts of the same seeded fairness workload over zmq, shm and torch (gloo),
 # live and in lockstep (scripts/compare_transports.sh). Replaces the "KV transports on one host"

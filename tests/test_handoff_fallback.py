@@ -328,16 +328,24 @@ def test_a_move_names_the_node_that_answers_to_the_id_not_the_one_it_replaced():
     asyncio.run(go())
 
 
-def test_a_move_to_a_node_that_is_down_fails_the_request_at_once():
+def test_a_hand_off_to_a_node_judged_down_fails_the_request_at_once():
+    """The router judges a node down once (when it stops answering); a notice that the request
+    went there after that judgement fails it now, not at the request timeout (600 s)."""
     async def go():
         reg, p, a, b = registry()
         reg._send = lambda node, msg: True
-        handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
-        assert handle.decode is a
-        b.last_seen = time.monotonic() - 60  # judged lost already: no second judgement comes
-        reg._on_notice(p, HandoffNotice("r", "b", delivered=True))
-        assert handle.decode is a
+        moved = reg.submit(GenerateRequest("moved", [5] * 20, Params(max_tokens=4)))
+        stays = reg.submit(GenerateRequest("stays", [5] * 20, Params(max_tokens=4)))
+        assert moved.decode is a and stays.decode is a
+        b.last_seen = time.monotonic() - 60  # silent, not judged yet (the router's loop stalled): no verdict
+        reg._on_notice(p, HandoffNotice("moved", "b"))
+        assert moved.decode is b and moved.queue.empty()
+        b.lost = True  # judged now
+        reg._on_notice(p, HandoffNotice("moved", "b", delivered=True))
         with pytest.raises(Exception, match="decode node b took the request but stopped answering"):
-            raise handle.queue.get_nowait()
+            raise moved.queue.get_nowait()
+        a.lost = True
+        reg._on_notice(p, HandoffNotice("stays", "a", delivered=True))  # delivered where it was sent
+        assert stays.handed_off and stays.queue.qsize() == 1
 
     asyncio.run(go())

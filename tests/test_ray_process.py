@@ -57,7 +57,19 @@ def test_the_process_dies_with_the_one_that_started_it(tmp_path):
 def test_a_replacement_takes_a_new_node_id():
     from pdtb.ray_cluster.launch import with_node_id
 
-    args = ["--node-id", "decode-0", "--kv-pages", "64"]
-    assert with_node_id(args, "decode-0~123") == ["--node-id", "decode-0~123", "--kv-pages", "64"]
+    args = ["--node-id", "decode-0", "--kv-pages", "64", "--node-id=mine", "--policy", "memfair"]
+    assert with_node_id(args, "decode-0~123") == ["--kv-pages", "64", "--policy", "memfair", "--node-id", "decode-0~123"]
     assert args[1] == "decode-0"  # the lost member's own arguments are kept as they were
-    assert with_node_id(["--kv-pages", "64"], "d~1") == ["--node-id", "d~1", "--kv-pages", "64"]
+    assert with_node_id(["--kv-pages", "64"], "d~1") == ["--kv-pages", "64", "--node-id", "d~1"]
+
+
+def test_a_cluster_name_cannot_hold_the_separators_of_its_actors_names():
+    import pytest
+
+    from pdtb.common import CliError
+    from pdtb.ray_cluster.cli import parse_up, spec_of
+
+    assert spec_of(parse_up(["--ray", "auto", "--name", "exp-1.a_b"])).name == "exp-1.a_b"
+    for bad in ("a:b", "a~b", ""):
+        with pytest.raises(CliError, match="--name"):
+            spec_of(parse_up(["--ray", "auto", "--name", bad]))

@@ -406,3 +406,10 @@ def test_the_checked_copy_reads_back_what_it_wrote_and_fails_on_a_difference(mon
     monkeypatch.setattr(PageWriter, "checksum", lambda self, *a: real(self, *a) + 1)
     with pytest.raises(RuntimeError, match="read back"):
         bench_shm.checked_copy_gbps(export, 4 * PAGE, reps=0)
+
+    def broken(self, *a):
+        raise OSError("unreadable")
+    monkeypatch.setattr(PageWriter, "checksum", broken)
+    with pytest.raises(RuntimeError, match="the read-back failed") as e:
+        bench_shm.checked_copy_gbps(export, 4 * PAGE, reps=0)
+    assert isinstance(e.value.__cause__, OSError)

@@ -107,8 +107,10 @@ class Supervisor:
     def _replace(self, name: str, member: dict) -> str | None:
         from pdtb.ray_cluster.placement import start_member
 
-        new = f"{name.rsplit('~', 1)[0]}~{int(time.time() * 1000) % 10**9}"
-        member = {**member, "args": with_node_id(member["args"], new.split(":", 1)[-1])}
+        base = name[len(self.cluster) + 1:].split("~", 1)[0]  # NAME:ROLE-I[~N] -> ROLE-I
+        node_id = f"{base}~{int(time.time() * 1000) % 10**9}"
+        new = f"{self.cluster}:{node_id}"
+        member = {**member, "args": with_node_id(member["args"], node_id)}
         try:
             try:
                 ray.kill(ray.get_actor(name, namespace=self.namespace))

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import secrets
 import shlex
 import sys
 from pathlib import Path
 
 from pdtb.common import CliError
+
+NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a cluster's name
 
 
 def _resources(text: str) -> dict:
@@ -85,6 +88,9 @@ def spec_of(a: argparse.Namespace):
         node_args[role] = args + a.extra + shlex.split(own)
     router_args = [*(["--model", a.model] if a.model else []), "--port", str(a.port), *shlex.split(a.router_args),
                    *(["--api-key", a.api_key] if a.api_key else []), *(["--curve-dir", a.curve_dir] if a.curve_dir else [])]
+    if a.name is not None and not NAME_RE.fullmatch(a.name):
+        # (actors are named NAME:ROLE-I and replacements NAME:ROLE-I~N: the name must not hold ':' or '~')
+        raise CliError(f"--name {a.name!r}: letters, digits, '.', '_' and '-' only (at most 64)")
     return ClusterSpec(address=a.ray, name=a.name or f"pdtb-{secrets.token_hex(3)}", counts=counts,
                        resources=resources, router_resources=_resources(a.router_resources), placement=a.placement,
                        restart_failed=a.restart_failed, node_args=node_args, router_args=router_args,

@@ -68,11 +68,15 @@ def with_node_id(args: list[str], node_id: str) -> list[str]:
     """A member's node arguments with `--node-id node_id`. A replacement takes a new id: the
     router and the prefill nodes tell decode nodes apart by id, and the node it replaces stays
     listed (down) beside it."""
-    out = list(args)
-    if "--node-id" in out[:-1]:
-        out[out.index("--node-id") + 1] = node_id
-        return out
-    return ["--node-id", node_id, *out]
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--node-id":
+            skip = True  # (its value follows)
+        elif not a.startswith("--node-id="):
+            out.append(a)
+    return [*out, "--node-id", node_id]  # (argparse: the last one counts)
 
 
 def up(spec: ClusterSpec) -> dict:

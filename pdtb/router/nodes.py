@@ -91,6 +91,7 @@ class NodeState:
     monitor: zmq.asyncio.Socket | None = field(default=None, repr=False)
     prefix_view: PrefixView = field(default_factory=PrefixView, repr=False)  # route "cache": pages it may hold
     drain_sent: bool = False  # this router told it to drain (it counts as draining before its next report)
+    lost: bool = False  # judged down by the health loop, and not heard from since (that judgement comes once)
 
     @property
     def node_id(self) -> str:
@@ -296,6 +297,7 @@ class NodeRegistry:
                 ok = self.is_healthy(node, now)
                 if was_healthy.get(id(node), False) and not ok:  # (a node added since start: not yet judged)
                     log.warning("node %s (%s) stopped answering", node.node_id, node.spec.address)
+                    node.lost = True
                     self._node_lost(node, "stopped answering")
                 was_healthy[id(node)] = ok
             await asyncio.sleep(self.ping_interval)
@@ -318,7 +320,7 @@ class NodeRegistry:
         now = time.monotonic()
         for handle in list(self._requests.values()):
             if node is handle.decode and not handle.handed_off and self.is_healthy(handle.entry, now) and any(
-                    n.node_id in handle.fallbacks and n is not node and self.is_healthy(n, now)
+                    n.node_id in handle.fallbacks and n.node_id != node.node_id and self.is_healthy(n, now)
                     for n in self.nodes if n.spec.role == "decode"):
                 continue  # its prefill node moves the hand-off to a fallback (NodeDown) or fails it
             mig = handle.migration
@@ -369,7 +371,7 @@ class NodeRegistry:
             return
         if isinstance(msg, NodeStats):
             old = node.stats
-            node.stats, node.last_seen = msg, time.monotonic()
+            node.stats, node.last_seen, node.lost = msg, time.monotonic(), False
             node.pending_tokens.clear()  # its queued_tokens counts them now (or they are done)
             if self.route == "cache":
                 node.prefix_view.update(msg.prefix_summary, node.last_seen)
@@ -396,9 +398,13 @@ class NodeRegistry:
         if notice.migration_id and node.spec.role == "decode":
             self._migrated(node, handle, notice)
         elif node is handle.entry:
-            self._move(handle, self.by_id(notice.decode_node, "decode"), notice.decode_node)
+            d = handle.decode  # (the node it was sent to, where another answers to its id now)
+            self._move(handle, d if d is not None and d.node_id == notice.decode_node else
+                       self.by_id(notice.decode_node, "decode"), notice.decode_node)
             if notice.delivered and handle.decode is not None and handle.decode.node_id == notice.decode_node:
                 self._deliver(handle)  # it depends on that decode node alone now
+                if handle.decode.lost:  # (the judgement that would fail it came before this notice)
+                    self._lost_there(handle, notice.decode_node)
         elif node.spec.role == "decode":
             self._held_by(node, handle)
         else:
@@ -619,18 +625,21 @@ class NodeRegistry:
                 log.warning("request %s: ignoring a move to decode node %r (%s)", handle.request_id, node_id,
                             "unknown node" if new is None else "already handed off")
             return
-        if not spoke and not self.is_healthy(new):
-            # Its loss was judged already (and is not judged again): the request would wait
-            # for events that never come until the request timeout.
-            log.warning("request %s: moved to decode node %s, which is down", handle.request_id, node_id)
-            handle.queue.put_nowait(RequestFailed(503, f"decode node {node_id} took the request but stopped answering",
-                                                  node_lost=True))
+        if not spoke and new.lost:
+            self._lost_there(handle, node_id)
             return
         pages = handle.decode.pending_pages.pop(handle.request_id, None)
         if pages is not None:
             new.pending_pages[handle.request_id] = pages
         handle.decode = new
         handle.handoff = advance(handle.handoff, HandoffEvent.MOVE)
+
+    def _lost_there(self, handle: RequestHandle, node_id: str) -> None:
+        """`handle`'s request went to decode node `node_id` after the router judged it down: that
+        judgement is not made again, so the request fails now rather than at the request timeout."""
+        log.warning("request %s: handed to decode node %s, which is down", handle.request_id, node_id)
+        handle.queue.put_nowait(RequestFailed(503, f"decode node {node_id} took the request but stopped answering",
+                                              node_lost=True))
 
     # -- sending -------------------------------------------------------------------------------
     def _send(self, node: NodeState, msg) -> bool:
