@@ -30,7 +30,6 @@ import time
 
 import torch
 
-from kv_transport import checksum
 from kv_transport.config import MiB, TransportConfig
 from kv_transport.page_writer import PageWriter
 from kv_transport.shm_backend import piece_rows
@@ -136,12 +135,7 @@ def checked_copy_gbps(big: KVExport, chunk: int, reps: int, timeout: float = 60.
             try:
                 while r < total:
                     k = piece_rows(total - r, chunk_rows)
-                    data = view[r * row:(r + k) * row]
-                    fused = writer.write_bytes_sum64(plan, r, data, acc)
-                    if fused is None:
-                        writer.write_bytes(plan, r, data)
-                        fused = checksum.update("sum64", acc, data)
-                    acc, r = fused, r + k
+                    acc, r = writer.write_summed(plan, r, view[r * row:(r + k) * row], "sum64", acc), r + k
                     done.put(r)
             finally:
                 done.put(None)

@@ -28,6 +28,7 @@ import torch
 from pdtb.engine.page_pool import PagePool
 
 MIN_AVG_RUN = 32  # pages; shorter runs are not worth a Python-level loop of slices
+FUSE_BYTES = 1024 * 1024  # write-then-checksum piece (write_summed): fits in L2
 
 
 @dataclass
@@ -113,6 +114,23 @@ class PageWriter:
             return None
         rows = self._pool_rows(plan, row0, row0 + len(data) // self.row_bytes)
         return self.copier(self.np_rows.ctypes.data, np.ascontiguousarray(rows), data, self.row_bytes, acc)
+
+    def write_summed(self, plan: WritePlan, row0: int, data: memoryview, algo: str, acc: int) -> int:
+        """Write whole payload rows (bytes from payload row `row0`) and return the running
+        checksum `acc` extended by them. sum64 on a CPU pool: one C pass (write_bytes_sum64).
+        Otherwise a write then a sum per FUSE_BYTES piece: the sum reads the bytes the write
+        just pulled into cache (about 46 GB/s here, against 10 GB/s for a cold pass)."""
+        from kv_transport import checksum
+
+        fused = self.write_bytes_sum64(plan, row0, data, acc) if algo == "sum64" else None
+        if fused is not None:
+            return fused
+        step = max(1, FUSE_BYTES // self.row_bytes) * self.row_bytes
+        for off in range(0, len(data), step):
+            piece = data[off:off + step]
+            self.write_bytes(plan, row0 + off // self.row_bytes, piece)
+            acc = checksum.update(algo, acc, piece)
+        return acc
 
     def write_bytes(self, plan: WritePlan, row0: int, data: memoryview) -> None:
         """Write whole payload rows, given as raw bytes starting at payload row `row0`."""

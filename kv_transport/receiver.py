@@ -37,7 +37,6 @@ from kv_transport.wire import (STREAMED, Ack, Cancel, Credit, KVChunk, KVTransfe
                                TransferBatch, WireError, decode, encode)
 from pdtb.engine.page_pool import PagePool, PoolError
 
-FUSE_BYTES = 1024 * 1024  # write-then-checksum piece of a chunk: fits in L2
 
 log = logging.getLogger(__name__)
 S = TransferState
@@ -353,23 +352,11 @@ class ReceiverCore(EndpointCore):
         if inb.status.state is S.WAITING:
             inb.status.state, inb.status.t_started = S.TRANSFERRING, now
         inb.last_seen = now
-        # sum64 on a CPU pool: the C landing copy sums each word as it copies it. Otherwise write
-        # and sum in cache-sized pieces: the sum reads the bytes the write just pulled into
-        # cache (about 46 GB/s here, against 10 GB/s for a cold pass). Pages written
-        # before a mismatch is found are still only reserved: the failure frees them and
-        # nobody has read them.
-        row = inb.writer.row_bytes
-        fused = inb.writer.write_bytes_sum64(inb.plan, offset // row, view, inb.running) \
-            if h.checksum_algo == "sum64" else None
-        if fused is not None:  # one pass: C copy into the pages, summing as it goes
-            inb.running = fused
-            inb.status.bytes_done += len(view)
-        else:
-            step = max(row, FUSE_BYTES // row * row)
-            for off in range(0, len(view), step):
-                piece = view[off:off + step]
-                self._write_pages(inb, offset + off, piece)
-                inb.running = checksum.update(h.checksum_algo, inb.running, piece)
+        # Pages written before a mismatch is found are still only reserved: the failure frees
+        # them and nobody has read them.
+        inb.running = inb.writer.write_summed(inb.plan, offset // inb.writer.row_bytes, view, h.checksum_algo,
+                                              inb.running)
+        inb.status.bytes_done += len(view)
         if inb.running != c.checksum:
             self._fail(inb, FailCode.CHECKSUM, f"running checksum after chunk {c.chunk_index} "
                                         f"{inb.running:#x} != {c.checksum:#x}")

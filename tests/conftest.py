@@ -4,19 +4,14 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _no_cuda() -> bool:
-    import torch
-
-    return not torch.cuda.is_available()
-
-
 # Triton reads TRITON_INTERPRET when first imported, by whichever test module comes first in a
 # worker: without a GPU its kernels run in the interpreter (tests/test_triton_decode.py).
-if _no_cuda():
+if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
@@ -60,8 +55,6 @@ def make_prompts(lengths, vocab: int = 512, seed: int = 0) -> list[list[int]]:
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int, ignore_eos: bool = False) -> list[int]:
     """transformers.generate, one prompt at a time, on the model's device: the independent reference."""
-    import torch
-
     # ignore_eos: keep going past an end-of-sequence token, as the engine does, rather than
     # suppressing it (min_new_tokens would change the token wherever EOS is the top choice)
     kw = {"eos_token_id": -1} if ignore_eos else {}

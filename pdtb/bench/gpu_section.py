@@ -63,10 +63,8 @@ def kernel_rows(k: dict) -> list[str]:
     out = ["| rows | KV MB | device copy GB/s (read + written) | engine's setting GB/s | best setting | best GB/s |",
            "|---|---|---|---|---|---|"]
     for r in k["rows"]:
-        mine = [s for s in r["settings"] if (s["block_n"], s["num_warps"], s["num_stages"], s.get("head_major", 0),
-                                             s.get("programs_per_sm", c.programs_per_sm), s.get("min_span", c.min_span))
-                == (c.block_n, c.num_warps, c.num_stages, c.head_major, c.programs_per_sm, c.min_span)
-                and str(s["splits"]).startswith("auto")]
+        mine = [s for s in r["settings"] if str(s["splits"]).startswith("auto")
+                and KernelConfig(**{f: s[f] for f in KernelConfig.__dataclass_fields__ if f in s}) == c]
         b = r["best"]
         best = (f"{b['block_n']} keys, {b['num_warps']} warps, {b['num_stages']} stages, "
                 f"{'head-major, ' if b.get('head_major') else ''}{b['splits']} span(s)")

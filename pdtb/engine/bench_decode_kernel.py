@@ -168,12 +168,12 @@ def pick(res: dict, rows: int) -> str:
     """The `KernelConfig.parse` text of the fastest setting at `rows` rows among those timed with
     the span count the engine picks, with the span rule it was picked under ('' when that
     batch size was not run)."""
+    from pdtb.engine.triton_decode import KernelConfig
+
     for r in res["rows"]:
         b = r.get("best_auto") if r["batch"] == rows else None
         if b:
-            return f"block_n={b['block_n']},num_warps={b['num_warps']},num_stages={b['num_stages']}," \
-                   f"head_major={b['head_major']}," \
-                   f"programs_per_sm={b['programs_per_sm']},min_span={b['min_span']}"
+            return ",".join(f"{k}={v}" for k, v in b.items() if k in KernelConfig.__dataclass_fields__)
     return ""
 
 

@@ -82,14 +82,15 @@ class LLMEngine:
         if config.prefix_cache:
             self.scheduler.prefix_ns = prefix_namespace(model, config.dtype)
         kernel = self._decode_kernel(config)
+        triton_gpu = self.pool.kv.is_cuda and getattr(kernel, "name", "") == "triton"
         self.fused_norms = 0  # RMSNorm modules swapped for the fused kernel (fused_norm.py)
-        if config.fused_norm and self.pool.kv.is_cuda and getattr(kernel, "name", "") == "triton":
+        if config.fused_norm and triton_gpu:
             from pdtb.engine.fused_norm import fuse_norms
 
             self.fused_norms = fuse_norms(model)
         hf_compat.check_model(model, self.pool.kv, config.page_size, kernel)
         self.runner = ModelRunner(model, self.pool.kv, config.page_size, config.device, kernel=kernel)
-        if config.cuda_graphs and self.pool.kv.is_cuda and getattr(kernel, "name", "") == "triton":
+        if config.cuda_graphs and triton_gpu:
             from pdtb.engine.cuda_graphs import DecodeGraphs
 
             self.runner.graphs = DecodeGraphs(model, self.pool.kv, config.page_size, kernel,
