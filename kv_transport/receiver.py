@@ -47,7 +47,6 @@ class _Inbound:
     header: KVTransferHeader
     peer: bytes | None  # where replies go
     pages: list[int]  # RESERVED under header.request_id until commit or free
-    plan: WritePlan  # where each payload row goes in the pool (see page_writer)
     pool: PagePool  # the tier receiving it (the device pool, or the host pool when parked)
     writer: PageWriter  # that pool's writer
     status: TransferStatus
@@ -58,6 +57,15 @@ class _Inbound:
     owed: int = 0  # credits earned by consumed chunks, not yet returned
     granted: int = 0  # chunks [0, granted) the sender may send (the last Credit's upto)
     shared: list[int] = field(default_factory=list)  # cached pages it shares (skip_pages), ahead of `pages`
+    _plan: WritePlan | None = field(default=None, repr=False)
+
+    @property
+    def plan(self) -> WritePlan:
+        """Where each payload row goes in the pool (see page_writer), made on first use: a
+        one-sided transfer's Grant goes out before it is needed."""
+        if self._plan is None:
+            self._plan = self.writer.plan(self.pages)
+        return self._plan
 
 
 class ReceiverCore(EndpointCore):
@@ -240,7 +248,7 @@ class ReceiverCore(EndpointCore):
         writer = self._writers.get(id(target))
         if writer is None:
             writer = self._writers[id(target)] = PageWriter(target)
-        inb = _Inbound(h, peer, pages, writer.plan(pages), target, writer, status,
+        inb = _Inbound(h, peer, pages, target, writer, status,
                        now + self.config.transfer_timeout_s, now, shared=shared)
         self._live[tid] = inb
         self._by_request[h.request_id] = tid

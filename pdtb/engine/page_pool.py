@@ -276,7 +276,9 @@ class PagePool:
             return []  # no entry for an owner that holds nothing
         while len(free) < n:  # the least recently released cached pages give way
             self._evict_cached(next(iter(self._lru)))
-        pages = [free.pop() for _ in range(n)]
+        pages = free[-n:]
+        pages.reverse()  # (the order pop() would give: low ids first)
+        del free[-n:]
         self.version += 1
         holders, st = self._holders, self._state
         for p in pages:
