@@ -255,10 +255,18 @@ def test_a_request_no_pool_can_hold_is_400(served, tokens, mode):
                     err = await resp.json()
                     assert resp.status == 400 and err["error"]["type"] == "invalid_request_error", err
                     assert "needs up to 9 KV pages" in err["error"]["message"]
+                    assert (err["error"]["code"], err["error"]["param"]) == ("invalid_value", "max_tokens")
                 async with s.post(c.url + "/v1/completions", json={**body, "max_tokens": 20}) as resp:
                     assert resp.status == 200  # 120 tokens: 8 pages
+                # chat's default max_tokens (the rest of the context) shrinks to what the pool holds
+                chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "ignore_eos": True}
+                async with s.post(c.url + "/v1/chat/completions", json=chat) as resp:
+                    assert resp.status == 200, await resp.text()
+                    usage = (await resp.json())["usage"]
+                assert usage["prompt_tokens"] + usage["completion_tokens"] == 128, usage
             entry = c.nodes["colocated" if mode == "colocated" else "prefill"]
-            assert len(entry.requests) == 1
+            assert len(entry.requests) == 2
+            assert len(entry.requests[-1].prompt_token_ids) + entry.requests[-1].params.max_tokens == 128
 
     run(go())
 

@@ -72,7 +72,7 @@ def failure_error(e: RequestFailed) -> ApiError:
     """The OpenAI-shaped error for a request that failed after it was accepted."""
     kind = "invalid_request_error" if e.status < 500 else "service_unavailable" if e.status == 503 \
         else "server_error"
-    return ApiError(e.status, str(e), kind, None)
+    return ApiError(e.status, str(e), kind, "invalid_value" if e.param else None, e.param)
 
 
 class CompletionRun:
@@ -325,6 +325,9 @@ async def prepare(state: RouterState, raw: bytes, chat: bool = False) -> Complet
         req = parse(raw, model.name, model.vocab_size)
     prompt_ids = await prompt_ids_of(model, req.prompt)
     max_tokens = check_lengths(req, len(prompt_ids), model.max_model_len)
+    room = state.registry.largest_pool_tokens() if req.max_tokens is None else None
+    if room is not None and room > len(prompt_ids):  # a default output fits the pools too, as it fits the context
+        max_tokens = min(max_tokens, room - len(prompt_ids))
     return CompletionRun(state, req, prompt_ids, max_tokens)
 
 

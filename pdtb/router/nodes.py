@@ -67,10 +67,11 @@ FALLBACKS = 3  # other decode nodes a disaggregated request may be handed to
 class RequestFailed(Exception):
     """A request ended without a result: `status` is the HTTP status it maps to."""
 
-    def __init__(self, status: int, message: str, node_lost: bool = False) -> None:
+    def __init__(self, status: int, message: str, node_lost: bool = False, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.node_lost = node_lost  # a node it depended on is gone: recomputing it elsewhere may succeed
+        self.param = param  # a 400's request field at fault ("prompt", "max_tokens")
 
 
 @dataclass(eq=False)
@@ -683,6 +684,13 @@ class NodeRegistry:
         self._requests[req.request_id] = handle
         return handle
 
+    def largest_pool_tokens(self) -> int | None:
+        """Tokens the largest pool of an available decode or colocated node holds (prompt and
+        output together: what `_place` lets a request reach); None when none has answered yet."""
+        sizes = [n.stats.pages_total * self._page_size(n) for role in ("decode", "colocated")
+                 for n in self._available(role) if n.stats is not None]
+        return max(sizes, default=None)
+
     def _fallbacks(self, chosen: NodeState, peak_tokens: int) -> list[NodeState]:
         """Up to FALLBACKS other available decode nodes that could hold the request, most free first."""
         others = [n for n in self._available("decode") if n is not chosen and n.stats.kv_addr
@@ -719,7 +727,8 @@ class NodeRegistry:
             need = self._pages_for(n, prompt_tokens if role == "prefill" else peak_tokens)
             what = "its prompt" if role == "prefill" else "prompt + max_tokens"
             raise RequestFailed(400, f"request needs up to {need} KV pages for {what}; the largest {role} "
-                                     f"node's pool has {n.stats.pages_total}")
+                                     f"node's pool has {n.stats.pages_total}",
+                                param="prompt" if role == "prefill" else "max_tokens")
         missing = [r for r, n in (("prefill", prefill), ("decode", decode)) if n is None]
         roles = {n.spec.role for n in self.nodes}
         what = "colocated" if "colocated" in roles and not {"prefill", "decode"} <= roles else " or ".join(missing)

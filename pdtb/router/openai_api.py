@@ -4,8 +4,9 @@ Accepted body fields (null means absent for every optional field):
   model           the served model name; absent means the served model (as vLLM); another name -> 404
   prompt          a string, a list of token ids, or a list holding exactly one of those.
                   Batches (several prompts) are rejected with 400 for now.
-  max_tokens      positive int, default 16 (when absent and the prompt leaves less room, the default
-                  shrinks to fit); prompt_len + max_tokens > max_model_len -> 400 (as vLLM)
+  max_tokens      positive int, default 16 (when absent and the prompt leaves less room in the
+                  context or in the largest decode or colocated pool, the default shrinks to fit);
+                  prompt_len + max_tokens > max_model_len -> 400 (as vLLM)
   temperature     [0, 2], default 1.0;  top_p (0, 1], default 1.0;  seed int
   stop            a string or a list of up to 4 non-empty strings (text is cut before the match)
   stream, stream_options.include_usage, user (the tenant, at most 256 characters; default "default")
