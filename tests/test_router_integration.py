@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import time
 from dataclasses import dataclass
 
 import aiohttp
+from aiohttp import web
 import openai
 import pytest
 
@@ -209,6 +211,56 @@ def test_client_disconnect_aborts_on_both_nodes(served, tokens):
             await wait_until(lambda: c.state.registry.num_open_requests == 0, what="request released")
             _, metrics = await get(c.url + "/metrics")
             assert 'pdtb_router_requests_total{status="499"} 2.0' in metrics
+
+    run(go())
+
+
+CLOSE_AT_END = '''
+import socket, sys
+host, port, body, n = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode(), int(sys.argv[4])
+head = (f"POST /v1/completions HTTP/1.1\\r\\nHost: {host}\\r\\nContent-Type: application/json\\r\\n"
+        f"Content-Length: {len(body)}\\r\\n\\r\\n").encode()
+for _ in range(n):
+    with socket.create_connection((host, port), timeout=5) as sock:
+        sock.sendall(head + body)
+        got = b""
+        while not got.endswith(b"\\r\\n0\\r\\n\\r\\n"):  # the chunked body's end, then close at once
+            more = sock.recv(65536)
+            if not more:
+                sys.exit(f"the stream ended early: {got[-200:]!r}")
+            got += more
+'''
+
+
+def test_a_stream_read_to_its_end_counts_as_served_when_the_client_closes_at_once(served, tokens, monkeypatch):
+    """A client that closes its connection as soon as the stream's last bytes arrive (curl does)
+    may cancel the handler before write_eof returns (here it always does: write_eof lingers after
+    writing): the request was served all the same, not a 499."""
+    write_eof = web.StreamResponse.write_eof
+
+    async def lingering_write_eof(self, data=b""):
+        await write_eof(self, data)
+        await asyncio.sleep(2)  # the client has all of it and closes meanwhile: the handler is cancelled here
+
+    monkeypatch.setattr(web.StreamResponse, "write_eof", lingering_write_eof)
+
+    async def go():
+        async with cluster(served, tokens) as c:
+            body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "stream": True}
+            host, port = c.url.removeprefix("http://").split(":")
+            # another process, as curl is
+            proc = await asyncio.create_subprocess_exec(sys.executable, "-c", CLOSE_AT_END, host, port,
+                                                        json.dumps(body), "12")
+            try:
+                assert await asyncio.wait_for(proc.wait(), 30) == 0
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+            await wait_until(lambda: not c.state.handlers, what="handlers done")
+            _, metrics = await get(c.url + "/metrics")
+            assert 'pdtb_router_requests_total{status="200"} 12.0' in metrics, metrics
+            assert 'status="499"' not in metrics
 
     run(go())
 

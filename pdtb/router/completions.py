@@ -89,6 +89,7 @@ class CompletionRun:
         self.output_ids: list[int] = []  # every token the nodes sent, stop token included
         self.recomputes = 0  # times a node it depended on died and it was prefilled anew elsewhere
         self.status = "200"  # for the requests counter; "499": the client went away
+        self.delivered = False  # a stream's last event ([DONE]) was written: whatever follows, it was served
 
     def submit(self) -> None:
         """Send the request to the chosen nodes. Raises ApiError(503) when none is available."""
@@ -272,9 +273,11 @@ class CompletionRun:
                 self.status = str(e.status)
                 await self._send(resp, failure_error(e).body())
             await self._write(resp, b"data: [DONE]\n\n")
+            self.delivered = True
             await bounded(resp.write_eof(), self.state.config.request_timeout)
         except (ConnectionResetError, asyncio.TimeoutError):
-            self.status = "499"  # the client went away or stopped reading; pieces() sent the abort
+            if not self.delivered:
+                self.status = "499"  # the client went away or stopped reading; pieces() sent the abort
         return resp
 
     async def _send_pieces(self, resp: web.StreamResponse) -> None:
@@ -369,7 +372,7 @@ async def handle_chat_completion(request: web.Request) -> web.StreamResponse:
 
 async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
     state = request.app[STATE]
-    status, task = "200", asyncio.current_task()
+    status, task, run = "200", asyncio.current_task(), None
     state.handlers.add(task)
     try:
         if state.shutting_down:  # a keep-alive connection may still send one during the grace period
@@ -391,8 +394,8 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
     except web.HTTPRequestEntityTooLarge:
         status = "413"
         raise
-    except asyncio.CancelledError:
-        status = "499"
+    except asyncio.CancelledError:  # (the client closed its connection: after a whole stream, often before write_eof)
+        status = run.status if run is not None and run.delivered else "499"
         raise
     except Exception:
         status = "500"  # error_middleware answers it
