@@ -201,8 +201,8 @@ class ReceiverCore(EndpointCore):
         log.warning("receiver: unexpected %s from %r discarded", type(m).__name__, peer)
 
     def _foreign(self, peer: bytes | None, transfer_id: str, kind: str) -> bool:
-        """A chunk or Cancel for a live transfer from another connection than its header's:
-        discarded (only the sender that announced a transfer may feed or end it)."""
+        """A chunk, Cancel or malformed message for a live transfer from another connection than
+        its header's: discarded (only the sender that announced a transfer may feed or end it)."""
         inb = self._live.get(transfer_id)
         if inb is None or peer is None or inb.peer is None or peer == inb.peer:
             return False
@@ -215,7 +215,7 @@ class ReceiverCore(EndpointCore):
             if tid not in self._history and tid not in self._live:
                 self._reply(peer, Nack(tid, FailCode.BAD_MESSAGE, str(e)), "nack")
         tid = e.transfer_id
-        if tid is None or tid in self._history:
+        if tid is None or tid in self._history or self._foreign(peer, tid, "bad message"):
             return
         inb = self._live.get(tid)
         if inb is not None:

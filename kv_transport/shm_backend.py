@@ -520,7 +520,10 @@ class ShmReceiver(ZmqReceiver):
         if g is None or inb.next_chunk:
             self._fail(inb, FailCode.BAD_MESSAGE, "a commit for a transfer not written one-sided")
             return
-        if not g.rows < m.rows <= total:
+        if m.rows <= g.rows:  # a duplicate (or late) Commit: those rows are checked already
+            log.info("receiver: commit of rows up to %d for %s, %d checked: discarded", m.rows, m.transfer_id, g.rows)
+            return
+        if m.rows > total:
             self._fail(inb, FailCode.BAD_MESSAGE, f"commit of rows up to {m.rows}: {g.rows} checked, {total} in all")
             return
         if m.rows == total and not self.slots.revoke(g.slot):

@@ -191,6 +191,36 @@ def test_a_commit_whose_rows_do_not_sum_fails_and_frees(tmp_path, monkeypatch):
     run(body())
 
 
+def test_duplicated_commits_are_discarded_and_the_transfer_lands(tmp_path):
+    """Every Commit sent twice (a duplicating link): the second of each is discarded as rows
+    already checked, as a duplicated chunk is; the transfer is DONE with the exact bytes."""
+    from kv_transport import FaultConfig
+
+    src, dst = make_pool(64, seed=12), PagePool(TINY_SPEC, 40, shared=True)
+    config = shm_config(tmp_path)
+
+    async def body():
+        rx = make_receiver(config, dst)
+        await rx.start()
+        faults = FaultConfig(duplicate_prob=1.0, kinds=("commit",))
+        tx = make_sender(dataclasses.replace(config, endpoint=rx.endpoint, faults=faults), TINY_SPEC)
+        await tx.start()
+        try:
+            e = make_export(src, "r", 30)  # 30 pages in pieces of 2: several Commits
+            st = await tx.wait(tx.send(e), 10)
+            assert st.state is TransferState.DONE and tx.one_sided == 1, st
+            assert sum(kind == "commit" for kind, _ in tx.faults.injected) > 1
+            got = await rx.next_completed(5)
+            assert torch.equal(dst.export_pages(got.pages), e.data)
+            dst.free("r")
+            assert dst.num_free == 40
+            dst.check()
+        finally:
+            await tx.close()
+            await rx.close()
+    run(body())
+
+
 @pytest.mark.parametrize("granted", [8, 10])
 def test_a_grant_of_the_wrong_number_of_pages_writes_nothing(tmp_path, monkeypatch, granted):
     """A Grant whose page list does not match the header (a faulty receiver): the sender fails

@@ -56,13 +56,15 @@ def test_zmq_fault_then_recovery(faults, reason, tmp_path):
     asyncio.run(asyncio.wait_for(body(), 20))
 
 
-def test_a_cancel_from_another_connection_is_discarded(tmp_path):
+@pytest.mark.parametrize("kind", ["cancel", "malformed chunk"])
+def test_a_message_from_another_connection_is_discarded(tmp_path, kind):
     """Only the connection that announced a transfer may feed or cancel it: a Cancel for a
-    live transfer id sent over another socket is discarded, the transfer completes (no peer can
-    end another's transfer)."""
+    live transfer id sent over another socket is discarded, and so is a malformed message naming
+    it (a chunk whose payload is not its nbytes); the transfer completes (no peer can end
+    another's transfer)."""
     import zmq
 
-    from kv_transport.wire import Cancel, encode
+    from kv_transport.wire import Cancel, KVChunk, encode
 
     config = TransportConfig(endpoint=f"ipc://{tmp_path}/kv.sock", chunk_bytes=2 * PAGE, window=1,
                              inline_max_bytes=PAGE, transfer_timeout_s=5.0, tick_s=0.01)
@@ -83,7 +85,8 @@ def test_a_cancel_from_another_connection_is_discarded(tmp_path):
             tid = tx.send(export)
             while dst.state_counts()["reserved"] == 0:
                 await asyncio.sleep(0.005)
-            other.send_multipart(encode(Cancel(tid, "not yours")))
+            other.send_multipart(encode(Cancel(tid, "not yours")) if kind == "cancel"
+                                 else encode(KVChunk(tid, 0, 0, 2 * PAGE, 1), [b"x"]))
             status = await tx.wait(tid, 5.0)
             assert status.state is TransferState.DONE, status.reason
             got = await rx.next_completed(2.0)
