@@ -156,7 +156,7 @@ class ShmSender(ZmqSender):
     def __init__(self, config: TransportConfig, spec: KVSpec, name: str = "tx", context=None) -> None:
         super().__init__(config, spec, name, context)
         self.strict = config.backend == "shm"
-        self._targets: dict[tuple[str, str], _Target] = {}  # (pool locator path, token)
+        self._targets: dict[tuple[str, str, str], _Target] = {}  # (pool locator path, its token, slot table's token)
         self._writes: dict[str, _Write] = {}  # transfer id -> its write in progress
         self.one_sided = 0  # transfers written one-sided (the rest went as chunks)
         self._link: LinkClient | None = None  # the receiver's local link, once connected
@@ -317,7 +317,7 @@ class ShmSender(ZmqSender):
         self._wake.set()
 
     def _target(self, g: Grant) -> _Target:
-        key = (g.buffer, g.buffer_token)
+        key = (g.buffer, g.buffer_token, g.slots_token)  # (a receiver started anew over the same pool has new slots)
         t = self._targets.get(key)
         if t is not None:
             return t

@@ -191,6 +191,41 @@ def test_a_commit_whose_rows_do_not_sum_fails_and_frees(tmp_path, monkeypatch):
     run(body())
 
 
+def test_a_receiver_started_anew_over_the_same_pool_is_written_under_its_own_slots(tmp_path):
+    """A receiver closed and started again over the same shared pool hands out a new slot table:
+    the sender locks that one (not the first receiver's), and every transfer lands."""
+    src, dst = make_pool(64, seed=13), PagePool(TINY_SPEC, 40, shared=True)
+    config = shm_config(tmp_path)
+
+    async def body():
+        rx = make_receiver(config, dst)
+        await rx.start()
+        tx = make_sender(dataclasses.replace(config, endpoint=rx.endpoint), TINY_SPEC)
+        await tx.start()
+        try:
+            for i in range(4):
+                if i == 2:  # the same endpoint and pool, a new receiver
+                    await rx.close()
+                    rx = make_receiver(config, dst)
+                    await rx.start()
+                e = make_export(src, f"r{i}", 9)
+                st = await tx.wait(tx.send(e), 10)
+                if st.state is not TransferState.DONE:  # (the first after the restart may find the link gone)
+                    assert i == 2 and str(st.code) == "peer_lost", st
+                    st = await tx.wait(tx.send(e), 10)
+                assert st.state is TransferState.DONE, st
+                got = await rx.next_completed(5)
+                assert torch.equal(dst.export_pages(got.pages), e.data)
+                dst.free(got.request_id)
+            assert tx.one_sided >= 3 and [t.receiver for t in tx._targets.values()] == [rx.slots.locator.token]
+            assert dst.num_free == 40
+            dst.check()
+        finally:
+            await tx.close()
+            await rx.close()
+    run(body())
+
+
 def test_duplicated_commits_are_discarded_and_the_transfer_lands(tmp_path):
     """Every Commit sent twice (a duplicating link): the second of each is discarded as rows
     already checked, as a duplicated chunk is; the transfer is DONE with the exact bytes."""
