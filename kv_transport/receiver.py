@@ -211,11 +211,11 @@ class ReceiverCore(EndpointCore):
 
     def _on_bad_message(self, peer: bytes | None, e: WireError) -> None:
         log.warning("receiver: bad message from %r discarded: %s", peer, e)
-        for tid in e.batch_ids:  # a batch whose payloads do not add up: every transfer in it fails now
+        for tid in e.batch_ids:  # a bad batch: every transfer in it fails now
             if tid not in self._history and tid not in self._live:
                 self._reply(peer, Nack(tid, FailCode.BAD_MESSAGE, str(e)), "nack")
         tid = e.transfer_id
-        if tid is None or tid in self._history or self._foreign(peer, tid, "bad message"):
+        if tid is None or tid in e.batch_ids or tid in self._history or self._foreign(peer, tid, "bad message"):
             return
         inb = self._live.get(tid)
         if inb is not None:

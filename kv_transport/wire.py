@@ -253,7 +253,11 @@ def decode(frames: list, limits: WireLimits) -> Decoded:
         mtype = MsgType(t)
     except ValueError:
         raise WireFieldError("t", f"unknown message type {t}") from None
-    f.only(_ALLOWED[mtype])
+    try:
+        f.only(_ALLOWED[mtype])
+    except WireError as e:  # (named, so that the sender hears of it now rather than at its timeout)
+        e.transfer_id = _id_or_none(f)
+        raise
     payloads = views[1:]
     return Decoded(_DECODERS[mtype](f, payloads, limits), payloads)
 
@@ -336,19 +340,27 @@ def _dec_header(f: Fields, payloads: list, limits: WireLimits) -> KVTransferHead
     return h
 
 
+def _id_or_none(f: Fields) -> str | None:
+    try:
+        return f.id("transfer_id")
+    except WireError:
+        return None
+
+
 def _dec_batch(f: Fields, payloads: list, limits: WireLimits) -> TransferBatch:
     headers = []
     allowed = frozenset(field_names(KVTransferHeader))
-    for sub in f.sublist("headers", limits.max_batch):
-        sub.only(allowed)
-        headers.append(_header(sub, limits))
-    for h in headers:
-        if h.mode != "inline":
-            raise WireFieldError("mode", "batched transfers must be inline", h.transfer_id)
+    subs = f.sublist("headers", limits.max_batch)
     try:
+        for sub in subs:
+            sub.only(allowed)
+            headers.append(_header(sub, limits))
+        for h in headers:
+            if h.mode != "inline":
+                raise WireFieldError("mode", "batched transfers must be inline", h.transfer_id)
         _check_payloads(payloads, [h.payload_bytes for h in headers], None)
-    except WireSizeError as e:
-        e.batch_ids = tuple(h.transfer_id for h in headers)  # NACK each, not leave them to time out
+    except WireError as e:  # every transfer it names is NACKed, not left to time out
+        e.batch_ids = tuple(t for t in map(_id_or_none, subs) if t is not None)
         raise
     return TransferBatch(headers)
 

@@ -175,6 +175,20 @@ def test_batch_rules():
     inline, chunked = make_header(1, transfer_id="a"), make_header(3, mode="chunked")
     expect_reject(encode(TransferBatch([inline, chunked]), [payload(1)]), WireFieldError, "mode")
     expect_reject(encode(TransferBatch([inline]), []), WireSizeError, "payload")
+    # one bad header in a batch fails the batch: every transfer it names is NACKed, not left to time out
+    e = expect_reject(encode(TransferBatch([inline, chunked, make_header(1, transfer_id="c")]), [payload(1)] * 2),
+                      WireFieldError, "mode")
+    assert e.batch_ids == ("a", "tx-1", "c")
+    bad = raw_body(TransferBatch([inline, make_header(1, transfer_id="b")]))
+    bad["headers"][1]["num_pages"] = 10 ** 6
+    e = expect_reject(frames_with(bad, payload(1), payload(1)), WireFieldError, "num_pages")
+    assert e.batch_ids == ("a", "b")
+
+
+def test_a_header_with_an_unknown_field_is_refused_under_its_transfer_id():
+    body = raw_body(make_header(3, mode="chunked", transfer_id="t9"))
+    e = expect_reject(frames_with({**body, "surprise": 1}), WireFieldError, "surprise")
+    assert e.transfer_id == "t9"
 
 
 # ---- fuzzing -------------------------------------------------------------------------------

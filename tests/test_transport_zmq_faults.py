@@ -99,6 +99,48 @@ def test_a_message_from_another_connection_is_discarded(tmp_path, kind):
     asyncio.run(asyncio.wait_for(body(), 20))
 
 
+def test_every_transfer_of_a_bad_batch_is_nacked(tmp_path):
+    """A batch of inline headers, one of them not inline: the batch is refused, and each
+    transfer it names gets a Nack at once (none is left to its sender's timeout); the pool
+    holds nothing."""
+    import zmq
+    from test_transport_wire import make_header, payload
+
+    from kv_transport.wire import Nack, TransferBatch, decode, encode
+
+    config = TransportConfig(endpoint=f"ipc://{tmp_path}/kv.sock", tick_s=0.01)
+    dst = make_pool(16)
+
+    async def body():
+        rx = ZmqReceiver(config, dst)
+        await rx.start()
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(rx.endpoint)
+        try:
+            batch = TransferBatch([make_header(1, transfer_id="t0"), make_header(3, mode="chunked", transfer_id="t1"),
+                                   make_header(1, transfer_id="t2")])
+            sock.send_multipart(encode(batch, [payload(1), payload(1)]))
+            nacked = set()
+            deadline = time.monotonic() + 5
+            while len(nacked) < 3 and time.monotonic() < deadline:
+                if sock.poll(0):
+                    m = decode(sock.recv_multipart(), rx.limits).msg
+                    assert isinstance(m, Nack) and str(m.code) == "bad_message", m
+                    nacked.add(m.transfer_id)
+                else:
+                    await asyncio.sleep(0.01)
+            assert nacked == {"t0", "t1", "t2"}
+            assert dst.num_free == 16
+            dst.check()
+        finally:
+            sock.close()
+            ctx.term()
+            await rx.close()
+    asyncio.run(asyncio.wait_for(body(), 20))
+
+
 def test_a_second_receiver_cannot_take_over_a_live_ipc_path(tmp_path):
     """libzmq binds over an ipc path another process listens on, silently, and the first
     receiver's close then unlinks the second's socket file (a restart case). The second bind
