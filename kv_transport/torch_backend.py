@@ -16,6 +16,9 @@ marked broken: gloo closes the pair on a timed-out wait, and NCCL has no tags to
 stale recv from matching the next send. Later dist transfers with that peer fail fast with
 the reason (other peers are unaffected); recovery is a new process group (restart the nodes).
 A header whose src_rank is not another rank of the group is refused before any dist call.
+Otherwise src_rank is the sender's word: a peer let onto the control plane (holding the CURVE
+keys, where they are set) is trusted to name its own rank, and one naming another's makes
+that pair's recv time out and the pair count as broken.
 A transfer cancelled after its header went out keeps its payload until the receiver's
 Credit (if one comes) is answered, so a recv posted before the Cancel arrived completes. Each side runs its dist operations
 one at a time, in Credit order, which is also the order NCCL needs.
