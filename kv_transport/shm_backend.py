@@ -72,6 +72,7 @@ NUM_SLOTS = 1024  # one-sided transfers a receiver lets write at once (more get 
 # either loop for long (64 MiB in 4 MiB chunks: 16, 12, 9, 6.75, 5.06, 4, 4, 4, 3.19 MiB).
 PIECE_SHARE = 4
 PIECE_MAX_CHUNKS = 4
+RELINK_AFTER_S = 10.0  # a link that could not be connected (refused, full) is tried again after this long
 
 
 def piece_rows(left: int, chunk_rows: int) -> int:
@@ -161,14 +162,14 @@ class ShmSender(ZmqSender):
         self.one_sided = 0  # transfers written one-sided (the rest went as chunks)
         self._link: LinkClient | None = None  # the receiver's local link, once connected
         self._linking: asyncio.Task | None = None
-        self._unreachable: set[str] = set()  # links that could not be connected (not tried again)
+        self._unreachable: dict[str, float] = {}  # link that could not be connected -> when to try it again
         self._on_link: set[str] = set()  # live transfers announced on the link: all their messages go there
         self.links = 0  # local links connected (a restarted receiver needs a new one)
 
     # ---- the local link -------------------------------------------------------------------
     def _maybe_link(self, g: Grant) -> None:
-        if not (self.config.local_link and g.link and g.host == boot_id()) or g.link in self._unreachable or \
-                self._link is not None or self._linking is not None:
+        if not (self.config.local_link and g.link and g.host == boot_id()) or \
+                self._unreachable.get(g.link, 0.0) > time.monotonic() or self._link is not None or self._linking is not None:
             return
         self._linking = asyncio.ensure_future(self._connect_link(g.link, g.ticket))
 
@@ -177,9 +178,10 @@ class ShmSender(ZmqSender):
         try:
             await link.connect(name, ticket, self.config.send_timeout_s)
         except (OSError, asyncio.TimeoutError) as e:  # (LinkError is an OSError)
-            log.info("sender: no local link to the receiver (%s); control stays on ZeroMQ", e)
-            if len(self._unreachable) < 64:
-                self._unreachable.add(name)
+            log.info("sender: no local link to the receiver (%s); control stays on ZeroMQ for %.0fs", e, RELINK_AFTER_S)
+            now = time.monotonic()
+            self._unreachable = {k: t for k, t in self._unreachable.items() if t > now}
+            self._unreachable[name] = now + RELINK_AFTER_S
             return
         finally:
             if self._linking is asyncio.current_task():

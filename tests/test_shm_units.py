@@ -346,6 +346,40 @@ def test_control_moves_to_the_local_link_after_the_first_grant(tmp_path, monkeyp
     run(body())
 
 
+def test_a_link_that_could_not_be_connected_is_tried_again_later(tmp_path, monkeypatch):
+    """A refused link (the receiver's listener full of strangers, say) leaves control on ZeroMQ
+    for RELINK_AFTER_S, not for good: a Grant after that connects it."""
+    import kv_transport.shm_backend as shm
+    from kv_transport.local_link import LinkClient, LinkError
+
+    monkeypatch.setattr(shm, "RELINK_AFTER_S", 0.2)
+    connect, refused = LinkClient.connect, []
+
+    async def refuse_once(self, *args):
+        if not refused:
+            refused.append(1)
+            raise LinkError("refused (a full listener)")
+        return await connect(self, *args)
+
+    monkeypatch.setattr(LinkClient, "connect", refuse_once)
+    src, dst = make_pool(64, seed=14), PagePool(TINY_SPEC, 64, shared=True)
+
+    async def body():
+        async with linked(shm_config(tmp_path), dst) as (tx, rx):
+            for i in range(2):
+                if i:
+                    assert refused and tx.links == 0
+                    await asyncio.sleep(0.3)  # past RELINK_AFTER_S
+                e = make_export(src, f"r{i}", 4)
+                assert (await tx.wait(tx.send(e), 10)).state is TransferState.DONE
+                got = await rx.next_completed(5)
+                assert torch.equal(dst.export_pages(got.pages), e.data)
+                dst.free(got.request_id)
+            await until(lambda: tx.links == 1, 5, "the link connected on a later Grant")
+            dst.check()
+    run(body())
+
+
 @pytest.mark.parametrize("junk", [b"\xff" * 64, b"\x02\x00\x00\x00" + b"\x00" * 60], ids=["garbage", "no-ticket"])
 def test_a_stranger_on_the_receivers_link_is_shut_out_and_transfers_go_on(tmp_path, junk):
     import socket
