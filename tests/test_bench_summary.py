@@ -133,6 +133,21 @@ def test_fair_share_index_sees_who_waited():
     assert fair["jain_index"] == pytest.approx(1.0) and late["jain_index"] == pytest.approx(1.0)  # blind to order
 
 
+def test_a_request_refused_as_invalid_is_no_demand_but_a_refusal_for_load_is():
+    """The minnow served at once is fair (1.0); add a whale-tenant request the server refused
+    with a 400 in 4 ms: nothing changes. The same refusal as a 503 is demand the server did not
+    meet: tenant X's open claim in window (0, 1] earns nothing."""
+    def refused(error: str):
+        return make_record("X", "whale", 400, 0.2, [], 0.204, "failed", requested=8, error=error)
+    base = summarize(_whale_and_minnow(0.15), duration=3.0, window=1.0)["fairness"]
+    invalid = summarize(_whale_and_minnow(0.15) + [refused("HTTP 400: too long")], duration=3.0, window=1.0)["fairness"]
+    load = summarize(_whale_and_minnow(0.15) + [refused("HTTP 503: no node")], duration=3.0, window=1.0)["fairness"]
+    for key in ("share_jain_min", "share_jain_mean", "jain_index", "max_service_gap"):
+        assert invalid[key] == pytest.approx(base[key]), key
+    assert "X" not in invalid["demand"] and load["demand"]["X"] > 0
+    assert load["share_jain_min"] < base["share_jain_min"] and load["jain_index"] < base["jain_index"]
+
+
 def test_max_service_gap_half_second_windows():
     f = summarize(records(), duration=2.0, window=0.5)["fairness"]
     # (0,.5]: A and C backlogged (B's first request is sent at 0.5): 16 vs 0

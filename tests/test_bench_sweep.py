@@ -83,6 +83,11 @@ def test_a_request_cut_off_counts_where_it_was_on_track():
     assert not sf.meets(on_track, sf.SloTable())  # no target at all: only a finished request counts
     g = sf.group_figures([on_track, slow], 0.0, 2.0, slos)
     assert g["cut_off"] == 2 and g["failed"] == 2 and g["attainment"] == 0.5
+    # never sent (it waited for a --max-concurrency slot): its wait runs from when it was scheduled
+    from pdtb.bench.runner import new_record
+    queued = cut_off(new_record(RequestSpec(1.8, "t", "whale", 10, 3), 1.8), 2.1)
+    assert queued.send_time == 1.8 and sf.meets(queued, sf.SloTable.parse(["ttft_ms=500"]))  # 300 ms old, no token
+    assert not sf.meets(queued, slos)  # past a 200 ms TTFT
 
 
 def test_slo_table_parsing_and_errors():

@@ -100,8 +100,10 @@ def request_body(cfg: RunConfig, index: int, spec: RequestSpec) -> bytes:
 
 
 def new_record(spec: RequestSpec, scheduled: float) -> RequestRecord:
+    """`send_time` is the scheduled time until the request goes out: one cut off while it waits
+    for a --max-concurrency slot has waited since then (not since the run's start)."""
     return RequestRecord(spec.tenant, spec.klass, spec.prompt_len, spec.output_len,
-                         scheduled_time=scheduled, priority=spec.priority)
+                         scheduled_time=scheduled, send_time=scheduled, priority=spec.priority)
 
 
 def _close(rec: RequestRecord, now: float) -> None:

@@ -23,6 +23,10 @@ sent request would earn if it ran to completion: prompt x w_in + requested outpu
                         earned in that window, among windows with at least two backlogged tenants.
                         A tenant is backlogged in (a, b] if it has a request with
                         send_time < b and end_time > a (sent but not finished in the window).
+
+A request the server refused as the client's own error (HTTP 4xx other than 408 and 429: a
+malformed request, a prompt no pool can hold) is no demand any server could meet: every figure
+here leaves it out. A refusal for load (429, 503) or a failure mid-way counts as unmet demand.
 """
 from __future__ import annotations
 
@@ -167,8 +171,15 @@ def fair_share_jain(records: list[RequestRecord], w: ServiceWeights, window: flo
     return (sum(indices) / len(indices), min(indices)) if indices else (None, None)
 
 
+def refused_as_invalid(r: RequestRecord) -> bool:
+    """The server refused `r` as the client's error (HTTP 4xx, not 408 or 429)."""
+    code = r.error[5:8] if r.error and r.error.startswith("HTTP 4") else ""
+    return code.isdigit() and code not in ("408", "429")
+
+
 def fairness(records: list[RequestRecord], w: ServiceWeights, window: float, duration: float) -> dict:
-    """The results file's `summary.fairness` object."""
+    """The results file's `summary.fairness` object (requests refused as invalid left out)."""
+    records = [r for r in records if not refused_as_invalid(r)]
     curves = service_curves(records, w)
     service = {t: (c[1][-1] if c[1] else 0.0) for t, c in curves.items()}
     wanted = demand(records, w)
