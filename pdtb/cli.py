@@ -152,11 +152,16 @@ def _dispatch(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        return _dispatch(argv)
+        rc = _dispatch(argv)
+        sys.stdout.flush()  # (here: a reader gone early is a BrokenPipeError caught below, not at exit)
+        return rc
     except CliError as e:
         return die(str(e))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # stdout closed by its reader (`| head`): nothing more to say, nowhere to say it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as e:  # files that cannot be written, addresses that cannot be bound: one line
         from pdtb.engine.model_info import ModelLoadError
 

@@ -115,6 +115,27 @@ def test_tenants_file_format():
         wl.parse_tenants({"tenants": [{"name": "A"}]})  # no rate anywhere
 
 
+@pytest.mark.parametrize("doc,says", [
+    ({"duration": "abc", "rate": 1, "tenants": [{"name": "A"}]}, "'duration'"),
+    ({"duration": 0, "rate": 1, "tenants": [{"name": "A"}]}, "'duration'"),
+    ({"duration": True, "rate": 1, "tenants": [{"name": "A"}]}, "'duration'"),
+    ({"rate": 1, "tenants": [{"name": "A", "on": 0, "off": 0}]}, "'on'"),
+    ({"rate": 1, "tenants": [{"name": "A", "on": 1, "off": -1}]}, "'off'"),
+    ({"rate": 1, "tenants": [{"name": "A", "weight": 0}, {"name": "B", "weight": 0}]}, "weights"),
+    ({"rate": 1, "tenants": [{"name": "A"}, {"name": "A"}]}, "given more than once"),
+    ({"rate": 1, "tenants": [{"name": "A", "priority": "high"}]}, "'priority'"),
+    ({"rate": 1, "tenants": [{"name": "A", "tier": "bad tier!"}]}, "'tier'"),
+    ({"rate": 1, "tenants": [{"name": None}]}, "'name'"),
+    ({"rate": 1, "tenants": [{"prompt": "8"}]}, "'name'"),
+    ({"tenants": [{"name": "A", "rate": float("nan")}]}, "'rate'"),
+    ({"rate": -2, "tenants": [{"name": "A"}]}, "'rate'"),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_a_tenants_file_field_out_of_range_is_named(doc, says):
+    """Each bad field is a ValueError naming it, not a crash or another workload than the file's."""
+    with pytest.raises(ValueError, match=says):
+        wl.parse_tenants(doc)
+
+
 def test_clamp_to_context():
     s = RequestSpec(0.0, "a", "x", 100, 20)
     assert wl.clamp_to_context(s, 200) == (s, False)
@@ -171,6 +192,7 @@ def test_trace_azure_csv(tmp_path):
     ('{"timestamp": 0, "input_length": true, "output_length": 3}', "input length"),
     ('{"timestamp": 0, "input_length": 5, "output_length": -1}', "output length"),
     ('{"timestamp": 0, "input_length": 5, "output_length": 3, "priority": 1.7}', "priority"),
+    ('{"timestamp": 0, "output_length": 3}', "no 'input_length' field"),
 ])
 def test_a_bad_trace_row_is_refused_with_its_line(line, what):
     """A bad row is refused, naming its line: accepted, a NaN timestamp would fire the whole
@@ -178,6 +200,20 @@ def test_a_bad_trace_row_is_refused_with_its_line(line, what):
     good = '{"timestamp": 0, "input_length": 5, "output_length": 3}'
     with pytest.raises(ValueError, match=f"trace line 2: .*{what}"):
         parse_jsonl([good, line])
+
+
+def test_a_trace_spanning_more_than_max_span_is_refused():
+    """A timestamp far from the rest (1e300 ms) would have the client sleep for ever: refused,
+    unless --time-scale brings the span within MAX_SPAN_S."""
+    from pdtb.bench.traces import MAX_SPAN_S, trace_specs
+
+    rows = parse_jsonl(['{"timestamp": 0, "input_length": 5, "output_length": 3}',
+                        '{"timestamp": 1e300, "input_length": 5, "output_length": 3}'])
+    with pytest.raises(ValueError, match="spans"):
+        trace_specs(rows)
+    far = parse_jsonl(['{"timestamp": 0, "input_length": 5, "output_length": 3}',
+                       f'{{"timestamp": {MAX_SPAN_S * 2000}, "input_length": 5, "output_length": 3}}'])
+    assert trace_specs(far, time_scale=0.25)[0][-1].send_time == pytest.approx(MAX_SPAN_S / 2)
 
 
 def test_trace_files_with_a_byte_order_mark_or_comments(tmp_path):

@@ -97,6 +97,14 @@ BAD_FLAGS = [  # across every subcommand: each must be a usage error, not a trac
     ["bench", "steps", "--page-size", "0"],
     ["bench", "serve", "--workload", "multi-tenant", "--dry-run", "--on", "0", "--off", "0"],
     ["bench", "serve", "--workload", "multi-tenant", "--dry-run", "--weights", "0,0,0,0"],
+    ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--fairness-window", "nan"],
+    ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--fairness-window", "0"],
+    ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--sample-interval", "-1"],
+    ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--min-token-id", "-5"],
+    ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--vocab-size", "0"],
+    ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--temperature", "-1"],
+    ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--service-weights", "1"],
+    ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--slo", "ttft_ms=abc"],
     ["colocated", "--ctrl-port", "70000"],
     ["colocated", "--active-window", "nan"],
     ["colocated", "--reserve", "1=-5"],
@@ -117,6 +125,27 @@ def test_bad_flags_are_an_error_not_a_traceback_a_hang_or_success(llama_dir, arg
     assert rc not in (0, None), args
     err = capsys.readouterr().err
     assert err.strip() and "Traceback" not in err, err
+
+
+def test_report_on_a_file_that_is_not_results_names_it(tmp_path, capsys):
+    from pdtb.cli import main
+
+    for i, text in enumerate(['{"a": 1}\n{"b": 2}', "[1, 2]", '{"meta": {}, "summary": 5}']):
+        path = tmp_path / f"r{i}.json"
+        path.write_text(text)
+        assert main(["report", str(path), "--out", str(tmp_path / "rep")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(path) in err[0], err
+
+
+def test_output_cut_by_its_reader_ends_quietly(tmp_path):
+    """`pdtb ... | head -1`: the pipe closed early is no error message."""
+    import subprocess
+    import sys
+
+    cmd = f"{sys.executable} -m pdtb bench serve --workload whale-minnow --dry-run | head -c 1"
+    res = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert "BrokenPipe" not in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
 def test_an_unforeseen_error_is_one_line(tmp_path, capsys):

@@ -52,6 +52,24 @@ def _positive(kind):
     return parse
 
 
+def _at_least_zero(text: str) -> float:
+    """An argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    value = _at_least_zero(text)
+    if value > 2:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2], got {text}")
+    return value
+
+
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
@@ -125,18 +143,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "server's usage is recorded)")
     g.add_argument("--tokenizer", help="chat: checkpoint dir whose tokenizer turns prompt ids into text "
                                        "(default: the embedded model)")
-    g.add_argument("--vocab-size", type=int, help="default: from /v1/models")
-    g.add_argument("--max-model-len", type=int, help="default: from /v1/models")
-    g.add_argument("--min-token-id", type=int, default=16, help="prompt ids are drawn from [this, vocab)")
-    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--vocab-size", type=_at_least(1), help="default: from /v1/models")
+    g.add_argument("--max-model-len", type=_at_least(2), help="default: from /v1/models")
+    g.add_argument("--min-token-id", type=_at_least(0), default=16, help="prompt ids are drawn from [this, vocab)")
+    g.add_argument("--temperature", type=_temperature, default=0.0, help="in [0, 2], as the router takes it")
     g.add_argument("--no-token-ids", action="store_true", help="count tokens by chunk, not token_ids")
     g.add_argument("--request-timeout", type=_positive(float), default=600.0, help="s without a byte before failing")
     g.add_argument("--api-key")
     g = ap.add_argument_group("measurement and labels")
-    g.add_argument("--sample-interval", type=float, default=0.5, help="s between /cluster samples (0: off)")
+    g.add_argument("--sample-interval", type=_at_least_zero, default=0.5, help="s between /cluster samples (0: off)")
     g.add_argument("--slo", action="append", default=[], metavar="KEY=MS", help=f"{', '.join(SLO_KEYS)}")
     g.add_argument("--service-weights", default="1,2", help="service per input,output token")
-    g.add_argument("--fairness-window", type=float, default=1.0, help="s per window of the service gap")
+    g.add_argument("--fairness-window", type=_positive(float), default=1.0, help="s per window of the service gap")
     g.add_argument("--label-mode", help="mode label (default: from /cluster)")
     g.add_argument("--label-policy", help="policy label (default: from /cluster)")
     g.add_argument("--quiet", action="store_true", help="no progress line")
@@ -164,7 +182,10 @@ def parse_slos(items: list[str]) -> dict[str, float]:
         key, sep, value = item.partition("=")
         if not sep or key not in SLO_KEYS:
             raise ValueError(f"--slo {item!r}: want KEY=MS with KEY in {', '.join(SLO_KEYS)}")
-        out[key] = float(value)
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise ValueError(f"--slo {item!r}: the target must be a number of ms") from None
         if not 0 < out[key] < float("inf"):
             raise ValueError(f"--slo {item!r}: the target must be a positive number of ms")
     return out
@@ -248,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         slos = parse_slos(a.slo)
-        w_in, w_out = (float(x) for x in _csv(a.service_weights))
+        try:
+            w_in, w_out = (float(x) for x in _csv(a.service_weights))
+        except ValueError:
+            w_in = w_out = -1.0  # (not two numbers)
         if not (0 <= w_in < float("inf") and 0 <= w_out < float("inf") and w_in + w_out > 0):
             raise ValueError(f"--service-weights {a.service_weights!r}: two finite numbers >= 0, not both 0")
         specs, workload_info = build_workload(a)
@@ -318,6 +342,10 @@ async def _serve(a, specs, workload_info: dict, slos: dict, weights: ServiceWeig
             return 1
         model, nodes = {}, None
     vocab, max_len = a.vocab_size or model["vocab_size"], a.max_model_len or model["max_model_len"]
+    if a.min_token_id >= vocab:
+        print(f"pdtb bench serve: --min-token-id {a.min_token_id} leaves no prompt id below the vocabulary's "
+              f"{vocab}", file=sys.stderr)
+        return 2
     clamped = 0
     for i, s in enumerate(specs):
         specs[i], changed = wl.clamp_to_context(s, max_len)
@@ -351,10 +379,13 @@ async def _serve(a, specs, workload_info: dict, slos: dict, weights: ServiceWeig
             "arrival": arrival_label(a), "warmup": {"requests": a.warmup, "failed": res.warmup_failed},
             "model": {"id": model.get("id"), "vocab_size": vocab, "max_model_len": max_len},
             "clamped_to_context": clamped, "client_overhead": res.client_overhead, **workload_info}
+    print(format_table(summary))  # (first: a results file that cannot be written loses no figure)
     if a.out:
-        write_results(a.out, build_results(meta, res.records, summary, res.samples))
-    print(format_table(summary))
-    if a.out:
+        try:
+            write_results(a.out, build_results(meta, res.records, summary, res.samples))
+        except OSError as e:
+            print(f"pdtb bench serve: cannot write {a.out}: {e.strerror or e}", file=sys.stderr)
+            return 1
         print(f"results: {a.out}")
     if res.records and not any(r.status == OK for r in res.records):
         reasons = Counter((r.error or r.status) for r in res.records)

@@ -113,7 +113,18 @@ def write_report(paths: list[str], out_dir: str | Path) -> Path:
 
     from pdtb.bench import plots, sweep_report
 
-    raw = [json.loads(Path(p).read_text()) for p in paths]
+    raw = []
+    for p in paths:
+        try:
+            doc = json.loads(Path(p).read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{p}: not JSON ({e})") from None
+        shape = isinstance(doc, dict) and isinstance(doc.get("meta"), dict) and (
+            isinstance(doc.get("summary"), dict) if not sweep_report.is_sweep(doc) else
+            isinstance(doc.get("levels"), list) and isinstance(doc.get("derived"), dict))
+        if not shape:
+            raise ValueError(f"{p}: not a results file of pdtb bench serve (meta, summary) or sweep (meta, levels, derived)")
+        raw.append(doc)
     sweeps = [sweep_report.is_sweep(d) for d in raw]
     if any(sweeps):
         if not all(sweeps):

@@ -99,6 +99,9 @@ def _hash_ids(value) -> tuple[int, ...]:
     return tuple(_whole(x, "a hash id", 0, (1 << 63) - 1) for x in value)
 
 
+MAX_SPAN_S = 1e7  # seconds of arrivals a replay may span (about 116 days)
+
+
 def _row(timestamp_s: float, prompt, output, tenant=None, priority=None, hash_ids=None) -> TraceRow:
     if not math.isfinite(timestamp_s) or timestamp_s < 0:
         raise ValueError(f"timestamp must be a finite number >= 0, got {timestamp_s!r}")
@@ -123,7 +126,9 @@ def parse_jsonl(lines) -> list[TraceRow]:
                              d.get("tenant"), d.get("priority"), d.get("hash_ids")))
         except OverflowError:
             raise ValueError(f"trace line {n}: timestamp out of range") from None
-        except (ValueError, KeyError, TypeError) as e:
+        except KeyError as e:
+            raise ValueError(f"trace line {n}: no {e.args[0]!r} field") from None
+        except (ValueError, TypeError) as e:
             raise ValueError(f"trace line {n}: {e!r}") from None
     return rows
 
@@ -134,7 +139,9 @@ def parse_azure_csv(lines) -> list[TraceRow]:
     for d in _csv_rows(reader):  # reader.line_num: the file's line (DictReader skips blank lines)
         try:
             rows.append(_row(_azure_time(d["TIMESTAMP"]), d["ContextTokens"], d["GeneratedTokens"]))
-        except (ValueError, KeyError, TypeError) as e:
+        except KeyError as e:
+            raise ValueError(f"trace line {reader.line_num}: no {e.args[0]!r} column") from None
+        except (ValueError, TypeError) as e:
             raise ValueError(f"trace line {reader.line_num}: {e!r}") from None
     return rows
 
@@ -173,6 +180,10 @@ def trace_specs(rows: list[TraceRow], length_scale: float = 1.0, max_context: in
     block_len = block_tokens or max(1, round(TRACE_BLOCK_TOKENS * length_scale))
     rows = sorted(rows, key=lambda r: r.timestamp)[:max_requests]
     t0 = rows[0].timestamp if rows else 0.0
+    span = (rows[-1].timestamp - t0) * time_scale if rows else 0.0
+    if span > MAX_SPAN_S:
+        raise ValueError(f"the trace spans {span:.3g} s of arrivals after --time-scale, more than {MAX_SPAN_S:.0e} s: "
+                         "a timestamp out of place, or a smaller --time-scale or --max-requests is needed")
     specs, clamped = [], 0
     raised = sum(1 for r in rows if r.output_length == 0)
     for r in rows:

@@ -37,6 +37,7 @@ import random
 from dataclasses import dataclass, replace
 
 from pdtb.bench.records import RequestSpec
+from pdtb.nodes.protocol import SLO_TIER_RE
 
 
 @dataclass(frozen=True)
@@ -208,28 +209,59 @@ class TenantSpec:
         return self.on is None or (t - self.start) % (self.on + self.off) < self.on
 
 
+def _number(r: dict, key: str, default, lo: float, where: str, above: bool = False):
+    """A tenants-file number: finite, >= lo (> lo with `above`); `default` when absent or null."""
+    v = r.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or \
+            (v <= lo if above else v < lo):
+        raise ValueError(f"tenants file: {where}'{key}' must be a number {'above' if above else 'at least'} {lo:g}, "
+                         f"got {v!r}")
+    return float(v)
+
+
+def _tenant(r: dict, rate: float, weight: float) -> TenantSpec:
+    name = r.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"tenants file: every tenant needs a 'name' (a non-empty string), got {name!r}")
+    where = f"tenant {name!r}: "
+    priority, tier = r.get("priority"), r.get("tier")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise ValueError(f"tenants file: {where}'priority' must be a whole number, got {priority!r}")
+    if tier is not None and not (isinstance(tier, str) and SLO_TIER_RE.fullmatch(tier)):
+        raise ValueError(f"tenants file: {where}'tier' must be 1-32 characters of [A-Za-z0-9_.-], got {tier!r}")
+    on = _number(r, "on", None, 0.0, where, above=True)
+    return TenantSpec(name, rate, LengthDist.parse(str(r.get("prompt", "64"))),
+                      LengthDist.parse(str(r.get("output", "32"))), weight, str(r.get("class", "default")),
+                      priority, _number(r, "start", 0.0, 0.0, where), on, _number(r, "off", 0.0, 0.0, where), tier)
+
+
 def parse_tenants(doc: dict) -> tuple[list[TenantSpec], float | None]:
-    """Tenants (and the duration, if given) from the tenants-file JSON document."""
+    """Tenants (and the duration, if given) from the tenants-file JSON document. Every field is
+    checked: a wrong one is a ValueError naming it, never a workload other than the file says."""
     if not isinstance(doc, dict) or not all(isinstance(r, dict) for r in doc.get("tenants") or []):
         raise ValueError("tenants file: want a JSON object {\"tenants\": [{\"name\": ..., ...}, ...]}")
     rows = doc.get("tenants") or []
     if not rows:
         raise ValueError("tenants file: 'tenants' must be a non-empty list")
-    total, unrated = doc.get("rate"), [r for r in rows if r.get("rate") is None]
-    weight_sum = sum(float(r.get("weight", 1.0)) for r in unrated)
+    names = [r.get("name") for r in rows]
+    twice = sorted({str(n) for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"tenants file: tenant names must differ ({', '.join(twice)} given more than once)")
+    total = _number(doc, "rate", None, 0.0, "")
+    duration = _number(doc, "duration", None, 0.0, "", above=True)
+    weights = [_number(r, "weight", 1.0, 0.0, f"tenant {r.get('name')!r}: ") for r in rows]
+    unrated = [w for r, w in zip(rows, weights) if r.get("rate") is None]
     if unrated and total is None:
         raise ValueError("tenants file: give every tenant a 'rate', or a total 'rate' to split by weight")
+    if unrated and sum(unrated) <= 0:
+        raise ValueError("tenants file: the weights of the tenants without a 'rate' must not all be 0")
     out = []
-    for r in rows:
-        weight = float(r.get("weight", 1.0))
-        rate = float(r["rate"]) if r.get("rate") is not None else float(total) * weight / weight_sum
-        on = r.get("on")
-        out.append(TenantSpec(str(r["name"]), rate, LengthDist.parse(r.get("prompt", "64")),
-                              LengthDist.parse(r.get("output", "32")), weight, str(r.get("class", "default")),
-                              r.get("priority"), float(r.get("start", 0.0)),
-                              None if on is None else float(on), float(r.get("off", 0.0)),
-                              None if r.get("tier") is None else str(r["tier"])))
-    return out, doc.get("duration")
+    for r, weight in zip(rows, weights):
+        rate = _number(r, "rate", None, 0.0, f"tenant {r.get('name')!r}: ")
+        out.append(_tenant(r, rate if rate is not None else total * weight / sum(unrated), weight))
+    return out, duration
 
 
 def even_tenants(n: int, total_rate: float, weights: list[float] | None, prompt: str, output: str,
