@@ -3,7 +3,9 @@
 Per request (status "ok" only; failed requests count in `count` and `failed`, nothing else):
   TTFT  = first_token_time - send_time
   ITL   = every gap between consecutive streamed tokens; n tokens arriving together share the
-          gap before them (n gaps of gap / n, SGLang's convention; see itls_s)
+          gap before them (n gaps of gap / n, SGLang's convention; see itls_s). With
+          --no-token-ids tokens are counted by chunk: a chunk whose text the router held back
+          (a partial character) arrives with the next, so ITL is then per chunk, not per token
   TPOT  = (E2E - TTFT) / (output tokens - 1), only with at least 2 output tokens
   E2E   = end_time - send_time
 Each is reported in ms as PCT = {mean, p50, p90, p95, p99, max}, percentiles linearly
