@@ -35,6 +35,8 @@ def test_defaults_and_all_fields():
     assert r.prompt == (1, 2, 3) and r.max_tokens == 5 and r.temperature == 0.0 and r.top_p == 0.5
     assert r.seed == 7 and r.stop == ("\n",) and r.stream and r.include_usage and r.tenant == "alice"
     assert r.ignore_eos and r.priority == -2 and r.return_token_ids and r.stop_token_ids == (4,)
+    r = parse({"model": NAME, "prompt": "hi", "max_tokens": 2.0, "seed": 7.0, "priority": -1.0})
+    assert (r.max_tokens, r.seed, r.priority) == (2, 7, -1) and type(r.seed) is int  # integers, as pydantic reads them
 
 
 def test_prompt_forms():
@@ -81,6 +83,8 @@ def test_nulls_mean_absent():
     ({"model": NAME, "prompt": "x", "user": "u" * 257}, "user"),  # a label value in every node's metrics
     ({"model": NAME, "prompt": "x", "seed": 1 << 64}, "seed"),
     ({"model": NAME, "prompt": "x", "priority": -(1 << 70)}, "priority"),
+    ({"model": NAME, "prompt": "x", "priority": 1.5}, "priority"),
+    ({"model": NAME, "prompt": "x", "priority": 1e300}, "priority"),
     ({"model": NAME, "prompt": "x", "stop": ""}, "stop"),
     ({"model": NAME, "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"model": NAME, "prompt": "x", "stop": [1]}, "stop"),

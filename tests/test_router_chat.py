@@ -132,6 +132,7 @@ def test_parse_fields():
     ({"messages": [{"role": "user", "content": "x"}], "continue_final_message": True}, "continue_final_message"),
     ({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": "yes"}, "add_generation_prompt"),
     ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 4, "max_tokens": "x"}, "max_tokens"),
     ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5}, "frequency_penalty"),
 ])
 def test_parse_errors(body, param):

@@ -114,6 +114,8 @@ def parse_chat_request(raw: bytes, served_name: str, vocab_size: int) -> Complet
         raise bad_request(f"'messages' takes at most {MAX_MESSAGES} messages", "messages")
     _reject_unsupported(body)
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    if key != "max_tokens" and body.get("max_tokens") is not None:  # the older field loses, but must be valid
+        generation_fields({"max_tokens": body["max_tokens"]}, vocab_size)
     fields = generation_fields(body, vocab_size, max_tokens_key=key)
     agp = body.get("add_generation_prompt", True)
     if not isinstance(agp, bool):

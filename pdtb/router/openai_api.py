@@ -90,8 +90,12 @@ def _opt(body: dict, key: str, kinds: tuple[type, ...], what: str, default=None)
 
 
 def _int64(body: dict, key: str, default: int | None) -> int | None:
-    """An integer that fits the wire's 64 bits."""
-    value = _opt(body, key, (int,), "an integer", default)
+    """An integer that fits the wire's 64 bits (a float with no fraction is one, as for max_tokens)."""
+    value = _opt(body, key, (int, float), "an integer", default)
+    if isinstance(value, float):
+        if value != int(value):
+            raise bad_request(f"'{key}' must be an integer", key)
+        value = int(value)
     if value is not None and not -(1 << 63) <= value < (1 << 63):
         raise bad_request(f"'{key}' must fit in 64 bits", key)
     return value
