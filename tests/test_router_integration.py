@@ -441,6 +441,14 @@ def test_auth_limits_and_http_errors(served, tokens):
                         assert resp.status == want and "error" in await resp.json(), (path, body)
                 async with s.get(c.url + "/cluster/migrations") as resp:
                     assert resp.status == 200 and (await resp.json())["in_flight"] == []
+            # a Content-Length past the limit is refused from the headers, the body never awaited
+            host, port = c.url.removeprefix("http://").split(":")
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 5)
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekret\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 9000000\r\n\r\n{")
+            status = await asyncio.wait_for(reader.readline(), 5)  # (request_timeout is far longer)
+            writer.close()
+            assert b" 413 " in status, status
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
                 async with s.post(c.url + "/admin/drain", json={"node": "d0"}) as resp:
                     assert resp.status == 401

@@ -352,8 +352,11 @@ def tenant_slot(state: RouterState, tenant: str):
             del state.streams_by_tenant[tenant]
 
 
-async def read_body(request: web.Request, timeout: float) -> bytes:
-    """The request body; aiohttp raises HTTPRequestEntityTooLarge past client_max_size."""
+async def read_body(request: web.Request, timeout: float, max_bytes: int) -> bytes:
+    """The request body; HTTPRequestEntityTooLarge past `max_bytes` (the app's client_max_size):
+    at once where Content-Length says so, without waiting for a body that may never come."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise web.HTTPRequestEntityTooLarge(max_size=max_bytes, actual_size=request.content_length)
     try:
         return await bounded(request.read(), timeout)
     except asyncio.TimeoutError:
@@ -377,7 +380,7 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
     try:
         if state.shutting_down:  # a keep-alive connection may still send one during the grace period
             raise ApiError(503, "the router is shutting down", "service_unavailable", None)
-        run = await prepare(state, await read_body(request, state.config.request_timeout), chat)
+        run = await prepare(state, await read_body(request, state.config.request_timeout, state.config.max_body_bytes), chat)
         if state.shutting_down:  # began while the body was read or rendered: drain() cannot fail it later
             raise ApiError(503, "the router is shutting down", "service_unavailable", None)
         with tenant_slot(state, run.req.tenant):
