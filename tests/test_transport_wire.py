@@ -185,6 +185,14 @@ def test_batch_rules():
     assert e.batch_ids == ("a", "b")
 
 
+def test_a_header_with_a_prompt_past_the_limit_is_refused_under_its_transfer_id():
+    body = raw_body(make_header(3, mode="chunked", transfer_id="t8"))
+    e = expect_reject(frames_with({**body, "prompt_token_ids": [1] * (LIMITS.max_tokens + 5)}), WireSizeError, "frame0")
+    assert e.transfer_id == "t8"
+    e = expect_reject([msgpack.packb([[0] * (LIMITS.max_tokens + 5)])], WireSizeError, "frame0")
+    assert e.transfer_id is None  # (no map: no id)
+
+
 def test_a_header_with_an_unknown_field_is_refused_under_its_transfer_id():
     body = raw_body(make_header(3, mode="chunked", transfer_id="t9"))
     e = expect_reject(frames_with({**body, "surprise": 1}), WireFieldError, "surprise")
