@@ -214,9 +214,7 @@ def test_a_receiver_started_anew_over_the_same_pool_is_written_under_its_own_slo
                     assert i == 2 and str(st.code) == "peer_lost", st
                     st = await tx.wait(tx.send(e), 10)
                 assert st.state is TransferState.DONE, st
-                got = await rx.next_completed(5)
-                assert torch.equal(dst.export_pages(got.pages), e.data)
-                dst.free(got.request_id)
+                await landed(rx, dst, e)
             assert tx.one_sided >= 3 and [t.receiver for t in tx._targets.values()] == [rx.slots.locator.token]
             assert dst.num_free == 40
             dst.check()
@@ -232,28 +230,25 @@ def test_duplicated_commits_are_discarded_and_the_transfer_lands(tmp_path):
     from kv_transport import FaultConfig
 
     src, dst = make_pool(64, seed=12), PagePool(TINY_SPEC, 40, shared=True)
-    config = shm_config(tmp_path)
+    faults = FaultConfig(duplicate_prob=1.0, kinds=("commit",))  # (a receiver sends no Commit)
 
     async def body():
-        rx = make_receiver(config, dst)
-        await rx.start()
-        faults = FaultConfig(duplicate_prob=1.0, kinds=("commit",))
-        tx = make_sender(dataclasses.replace(config, endpoint=rx.endpoint, faults=faults), TINY_SPEC)
-        await tx.start()
-        try:
+        async with linked(dataclasses.replace(shm_config(tmp_path), faults=faults), dst) as (tx, rx):
             e = make_export(src, "r", 30)  # 30 pages in pieces of 2: several Commits
             st = await tx.wait(tx.send(e), 10)
             assert st.state is TransferState.DONE and tx.one_sided == 1, st
             assert sum(kind == "commit" for kind, _ in tx.faults.injected) > 1
-            got = await rx.next_completed(5)
-            assert torch.equal(dst.export_pages(got.pages), e.data)
-            dst.free("r")
+            await landed(rx, dst, e)
             assert dst.num_free == 40
             dst.check()
-        finally:
-            await tx.close()
-            await rx.close()
     run(body())
+
+
+async def landed(rx, dst: PagePool, e) -> None:
+    """The receiver's next completed transfer holds `e`'s bytes; its pages are freed."""
+    got = await rx.next_completed(5)
+    assert got.request_id == e.header.request_id and torch.equal(dst.export_pages(got.pages), e.data)
+    dst.free(got.request_id)
 
 
 @pytest.mark.parametrize("granted", [8, 10])
@@ -372,9 +367,7 @@ def test_a_link_that_could_not_be_connected_is_tried_again_later(tmp_path, monke
                     await asyncio.sleep(0.3)  # past RELINK_AFTER_S
                 e = make_export(src, f"r{i}", 4)
                 assert (await tx.wait(tx.send(e), 10)).state is TransferState.DONE
-                got = await rx.next_completed(5)
-                assert torch.equal(dst.export_pages(got.pages), e.data)
-                dst.free(got.request_id)
+                await landed(rx, dst, e)
             await until(lambda: tx.links == 1, 5, "the link connected on a later Grant")
             dst.check()
     run(body())

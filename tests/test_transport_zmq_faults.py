@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 
@@ -13,6 +14,22 @@ from kv_transport.testing import TINY_SPEC, make_export, make_pool
 from kv_transport.zmq_backend import ZmqReceiver, ZmqSender
 
 PAGE = TINY_SPEC.bytes_per_page
+
+
+@contextlib.contextmanager
+def stranger(endpoint: str):
+    """A raw DEALER socket connected to `endpoint` (another connection than the sender's)."""
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        yield sock
+    finally:
+        sock.close()
+        ctx.term()
 
 
 @pytest.mark.parametrize("faults,reason", [
@@ -62,8 +79,6 @@ def test_a_message_from_another_connection_is_discarded(tmp_path, kind):
     live transfer id sent over another socket is discarded, and so is a malformed message naming
     it (a chunk whose payload is not its nbytes); the transfer completes (no peer can end
     another's transfer)."""
-    import zmq
-
     from kv_transport.wire import Cancel, KVChunk, encode
 
     config = TransportConfig(endpoint=f"ipc://{tmp_path}/kv.sock", chunk_bytes=2 * PAGE, window=1,
@@ -76,24 +91,19 @@ def test_a_message_from_another_connection_is_discarded(tmp_path, kind):
         await rx.start()
         tx = ZmqSender(dataclasses.replace(config, endpoint=rx.endpoint, faults=slow), TINY_SPEC)
         await tx.start()
-        ctx = zmq.Context()
-        other = ctx.socket(zmq.DEALER)
-        other.setsockopt(zmq.LINGER, 0)
-        other.connect(rx.endpoint)
         try:
-            export = make_export(src, "victim", 12)
-            tid = tx.send(export)
-            while dst.state_counts()["reserved"] == 0:
-                await asyncio.sleep(0.005)
-            other.send_multipart(encode(Cancel(tid, "not yours")) if kind == "cancel"
-                                 else encode(KVChunk(tid, 0, 0, 2 * PAGE, 1), [b"x"]))
-            status = await tx.wait(tid, 5.0)
+            with stranger(rx.endpoint) as other:
+                export = make_export(src, "victim", 12)
+                tid = tx.send(export)
+                while dst.state_counts()["reserved"] == 0:
+                    await asyncio.sleep(0.005)
+                other.send_multipart(encode(Cancel(tid, "not yours")) if kind == "cancel"
+                                     else encode(KVChunk(tid, 0, 0, 2 * PAGE, 1), [b"x"]))
+                status = await tx.wait(tid, 5.0)
             assert status.state is TransferState.DONE, status.reason
             got = await rx.next_completed(2.0)
             assert torch.equal(dst.export_pages(got.pages), export.data)
         finally:
-            other.close()
-            ctx.term()
             await tx.close()
             await rx.close()
     asyncio.run(asyncio.wait_for(body(), 20))
@@ -103,7 +113,6 @@ def test_every_transfer_of_a_bad_batch_is_nacked(tmp_path):
     """A batch of inline headers, one of them not inline: the batch is refused, and each
     transfer it names gets a Nack at once (none is left to its sender's timeout); the pool
     holds nothing."""
-    import zmq
     from test_transport_wire import make_header, payload
 
     from kv_transport.wire import Nack, TransferBatch, decode, encode
@@ -114,29 +123,24 @@ def test_every_transfer_of_a_bad_batch_is_nacked(tmp_path):
     async def body():
         rx = ZmqReceiver(config, dst)
         await rx.start()
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(rx.endpoint)
         try:
-            batch = TransferBatch([make_header(1, transfer_id="t0"), make_header(3, mode="chunked", transfer_id="t1"),
-                                   make_header(1, transfer_id="t2")])
-            sock.send_multipart(encode(batch, [payload(1), payload(1)]))
-            nacked = set()
-            deadline = time.monotonic() + 5
-            while len(nacked) < 3 and time.monotonic() < deadline:
-                if sock.poll(0):
-                    m = decode(sock.recv_multipart(), rx.limits).msg
-                    assert isinstance(m, Nack) and str(m.code) == "bad_message", m
-                    nacked.add(m.transfer_id)
-                else:
-                    await asyncio.sleep(0.01)
+            with stranger(rx.endpoint) as sock:
+                batch = TransferBatch([make_header(1, transfer_id="t0"), make_header(3, mode="chunked", transfer_id="t1"),
+                                       make_header(1, transfer_id="t2")])
+                sock.send_multipart(encode(batch, [payload(1), payload(1)]))
+                nacked = set()
+                deadline = time.monotonic() + 5
+                while len(nacked) < 3 and time.monotonic() < deadline:
+                    if sock.poll(0):
+                        m = decode(sock.recv_multipart(), rx.limits).msg
+                        assert isinstance(m, Nack) and str(m.code) == "bad_message", m
+                        nacked.add(m.transfer_id)
+                    else:
+                        await asyncio.sleep(0.01)
             assert nacked == {"t0", "t1", "t2"}
             assert dst.num_free == 16
             dst.check()
         finally:
-            sock.close()
-            ctx.term()
             await rx.close()
     asyncio.run(asyncio.wait_for(body(), 20))
 
