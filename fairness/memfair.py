@@ -141,7 +141,7 @@ class MemFairPolicy(BasePolicy):
             starving = self._starving(c, state)
             cap_ok = starving or not contended or state.charge.get(c.request_id, 0) + need <= request_cap(c, self.cfg, state)
             wants.append((own(c), need, (not starving, c.arrival_time), cap_ok, starving))
-        for h in self.held.values():
+        for h in self.fresh_held(state):  # (one not retried here lately went elsewhere: no room for it)
             wants.append((own(h), h.num_pages + 1, (True, h.first_seen),
                           not contended or h.num_pages <= self._cap_of(h, state), False))
         # the starving first, then by how far below its share the owner is
@@ -330,7 +330,7 @@ class MemFairPolicy(BasePolicy):
         # of them would block each other for as long as anything else ran). Beyond its cap, a
         # request also gives way to its own owner's requests within the share.
         waiting = [(self.owner(s), self._need_now(s, state)) for s in self.candidates if s.request_id != rid]
-        waiting += [(self.owner(h), h.num_pages) for h in self.held.values() if h.request_id != rid]
+        waiting += [(self.owner(h), h.num_pages) for h in self.fresh_held(state) if h.request_id != rid]
         if any((o != owner or over_cap) and use.get(o, 0) + need_o <= ent.get(o, 0) for o, need_o in waiting):
             return False
         reserve = int(self.cfg.borrow_reserve_frac * state.device_total) if others else 0

@@ -35,6 +35,30 @@ def test_memfair_reclaims_borrowed_pages_for_a_returning_tenant():
     assert pages_of_tenant(sched, "w") <= 20 + 1
 
 
+@pytest.mark.parametrize("retried_s_ago", [0.0, 2.0])
+def test_memfair_reclaims_for_a_held_arrival_only_while_it_is_retried_here(retried_s_ago):
+    """A borrower is demoted for an arrival held at prefill while the prefill side retries it
+    here; one last retried 2 s ago has landed elsewhere (a fallback took it): demoting for it
+    would only bounce the borrower between tiers, step after step."""
+    from fairness.base import Arrival
+
+    clock = FakeClock()
+    pol = make_policy("memfair")
+    sched = make_scheduler(pol, num_pages=40, host_pages=80, budget=512, clock=clock)
+    whales = [make_request(72, 50, tenant="w", arrival=i) for i in range(2)]  # 19 pages each
+    for w in whales:
+        sched.add(w)
+    for _ in range(3):
+        sim_step(sched)
+    assert pages_of_tenant(sched, "w") > 20  # alone, the whale tenant borrows beyond half
+    clock.t = 5.0
+    pol.held["m1"] = Arrival("m1", "m", 0, 18, 4.0 - retried_s_ago, clock.t - retried_s_ago, 70, 20)
+    sim_step(sched)
+    check_conservation(sched)
+    demoted = any(w.status == SeqStatus.PARKED for w in whales)
+    assert demoted == (retried_s_ago == 0.0)
+
+
 def test_fcfs_makes_minnows_wait_behind_whales():
     sched = make_scheduler(make_policy("fcfs"), num_pages=40, host_pages=80, budget=512)
     whales = [make_request(72, 50, tenant="w", arrival=i) for i in range(2)]
