@@ -1,7 +1,7 @@
 """SLO attribution: every request's timeline (pdtb.engine.timeline.Timeline) broken into
 causes, and each miss blamed on one.
 
-TTFT = dispatch + queue + prefill + recompute before the first token. The decode phase (TPOT) = transfer + held + parked +
+TTFT = dispatch + queue + prefill + recompute and parked before the first token. The decode phase (TPOT) = transfer + held + parked +
 preempted + turn wait + migration pause + decode compute. A miss is attributed to the largest component of the phase
 that missed.
 """
@@ -29,9 +29,10 @@ def timing_summary(tl: Timeline) -> dict:
 
 
 def components(tl: Timeline, num_output: int) -> dict:
-    before = tl.recompute_ttft_s  # preempted before the first token, waiting to recompute
+    before, parked_before = tl.recompute_ttft_s, tl.parked_ttft_s  # preempted or demoted before the first token
     ttft = {"dispatch": _gap(tl, "router_arrival", "prefill_queued"), "queue": _gap(tl, "prefill_queued", "prefill_start"),
-            "prefill": max(0.0, _gap(tl, "prefill_start", "first_token") - before), "recompute_before_first_token": before}
+            "prefill": max(0.0, _gap(tl, "prefill_start", "first_token") - before - parked_before),
+            "recompute_before_first_token": before, "parked_before_first_token": parked_before}
     decode_total = _gap(tl, "first_token", "last_token")
     held, parked, pre, turn, mig = tl.held_s, tl.parked_s, tl.preempted_s, tl.turn_wait_s, tl.migrating_s
     transfer = max(0.0, _gap(tl, "transfer_start", "transfer_end") - held)

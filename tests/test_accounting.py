@@ -125,6 +125,41 @@ def test_recompute_before_the_first_token_is_part_of_ttft():
     assert slo["cause"] in ("prefill", "recompute_before_first_token")
 
 
+def test_parked_before_the_first_token_is_part_of_ttft_and_counted_once():
+    """A request demoted mid-prefill and promoted back: the time in the host tier is part of its
+    TTFT (parked_before_first_token), not also its decode phase's parked_in_host (which left
+    decode_compute at 0 and the components summing past the request's span)."""
+    from fairness.attribution import attribute
+
+    cfg = FairnessConfig()
+    sched = make_scheduler(make_policy("fcfs", cfg), num_pages=64, host_pages=64, budget=8)
+    seq = make_request(40, 4, rid="long")
+    acct = NodeAccounting(node_for(sched, [seq], cfg))
+    sched.add(seq)
+    t = 0.0
+    seq.timeline.router_arrival = seq.timeline.prefill_queued = seq.timeline.prefill_start = t
+    for step in range(30):
+        out = sched.schedule()
+        if step == 2:  # mid-prefill: demoted to the host tier for five steps
+            out.chunks = []
+            out.moves.append(SimpleNamespace(request_id="long", kind="demote", num_pages=0, num_bytes=0, seconds=0.0))
+        elif step == 7:
+            out.moves.append(SimpleNamespace(request_id="long", kind="promote", num_pages=0, num_bytes=0, seconds=0.0))
+        elif 2 < step < 7:
+            out.chunks = []
+        apply_step(sched, out)
+        acct.on_output(out, t)
+        if any(c.wants_logits for c in out.chunks):
+            seq.timeline.stamp_once("first_token", t)
+        t += DT
+    seq.timeline.last_token = t
+    comp = attribute(seq.timeline, seq.num_output_tokens, 0, cfg)["components"]
+    assert comp["parked_before_first_token"] == pytest.approx(5 * DT) and comp["parked_in_host"] == 0.0
+    assert comp["prefill"] + comp["parked_before_first_token"] == pytest.approx(seq.timeline.first_token)
+    decode = seq.timeline.last_token - seq.timeline.first_token
+    assert comp["decode_compute"] == pytest.approx(decode)
+
+
 def test_per_tenant_figures_are_kept_for_a_bounded_number_of_tenants(monkeypatch):
     """Tenant names come from clients: uncapped, 2,000 distinct ones grow every node's /metrics
     by 1.5 MB and its stats reply to each ping alike, without limit. Past the cap, later

@@ -1,8 +1,8 @@
 """The nodes' SLO attribution, as the client reports it (pure functions over RequestRecords).
 
 A finished request's last chunk carries the node's `pdtb_timing` (fairness/attribution.py):
-`slo.components`, the seconds its TTFT spent in dispatch, queue, prefill and recompute before
-the first token, and its decode phase in transfer, held at prefill, parked in host, recompute,
+`slo.components`, the seconds its TTFT spent in dispatch, queue, prefill, and recompute or
+parked before the first token, and its decode phase in transfer, held at prefill, parked in host, recompute,
 turn wait and decode compute; with SLO targets set on the nodes (per priority class),
 `slo.missed` (which SLOs it missed) and `slo.cause` (the component blamed for the miss).
 Per group of ok requests:
@@ -20,7 +20,7 @@ from collections import Counter
 
 from pdtb.bench.records import OK, RequestRecord
 
-TTFT_PARTS = ("dispatch", "queue", "prefill", "recompute_before_first_token")
+TTFT_PARTS = ("dispatch", "queue", "prefill", "recompute_before_first_token", "parked_before_first_token")
 TPOT_PARTS = ("transfer", "held_at_prefill", "parked_in_host", "recompute", "turn_wait", "migration", "decode_compute")
 
 

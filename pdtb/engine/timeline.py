@@ -9,7 +9,7 @@ Waits (`<name>_since` while open, `<name>_s` accumulated): held (the prefill nod
 pages: the decode side deferred), parked (pages in the host tier), preempted (waiting for
 recompute), turn_wait (resident but not served this step), migrating (paused while its KV moves
 to another decode node: from the source's last step to the target's first token). A preemption before the first token
-accumulates into recompute_ttft_s instead: it is part of the TTFT.
+accumulates into recompute_ttft_s instead, and a demotion before it into parked_ttft_s: they are part of the TTFT.
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ class Timeline:
     turn_wait_s: float = 0.0
     migrating_s: float = 0.0
     recompute_ttft_s: float = 0.0  # preempted before the first token, waiting for recompute
+    parked_ttft_s: float = 0.0  # demoted before the first token (mid-prefill), waiting in the host tier
     num_preemptions: int = 0
 
     def stamp_once(self, name: str, t: float) -> None:

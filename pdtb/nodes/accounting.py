@@ -68,8 +68,8 @@ class NodeAccounting:
                 tl.end_wait("turn_wait", now)
             if m.kind == "demote":
                 tl.parked_since = now
-            elif m.kind == "promote":
-                tl.end_wait("parked", now)
+            elif m.kind == "promote":  # (parked before its first token: part of its TTFT)
+                tl.end_wait("parked", now, into="parked_ttft_s" if tl.first_token is None else None)
             elif m.kind == "preempt":
                 tl.preempted_since = now
                 tl.num_preemptions += 1
