@@ -79,6 +79,9 @@ def test_a_lost_node_sends_the_prompt_and_the_streamed_tokens_anew(llama_dir):
     assert [g.params.max_tokens for g in reg.sent] == [6, 3, 2]
     assert len({g.request_id for g in reg.sent}) == 3 and run.recomputes == 2
     assert reg.released[:2] == [reg.sent[0].request_id, reg.sent[1].request_id]  # the old ones let go
+    # the nodes' timeline covers the last attempt: what came before is said beside it
+    rec = pieces[-1].timing["recomputed"]
+    assert rec["times"] == 2 and rec["tokens_before"] == 4 and rec["lost_s"] >= 0
 
 
 def test_retries_are_bounded_and_other_failures_are_not_retried(llama_dir):

@@ -88,6 +88,8 @@ class CompletionRun:
         self.released = False  # the handle was released (pieces() ended, or close())
         self.output_ids: list[int] = []  # every token the nodes sent, stop token included
         self.recomputes = 0  # times a node it depended on died and it was prefilled anew elsewhere
+        self.recomputed_at = 0.0  # time.monotonic() of the last recompute's submission
+        self.tokens_before = 0  # tokens streamed before the last recompute
         self.status = "200"  # for the requests counter; "499": the client went away
         self.delivered = False  # a stream's last event ([DONE]) was written: whatever follows, it was served
 
@@ -131,8 +133,18 @@ class CompletionRun:
             self.handle = old  # released already: _end does nothing more
             return False
         self.state.metrics.recomputes.inc()
+        self.recomputed_at, self.tokens_before = time.monotonic(), len(self.output_ids)
         log.info("request %s: %s; recomputed as %s after %d tokens", self.request_id, e, rid, len(self.output_ids))
         return True
+
+    def _timing(self, timing: dict) -> dict:
+        """The final event's timeline, with what recomputes took: the nodes' timeline and SLO
+        attribution cover the last attempt only, `recomputed.lost_s` the time before it (the
+        lost attempts, the loss found, and the new submission)."""
+        if not self.recomputes:
+            return timing
+        return {**timing, "recomputed": {"times": self.recomputes, "lost_s": round(self.recomputed_at - self.arrival, 6),
+                                         "tokens_before": self.tokens_before}}
 
     async def pieces(self) -> AsyncIterator[Piece]:
         """The output, one Piece per node event. Raises RequestFailed. Use with `aclosing`."""
@@ -169,13 +181,15 @@ class CompletionRun:
                     if delta.text or ids:
                         yield Piece(delta.text, ev.token_ids)
                     finished_by_node = True  # the abort goes out in _final_timing
-                    yield Piece("", [], "stop", await self._final_timing(), self._stop_reason(out, "stop", stop_id))
+                    yield Piece("", [], "stop", self._timing(await self._final_timing()),
+                                self._stop_reason(out, "stop", stop_id))
                     return
                 if delta.stopped or ev.finished:
                     reason = "stop string matched"
                     metrics.e2e.observe(now - self.arrival)
                     finish = "stop" if delta.stopped else (ev.finish_reason or "stop")
-                    yield Piece(delta.text, ev.token_ids, finish, ev.timing or {}, self._stop_reason(out, finish, stop_id))
+                    yield Piece(delta.text, ev.token_ids, finish, self._timing(ev.timing or {}),
+                                self._stop_reason(out, finish, stop_id))
                     return
                 yield Piece(delta.text, ev.token_ids)
         finally:
