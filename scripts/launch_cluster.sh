@@ -47,7 +47,9 @@ EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in  # every option but --, -h, --help and --restart-failed takes a value
     --|-h|--help|--restart-failed) ;;
-    -*) [ $# -ge 2 ] || { echo "launch_cluster: $1 needs a value" >&2; exit 2; } ;;
+    --router-args|--prefill-args|--decode-args)  # (their values are flags)
+      [ $# -ge 2 ] || { echo "launch_cluster: $1 needs a value" >&2; exit 2; } ;;
+    -*) [ $# -ge 2 ] && [ "${2#--}" = "$2" ] || { echo "launch_cluster: $1 needs a value" >&2; exit 2; } ;;
   esac
   case "$1" in
     --mode) MODE="$2"; shift 2 ;;
@@ -76,15 +78,25 @@ while [ $# -gt 0 ]; do
     --node-resources|--router-resources|--placement) RAY_ARGS+=("$1" "$2"); shift 2 ;;
     --restart-failed) RAY_ARGS+=(--restart-failed); shift ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "launch_cluster: unknown option $1" >&2; exit 2 ;;
   esac
 done
 case "$MODE" in disagg|colocated) ;; *) echo "launch_cluster: --mode must be disagg or colocated" >&2; exit 2 ;; esac
+whole() {  # whole FLAG VALUE MIN [MAX]: a whole number in range, checked before anything starts
+  case "$2" in ''|*[!0-9]*) echo "launch_cluster: $1 wants a whole number, got '$2'" >&2; exit 2 ;; esac
+  if [ "$2" -lt "$3" ] || { [ -n "${4:-}" ] && [ "$2" -gt "$4" ]; }; then
+    echo "launch_cluster: $1 must be ${4:+between $3 and $4}${4:-at least $3}, got $2" >&2; exit 2
+  fi
+}
+if [ "$MODE" = disagg ]; then whole --prefill "$NP" 1; whole --decode "$ND" 1; else whole --colocated "$NC" 1; fi
+whole --kv-pages "$KV_PAGES" 1; whole --host-kv-pages "$HOST_KV_PAGES" 0; whole --page-size "$PAGE_SIZE" 1
+[ -z "$PREFILL_KV_PAGES" ] || whole --prefill-kv-pages "$PREFILL_KV_PAGES" 1
+whole --port "$PORT" 0 65535; whole --timeout "$TIMEOUT" 1
 
 source "$ROOT/scripts/_env.sh"
 RUN_DIR="${RUN_DIR:-$ROOT/runs/cluster-$(date +%Y%m%d-%H%M%S)-$$}"
-mkdir -p "$RUN_DIR"
+mkdir -p "$RUN_DIR" 2>/dev/null && [ -w "$RUN_DIR" ] || { echo "launch_cluster: cannot use $RUN_DIR as a run dir" >&2; exit 2; }
 case "$TRANSPORT" in zmq|torch|shm|auto) ;; *) echo "launch_cluster: --transport must be zmq, torch, shm or auto" >&2; exit 2 ;; esac
 if [ -n "$RAY" ]; then  # Ray places and supervises: pdtb cluster up does the rest
   [ -z "$HOSTS_FILE" ] || { echo "launch_cluster: --ray and --hosts-file exclude each other" >&2; exit 2; }
@@ -97,24 +109,31 @@ if [ -n "$RAY" ]; then  # Ray places and supervises: pdtb cluster up does the re
         ${RUN_DIR:+--run-dir "$RUN_DIR"} ${CURVE_DIR:+--curve-dir "$CURVE_DIR"} ${RAY_ARGS[@]+"${RAY_ARGS[@]}"})
   exec pdtb cluster up "${args[@]}" -- ${EXTRA[@]+"${EXTRA[@]}"}
 fi
-if [ "$TRANSPORT" = torch ] && [ -z "$DIST_INIT" ]; then
-  DIST_INIT="file://$(cd "$RUN_DIR" && pwd)/dist-init"  # single host; several hosts: --dist-init-method tcp://HOST:PORT
-  rm -f "${DIST_INIT#file://}"  # a file left by an earlier run would confuse the rendezvous
-fi
-RUN_DIR="$(cd "$RUN_DIR" && pwd)"
+RUN_DIR="$(cd "$RUN_DIR" && pwd -P)"
 if ls "$RUN_DIR"/*.pid >/dev/null 2>&1; then
   echo "launch_cluster: $RUN_DIR already has pid files; stop that cluster first" >&2; exit 2
 fi
+if [ "$TRANSPORT" = torch ] && [ -z "$DIST_INIT" ]; then
+  DIST_INIT="file://$RUN_DIR/dist-init"  # single host; several hosts: --dist-init-method tcp://HOST:PORT
+  rm -f "${DIST_INIT#file://}"  # a file left by an earlier run would confuse the rendezvous
+fi
 [ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.common import resolve_model; print(resolve_model(None))')"
+export PDTB_RUN_DIR="$RUN_DIR"  # in every process started here: stop_cluster.sh signals only those
 
-STARTED=()
+STARTED=() CLEANED=""
+cleanup() {  # stop whatever was started here (once)
+  [ -z "$CLEANED" ] || return 0
+  CLEANED=1
+  bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$RUN_DIR" --timeout 5 >&2 || true
+}
 fail() {
   echo "launch_cluster: $1" >&2
   if [ -n "${2:-}" ] && [ -f "$2" ]; then echo "---- tail of $2 ----" >&2; tail -n 30 "$2" >&2; fi
-  bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$RUN_DIR" --timeout 5 >&2 || true
+  cleanup
   exit 1
 }
-trap 'fail "interrupted"' INT TERM
+trap 'fail "interrupted"' INT TERM HUP
+trap 'rc=$?; [ "$rc" -eq 0 ] || cleanup' EXIT  # any other way out (an error under set -e) leaves nothing running
 
 host_for() {  # host_for ROLE INDEX -> host (hosts file round-robin, else --host)
   if [ -n "$HOSTS_FILE" ]; then
@@ -146,6 +165,7 @@ start_node() {  # start_node ROLE INDEX
     [ "$role" = prefill ] && rank=$(( ND + idx ))
     args+=(--dist-init-method "$DIST_INIT" --dist-rank "$rank" --dist-world-size "$(( NP + ND ))")
   fi
+  : > "$log"  # (emptied here, before the wait reads it: an earlier run's READY line is not this one's)
   if is_local "$h"; then
     setsid pdtb "$role" "${args[@]}" > "$log" 2>&1 < /dev/null &
   else
@@ -187,7 +207,16 @@ else
   for i in $(seq 0 $(( NC - 1 ))); do wait_ready "colocated-$i"; NODE_ARGS+=(--node "colocated=$(node_addr "colocated-$i" ctrl)"); done
 fi
 
+nodes_alive() {  # every node started here still runs (one that dies while the router starts is named)
+  local n
+  for n in ${STARTED[@]+"${STARTED[@]}"}; do
+    kill -0 "$(cat "$RUN_DIR/$n.pid")" 2>/dev/null || fail "$n exited while the router started" "$RUN_DIR/$n.log"
+  done
+}
+
 RLOG="$RUN_DIR/router-0.log"
+: > "$RLOG"
+rm -f "$RUN_DIR/url"
 # shellcheck disable=SC2086
 setsid pdtb router --model "$MODEL" --host "$HOST" --port "$PORT" "${NODE_ARGS[@]}" $ROUTER_ARGS \
   ${CURVE_DIR:+--curve-dir "$CURVE_DIR"} \
@@ -196,12 +225,14 @@ echo $! > "$RUN_DIR/router-0.pid"
 deadline=$(( SECONDS + TIMEOUT ))
 while ! grep -q 'router listening on ' "$RLOG" 2>/dev/null; do
   kill -0 "$(cat "$RUN_DIR/router-0.pid")" 2>/dev/null || fail "router exited during start-up" "$RLOG"
+  nodes_alive
   [ $SECONDS -lt $deadline ] || fail "router not listening after ${TIMEOUT}s" "$RLOG"
   sleep 0.2
 done
 URL="$(grep -m1 -o 'http://[^ ]*' "$RLOG")"
 until python -c "import sys,urllib.request; sys.exit(0 if urllib.request.urlopen('$URL/health', timeout=2).status == 200 else 1)" 2>/dev/null; do
   kill -0 "$(cat "$RUN_DIR/router-0.pid")" 2>/dev/null || fail "router exited before /health was 200" "$RLOG"
+  nodes_alive
   [ $SECONDS -lt $deadline ] || fail "/health not 200 after ${TIMEOUT}s" "$RLOG"
   sleep 0.3
 done

@@ -6,11 +6,14 @@
 # ray.json) is stopped by pdtb cluster down: every actor and placement group goes.
 # With --node NAME (e.g. decode-1) only that node is stopped: a decode node drains, and the router
 # moves its decoding requests to the other decode nodes (live migration) while it does.
+# A pid file's process is signalled only if it is this cluster's (launch_cluster.sh puts
+# PDTB_RUN_DIR=<run dir> in its environment): a pid reused by another process since is left alone.
 set -euo pipefail
 RUN_DIR="" TIMEOUT=40 NODE=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    -h|--help) sed -n '2,7p' "$0"; echo "usage: stop_cluster.sh --run-dir DIR [--timeout S] [--node NAME]"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"
+      echo "usage: stop_cluster.sh --run-dir DIR [--timeout S] [--node NAME]"; exit 0 ;;
     --run-dir|--timeout|--node) [ $# -ge 2 ] || { echo "stop_cluster: $1 needs a value" >&2; exit 2; }
       case "$1" in --run-dir) RUN_DIR="$2" ;; --timeout) TIMEOUT="$2" ;; *) NODE="$2" ;; esac; shift 2 ;;
     *) echo "stop_cluster: unknown option $1" >&2; exit 2 ;;
@@ -32,6 +35,10 @@ fi
 # router's streams. A decode node that drained first would refuse the last hand-offs.
 # Each phase gets --timeout seconds: the decode nodes' drain does not lose its time to a
 # router that used all of the first phase's.
+RUN_DIR_P="$(cd "$RUN_DIR" && pwd -P)"
+ours() {  # ours PID: the process was started by launch_cluster.sh for this run dir
+  tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | grep -qxF "PDTB_RUN_DIR=$RUN_DIR_P"
+}
 pids=()
 term_and_wait() {  # role...: SIGTERM their processes, wait (up to --timeout) until they exit
   local role f pid phase=() deadline=$(( SECONDS + TIMEOUT ))
@@ -39,7 +46,9 @@ term_and_wait() {  # role...: SIGTERM their processes, wait (up to --timeout) un
     for f in "$RUN_DIR/$role".pid "$RUN_DIR/$role"-*.pid; do  # (one node by name, or every node of a role)
       [ -f "$f" ] || continue
       pid="$(cat "$f")"
-      if kill -0 "$pid" 2>/dev/null; then
+      if kill -0 "$pid" 2>/dev/null && ! ours "$pid"; then
+        echo "stop_cluster: pid $pid of $(basename "$f") is not this cluster's process now: left alone" >&2
+      elif kill -0 "$pid" 2>/dev/null; then
         kill -TERM "$pid" 2>/dev/null || true
         pids+=("$pid")
         phase+=("$pid")
