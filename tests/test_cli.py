@@ -55,6 +55,16 @@ def test_unsupported_checkpoint_family(tmp_path):
     assert r.returncode == 2 and "unsupported model_type" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_checkpoint_without_a_tokenizer_says_so(llama_dir, tmp_path):
+    import shutil
+
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(f"{llama_dir}/{name}", tmp_path / name)
+    r = run_pdtb("generate", "--model", str(tmp_path), "--prompt", "x")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode != 0 and len(lines) == 1 and "no tokenizer there" in lines[0], r.stderr
+
+
 def test_default_model_created_once_and_reused(tmp_path):
     env = {"PDTB_CACHE_DIR": str(tmp_path)}
     for _ in range(2):

@@ -9,6 +9,11 @@ from pdtb.engine.kv_spec import DTYPES, dtype_name
 from pdtb.engine.model_info import SUPPORTED_MODEL_TYPES, ModelInfo, ModelLoadError, read_model_info  # noqa: F401
 
 
+# Any of these says the checkpoint brings a tokenizer (transformers decides which it can use);
+# with none, AutoTokenizer's own error speaks of converters, not of a missing tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
 def resolve_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ModelLoadError(f"unsupported dtype {name!r}; choose one of {sorted(DTYPES)}")
@@ -38,11 +43,15 @@ def load_model(model_dir: str | Path, device: str = "cpu", dtype: str = "float32
     kwargs = {"dtype": resolve_dtype(dtype)}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(f"cannot load {model_dir}: no tokenizer there (none of {', '.join(TOKENIZER_FILES)})")
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
         model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot load {model_dir}: {str(e).splitlines()[0]}") from None
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]  # (one line: the first and the last)
+        why = " ... ".join(lines[:1] + lines[1:][-1:]) or type(e).__name__
+        raise ModelLoadError(f"cannot load {model_dir}: {why[:600]}") from None
     model.to(device).eval()
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in info.eos_token_ids:
         info = ModelInfo(**{**info.__dict__, "eos_token_ids": info.eos_token_ids + (tokenizer.eos_token_id,)})
