@@ -85,8 +85,10 @@ done
 case "$MODE" in disagg|colocated) ;; *) echo "launch_cluster: --mode must be disagg or colocated" >&2; exit 2 ;; esac
 whole() {  # whole FLAG VALUE MIN [MAX]: a whole number in range, checked before anything starts
   case "$2" in ''|*[!0-9]*) echo "launch_cluster: $1 wants a whole number, got '$2'" >&2; exit 2 ;; esac
-  if [ "$2" -lt "$3" ] || { [ -n "${4:-}" ] && [ "$2" -gt "$4" ]; }; then
-    echo "launch_cluster: $1 must be ${4:+between $3 and $4}${4:-at least $3}, got $2" >&2; exit 2
+  if [ -n "${4:-}" ] && { [ "$2" -lt "$3" ] || [ "$2" -gt "$4" ]; }; then
+    echo "launch_cluster: $1 must be between $3 and $4, got $2" >&2; exit 2
+  elif [ "$2" -lt "$3" ]; then
+    echo "launch_cluster: $1 must be at least $3, got $2" >&2; exit 2
   fi
 }
 if [ "$MODE" = disagg ]; then whole --prefill "$NP" 1; whole --decode "$ND" 1; else whole --colocated "$NC" 1; fi
