@@ -256,7 +256,7 @@ def decode(frames: list, limits: WireLimits) -> Decoded:
     try:
         f.only(_ALLOWED[mtype])
     except WireError as e:  # (named, so that the sender hears of it now rather than at its timeout)
-        e.transfer_id = _id_or_none(f)
+        e.transfer_id = f.id_or_none("transfer_id")
         raise
     payloads = views[1:]
     return Decoded(_DECODERS[mtype](f, payloads, limits), payloads)
@@ -340,13 +340,6 @@ def _dec_header(f: Fields, payloads: list, limits: WireLimits) -> KVTransferHead
     return h
 
 
-def _id_or_none(f: Fields) -> str | None:
-    try:
-        return f.id("transfer_id")
-    except WireError:
-        return None
-
-
 def _dec_batch(f: Fields, payloads: list, limits: WireLimits) -> TransferBatch:
     headers = []
     allowed = frozenset(field_names(KVTransferHeader))
@@ -360,7 +353,7 @@ def _dec_batch(f: Fields, payloads: list, limits: WireLimits) -> TransferBatch:
                 raise WireFieldError("mode", "batched transfers must be inline", h.transfer_id)
         _check_payloads(payloads, [h.payload_bytes for h in headers], None)
     except WireError as e:  # every transfer it names is NACKed, not left to time out
-        e.batch_ids = tuple(t for t in map(_id_or_none, subs) if t is not None)
+        e.batch_ids = tuple(t for t in (sub.id_or_none("transfer_id") for sub in subs) if t is not None)
         raise
     return TransferBatch(headers)
 

@@ -99,14 +99,13 @@ def _reject_ext(code: int, data: bytes):
     raise WireFieldError("frame0", f"msgpack extension type {code} is not allowed")
 
 
-def _transfer_id_of(view: memoryview, max_len: int) -> str | None:
-    """The frame's transfer_id, if it is a map with a plain one (no limits but the frame's size)."""
+def _transfer_id_of(view: memoryview, limits: WireLimits) -> str | None:
+    """The frame's transfer_id, if it is a map with a valid one (no limits but the frame's size)."""
     try:
         d = msgpack.unpackb(view, raw=False, strict_map_key=True, ext_hook=_reject_ext)
     except Exception:  # noqa: BLE001 - untrusted bytes: no id then
         return None
-    tid = d.get("transfer_id") if isinstance(d, dict) else None
-    return tid if isinstance(tid, str) and 0 < len(tid) <= max_len else None
+    return Fields(d, limits).id_or_none("transfer_id") if isinstance(d, dict) else None
 
 
 class Fields:
@@ -130,7 +129,7 @@ class Fields:
             # an array past the limit (a prompt longer than this side takes): named under its
             # transfer id where it has one, so that its sender hears of it now (the frame is at
             # most max_header_bytes: reading it whole once more is bounded)
-            raise WireSizeError("frame0", f"an array longer than {limits.max_tokens} items", _transfer_id_of(view, limits.max_id_len)) from None
+            raise WireSizeError("frame0", f"an array longer than {limits.max_tokens} items", _transfer_id_of(view, limits)) from None
         except Exception as e:  # untrusted bytes: any parser failure is a wire error
             raise WireFieldError("frame0", f"not msgpack: {type(e).__name__}: {e}") from None
         if not isinstance(d, dict):
@@ -194,6 +193,13 @@ class Fields:
         if not v:
             raise self._err(name, "empty")
         return v
+
+    def id_or_none(self, name: str) -> str | None:
+        """`id(name)`, or None where it is missing or not a valid id."""
+        try:
+            return self.id(name)
+        except WireError:
+            return None
 
     def choice(self, name: str, allowed: tuple[str, ...]) -> str:
         v = self.str(name, 64)

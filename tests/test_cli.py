@@ -163,7 +163,11 @@ def test_an_unforeseen_error_is_one_line(tmp_path, capsys):
     happened, not a traceback; PDTB_DEBUG=1 gives the traceback."""
     from pdtb.cli import main
 
-    (tmp_path / "r.json").write_text("5")
+    (tmp_path / "r.json").write_text('{"meta": {}, "requests": [], "summary": {"per_class": {"minnow": 5, "whale": 5}}}')
     assert main(["compare", str(tmp_path / "r.json")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("pdtb: error: TypeError") and "PDTB_DEBUG" in err[0]
+    (tmp_path / "r.json").write_text("5")  # not a results file at all: a check foresees that one (a usage error)
+    with pytest.raises(SystemExit) as info:
+        main(["compare", str(tmp_path / "r.json")])
+    assert info.value.code == 2 and "not a results file" in capsys.readouterr().err

@@ -16,11 +16,10 @@ the baseline.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from pdtb.bench.results import check_results
+from pdtb.bench.results import check_results, read_json
 
 VERDICTS = ("accept", "park", "defer", "refuse", "defer_answers")
 
@@ -38,8 +37,8 @@ def admissions_of(results: dict) -> dict[str, int]:
 
 def load(path: Path) -> dict:
     """A live run's results file, or a lockstep result."""
-    data = json.loads(path.read_text())
-    return data if data.get("lockstep") else check_results(data, path)
+    data = read_json(path)
+    return data if isinstance(data, dict) and data.get("lockstep") else check_results(data, path)
 
 
 def _same(a, b) -> str:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from pdtb.bench.attribution import TPOT_PARTS, TTFT_PARTS
-from pdtb.bench.results import fmt, load_results, md_table, run_label
+from pdtb.bench.results import check_results, fmt, md_table, read_json, run_label
 
 PLOTS = (("ttft_cdf.png", "TTFT CDF per class"), ("itl_cdf.png", "ITL CDF per class"),
          ("service.png", "accumulated service per tenant"), ("kv_pages.png", "KV pages over time"),
@@ -109,30 +109,20 @@ def attribution_rows(runs: dict[str, dict], classes: list[str]) -> list[list[str
 
 def write_report(paths: list[str], out_dir: str | Path) -> Path:
     """Load the results files, write report.md and the plots into out_dir; returns report.md."""
-    import json
-
     from pdtb.bench import plots, sweep_report
 
-    raw = []
-    for p in paths:
-        try:
-            doc = json.loads(Path(p).read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{p}: not JSON ({e})") from None
-        shape = isinstance(doc, dict) and isinstance(doc.get("meta"), dict) and (
-            isinstance(doc.get("summary"), dict) if not sweep_report.is_sweep(doc) else
-            isinstance(doc.get("levels"), list) and isinstance(doc.get("derived"), dict))
-        if not shape:
-            raise ValueError(f"{p}: not a results file of pdtb bench serve (meta, summary) or sweep (meta, levels, derived)")
-        raw.append(doc)
+    raw = [read_json(p) for p in paths]
     sweeps = [sweep_report.is_sweep(d) for d in raw]
     if any(sweeps):
         if not all(sweeps):
             raise ValueError("sweep files and serve results files go in separate reports")
+        for d, p in zip(raw, paths):
+            if not (isinstance(d.get("levels"), list) and isinstance(d.get("derived"), dict)):
+                raise ValueError(f"{p}: not a sweep file (no 'levels' list and 'derived' object)")
         labels = [sweep_report.label(d) for d in raw]
         labels = [lab if labels.count(lab) == 1 else f"{lab} ({Path(p).stem})" for lab, p in zip(labels, paths)]
         return sweep_report.write(dict(zip(labels, raw)), Path(out_dir))
-    loaded = [load_results(p) for p in paths]
+    loaded = [check_results(d, p) for d, p in zip(raw, paths)]  # (read once above)
     runs = dict(zip(labels_for(paths, loaded), loaded))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -39,15 +39,25 @@ def write_results(path: str | Path, results: dict, compact: bool = False) -> Non
                     + "\n")
 
 
+def read_json(path: str | Path):
+    """The JSON value in the file at `path`; ValueError naming the file where it is not JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+
+
 def load_results(path: str | Path) -> dict:
-    return check_results(json.loads(Path(path).read_text()), path)
+    return check_results(read_json(path), path)
 
 
-def check_results(data: dict, path: str | Path) -> dict:
+def check_results(data, path: str | Path) -> dict:
     """`data` (read from `path`) if it is a results file, with its samples defaulted."""
-    for key in ("meta", "requests", "summary"):
-        if key not in data:
-            raise ValueError(f"{path}: not a results file (no {key!r})")
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a results file (not a JSON object)")
+    for key, kind in (("meta", dict), ("requests", list), ("summary", dict)):
+        if not isinstance(data.get(key), kind):
+            raise ValueError(f"{path}: not a results file (no {key!r} {kind.__name__})")
     data.setdefault("samples", [])
     return data
 

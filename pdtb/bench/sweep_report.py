@@ -10,8 +10,9 @@ SWEEP_PLOTS = (("attainment.png", "SLO attainment against offered load, per clas
                ("goodput.png", "goodput against offered load"))
 
 
-def is_sweep(doc: dict) -> bool:
-    return (doc.get("meta") or {}).get("kind") == "sweep"
+def is_sweep(doc) -> bool:
+    meta = doc.get("meta") if isinstance(doc, dict) else None
+    return isinstance(meta, dict) and meta.get("kind") == "sweep"
 
 
 def label(doc: dict) -> str:
