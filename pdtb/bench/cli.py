@@ -52,22 +52,18 @@ def _positive(kind):
     return parse
 
 
-def _at_least_zero(text: str) -> float:
-    """An argparse type: a finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
-
-
-def _temperature(text: str) -> float:
-    value = _at_least_zero(text)
-    if value > 2:
-        raise argparse.ArgumentTypeError(f"must be in [0, 2], got {text}")
-    return value
+def _float_in(lo: float, hi: float = float("inf")):
+    """An argparse type: a finite number in [lo, hi]."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (lo <= value <= hi and value < float("inf")):  # NaN fails too
+            raise argparse.ArgumentTypeError(f"must be in [{lo:g}, {hi:g}], got {text}" if hi < float("inf")
+                                             else f"must be {lo:g} or more, got {text}")
+        return value
+    return parse
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -146,12 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--vocab-size", type=_at_least(1), help="default: from /v1/models")
     g.add_argument("--max-model-len", type=_at_least(2), help="default: from /v1/models")
     g.add_argument("--min-token-id", type=_at_least(0), default=16, help="prompt ids are drawn from [this, vocab)")
-    g.add_argument("--temperature", type=_temperature, default=0.0, help="in [0, 2], as the router takes it")
+    g.add_argument("--temperature", type=_float_in(0.0, 2.0), default=0.0, help="in [0, 2], as the router takes it")
     g.add_argument("--no-token-ids", action="store_true", help="count tokens by chunk, not token_ids")
     g.add_argument("--request-timeout", type=_positive(float), default=600.0, help="s without a byte before failing")
     g.add_argument("--api-key")
     g = ap.add_argument_group("measurement and labels")
-    g.add_argument("--sample-interval", type=_at_least_zero, default=0.5, help="s between /cluster samples (0: off)")
+    g.add_argument("--sample-interval", type=_float_in(0.0), default=0.5, help="s between /cluster samples (0: off)")
     g.add_argument("--slo", action="append", default=[], metavar="KEY=MS", help=f"{', '.join(SLO_KEYS)}")
     g.add_argument("--service-weights", default="1,2", help="service per input,output token")
     g.add_argument("--fairness-window", type=_positive(float), default=1.0, help="s per window of the service gap")
