@@ -94,34 +94,48 @@ def test_attention_reads_are_metered_through_the_last_step_and_forgotten_on_abor
     assert not acct.meter.per_request and not acct.meter.tenant_of
 
 
-def test_recompute_before_the_first_token_is_part_of_ttft():
-    """A request preempted before its first token waits for recompute inside its TTFT, not in
-    its decode phase (not blamed on 'prefill', with a negative decode)."""
+def move(kind: str) -> SimpleNamespace:
+    """A tier move of the request "long" as a scheduler step reports it."""
+    return SimpleNamespace(request_id="long", kind=kind, num_pages=0, num_bytes=0, seconds=0.0)
+
+
+def attributed_run(cfg, steps: int, at_step, host_pages: int = 0):
+    """A 40-token request "long" through `steps` scheduler steps of DT seconds with node
+    accounting, `at_step(step, sched, seq, out)` changing each step's output first; its SLO
+    attribution and timeline at the end."""
     from fairness.attribution import attribute
 
-    cfg = FairnessConfig(slo_ttft_s={"*": 0.001})
-    sched = make_scheduler(make_policy("fcfs", cfg), num_pages=64, budget=8)
+    sched = make_scheduler(make_policy("fcfs", cfg), num_pages=64, host_pages=host_pages, budget=8)
     seq = make_request(40, 4, rid="long")
     acct = NodeAccounting(node_for(sched, [seq], cfg))
     sched.add(seq)
     t = 0.0
     seq.timeline.router_arrival = seq.timeline.prefill_queued = seq.timeline.prefill_start = t
-    for step in range(20):
+    for step in range(steps):
         out = sched.schedule()
-        if step == 2:  # mid-prefill: preempted (as a victim would be), recomputed from scratch
-            sched.preempt(seq)
-            out.moves.append(SimpleNamespace(request_id="long", kind="preempt", num_pages=0, num_bytes=0, seconds=0.0))
-            out.chunks = []
+        at_step(step, sched, seq, out)
         apply_step(sched, out)
         acct.on_output(out, t)
         if any(c.wants_logits for c in out.chunks):
             seq.timeline.stamp_once("first_token", t)
         t += DT
     seq.timeline.last_token = t
-    slo = attribute(seq.timeline, seq.num_output_tokens, 0, cfg)
+    return attribute(seq.timeline, seq.num_output_tokens, 0, cfg), seq.timeline
+
+
+def test_recompute_before_the_first_token_is_part_of_ttft():
+    """A request preempted before its first token waits for recompute inside its TTFT, not in
+    its decode phase (not blamed on 'prefill', with a negative decode)."""
+    def preempt_mid_prefill(step, sched, seq, out):
+        if step == 2:  # mid-prefill: preempted (as a victim would be), recomputed from scratch
+            sched.preempt(seq)
+            out.moves.append(move("preempt"))
+            out.chunks = []
+
+    slo, tl = attributed_run(FairnessConfig(slo_ttft_s={"*": 0.001}), 20, preempt_mid_prefill)
     comp = slo["components"]
     assert comp["recompute_before_first_token"] > 0 and comp["recompute"] == 0.0
-    assert comp["prefill"] + comp["recompute_before_first_token"] == pytest.approx(seq.timeline.first_token)
+    assert comp["prefill"] + comp["recompute_before_first_token"] == pytest.approx(tl.first_token)
     assert slo["cause"] in ("prefill", "recompute_before_first_token")
 
 
@@ -129,35 +143,17 @@ def test_parked_before_the_first_token_is_part_of_ttft_and_counted_once():
     """A request demoted mid-prefill and promoted back: the time in the host tier is part of its
     TTFT (parked_before_first_token), not also its decode phase's parked_in_host (which left
     decode_compute at 0 and the components summing past the request's span)."""
-    from fairness.attribution import attribute
+    def park_mid_prefill(step, sched, seq, out):
+        if 2 <= step < 7:  # mid-prefill: demoted to the host tier for five steps
+            out.chunks = []
+        if step in (2, 7):
+            out.moves.append(move("demote" if step == 2 else "promote"))
 
-    cfg = FairnessConfig()
-    sched = make_scheduler(make_policy("fcfs", cfg), num_pages=64, host_pages=64, budget=8)
-    seq = make_request(40, 4, rid="long")
-    acct = NodeAccounting(node_for(sched, [seq], cfg))
-    sched.add(seq)
-    t = 0.0
-    seq.timeline.router_arrival = seq.timeline.prefill_queued = seq.timeline.prefill_start = t
-    for step in range(30):
-        out = sched.schedule()
-        if step == 2:  # mid-prefill: demoted to the host tier for five steps
-            out.chunks = []
-            out.moves.append(SimpleNamespace(request_id="long", kind="demote", num_pages=0, num_bytes=0, seconds=0.0))
-        elif step == 7:
-            out.moves.append(SimpleNamespace(request_id="long", kind="promote", num_pages=0, num_bytes=0, seconds=0.0))
-        elif 2 < step < 7:
-            out.chunks = []
-        apply_step(sched, out)
-        acct.on_output(out, t)
-        if any(c.wants_logits for c in out.chunks):
-            seq.timeline.stamp_once("first_token", t)
-        t += DT
-    seq.timeline.last_token = t
-    comp = attribute(seq.timeline, seq.num_output_tokens, 0, cfg)["components"]
+    slo, tl = attributed_run(FairnessConfig(), 30, park_mid_prefill, host_pages=64)
+    comp = slo["components"]
     assert comp["parked_before_first_token"] == pytest.approx(5 * DT) and comp["parked_in_host"] == 0.0
-    assert comp["prefill"] + comp["parked_before_first_token"] == pytest.approx(seq.timeline.first_token)
-    decode = seq.timeline.last_token - seq.timeline.first_token
-    assert comp["decode_compute"] == pytest.approx(decode)
+    assert comp["prefill"] + comp["parked_before_first_token"] == pytest.approx(tl.first_token)
+    assert comp["decode_compute"] == pytest.approx(tl.last_token - tl.first_token)
 
 
 def test_per_tenant_figures_are_kept_for_a_bounded_number_of_tenants(monkeypatch):

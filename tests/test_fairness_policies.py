@@ -17,13 +17,21 @@ def pages_of_tenant(sched, tenant):
     return sum(len(sched.pool.pages_of(s.request_id)) for s in sched.running if s.tenant == tenant)
 
 
-def test_memfair_reclaims_borrowed_pages_for_a_returning_tenant():
-    sched = make_scheduler(make_policy("memfair"), num_pages=40, host_pages=80, budget=512)
-    whales = [make_request(72, 50, tenant="w", arrival=i) for i in range(2)]  # 19 pages each
+def whales_running(policy: str, clock=None):
+    """A 40-page pool (80 host pages) where tenant w's two whales (19 pages each) have run
+    three steps alone: (the policy, the scheduler, the whales)."""
+    pol = make_policy(policy)
+    sched = make_scheduler(pol, num_pages=40, host_pages=80, budget=512, clock=clock)
+    whales = [make_request(72, 50, tenant="w", arrival=i) for i in range(2)]
     for w in whales:
         sched.add(w)
     for _ in range(3):
         sim_step(sched)
+    return pol, sched, whales
+
+
+def test_memfair_reclaims_borrowed_pages_for_a_returning_tenant():
+    _, sched, whales = whales_running("memfair")
     assert pages_of_tenant(sched, "w") > 20  # alone, the whale tenant borrows beyond half
     minnows = [make_request(8, 20, tenant="m", arrival=10 + i) for i in range(3)]
     for m in minnows:
@@ -43,13 +51,7 @@ def test_memfair_reclaims_for_a_held_arrival_only_while_it_is_retried_here(retri
     from fairness.base import Arrival
 
     clock = FakeClock()
-    pol = make_policy("memfair")
-    sched = make_scheduler(pol, num_pages=40, host_pages=80, budget=512, clock=clock)
-    whales = [make_request(72, 50, tenant="w", arrival=i) for i in range(2)]  # 19 pages each
-    for w in whales:
-        sched.add(w)
-    for _ in range(3):
-        sim_step(sched)
+    pol, sched, whales = whales_running("memfair", clock)
     assert pages_of_tenant(sched, "w") > 20  # alone, the whale tenant borrows beyond half
     clock.t = 5.0
     pol.held["m1"] = Arrival("m1", "m", 0, 18, 4.0 - retried_s_ago, clock.t - retried_s_ago, 70, 20)
@@ -60,12 +62,7 @@ def test_memfair_reclaims_for_a_held_arrival_only_while_it_is_retried_here(retri
 
 
 def test_fcfs_makes_minnows_wait_behind_whales():
-    sched = make_scheduler(make_policy("fcfs"), num_pages=40, host_pages=80, budget=512)
-    whales = [make_request(72, 50, tenant="w", arrival=i) for i in range(2)]
-    for w in whales:
-        sched.add(w)
-    for _ in range(3):
-        sim_step(sched)
+    _, sched, whales = whales_running("fcfs")
     minnows = [make_request(8, 20, tenant="m", arrival=10 + i) for i in range(3)]
     for m in minnows:
         sched.add(m)
