@@ -62,7 +62,7 @@ class _Inbound:
     @property
     def plan(self) -> WritePlan:
         """Where each payload row goes in the pool (see page_writer), made on first use: a
-        one-sided transfer's Grant goes out before it is needed."""
+        one-sided transfer's Grant goes out without it (its first Commit makes it)."""
         if self._plan is None:
             self._plan = self.writer.plan(self.pages)
         return self._plan

@@ -423,7 +423,6 @@ class ShmReceiver(ZmqReceiver):
         self._slot_of: dict[str, _Granted] = {}  # transfer id -> its grant
         self._held: list[tuple[_Inbound, int]] = []  # failed while a writer was inside a piece
         self._stale: list[int] = []  # slots of committed transfers not yet revoked (a misbehaving sender)
-        self._unplanned: list[_Inbound] = []  # granted: their read-back plan is made once the Grants are out
 
     @property
     def num_held_pages(self) -> int:
@@ -473,12 +472,6 @@ class ShmReceiver(ZmqReceiver):
             frames = await self._sock.recv_multipart(copy=False)
             self.link.put((frames[0].bytes, frames[1:]))
 
-    async def _flush(self) -> None:
-        await super()._flush()
-        for inb in self._unplanned:  # (while the sender writes its first piece)
-            _ = inb.plan
-        self._unplanned.clear()
-
     async def _shutdown(self) -> None:
         if self.link is not None:
             await self.link.close()
@@ -498,7 +491,6 @@ class ShmReceiver(ZmqReceiver):
                                     self.slots.locator.path, self.slots.locator.token, slot[0], slot[1],
                                     inb.pool.num_pages, list(inb.pages), link.name if link else "",
                                     link.ticket(inb.peer) if link else ""), "grant", [inb])
-        self._unplanned.append(inb)
 
     def _on_other(self, peer: bytes | None, m) -> None:
         if isinstance(m, Commit):
