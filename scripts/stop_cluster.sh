@@ -46,9 +46,10 @@ term_and_wait() {  # role...: SIGTERM their processes, wait (up to --timeout) un
     for f in "$RUN_DIR/$role".pid "$RUN_DIR/$role"-*.pid; do  # (one node by name, or every node of a role)
       [ -f "$f" ] || continue
       pid="$(cat "$f")"
-      if kill -0 "$pid" 2>/dev/null && ! ours "$pid"; then
+      kill -0 "$pid" 2>/dev/null || continue  # gone already
+      if ! ours "$pid"; then
         echo "stop_cluster: pid $pid of $(basename "$f") is not this cluster's process now: left alone" >&2
-      elif kill -0 "$pid" 2>/dev/null; then
+      else
         kill -TERM "$pid" 2>/dev/null || true
         pids+=("$pid")
         phase+=("$pid")
