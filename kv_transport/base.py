@@ -27,10 +27,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kv_transport.admission import FailCode
 from pdtb.engine.kv_export import KVExport
+
+if TYPE_CHECKING:
+    import torch
 
 
 class TransportError(RuntimeError):
@@ -115,6 +118,10 @@ class KVSender(Protocol):
 
     def send(self, export: KVExport, meta: TransferMeta | None = None) -> str:
         """Queue `export` for transfer and return its transfer id. Never blocks."""
+
+    def export_buffer(self, nbytes: int) -> torch.Tensor | None:
+        """Where to gather an export that goes to this sender (export_request(out=...)), when
+        the backend sends it faster from there (shm: its export arena); None: anywhere."""
 
     def poll(self, transfer_id: str) -> TransferStatus | None:
         """Current status without blocking; None if unknown or forgotten (see config.history)."""

@@ -32,8 +32,8 @@ class FaultConfig:
     disconnect_after_chunks: int | None = None  # after N chunks: drop the link, reconnect (once)
     kinds: tuple[str, ...] = ("header", "batch", "chunk")  # message kinds faults may hit
     max_faults: int | None = None  # stop drawing random faults after this many (None: unlimited); the disconnect is extra
-    shm_delay_s: float = 0.0  # shm sender: wait this long after a Grant before writing (a late writer)
-    shm_stall_s: float = 0.0  # shm sender: after the first piece, hold the write slot this long, blocked (stalled mid-write)
+    shm_delay_s: float = 0.0  # shm sender: wait this long after a Grant before writing (a late writer); shm receiver: before reading an offered payload (a late reader)
+    shm_stall_s: float = 0.0  # shm sender (receiver): after the first piece, hold the write (read) slot this long, blocked (stalled mid-write, mid-read)
     seed: int = 0  # seed of the fault random stream
 
     def __post_init__(self) -> None:
@@ -93,6 +93,11 @@ class TransportConfig:
     # shm receiver: read every one-sided piece back from the pages and check it against the
     # sender's running checksum (False: take the sender's word for it, as an RDMA write does)
     shm_verify: bool = True
+    # shm sender: an export gathered into its arena (export_buffer) of this many bytes is
+    # offered to the receiver to read itself, one pass that copies and checks (0: no arena)
+    shm_arena_bytes: int = 1 << 30
+    # shm receiver: read the payloads offered so (False: grant writes for them instead)
+    shm_read: bool = True
     # shm backend: once a peer has a Grant, control messages between the two go over a Unix
     # socket read by the event loop (local_link.py) instead of ZeroMQ's I/O threads
     local_link: bool = True
@@ -118,6 +123,8 @@ class TransportConfig:
                      "close_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"TransportConfig.{name} must be positive")
+        if self.shm_arena_bytes < 0:
+            raise ValueError("TransportConfig.shm_arena_bytes must be >= 0")
         if self.socket_buffer_bytes < 0:
             raise ValueError("TransportConfig.socket_buffer_bytes must be >= 0")
         if self.chunk_bytes > self.max_message_bytes:

@@ -105,24 +105,27 @@ class PageWriter:
             rows = torch.from_numpy(rows).to(self.rows.device)
         return WritePlan(len(pages), None, rows, kept)
 
-    def write_bytes_sum64(self, plan: WritePlan, row0: int, data: memoryview, acc: int) -> int | None:
+    def write_bytes_sum64(self, plan: WritePlan, row0: int, data: memoryview, acc: int,
+                          read_once: bool = False) -> int | None:
         """Write whole payload rows (bytes from payload row `row0`) and fold them into the running
-        sum64 `acc`, in one pass (csrc/copy_rows.c). None, having written nothing, where that
-        copy does not apply (not a CPU pool, no C compiler, rows not a multiple of 8 bytes): the
-        caller then writes and sums separately."""
+        sum64 `acc`, in one pass (csrc/copy_rows.c; `read_once`: a source nobody reads again
+        soon, prefetched around the cache). None, having written nothing, where that copy does
+        not apply (not a CPU pool, no C compiler, rows not a multiple of 8 bytes): the caller
+        then writes and sums separately."""
         if self.copier is None or self.row_bytes % 8 or len(data) % self.row_bytes:
             return None
         rows = self._pool_rows(plan, row0, row0 + len(data) // self.row_bytes)
-        return self.copier(self.np_rows.ctypes.data, np.ascontiguousarray(rows), data, self.row_bytes, acc)
+        return self.copier(self.np_rows.ctypes.data, np.ascontiguousarray(rows), data, self.row_bytes, acc, read_once)
 
-    def write_summed(self, plan: WritePlan, row0: int, data: memoryview, algo: str, acc: int) -> int:
+    def write_summed(self, plan: WritePlan, row0: int, data: memoryview, algo: str, acc: int,
+                     read_once: bool = False) -> int:
         """Write whole payload rows (bytes from payload row `row0`) and return the running
         checksum `acc` extended by them. sum64 on a CPU pool: one C pass (write_bytes_sum64).
         Otherwise a write then a sum per FUSE_BYTES piece: the sum reads the bytes the write
         just pulled into cache (about 46 GB/s here, against 10 GB/s for a cold pass)."""
         from kv_transport import checksum
 
-        fused = self.write_bytes_sum64(plan, row0, data, acc) if algo == "sum64" else None
+        fused = self.write_bytes_sum64(plan, row0, data, acc, read_once) if algo == "sum64" else None
         if fused is not None:
             return fused
         step = max(1, FUSE_BYTES // self.row_bytes) * self.row_bytes

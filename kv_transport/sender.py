@@ -118,6 +118,7 @@ class SenderCore(EndpointCore):
                                                 chunk if streamed else nbytes, nbytes,
                                                 whole=not streamed)
         tid = f"{self._prefix}-{next(self._seq)}"
+        source = self._source_for(tid, data, mode, sums[-1] if sums and streamed else None)
         header = KVTransferHeader(
             transfer_id=tid, request_id=h.request_id, tenant=meta.tenant,
             num_tokens=h.num_tokens, prompt_token_ids=list(meta.prompt_token_ids),
@@ -131,8 +132,13 @@ class SenderCore(EndpointCore):
             checksum_algo=algo,
             checksum=None if streamed else sums[-1] if sums else
             checksum.of(algo, data if view is None else view),
-            src_rank=self._src_rank(), skip_pages=h.skip_pages, page_hashes=list(meta.page_hashes))
-        frame0 = encode(header)[0]  # fails here, in the caller, if meta is not msgpack-safe
+            src_rank=self._src_rank(), skip_pages=h.skip_pages, page_hashes=list(meta.page_hashes),
+            source=source)
+        try:
+            frame0 = encode(header)[0]  # fails here, in the caller, if meta is not msgpack-safe
+        except BaseException:
+            self._drop_source(tid, source)
+            raise
         now = time.monotonic()
         status = TransferStatus(tid, h.request_id, S.BOOTSTRAPPING, bytes_total=nbytes,
                                 t_created=now)
@@ -191,6 +197,18 @@ class SenderCore(EndpointCore):
 
     def _src_rank(self) -> int:
         return -1
+
+    def export_buffer(self, nbytes: int) -> torch.Tensor | None:
+        """A uint8 CPU tensor of `nbytes` to gather an export into (export_request(out=)), where
+        this backend can send an export from there faster; None: any tensor will do."""
+        return None
+
+    def _source_for(self, transfer_id: str, data: torch.Tensor, mode: str, whole_sum: int | None):
+        """A header's ReadSource: where the receiver may read the payload itself (shm_backend)."""
+        return None
+
+    def _drop_source(self, transfer_id: str, source) -> None:
+        """A ReadSource made for a header that was never sent."""
 
     def _on_ready(self, o: _Outbound, credit: Credit) -> None:
         raise TransportError(f"{type(self).__name__} has no dist payload path")

@@ -54,6 +54,7 @@ from kv_transport.local_link import LinkClient, LinkError, LinkListener
 from kv_transport.page_writer import PageWriter, WritePlan
 from kv_transport.receiver import _Inbound
 from kv_transport.sender import _Outbound, to_host
+from kv_transport.shm_read import Reading, ReadOffers, Sources, read_piece
 from kv_transport.shm_slots import SlotGuard, WriteSlots
 from kv_transport.wire import Ack, Commit, Credit, Grant, encode
 from kv_transport.zmq_backend import ZmqReceiver, ZmqSender
@@ -140,6 +141,11 @@ async def _next(ready: asyncio.Event, timeout: float) -> None:
         pass
 
 
+def _split(frames: list | None):
+    """(peer, frames) of a message from the receiver's ROUTER socket, or None."""
+    return None if frames is None else (frames[0].bytes, frames[1:])
+
+
 def _sent() -> asyncio.Future:
     fut = asyncio.get_running_loop().create_future()
     fut.set_result(None)
@@ -165,6 +171,40 @@ class ShmSender(ZmqSender):
         self._unreachable: dict[str, float] = {}  # link that could not be connected -> when to try it again
         self._on_link: set[str] = set()  # live transfers announced on the link: all their messages go there
         self.links = 0  # local links connected (a restarted receiver needs a new one)
+        self.offers: ReadOffers | None = None  # the read path (shm_read.py), made at the first export_buffer
+        self._offered: set[str] = set()  # live transfers offered for reading, no Grant had (yet)
+        self.read_by_receiver = 0  # transfers done that the receiver read from the arena
+        self._no_arena = config.shm_arena_bytes == 0
+
+    # ---- the read path (shm_read.py) ---------------------------------------------------------
+    def export_buffer(self, nbytes: int) -> torch.Tensor | None:
+        if nbytes <= self.config.inline_max_bytes:  # rides in the header message: no arena needed
+            return None
+        if self.offers is None and not self._no_arena:
+            try:
+                self.offers = ReadOffers(self.config.shm_arena_bytes)
+            except OSError as e:  # (SharedMemoryError is one)
+                log.warning("sender: no export arena (%s); payloads are written one-sided", e)
+                self._no_arena = True
+        return None if self.offers is None else self.offers.lease(nbytes)
+
+    def _source_for(self, transfer_id: str, data: torch.Tensor, mode: str, whole_sum: int | None):
+        if self.offers is None or mode != "shm":
+            return None
+        source = self.offers.offer(transfer_id, data, whole_sum)
+        if source is not None:
+            self._offered.add(transfer_id)
+        return source
+
+    def _drop_source(self, transfer_id: str, source) -> None:
+        self._offered.discard(transfer_id)
+        if self.offers is not None:
+            self.offers.withdraw(transfer_id)
+
+    def _expire(self, now: float) -> None:
+        super()._expire(now)
+        if self.offers is not None:
+            self.offers.retry()
 
     # ---- the local link -------------------------------------------------------------------
     def _maybe_link(self, g: Grant) -> None:
@@ -226,6 +266,12 @@ class ShmSender(ZmqSender):
     def _finish(self, o: _Outbound, state: TransferState, reason: str | None = None,
                 notify: bool = False, code: FailCode | None = None) -> None:
         super()._finish(o, state, reason, notify, code)
+        tid = o.status.transfer_id
+        if tid in self._offered:
+            self._offered.discard(tid)
+            self.read_by_receiver += o.status.state is S.DONE  # (the state super() settled on)
+        if self.offers is not None:
+            self.offers.withdraw(tid)
         if not any(c.transfer_id == o.status.transfer_id for c in self._control):
             self._on_link.discard(o.status.transfer_id)  # (a queued Cancel keeps it until it goes)
 
@@ -283,6 +329,10 @@ class ShmSender(ZmqSender):
             o.view = memoryview(o.data.reshape(-1).view(torch.uint8).numpy())
 
     def _on_control(self, msg) -> None:
+        if isinstance(msg, Ack) and msg.link and self.config.local_link and self._link is None and \
+                self._linking is None and self._unreachable.get(msg.link, 0.0) <= time.monotonic():
+            # (an Ack names the link only after a read from this sender's arena: the peer is on this host)
+            self._linking = asyncio.ensure_future(self._connect_link(msg.link, msg.ticket))
         if not isinstance(msg, Grant):
             o = self._live.get(msg.transfer_id) if isinstance(msg, Credit) else None
             if o is not None:  # the receiver takes chunks
@@ -290,6 +340,7 @@ class ShmSender(ZmqSender):
             super()._on_control(msg)
             return
         self._maybe_link(msg)
+        self._offered.discard(msg.transfer_id)  # the receiver does not read it: a write
         o = self._live.get(msg.transfer_id)
         if o is None or o.status.state is not S.WAITING:
             log.info("sender: late or duplicate grant for %s discarded", msg.transfer_id)
@@ -408,6 +459,10 @@ class ShmSender(ZmqSender):
         for t in self._targets.values():
             t.guard.close()
         self._targets.clear()
+        if self.offers is not None:
+            self.offers.close()
+            self.offers = None
+            self._no_arena = True
 
 
 class ShmReceiver(ZmqReceiver):
@@ -423,6 +478,9 @@ class ShmReceiver(ZmqReceiver):
         self._slot_of: dict[str, _Granted] = {}  # transfer id -> its grant
         self._held: list[tuple[_Inbound, int]] = []  # failed while a writer was inside a piece
         self._stale: list[int] = []  # slots of committed transfers not yet revoked (a misbehaving sender)
+        self._sources = Sources()  # senders' export arenas (the read path, shm_read.py)
+        self._reads: dict[str, Reading] = {}  # transfer id -> its read in progress, in turn order
+        self.reads = 0  # transfers read from the sender's arena (the rest were written or streamed)
 
     @property
     def num_held_pages(self) -> int:
@@ -455,6 +513,14 @@ class ShmReceiver(ZmqReceiver):
         return super()._write(frames, peer)
 
     async def _read(self, timeout: float):
+        if self._reads:  # a message waiting goes first; else the next piece, then the loop's other work
+            got = self.link.take() if self.link is not None else _split(_recv_now(self._sock))
+            if got is not None:
+                return got
+            if self._read_some():
+                await asyncio.sleep(0)  # (the ZeroMQ pump, and a sender in this process, run too)
+                return None
+            timeout = min(timeout, self.config.tick_s / 4)  # every read waits (a late reader, a busy slot)
         link = self.link
         if link is None:
             return await super()._read(timeout)
@@ -476,8 +542,78 @@ class ShmReceiver(ZmqReceiver):
         if self.link is not None:
             await self.link.close()
         await super()._shutdown()
+        self._reads.clear()  # (every transfer failed at close: its pages are free)
+        self._sources.close()
+
+    # ---- the read path (shm_read.py) ---------------------------------------------------------
+    def _start_read(self, inb: _Inbound) -> bool:
+        """Read an offered payload from the sender's arena; False: grant a write instead."""
+        h, src = inb.header, inb.header.source
+        if src is None or not self.config.shm_read:
+            return False
+        try:
+            opened = self._sources.open(src)
+        except SharedMemoryError as e:
+            log.info("receiver: cannot read %s from the sender's arena (%s): granting a write", h.transfer_id, e)
+            return False
+        if src.offset + h.payload_bytes > len(opened.view):
+            self._fail(inb, FailCode.BAD_MESSAGE, f"the offered payload ({h.payload_bytes} bytes at {src.offset}) "
+                                                  f"runs past the sender's arena ({len(opened.view)} bytes)")
+            return True
+        delay = self.config.faults.shm_delay_s
+        opened.readers += 1
+        self._reads[h.transfer_id] = Reading(src, opened, checksum.initial(h.checksum_algo),
+                                             not_before=time.monotonic() + delay if delay else 0.0)
+        inb.status.state, inb.status.t_started = S.TRANSFERRING, time.monotonic()
+        return True
+
+    def _end_read(self, transfer_id: str) -> None:
+        r = self._reads.pop(transfer_id, None)
+        if r is not None:
+            r.src.readers -= 1
+
+    def _read_some(self) -> bool:
+        """One piece of the first transfer in turn that can go on (it then goes last). True if
+        a piece was copied."""
+        now = time.monotonic()
+        for tid, r in list(self._reads.items()):
+            inb = self._live.get(tid)
+            if inb is None or inb.status.state.finished:  # failed meanwhile (Cancel, timeout, close)
+                self._end_read(tid)
+                continue
+            if now < r.not_before:
+                continue
+            h, row = inb.header, inb.writer.row_bytes
+            total = h.payload_bytes // row
+            rows = piece_rows(total - r.next_row, max(1, self.config.chunk_bytes // row))
+            done = read_piece(r, inb.writer, inb.plan, rows, h.checksum_algo, self.config.faults.shm_stall_s)
+            if done is None:
+                continue
+            if done is False:
+                self._end_read(tid)
+                self._fail(inb, FailCode.CANCELLED, "the sender withdrew the payload (it timed out or was "
+                                                    "cancelled there): nothing read")
+                return False
+            inb.status.bytes_done, inb.last_seen = r.next_row * row, time.monotonic()
+            self._reads[tid] = self._reads.pop(tid)  # the others' turn first
+            if r.next_row == total:
+                self._end_read(tid)
+                if r.acc != r.source.checksum:
+                    self._fail(inb, FailCode.CHECKSUM, f"the payload read sums to {r.acc:#x}, the sender's "
+                                                       f"checksum is {r.source.checksum:#x}")
+                else:
+                    self.reads += 1
+                    self._commit(inb)
+                    link = self.link if inb.peer is not None and self.link is not None and \
+                        not self.link.linked(inb.peer) else None  # (the peer is on this host: its arena is)
+                    self._reply(inb.peer, Ack([h.transfer_id], link.name, link.ticket(inb.peer)) if link else
+                                Ack([h.transfer_id]), "ack")
+            return True
+        return False
 
     def _start_shm(self, inb: _Inbound) -> None:
+        if self._start_read(inb):
+            return
         buf = inb.pool.shared
         slot = self.slots.grant() if buf is not None else None
         if slot is None:

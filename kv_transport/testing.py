@@ -40,6 +40,16 @@ def make_export(pool: PagePool, request_id: str, num_pages: int, tail: int = 0) 
     return export_request(pool, request_id, num_pages * pool.spec.page_size - tail)
 
 
+def staged(tx, export: KVExport) -> KVExport:
+    """`export` gathered into the sender's export_buffer (the shm sender's arena), as a node's
+    export_request(out=...) gathers it; the export itself where the sender has none."""
+    buf = tx.export_buffer(export.header.payload_bytes)
+    if buf is None:
+        return export
+    buf.copy_(export.data.reshape(-1).view(torch.uint8))
+    return KVExport(export.header, buf.view(export.data.dtype).view(export.data.shape), export.block_sums)
+
+
 def sha256_of(export: KVExport) -> str:
     """Digest of an export's bytes, computed independently of the transport's checksum."""
     return hashlib.sha256(export.data.contiguous().cpu().numpy().tobytes()).hexdigest()

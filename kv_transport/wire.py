@@ -25,13 +25,13 @@ from kv_transport.admission import FailCode
 from kv_transport.wire_check import (Fields, WireChecksumError, WireError, WireFieldError,
                                      WireLimits, WireSizeError, WireVersionError, frame_view)
 
-WIRE_VERSION = 6  # 6: Grant.pages packed; 5: Grant.link, Grant.ticket; 4: mode "shm", Grant, Commit; 3: Nack.code is a FailCode; 2: Credit.upto is cumulative
+WIRE_VERSION = 7  # 7: KVTransferHeader.source, Ack.link, Ack.ticket; 6: Grant.pages packed; 5: Grant.link, Grant.ticket; 4: mode "shm", Grant, Commit; 3: Nack.code is a FailCode; 2: Credit.upto is cumulative
 MODES = ("inline", "chunked", "dist", "shm")  # where a transfer's payload travels
 PAGE_IDS = np.dtype("<u4")  # Grant.pages on the wire: little-endian uint32 ids, packed
 STREAMED = ("chunked", "shm")  # modes whose payload may come in KVChunks (shm: if not written one-sided)
 
 __all__ = ["WIRE_VERSION", "MODES", "MsgType", "KVTransferHeader", "TransferBatch", "KVChunk",
-           "Credit", "Ack", "Nack", "Cancel", "Grant", "Commit", "Message", "Decoded", "encode", "decode",
+           "Credit", "Ack", "Nack", "Cancel", "Grant", "Commit", "ReadSource", "Message", "Decoded", "encode", "decode",
            "WireError", "WireVersionError", "WireFieldError", "WireSizeError",
            "WireChecksumError", "WireLimits", "frame_view"]
 
@@ -73,7 +73,7 @@ class KVTransferHeader:
     num_kv_heads: int
     head_dim: int
     payload_bytes: int  # == num_pages * bytes_per_page
-    mode: str  # "inline" (frame 1 is the payload), "chunked" (KVChunk follow), "dist", "shm" (Grant, one-sided write, Commit; or chunks)
+    mode: str  # "inline" (frame 1 is the payload), "chunked" (KVChunk follow), "dist", "shm" (read from `source` by the receiver; or Grant, one-sided write, Commit; or chunks)
     chunk_bytes: int  # size of every chunk but the last (chunked); == payload_bytes otherwise
     num_chunks: int  # ceil(payload_bytes / chunk_bytes)
     checksum_algo: str  # "sum64" or "crc32"
@@ -85,6 +85,26 @@ class KVTransferHeader:
     # payload holds pages [skip_pages, skip_pages + num_pages) of the request's page table.
     skip_pages: int = 0
     page_hashes: list[int] = field(default_factory=list)
+    source: "ReadSource | None" = None  # mode shm: the payload lies in the sender's export arena, readable here
+
+
+@dataclass(frozen=True)
+class ReadSource:
+    """Mode shm: where a receiver on the sender's host may read the payload itself
+    (shm_backend, the read path): `payload_bytes` at `offset` in the sender's export arena
+    (shared_memory.Locator fields `buffer*`), while it holds slot `slot` of the sender's slot
+    table at generation `gen` (shm_slots.py). `checksum` is the whole payload's. On the wire:
+    a map of these fields, absent when None."""
+
+    host: str  # the sender's boot id
+    buffer: str
+    buffer_token: str
+    slots: str
+    slots_token: str
+    slot: int
+    gen: int
+    offset: int
+    checksum: int
 
 
 @dataclass
@@ -126,6 +146,8 @@ class Ack:
 
     MSG_TYPE: ClassVar[MsgType] = MsgType.ACK
     transfer_ids: list[str]
+    link: str = ""  # shm, the read path: the receiver's local link (as in a Grant), "" for none
+    ticket: str = ""
 
 
 @dataclass
@@ -204,11 +226,19 @@ def _fields(msg) -> dict:
     return {name: getattr(msg, name) for name in field_names(type(msg))}
 
 
+def _header_fields(h: KVTransferHeader) -> dict:
+    body = _fields(h)
+    src = body.pop("source")
+    if src is not None:
+        body["source"] = _fields(src)
+    return body
+
+
 def _body(msg: Message) -> dict:
     if isinstance(msg, KVTransferHeader):
-        return _fields(msg)
+        return _header_fields(msg)
     if isinstance(msg, TransferBatch):
-        return {"headers": [_fields(h) for h in msg.headers]}
+        return {"headers": [_header_fields(h) for h in msg.headers]}
     body = _fields(msg)
     if isinstance(msg, Grant):  # a big request's thousands of page ids: one bytes field, not a msgpack array
         body["pages"] = pack_pages(msg.pages)
@@ -297,6 +327,9 @@ def _header(f: Fields, limits: WireLimits) -> KVTransferHeader:
     checksum = f.opt_int("checksum", 0, (1 << 64) - 1)
     if (checksum is None) != streamed:
         raise WireFieldError("checksum", f"required in mode {mode} only if not streamed", tid)
+    source = _read_source(f, limits, tid)
+    if source is not None and mode != "shm":
+        raise WireFieldError("source", f"only in mode shm, not {mode}", tid)
     return KVTransferHeader(
         transfer_id=tid, request_id=f.id("request_id"), tenant=f.str("tenant", limits.max_id_len),
         num_tokens=num_tokens, prompt_token_ids=f.tokens("prompt_token_ids"),
@@ -306,7 +339,25 @@ def _header(f: Fields, limits: WireLimits) -> KVTransferHeader:
         num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
         payload_bytes=payload, mode=mode, chunk_bytes=chunk, num_chunks=d["num_chunks"],
         checksum_algo=f.choice("checksum_algo", ("sum64", "crc32")), checksum=checksum,
-        src_rank=f.within("src_rank", -1, 1 << 20), skip_pages=skip, page_hashes=hashes)
+        src_rank=f.within("src_rank", -1, 1 << 20), skip_pages=skip, page_hashes=hashes, source=source)
+
+
+_SOURCE_FIELDS = frozenset(field_names(ReadSource))
+
+
+def _read_source(f: Fields, limits: WireLimits, tid: str) -> ReadSource | None:
+    """The header's optional `source` map (mode shm), every field typed and in range."""
+    raw = f.d.get("source")
+    if raw is None:
+        return None
+    if type(raw) is not dict:
+        raise WireFieldError("source", f"expected a map, got {type(raw).__name__}", tid)
+    s = Fields(raw, limits)
+    s.transfer_id = tid
+    s.only(_SOURCE_FIELDS)
+    return ReadSource(s.str("host", 128), s.str("buffer", 2048), s.str("buffer_token", 64), s.str("slots", 256),
+                      s.str("slots_token", 64), s.int("slot", 0, 1 << 31), s.int("gen", 1, (1 << 64) - 1),
+                      s.int("offset", 0, 1 << 62), s.int("checksum", 0, (1 << 64) - 1))
 
 
 def _prefix_fields(f: Fields, limits: WireLimits, tid: str) -> tuple[int, list[int]]:
@@ -376,7 +427,11 @@ def _dec_credit(f: Fields, payloads: list, limits: WireLimits) -> Credit:
 
 def _dec_ack(f: Fields, payloads: list, limits: WireLimits) -> Ack:
     _check_payloads(payloads, [], None)
-    return Ack(f.id_list("transfer_ids", limits.max_batch))
+    return Ack(f.id_list("transfer_ids", limits.max_batch), _opt_str(f, "link", 256), _opt_str(f, "ticket", 64))
+
+
+def _opt_str(f: Fields, name: str, max_len: int) -> str:
+    return f.str(name, max_len) if name in f.d else ""
 
 
 _FAIL_CODES = tuple(c.value for c in FailCode)

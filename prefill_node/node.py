@@ -101,7 +101,12 @@ class PrefillNode(NodeBase):
         addr = req.decode_kv_addr
         need = self.engine.spec.pages_for(seq.num_computed_tokens)
         h.skip_pages = 0 if h.no_skip else min(self.peer_pages.leading(addr, hashes), need - 1)
-        export = export_request(self.engine.pool, seq.request_id, seq.num_computed_tokens, h.skip_pages)
+        sender = await self.senders.get(req.decode_kv_addr)
+        if self.handoffs.get(seq.request_id) is not h:  # released while a new sender started
+            return
+        # gathered where the sender sends from fastest (shm: its arena, read there by the receiver)
+        out = sender.export_buffer((need - h.skip_pages) * self.engine.spec.bytes_per_page)
+        export = export_request(self.engine.pool, seq.request_id, seq.num_computed_tokens, h.skip_pages, out)
         now = time.time()
         seq.timeline.stamp_once("transfer_start", now)
         seq.timeline.end_wait("held", now)  # the decode side had deferred it: time held here
@@ -112,7 +117,7 @@ class PrefillNode(NodeBase):
                             page_hashes=hashes)
         # sealed last: the digest covers exactly what the header will carry (pdtb/nodes/kv_meta.py)
         meta = kv_meta.seal(meta, seq.request_id, export.header.num_tokens, export.header.num_pages, h.skip_pages)
-        h.transfer_id = (await self.senders.get(req.decode_kv_addr)).send(export, meta)
+        h.transfer_id = sender.send(export, meta)
         h.on(HandoffEvent.SEND)
         h.attempts += 1
 

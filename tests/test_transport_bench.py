@@ -27,12 +27,15 @@ def test_bench_transport_shm_against_zmq_ipc_and_a_pool_copy():
                  "--json", timeout=240)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    for key in ("shm_gbps", "shm_unchecked_gbps", "zmq_ipc_gbps", "pool_copy_gbps", "pool_landing_copy_gbps",
-                "pool_index_copy_gbps", "checked_copy_gbps"):
+    for key in ("shm_gbps", "shm_write_gbps", "shm_unchecked_gbps", "zmq_ipc_gbps", "pool_copy_gbps",
+                "pool_landing_copy_gbps", "pool_index_copy_gbps", "checked_copy_gbps"):
         assert out[key] > 0, key
-    assert out["ratio_vs_zmq_ipc"] == pytest.approx(out["shm_gbps"] / out["zmq_ipc_gbps"], rel=0.01)
-    assert out["ratio_vs_pool_copy"] == pytest.approx(out["shm_gbps"] / out["pool_copy_gbps"], rel=0.01)
-    assert out["ratio_vs_checked_copy"] == pytest.approx(out["shm_gbps"] / out["checked_copy_gbps"], rel=0.01)
+    for kind, name in (("shm", ""), ("shm_write", "write_"), ("shm_unchecked", "unchecked_")):
+        assert out[name + "ratio_vs_zmq_ipc"] == pytest.approx(out[kind + "_gbps"] / out["zmq_ipc_gbps"], rel=0.01)
+        assert out[name + "ratio_vs_pool_copy"] == pytest.approx(out[kind + "_gbps"] / out["pool_copy_gbps"], rel=0.01)
+        assert out[kind + "_gbps_median"] <= out[kind + "_gbps"]
+    assert out["write_ratio_vs_checked_copy"] == pytest.approx(out["shm_write_gbps"] / out["checked_copy_gbps"], rel=0.01)
     assert out["pool_copy_gbps"] == max(out["pool_landing_copy_gbps"], out["pool_index_copy_gbps"])
-    assert out["one_sided_transfers"] == 3  # the warm-up and two reps, none as chunks
+    assert out["read_by_receiver"] == 3  # the warm-up and two reps, each read by the receiver from the arena
+    assert out["written_one_sided"] == 3  # those from outside the arena: written, none as chunks
     assert out["local_links"] == 1  # connected after the first Grant, kept

@@ -73,9 +73,10 @@ def test_the_transports_section_is_replaced_in_place(tmp_path):
         write(tmp_path / "verdicts" / "live", t, "memfair", [{"accept": 4 if t != "zmq-again" else 3}])
     for t in ("zmq", "shm"):
         lockstep(tmp_path / "verdicts" / "lockstep", t, "memfair", {"r0": ["accept"]})
-    shm = {"size_mib": 64, "shm_gbps": 6.0, "ratio_vs_zmq_ipc": 3.0, "ratio_vs_pool_copy": 0.5, "shm_unchecked_gbps": 7.0,
-           "unchecked_ratio_vs_zmq_ipc": 3.5, "unchecked_ratio_vs_pool_copy": 0.58, "zmq_ipc_gbps": 2.0, "pool_copy_gbps": 12.0,
-           "checked_copy_gbps": 8.0, "ratio_vs_checked_copy": 0.75}
+    shm = {"size_mib": 64, "shm_gbps": 6.0, "ratio_vs_zmq_ipc": 3.0, "ratio_paired_median": 3.2, "ratio_vs_pool_copy": 0.5,
+           "shm_write_gbps": 5.0, "write_ratio_vs_zmq_ipc": 2.5, "write_ratio_paired_median": 2.6,
+           "write_ratio_vs_pool_copy": 0.42, "write_ratio_vs_checked_copy": 0.62, "shm_unchecked_gbps": 7.0,
+           "unchecked_ratio_vs_zmq_ipc": 3.5, "zmq_ipc_gbps": 2.0, "pool_copy_gbps": 12.0, "checked_copy_gbps": 8.0}
     (tmp_path / "shm.json").write_text(json.dumps(shm))
     link = {"n": 100, "zmq": {"median_us": 400.0, "p10_us": 300.0}, "link": {"median_us": 100.0, "p10_us": 50.0},
             "ratio_median": 4.0}
@@ -88,7 +89,8 @@ def test_the_transports_section_is_replaced_in_place(tmp_path):
     assert results_doc(args) == 0
     text = doc.read_text()
     assert text.index(TRANSPORTS_HEADING) < text.index("## Prefix caching") and "kept" in text and "old" in text
-    assert "commit abc1234" in text and "| 64 | 6.00 | **3.00x** | **0.50x** | 0.75x | 7.00 |" in text and "| 12.00 | 8.00 |" in text
+    assert "commit abc1234" in text and "| 64 | 6.00 | **3.00x** (3.20x) | **0.50x** | 5.00 | 2.50x (2.60x) | 0.42x | 0.62x | 7.00 | 3.50x | 2.00 |" in text \
+        and "| 12.00 | 8.00 |" in text
     assert "every request's verdicts, every count and the generated tokens equal zmq's" in text
     assert "a virtual clock of 20 ms per engine step" in text
     assert text.index("In lockstep") < text.index("Live (real clusters") < text.index("## Prefix caching")

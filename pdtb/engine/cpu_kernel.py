@@ -145,21 +145,23 @@ class DecodeKernel:
 
 
 class RowCopier:
-    """`pdtb_copy_rows_sum64`: copy payload rows into pool rows, returning the running sum64."""
+    """`pdtb_copy_rows_sum64`: copy payload rows into pool rows, returning the running sum64
+    (`_nta`, for a source read once: see the C file)."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._fn = lib.pdtb_copy_rows_sum64
-        self._fn.restype = ctypes.c_uint64
-        self._fn.argtypes = [_P, _P, _P, _I, _I, ctypes.c_uint64]
+        self._fns = (lib.pdtb_copy_rows_sum64, lib.pdtb_copy_rows_sum64_nta)
+        for fn in self._fns:
+            fn.restype = ctypes.c_uint64
+            fn.argtypes = [_P, _P, _P, _I, _I, ctypes.c_uint64]
 
-    def __call__(self, dst_ptr: int, rows, src, row_bytes: int, acc: int) -> int:
+    def __call__(self, dst_ptr: int, rows, src, row_bytes: int, acc: int, read_once: bool = False) -> int:
         """rows: int64 numpy array (the pool row of each payload row); src: a buffer of
         len(rows) * row_bytes bytes (a zmq frame's memoryview, a numpy array)."""
         src = np.frombuffer(src, dtype=np.uint8)
         if rows.dtype != np.int64 or not rows.flags.c_contiguous or len(src) != len(rows) * row_bytes \
                 or row_bytes % 8:
             raise ValueError("copy_rows: int64 rows, whole rows of a multiple of 8 bytes")
-        return self._fn(dst_ptr, rows.ctypes.data, src.ctypes.data, len(rows), row_bytes, acc)
+        return self._fns[read_once](dst_ptr, rows.ctypes.data, src.ctypes.data, len(rows), row_bytes, acc)
 
 
 @functools.cache

@@ -63,9 +63,12 @@ class KVExport:
         return memoryview(self.data.view(torch.uint8).reshape(-1).numpy())
 
 
-def export_request(pool: PagePool, request_id: str, num_tokens: int, skip_pages: int = 0) -> KVExport:
+def export_request(pool: PagePool, request_id: str, num_tokens: int, skip_pages: int = 0,
+                   out: torch.Tensor | None = None) -> KVExport:
     """Copy `request_id`'s pages out of `pool` into one contiguous CPU-or-device tensor,
-    leaving out its first `skip_pages` (the receiver holds them cached; at least one page is sent)."""
+    leaving out its first `skip_pages` (the receiver holds them cached; at least one page is sent).
+    `out`: a uint8 tensor of exactly the payload's bytes to copy into (a sender's
+    export_buffer), used where it is on the pool's device; otherwise a new tensor."""
     pages = pool.pages_of(request_id)
     need = pool.spec.pages_for(num_tokens)
     if len(pages) < need:
@@ -73,7 +76,9 @@ def export_request(pool: PagePool, request_id: str, num_tokens: int, skip_pages:
     if not 0 <= skip_pages < need:
         raise ValueError(f"cannot skip {skip_pages} of {need} pages")
     header = KVExportHeader(request_id, num_tokens, need - skip_pages, pool.spec, skip_pages)
-    data = pool.export_pages(pages[skip_pages:need])
+    if out is not None and (out.device != pool.kv.device or out.numel() != header.payload_bytes):
+        out = None
+    data = pool.export_pages(pages[skip_pages:need], out)
     return KVExport(header, data, block_sums(data))
 
 

@@ -350,10 +350,20 @@ class PagePool:
         return len(drop)
 
     # ---- bytes ---------------------------------------------------------------------------
-    def export_pages(self, pages: list[int]) -> torch.Tensor:
-        """Copy the given pages (all layers, K and V) into one contiguous tensor."""
+    def export_pages(self, pages: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        """Copy the given pages (all layers, K and V) into one contiguous tensor: a new one, or
+        `out` (uint8, exactly that many bytes, on the pool's device) viewed as the export."""
         idx = torch.tensor(pages, dtype=torch.long, device=self.kv.device)
-        return self.kv.index_select(2, idx).contiguous()
+        if out is None:
+            return self.kv.index_select(2, idx).contiguous()
+        shape = self.spec.page_shape(len(pages))
+        if out.dtype != torch.uint8 or out.device != self.kv.device or not out.is_contiguous() or \
+                out.numel() != len(pages) * self.spec.bytes_per_page:
+            raise ValueError(f"out must be a contiguous uint8 tensor of {len(pages) * self.spec.bytes_per_page} "
+                             f"bytes on {self.kv.device}")
+        dst = out.view(self.kv.dtype).view(shape)
+        torch.index_select(self.kv, 2, idx, out=dst)
+        return dst
 
     def import_pages(self, pages: list[int], data: torch.Tensor) -> None:
         """Write a contiguous export (shape spec.page_shape(len(pages))) into `pages`."""
