@@ -50,7 +50,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="kv_transport.bench_peer")
     p.add_argument("--role", choices=("transport", "raw", "send"), default="transport")
     p.add_argument("--send-pages", type=int, default=64, help="role send: pages of the one export")
-    p.add_argument("--shm-stall-s", type=float, default=0.0, help="role send: FaultConfig.shm_stall_s")
+    p.add_argument("--shm-stall-s", type=float, default=0.0, help="FaultConfig.shm_stall_s (a sender's or a receiver's)")
+    p.add_argument("--arena", action="store_true", help="role send: gather the export into the sender's arena")
     p.add_argument("--no-shm-verify", action="store_true", help="TransportConfig.shm_verify=False")
     p.add_argument("--backend", choices=("zmq", "torch", "shm", "auto"), default="zmq")
     p.add_argument("--verdicts", action="store_true", help="admit by request id: accept-, park-, defer-, refuse-")
@@ -111,7 +112,7 @@ def run_raw(args: argparse.Namespace) -> None:
 
 
 async def run_transport(args: argparse.Namespace) -> None:
-    from kv_transport import make_receiver
+    from kv_transport import FaultConfig, make_receiver
     shared = args.backend in ("shm", "auto")  # pools a one-sided sender can write into
     pool = PagePool(TINY_SPEC, args.num_pages, device=args.device, shared=shared)
     pool.kv.fill_(1.0)  # fault the pool's pages in now, as a long-running node would have
@@ -122,7 +123,8 @@ async def run_transport(args: argparse.Namespace) -> None:
                           inline_max_bytes=args.inline_max_bytes,
                           max_message_bytes=args.max_message_bytes,
                           max_pages_per_transfer=args.num_pages,
-                          transfer_timeout_s=args.timeout_s, shm_verify=not args.no_shm_verify)
+                          transfer_timeout_s=args.timeout_s, shm_verify=not args.no_shm_verify,
+                          faults=FaultConfig(shm_stall_s=args.shm_stall_s))
     if args.backend == "torch":
         init_dist_pair(args.dist_port, rank=1)
     rx = make_receiver(cfg, pool, admit=verdicts(host) if args.verdicts else None)
@@ -181,14 +183,15 @@ def verdicts(host: PagePool):
 
 async def run_send(args: argparse.Namespace) -> None:
     from kv_transport import FaultConfig, make_sender
-    from kv_transport.testing import make_export, make_pool
+    from kv_transport.testing import make_export, make_pool, staged
     cfg = TransportConfig(backend=args.backend, endpoint=args.endpoint, chunk_bytes=args.chunk_bytes,
                           inline_max_bytes=args.inline_max_bytes, transfer_timeout_s=args.timeout_s,
                           faults=FaultConfig(shm_stall_s=args.shm_stall_s))
     tx = make_sender(cfg, TINY_SPEC)
     await tx.start()
     try:
-        tid = tx.send(make_export(make_pool(args.send_pages, seed=1), "sent", args.send_pages))
+        export = make_export(make_pool(args.send_pages, seed=1), "sent", args.send_pages)
+        tid = tx.send(staged(tx, export) if args.arena else export)
         emit({"sent": tid})
         st = await tx.wait(tid, args.timeout_s + 1)
         emit({"state": st.state.name, "code": str(st.code), "reason": st.reason})

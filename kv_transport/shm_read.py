@@ -146,12 +146,18 @@ class Sources:
             mapped.close()
             raise
         got = self._open[key] = Source(mapped, guard, memoryview(mapped.map)[HEADER_BYTES:HEADER_BYTES + mapped.nbytes])
-        self._trim()
+        self._trim(keep=key)
         return got
 
-    def _trim(self) -> None:
-        for key in [k for k, v in self._open.items() if v.readers == 0][:max(0, len(self._open) - self.max_open)]:
+    def _trim(self, keep: tuple[str, str, str]) -> None:
+        """Close the least recently used mappings nobody reads from, down to `max_open` if it can."""
+        idle = [k for k, v in self._open.items() if v.readers == 0 and k != keep]
+        for key in idle[:max(0, len(self._open) - self.max_open)]:
             _close(self._open.pop(key))
+
+    @property
+    def num_open(self) -> int:
+        return len(self._open)
 
     def close(self) -> None:
         for src in self._open.values():

@@ -105,7 +105,8 @@ class PrefillNode(NodeBase):
         if self.handoffs.get(seq.request_id) is not h:  # released while a new sender started
             return
         # gathered where the sender sends from fastest (shm: its arena, read there by the receiver)
-        out = sender.export_buffer((need - h.skip_pages) * self.engine.spec.bytes_per_page)
+        out = sender.export_buffer((need - h.skip_pages) * self.engine.spec.bytes_per_page) \
+            if self.engine.pool.kv.device.type == "cpu" else None
         export = export_request(self.engine.pool, seq.request_id, seq.num_computed_tokens, h.skip_pages, out)
         now = time.time()
         seq.timeline.stamp_once("transfer_start", now)
@@ -242,6 +243,7 @@ class PrefillNode(NodeBase):
     def extra_stats(self) -> dict:
         return {"handoffs": len(self.handoffs), "kv_bytes_sent": self.kv_bytes["sent"],
                 "kv_transfers_one_sided": self.senders.one_sided,
+                "kv_transfers_read": self.senders.read_by_receiver,
                 "kv_bytes_not_sent": self.kv_bytes["not_sent"],
                 "held_pages": sum(len(self.engine.pool.pages_of(r)) for r in self.handoffs)}
 

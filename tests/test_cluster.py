@@ -186,11 +186,11 @@ def test_disagg_with_the_torch_transport(llama_dir, hf_models, tmp_path):
                 assert c.status != psutil.CONN_LISTEN or c.laddr.ip in ("127.0.0.1", "::1"), (pid_file.name, c)
 
 
-def test_disagg_with_one_sided_writes(llama_dir, hf_models, tmp_path):
-    """--transport shm: the decode node's pools live in shared memory and the prefill node
-    writes every hand-off over the inline limit straight into them (19 pages of a 300-token
-    prompt). Outputs equal generate; pages all come back; the prefill node counts its
-    one-sided transfers, the decode node its verdicts."""
+def test_disagg_over_shared_memory(llama_dir, hf_models, tmp_path):
+    """--transport shm: the prefill node gathers every hand-off over the inline limit into its
+    export arena and the decode node reads it from there into its pages (19 pages of a
+    300-token prompt). Outputs equal generate; pages all come back; the prefill node counts the
+    transfers read (none written one-sided), the decode node its verdicts."""
     with launched(tmp_path / "cs", llama_dir, "--mode", "disagg", "--transport", "shm",
                   "--kv-pages", "600", "--host-kv-pages", "64") as (url, run_dir):
         vocab = get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
@@ -202,6 +202,7 @@ def test_disagg_with_one_sided_writes(llama_dir, hf_models, tmp_path):
         # (stats arrive with the router's next ping.) Each prompt goes twice (plain, then
         # streamed); the second time only its last page moves (the rest is in the decode
         # node's prefix cache) and rides inline: the 300- and 260-token prompts' first
-        # hand-offs (19 and 17 pages of 32 KiB) are the one-sided ones.
+        # hand-offs (19 and 17 pages of 32 KiB) are the ones read from the arena.
         wait_until(lambda: extra("decode")["admissions"].get("accept") == 6, 10, what="six hand-offs accepted")
-        wait_until(lambda: extra("prefill")["kv_transfers_one_sided"] == 2, 10, what="two one-sided hand-offs")
+        wait_until(lambda: extra("prefill")["kv_transfers_read"] == 2, 10, what="two hand-offs read")
+        assert extra("prefill")["kv_transfers_one_sided"] == 0

@@ -25,6 +25,9 @@ class FakeSender:
         self.status: dict[str, SimpleNamespace] = {}
         self.cancelled: list[str] = []
 
+    def export_buffer(self, nbytes: int):
+        return None
+
     def send(self, export, meta) -> str:
         tid = f"t{len(self.sent)}-{meta.extra['router_id']}"
         self.sent.append(tid)

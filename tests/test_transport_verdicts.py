@@ -1,4 +1,5 @@
-"""One admission decision per verdict through every backend, receiver in a child process:
+"""One admission decision per verdict through every backend (shm: both ways, written by the
+sender and read by the receiver), receiver in a child process:
 ACCEPT lands in the device pool, PARK in the host tier, DEFER fails the transfer no_pages,
 REFUSE fails it with the refusal's code. Every backend gives the same outcome, bytes
 checked by a sha256 the peer computes from the pages it reads back; nothing stays reserved.
@@ -10,7 +11,7 @@ import datetime
 import pytest
 
 from kv_transport import TransferState, TransportConfig, make_sender
-from kv_transport.testing import TINY_SPEC, PeerProcess, make_export, make_pool, sha256_of
+from kv_transport.testing import TINY_SPEC, PeerProcess, make_export, make_pool, sha256_of, staged
 from tests.test_transport_procs import peers, run  # noqa: F401 (fixture)
 
 CHUNK = 64 * 1024  # two pages: the 9-page payloads stream (or are written one-sided) in 5 pieces
@@ -20,7 +21,9 @@ EXPECTED = {"accept-1": ("done", "device"), "park-1": ("done", "host"),
             "accept-2": ("done", "device"), "park-2": ("done", "host")}
 
 
-async def send_all(config: TransportConfig, peer: PeerProcess) -> tuple[dict, int | None]:
+async def send_all(config: TransportConfig, peer: PeerProcess, read: bool = False) -> tuple[dict, int | None, int | None]:
+    """(outcome per request, transfers written one-sided, transfers the receiver read); `read`:
+    each export gathered into the sender's arena first (shm: the receiver reads it)."""
     pool = make_pool(128, seed=11)
     exports = {rid: make_export(pool, rid, 9 if rid.endswith("1") else 2, tail=3) for rid in EXPECTED}
     tx = make_sender(config, TINY_SPEC)
@@ -28,7 +31,7 @@ async def send_all(config: TransportConfig, peer: PeerProcess) -> tuple[dict, in
     outcome = {}
     try:
         for rid, e in exports.items():  # one at a time: torch's dist ops are ordered anyway
-            st = await tx.wait(tx.send(e), 20.0)
+            st = await tx.wait(tx.send(staged(tx, e) if read else e), 20.0)
             outcome[rid] = "done" if st.state is TransferState.DONE else str(st.code)
     finally:
         await tx.close()
@@ -39,11 +42,13 @@ async def send_all(config: TransportConfig, peer: PeerProcess) -> tuple[dict, in
         landed[r["request_id"]] = r["tier"]
     counts = peer.counts()
     assert counts["reserved"] == 0 and counts["resident"] == 0
-    return {rid: (o, landed.get(rid)) for rid, o in outcome.items()}, getattr(tx, "one_sided", None)
+    return ({rid: (o, landed.get(rid)) for rid, o in outcome.items()}, getattr(tx, "one_sided", None),
+            getattr(tx, "read_by_receiver", None))
 
 
-@pytest.mark.parametrize("backend", ["zmq", "shm", "torch"])
-def test_every_verdict_has_one_outcome_on_every_backend(backend, peers):  # noqa: F811
+@pytest.mark.parametrize("way", ["zmq", "shm-write", "shm-read", "torch"])
+def test_every_verdict_has_one_outcome_on_every_backend(way, peers):  # noqa: F811
+    backend = way.split("-")[0]
     args = ["--backend", backend, "--verdicts", "--chunk-bytes", str(CHUNK), "--inline-max-bytes", str(INLINE)]
     store = None
     if backend == "torch":
@@ -58,9 +63,10 @@ def test_every_verdict_has_one_outcome_on_every_backend(backend, peers):  # noqa
                                     timeout=datetime.timedelta(seconds=30))
         config = TransportConfig(backend=backend, endpoint=peer.endpoint(), chunk_bytes=CHUNK,
                                  inline_max_bytes=INLINE, transfer_timeout_s=20.0)
-        outcome, one_sided = run(send_all(config, peer))
+        outcome, one_sided, read = run(send_all(config, peer, read=way == "shm-read"))
         assert outcome == EXPECTED
-        assert one_sided == (4 if backend == "shm" else None)  # every landed payload written straight into the pool
+        # every landed payload written straight into the pool, or read by the receiver from the arena
+        assert (one_sided, read) == {"shm-write": (4, 0), "shm-read": (0, 4)}.get(way, (None, None))
     finally:
         if store is not None and dist.is_initialized():
             dist.destroy_process_group()

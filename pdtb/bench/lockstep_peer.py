@@ -41,15 +41,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def payload(pool: PagePool, rid: str, num_tokens: int, seed: int):
-    """`num_tokens` tokens of KV for `rid`, the same bytes for the same seed."""
+def payload(pool: PagePool, rid: str, num_tokens: int, seed: int, tx=None):
+    """`num_tokens` tokens of KV for `rid`, the same bytes for the same seed; gathered into
+    `tx`'s export_buffer where it has one, as the prefill node gathers a hand-off's."""
     pages = pool.allocate(rid, pool.spec.pages_for(num_tokens))
     if pages is None:
         raise ValueError(f"{rid}: {num_tokens} tokens need more than --max-pages")
     g = torch.Generator().manual_seed(seed)
     pool.kv[:, :, pages] = torch.randn(pool.kv[:, :, pages].shape, generator=g).to(pool.kv.dtype)
     try:
-        return export_request(pool, rid, num_tokens)
+        out = tx.export_buffer(len(pages) * pool.spec.bytes_per_page) if tx is not None else None
+        return export_request(pool, rid, num_tokens, out=out)
     finally:
         pool.free(rid)
 
@@ -73,7 +75,7 @@ async def serve(a: argparse.Namespace) -> None:
                 return
             cmd = json.loads(line)
             rid = cmd["rid"]
-            export = kept.pop(rid, None) or payload(pool, rid, cmd["num_tokens"], cmd["seed"])
+            export = kept.pop(rid, None) or payload(pool, rid, cmd["num_tokens"], cmd["seed"], tx)
             h = export.header
             meta = kv_meta.seal(TransferMeta(**cmd["meta"]), h.request_id, h.num_tokens, h.num_pages)
             tid = tx.send(export, meta)

@@ -3,22 +3,37 @@ hand-offs and a decode node's live migrations go through the same kind of pool."
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 
 from kv_transport import TransferStatus, TransportConfig, make_sender
 from pdtb.engine.kv_spec import KVSpec
+
+COUNTS = ("one_sided", "read_by_receiver")  # senders' transfer counts (shm) kept across their lives
 
 
 class KVSenders:
     def __init__(self, transport: TransportConfig, spec: KVSpec) -> None:
         self.transport, self.spec = transport, spec
         self.by_addr: dict[str, object] = {}  # destination KV address -> its sender
-        self._one_sided_gone = 0  # one-sided transfers of senders dropped or closed
+        self._gone: collections.Counter = collections.Counter()  # COUNTS of senders dropped or closed
 
     @property
     def one_sided(self) -> int:
         """Transfers written straight into a receiver's pool (shm backend), so far."""
-        return self._one_sided_gone + sum(getattr(s, "one_sided", 0) for s in self.by_addr.values())
+        return self._count("one_sided")
+
+    @property
+    def read_by_receiver(self) -> int:
+        """Transfers the receiver read from the sender's export arena (shm backend), so far."""
+        return self._count("read_by_receiver")
+
+    def _count(self, name: str) -> int:
+        return self._gone[name] + sum(getattr(s, name, 0) for s in self.by_addr.values())
+
+    def _forget(self, s) -> None:
+        for name in COUNTS:
+            self._gone[name] += getattr(s, name, 0)
 
     async def get(self, addr: str):
         """The started sender to `addr` (a new one if there is none yet)."""
@@ -42,11 +57,11 @@ class KVSenders:
         """A sender that failed: the next transfer to `addr` starts a new one."""
         s = self.by_addr.pop(addr, None)
         if s is not None:
-            self._one_sided_gone += getattr(s, "one_sided", 0)
+            self._forget(s)
             asyncio.get_running_loop().create_task(s.close())
 
     async def close(self) -> None:
         for s in self.by_addr.values():
-            self._one_sided_gone += getattr(s, "one_sided", 0)
+            self._forget(s)
             await s.close()
         self.by_addr.clear()
