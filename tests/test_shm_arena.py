@@ -119,3 +119,24 @@ def test_a_peer_maps_the_arena_and_reads_a_lease_where_its_offset_says():
 def test_an_arena_too_small_is_refused():
     with pytest.raises(ValueError):
         ExportArena(ALIGN - 1)
+
+
+def test_an_export_gathered_into_a_buffer_equals_a_fresh_one():
+    """export_request(out=...) fills the buffer with exactly the bytes (and block sums) a fresh
+    export has; a buffer of the wrong size is not used, and export_pages refuses it outright."""
+    from kv_transport.testing import TINY_SPEC, make_pool
+    from pdtb.engine.kv_export import export_request
+    pool = make_pool(32, seed=3)
+    pool.allocate("r", 7)
+    plain = export_request(pool, "r", 7 * TINY_SPEC.page_size - 3, skip_pages=2)
+    arena = ExportArena(2 * plain.header.payload_bytes)
+    buf = arena.lease(plain.header.payload_bytes)
+    into = export_request(pool, "r", 7 * TINY_SPEC.page_size - 3, skip_pages=2, out=buf)
+    assert into.data.data_ptr() == buf.data_ptr() and torch.equal(into.data, plain.data)
+    assert (into.block_sums == plain.block_sums).all() and into.header == plain.header
+    small = arena.lease(plain.header.payload_bytes - 8)
+    other = export_request(pool, "r", 7 * TINY_SPEC.page_size - 3, skip_pages=2, out=small)
+    assert other.data.data_ptr() != small.data_ptr() and torch.equal(other.data, plain.data)
+    with pytest.raises(ValueError):
+        pool.export_pages(pool.pages_of("r")[2:], out=small)
+    arena.close()

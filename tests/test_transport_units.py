@@ -21,12 +21,14 @@ ROW = TINY_SPEC.bytes_per_page // (2 * TINY_SPEC.num_layers)  # bytes of one (la
 
 
 def scatter_and_check(pages: list[int], cuts: list[int], spec: KVSpec = TINY_SPEC,
-                      device: str = "cpu", accel_path: bool = False, fused: bool = False) -> None:
+                      device: str = "cpu", accel_path: bool = False, fused: bool = False,
+                      read_once: bool = False) -> None:
     """Write a random payload into `pages` in pieces cut at payload rows `cuts`, each piece a
     read-only buffer like a zmq frame; compare with PagePool.import_pages (an independent
     reference). `accel_path` sends a CPU pool through the accelerator code path (staging
     buffers, torch scatter), so that path is checked where no accelerator is. `fused` writes
-    through the C landing copy and checks its running sum against checksum.of."""
+    through the C landing copy and checks its running sum against checksum.of (`read_once`: its
+    variant for a source read once, prefetched around the cache)."""
     dst, ref = make_pool(64, spec, device=device), make_pool(64, spec, device=device)
     payload = torch.randn(spec.page_shape(len(pages))).to(spec.torch_dtype)
     ref.import_pages(pages, payload)
@@ -42,7 +44,7 @@ def scatter_and_check(pages: list[int], cuts: list[int], spec: KVSpec = TINY_SPE
         if r1 > r0:
             piece = memoryview(raw[r0 * row_bytes:r1 * row_bytes])
             if fused:
-                running = writer.write_bytes_sum64(plan, r0, piece, running)
+                running = writer.write_bytes_sum64(plan, r0, piece, running, read_once)
                 assert running is not None
             else:
                 writer.write_bytes(plan, r0, piece)
@@ -57,13 +59,14 @@ def scatter_and_check(pages: list[int], cuts: list[int], spec: KVSpec = TINY_SPE
     [5, 9, 2, 40, 41, 7],  # scattered
     list(range(10, 50)) + list(range(60, 55, -1)),  # long run plus short descending run
 ])
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fused", ["numpy", "c", "c-read-once"])
 def test_page_writer_matches_import_pages(pages, fused):
-    if fused and PageWriter(make_pool(4)).copier is None:
+    if fused != "numpy" and PageWriter(make_pool(4)).copier is None:
         pytest.skip("no C compiler: the C landing copy cannot be built here")
     n_rows = 2 * TINY_SPEC.num_layers * len(pages)
-    scatter_and_check(pages, [], fused=fused)
-    scatter_and_check(pages, [1, n_rows // 3, n_rows // 2 + 1, n_rows - 1], fused=fused)
+    how = dict(fused=fused != "numpy", read_once=fused == "c-read-once")
+    scatter_and_check(pages, [], **how)
+    scatter_and_check(pages, [1, n_rows // 3, n_rows // 2 + 1, n_rows - 1], **how)
 
 
 def test_c_landing_copy_odd_row_sizes_and_its_fallback():
@@ -71,7 +74,8 @@ def test_c_landing_copy_odd_row_sizes_and_its_fallback():
     multiple of 8: the caller is told to write and sum separately, nothing written)."""
     if PageWriter(make_pool(4)).copier is None:
         pytest.skip("no C compiler: the C landing copy cannot be built here")
-    scatter_and_check([7, 3, 30, 31, 32], [2, 5], KVSpec(1, 1, 6, 1, "float32"), fused=True)
+    for read_once in (False, True):
+        scatter_and_check([7, 3, 30, 31, 32], [2, 5], KVSpec(1, 1, 6, 1, "float32"), fused=True, read_once=read_once)
     spec = KVSpec(num_layers=1, num_kv_heads=1, head_dim=2, page_size=1, dtype="bfloat16")
     dst = make_pool(8, spec)
     writer = PageWriter(dst)
@@ -100,9 +104,10 @@ def test_page_writer_bfloat16_and_tensor_path():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.permutations(list(range(64))).map(lambda p: p[:40]), st.lists(st.integers(0, 320)), st.booleans())
-def test_page_writer_any_pages_any_cuts(pages, cuts, fused):
-    scatter_and_check(pages, cuts, fused=fused and PageWriter(make_pool(4)).copier is not None)
+@given(st.permutations(list(range(64))).map(lambda p: p[:40]), st.lists(st.integers(0, 320)), st.booleans(),
+       st.booleans())
+def test_page_writer_any_pages_any_cuts(pages, cuts, fused, read_once):
+    scatter_and_check(pages, cuts, fused=fused and PageWriter(make_pool(4)).copier is not None, read_once=read_once)
 
 
 def test_find_runs():
