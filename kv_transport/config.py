@@ -123,8 +123,8 @@ class TransportConfig:
                      "close_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"TransportConfig.{name} must be positive")
-        if self.shm_arena_bytes < 0:
-            raise ValueError("TransportConfig.shm_arena_bytes must be >= 0")
+        if self.shm_arena_bytes < 0 or 0 < self.shm_arena_bytes < 4096:
+            raise ValueError("TransportConfig.shm_arena_bytes must be 0 (no arena) or at least 4096")
         if self.socket_buffer_bytes < 0:
             raise ValueError("TransportConfig.socket_buffer_bytes must be >= 0")
         if self.chunk_bytes > self.max_message_bytes:

@@ -119,22 +119,22 @@ class SenderCore(EndpointCore):
                                                 whole=not streamed)
         tid = f"{self._prefix}-{next(self._seq)}"
         source = self._source_for(tid, data, mode, sums[-1] if sums and streamed else None)
-        header = KVTransferHeader(
-            transfer_id=tid, request_id=h.request_id, tenant=meta.tenant,
-            num_tokens=h.num_tokens, prompt_token_ids=list(meta.prompt_token_ids),
-            output_token_ids=list(meta.output_token_ids),
-            num_computed_tokens=meta.num_computed_tokens, extra=dict(meta.extra),
-            num_pages=h.num_pages, page_size=self.spec.page_size, dtype=self.spec.dtype,
-            num_layers=self.spec.num_layers, num_kv_heads=self.spec.num_kv_heads,
-            head_dim=self.spec.head_dim, payload_bytes=nbytes, mode=mode,
-            chunk_bytes=chunk,
-            num_chunks=-(-nbytes // self._chunk_bytes) if streamed else 1,
-            checksum_algo=algo,
-            checksum=None if streamed else sums[-1] if sums else
-            checksum.of(algo, data if view is None else view),
-            src_rank=self._src_rank(), skip_pages=h.skip_pages, page_hashes=list(meta.page_hashes),
-            source=source)
-        try:
+        try:  # (an offer made for a header that is never sent is withdrawn)
+            header = KVTransferHeader(
+                transfer_id=tid, request_id=h.request_id, tenant=meta.tenant,
+                num_tokens=h.num_tokens, prompt_token_ids=list(meta.prompt_token_ids),
+                output_token_ids=list(meta.output_token_ids),
+                num_computed_tokens=meta.num_computed_tokens, extra=dict(meta.extra),
+                num_pages=h.num_pages, page_size=self.spec.page_size, dtype=self.spec.dtype,
+                num_layers=self.spec.num_layers, num_kv_heads=self.spec.num_kv_heads,
+                head_dim=self.spec.head_dim, payload_bytes=nbytes, mode=mode,
+                chunk_bytes=chunk,
+                num_chunks=-(-nbytes // self._chunk_bytes) if streamed else 1,
+                checksum_algo=algo,
+                checksum=None if streamed else sums[-1] if sums else
+                checksum.of(algo, data if view is None else view),
+                src_rank=self._src_rank(), skip_pages=h.skip_pages, page_hashes=list(meta.page_hashes),
+                source=source)
             frame0 = encode(header)[0]  # fails here, in the caller, if meta is not msgpack-safe
         except BaseException:
             self._drop_source(tid, source)

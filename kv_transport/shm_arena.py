@@ -11,11 +11,16 @@ plus the receiver's read-back.
   keeps it alive; the range goes back to the free list only once the last of them is gone *and*
   no transfer holds it any more (`hold` / `drop`). So a range is never handed out twice while
   its owner or a reader may still touch it.
+- A lease's finalizer may run anywhere, the cyclic collector included, which can start inside
+  one of this class's own critical sections: it only queues the range (SimpleQueue.put is
+  reentrant), and every method drains the queue under the lock.
+- Freed ranges stay faulted in: the arena's resident memory is its peak use, reused first-fit.
 """
 from __future__ import annotations
 
 import bisect
 import ctypes
+import queue
 import threading
 import weakref
 
@@ -38,7 +43,8 @@ class ExportArena:
         self._base = np.frombuffer(self.buf.map, np.uint8, self.nbytes, HEADER_BYTES).ctypes.data
         self._free: list[tuple[int, int]] = [(0, self.nbytes)]  # (offset, size), by offset
         self._holds: dict[int, tuple[int, int]] = {}  # offset of a leased range -> (size, holders)
-        self._lock = threading.Lock()  # a lease may be finalized wherever its last tensor dies
+        self._lock = threading.Lock()
+        self._dead: queue.SimpleQueue = queue.SimpleQueue()  # offsets of leases whose last tensor died
 
     @property
     def locator(self) -> Locator:
@@ -47,6 +53,7 @@ class ExportArena:
     @property
     def free_bytes(self) -> int:
         with self._lock:
+            self._reap()
             return sum(n for _, n in self._free)
 
     def lease(self, nbytes: int) -> torch.Tensor | None:
@@ -55,6 +62,7 @@ class ExportArena:
             return None
         size = -(-nbytes // ALIGN) * ALIGN
         with self._lock:
+            self._reap()
             for i, (off, n) in enumerate(self._free):
                 if n >= size:
                     if n == size:
@@ -78,6 +86,7 @@ class ExportArena:
         if not 0 <= off <= self.nbytes - nbytes:
             return None
         with self._lock:
+            self._reap()
             starts = sorted(self._holds)
             i = bisect.bisect_right(starts, off) - 1
             if i < 0 or off + nbytes > starts[i] + self._holds[starts[i]][0]:
@@ -87,6 +96,7 @@ class ExportArena:
     def hold(self, off: int) -> None:
         """One more holder of the leased range that contains `off` (a transfer naming it)."""
         with self._lock:
+            self._reap()
             start = self._start_of(off)
             size, n = self._holds[start]
             self._holds[start] = (size, n + 1)
@@ -94,13 +104,26 @@ class ExportArena:
     def drop(self, off: int) -> None:
         """One holder fewer; the last one returns the range to the free list."""
         with self._lock:
-            start = self._start_of(off)
-            size, n = self._holds[start]
-            if n > 1:
-                self._holds[start] = (size, n - 1)
+            self._reap()
+            self._drop(off)
+
+    def _reap(self) -> None:
+        """Drop the holds of leases finalized since (under the lock)."""
+        while True:
+            try:
+                off = self._dead.get_nowait()
+            except queue.Empty:
                 return
-            del self._holds[start]
-            self._release(start, size)
+            self._drop(off)
+
+    def _drop(self, off: int) -> None:
+        start = self._start_of(off)
+        size, n = self._holds[start]
+        if n > 1:
+            self._holds[start] = (size, n - 1)
+            return
+        del self._holds[start]
+        self._release(start, size)
 
     def _start_of(self, off: int) -> int:
         starts = sorted(self._holds)

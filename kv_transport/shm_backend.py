@@ -54,7 +54,7 @@ from kv_transport.local_link import LinkClient, LinkError, LinkListener
 from kv_transport.page_writer import PageWriter, WritePlan
 from kv_transport.receiver import _Inbound
 from kv_transport.sender import _Outbound, to_host
-from kv_transport.shm_read import Reading, ReadOffers, Sources, read_piece
+from kv_transport.shm_read import SOURCE_IDLE_S, Reading, ReadOffers, Sources, read_piece
 from kv_transport.shm_slots import SlotGuard, WriteSlots
 from kv_transport.wire import Ack, Commit, Credit, Grant, encode
 from kv_transport.zmq_backend import ZmqReceiver, ZmqSender
@@ -183,7 +183,7 @@ class ShmSender(ZmqSender):
         if self.offers is None and not self._no_arena:
             try:
                 self.offers = ReadOffers(self.config.shm_arena_bytes)
-            except OSError as e:  # (SharedMemoryError is one)
+            except (OSError, ValueError) as e:  # (SharedMemoryError is an OSError)
                 log.warning("sender: no export arena (%s); payloads are written one-sided", e)
                 self._no_arena = True
         return None if self.offers is None else self.offers.lease(nbytes)
@@ -329,6 +329,8 @@ class ShmSender(ZmqSender):
             o.view = memoryview(o.data.reshape(-1).view(torch.uint8).numpy())
 
     def _on_control(self, msg) -> None:
+        if isinstance(msg, Credit):
+            self._offered.discard(msg.transfer_id)  # the receiver does not read it: chunks
         if isinstance(msg, Ack) and msg.link and self.config.local_link and self._link is None and \
                 self._linking is None and self._unreachable.get(msg.link, 0.0) <= time.monotonic():
             # (an Ack names the link only after a read from this sender's arena: the peer is on this host)
@@ -481,6 +483,7 @@ class ShmReceiver(ZmqReceiver):
         self._sources = Sources()  # senders' export arenas (the read path, shm_read.py)
         self._reads: dict[str, Reading] = {}  # transfer id -> its read in progress, in turn order
         self.reads = 0  # transfers read from the sender's arena (the rest were written or streamed)
+        self._piece_turn = False  # with reads pending: a piece next (else a waiting message first)
 
     @property
     def num_held_pages(self) -> int:
@@ -513,12 +516,16 @@ class ShmReceiver(ZmqReceiver):
         return super()._write(frames, peer)
 
     async def _read(self, timeout: float):
-        if self._reads:  # a message waiting goes first; else the next piece, then the loop's other work
+        if self._reads:  # messages waiting and pieces to read take turns, then the loop's other work
+            self._piece_turn = not self._piece_turn
+            if self._piece_turn and self._read_some():
+                await asyncio.sleep(0)  # (the ZeroMQ pump, and a sender in this process, run too)
+                return None
             got = self.link.take() if self.link is not None else _split(_recv_now(self._sock))
             if got is not None:
                 return got
-            if self._read_some():
-                await asyncio.sleep(0)  # (the ZeroMQ pump, and a sender in this process, run too)
+            if not self._piece_turn and self._read_some():
+                await asyncio.sleep(0)
                 return None
             timeout = min(timeout, self.config.tick_s / 4)  # every read waits (a late reader, a busy slot)
         link = self.link
@@ -553,7 +560,7 @@ class ShmReceiver(ZmqReceiver):
             return False
         try:
             opened = self._sources.open(src)
-        except SharedMemoryError as e:
+        except (SharedMemoryError, OSError, ValueError) as e:
             log.info("receiver: cannot read %s from the sender's arena (%s): granting a write", h.transfer_id, e)
             return False
         if src.offset + h.payload_bytes > len(opened.view):
@@ -593,7 +600,7 @@ class ShmReceiver(ZmqReceiver):
                 self._end_read(tid)
                 self._fail(inb, FailCode.CANCELLED, "the sender withdrew the payload (it timed out or was "
                                                     "cancelled there): nothing read")
-                return False
+                continue
             inb.status.bytes_done, inb.last_seen = r.next_row * row, time.monotonic()
             self._reads[tid] = self._reads.pop(tid)  # the others' turn first
             if r.next_row == total:
@@ -695,6 +702,7 @@ class ShmReceiver(ZmqReceiver):
 
     def _expire(self, now: float) -> None:
         super()._expire(now)
+        self._sources.close_idle(now - SOURCE_IDLE_S)
         for inb, slot in list(self._held):
             if self.slots.revoke(slot):
                 self._held.remove((inb, slot))

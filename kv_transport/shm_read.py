@@ -41,6 +41,7 @@ from pdtb.engine.shared_memory import HEADER_BYTES, Locator, Mapped, open_buffer
 log = logging.getLogger(__name__)
 NUM_READ_SLOTS = 1024  # transfers a sender offers for reading at once (more are written)
 MAX_OPEN_SOURCES = 16  # senders' arenas a receiver keeps mapped (the least recently used idle one goes)
+SOURCE_IDLE_S = 30.0  # a sender's arena nobody has read from for this long is unmapped (a gone sender's memory goes)
 
 
 class ReadOffers:
@@ -112,6 +113,7 @@ class Source:
     guard: SlotGuard
     view: memoryview  # the arena's data bytes
     readers: int = 0  # transfers reading from it now
+    last_used: float = 0.0  # monotonic time it was last opened for a read
 
 
 @dataclass
@@ -138,6 +140,7 @@ class Sources:
         got = self._open.get(key)
         if got is not None:
             self._open.move_to_end(key)
+            got.last_used = time.monotonic()
             return got
         mapped = open_buffer(Locator(s.buffer, s.buffer_token, s.host))
         try:
@@ -145,9 +148,15 @@ class Sources:
         except BaseException:
             mapped.close()
             raise
-        got = self._open[key] = Source(mapped, guard, memoryview(mapped.map)[HEADER_BYTES:HEADER_BYTES + mapped.nbytes])
+        got = self._open[key] = Source(mapped, guard, memoryview(mapped.map)[HEADER_BYTES:HEADER_BYTES + mapped.nbytes],
+                                       last_used=time.monotonic())
         self._trim(keep=key)
         return got
+
+    def close_idle(self, before: float) -> None:
+        """Unmap the arenas nobody reads from that were last used before `before`."""
+        for key in [k for k, v in self._open.items() if v.readers == 0 and v.last_used < before]:
+            _close(self._open.pop(key))
 
     def _trim(self, keep: tuple[str, str, str]) -> None:
         """Close the least recently used mappings nobody reads from, down to `max_open` if it can."""

@@ -355,9 +355,14 @@ def _read_source(f: Fields, limits: WireLimits, tid: str) -> ReadSource | None:
     s = Fields(raw, limits)
     s.transfer_id = tid
     s.only(_SOURCE_FIELDS)
-    return ReadSource(s.str("host", 128), s.str("buffer", 2048), s.str("buffer_token", 64), s.str("slots", 256),
-                      s.str("slots_token", 64), s.int("slot", 0, 1 << 31), s.int("gen", 1, (1 << 64) - 1),
-                      s.int("offset", 0, 1 << 62), s.int("checksum", 0, (1 << 64) - 1))
+    source = ReadSource(s.str("host", 128), s.str("buffer", 2048), s.str("buffer_token", 64), s.str("slots", 256),
+                        s.str("slots_token", 64), s.int("slot", 0, 1 << 31), s.int("gen", 1, (1 << 64) - 1),
+                        s.int("offset", 0, 1 << 62), s.int("checksum", 0, (1 << 64) - 1))
+    for name in ("buffer", "slots"):  # paths the receiver opens: /proc/PID/fd/N of the sender
+        path = getattr(source, name)
+        if not path.startswith("/proc/") or "\0" in path:
+            raise WireFieldError(f"source.{name}", f"{path!r} is not a /proc path", tid)
+    return source
 
 
 def _prefix_fields(f: Fields, limits: WireLimits, tid: str) -> tuple[int, list[int]]:
@@ -460,6 +465,9 @@ def _dec_grant(f: Fields, payloads: list, limits: WireLimits) -> Grant:
     if int(ids.max()) >= pool_pages:
         raise WireFieldError("pages", f"page ids must be in [0, {pool_pages})", tid)
     pages = ids.tolist()
+    for name in ("buffer", "slots"):  # what the sender opens (a /proc path, or a CUDA IPC locator)
+        if "\0" in f.str(name, 2048):
+            raise WireFieldError(name, "a NUL in a locator", tid)
     return Grant(tid, f.int("upto", 0, 1 << 31), f.str("host", 128), f.str("buffer", 2048),
                  f.str("buffer_token", 64), f.str("slots", 256), f.str("slots_token", 64),
                  f.int("slot", 0, 1 << 31), f.int("gen", 1, (1 << 64) - 1), pool_pages, pages,

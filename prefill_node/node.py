@@ -101,9 +101,9 @@ class PrefillNode(NodeBase):
         addr = req.decode_kv_addr
         need = self.engine.spec.pages_for(seq.num_computed_tokens)
         h.skip_pages = 0 if h.no_skip else min(self.peer_pages.leading(addr, hashes), need - 1)
-        sender = await self.senders.get(req.decode_kv_addr)
-        if self.handoffs.get(seq.request_id) is not h:  # released while a new sender started
-            return
+        sender = await self.senders.get(addr)
+        if self.handoffs.get(seq.request_id) is not h or h.req.decode_kv_addr != addr or h.transfer_id is not None:
+            return  # released, moved to another decode node or started while a new sender started: looked at again
         # gathered where the sender sends from fastest (shm: its arena, read there by the receiver)
         out = sender.export_buffer((need - h.skip_pages) * self.engine.spec.bytes_per_page) \
             if self.engine.pool.kv.device.type == "cpu" else None

@@ -140,3 +140,34 @@ def test_an_export_gathered_into_a_buffer_equals_a_fresh_one():
     with pytest.raises(ValueError):
         pool.export_pages(pool.pages_of("r")[2:], out=small)
     arena.close()
+
+
+def test_a_lease_collected_inside_the_arenas_own_critical_section_does_not_deadlock(monkeypatch):
+    """A lease caught in a reference cycle is finalized by the cyclic collector, which may run
+    on any allocation, inside the arena's lock included: the finalizer only queues the range,
+    and the next call returns it."""
+    import threading
+
+    import kv_transport.shm_arena as shm_arena
+    arena = ExportArena(8 * ALIGN)
+    kept = arena.lease(ALIGN)
+    t = arena.lease(ALIGN)
+    cycle = [t]
+    cycle.append(cycle)
+    del t, cycle
+    real = shm_arena.bisect.bisect_right
+
+    def collecting(*a, **kw):  # the collector runs here, under the lock (offset_of holds it)
+        gc.collect()
+        return real(*a, **kw)
+    monkeypatch.setattr(shm_arena.bisect, "bisect_right", collecting)
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (arena.offset_of(kept), done.set()), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert done.is_set(), "offset_of deadlocked on a finalizer run inside the lock"
+    monkeypatch.setattr(shm_arena.bisect, "bisect_right", real)
+    assert arena.free_bytes == 7 * ALIGN  # the queued range came back
+    del kept
+    assert arena.free_bytes == 8 * ALIGN
+    arena.close()

@@ -205,3 +205,76 @@ def test_a_receiver_keeps_a_bounded_number_of_senders_arenas_mapped():
         sources.close()
         for o in offers:
             o.close()
+
+
+def test_paths_a_receiver_would_open_are_checked_on_the_wire():
+    limits = WireLimits.from_config(shm_config("/tmp"), TINY_SPEC)
+    src = ReadSource("boot", "/proc/1/fd/3", "ab" * 16, "/proc/1/fd/4", "cd" * 16, 7, 9, 4096, 0)
+    for bad in (dataclasses.replace(src, buffer="/proc/1/fd/3\0x"), dataclasses.replace(src, slots="/etc/passwd")):
+        with pytest.raises(WireError) as e:
+            decode(encode(_header(source=bad)), limits)
+        assert e.value.transfer_id == "t1"
+    from pdtb.engine.shared_memory import Locator, boot_id, open_buffer
+    with pytest.raises(SharedMemoryError):  # (never a ValueError out of os.open)
+        open_buffer(Locator("/proc/1/fd/3\0", "00", boot_id()))
+
+
+def test_a_send_that_raises_withdraws_its_offer(tmp_path):
+    from kv_transport import TransferMeta, make_sender
+    src = make_pool(32, seed=9)
+
+    async def body():
+        tx = make_sender(shm_config(tmp_path), TINY_SPEC)
+        await tx.start()
+        try:
+            e = staged(tx, make_export(src, "r", 9))
+            with pytest.raises(TypeError):
+                tx.send(e, TransferMeta(page_hashes=None))  # not a list: the header cannot be made
+            with pytest.raises(TypeError):
+                tx.send(e, TransferMeta(extra={"x": object()}))  # not msgpack-safe: the header cannot be encoded
+            assert not tx.offers._offered and tx.offers.slots.num_free == tx.offers.slots.num_slots
+            del e
+            await arena_settles(tx)
+        finally:
+            await tx.close()
+    run(body())
+
+
+def test_an_offer_streamed_as_chunks_is_not_counted_as_read(tmp_path):
+    """A receiver whose pool is not shared, and that does not read: it answers a Credit and the
+    chunks come from the arena's bytes."""
+    src, dst = make_pool(32, seed=10), make_pool(32)
+
+    async def body():
+        async with linked(dataclasses.replace(shm_config(tmp_path), shm_read=False), dst) as (tx, rx):
+            e = staged(tx, make_export(src, "r", 9))
+            st = await tx.wait(tx.send(e), 10)
+            assert st.state is TransferState.DONE, st.reason
+            got = await rx.next_completed(5)
+            assert torch.equal(dst.export_pages(got.pages), e.data)
+            assert (tx.read_by_receiver, tx.one_sided, rx.reads) == (0, 0, 0)
+    run(body())
+
+
+def test_a_senders_arena_nobody_reads_from_is_unmapped(tmp_path, monkeypatch):
+    import kv_transport.shm_backend as shm_backend
+    monkeypatch.setattr(shm_backend, "SOURCE_IDLE_S", 0.2)
+    src, dst = make_pool(32, seed=11), PagePool(TINY_SPEC, 32, shared=True)
+
+    async def body():
+        async with linked(shm_config(tmp_path), dst) as (tx, rx):
+            e = staged(tx, make_export(src, "r", 9))
+            assert (await tx.wait(tx.send(e), 10)).state is TransferState.DONE
+            assert rx._sources.num_open == 1
+            await until(lambda: rx._sources.num_open == 0, 5, "the idle arena unmapped")
+            dst.free("r")
+            e2 = staged(tx, make_export(src, "r2", 9))
+            assert (await tx.wait(tx.send(e2), 10)).state is TransferState.DONE  # mapped again
+            assert rx.reads == 2
+    run(body())
+
+
+def test_an_arena_size_that_cannot_hold_a_page_is_refused():
+    from kv_transport import TransportConfig
+    with pytest.raises(ValueError):
+        TransportConfig(backend="shm", shm_arena_bytes=100)

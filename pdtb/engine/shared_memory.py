@@ -118,6 +118,8 @@ def open_buffer(loc: Locator) -> Mapped:
         fd = os.open(loc.path, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
         raise SharedMemoryError(f"cannot open {loc.path}: {e.strerror}") from None
+    except ValueError as e:  # (a NUL in the path: it came off the wire)
+        raise SharedMemoryError(f"cannot open {loc.path!r}: {e}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size < HEADER_BYTES:
