@@ -2,9 +2,10 @@
 against an in-process copy between two pools, in one run.
 
 - shm_gbps: one `size_mib` transfer over the shm backend as a node sends it, send() -> DONE:
-  the export gathered into the sender's arena (export_buffer), the header, the receiver (a
-  separate process) copying the payload into its pool pages and summing it in the same pass
-  (the read path, shm_read.py), Ack. Best of `reps`.
+  the header, the receiver (a separate process) copying the payload from the sender's arena
+  into its pool pages and summing it in the same pass (the read path, shm_read.py), Ack. The
+  export is gathered into the arena once, before the reps (a node gathers each hand-off into
+  the arena instead of into a new tensor: the same copy, untimed for every way). Best of `reps`.
 - shm_write_gbps: the same export from outside the arena, written one-sided: header, Grant,
   the sender's copy into the receiver's shared pool, Commit, the receiver reading the pages
   back against the checksum, Ack (control on the local link, which the warm-up connects).

@@ -74,7 +74,7 @@ class ExportArena:
             else:
                 return None
         arr = (ctypes.c_uint8 * nbytes).from_buffer(self.buf.map, HEADER_BYTES + off)
-        weakref.finalize(arr, self.drop, off)
+        weakref.finalize(arr, self._dead.put, off)
         return torch.from_numpy(np.frombuffer(arr, dtype=np.uint8))
 
     def offset_of(self, t: torch.Tensor) -> int | None:

@@ -73,6 +73,7 @@ NUM_SLOTS = 1024  # one-sided transfers a receiver lets write at once (more get 
 # either loop for long (64 MiB in 4 MiB chunks: 16, 12, 9, 6.75, 5.06, 4, 4, 4, 3.19 MiB).
 PIECE_SHARE = 4
 PIECE_MAX_CHUNKS = 4
+MESSAGES_PER_PIECE = 8  # with reads pending, waiting messages taken before the next piece (neither starves)
 RELINK_AFTER_S = 10.0  # a link that could not be connected (refused, full) is tried again after this long
 
 
@@ -178,8 +179,8 @@ class ShmSender(ZmqSender):
 
     # ---- the read path (shm_read.py) ---------------------------------------------------------
     def export_buffer(self, nbytes: int) -> torch.Tensor | None:
-        if nbytes <= self.config.inline_max_bytes:  # rides in the header message: no arena needed
-            return None
+        if nbytes <= self.config.inline_max_bytes or self.config.checksum != "sum64":
+            return None  # rides in the header message; or no whole-payload sum without a pass (crc32): not offered
         if self.offers is None and not self._no_arena:
             try:
                 self.offers = ReadOffers(self.config.shm_arena_bytes)
@@ -332,8 +333,9 @@ class ShmSender(ZmqSender):
         if isinstance(msg, Credit):
             self._offered.discard(msg.transfer_id)  # the receiver does not read it: chunks
         if isinstance(msg, Ack) and msg.link and self.config.local_link and self._link is None and \
-                self._linking is None and self._unreachable.get(msg.link, 0.0) <= time.monotonic():
-            # (an Ack names the link only after a read from this sender's arena: the peer is on this host)
+                self._linking is None and self._unreachable.get(msg.link, 0.0) <= time.monotonic() and \
+                any(t in self._offered for t in msg.transfer_ids):
+            # (only a receiver that read from this sender's arena names a link: it is on this host)
             self._linking = asyncio.ensure_future(self._connect_link(msg.link, msg.ticket))
         if not isinstance(msg, Grant):
             o = self._live.get(msg.transfer_id) if isinstance(msg, Credit) else None
@@ -483,7 +485,7 @@ class ShmReceiver(ZmqReceiver):
         self._sources = Sources()  # senders' export arenas (the read path, shm_read.py)
         self._reads: dict[str, Reading] = {}  # transfer id -> its read in progress, in turn order
         self.reads = 0  # transfers read from the sender's arena (the rest were written or streamed)
-        self._piece_turn = False  # with reads pending: a piece next (else a waiting message first)
+        self._messages_in_row = 0  # messages taken since the last read piece
 
     @property
     def num_held_pages(self) -> int:
@@ -516,16 +518,16 @@ class ShmReceiver(ZmqReceiver):
         return super()._write(frames, peer)
 
     async def _read(self, timeout: float):
-        if self._reads:  # messages waiting and pieces to read take turns, then the loop's other work
-            self._piece_turn = not self._piece_turn
-            if self._piece_turn and self._read_some():
-                await asyncio.sleep(0)  # (the ZeroMQ pump, and a sender in this process, run too)
-                return None
-            got = self.link.take() if self.link is not None else _split(_recv_now(self._sock))
+        if self._reads:  # waiting messages first, MESSAGES_PER_PIECE at most, then a piece, then the loop's other work
+            got = None
+            if self._messages_in_row < MESSAGES_PER_PIECE:
+                got = self.link.take() if self.link is not None else _split(_recv_now(self._sock))
             if got is not None:
+                self._messages_in_row += 1
                 return got
-            if not self._piece_turn and self._read_some():
-                await asyncio.sleep(0)
+            self._messages_in_row = 0
+            if self._read_some():
+                await asyncio.sleep(0)  # (the ZeroMQ pump, and a sender in this process, run too)
                 return None
             timeout = min(timeout, self.config.tick_s / 4)  # every read waits (a late reader, a busy slot)
         link = self.link

@@ -142,7 +142,7 @@ class Sources:
             self._open.move_to_end(key)
             got.last_used = time.monotonic()
             return got
-        mapped = open_buffer(Locator(s.buffer, s.buffer_token, s.host))
+        mapped = open_buffer(Locator(s.buffer, s.buffer_token, s.host), writable=False)  # (it only reads)
         try:
             guard = SlotGuard(Locator(s.slots, s.slots_token, s.host))
         except BaseException:

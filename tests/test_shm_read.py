@@ -77,7 +77,7 @@ def test_a_receiver_that_does_not_read_grants_a_write_of_the_same_bytes(tmp_path
     if why == "receiver does not read":
         config = dataclasses.replace(config, shm_read=False)
     else:
-        def no_map(locator):
+        def no_map(locator, writable=True):
             raise SharedMemoryError("not here")
         monkeypatch.setattr(shm_read, "open_buffer", no_map)
     src, dst = make_pool(32, seed=4), PagePool(TINY_SPEC, 32, shared=True)
@@ -278,3 +278,33 @@ def test_an_arena_size_that_cannot_hold_a_page_is_refused():
     from kv_transport import TransportConfig
     with pytest.raises(ValueError):
         TransportConfig(backend="shm", shm_arena_bytes=100)
+
+
+def test_an_ack_names_a_link_only_for_a_transfer_offered_for_reading(tmp_path):
+    """A sender connects to the link an Ack names only when the Ack is for a transfer the
+    receiver read from its arena (and so is on its host); any other Ack's link is ignored."""
+    from kv_transport import make_sender
+    from kv_transport.wire import Ack
+
+    async def body():
+        tx = make_sender(shm_config(tmp_path), TINY_SPEC)
+        await tx.start()
+        try:
+            tx._on_control(Ack(["not-offered"], "pdtb-some-link", "00" * 16))
+            assert tx._linking is None
+            tx._offered.add("offered")
+            tx._on_control(Ack(["offered"], "pdtb-no-such-link", "00" * 16))
+            assert tx._linking is not None  # it tries (and fails: nobody listens there)
+        finally:
+            await tx.close()
+    run(body())
+
+
+def test_reads_are_offered_only_with_sum64():
+    """crc32 has no whole-payload value without a pass over the bytes: no arena, no offer."""
+    async def body():
+        from kv_transport import TransportConfig, make_sender
+        tx = make_sender(TransportConfig(backend="shm", endpoint="ipc:///tmp/pdtb-nobody.sock", checksum="crc32"),
+                         TINY_SPEC)
+        assert tx.export_buffer(1 << 20) is None
+    run(body())

@@ -44,6 +44,23 @@ def test_a_shared_buffer_is_seen_by_a_peer_and_only_with_its_token():
     buf.close()
 
 
+def test_a_shared_buffer_cannot_be_resized_and_a_reader_maps_it_read_only():
+    """Sealed at its size (a peer's mapping can never lose its pages under it: SIGBUS), and a
+    peer that only reads maps it without write access."""
+    buf = SharedBuffer(1 << 16)
+    with pytest.raises(PermissionError):
+        os.ftruncate(buf.fd, 4096)
+    with pytest.raises(PermissionError):
+        os.ftruncate(buf.fd, 1 << 20)
+    peer = open_buffer(buf.locator, writable=False)
+    buf.map[4096:4100] = b"abcd"
+    assert peer.map[4096:4100] == b"abcd"
+    with pytest.raises(TypeError):
+        peer.map[4096:4100] = b"wxyz"
+    peer.close()
+    buf.close()
+
+
 def test_a_shared_pool_is_a_pool():
     pool = PagePool(TINY_SPEC, 8, shared=True)
     assert pool.shared is not None and pool.kv.shape == TINY_SPEC.page_shape(8) and pool.kv.abs().sum() == 0

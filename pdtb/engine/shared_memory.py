@@ -19,6 +19,7 @@ with us and does not try.
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import mmap
 import os
@@ -63,9 +64,11 @@ class SharedBuffer:
         if not hasattr(os, "memfd_create"):
             raise SharedMemoryError("os.memfd_create is not available on this platform")
         self.nbytes = nbytes
-        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 0))
         try:
             os.ftruncate(self.fd, HEADER_BYTES + nbytes)  # zero-filled, faulted in on first touch
+            if hasattr(fcntl, "F_ADD_SEALS"):  # its size is fixed: no peer can shrink it under another's mapping (SIGBUS)
+                fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
             self.map = mmap.mmap(self.fd, HEADER_BYTES + nbytes)
         except OSError:
             os.close(self.fd)
@@ -107,15 +110,15 @@ class Mapped:
             self.fd = -1
 
 
-def open_buffer(loc: Locator) -> Mapped:
-    """Map a buffer another process of this host shares; SharedMemoryError if it is not there,
-    not ours (token), or on another host."""
+def open_buffer(loc: Locator, writable: bool = True) -> Mapped:
+    """Map a buffer another process of this host shares (read-only unless `writable`);
+    SharedMemoryError if it is not there, not ours (token), or on another host."""
     if loc.host != boot_id():
         raise SharedMemoryError(f"the buffer is on another host (boot id {loc.host[:8]}...)")
     if not loc.path.startswith("/proc/"):
         raise SharedMemoryError(f"not a buffer locator: {loc.path!r}")
     try:
-        fd = os.open(loc.path, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = os.open(loc.path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
         raise SharedMemoryError(f"cannot open {loc.path}: {e.strerror}") from None
     except ValueError as e:  # (a NUL in the path: it came off the wire)
@@ -124,7 +127,7 @@ def open_buffer(loc: Locator) -> Mapped:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size < HEADER_BYTES:
             raise SharedMemoryError(f"{loc.path} is not a shared KV buffer")
-        mm = mmap.mmap(fd, st.st_size)
+        mm = mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
     except (OSError, ValueError) as e:
         os.close(fd)
         raise SharedMemoryError(f"cannot map {loc.path}: {e}") from None

@@ -98,9 +98,8 @@ uint64_t pdtb_copy_rows_sum64(char *dst, const int64_t *rows, const char *src, i
 
 /* The same, for a source read once and not again soon (a sender's export arena, read by the
  * receiver): prefetched non-temporally a kilobyte ahead, so that the copy does not evict the
- * working sets of both processes from the shared cache (their control messages then run warm:
- * compare the read path with and without it in `pdtb bench transport --backend shm`). A zmq
- * frame, just received and still in cache, lands through the plain one. */
+ * working sets of both processes from the shared cache (their control messages then run warm).
+ * A zmq frame, just received and still in cache, lands through the plain one. */
 uint64_t pdtb_copy_rows_sum64_nta(char *dst, const int64_t *rows, const char *src, int64_t nrows,
                                   int64_t row_bytes, uint64_t acc) {
     return copy_rows_sum64(dst, rows, src, nrows, row_bytes, acc, 1);
