@@ -5,9 +5,10 @@ writes `g` into word `s` of a small shared table. A sender may write the transfe
 only while it holds the lock on word `s` *and* reads `g` there:
 
     sender, per piece:  lock(s) ; if word[s] != g: unlock, stop (revoked) ; copy ; unlock(s)
-    receiver, revoke:   try lock(s) ; word[s] = 0 ; unlock(s) ; now free or commit the pages
+    receiver, revoke:   word[s] = 0 ; try lock(s) ; unlock(s) ; now free or commit the pages
 
-So once a revoke has returned True, no write under `g` can start, and none is in progress:
+So once a revoke has returned True, no write under `g` can start, and none is in progress
+(the word is 0 before the lock is tried, so a piece that starts after a failed try stops):
 a late writer (one that slept through its transfer's timeout) finds 0 or another
 generation and writes nothing, even if the pages went to another request meanwhile. A revoke
 that finds the lock taken (a writer mid-piece) returns False and the receiver keeps the pages
@@ -91,12 +92,16 @@ class WriteSlots:
     def revoke(self, slot: int) -> bool:
         """End the grant on `slot`: True once no write under it can happen any more (the slot
         is free again); False while a writer holds it (call again later). A slot with no live
-        grant (revoked already) answers True and stays free once."""
+        grant (revoked already) answers True and stays free once.
+
+        The word is cleared first, without the lock (an aligned 8-byte store): a holder inside
+        a piece finishes that piece, and finds the grant gone when it takes the slot for the
+        next one, so the revoke that follows is not outrun piece after piece."""
         if slot not in self._granted:
             return True
+        self.words[slot] = 0
         if not _lock(self.buf.fd, slot, _F_WRLCK):
             return False
-        self.words[slot] = 0
         _lock(self.buf.fd, slot, _F_UNLCK)
         self._granted.discard(slot)
         self._free.append(slot)

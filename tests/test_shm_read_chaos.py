@@ -135,3 +135,44 @@ def test_a_late_read_after_the_offer_was_withdrawn_reads_nothing(tmp_path):
             await tx.close()
             await rx.close()
     asyncio.run(asyncio.wait_for(body(), 60))
+
+
+def test_a_reader_inside_a_piece_when_the_offer_is_withdrawn_stops_at_the_next(tmp_path):
+    """The receiver stalls inside its first read piece; the sender's transfer times out and
+    withdraws the offer while the reader holds the slot (its Cancel is lost). The withdraw
+    clears the slot's word at once: when the reader comes out it finds the offer gone at its
+    next piece, fails the transfer and frees its pages (it does not finish reading a transfer
+    its sender has failed), and the sender's next retry gets the range back."""
+    src = make_pool(32, seed=12)
+
+    async def body():
+        p = PeerProcess(["--backend", "shm", "--endpoint", f"ipc://{tmp_path}/peer.sock", "--num-pages", "32",
+                         "--chunk-bytes", str(CHUNK), "--inline-max-bytes", str(PAGE // 2), "--report",
+                         "--shm-stall-s", "2"])
+        tx = make_sender(cfg(tmp_path, endpoint=p.endpoint(), transfer_timeout_s=1.0,
+                             faults=FaultConfig(drop_prob=1, kinds=("cancel",))), TINY_SPEC)
+        await tx.start()
+        try:
+            e = staged(tx, make_export(src, "stalled", 9))
+            tid = tx.send(e)
+            slot = tx.offers._offered[tid][0]
+            await until(lambda: tx.offers.slots.busy(slot), 20, "the reader holds its slot")
+            st = await tx.wait(tid, 10)
+            assert st.state is TransferState.FAILED and str(st.code) == "timeout", st
+            assert tx.offers.num_pending == 1  # the reader is still inside its piece
+            del e
+            gc.collect()
+            arena = tx.offers.arena
+            await until(lambda: tx.offers.num_pending == 0 and arena.free_bytes == arena.nbytes, 20,
+                        "the range back once the reader is out")
+            p.proc.stdin.write(b"stats\n")
+            p.proc.stdin.flush()
+            seen = []
+            while "counts" not in (msg := p.read_json(10)):
+                seen.append(msg)
+            assert not [m for m in seen if m.get("request_id") == "stalled"], seen  # never landed
+            assert msg["counts"]["reserved"] == 0 and msg["counts"]["resident"] == 0
+        finally:
+            await tx.close()
+            p.kill()
+    asyncio.run(asyncio.wait_for(body(), 60))
