@@ -208,7 +208,7 @@ class SenderCore(EndpointCore):
         return None
 
     def _drop_source(self, transfer_id: str, source) -> None:
-        """A ReadSource made for a header that was never sent."""
+        """The ReadSource of `transfer_id` ends: its header was never sent, or its transfer ended."""
 
     def _on_ready(self, o: _Outbound, credit: Credit) -> None:
         raise TransportError(f"{type(self).__name__} has no dist payload path")

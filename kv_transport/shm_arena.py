@@ -87,9 +87,11 @@ class ExportArena:
             return None
         with self._lock:
             self._reap()
-            starts = sorted(self._holds)
-            i = bisect.bisect_right(starts, off) - 1
-            if i < 0 or off + nbytes > starts[i] + self._holds[starts[i]][0]:
+            try:
+                start = self._start_of(off)
+            except KeyError:  # in no leased range
+                return None
+            if off + nbytes > start + self._holds[start][0]:
                 return None
         return off
 

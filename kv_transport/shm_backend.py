@@ -268,11 +268,8 @@ class ShmSender(ZmqSender):
                 notify: bool = False, code: FailCode | None = None) -> None:
         super()._finish(o, state, reason, notify, code)
         tid = o.status.transfer_id
-        if tid in self._offered:
-            self._offered.discard(tid)
-            self.read_by_receiver += o.status.state is S.DONE  # (the state super() settled on)
-        if self.offers is not None:
-            self.offers.withdraw(tid)
+        self.read_by_receiver += tid in self._offered and o.status.state is S.DONE  # (the state super() settled on)
+        self._drop_source(tid, None)
         if not any(c.transfer_id == o.status.transfer_id for c in self._control):
             self._on_link.discard(o.status.transfer_id)  # (a queued Cancel keeps it until it goes)
 

@@ -24,6 +24,14 @@ from test_shm_units import linked, run, shm_config
 PAGE = TINY_SPEC.bytes_per_page
 
 
+async def lands(tx, rx, dst: PagePool, export) -> None:
+    """`export` sent, DONE, and its bytes in `dst` where the receiver says they landed."""
+    st = await tx.wait(tx.send(export), 10)
+    assert st.state is TransferState.DONE, st.reason
+    got = await rx.next_completed(5)
+    assert torch.equal(dst.export_pages(got.pages), export.data)
+
+
 async def arena_settles(tx) -> None:
     """Every arena range is back once the exports are gone and no offer is pending."""
     gc.collect()
@@ -44,11 +52,7 @@ def test_an_export_gathered_into_the_arena_is_read_by_the_receiver(tmp_path):
                 e = export_request(src, f"r{i}", n * TINY_SPEC.page_size - 5,
                                    out=tx.export_buffer(n * PAGE))
                 assert tx.offers.arena.offset_of(e.data) is not None  # gathered into the arena
-                want = e.data.clone()
-                st = await tx.wait(tx.send(e), 10)
-                assert st.state is TransferState.DONE, st.reason
-                got = await rx.next_completed(5)
-                assert torch.equal(dst.export_pages(got.pages), want)
+                await lands(tx, rx, dst, e)
                 del e
             assert (tx.read_by_receiver, rx.reads, tx.one_sided) == (2, 2, 0)
             await until(lambda: tx.links == 1, 5, "linked after the first read's Ack")
@@ -85,10 +89,7 @@ def test_a_receiver_that_does_not_read_grants_a_write_of_the_same_bytes(tmp_path
     async def body():
         async with linked(config, dst) as (tx, rx):
             e = staged(tx, make_export(src, "r", 9))
-            st = await tx.wait(tx.send(e), 10)
-            assert st.state is TransferState.DONE, st.reason
-            got = await rx.next_completed(5)
-            assert torch.equal(dst.export_pages(got.pages), e.data)
+            await lands(tx, rx, dst, e)
             assert (tx.read_by_receiver, rx.reads, tx.one_sided) == (0, 0, 1)
             del e
             await arena_settles(tx)
@@ -247,11 +248,7 @@ def test_an_offer_streamed_as_chunks_is_not_counted_as_read(tmp_path):
 
     async def body():
         async with linked(dataclasses.replace(shm_config(tmp_path), shm_read=False), dst) as (tx, rx):
-            e = staged(tx, make_export(src, "r", 9))
-            st = await tx.wait(tx.send(e), 10)
-            assert st.state is TransferState.DONE, st.reason
-            got = await rx.next_completed(5)
-            assert torch.equal(dst.export_pages(got.pages), e.data)
+            await lands(tx, rx, dst, staged(tx, make_export(src, "r", 9)))
             assert (tx.read_by_receiver, tx.one_sided, rx.reads) == (0, 0, 0)
     run(body())
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 
 import torch
 
@@ -14,6 +15,24 @@ from kv_transport import FaultConfig, TransferState, make_receiver, make_sender
 from kv_transport.testing import TINY_SPEC, PeerProcess, make_export, make_pool, staged
 from pdtb.engine.page_pool import PagePool
 from test_shm_chaos import CHUNK, PAGE, cfg
+
+
+def stalling_peer(tmp_path, *extra: str) -> PeerProcess:
+    """A receiving child on the shm backend that reports what lands (`extra`: e.g. a stall)."""
+    return PeerProcess(["--backend", "shm", "--endpoint", f"ipc://{tmp_path}/peer.sock", "--num-pages", "32",
+                        "--chunk-bytes", str(CHUNK), "--inline-max-bytes", str(PAGE // 2), "--report", *extra])
+
+
+async def offer_until_timeout(tx, src):
+    """Send an export from `tx`'s arena to a receiver that stalls inside its first read piece;
+    return it once the sender's transfer has timed out with the reader holding its slot."""
+    e = staged(tx, make_export(src, "stalled", 9))
+    tid = tx.send(e)
+    slot = tx.offers._offered[tid][0]
+    await until(lambda: tx.offers.slots.busy(slot), 20, "the reader holds its slot")
+    st = await tx.wait(tid, 10)
+    assert st.state is TransferState.FAILED and str(st.code) == "timeout", st
+    return e
 
 
 def test_a_sender_killed_after_its_offer_leaves_nothing_behind(tmp_path):
@@ -54,21 +73,12 @@ def test_a_receiver_killed_inside_a_read_keeps_the_range_until_it_is_gone(tmp_pa
     the next tick revokes and the range comes back; a new receiver then reads a new export."""
     src = make_pool(32, seed=7)
 
-    def peer(*extra) -> PeerProcess:
-        return PeerProcess(["--backend", "shm", "--endpoint", f"ipc://{tmp_path}/peer.sock", "--num-pages", "32",
-                            "--chunk-bytes", str(CHUNK), "--inline-max-bytes", str(PAGE // 2), "--report", *extra])
-
     async def body():
-        p = peer("--shm-stall-s", "60")
+        p = stalling_peer(tmp_path, "--shm-stall-s", "60")
         tx = make_sender(cfg(tmp_path, endpoint=p.endpoint(), transfer_timeout_s=1.0), TINY_SPEC)
         await tx.start()
         try:
-            e = staged(tx, make_export(src, "stalled", 9))
-            tid = tx.send(e)
-            slot = tx.offers._offered[tid][0]
-            await until(lambda: tx.offers.slots.busy(slot), 20, "the reader holds its slot")
-            st = await tx.wait(tid, 10)
-            assert st.state is TransferState.FAILED and str(st.code) == "timeout", st
+            e = await offer_until_timeout(tx, src)
             del e
             gc.collect()
             await asyncio.sleep(0.1)  # ticks: the revoke is tried again, and fails
@@ -77,14 +87,13 @@ def test_a_receiver_killed_inside_a_read_keeps_the_range_until_it_is_gone(tmp_pa
             p.kill()
             await until(lambda: tx.offers.num_pending == 0 and arena.free_bytes == arena.nbytes, 10,
                         "the range back once the reader is gone")
-            p = peer()
+            p = stalling_peer(tmp_path)
             p.endpoint()
             good = staged(tx, make_export(src, "good", 9))
             st = await tx.wait(tx.send(good), 10)
             assert st.state is TransferState.DONE, st.reason
             r = p.read_json(10)
             assert r["request_id"] == "good" and tx.read_by_receiver == 1
-            import hashlib
             assert r["sha256"] == hashlib.sha256(good.data.numpy().tobytes()).hexdigest()
             counts = p.counts()
             assert counts["reserved"] == 0 and counts["resident"] == 0
@@ -146,19 +155,12 @@ def test_a_reader_inside_a_piece_when_the_offer_is_withdrawn_stops_at_the_next(t
     src = make_pool(32, seed=12)
 
     async def body():
-        p = PeerProcess(["--backend", "shm", "--endpoint", f"ipc://{tmp_path}/peer.sock", "--num-pages", "32",
-                         "--chunk-bytes", str(CHUNK), "--inline-max-bytes", str(PAGE // 2), "--report",
-                         "--shm-stall-s", "2"])
+        p = stalling_peer(tmp_path, "--shm-stall-s", "2")
         tx = make_sender(cfg(tmp_path, endpoint=p.endpoint(), transfer_timeout_s=1.0,
                              faults=FaultConfig(drop_prob=1, kinds=("cancel",))), TINY_SPEC)
         await tx.start()
         try:
-            e = staged(tx, make_export(src, "stalled", 9))
-            tid = tx.send(e)
-            slot = tx.offers._offered[tid][0]
-            await until(lambda: tx.offers.slots.busy(slot), 20, "the reader holds its slot")
-            st = await tx.wait(tid, 10)
-            assert st.state is TransferState.FAILED and str(st.code) == "timeout", st
+            e = await offer_until_timeout(tx, src)
             assert tx.offers.num_pending == 1  # the reader is still inside its piece
             del e
             gc.collect()
