@@ -134,7 +134,7 @@ class DecodeNode(NodeBase):
         req = _inherited(header, meta, rid)
         verdict = place(req, self.engine.scheduler, self.policy, can_park=False)
         if verdict.verdict is not Verdict.ACCEPT:
-            self.policy.held.pop(rid, None)  # the source keeps it: not an arrival this node owes room
+            self.policy.forget(rid)  # the source keeps it: not an arrival this node owes room
             if verdict.verdict is not Verdict.REFUSE:
                 return Admission.defer(f"no room for a migrated request: {verdict.reason}")
         return verdict
@@ -286,7 +286,7 @@ class DecodeNode(NodeBase):
             self.emit(ev.seq, [ev.token_id], ev.finished)
 
     def on_abort(self, request_id: str, reason: str) -> None:
-        self.policy.held.pop(request_id, None)  # a held arrival given up: no longer in line
+        self.policy.forget(request_id)  # a held arrival given up: no longer in line
         self.aborted[request_id] = time.monotonic()
         while len(self.aborted) > ABORTED_MEMORY:
             self.aborted.popitem(last=False)
@@ -319,7 +319,7 @@ class DecodeNode(NodeBase):
         sch, pool = self.engine.scheduler, self.engine.pool
         big = sorted(((pool.num_held(s.request_id), s.request_id, s.tenant) for s in sch.running), reverse=True)
         waiting = Counter(s.tenant for s in (*sch.parked, *sch.waiting))
-        waiting.update(a.tenant for a in self.policy.fresh_held(sch.state()))  # (those still retried here)
+        waiting.update(a.tenant for a in self.policy.waiting_arrivals(sch.state()))  # (those still retried here)
         return {"reserved_pages": pool.state_counts()["reserved"], "policy": self.config.policy,
                 # what a rebalancer moves (pdtb/router/rebalance.py): the largest decoding requests,
                 # and per tenant, requests that wait here (parked, queued, or held at a prefill node)

@@ -2,14 +2,14 @@
 node's admission rule, shared by the node (`DecodeNode._admit`) and the simulator (pdtb/sim).
 
     never fits the device tier at prompt + max_tokens -> REFUSE too_large
-    policy.place_arrival: "device" -> ACCEPT | "host" (and a host tier the receiver can land
+    policy.place_arrival: DEVICE -> ACCEPT | HOST (and a host tier the receiver can land
     in) -> PARK | otherwise -> DEFER (no_pages: the prefill side keeps the pages and retries)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fairness.base import Arrival
+from fairness.interface import Arrival, Placement
 from kv_transport.admission import Admission, FailCode
 
 
@@ -47,9 +47,11 @@ def place(req: Inherited, scheduler, policy, can_park: bool) -> Admission:
                       left, slo_tier=req.slo_tier)
     policy.refresh(scheduler.running, [*scheduler.parked, *scheduler.waiting], st)  # an idle node's view is stale
     where = policy.place_arrival(arrival, len(scheduler.parked) + len(scheduler.waiting), st)
-    if where == "device":
+    if not isinstance(where, Placement):
+        raise TypeError(f"policy {policy.name}: place_arrival answered {where!r}, not a fairness.Placement")
+    if where is Placement.DEVICE:
         return Admission.accept()
-    if where == "host" and scheduler.host_pool is not None and can_park:
-        policy.held.pop(arrival.request_id, None)  # parked here now, a local candidate
+    if where is Placement.HOST and scheduler.host_pool is not None and can_park:
+        policy.forget(arrival.request_id)  # parked here now: a local candidate, no longer an arrival
         return Admission.park(scheduler.host_pool)  # arrives parked; promoted in policy order
-    return Admission.defer(f"policy {policy.name} defers ({where})")
+    return Admission.defer(f"policy {policy.name} defers ({where.value})")

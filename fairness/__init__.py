@@ -1,27 +1,21 @@
 """Decode-side fairness controller: admission of inherited pages against memory quotas,
 victim choice for eviction to the host tier, bandwidth caps, SLO attribution.
 
-Policies are small objects (one file each) answering `pdtb.engine.sched_policy.SchedPolicy`,
-registered here by name and chosen with `--policy`.
+A policy answers the declared interface (fairness/interface.py); `BasePolicy` gives
+first-come first-served defaults. Built-in policies are registered by name; any other is
+loaded by reference (`--policy module:Class`, `file.py:Class`, or an entry point of the
+`pd_testbed.policies` group: fairness/registry.py).
 """
 from __future__ import annotations
 
 from fairness.base import BasePolicy
 from fairness.config import FairnessConfig
-from fairness.fcfs import FcfsPolicy
-from fairness.mcsf import McsfPolicy
-from fairness.memfair import MemFairPolicy
-from fairness.priority import PriorityPolicy
-from fairness.vtc import VtcPolicy
+from fairness.interface import Arrival, Placement, Policy, QuotaView
+from fairness.registry import PolicyInfo, PolicyLoadError, built_ins, make_policy, policy_info, resolve
+from fairness.settings import NoSettings, PolicySettings, SettingsError, setting
 
-POLICIES: dict[str, type] = {p.name: p for p in (FcfsPolicy, MemFairPolicy, VtcPolicy, McsfPolicy, PriorityPolicy)}
+POLICIES: dict[str, type] = built_ins()  # the built-in policies by name (a read-only view: load others by reference)
 
-
-def make_policy(name: str, config: FairnessConfig | None = None) -> BasePolicy:
-    try:
-        return POLICIES[name](config)
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
-
-
-__all__ = ["POLICIES", "make_policy", "FairnessConfig", "BasePolicy"]
+__all__ = ["POLICIES", "make_policy", "resolve", "policy_info", "PolicyInfo", "PolicyLoadError", "FairnessConfig",
+           "BasePolicy", "Policy", "Placement", "Arrival", "QuotaView", "PolicySettings", "NoSettings", "setting",
+           "SettingsError"]

@@ -1,18 +1,18 @@
-"""The seam between the scheduler and the fairness controller: `BasePolicy` answers every
-question of `pdtb.engine.sched_policy.SchedPolicy` with first-come first-served defaults;
-each policy file overrides only what it changes. Policies take the clock from `SchedState`.
+"""`BasePolicy` answers every method of the declared interface (fairness/interface.py, where
+the call order is) with first-come first-served defaults; each policy file overrides only
+what it changes. Policies take the clock from `SchedState`.
 
-Call order within one scheduler step: `reclaim` (begins the step: policies refresh per-step
-views here), `step_order`, `pick_victim` (zero or more), `admission_order`, `may_admit`
-(per candidate that fits), `on_step`.
+Hooks a subclass may override besides the interface's methods: `choose_victim` (the victim
+among candidates after the progress guarantee), `_place` (an arrival's placement after the
+idle-pool rule), `victim` (a function of fairness/eviction.py), `Settings` (its own settings).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from fairness import eviction
 from fairness.config import FairnessConfig
+from fairness.interface import Arrival, Placement, QuotaView
 from fairness.owners import quota_owner
+from fairness.settings import NoSettings, PolicySettings
 from pdtb.engine.sched_policy import SchedState
 from pdtb.engine.sequence import Sequence
 
@@ -25,28 +25,18 @@ HELD_TTL_S = 5.0  # a deferred arrival not retried within this long is forgotten
 HELD_ORDER_S = 1.0
 
 
-@dataclass
-class Arrival:
-    """An inherited request as seen from its transfer header, before any payload."""
-
-    request_id: str
-    tenant: str
-    priority: int
-    num_pages: int  # device pages its KV needs
-    first_seen: float  # state.now when first offered (held requests keep their place)
-    last_seen: float
-    num_tokens: int = 0  # tokens of context it arrives with (0: unknown)
-    max_new_tokens: int = 0  # tokens it may still generate (0: unknown)
-    slo_tier: str = ""  # its SLO tier ("": none), for quotas by tier
-
-
 class BasePolicy:
     name = "base"
     strict_order = True  # FIFO admission: nothing overtakes the head
     victim = staticmethod(eviction.lru)
+    Settings: type[PolicySettings] = NoSettings  # the policy's own settings (--policy-arg)
 
-    def __init__(self, config: FairnessConfig | None = None) -> None:
+    def __init__(self, config: FairnessConfig | None = None, settings: PolicySettings | None = None) -> None:
         self.cfg = config or FairnessConfig()
+        self.settings = settings if settings is not None else type(self).Settings()
+        if not isinstance(self.settings, type(self).Settings):
+            raise TypeError(f"{type(self).__name__} takes {type(self).Settings.__name__}, "
+                            f"got {type(self.settings).__name__}")
         self._bw: dict[str, tuple[float, float]] = {}  # tenant -> (bucket bytes, when last charged): the cap
         self._bw_left: dict[str, float] = {}  # tenant -> bytes it may still read this step (with a cap)
         self.held: dict[str, Arrival] = {}  # arrivals deferred to the prefill side, by request id
@@ -173,9 +163,9 @@ class BasePolicy:
             self._bw[t] = (self._bw_level(t, state) - nbytes, state.now)
 
     # ---- arrivals of inherited requests (decode side) ---------------------------------------------
-    def place_arrival(self, arrival: Arrival, queued: int, state: SchedState) -> str:
-        """Where an inherited request's pages go: "device", "host" (parked until admitted in
-        policy order) or "defer" (the prefill side keeps them and retries; the arrival is
+    def place_arrival(self, arrival: Arrival, queued: int, state: SchedState) -> Placement:
+        """Where an inherited request's pages go: DEVICE, HOST (parked until admitted in
+        policy order) or DEFER (the prefill side keeps them and retries; the arrival is
         remembered in `held` so that policies can make room for it)."""
         prev = self.held.get(arrival.request_id)
         if prev is not None:  # a retry keeps its place in line
@@ -188,10 +178,10 @@ class BasePolicy:
             # Work conservation, as in admission: an idle pool takes the oldest arrival that
             # fits whatever the quotas say (otherwise held arrivals each above their share
             # refuse each other's borrowing on an empty pool, forever).
-            where = "device"
+            where = Placement.DEVICE
         else:
             where = self._place(arrival, queued, state)
-        if where == "device":
+        if where is Placement.DEVICE:
             self.held.pop(arrival.request_id, None)
             self.incoming[arrival.request_id] = arrival  # its reserved pages count for its quota owner
         else:
@@ -207,15 +197,28 @@ class BasePolicy:
             out[o] = out.get(o, 0) + max(state.pages.get(rid, 0), a.num_pages)
         return out
 
-    def _place(self, arrival: Arrival, queued: int, state: SchedState) -> str:
+    def _place(self, arrival: Arrival, queued: int, state: SchedState) -> Placement:
         headroom = len(self.running) + self._reserved(arrival, state)  # a page per running request
         older_held = any(h.first_seen < arrival.first_seen and h.request_id != arrival.request_id
                          for h in self.fresh_held(state))
         if queued == 0 and not older_held and arrival.num_pages + headroom <= state.device_free:
-            return "device"
-        if arrival.num_pages <= state.host_free:
-            return "host"
-        return "defer"
+            return Placement.DEVICE
+        return self.park_or_defer(arrival, state)
+
+    @staticmethod
+    def park_or_defer(arrival: Arrival, state: SchedState) -> Placement:
+        """HOST if the host tier has room for the arrival, else DEFER."""
+        return Placement.HOST if arrival.num_pages <= state.host_free else Placement.DEFER
+
+    def waiting_arrivals(self, state: SchedState) -> list[Arrival]:
+        return self.fresh_held(state)
+
+    def forget(self, request_id: str) -> None:
+        self.held.pop(request_id, None)
+        self.incoming.pop(request_id, None)
+
+    def quotas(self) -> QuotaView:
+        return QuotaView()
 
     def _reserved(self, req, state: SchedState) -> int:
         """Free pages `req` (a Sequence or an Arrival: its priority) may not take: the unused

@@ -12,6 +12,7 @@ from typing import Callable
 
 from fairness import eviction
 from fairness.base import BasePolicy
+from fairness.interface import Placement
 from pdtb.engine.sequence import Sequence
 
 
@@ -59,8 +60,9 @@ class McsfPolicy(BasePolicy):
     name = "mcsf"
     victim = staticmethod(eviction.newest)
 
-    def __init__(self, config=None, predictor: Callable[[Sequence], int] = remaining_by_max_tokens) -> None:
-        super().__init__(config)
+    def __init__(self, config=None, settings=None,
+                 predictor: Callable[[Sequence], int] = remaining_by_max_tokens) -> None:
+        super().__init__(config, settings)
         self.predictor = predictor
         self.planned: list[tuple[int, int]] = []  # (tokens, predicted remaining) of what runs or will
 
@@ -97,13 +99,13 @@ class McsfPolicy(BasePolicy):
         """An arrival goes to the device tier only if the plan stays feasible with it (its
         prediction: the tokens its max_tokens still allows)."""
         where = super()._place(arrival, queued, state)
-        if where != "device" or not arrival.num_tokens:
+        if where is not Placement.DEVICE or not arrival.num_tokens:
             return where
         item = (arrival.num_tokens, max(1, arrival.max_new_tokens))
         if feasible(self.planned + [item], state.device_total, state.page_size):
             self.planned.append(item)
-            return "device"
-        return "host" if arrival.num_pages <= state.host_free else "defer"
+            return Placement.DEVICE
+        return self.park_or_defer(arrival, state)
 
     def choose_victim(self, candidates, requester, state):
         # the one predicted to run longest loses its pages

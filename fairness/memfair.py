@@ -41,6 +41,8 @@ from __future__ import annotations
 
 from fairness import eviction
 from fairness.base import BasePolicy
+from fairness.interface import Placement, QuotaView
+from fairness.memfair_settings import MemFairSettings
 from fairness.owners import owner_name
 from fairness.quotas import entitlements, request_cap, request_cap_tokens, usage
 from pdtb.engine.sched_policy import SchedState
@@ -53,10 +55,11 @@ RECLAIM_TRIES = 16  # waiting requests per step that may look for borrowers to d
 class MemFairPolicy(BasePolicy):
     name = "memfair"
     strict_order = False  # a blocked whale does not block the minnows behind it
+    Settings = MemFairSettings
 
-    def __init__(self, config=None) -> None:
-        super().__init__(config)
-        self.static = self.cfg.quota_shares == "static"  # no lending, no borrowing of shares
+    def __init__(self, config=None, settings=None) -> None:
+        super().__init__(config, settings)
+        self.static = self.settings.quota_shares == "static"  # no lending, no borrowing of shares
         self.use: dict[str, int] = {}  # device pages per quota owner (refreshed each step)
         self.shares: dict[str, float] = {}  # entitlement per owner with a share (with work; static: seen)
         self.over: dict[str, float] = {}  # use / entitlement
@@ -74,6 +77,15 @@ class MemFairPolicy(BasePolicy):
         as the node reports it."""
         return {owner_name(o): e for o, e in self.shares.items()}
 
+    def quotas(self) -> QuotaView:
+        return QuotaView(self.ent, dict(self.shares))
+
+    def forget(self, request_id: str) -> None:
+        super().forget(request_id)
+        self._since.pop(request_id, None)
+        self._shielded.pop(request_id, None)
+        self._yielded.pop(request_id, None)
+
     def _refresh(self, running: list[Sequence], candidates: list[Sequence], state: SchedState) -> None:
         own = self.owner
         self.use = usage(running, state, own)
@@ -82,14 +94,14 @@ class MemFairPolicy(BasePolicy):
         self.over = {o: self.use.get(o, 0) / e for o, e in self.shares.items() if e > 0}
         for t in owners:
             self._seen[t] = state.now
-        for t in [t for t, seen in self._seen.items() if state.now - seen > self.cfg.active_window_s]:
+        for t in [t for t, seen in self._seen.items() if state.now - seen > self.settings.active_window_s]:
             del self._seen[t]
         since = {}
         for c in candidates:
             since[c.request_id] = self._since.get(c.request_id, state.now)
         for s in running:  # let in since the last look: shield one that was starving
-            if s.request_id in self._since and state.now - self._since[s.request_id] >= self.cfg.starve_after_s:
-                self._shielded[s.request_id] = state.step + self.cfg.read_turn_steps
+            if s.request_id in self._since and state.now - self._since[s.request_id] >= self.settings.starve_after_s:
+                self._shielded[s.request_id] = state.step + self.settings.read_turn_steps
         self._since = since
         live = {s.request_id for s in running}
         self._shielded = {r: until for r, until in self._shielded.items() if r in live and until >= state.step}
@@ -105,18 +117,18 @@ class MemFairPolicy(BasePolicy):
             self._known[o] = state.now
         by_request = self.cfg.quota_by == "request"
         self._known = {o: t for o, t in self._known.items()
-                       if state.now - t <= self.cfg.static_window_s and not (by_request and o not in owners)}
+                       if state.now - t <= self.settings.static_window_s and not (by_request and o not in owners)}
         return set(self._known)
 
     def _starving(self, seq: Sequence, state: SchedState) -> bool:
-        return state.now - self._since.get(seq.request_id, state.now) >= self.cfg.starve_after_s
+        return state.now - self._since.get(seq.request_id, state.now) >= self.settings.starve_after_s
 
     def _others_active(self, owner: str, state: SchedState) -> bool:
         """Another quota owner has work, or had some within `active_window_s`."""
-        return any(o != owner and state.now - seen <= self.cfg.active_window_s for o, seen in self._seen.items())
+        return any(o != owner and state.now - seen <= self.settings.active_window_s for o, seen in self._seen.items())
 
     def _long(self, seq: Sequence, state: SchedState) -> bool:
-        return seq.num_tokens > self.cfg.long_prompt_frac * state.token_budget
+        return seq.num_tokens > self.settings.long_prompt_frac * state.token_budget
 
     @staticmethod
     def _need_now(seq: Sequence, state: SchedState) -> int:
@@ -139,7 +151,7 @@ class MemFairPolicy(BasePolicy):
         for c in candidates:
             need = self._need_now(c, state)
             starving = self._starving(c, state)
-            cap_ok = starving or not contended or state.charge.get(c.request_id, 0) + need <= request_cap(c, self.cfg, state)
+            cap_ok = starving or not contended or state.charge.get(c.request_id, 0) + need <= request_cap(c, self.settings, state)
             wants.append((own(c), need, (not starving, c.arrival_time), cap_ok, starving))
         for h in self.fresh_held(state):  # (one not retried here lately went elsewhere: no room for it)
             wants.append((own(h), h.num_pages + 1, (True, h.first_seen),
@@ -152,7 +164,7 @@ class MemFairPolicy(BasePolicy):
         # which of them are beyond their cap
         movable = [s for s in running if s.num_computed_tokens > 0 and s.request_id not in self._shielded]
         capped = {s.request_id for s in movable
-                  if contended and state.charge.get(s.request_id, 0) > request_cap(s, self.cfg, state)}
+                  if contended and state.charge.get(s.request_id, 0) > request_cap(s, self.settings, state)}
         tries = 0  # waiting requests that looked for victims this step (bounded: the cost per step)
         for owner, need, _, cap_ok, starving in wants:
             # the page per running request for its next token (BasePolicy.may_admit) comes first:
@@ -199,16 +211,16 @@ class MemFairPolicy(BasePolicy):
         as long as the owners it may not borrow from stay in the window)."""
         headroom = len(self.running) + self._reserved(arrival, state)  # as may_admit: class reservations too
         fits = arrival.num_pages + headroom <= state.device_free
-        if fits and self.static and state.now - arrival.first_seen >= self.cfg.starve_after_s:
-            return "device"
+        if fits and self.static and state.now - arrival.first_seen >= self.settings.starve_after_s:
+            return Placement.DEVICE
         if fits and self._quota_ok(self.owner(arrival), arrival.request_id, 0, arrival.num_pages,
                                    self._cap_of(arrival, state), state):
-            return "device"
-        return "host" if arrival.num_pages <= state.host_free else "defer"
+            return Placement.DEVICE
+        return self.park_or_defer(arrival, state)
 
     def _cap_of(self, arrival, state: SchedState) -> float:
         """`request_cap` of an arrival (its token count, or its pages' worth if not given)."""
-        return request_cap_tokens(arrival.num_tokens or arrival.num_pages * state.page_size, self.cfg, state)
+        return request_cap_tokens(arrival.num_tokens or arrival.num_pages * state.page_size, self.settings, state)
 
     def _one_long_prompt(self, rows: list[Sequence], state: SchedState) -> list[Sequence]:
         """While other owners are active, one long prompt per owner steps (the oldest): two
@@ -227,7 +239,7 @@ class MemFairPolicy(BasePolicy):
         """With `long_yield_steps` N > 0: a long prompt sits out a step that carries another
         tenant's decode rows (its chunk would lengthen their inter-token gap), but never more
         than N steps in a row, so it keeps progressing while others always decode."""
-        n = self.cfg.long_yield_steps
+        n = self.settings.long_yield_steps
         if n <= 0:
             return rows
         decode_rows = [s for s in rows if not s.in_prefill]
@@ -256,7 +268,7 @@ class MemFairPolicy(BasePolicy):
             dec = by_owner.setdefault(self.owner(s), [])
             if not s.in_prefill:
                 dec.append(s)
-        if not self.cfg.read_share or len(by_owner) < 2 or not any(by_owner.values()):
+        if not self.settings.read_share or len(by_owner) < 2 or not any(by_owner.values()):
             self._turns.clear()
             return rows
         pages = state.pages
@@ -275,7 +287,7 @@ class MemFairPolicy(BasePolicy):
                     if not chosen or used + n <= allow:
                         chosen.append(s.request_id)
                         used += n
-                turn = self._turns[t] = (frozenset(chosen), state.step + self.cfg.read_turn_steps - 1)
+                turn = self._turns[t] = (frozenset(chosen), state.step + self.settings.read_turn_steps - 1)
             keep.update(turn[0])
         for t in [t for t in self._turns if t not in by_owner]:
             del self._turns[t]
@@ -283,7 +295,7 @@ class MemFairPolicy(BasePolicy):
 
     def _small_chunk(self, state: SchedState) -> int:
         """The chunk of a long prompt in a step that carries other tenants' requests."""
-        return max(state.page_size, int(state.token_budget * self.cfg.prefill_share_frac))
+        return max(state.page_size, int(state.token_budget * self.settings.prefill_share_frac))
 
     def step_order(self, running, state):
         ordered = self._one_long_prompt(super().step_order(running, state), state)
@@ -305,7 +317,7 @@ class MemFairPolicy(BasePolicy):
         if self._starving(seq, state):
             return True  # waited long enough: its quota delays it no longer
         return self._quota_ok(self.owner(seq), seq.request_id, state.charge.get(seq.request_id, 0), need_pages,
-                              request_cap(seq, self.cfg, state), state)
+                              request_cap(seq, self.settings, state), state)
 
     def _quota_ok(self, owner: str, rid: str, holds: int, need: int, cap: float, state: SchedState) -> bool:
         """May request `rid` of quota owner `owner`, holding `holds` device pages, take `need`
@@ -333,7 +345,7 @@ class MemFairPolicy(BasePolicy):
         waiting += [(self.owner(h), h.num_pages) for h in self.fresh_held(state) if h.request_id != rid]
         if any((o != owner or over_cap) and use.get(o, 0) + need_o <= ent.get(o, 0) for o, need_o in waiting):
             return False
-        reserve = int(self.cfg.borrow_reserve_frac * state.device_total) if others else 0
+        reserve = int(self.settings.borrow_reserve_frac * state.device_total) if others else 0
         return state.device_free - need >= reserve
 
     def chunk_limit(self, seq, budget, state):
@@ -346,7 +358,7 @@ class MemFairPolicy(BasePolicy):
         self._long_chunk[owner] = state.step
         if any(self.owner(s) != owner for s in self.running):
             return min(budget, self._small_chunk(state))
-        return min(budget, max(state.page_size, int(state.token_budget * self.cfg.prefill_idle_frac)))
+        return min(budget, max(state.page_size, int(state.token_budget * self.settings.prefill_idle_frac)))
 
     def _second_long_prompt(self, seq: Sequence, state: SchedState) -> bool:
         """A long prompt not started yet while its owner's other long prompt is in prefill and

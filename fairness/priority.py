@@ -10,15 +10,24 @@ aging only bounds how long any one request can be passed over.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from fairness.base import BasePolicy
+from fairness.settings import PolicySettings, setting
+
+
+@dataclass(frozen=True)
+class PrioritySettings(PolicySettings):
+    aging_s: float = setting(2.0, "a request gains one class of urgency per this many seconds unserved",
+                             lo=0.0, lo_open=True)
 
 
 class PriorityPolicy(BasePolicy):
     name = "priority"
+    Settings = PrioritySettings
 
-    def __init__(self, config=None) -> None:
-        super().__init__(config)
+    def __init__(self, config=None, settings=None) -> None:
+        super().__init__(config, settings)
         self._served: dict[str, float] = {}  # request id -> state.now of the last step that carried it
 
     def effective(self, seq, now: float) -> float:
@@ -27,13 +36,17 @@ class PriorityPolicy(BasePolicy):
         # turns step by step, the last served going last: two prompts of one class prefilled
         # side by side, each holding its pages twice as long.)
         waited = max(0.0, now - self._served.get(seq.request_id, seq.arrival_time))
-        return seq.priority - math.floor(waited / self.cfg.aging_s)
+        return seq.priority - math.floor(waited / self.settings.aging_s)
 
     def refresh(self, running, candidates, state):
         super().refresh(running, candidates, state)
         live = {s.request_id for s in running} | {s.request_id for s in candidates}
         if len(self._served) > 2 * len(live) + 64:  # forget ended requests now and then
             self._served = {r: t for r, t in self._served.items() if r in live}
+
+    def forget(self, request_id):
+        super().forget(request_id)
+        self._served.pop(request_id, None)
 
     def step_order(self, running, state):
         return sorted(super().step_order(running, state), key=lambda s: (self.effective(s, state.now), s.arrival_time))

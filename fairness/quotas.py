@@ -38,12 +38,13 @@ def entitlements(owners: set[str], cfg: FairnessConfig, total_pages: int) -> dic
     return {o: total_pages * owner_weight(o, cfg) / wsum for o in owners} if wsum else {}
 
 
-def request_cap(seq: Sequence, cfg: FairnessConfig, state: SchedState) -> float:
-    """Pages one request may hold. Dynamic: grows with its length (plus a page), up to the pool."""
+def request_cap(seq: Sequence, cfg, state: SchedState) -> float:
+    """Pages one request may hold (`cfg`: settings with `request_cap_frac` and `dynamic_quota`,
+    memfair's). Dynamic: grows with its length (plus a page), up to the pool."""
     return request_cap_tokens(seq.num_tokens, cfg, state)
 
 
-def request_cap_tokens(num_tokens: int, cfg: FairnessConfig, state: SchedState) -> float:
+def request_cap_tokens(num_tokens: int, cfg, state: SchedState) -> float:
     """`request_cap` of a request with `num_tokens` tokens of context."""
     cap = cfg.request_cap_frac * state.device_total
     if cfg.dynamic_quota:

@@ -11,16 +11,26 @@ Victim: the newest request of the tenant with the largest counter.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fairness.base import BasePolicy
+from fairness.settings import PolicySettings, setting
 from pdtb.engine.sched_policy import SchedState
 from pdtb.engine.sequence import Sequence
 
 
+@dataclass(frozen=True)
+class VtcSettings(PolicySettings):
+    input_weight: float = setting(1.0, "charge per input token prefilled", lo=0.0)
+    output_weight: float = setting(2.0, "charge per output token decoded", lo=0.0)
+
+
 class VtcPolicy(BasePolicy):
     name = "vtc"
+    Settings = VtcSettings
 
-    def __init__(self, config=None) -> None:
-        super().__init__(config)
+    def __init__(self, config=None, settings=None) -> None:
+        super().__init__(config, settings)
         self.counters: dict[str, float] = {}
         self.active: set[str] = set()  # tenants with waiting work at the previous step
         self.last_floor: float | None = None  # smallest counter among tenants with waiting work, when last anyone had some
@@ -54,7 +64,7 @@ class VtcPolicy(BasePolicy):
 
     def on_step(self, chunks, state) -> None:
         super().on_step(chunks, state)
-        w_in, w_out = self.cfg.vtc_input_weight, self.cfg.vtc_output_weight
+        w_in, w_out = self.settings.input_weight, self.settings.output_weight
         for c in chunks:
             seq, n = c.seq, c.num_new_tokens
             prompt_part = max(0, min(n, seq.num_prompt_tokens - seq.num_computed_tokens))

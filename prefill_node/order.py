@@ -12,6 +12,8 @@ of the prefill node's own.
 """
 from __future__ import annotations
 
+from fairness.interface import QuotaView
+
 
 class PrefillOrder:
     def __init__(self, inner) -> None:
@@ -41,3 +43,9 @@ class PrefillOrder:
 
     def on_step(self, chunks, state):
         self.inner.on_step(chunks, state)
+
+    def forget(self, request_id):
+        self.inner.forget(request_id)
+
+    def quotas(self):
+        return QuotaView()  # quotas are the decode side's

@@ -129,12 +129,12 @@ class NodeAccounting:
             self.m_shared.labels(tenant=t, kind="charged", **lbl).set(charged.get(t, 0))
         self._tenants_seen |= set(dev) | set(host)
         prefix = self.prefix_stats()
-        pol = self.node.policy
+        quotas = self.node.policy.quotas()
         return {"tenant_pages": dict(dev), "tenant_host_pages": dict(host), "owner_pages": self.owner_pages(),
                 "tenant_pages_shared": dict(shared), "tenant_pages_charged": {t: round(v, 2) for t, v in charged.items()},
                 "charge_rule": eng.pool.charge, **prefix,
-                "quota": {t: round(v, 1) for t, v in getattr(pol, "ent", {}).items()},
-                "owner_quota": {o: round(v, 1) for o, v in getattr(pol, "shares", {}).items()},
+                "quota": {t: round(v, 1) for t, v in quotas.by_name.items()},
+                "owner_quota": {o: round(v, 1) for o, v in quotas.by_owner.items()},
                 "evictions": {f"{t}/{k}": n for (t, k), n in self.evictions.items()},
                 "kv_bytes": {t: dict(v) for t, v in self.meter.per_tenant.items()}}
 

@@ -46,7 +46,8 @@ class NodeConfig:
     metrics_port: int = 0
     kv_port: int = 0  # decode: KV transport receiver port
     transport: str = "zmq"  # "zmq" | "torch" | "shm" (one-sided, same host) | "auto" (shm where it can, else zmq)
-    policy: str = "fcfs"  # admission policy name (fairness registry)
+    policy: str = "fcfs"  # admission policy: a name or module:Class / file.py:Class (fairness/registry.py)
+    policy_args: tuple = ()  # the policy's own settings, (key, value) pairs as --policy-arg gives them
     drain_timeout_s: float = 30.0  # SIGTERM: finish in-flight work within this bound
     hold_timeout_s: float = 120.0  # prefill: how long a refused hand-off keeps retrying
     migration_timeout_s: float = 5.0  # decode: each phase of a live migration out (decode_node/migration.py)
@@ -163,10 +164,10 @@ class NodeBase:
     # ---- messages -------------------------------------------------------------------------
 
     def make_policy(self, config: NodeConfig):
-        """The policy that orders and admits this node's requests (fairness registry by name)."""
+        """The policy that orders and admits this node's requests (fairness/registry.py)."""
         from fairness import make_policy
 
-        return make_policy(config.policy, config.fairness)
+        return make_policy(config.policy, config.fairness, config.policy_args)
     def _on_message(self, ident: bytes, msg) -> None:
         if self._lost:
             self._tell_lost(ident.decode(errors="replace"))
@@ -288,14 +289,16 @@ class NodeBase:
         log.info("request %s failed: %s", request_id, reason)
         self.sink.add(self.routes.get(request_id, ""), TokenEvent(request_id, [], True, "error", reason))
         self.metrics.count_finished("error")
+        self._end_id(request_id)
+
+    def _end(self, seq: Sequence) -> None:
+        self._end_id(seq.request_id)
+
+    def _end_id(self, request_id: str) -> None:
         self.seqs.pop(request_id, None)
         self.routes.pop(request_id, None)
         self.acct.forget(request_id)
-
-    def _end(self, seq: Sequence) -> None:
-        self.seqs.pop(seq.request_id, None)
-        self.routes.pop(seq.request_id, None)
-        self.acct.forget(seq.request_id)
+        self.policy.forget(request_id)
 
     # ---- stats ---------------------------------------------------------------------------------
     def stats(self, seq: int = 0) -> NodeStats:

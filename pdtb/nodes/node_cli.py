@@ -9,7 +9,7 @@ import sys
 
 from pdtb.common import CliError, freeze_heap, resolve_model
 from pdtb.generate import add_engine_args, engine_config
-from pdtb.nodes.fairness_args import add_fairness_args, fairness_config
+from pdtb.nodes.fairness_args import add_fairness_args, fairness_config, policy_args
 
 
 def parse(role: str, argv: list[str]) -> argparse.Namespace:
@@ -115,7 +115,7 @@ def node_config(role: str, a: argparse.Namespace, model_dir: str):
                                                      host_kv_pages=0 if role == "prefill" else a.host_kv_pages,
                                                      shared_kv=role == "decode" and a.transport in ("shm", "auto")),
                           host=a.host, ctrl_port=a.ctrl_port, metrics_port=a.metrics_port, kv_port=a.kv_port,
-                          transport=a.transport, policy=a.policy, fairness=fairness_config(a),
+                          transport=a.transport, policy=a.policy, policy_args=policy_args(a), fairness=fairness_config(a),
                           drain_timeout_s=a.drain_timeout, hold_timeout_s=a.hold_timeout, curve_dir=a.curve_dir,
                           migration_timeout_s=a.migration_timeout, check_pages=a.check_pages,
                           step_log=a.step_log and a.step_log.replace("{node}", node_id),

@@ -41,7 +41,8 @@ class NodeShape:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_model_len: int = 4096
-    policy: str = "fcfs"
+    policy: str = "fcfs"  # a name or module:Class / file.py:Class (fairness/registry.py)
+    policy_args: tuple = ()  # its own settings, (key, value) pairs
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
     hold_timeout_s: float = 120.0  # prefill: how long a deferred hand-off keeps retrying
 
@@ -76,7 +77,7 @@ class SimNode:
         self.busy_s = 0.0  # simulated seconds spent in steps
 
     def make_policy(self, shape: NodeShape):
-        return make_policy(shape.policy, shape.fairness)
+        return make_policy(shape.policy, shape.fairness, shape.policy_args)
 
     def add(self, seq) -> None:
         """Queue a new request (the engine's `add`: what accept_request calls)."""
@@ -157,3 +158,4 @@ class SimNode:
     def _forget(self, request_id: str) -> None:
         self.seqs.pop(request_id, None)
         self.acct.forget(request_id)
+        self.policy.forget(request_id)

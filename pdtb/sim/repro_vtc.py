@@ -27,7 +27,6 @@ import random
 import time
 from dataclasses import asdict, dataclass
 
-from fairness.config import FairnessConfig
 from pdtb.bench.records import RequestRecord, RequestSpec
 from pdtb.bench.service import ServiceWeights, service_events
 from pdtb.sim.repro_args import OneLineParser, config_from
@@ -108,12 +107,17 @@ def two_clients(cfg: VtcConfig) -> list[RequestSpec]:
     return sorted(specs, key=lambda s: s.send_time)
 
 
+def vtc_args(cfg: VtcConfig) -> tuple:
+    """vtc's settings for the paper's charges (fairness/vtc.py)."""
+    return ("input_weight", repr(cfg.w_in)), ("output_weight", repr(cfg.w_out))
+
+
 def simulate_policy(cfg: VtcConfig, policy: str) -> list[RequestRecord]:
     """The two clients through one colocated node under `policy`, cut off when sending stops."""
     cost = FixedStepCost(cfg.step_ms / 1e3, 4 * cfg.page_size)  # a page's bytes matter to nothing here
     node = NodeShape("colocated", cfg.kv_tokens // cfg.page_size, cfg.host_tokens // cfg.page_size,
                      max_num_batched_tokens=cfg.budget, max_model_len=max(4096, cfg.prompt + cfg.output),
-                     policy=policy, fairness=FairnessConfig(vtc_input_weight=cfg.w_in, vtc_output_weight=cfg.w_out))
+                     policy=policy, policy_args=vtc_args(cfg) if policy == "vtc" else ())
     cluster = SimCluster(ClusterShape((node,)), page_spec(cost.page_bytes, cfg.page_size), cost)
     return cluster.run(two_clients(cfg), cfg.duration)
 

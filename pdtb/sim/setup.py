@@ -6,7 +6,7 @@ import argparse
 
 from pdtb.common import CliError
 from pdtb.engine.kv_spec import KVSpec
-from pdtb.nodes.fairness_args import add_fairness_args, fairness_config
+from pdtb.nodes.fairness_args import add_fairness_args, fairness_config, policy_args
 from pdtb.sim.cluster import ClusterShape
 from pdtb.sim.node import NodeShape
 
@@ -106,7 +106,7 @@ def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
     if default < 1:
         raise CliError("pdtb sim: no KV page fits the device after the weights (a larger --tp, or --kv-pages)")
     common = dict(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
-                  max_model_len=context_of(a), policy=a.policy, fairness=fairness_config(a),
+                  max_model_len=context_of(a), policy=a.policy, policy_args=policy_args(a), fairness=fairness_config(a),
                   hold_timeout_s=a.hold_timeout)
     try:
         if a.mode == "colocated":
