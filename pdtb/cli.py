@@ -25,6 +25,9 @@ commands:
   bench migration    live migration downtime between decode nodes under load, against its ITL
   bench lockstep     a workload's hand-offs into a real decode node in a fixed order of events:
                      its admission verdicts, to compare KV transports decision by decision
+  policies           the policies by name and source; `policies show REF`: one's settings
+  policy check REF   a policy's conformance: legal answers, pages conserved, every request
+                     ends, deterministic under a seed (REF: a name, module:Class, file.py:Class)
   sim                simulate a cluster at any scale on the real scheduler and policies
                      (calibrate, validate, roofline, reproduce mcsf|vtc|essay, plan)
   frontier           fairness-throughput frontier of sweep files (table, plot, Pareto points)
@@ -92,6 +95,14 @@ def _dispatch(argv: list[str]) -> int:
         from pdtb.sim.cli import main
 
         return main(rest)
+    if cmd == "policies":
+        from pdtb.policies.cli import main
+
+        return main(rest)
+    if cmd == "policy" and rest[:1] == ["check"]:
+        from pdtb.policies.check import main
+
+        return main(rest[1:])
     if cmd == "frontier":
         from pdtb.bench.frontier import main
 

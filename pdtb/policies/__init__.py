@@ -1,0 +1,2 @@
+"""Tools for policy authors: `pdtb policies` (list, show) and `pdtb policy check` (a
+conformance run of any policy through the real scheduler and the decode node's placement)."""
