@@ -18,7 +18,7 @@ import aiohttp
 from pdtb.bench import workloads as wl
 from pdtb.bench.prefix import ideal_hit_rate, prefix_figures, salted_blocks, with_system_prompts
 from pdtb.bench.records import OK
-from pdtb.bench.results import build_results, format_table, server_labels, write_results
+from pdtb.bench.results import build_results, format_table, server_labels, server_policy_info, write_results
 from pdtb.bench.runner import RunConfig, run
 from pdtb.bench.service import ServiceWeights
 from pdtb.bench.summary import SLO_KEYS, summarize
@@ -371,7 +371,7 @@ async def _serve(a, specs, workload_info: dict, slos: dict, weights: ServiceWeig
     summary.update(prefix_figures(specs, res.cluster_before, res.cluster_after))
     meta = {"workload": a.workload, "options": vars(a), "seed": a.seed, "url": url,
             "mode": a.label_mode or mode, "policy": a.label_policy or policy,
-            "start_time": res.start_time, "duration_s": res.duration,
+            "policy_info": server_policy_info(nodes), "start_time": res.start_time, "duration_s": res.duration,
             "arrival": arrival_label(a), "warmup": {"requests": a.warmup, "failed": res.warmup_failed},
             "model": {"id": model.get("id"), "vocab_size": vocab, "max_model_len": max_len},
             "clamped_to_context": clamped, "client_overhead": res.client_overhead, **workload_info}

@@ -2,6 +2,10 @@
 
 Results JSON (stable top-level keys):
   {"meta": {...}, "requests": [RequestRecord.to_json()...], "summary": summarize(...), "samples": [...]}
+
+`meta.policy` is the run's label ("memfair", "fcfs+prefill-fcfs"); `meta.policy_info`, where the
+nodes reported it, is the policy they run: {"name", "source", "settings"} when every node runs
+the same one with the same settings, else {"nodes": {node id: {"name", "source", "settings"}}}.
 """
 from __future__ import annotations
 
@@ -23,6 +27,27 @@ def server_labels(nodes: list[dict] | None) -> tuple[str | None, str | None]:
     mode = "disagg" if roles & {"prefill", "decode"} else ("colocated" if "colocated" in roles else None)
     policies = sorted({str(p) for n in nodes if (p := (n.get("extra") or {}).get("policy"))})
     return mode, ("+".join(policies) or None)
+
+
+def server_policy_info(nodes: list[dict] | None) -> dict | None:
+    """`meta.policy_info` from `/cluster`: what the nodes report in `extra.policy_info`
+    (None when none does, e.g. a server older than that field)."""
+    per_node = {}
+    for i, n in enumerate(nodes or ()):
+        info = (n.get("extra") or {}).get("policy_info")
+        if isinstance(info, dict):
+            per_node[str(n.get("id") or i)] = info
+    return policy_section(per_node)
+
+
+def policy_section(per_node: dict[str, dict]) -> dict | None:
+    """The policy once when every node agrees on it, else per node (see the module's docstring)."""
+    if not per_node:
+        return None
+    first = next(iter(per_node.values()))
+    if all(info == first for info in per_node.values()):
+        return dict(first)
+    return {"nodes": dict(per_node)}
 
 
 def build_results(meta: dict, records: list[RequestRecord], summary: dict, samples: list[dict]) -> dict:
@@ -58,8 +83,25 @@ def check_results(data, path: str | Path) -> dict:
     for key, kind in (("meta", dict), ("requests", list), ("summary", dict)):
         if not isinstance(data.get(key), kind):
             raise ValueError(f"{path}: not a results file (no {key!r} {kind.__name__})")
+    if not _policy_info_ok(data["meta"].get("policy_info")):
+        raise ValueError(f"{path}: meta.policy_info is neither {{name, source, settings}} nor {{nodes: ...}}")
     data.setdefault("samples", [])
     return data
+
+
+def _policy_info_ok(info) -> bool:
+    if info is None:  # files written before the field, or by a server that does not report it
+        return True
+    if not isinstance(info, dict):
+        return False
+    if "nodes" in info:
+        return isinstance(info["nodes"], dict) and all(map(_one_policy_ok, info["nodes"].values()))
+    return _one_policy_ok(info)
+
+
+def _one_policy_ok(info) -> bool:
+    return (isinstance(info, dict) and isinstance(info.get("name"), str) and isinstance(info.get("source"), str)
+            and isinstance(info.get("settings"), dict))
 
 
 def records_of(results: dict) -> list[RequestRecord]:

@@ -29,7 +29,7 @@ from pdtb.bench import sweep_figures as sf
 from pdtb.bench import workloads as wl
 from pdtb.bench.cli import _csv, _unwritable, _why, build_parser as serve_parser, build_workload, server_info
 from pdtb.bench.records import RequestSpec
-from pdtb.bench.results import fmt, server_labels, write_results
+from pdtb.bench.results import fmt, server_labels, server_policy_info, write_results
 from pdtb.bench.runner import RunConfig, run
 from pdtb.bench.service import ServiceWeights
 
@@ -164,6 +164,7 @@ async def _sweep(a: Namespace, slos: sf.SloTable, weights: ServiceWeights) -> in
     opts = {k: v for k, v in vars(a).items() if k not in ("api_key",)}
     meta = {"version": SWEEP_VERSION, "kind": "sweep", "workload": a.workload, "options": opts, "url": url,
             "mode": a.label_mode or mode, "policy": a.label_policy or policy, "config": a.label_config,
+            "policy_info": server_policy_info(nodes),
             "load_kind": "concurrency" if closed else "rate", "warmup_s": warm, "span_s": span, "drain_s": drain,
             "slos": slos.to_json(), "start_time": time.time(), "model": {"id": model.get("id")}}
     doc = {"meta": meta, "derived": derived, "levels": levels}

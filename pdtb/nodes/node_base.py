@@ -138,6 +138,9 @@ class NodeBase:
         self.policy = self.make_policy(config)
         self.engine = engine or LLMEngine(config.engine, policy=self.policy)
         self.metrics = NodeMetrics(config.role, config.node_id)
+        self.policy_info = self.describe_policy(config)
+        self._policy_json = self.policy_info.to_json()  # once: every ping would rebuild it
+        self.metrics.set_policy(self.policy_info.name, self.policy_info.source, self.policy_info.settings)
         from pdtb.nodes.accounting import NodeAccounting
 
         self.acct = NodeAccounting(self)
@@ -168,6 +171,16 @@ class NodeBase:
         from fairness import make_policy
 
         return make_policy(config.policy, config.fairness, config.policy_args)
+
+    @staticmethod
+    def describe_policy(config: NodeConfig):
+        """The policy as the node's stats, metrics and results files name it. From the
+        reference, not `self.policy`: a role may wrap the policy (the prefill node's
+        PrefillOrder), and every node of a cluster should name the policy it was given."""
+        from fairness import policy_info
+
+        return policy_info(config.policy, config.policy_args)
+
     def _on_message(self, ident: bytes, msg) -> None:
         if self._lost:
             self._tell_lost(ident.decode(errors="replace"))
@@ -309,8 +322,8 @@ class NodeBase:
                          host.num_pages if host else 0, host.num_free if host else 0,
                          running=len(sch.running), waiting=len(sch.waiting) + len(sch.parked), queued_tokens=queued,
                          kv_addr=self.kv_addr, metrics_addr=self.metrics_addr, draining=self.draining,
-                         extra={"policy": self.policy.name,
-                       **self.acct.tenant_stats(), **self.extra_stats()}, incarnation=self.incarnation,
+                         extra={"policy": self.policy.name, "policy_info": self._policy_json,
+                                **self.acct.tenant_stats(), **self.extra_stats()}, incarnation=self.incarnation,
                          **self.prefix_fields())
 
     PREFIX_SUMMARY_MAX = 4096  # page hashes a node reports to the router (most recent first)

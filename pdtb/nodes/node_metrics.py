@@ -32,6 +32,14 @@ class NodeMetrics:
         self.steps = Counter("pdtb_engine_steps", "engine steps", ["role", "node"], registry=r).labels(**lbl)
         self.conservation_errors = Counter("pdtb_page_conservation_errors", "page state checks that failed",
                                            ["role", "node"], registry=r).labels(**lbl)
+        # info-style (always 1): the labels carry the policy, so a dashboard can join it onto any series
+        self.policy_info = Gauge("pdtb_policy_info", "the admission policy this node runs: name, source, settings",
+                                 ["role", "node", "policy", "source", "settings"], registry=r)
+
+    def set_policy(self, name: str, source: str, settings: dict) -> None:
+        """Name the node's policy; the previous one's series goes (a node runs one policy)."""
+        self.policy_info.clear()
+        self.policy_info.labels(policy=name, source=source, settings=settings_text(settings), **self.labels).set(1)
 
     def count_finished(self, reason: str) -> None:
         """One request ended on this node: stop, length, error or abort."""
@@ -43,6 +51,17 @@ class NodeMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def settings_text(settings: dict) -> str:
+    """Settings as one label value, `k=v,k=v` sorted by key, values spelled as --policy-arg takes them."""
+    return ",".join(f"{k}={_value_text(v)}" for k, v in sorted(settings.items()))
+
+
+def _value_text(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return "none" if v is None else str(v)
 
 
 async def start_http(metrics: NodeMetrics, stats_fn, host: str, port: int) -> tuple[web.AppRunner, str]:

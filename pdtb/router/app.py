@@ -6,7 +6,8 @@
     GET  /health           200 when every configured node answered recently, else 503 naming the others
     GET  /metrics          Prometheus text (router-side TTFT/ITL/E2E, requests by status, tokens)
     GET  /cluster          one JSON entry per node: role, id, address, pages, running/waiting, healthy,
-                           migrations in flight from or to it
+                           migrations in flight from or to it, and what the node reports in `extra`
+                           (among it `policy_info`: the policy it runs, {name, source, settings})
     GET  /cluster/migrations   live migrations in flight and the last ones done, with bytes and downtime
     POST /admin/migrate    {"request_id", "to"}: move a decoding request to decode node "to" (pdtb/router/admin.py)
     POST /admin/drain      {"node"}: the node takes no new work; a decode node's requests move away

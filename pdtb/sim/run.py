@@ -21,7 +21,7 @@ from argparse import Namespace
 from pdtb.bench import sweep_figures as sf
 from pdtb.bench import workloads as wl
 from pdtb.bench.cli import _csv, _unwritable, build_workload
-from pdtb.bench.results import build_results, format_table, write_results
+from pdtb.bench.results import build_results, format_table, policy_section, write_results
 from pdtb.bench.service import ServiceWeights
 from pdtb.bench.summary import summarize
 from pdtb.bench.sweep import SWEEP_VERSION, build_parser as sweep_parser, level_specs
@@ -65,11 +65,22 @@ def _specs(a: Namespace) -> tuple[list, dict]:
     return specs, info
 
 
-def _meta(a: Namespace, cost, figures: dict) -> dict:
+def _meta(a: Namespace, cost, figures: dict, cluster: SimCluster | None) -> dict:
     opts = {k: v for k, v in vars(a).items() if k != "api_key"}
     return {"workload": a.workload, "options": opts, "seed": a.seed, "url": None, "simulated": True,
-            "mode": a.label_mode or a.mode, "policy": a.label_policy or a.policy, "cost": cost.name,
-            "arrival": "simulated open loop", "sim": figures}
+            "mode": a.label_mode or a.mode, "policy": a.label_policy or a.policy,
+            "policy_info": _policy_info(cluster), "cost": cost.name, "arrival": "simulated open loop", "sim": figures}
+
+
+def _policy_info(cluster: SimCluster | None) -> dict | None:
+    """`meta.policy_info` (pdtb/bench/results.py): the policy each simulated node runs, as a
+    real node reports it in `/cluster`."""
+    if cluster is None:
+        return None
+    from fairness import policy_info
+
+    return policy_section({nid: policy_info(n.shape.policy, n.shape.policy_args).to_json()
+                           for nid, n in cluster.nodes.items()})
 
 
 def run_once(a: Namespace, weights: ServiceWeights) -> int:
@@ -81,7 +92,7 @@ def run_once(a: Namespace, weights: ServiceWeights) -> int:
     records, figures, cluster = simulate(a, specs, cost)
     duration = max((r.end_time or 0.0) for r in records)
     summary = summarize(records, duration, slos, weights, a.fairness_window)
-    meta = {**_meta(a, cost, figures), "start_time": 0.0, "duration_s": duration, "workload_info": info}
+    meta = {**_meta(a, cost, figures, cluster), "start_time": 0.0, "duration_s": duration, "workload_info": info}
     if a.out:
         write_results(a.out, build_results(meta, records, summary, cluster.observer.samples), compact=True)
     print(format_table(summary))
@@ -104,6 +115,7 @@ def sweep(a: Namespace, weights: ServiceWeights, cost=None, quiet: bool = False,
     warm, span = a.warmup_s, a.span_s
     drain = span if a.drain_s is None else a.drain_s
     todo, levels, ctx = list(a.rates or [0.5, 1.0, 1.5, 2.0]), [], context_of(a)
+    cluster = None  # the last level's: every level runs the same nodes
     while todo and len(levels) < a.max_levels:
         load = todo.pop(0)
         specs = [wl.clamp_to_context(s, ctx)[0] for s in level_specs(a, load, warm + span, False)]
@@ -124,7 +136,7 @@ def sweep(a: Namespace, weights: ServiceWeights, cost=None, quiet: bool = False,
                 todo.append(nxt)
     levels.sort(key=lambda lv: lv["load"])
     derived = sf.derive(levels, a.target, a.knee_on)
-    meta = {**_meta(a, cost, {}), "version": SWEEP_VERSION, "kind": "sweep", "config": a.label_config,
+    meta = {**_meta(a, cost, {}, cluster), "version": SWEEP_VERSION, "kind": "sweep", "config": a.label_config,
             "load_kind": "rate", "warmup_s": warm, "span_s": span, "drain_s": drain, "slos": slos.to_json(),
             "start_time": 0.0, "model": {"id": cost.name}}
     return {"meta": meta, "derived": derived, "levels": levels}
