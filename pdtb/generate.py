@@ -1,4 +1,6 @@
-"""`pdtb generate`: offline batched generation on one paged engine."""
+"""`pdtb generate`: offline batched generation on one paged engine, its requests admitted and
+evicted by a fairness policy (`--policy`, `--policy-arg`: pdtb/nodes/fairness_args.py) as a
+node's are."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +9,7 @@ import sys
 import time
 
 from pdtb.common import CliError, resolve_model
+from pdtb.nodes.fairness_args import add_fairness_args, fairness_config, policy_args
 
 
 def add_engine_args(ap: argparse.ArgumentParser) -> None:
@@ -58,9 +61,18 @@ def _read_prompts(a: argparse.Namespace) -> list[str]:
     return prompts
 
 
+def make_policy(a: argparse.Namespace):
+    """The policy the flags name, built with its settings; a bad reference or setting is a
+    CliError before the model loads."""
+    from fairness import make_policy as build
+
+    return build(a.policy, fairness_config(a), policy_args(a))
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="pdtb generate", description=__doc__)
     add_engine_args(ap)
+    add_fairness_args(ap)
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     src.add_argument("--prompts-file", help="one prompt per line")
@@ -76,6 +88,7 @@ def main(argv: list[str]) -> int:
     if a.max_tokens < 1:
         raise CliError(f"--max-tokens must be a positive integer, got {a.max_tokens}")
     prompts = _read_prompts(a)
+    policy = make_policy(a)
     try:
         params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p,
                                 seed=a.seed, ignore_eos=a.ignore_eos)
@@ -84,7 +97,7 @@ def main(argv: list[str]) -> int:
     model_dir = resolve_model(a.model)
     from pdtb.engine.engine import LLMEngine
 
-    engine = LLMEngine(engine_config(a, model_dir))
+    engine = LLMEngine(engine_config(a, model_dir), policy=policy)
     tok = engine.tokenizer
     ids = [tok.encode(p, add_special_tokens=False) or [tok.bos_token_id or 0] for p in prompts]
     max_len = engine.scheduler.config.max_model_len

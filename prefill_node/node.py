@@ -64,6 +64,9 @@ class PrefillNode(NodeBase):
         KV for the whole decode (the decode node, the colocated twin)."""
         return PrefillOrder(super().make_policy(config))
 
+    def policy_label(self) -> str:
+        return f"prefill-{self.policy_info.name}"  # it orders prompts only
+
     def on_generate(self, req: GenerateRequest) -> None:
         no_decode = None if req.decode_kv_addr else "no decode node given for a disaggregated request"
         if accept_request(self, req, no_decode) is not None:

@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
 # Colocated vs disaggregated serving, policy by policy, on the same seeded whale-minnow workload.
 #
-#   scripts/compare_fairness.sh [--quick] [--out DIR] [--policies LIST] [--modes "colocated disagg"]
-#                               [--model DIR] [--seed N] [--device cpu|cuda[:N]] [--step-log]
+#   scripts/compare_fairness.sh [--quick] [--out DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
+#                               [--modes "colocated disagg"] [--model DIR] [--seed N] [--device cpu|cuda[:N]] [--step-log]
 #                               [--node-args "ARGS"] [--context-whales N] [--transport zmq|torch|shm|auto]
-#                               [--sim [--calibration FILE]] [--lockstep [--step-ms MS]]
+#                               [--sim [--calibration FILE]] [--lockstep [--step-ms MS]] [--dry-run]
+#
+# --policies (spaces or commas; default fcfs memfair vtc mcsf priority, --quick fcfs memfair):
+# each a policy reference, NAME, package.module:Class or path/to/file.py:Class, or LABEL=REF.
+# LABEL names the policy's runs (files, labels in the results); a name is its own label, a
+# module:Class or file.py:Class the class's own `name` (else the class's name), unless LABEL= gives another (the same
+# reference twice, with different settings, needs it). --policy-arg KEY=VALUE sets a setting of
+# every policy's, LABEL:KEY=VALUE of that one's only (repeatable), e.g.
+#   --policies "fcfs memfair memfair-y8=memfair mine=./my_policy.py:MyPolicy"
+#   --policy-arg memfair-y8:long_yield_steps=8 --policy-arg mine:horizon_s=2
+# Every policy, with its settings and --node-args, is checked before the first run (status 2
+# and the reason otherwise); a file's path is made absolute. --dry-run stops there and prints
+# one line per policy: LABEL, the reference and its settings.
 #
 # Same KV page budget in both modes: the colocated node gets TOTAL device pages; the
 # disaggregated cluster splits them, PREFILL pages on the prefill node and the rest on the
@@ -20,10 +32,10 @@
 # (default 16 quick, 26 full; 0 leaves only the long-output whales).
 # The long outputs hold the whales' footprint for many decode steps, so the pressure lasts
 # long enough to show even with the fast steps of the C decode kernel.
-# Writes DIR/MODE-POLICY.json for each run and DIR/report/report.md with plots. With --step-log,
-# every node also writes one JSON line per engine step to DIR/run-MODE-POLICY/steps-NODE.jsonl.
-# --node-args passes more flags to every node (split on spaces, no quoting), e.g.
-# "--long-yield-steps 16" or "--no-read-share".
+# Writes DIR/MODE-LABEL.json for each run and DIR/report/report.md with plots. With --step-log,
+# every node also writes one JSON line per engine step to DIR/run-MODE-LABEL/steps-NODE.jsonl.
+# --node-args passes more flags to every node of every policy (split on spaces, no quoting),
+# e.g. "--quota-by request"; a policy's own settings go by --policy-arg.
 # --transport picks the disaggregated clusters' KV transport (default zmq).
 # --sim runs every configuration through the simulator (pdtb sim, calibrated cost model: FILE
 # from `pdtb sim calibrate`, default the shipped one) with exactly the same workload and node
@@ -32,16 +44,18 @@
 # the same flags over --transport, in a fixed order of events on a virtual clock of MS per
 # engine step (pdtb bench lockstep, default 20): its admission verdicts, every request's and in
 # all, do not depend on timing, so transports can be compared decision by decision
-# (scripts/compare_transports.sh). Writes DIR/disagg-POLICY.json (lockstep results).
+# (scripts/compare_transports.sh). Writes DIR/disagg-LABEL.json (lockstep results).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUICK=0 OUT="" POLICIES="" MODES="colocated disagg" MODEL="" SEED=0 DEVICE=cpu STEPLOG=0 NODE_ARGS="" CTX=""
-SIM=0 CALIBRATION="" TRANSPORT=zmq LOCKSTEP=0 STEP_MS=20
+SIM=0 CALIBRATION="" TRANSPORT=zmq LOCKSTEP=0 STEP_MS=20 PARGS=() DRY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
     --out) OUT="$2"; shift 2 ;;
     --policies) POLICIES="$2"; shift 2 ;;
+    --policy-arg) PARGS+=("$2"); shift 2 ;;
+    --dry-run) DRY=1; shift ;;
     --modes) MODES="$2"; shift 2 ;;
     --model) MODEL="$2"; shift 2 ;;
     --seed) SEED="$2"; shift 2 ;;
@@ -54,15 +68,12 @@ while [ $# -gt 0 ]; do
     --transport) TRANSPORT="$2"; shift 2 ;;
     --lockstep) LOCKSTEP=1; shift ;;
     --step-ms) STEP_MS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "compare_fairness: unknown option $1" >&2; exit 2 ;;
   esac
 done
 source "$ROOT/scripts/_env.sh"
-OUT="${OUT:-$ROOT/results/compare-$(date +%Y%m%d-%H%M%S)}"
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"  # nodes may run elsewhere: --step-log paths must be absolute
-[ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.common import resolve_model; print(resolve_model(None))')"
+source "$ROOT/scripts/_policy.sh"
 
 # Workload and budget. Whale footprint = 64 x minnow footprint (1024+1024 or 1984+64 vs 24+8 tokens).
 PAGE=16 TOTAL=448 PREFILL=160 HOST=512
@@ -90,34 +101,41 @@ BUDGET=512  # per-step token budget: whale prompts prefill in chunks, interleave
 # client then reports the causes per class: `SLO attribution` under each run's table).
 NODE_SLO=(--slo-ttft '*=0.5' --slo-tpot '*=0.1')
 POLICIES="${POLICIES:-fcfs memfair vtc mcsf priority}"
-POLICIES="${POLICIES//,/ }"
-KNOWN="$(python -c 'from fairness import POLICIES; print(" ".join(sorted(POLICIES)))')"
-for pol in $POLICIES; do  # a typo found now, not after the runs before it
-  case " $KNOWN " in *" $pol "*) ;; *) echo "compare_fairness: unknown policy $pol (known: $KNOWN)" >&2; exit 2 ;; esac
-done
+read -r -a NODE_ARGV <<< "$NODE_ARGS"
+# every policy and its settings checked now: a typo found before the runs, not after those before it
+policy_table compare_fairness "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} -- "${NODE_SLO[@]}" \
+  ${NODE_ARGV[@]+"${NODE_ARGV[@]}"}
+if [ "$DRY" = 1 ]; then
+  for i in "${!POLICY_LABELS[@]}"; do
+    echo "${POLICY_LABELS[$i]} ${POLICY_REFS[$i]}${POLICY_ARGS[$i]:+ ${POLICY_ARGS[$i]//$'\t'/ }}"
+  done
+  exit 0
+fi
+OUT="${OUT:-$ROOT/results/compare-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"  # nodes may run elsewhere: --step-log paths must be absolute
+[ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.common import resolve_model; print(resolve_model(None))')"
 
-sim_one() {  # sim_one MODE POLICY: the same flags through the simulator
-  local mode="$1" pol="$2" pages=() node_args=()
+sim_one() {  # sim_one MODE LABEL: the same flags through the simulator (POLICY_FLAGS: the policy's)
+  local mode="$1" pol="$2" pages=()
   if [ "$mode" = colocated ]; then pages=(--kv-pages "$TOTAL"); else
     pages=(--prefill-kv-pages "$PREFILL" --decode-kv-pages "$(( TOTAL - PREFILL ))"); fi
-  read -r -a node_args <<< "$NODE_ARGS"
   echo "== $mode / $pol simulated: device pages ${pages[*]}, host $HOST" >&2
-  pdtb sim "${WL[@]}" --mode "$mode" --policy "$pol" "${pages[@]}" --host-kv-pages "$HOST" --page-size "$PAGE" \
+  pdtb sim "${WL[@]}" --mode "$mode" "${POLICY_FLAGS[@]}" "${pages[@]}" --host-kv-pages "$HOST" --page-size "$PAGE" \
     --max-num-batched-tokens "$BUDGET" "${NODE_SLO[@]}" --cost calibrated ${CALIBRATION:+--calibration "$CALIBRATION"} \
-    ${node_args[@]+"${node_args[@]}"} --label-mode "$mode" --label-policy "$pol" --out "$OUT/$mode-$pol.json" >/dev/null
+    ${NODE_ARGV[@]+"${NODE_ARGV[@]}"} --label-mode "$mode" --label-policy "$pol" --out "$OUT/$mode-$pol.json" >/dev/null
 }
 
-lockstep_one() {  # lockstep_one MODE POLICY: the decode node's flags, in lockstep (disagg only)
-  local pol="$2" node_args=()
-  read -r -a node_args <<< "$NODE_ARGS"
+lockstep_one() {  # lockstep_one MODE LABEL: the decode node's flags, in lockstep (disagg only)
+  local pol="$2"
   echo "== disagg / $pol in lockstep over $TRANSPORT: decode pages $(( TOTAL - PREFILL )), host $HOST" >&2
-  pdtb bench lockstep "${WL[@]}" --step-ms "$STEP_MS" --out "$OUT/disagg-$pol.json" -- --model "$MODEL" \
-    --policy "$pol" --transport "$TRANSPORT" --kv-pages "$(( TOTAL - PREFILL ))" --host-kv-pages "$HOST" \
-    --page-size "$PAGE" --torch-threads 1 --max-num-batched-tokens "$BUDGET" --device "$DEVICE" "${NODE_SLO[@]}" \
-    ${node_args[@]+"${node_args[@]}"}
+  pdtb bench lockstep "${WL[@]}" --step-ms "$STEP_MS" --label-policy "$pol" --out "$OUT/disagg-$pol.json" -- \
+    --model "$MODEL" "${POLICY_FLAGS[@]}" --transport "$TRANSPORT" --kv-pages "$(( TOTAL - PREFILL ))" \
+    --host-kv-pages "$HOST" --page-size "$PAGE" --torch-threads 1 --max-num-batched-tokens "$BUDGET" \
+    --device "$DEVICE" "${NODE_SLO[@]}" ${NODE_ARGV[@]+"${NODE_ARGV[@]}"}
 }
 
-run_one() {  # run_one MODE POLICY
+run_one() {  # run_one MODE LABEL (POLICY_FLAGS: the policy's --policy and --policy-arg flags)
   [ "$SIM" = 0 ] || { sim_one "$@"; return; }
   [ "$LOCKSTEP" = 0 ] || { lockstep_one "$@"; return; }
   local mode="$1" pol="$2" rd="$OUT/run-$1-$2" extra=() pages
@@ -128,12 +146,10 @@ run_one() {  # run_one MODE POLICY
   fi
   extra+=("${NODE_SLO[@]}")
   [ "$STEPLOG" = 0 ] || extra+=(--step-log "$rd/steps-{node}.jsonl")
-  local node_args=()
-  read -r -a node_args <<< "$NODE_ARGS"
-  extra+=(${node_args[@]+"${node_args[@]}"})
+  extra+=(${NODE_ARGV[@]+"${NODE_ARGV[@]}"})
   echo "== $mode / $pol on $DEVICE: device pages $pages${PREFILL:+ (prefill $PREFILL in disagg)}, host $HOST" >&2
   local url
-  url="$(bash "$ROOT/scripts/launch_cluster.sh" --mode "$mode" --model "$MODEL" --policy "$pol" --port 0 \
+  url="$(bash "$ROOT/scripts/launch_cluster.sh" --mode "$mode" --model "$MODEL" "${POLICY_FLAGS[@]}" --port 0 \
         --kv-pages "$pages" --host-kv-pages "$HOST" --page-size "$PAGE" --run-dir "$rd" "${extra[@]}" \
         | sed -n 's/^READY //p')"
   local rc=0
@@ -147,8 +163,9 @@ if [ "$LOCKSTEP" = 1 ] && [ "$MODES" != disagg ]; then
   echo "compare_fairness: --lockstep runs the disaggregated mode only (--modes disagg)" >&2; exit 2
 fi
 for mode in $MODES; do
-  for pol in $POLICIES; do
-    run_one "$mode" "$pol"
+  for i in "${!POLICY_LABELS[@]}"; do
+    policy_flags "$i"
+    run_one "$mode" "${POLICY_LABELS[$i]}"
   done
 done
 echo

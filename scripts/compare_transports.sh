@@ -3,7 +3,8 @@
 # nodes' admission verdicts side by side (accept, park, defer, refuse), two ways:
 #
 #   scripts/compare_transports.sh [--quick] [--out DIR] [--transports "zmq shm torch"]
-#                                 [--policies "fcfs memfair"] [--seed N] [--no-live] [--no-lockstep]
+#                                 [--policies "fcfs memfair"] [--policy-arg [LABEL:]KEY=VALUE]...
+#                                 [--seed N] [--no-live] [--no-lockstep]
 #
 # - live (OUT/live/TRANSPORT/): scripts/compare_fairness.sh --modes disagg, real clusters in
 #   real time, once per transport and once more over the first (named FIRST-again). A verdict
@@ -15,33 +16,40 @@
 #   and the generated tokens must equal the first transport's (exit status 1 otherwise).
 #
 # python -m pdtb.bench.admissions prints each table (OUT/live.txt, OUT/lockstep.txt).
+#
+# --policies and --policy-arg are compare_fairness.sh's: each policy a NAME, module:Class,
+# path/to/file.py:Class or LABEL=REF, its settings by --policy-arg (all of them checked before
+# the first run; results are named by each policy's label).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-QUICK=() OUT="" TRANSPORTS="zmq shm torch" POLICIES="fcfs memfair" SEED=0 LIVE=1 LOCKSTEP=1
+QUICK=() OUT="" TRANSPORTS="zmq shm torch" POLICIES="fcfs memfair" SEED=0 LIVE=1 LOCKSTEP=1 PARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=(--quick); shift ;;
     --out) OUT="$2"; shift 2 ;;
     --transports) TRANSPORTS="$2"; shift 2 ;;
     --policies) POLICIES="$2"; shift 2 ;;
+    --policy-arg) PARGS+=(--policy-arg "$2"); shift 2 ;;
     --seed) SEED="$2"; shift 2 ;;
     --no-live) LIVE=0; shift ;;
     --no-lockstep) LOCKSTEP=0; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "compare_transports: unknown option $1" >&2; exit 2 ;;
   esac
 done
 source "$ROOT/scripts/_env.sh"
-OUT="${OUT:-$ROOT/results/transports-$(date +%Y%m%d-%H%M%S)}"
-mkdir -p "$OUT"
 read -r -a TS <<< "$TRANSPORTS"
 [ "${#TS[@]}" -gt 0 ] || { echo "compare_transports: --transports names none" >&2; exit 2; }
+# the policies checked once, before the first run (compare_fairness.sh names what is wrong)
+bash "$ROOT/scripts/compare_fairness.sh" --dry-run --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} >/dev/null
+OUT="${OUT:-$ROOT/results/transports-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
 run() {  # run KIND NAME TRANSPORT [compare_fairness flags...]
   local kind="$1" name="$2" t="$3"
   shift 3
   echo "== $kind: transport $t" >&2
   bash "$ROOT/scripts/compare_fairness.sh" ${QUICK[@]+"${QUICK[@]}"} --modes disagg --policies "$POLICIES" \
-    --seed "$SEED" --transport "$t" --out "$OUT/$kind/$name" "$@" >&2
+    ${PARGS[@]+"${PARGS[@]}"} --seed "$SEED" --transport "$t" --out "$OUT/$kind/$name" "$@" >&2
 }
 rc=0
 if [ "$LIVE" = 1 ]; then

@@ -11,10 +11,17 @@
 #   disagg:    1 prefill node (1 thread, PREFILL pages) + 1 decode node (1 thread, the rest).
 # Each point is one line of the points file: LABEL MODE POLICY [NODE FLAGS...], e.g.
 #   memfair-request colocated memfair --quota-by request
-# (lines starting with # are skipped). Without --points, in both modes: fcfs, memfair, and
-# memfair with quotas per request, per priority class, per SLO tier, and static shares; the full
-# run adds vtc, mcsf, priority and memfair's knobs, and the page splits 128 and 224 (the prefill
-# node must hold the longest prompt: 1984 tokens are 124 pages).
+#   memfair-y8 disagg memfair --policy-arg long_yield_steps=8
+#   mine disagg ./my_policy.py:MyPolicy --policy-arg horizon_s=2
+# (lines starting with # are skipped). POLICY is a reference: a NAME, package.module:Class or
+# path/to/file.py:Class (relative to the directory the script runs in); its settings go among
+# the node flags as --policy-arg KEY=VALUE. Every point is checked (its mode, its policy with
+# the node flags' settings) before the first runs; the results name a reference's policy by
+# its class (meta.policy; meta.policy_info has the reference).
+# Without --points, in both modes: fcfs, memfair, and memfair with quotas per request, per
+# priority class, per SLO tier, and static shares; the full run adds vtc, mcsf, priority and
+# memfair's knobs, and the page splits 128 and 224 (the prefill node must hold the longest
+# prompt: 1984 tokens are 124 pages).
 # --quick: loads 1.5,3,6 with 2 s warm-up and 8 s measured (about 10 minutes on 2 cores);
 # otherwise 1.5,3,6,9 with 5 s and 20 s. Minnow latencies on the frontier are read at the
 # second load. --splits also sweeps the disaggregated cluster's prefill:decode page split under
@@ -36,15 +43,12 @@ while [ $# -gt 0 ]; do
     --splits) SPLITS="$2"; shift 2 ;;
     --seed) SEED="$2"; shift 2 ;;
     --model) MODEL="$2"; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "frontier: unknown option $1" >&2; exit 2 ;;
   esac
 done
 source "$ROOT/scripts/_env.sh"
-OUT="${OUT:-$ROOT/results/frontier-$(date +%Y%m%d-%H%M%S)}"
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
-[ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.common import resolve_model; print(resolve_model(None))')"
+source "$ROOT/scripts/_policy.sh"
 
 PAGE=16 TOTAL=448 PREFILL=160 HOST=512 BUDGET=512
 # One 10 s period of the workload: a long-output whale (1024+512 tokens) at 1 s, two long-context
@@ -103,23 +107,36 @@ run_point() {  # run_point LABEL MODE POLICY PREFILL_PAGES [NODE FLAGS...]
   fi
   extra+=(--max-num-batched-tokens "$BUDGET" "${NODE_SLO[@]}" "$@")
   echo "== $label ($mode, $pol $*): pages $TOTAL${prefill:+ (prefill $prefill in disagg)}" >&2
+  local named
+  named="$(policy_label "$pol")"
   url="$(bash "$ROOT/scripts/launch_cluster.sh" --mode "$mode" --model "$MODEL" --policy "$pol" --port 0 \
         --host-kv-pages "$HOST" --page-size "$PAGE" --run-dir "$rd" --router-args "$(echo $TIERS)" \
         "${extra[@]}" | sed -n 's/^READY //p')"
   local knee=()
   [ "$KNEE" = 0 ] || knee=(--until-knee --max-levels 9)
   pdtb bench sweep --url "$url" "${WL[@]}" --rates "$RATES" --span-s "$SPAN" --warmup-s "$WARM" \
-    ${knee[@]+"${knee[@]}"} --label-mode "$mode" --label-policy "$pol" --label-config "$label" \
+    ${knee[@]+"${knee[@]}"} --label-mode "$mode" --label-policy "$named" --label-config "$label" \
     --sample-interval 1 --quiet --out "$OUT/$label-$mode.json" || rc=$?
   bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$rd" --timeout 20 >&2
   return $rc
 }
 
-while read -r label mode pol rest; do
+P_LABEL=() P_MODE=() P_POL=() P_FLAGS=()
+while read -r label mode pol rest; do  # every point checked before the first runs
   case "$label" in ''|'#'*) continue ;; esac
+  case "$mode" in colocated|disagg) ;; *) echo "frontier: point $label: mode must be colocated or disagg, got '$mode'" >&2; exit 2 ;; esac
   read -r -a flags <<< "${rest:-}"
-  run_point "$label" "$mode" "$pol" "$PREFILL" ${flags[@]+"${flags[@]}"}
+  pol="$(policy_check "frontier: point $label" "${pol:-}" ${flags[@]+"${flags[@]}"})" || exit 2
+  P_LABEL+=("$label") P_MODE+=("$mode") P_POL+=("$pol") P_FLAGS+=("${rest:-}")
 done <<< "$POINTS_TEXT"
+OUT="${OUT:-$ROOT/results/frontier-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+[ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.common import resolve_model; print(resolve_model(None))')"
+for i in "${!P_LABEL[@]}"; do
+  read -r -a flags <<< "${P_FLAGS[$i]}"
+  run_point "${P_LABEL[$i]}" "${P_MODE[$i]}" "${P_POL[$i]}" "$PREFILL" ${flags[@]+"${flags[@]}"}
+done
 for prefill in $SPLITS; do
   for pol in fcfs memfair; do
     run_point "$pol-split$prefill" disagg "$pol" "$prefill"

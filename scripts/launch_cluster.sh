@@ -2,7 +2,8 @@
 # Launch a pd-testbed cluster: nodes + router, on loopback by default.
 #
 #   scripts/launch_cluster.sh --mode disagg|colocated [--prefill N] [--decode M] [--colocated K]
-#       [--model DIR] [--policy NAME] [--transport zmq|torch|shm|auto] [--dist-init-method URL]
+#       [--model DIR] [--policy NAME|module:Class|path/to/file.py:Class] [--policy-arg KEY=VALUE]...
+#       [--transport zmq|torch|shm|auto] [--dist-init-method URL]
 #       [--kv-pages N] [--host-kv-pages N]
 #       [--prefill-kv-pages N] [--page-size T] [--port P] [--run-dir DIR] [--host IFACE] [--hosts-file FILE]
 #       [--router-args "..."] [--prefill-args "..."] [--decode-args "..."] [--curve-dir DIR] [--timeout S]
@@ -13,6 +14,13 @@
 # Flags after "--" go to every node; --prefill-args / --decode-args (split on spaces, like
 # --router-args) go to the nodes of that role only, after them (e.g. --prefill-args
 # "--transport-fault drop=0.1" injects faults on the prefill nodes' KV senders).
+#
+# --policy picks every node's policy by reference (fairness/registry.py); --policy-arg (repeatable)
+# sets one of its own settings on every node. Both are checked before anything starts: a
+# reference that does not load, or a setting it does not have or out of its range, stops the
+# script with the reason (status 2). A policy file's relative path is made absolute here (nodes
+# run elsewhere: over ssh in the checkout, under Ray in a worker's directory); on other hosts
+# the file must be at that same path, as the model is.
 #
 # Nodes bind ephemeral ports and report them ("NODE READY {json}" in their log), so two clusters
 # never collide; the router listens on --port (default 8000; 0 picks a free one). Logs and pid
@@ -42,7 +50,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 MODE=disagg NP=1 ND=1 NC=1 MODEL="" POLICY=fcfs TRANSPORT=zmq KV_PAGES=4096 HOST_KV_PAGES=0
 CURVE_DIR="" PREFILL_KV_PAGES="" PAGE_SIZE=16 PORT=8000 RUN_DIR="" HOST=127.0.0.1 HOSTS_FILE="" TIMEOUT=180 ROUTER_ARGS=""
-PREFILL_ARGS="" DECODE_ARGS="" DIST_INIT="" RAY="" RAY_ARGS=()
+PREFILL_ARGS="" DECODE_ARGS="" DIST_INIT="" RAY="" RAY_ARGS=() POLICY_ARGS=()
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in  # every option but --, -h, --help and --restart-failed takes a value
@@ -58,6 +66,7 @@ while [ $# -gt 0 ]; do
     --colocated) NC="$2"; shift 2 ;;
     --model) MODEL="$2"; shift 2 ;;
     --policy) POLICY="$2"; shift 2 ;;
+    --policy-arg) POLICY_ARGS+=(--policy-arg "$2"); shift 2 ;;
     --transport) TRANSPORT="$2"; shift 2 ;;
     --dist-init-method) DIST_INIT="$2"; shift 2 ;;
     --kv-pages) KV_PAGES="$2"; shift 2 ;;
@@ -97,6 +106,9 @@ whole --kv-pages "$KV_PAGES" 1; whole --host-kv-pages "$HOST_KV_PAGES" 0; whole 
 whole --port "$PORT" 0 65535; whole --timeout "$TIMEOUT" 1
 
 source "$ROOT/scripts/_env.sh"
+source "$ROOT/scripts/_policy.sh"
+POLICY="$(policy_check launch_cluster "$POLICY" ${POLICY_ARGS[@]+"${POLICY_ARGS[@]}"} ${EXTRA[@]+"${EXTRA[@]}"})" \
+  || exit 2
 RUN_DIR="${RUN_DIR:-$ROOT/runs/cluster-$(date +%Y%m%d-%H%M%S)-$$}"
 mkdir -p "$RUN_DIR" 2>/dev/null && [ -w "$RUN_DIR" ] || { echo "launch_cluster: cannot use $RUN_DIR as a run dir" >&2; exit 2; }
 case "$TRANSPORT" in zmq|torch|shm|auto) ;; *) echo "launch_cluster: --transport must be zmq, torch, shm or auto" >&2; exit 2 ;; esac
@@ -105,6 +117,7 @@ if [ -n "$RAY" ]; then  # Ray places and supervises: pdtb cluster up does the re
   [ "$TRANSPORT" != torch ] || { echo "launch_cluster: --transport torch is not placed by Ray yet (zmq, shm or auto)" >&2; exit 2; }
   source "$ROOT/scripts/_env.sh"
   args=(--ray "$RAY" --mode "$MODE" --prefill "$NP" --decode "$ND" --colocated "$NC" --policy "$POLICY"
+        ${POLICY_ARGS[@]+"${POLICY_ARGS[@]}"}
         --transport "$TRANSPORT" --kv-pages "$KV_PAGES" --host-kv-pages "$HOST_KV_PAGES" --page-size "$PAGE_SIZE"
         --port "$PORT" --timeout "$TIMEOUT" --router-args "$ROUTER_ARGS" --prefill-args "$PREFILL_ARGS"
         --decode-args "$DECODE_ARGS" ${MODEL:+--model "$MODEL"} ${PREFILL_KV_PAGES:+--prefill-kv-pages "$PREFILL_KV_PAGES"}
@@ -160,7 +173,8 @@ start_node() {  # start_node ROLE INDEX
   [ "$role" = prefill ] && read -r -a role_args <<< "$PREFILL_ARGS"
   [ "$role" = decode ] && read -r -a role_args <<< "$DECODE_ARGS"
   local args=(--model "$MODEL" --node-id "$role-$idx" --host "$h" --page-size "$PAGE_SIZE"
-              --kv-pages "$pages" --transport "$TRANSPORT" --policy "$POLICY" --host-kv-pages "$HOST_KV_PAGES"
+              --kv-pages "$pages" --transport "$TRANSPORT" --policy "$POLICY" ${POLICY_ARGS[@]+"${POLICY_ARGS[@]}"}
+              --host-kv-pages "$HOST_KV_PAGES"
               ${CURVE_DIR:+--curve-dir "$CURVE_DIR"} ${EXTRA[@]+"${EXTRA[@]}"} ${role_args[@]+"${role_args[@]}"})
   if [ "$TRANSPORT" = torch ] && [ "$MODE" = disagg ]; then  # one process group: decode ranks first
     local rank=$idx

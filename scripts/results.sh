@@ -17,17 +17,23 @@
 # About 40 minutes on a 2-core machine (the frontier: 10). The run's files stay in OUT
 # (results/docs-*); the frontier's plots are copied next to the document (docs/img).
 #
-#   bash scripts/results.sh [--full] [--policies "fcfs memfair vtc mcsf priority"] [--out DIR]
+# --policies and --policy-arg go to compare_fairness.sh: each policy a NAME, module:Class,
+# path/to/file.py:Class or LABEL=REF, a setting of its own by --policy-arg [LABEL:]KEY=VALUE
+# (repeatable); they are checked before the first run, and a policy file's path made absolute.
+#
+#   bash scripts/results.sh [--full] [--policies "fcfs memfair vtc mcsf priority"]
+#                           [--policy-arg [LABEL:]KEY=VALUE]... [--out DIR]
 #                           [--skip-bench] [--skip-frontier] [--skip-prefix] [--skip-migration] [--skip-sim]
 #                           [--skip-transports] [--skip-ray]
 #                           [--doc docs/results.md]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-QUICK=(--quick) POLICIES="fcfs memfair vtc mcsf priority" OUT="" BENCH=1 FRONTIER=1 SIM=1 PREFIX=1 MIGRATION=1 TRANSPORTS=1 RAY=1 DOC="$ROOT/docs/results.md"
+QUICK=(--quick) POLICIES="fcfs memfair vtc mcsf priority" PITEMS=() OUT="" BENCH=1 FRONTIER=1 SIM=1 PREFIX=1 MIGRATION=1 TRANSPORTS=1 RAY=1 DOC="$ROOT/docs/results.md"
 while [ $# -gt 0 ]; do
   case "$1" in
     --full) QUICK=(); shift ;;
     --policies) POLICIES="$2"; shift 2 ;;
+    --policy-arg) PITEMS+=("$2"); shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --skip-bench) BENCH=0; shift ;;
     --skip-frontier) FRONTIER=0; shift ;;
@@ -37,17 +43,24 @@ while [ $# -gt 0 ]; do
     --skip-prefix) PREFIX=0; shift ;;
     --skip-migration) MIGRATION=0; shift ;;
     --doc) DOC="$2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "results.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 source "$ROOT/scripts/_env.sh"
+source "$ROOT/scripts/_policy.sh"
+policy_table results.sh "$POLICIES" ${PITEMS[@]+"${PITEMS[@]}"}  # before the cd: a file's path is relative to here
+POLICIES="$(policy_list)"
+PARGS=()
+for kv in ${PITEMS[@]+"${PITEMS[@]}"}; do PARGS+=(--policy-arg "$kv"); done
 cd "$ROOT"
 OUT="${OUT:-$ROOT/results/docs-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 FAIR_CMD="bash scripts/compare_fairness.sh ${QUICK[*]+${QUICK[*]} }--step-log --policies \"$POLICIES\""
+[ "${#PARGS[@]}" = 0 ] || FAIR_CMD+="$(printf ' %q' "${PARGS[@]}")"
 echo "== $FAIR_CMD" >&2
-bash scripts/compare_fairness.sh ${QUICK[@]+"${QUICK[@]}"} --step-log --policies "$POLICIES" --out "$OUT/fair" >&2
+bash scripts/compare_fairness.sh ${QUICK[@]+"${QUICK[@]}"} --step-log --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
+  --out "$OUT/fair" >&2
 args=(--fair "$OUT/fair" --fair-command "$FAIR_CMD")
 if [ "$FRONTIER" = 1 ]; then
   FRONT_CMD="bash scripts/frontier.sh${QUICK[*]+ ${QUICK[*]}}"

@@ -4,39 +4,55 @@
 #     compare_fairness.sh --quick already made, e.g. by results.sh; else it makes them);
 #   - the reproductions: pdtb sim reproduce mcsf|vtc|essay --json;
 #   - one hour of the Azure conversation trace on an 8-GPU disaggregated shape (Llama-3-70B,
-#     tensor parallel 4, one prefill and one decode node on H100s), fcfs and memfair, each
-#     timed, with their pdtb report;
+#     tensor parallel 4, one prefill and one decode node on H100s), each policy (fcfs and
+#     memfair) timed, with their pdtb report;
 #   - the H200 step grid (shipped samples) against the roofline: pdtb sim roofline.
 #
 #   bash scripts/sim_results.sh --out DIR [--real DIR] [--skip-validate] [--trace FILE]
+#                               [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
+#
+# --policies (default "fcfs memfair") and --policy-arg serve the validation and the Azure hour,
+# as compare_fairness.sh takes them: each policy a NAME, module:Class, path/to/file.py:Class or
+# LABEL=REF, its settings by --policy-arg; checked before anything runs, a policy file's path
+# made absolute. The Azure hour's files are named azure-hour-LABEL.*.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" REAL="" VALIDATE=1 TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
+OUT="" REAL="" VALIDATE=1 POLICIES="fcfs memfair" PITEMS=() TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --real) REAL="$2"; shift 2 ;;
     --skip-validate) VALIDATE=0; shift ;;
+    --policies) POLICIES="$2"; shift 2 ;;
+    --policy-arg) PITEMS+=("$2"); shift 2 ;;
     --trace) TRACE="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "sim_results: unknown option $1" >&2; exit 2 ;;
   esac
 done
 [ -n "$OUT" ] || { echo "sim_results: --out DIR is required" >&2; exit 2; }
 source "$ROOT/scripts/_env.sh"
+source "$ROOT/scripts/_policy.sh"
+policy_table sim_results "$POLICIES" ${PITEMS[@]+"${PITEMS[@]}"}  # before the cd: a file's path is relative to here
+PARGS=()
+for kv in ${PITEMS[@]+"${PITEMS[@]}"}; do PARGS+=(--policy-arg "$kv"); done
 cd "$ROOT"
 mkdir -p "$OUT"
 if [ "$VALIDATE" = 1 ]; then
-  bash scripts/validate_sim.sh --out "$OUT/validate" ${REAL:+--real "$REAL"} >&2
+  bash scripts/validate_sim.sh --out "$OUT/validate" ${REAL:+--real "$REAL"} --policies "$(policy_list)" \
+    ${PARGS[@]+"${PARGS[@]}"} >&2
 fi
 for r in mcsf vtc essay; do
   echo "== pdtb sim reproduce $r" >&2
   pdtb sim reproduce "$r" --json > "$OUT/repro-$r.json"
 done
 if [ -f "$TRACE" ]; then
-  for pol in fcfs memfair; do
+  for i in "${!POLICY_LABELS[@]}"; do
+    pol="${POLICY_LABELS[$i]}"
+    policy_flags "$i"
+    [ "$pol" = "${POLICY_REFS[$i]}" ] || POLICY_FLAGS+=(--label-policy "$pol")  # (a name labels itself)
     AZ=(pdtb sim --workload "trace:$TRACE" --mode disagg --prefill 1 --decode 1 --cost roofline --gpu h100-sxm
-        --model-config llama-3-70b --tp 4 --policy "$pol" --slo ttft_ms=2000 --slo tpot_ms=100)
+        --model-config llama-3-70b --tp 4 "${POLICY_FLAGS[@]}" --slo ttft_ms=2000 --slo tpot_ms=100)
     echo "== ${AZ[*]}" >&2
     t0=$(date +%s.%N)
     "${AZ[@]}" --out "$OUT/azure-hour-$pol.json" > "$OUT/azure-hour-$pol.txt"

@@ -3,7 +3,12 @@
 # memfair, colocated and disaggregated) on real clusters, the simulator calibrated here, the
 # same runs simulated, and the sim/real ratios per class (pdtb sim validate).
 #
-#   scripts/validate_sim.sh [--out DIR] [--real DIR] [--policies LIST]
+#   scripts/validate_sim.sh [--out DIR] [--real DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
+#
+# --policies and --policy-arg are compare_fairness.sh's (default fcfs memfair): each policy a
+# NAME, module:Class, path/to/file.py:Class or LABEL=REF, its settings by --policy-arg; checked
+# before anything runs. Real and simulated runs are paired by mode and label. With --real DIR,
+# give the policies and settings its runs had.
 #
 # 1. real: scripts/compare_fairness.sh --quick --step-log (skipped with --real DIR: results,
 #    and step logs where it has them, already there);
@@ -18,23 +23,27 @@
 # 4. pdtb sim validate REAL SIM for each: DIR/validate-{grid,logs}.{txt,json}.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" REAL="" POLICIES="fcfs memfair"
+OUT="" REAL="" POLICIES="fcfs memfair" PARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --real) REAL="$2"; shift 2 ;;
     --policies) POLICIES="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --policy-arg) PARGS+=(--policy-arg "$2"); shift 2 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "validate_sim: unknown option $1" >&2; exit 2 ;;
   esac
 done
 source "$ROOT/scripts/_env.sh"
+# the policies checked before the calibration and the runs (compare_fairness.sh names what is wrong)
+bash "$ROOT/scripts/compare_fairness.sh" --dry-run --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} >/dev/null
 OUT="${OUT:-$ROOT/results/validate-sim-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 if [ -z "$REAL" ]; then
   REAL="$OUT/real"
-  bash "$ROOT/scripts/compare_fairness.sh" --quick --step-log --policies "$POLICIES" --out "$REAL" >&2
+  bash "$ROOT/scripts/compare_fairness.sh" --quick --step-log --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
+    --out "$REAL" >&2
 fi
 echo "== calibrating the step cost on this machine (pdtb bench steps --grid)" >&2
 pdtb bench steps --grid --json > "$OUT/steps.json"
@@ -49,7 +58,7 @@ if [ "${#logs[@]}" -gt 0 ]; then
 fi
 for k in "${kinds[@]}"; do
   bash "$ROOT/scripts/compare_fairness.sh" --quick --sim --calibration "$OUT/calibration-$k.json" \
-    --policies "$POLICIES" --out "$OUT/sim-$k" >&2
+    --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} --out "$OUT/sim-$k" >&2
   echo "== calibration: $k"
   pdtb sim validate "$REAL" "$OUT/sim-$k" --out "$OUT/validate-$k.json" | tee "$OUT/validate-$k.txt"
 done

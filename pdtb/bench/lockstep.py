@@ -2,10 +2,13 @@
 transport, in a fixed order of events, so that two transports' admission decisions can differ
 only by what the transports do with them.
 
-    pdtb bench lockstep [--step-ms 20] [--out FILE] WORKLOAD FLAGS -- DECODE NODE FLAGS
+    pdtb bench lockstep [--step-ms 20] [--out FILE] [--label-policy NAME] WORKLOAD FLAGS -- DECODE NODE FLAGS
 
-The workload flags are `pdtb bench serve`'s, the node flags `pdtb node decode`'s (`--policy`,
-`--transport`, `--kv-pages`, ...): a live run's, so that both run the same configuration.
+The workload flags are `pdtb bench serve`'s, the node flags `pdtb node decode`'s (`--policy`
+NAME, module:Class or path/to/file.py:Class, `--policy-arg KEY=VALUE`, `--transport`,
+`--kv-pages`, ...): a live run's, so that both run the same configuration. The result names
+the policy as the node does (its `name`, else the reference; `--label-policy` overrides it)
+and carries the node's `policy_info` (name, source, settings).
 
 In a live run a verdict depends on what the decode pool holds at the wall-clock moment a
 header arrives, so two runs over the same transport already differ. Here:
@@ -40,6 +43,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from decode_node.node import DecodeNode
+from fairness import policy_info
 from kv_transport.admission import FailCode
 from pdtb.engine.sequence import Sequence
 from pdtb.nodes.control import EventSink
@@ -69,6 +73,7 @@ class LockstepResult:
     tokens_sha256: str  # every request's generated tokens, in request order
     pages_free: bool  # both tiers empty and consistent at the end
     wall_s: float = 0.0  # real seconds the run took
+    policy_info: dict = field(default_factory=dict)  # the node's policy: name, source, settings
     lockstep: bool = field(default=True, init=False)  # (tells the result files apart from live runs')
 
 
@@ -294,10 +299,11 @@ def _result(node: _Node, d: _Driver, wall_s: float) -> LockstepResult:
     digest = hashlib.sha256()
     for rid in d.rids:
         digest.update(json.dumps([rid, node.tokens.get(rid, [])]).encode())
-    return LockstepResult(node.config.transport, node.config.policy, d.step_s, d.steps, len(d.specs),
+    info = policy_info(node.config.policy, node.config.policy_args)  # as the node describes its own
+    return LockstepResult(node.config.transport, info.name, d.step_s, d.steps, len(d.specs),
                           len(node.finished), d.failed, {k: int(v) for k, v in sorted(node.admissions.items())},
                           node.verdicts, digest.hexdigest(), all(p.num_free == p.num_pages for p in pools),
-                          round(wall_s, 3))
+                          round(wall_s, 3), info.to_json())
 
 
 def parse(argv: list[str]):
@@ -310,6 +316,7 @@ def parse(argv: list[str]):
     ap = argparse.ArgumentParser(prog="pdtb bench lockstep", description=__doc__.split("\n\n")[0], add_help=False)
     ap.add_argument("--step-ms", type=float, default=20.0, help="virtual milliseconds per engine step")
     ap.add_argument("--out", help="write the result here as JSON")
+    ap.add_argument("--label-policy", help="the policy's name in the result (default: as the node names it)")
     ap.add_argument("-h", "--help", action="store_true")
     a, rest = ap.parse_known_args(own)
     if a.help:
@@ -335,6 +342,7 @@ class Lockstep:
     seed: int
     vocab: int  # prompt token ids are drawn below it
     out: str | None = None
+    label: str | None = None  # the result's policy name, where not the node's own
 
 
 def prepare(argv: list[str]) -> Lockstep:
@@ -348,7 +356,7 @@ def prepare(argv: list[str]) -> Lockstep:
     model_dir = resolve_model(na.model)
     specs, _ = build_workload(wa)
     return Lockstep(node_config("decode", na, model_dir), specs, a.step_ms / 1000, wa.seed,
-                    AutoConfig.from_pretrained(model_dir).vocab_size, a.out)
+                    AutoConfig.from_pretrained(model_dir).vocab_size, a.out, a.label_policy)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -358,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     job = prepare(sys.argv[1:] if argv is None else argv)
     torch.set_num_threads(job.config.engine.torch_threads)
     res = uvloop.run(run_lockstep(job.config, job.specs, job.step_s, job.seed, job.vocab))
+    if job.label:
+        res = dataclasses.replace(res, policy=job.label)
     if job.out:
         with open(job.out, "w") as f:
             json.dump(dataclasses.asdict(res), f)

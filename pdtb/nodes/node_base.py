@@ -172,6 +172,10 @@ class NodeBase:
 
         return make_policy(config.policy, config.fairness, config.policy_args)
 
+    def policy_label(self) -> str:
+        """The policy's name in stats (`extra.policy`): the class's own `name`, else its reference."""
+        return self.policy_info.name
+
     @staticmethod
     def describe_policy(config: NodeConfig):
         """The policy as the node's stats, metrics and results files name it. From the
@@ -322,7 +326,7 @@ class NodeBase:
                          host.num_pages if host else 0, host.num_free if host else 0,
                          running=len(sch.running), waiting=len(sch.waiting) + len(sch.parked), queued_tokens=queued,
                          kv_addr=self.kv_addr, metrics_addr=self.metrics_addr, draining=self.draining,
-                         extra={"policy": self.policy.name, "policy_info": self._policy_json,
+                         extra={"policy": self.policy_label(), "policy_info": self._policy_json,
                                 **self.acct.tenant_stats(), **self.extra_stats()}, incarnation=self.incarnation,
                          **self.prefix_fields())
 

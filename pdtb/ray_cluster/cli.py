@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import secrets
 import shlex
@@ -42,7 +43,10 @@ def parse_up(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--placement", choices=["spread", "pack"], default="spread")
     ap.add_argument("--restart-failed", action="store_true", help="replace a lost node and add it to the router")
     ap.add_argument("--model", default=None, help="checkpoint dir, the same path on every Ray node (default: the embedded model)")
-    ap.add_argument("--policy", default="fcfs")
+    ap.add_argument("--policy", default="fcfs", metavar="NAME|module:Class|file.py:Class",
+                    help="every node's policy; a file is looked for at the same path on every Ray node")
+    ap.add_argument("--policy-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting of the policy's own, for every node (repeatable)")
     ap.add_argument("--transport", choices=["zmq", "shm", "auto"], default="zmq")
     ap.add_argument("--kv-pages", type=int, default=4096)
     ap.add_argument("--prefill-kv-pages", type=int, default=None)
@@ -63,6 +67,26 @@ def parse_up(argv: list[str]) -> argparse.Namespace:
     return a
 
 
+def absolute_ref(ref: str) -> str:
+    """`ref` with a policy file's path made absolute: nodes start in a Ray worker's directory,
+    not this one (fairness/registry.py reads `where:Class` as a file when `where` ends in .py or
+    holds a path separator)."""
+    where, sep, attr = ref.rpartition(":")
+    if sep and (where.endswith(".py") or os.sep in where):
+        return f"{os.path.abspath(where)}:{attr}"
+    return ref
+
+
+def policy_flags(a: argparse.Namespace) -> list[str]:
+    """The nodes' policy flags, checked here first: a bad reference or setting stops `up`
+    before anything is placed, with the message a node would give."""
+    from pdtb.nodes.fairness_args import policy_args
+
+    ref = absolute_ref(a.policy)
+    policy_args(argparse.Namespace(policy=ref, policy_arg=list(a.policy_arg)))
+    return ["--policy", ref, *(x for item in a.policy_arg for x in ("--policy-arg", item))]
+
+
 def spec_of(a: argparse.Namespace):
     from pdtb.ray_cluster.launch import ROLES, ClusterSpec
 
@@ -73,7 +97,7 @@ def spec_of(a: argparse.Namespace):
             raise CliError(f"--node-resources {item!r}: want ROLE=JSON with ROLE one of {', '.join(ROLES)}")
         resources[role] = _resources(text)
     counts = {"prefill": a.prefill, "decode": a.decode} if a.mode == "disagg" else {"colocated": a.colocated}
-    common = [*(["--model", a.model] if a.model else []), "--page-size", str(a.page_size), "--policy", a.policy]
+    common = [*(["--model", a.model] if a.model else []), "--page-size", str(a.page_size), *policy_flags(a)]
     node_args = {}
     for role in counts:
         pages = a.prefill_kv_pages if role == "prefill" and a.prefill_kv_pages else a.kv_pages

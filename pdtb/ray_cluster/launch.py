@@ -2,7 +2,8 @@
 
     pdtb cluster up --ray ADDRESS|auto [--name NAME] [--mode disagg|colocated] [--prefill N] [--decode M]
                     [--colocated K] [--node-resources ROLE=JSON ...] [--router-resources JSON]
-                    [--placement spread|pack] [--restart-failed] [--model DIR] [--policy NAME]
+                    [--placement spread|pack] [--restart-failed] [--model DIR]
+                    [--policy NAME|module:Class|file.py:Class] [--policy-arg KEY=VALUE ...]
                     [--transport zmq|shm|auto] [--kv-pages N] [--prefill-kv-pages N] [--host-kv-pages N]
                     [--page-size T] [--port P] [--router-args "..."] [--run-dir DIR] [--timeout S]
                     [-- flags for every node]
@@ -16,6 +17,10 @@ a supervisor actor. It prints `READY URL`; with `--run-dir` it also writes DIR/r
 Ray address and the cluster's name, for `down`) and DIR/url. `down` stops the nodes (SIGTERM:
 they drain), then the router, kills every actor of the cluster and removes its placement
 groups. Every actor and group is named `NAME:...` in the namespace `pdtb`.
+
+`--policy` and its `--policy-arg`s go to every node, checked first (a bad reference or setting
+stops `up` before anything is placed). A policy file's path is made absolute; the file, like
+`--model`, must be at that path on every Ray node (a module:Class, importable there).
 """
 from __future__ import annotations
 
