@@ -77,9 +77,9 @@ def test_a_node_names_its_policy_in_stats_and_metrics(llama_dir, policy_ref):
 
 
 def test_every_role_names_the_policy_it_was_given(llama_dir, policy_ref):
-    """The prefill node runs the policy wrapped (PrefillOrder) and the decode node's `policy`
-    label is the reference: their `policy_info` is the same as a colocated node's, so a
-    disaggregated cluster's results file names one policy."""
+    """The prefill node runs the policy wrapped (PrefillOrder) and says so in its `policy`
+    label; the decode node's is the policy's name. Their `policy_info` is the same as a
+    colocated node's, so a disaggregated cluster's results file names one policy."""
     from decode_node.node import DecodeNode
     from prefill_node.node import PrefillNode
 
@@ -87,7 +87,7 @@ def test_every_role_names_the_policy_it_was_given(llama_dir, policy_ref):
              DecodeNode(node_config("decode", "d0", policy_ref, llama_dir))]
     try:
         extras = [n.stats().extra for n in nodes]
-        assert [e["policy"] for e in extras] == ["prefill-halflife", policy_ref]
+        assert [e["policy"] for e in extras] == ["prefill-halflife", "halflife"]
         assert all(e["policy_info"] == expected(policy_ref) for e in extras)
         cluster = [{"id": n.config.node_id, "role": n.config.role, "extra": e} for n, e in zip(nodes, extras)]
         assert server_policy_info(cluster) == expected(policy_ref)
