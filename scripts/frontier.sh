@@ -83,15 +83,15 @@ memfair $mode memfair
 memfair-request $mode memfair --quota-by request
 memfair-priority $mode memfair --quota-by priority
 memfair-tier $mode memfair --quota-by slo-tier
-memfair-static $mode memfair --quota-shares static
+memfair-static $mode memfair --policy-arg quota_shares=static
 "
   [ "$QUICK" = 1 ] || POINTS_TEXT+="vtc $mode vtc
 mcsf $mode mcsf
 priority $mode priority
-memfair-share8 $mode memfair --prefill-share 0.125
-memfair-noread $mode memfair --no-read-share
-memfair-cap100 $mode memfair --request-cap-frac 1.0
-memfair-cap25 $mode memfair --request-cap-frac 0.25
+memfair-share8 $mode memfair --policy-arg prefill_share_frac=0.125
+memfair-noread $mode memfair --policy-arg read_share=false
+memfair-cap100 $mode memfair --policy-arg request_cap_frac=1.0
+memfair-cap25 $mode memfair --policy-arg request_cap_frac=0.25
 "
 done
 [ -z "$POINTS" ] || POINTS_TEXT="$(cat "$POINTS")"
