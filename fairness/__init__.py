@@ -8,13 +8,16 @@ loaded by reference (`--policy module:Class`, `file.py:Class`, or an entry point
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from fairness.base import BasePolicy
 from fairness.config import FairnessConfig
 from fairness.interface import Arrival, Placement, Policy, QuotaView
 from fairness.registry import PolicyInfo, PolicyLoadError, built_ins, make_policy, policy_info, resolve
 from fairness.settings import NoSettings, PolicySettings, SettingsError, setting
 
-POLICIES: dict[str, type] = built_ins()  # the built-in policies by name (a read-only view: load others by reference)
+# the built-in policies by name, read-only: others are loaded by reference (fairness/registry.py)
+POLICIES = MappingProxyType(built_ins())
 
 __all__ = ["POLICIES", "make_policy", "resolve", "policy_info", "PolicyInfo", "PolicyLoadError", "FairnessConfig",
            "BasePolicy", "Policy", "Placement", "Arrival", "QuotaView", "PolicySettings", "NoSettings", "setting",

@@ -10,6 +10,8 @@ import pytest
 from pdtb.nodes.accounting import NodeAccounting
 from pdtb.nodes.node_metrics import NodeMetrics
 from fairness import FairnessConfig, make_policy
+from fairness.memfair import MemFairPolicy
+from fairness.memfair_settings import MemFairSettings
 from sched_sim import apply_step, make_request, make_scheduler
 
 DT = 0.01  # seconds per fake step
@@ -23,8 +25,9 @@ def node_for(sched, seqs, cfg):
 
 @pytest.mark.parametrize("read_share", [True, False])
 def test_turn_wait_counts_the_steps_a_resident_row_was_left_out(read_share):
-    cfg = FairnessConfig(read_share=read_share, read_turn_steps=4, slo_tpot_s={"*": 0.001})
-    sched = make_scheduler(make_policy("memfair", cfg), num_pages=200, budget=512)
+    cfg = FairnessConfig(slo_tpot_s={"*": 0.001})
+    pol = MemFairPolicy(cfg, MemFairSettings(read_share=read_share, read_turn_steps=4))
+    sched = make_scheduler(pol, num_pages=200, budget=512)
     whales = [make_request(236, 400, tenant="w", arrival=i) for i in range(3)]
     minnow = make_request(8, 200, tenant="m", arrival=10)
     for w in whales:

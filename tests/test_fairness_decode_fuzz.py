@@ -7,13 +7,16 @@ aborts anywhere (transfers in flight included). After every step: each tier's fr
 the transfers; reserved pages are exactly the landing transfers'. At the end everything drains."""
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 
 import pytest
 
-from fairness import POLICIES, FairnessConfig, make_policy
-from fairness.config import QUOTA_BY, QUOTA_SHARES
+from fairness import POLICIES, FairnessConfig, Placement
+from fairness.config import QUOTA_BY
+from fairness.interface import Arrival
+from fairness.memfair_settings import QUOTA_SHARES
 from pdtb.engine.page_pool import PagePool
 from pdtb.engine.scheduler import Scheduler, SchedulerConfig
 from pdtb.engine.sequence import SamplingParams, Sequence, SeqStatus
@@ -37,6 +40,16 @@ def configs(rng):
     return kw
 
 
+def make(name, kw):
+    """Policy `name` built from one dict of drawn knobs: the shared ones make its
+    FairnessConfig, the rest its own settings where it has them (others' are dropped)."""
+    cls = POLICIES[name]
+    shared = {f.name for f in dataclasses.fields(FairnessConfig)}
+    own = {f.name for f in dataclasses.fields(cls.Settings)}
+    config = FairnessConfig(**{k: v for k, v in kw.items() if k in shared})
+    return cls(config, cls.Settings(**{k: v for k, v in kw.items() if k in own}))
+
+
 TIERS = ("", "gold", "std")  # request n's SLO tier: TIERS[n % 3] (no draw: seeds keep their runs)
 
 
@@ -45,7 +58,7 @@ class Sim:
         self.rng = rng = random.Random(seed)
         self.clock = FakeClock()
         self.kw = {**configs(rng), **(quota or {})}
-        self.pol = make_policy(name, FairnessConfig(**self.kw))
+        self.pol = make(name, self.kw)
         dev = dev or rng.choice([16, 24, 40])
         host = host if host is not None else rng.choice([0, 4, 12, 40])
         self.sched = Scheduler(SchedulerConfig(rng.choice([3, 8, 64]), rng.choice([8, 32, 64]), 4096),
@@ -76,17 +89,16 @@ class Sim:
     def offer(self, rid):
         seq, _ = self.held[rid]
         sch, pol = self.sched, self.pol
-        from fairness.base import Arrival
         st = sch.state()
         a = Arrival(rid, seq.tenant, seq.priority, SPEC.pages_for(seq.num_computed_tokens), st.now, st.now,
                     seq.num_tokens, seq.params.max_tokens - seq.num_output_tokens, slo_tier=seq.slo_tier)
         pol.refresh(sch.running, [*sch.parked, *sch.waiting], st)
         where = pol.place_arrival(a, len(sch.parked) + len(sch.waiting), st)
         pool = None
-        if where == "device":
+        if where is Placement.DEVICE:
             pool = sch.pool
-        elif where == "host" and sch.host_pool is not None:
-            pol.held.pop(rid, None)
+        elif where is Placement.HOST and sch.host_pool is not None:
+            pol.forget(rid)
             pool = sch.host_pool
         if pool is None:
             return where
@@ -116,13 +128,13 @@ class Sim:
         rid = rng.choice(live)
         if rid in self.held:
             del self.held[rid]
-            self.pol.held.pop(rid, None)
+            self.pol.forget(rid)
         elif rid in self.landing:
             seq, tier, _ = self.landing.pop(rid)
             (self.sched.pool if tier == "device" else self.sched.host_pool).free(rid)
         else:
             self.sched.abort(rid)
-            self.pol.held.pop(rid, None)
+            self.pol.forget(rid)
 
     def check(self):
         sch = self.sched

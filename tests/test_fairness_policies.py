@@ -5,8 +5,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairness import POLICIES, FairnessConfig, eviction, make_policy
+from fairness import POLICIES, FairnessConfig, Placement, eviction, make_policy
 from fairness.mcsf import McsfPolicy, feasible
+from fairness.memfair import MemFairPolicy
+from fairness.memfair_settings import MemFairSettings
+from fairness.priority import PriorityPolicy, PrioritySettings
 from fairness.vtc import VtcPolicy
 from pdtb.engine.sequence import SeqStatus
 from sched_sim import (FakeClock, apply_step, check_conservation, make_request, make_scheduler, sim_step,
@@ -86,16 +89,16 @@ def test_memfair_quota_blocks_a_tenant_beyond_its_share_when_others_wait():
 
 
 def test_request_cap_static_and_dynamic():
-    cfg = FairnessConfig(request_cap_frac=0.25)
+    cap = MemFairSettings(request_cap_frac=0.25)
     seq, other = make_request(40, 4, tenant="a"), make_request(4, 4, tenant="b")
     st_ = state(device_total=40, device_free=40)
-    pol = make_policy("memfair", cfg)
+    pol = MemFairPolicy(FairnessConfig(), cap)
     pol.reclaim([], [seq, other], st_)
     assert not pol.may_admit(seq, 11, st_)  # under contention: 11 > 0.25 * 40
-    alone = make_policy("memfair", cfg)
+    alone = MemFairPolicy(FairnessConfig(), cap)
     alone.reclaim([], [seq], st_)
     assert alone.may_admit(seq, 11, st_)  # the cap binds only while others have work
-    dyn = make_policy("memfair", FairnessConfig(request_cap_frac=0.25, dynamic_quota=True))
+    dyn = MemFairPolicy(FairnessConfig(), MemFairSettings(request_cap_frac=0.25, dynamic_quota=True))
     dyn.reclaim([], [seq, other], st_)
     assert dyn.may_admit(seq, 11, st_)  # cap grows with the request's 40 tokens (+1 page)
 
@@ -200,7 +203,7 @@ def test_mcsf_admits_the_brute_force_prefix(running, waiting, total):
 
 def test_priority_aging_prevents_starvation():
     clock = FakeClock()
-    pol = make_policy("priority", FairnessConfig(aging_s=1.0))
+    pol = PriorityPolicy(FairnessConfig(), PrioritySettings(aging_s=1.0))
     low = make_request(4, 4, priority=5, arrival=0.0)
     high = make_request(4, 4, priority=0, arrival=9.0)
     clock.t = 10.0
@@ -259,15 +262,15 @@ def test_page_conservation_under_random_operations(name, ops):
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_a_held_arrival_is_admitted_once_pages_free_up(name):
     """A deferred arrival must not queue behind its own earlier offer."""
-    from fairness.base import Arrival
+    from fairness.interface import Arrival
 
     pol = make_policy(name)
     full = state(device_total=40, device_free=2)
-    assert pol.place_arrival(Arrival("w", "whale", 0, 30, 0.0, 0.0), 0, full) == "defer"
+    assert pol.place_arrival(Arrival("w", "whale", 0, 30, 0.0, 0.0), 0, full) is Placement.DEFER
     minnow = pol.place_arrival(Arrival("m", "minnow", 0, 1, 1.0, 1.0), 0, full)
-    assert minnow in ("device", "defer")
+    assert minnow in (Placement.DEVICE, Placement.DEFER)
     free = state(device_total=40, device_free=40, now=2.0)
-    assert pol.place_arrival(Arrival("w", "whale", 0, 30, 2.0, 2.0), 0, free) == "device"
+    assert pol.place_arrival(Arrival("w", "whale", 0, 30, 2.0, 2.0), 0, free) is Placement.DEVICE
     assert "w" not in pol.held
 
 
@@ -304,8 +307,8 @@ def test_memfair_keeps_a_whale_prefill_chunk_small_while_another_tenant_decodes(
 def test_memfair_long_yield_steps_keeps_whale_chunks_out_of_minnow_steps_but_not_forever():
     """With long_yield_steps=4 the whale's prompt sits out steps in which the minnow decodes,
     at most 4 in a row: a chunk in exactly every 5th such step, so it still finishes."""
-    sched, minnow, whale = _minnow_decoding_then_whale(make_policy("memfair", FairnessConfig(long_yield_steps=4)),
-                                                      200, 300)
+    yielding = MemFairPolicy(FairnessConfig(), MemFairSettings(long_yield_steps=4))
+    sched, minnow, whale = _minnow_decoding_then_whale(yielding, 200, 300)
     had_chunk = []
     while whale.in_prefill:
         out = sched.schedule()
@@ -323,13 +326,13 @@ def test_memfair_long_yield_steps_keeps_whale_chunks_out_of_minnow_steps_but_not
         assert any(c.seq is whale for c in out.chunks)
         apply_step(sched, out)
     with pytest.raises(ValueError, match="long_yield_steps"):
-        FairnessConfig(long_yield_steps=-1)
+        MemFairSettings(long_yield_steps=-1)
 
 
 def test_memfair_long_prompt_does_not_yield_when_decode_rows_may_need_its_pages():
     """A prompt that sits a step out is not scheduled, so a decode row growing by a page could
     evict it: with fewer free pages than decode rows it takes its step instead."""
-    pol = make_policy("memfair", FairnessConfig(long_yield_steps=4))
+    pol = MemFairPolicy(FairnessConfig(), MemFairSettings(long_yield_steps=4))
     whale = make_request(300, 4, tenant="w")
     minnow = make_request(8, 30, tenant="m")
     minnow.num_computed_tokens, minnow.token_ids = 9, minnow.token_ids + [5]  # decoding
@@ -361,7 +364,7 @@ def test_memfair_limits_a_long_prompt_chunk_while_others_are_active():
     assert alone.chunk_limit(whale, 2048, at(0.0)) == 2048  # nobody else to wait for it
     assert make_policy("fcfs").chunk_limit(whale, 2048, at(0.0)) == 2048
     # the idle share set to the small one: the small chunk whenever another tenant is active
-    old = make_policy("memfair", FairnessConfig(prefill_idle_frac=1 / 32))
+    old = MemFairPolicy(FairnessConfig(), MemFairSettings(prefill_idle_frac=1 / 32))
     old.reclaim([minnow], [], at(0.0))
     old.reclaim([whale], [], at(0.5, 1))
     assert old.chunk_limit(whale, 2048, at(0.5, 1)) == 64
@@ -406,9 +409,9 @@ def test_memfair_long_prompt_takes_one_chunk_per_tenant_per_step_and_yields_to_n
 @pytest.mark.parametrize("frac", [0.0, -0.1, 1.5])
 def test_prefill_share_outside_0_1_is_rejected(frac):
     with pytest.raises(ValueError, match="prefill_share_frac"):
-        FairnessConfig(prefill_share_frac=frac)
+        MemFairSettings(prefill_share_frac=frac)
     with pytest.raises(ValueError, match="prefill_idle_frac"):
-        FairnessConfig(prefill_idle_frac=frac)
+        MemFairSettings(prefill_idle_frac=frac)
 
 
 def test_vtc_idle_time_is_not_banked_when_everyone_returns_at_once():
@@ -506,7 +509,8 @@ def test_the_bandwidth_cap_holds_for_admissions_too(name):
     page = SPEC.bytes_per_page
     cap, window = 4 * page, 1.0  # 4 pages a second
     clock = FakeClock()
-    sched = make_scheduler(make_policy(name, FairnessConfig(tenant_bw_cap=cap, bw_window_s=window, read_share=False)),
+    no_read_share = (("read_share", "false"),) if name == "memfair" else ()  # memfair's own setting
+    sched = make_scheduler(make_policy(name, FairnessConfig(tenant_bw_cap=cap, bw_window_s=window), no_read_share),
                            num_pages=400, budget=512, max_num_seqs=400, clock=clock)
     for i in range(200):
         sched.add(make_request(40, 5, tenant="a", arrival=i * 1e-3))  # 10-11 pages each: a row exceeds a window

@@ -6,8 +6,11 @@ import random
 
 import pytest
 
-from fairness import POLICIES, FairnessConfig, make_policy
-from fairness.config import QUOTA_BY, QUOTA_SHARES
+from fairness import POLICIES, FairnessConfig, Placement, make_policy
+from fairness.config import QUOTA_BY
+from fairness.memfair import MemFairPolicy
+from fairness.memfair_settings import QUOTA_SHARES, MemFairSettings
+from fairness.priority import PriorityPolicy, PrioritySettings
 from pdtb.engine.sequence import SamplingParams, Sequence, SeqStatus
 from sched_sim import FakeClock, apply_step, check_conservation, make_request, make_scheduler, sim_step
 
@@ -40,9 +43,9 @@ def _run_pair(policy, a, b, name: str) -> None:
     assert a.num_preemptions + b.num_preemptions <= 2
 
 
-def _random_run(name: str, seed: int, cfg: FairnessConfig | None = None):
+def _random_run(name: str, seed: int, cfg: FairnessConfig | None = None, args: tuple = ()):
     rng = random.Random(seed)
-    sched = make_scheduler(make_policy(name, cfg), num_pages=rng.choice([16, 24, 40]),
+    sched = make_scheduler(make_policy(name, cfg, args), num_pages=rng.choice([16, 24, 40]),
                            host_pages=rng.choice([4, 12, 40]), budget=rng.choice([8, 32, 64]),
                            max_num_seqs=rng.choice([3, 8]))
     for i in range(120):
@@ -64,11 +67,12 @@ def _random_run(name: str, seed: int, cfg: FairnessConfig | None = None):
     return sched
 
 
-def _drains(name: str, seeds: range, cfg: FairnessConfig | None = None) -> list:
-    """(seed, most preemptions) of the random runs not drained in 3000 steps."""
+def _drains(name: str, seeds: range, cfg: FairnessConfig | None = None, args: tuple = ()) -> list:
+    """(seed, most preemptions) of the random runs not drained in 3000 steps (`args`: the
+    policy's own settings, (key, value) pairs)."""
     stuck = []
     for seed in seeds:
-        sched = _random_run(name, seed, cfg)
+        sched = _random_run(name, seed, cfg, args)
         for _ in range(3000):
             if not sched.has_work():
                 break
@@ -93,7 +97,7 @@ def test_every_policy_drains_random_pressure(name):
 def test_memfair_drains_random_pressure_under_every_quota_owner(quota_by, shares):
     """The same under memfair keyed by each quota owner, with dynamic and static shares (the
     scheduler's clock stands still here: a static share never leaves its window)."""
-    stuck = _drains("memfair", range(8), FairnessConfig(quota_by=quota_by, quota_shares=shares))
+    stuck = _drains("memfair", range(8), FairnessConfig(quota_by=quota_by), (("quota_shares", shares),))
     assert not stuck, f"{quota_by}/{shares}: (seed, most preemptions) not drained in 3000 steps: {stuck}"
 
 
@@ -102,7 +106,7 @@ def test_memfair_drains_random_pressure_under_every_quota_owner(quota_by, shares
 def test_memfair_two_requests_that_fit_one_at_a_time_finish_under_every_quota_owner(quota_by, shares):
     a = make_request(31, 24, tenant="a", priority=0, arrival=6.0, rid="a", slo_tier="gold")
     b = make_request(20, 28, tenant="b", priority=1, arrival=9.0, rid="b")
-    _run_pair(make_policy("memfair", FairnessConfig(quota_by=quota_by, quota_shares=shares)), a, b,
+    _run_pair(MemFairPolicy(FairnessConfig(quota_by=quota_by), MemFairSettings(quota_shares=shares)), a, b,
               f"memfair {quota_by} {shares}")
 
 
@@ -191,7 +195,7 @@ def test_memfair_a_request_beyond_its_cap_is_delayed_not_stranded():
 
 def test_memfair_an_inherited_request_beyond_its_cap_gets_in():
     """The decode path of the case above: a 24-page arrival (cap 20) while b decodes."""
-    from fairness.base import Arrival
+    from fairness.interface import Arrival
 
     clock = FakeClock()
     pol = make_policy("memfair")
@@ -203,7 +207,7 @@ def test_memfair_an_inherited_request_beyond_its_cap_gets_in():
     where = pol.place_arrival(Arrival("w", "a", 0, 24, st.now, st.now, 95, 20), 0, st)
     seq = Sequence("w", [5] * 95 + [7], 95, SamplingParams(max_tokens=20, ignore_eos=True), tenant="a",
                    num_computed_tokens=95)
-    if where == "host":
+    if where is Placement.HOST:
         sched.host_pool.allocate("w", 24)
         sched.add_parked(seq)
     else:
@@ -217,10 +221,8 @@ def test_priority_a_resident_low_class_row_ages_too():
     """Stepped in raw class order, a low-class request already resident would get 8 of 30
     tokens, then nothing for as long as higher classes kept the step budget full. Rows age
     since the last step that carried them, so it keeps getting tokens."""
-    from fairness.base import Arrival
-
     clock = FakeClock()
-    pol = make_policy("priority", FairnessConfig(aging_s=1.0))
+    pol = PriorityPolicy(FairnessConfig(), PrioritySettings(aging_s=1.0))
     sched = make_scheduler(pol, num_pages=2000, budget=8, max_num_seqs=4000, clock=clock)
 
     def inherited(rid, prio, max_tokens):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from fairness import FairnessConfig, make_policy
+from fairness.memfair import MemFairPolicy
+from fairness.memfair_settings import MemFairSettings
 from fairness.attribution import attribute, components
 from pdtb.engine.timeline import Timeline
 from pdtb.engine.sequence import SeqStatus
@@ -15,8 +17,8 @@ from sched_sim import apply_step, check_conservation, make_request, make_schedul
 def whales_and_a_minnow(read_share: bool = True, turn: int = 4):
     """Three whales of tenant w, 60 pages each (one is all the read share of w admits: two
     tenants share a 200-page tier, 100 pages each), decoding; then a minnow of tenant m."""
-    cfg = FairnessConfig(read_share=read_share, read_turn_steps=turn)
-    sched = make_scheduler(make_policy("memfair", cfg), num_pages=200, budget=512)
+    pol = MemFairPolicy(FairnessConfig(), MemFairSettings(read_share=read_share, read_turn_steps=turn))
+    sched = make_scheduler(pol, num_pages=200, budget=512)
     whales = [make_request(236, 400, tenant="w", arrival=i) for i in range(3)]
     for w in whales:
         sched.add(w)
@@ -143,8 +145,8 @@ def test_a_second_long_prompt_held_back_does_not_slow_the_other_tenants_first():
     from sched_sim import FakeClock
 
     clock = FakeClock()
-    sched = make_scheduler(make_policy("memfair", FairnessConfig(starve_after_s=1e9)), num_pages=200, budget=256,
-                           clock=clock)
+    sched = make_scheduler(MemFairPolicy(FairnessConfig(), MemFairSettings(starve_after_s=1e9)), num_pages=200,
+                           budget=256, clock=clock)
     reqs = [make_request(60, 4, tenant=t, arrival=i) for i, t in enumerate("ABAB")]
     for r in reqs:
         sched.add(r)

@@ -8,8 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from fairness import FairnessConfig, make_policy
-from fairness.base import Arrival
+from fairness import FairnessConfig, Placement, make_policy
+from fairness.interface import Arrival
+from fairness.memfair import MemFairPolicy
+from fairness.memfair_settings import MemFairSettings
 from fairness.owners import owner_name, quota_owner
 from pdtb.common import CliError
 from pdtb.engine.sequence import SeqStatus
@@ -99,12 +101,12 @@ def test_by_request_every_request_gets_an_equal_share():
 
 
 # ---- static shares ------------------------------------------------------------------------------
-def _a_after_b_left(shares: str, **cfg):
+def _a_after_b_left(shares: str, **settings):
     """memfair on 40 pages: tenant b had work at t=0 and left; at t=1 tenant a runs a 16-page
     request and a second one of 10 pages waits (26 pages: more than half the pool). The step
     budget makes neither a long prompt."""
     clock = FakeClock()
-    pol = make_policy("memfair", FairnessConfig(quota_shares=shares, **cfg))
+    pol = MemFairPolicy(FairnessConfig(), MemFairSettings(quota_shares=shares, **settings))
     sched = make_scheduler(pol, num_pages=40, budget=512, clock=clock)
     sched.add(make_request(8, 4, tenant="b", rid="b"))
     sim_step(sched)
@@ -147,7 +149,7 @@ def test_static_shares_still_let_a_starving_request_in():
     assert a2.status == SeqStatus.RUNNING and "t:b" in pol.shares
 
 
-@pytest.mark.parametrize("shares, where", [("dynamic", "device"), ("static", "defer")])
+@pytest.mark.parametrize("shares, where", [("dynamic", Placement.DEVICE), ("static", Placement.DEFER)])
 def test_static_shares_place_no_arrival_beyond_its_share(shares, where):
     """The decode path: a 10-page arrival of a (holding 16 of 40) while b is idle but seen
     (no host tier: held at the prefill side)."""
@@ -163,7 +165,7 @@ def test_static_shares_place_a_held_arrival_that_starves():
     `starve_after_s` of retries it goes to the device whatever its quota."""
     sched, clock, pol, _ = _a_after_b_left("static")
     sched.abort("a2")
-    for t, where in ((1.0, "defer"), (2.0, "defer"), (3.1, "device")):
+    for t, where in ((1.0, Placement.DEFER), (2.0, Placement.DEFER), (3.1, Placement.DEVICE)):
         clock.t = t
         st = sched.state()
         pol.refresh(sched.running, [], st)
@@ -173,7 +175,7 @@ def test_static_shares_place_a_held_arrival_that_starves():
 def test_static_request_shares_last_while_the_request_is_here():
     """A request never comes back: under request quotas a finished one keeps no share."""
     clock = FakeClock()
-    pol = make_policy("memfair", FairnessConfig(quota_by="request", quota_shares="static"))
+    pol = MemFairPolicy(FairnessConfig(quota_by="request"), MemFairSettings(quota_shares="static"))
     sched = make_scheduler(pol, num_pages=40, budget=64, clock=clock)
     sched.add(make_request(8, 1, tenant="a", rid="gone"))
     sched.add(make_request(8, 30, tenant="a", rid="stays"))
@@ -184,31 +186,40 @@ def test_static_request_shares_last_while_the_request_is_here():
 
 
 # ---- configuration and flags --------------------------------------------------------------------
-@pytest.mark.parametrize("kw, needle", [
-    ({"quota_by": "user"}, "quota_by must be one of request, tenant, priority, slo-tier"),
-    ({"quota_shares": "fixed"}, "quota_shares must be one of dynamic, static"),
-    ({"static_window_s": 0.0}, "static_window_s must be positive"),
-    ({"static_window_s": -1.0}, "static_window_s must be positive"),
-    ({"static_window_s": float("nan")}, "finite"),
+@pytest.mark.parametrize("make, kw, needle", [
+    (FairnessConfig, {"quota_by": "user"}, "quota_by must be one of request, tenant, priority, slo-tier"),
+    (MemFairSettings, {"quota_shares": "fixed"}, "quota_shares must be one of dynamic, static"),
+    (MemFairSettings, {"static_window_s": 0.0}, "static_window_s must be > 0"),
+    (MemFairSettings, {"static_window_s": -1.0}, "static_window_s must be > 0"),
+    (MemFairSettings, {"static_window_s": float("nan")}, "finite"),
 ])
-def test_config_rejects(kw, needle):
+def test_config_rejects(make, kw, needle):
     with pytest.raises(ValueError, match=needle):
-        FairnessConfig(**kw)
+        make(**kw)
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode", "colocated"])
 def test_node_flags(role):
-    from pdtb.nodes.node_cli import fairness_config, parse
+    from fairness import resolve
+    from fairness.registry import make_settings
+    from pdtb.nodes.node_cli import fairness_config, parse, policy_args
 
-    cfg = fairness_config(parse(role, ["--quota-by", "slo-tier", "--quota-shares", "static", "--static-window", "5"]))
-    assert (cfg.quota_by, cfg.quota_shares, cfg.static_window_s) == ("slo-tier", "static", 5.0)
-    default = fairness_config(parse(role, []))
-    assert (default.quota_by, default.quota_shares, default.static_window_s) == ("tenant", "dynamic", 30.0)
-    with pytest.raises(CliError, match="static_window_s must be positive"):
-        fairness_config(parse(role, ["--static-window", "0"]))
-    for bad in (["--quota-by", "user"], ["--quota-shares", "fixed"]):
-        with pytest.raises(SystemExit):
-            parse(role, bad)
+    def settings(a):
+        return make_settings(resolve(a.policy), policy_args(a))
+
+    a = parse(role, ["--policy", "memfair", "--quota-by", "slo-tier", "--quota-shares", "static",
+                     "--static-window", "5"])
+    cfg, own = fairness_config(a), settings(a)
+    assert (cfg.quota_by, own.quota_shares, own.static_window_s) == ("slo-tier", "static", 5.0)
+    a = parse(role, ["--policy", "memfair"])
+    default, own = fairness_config(a), settings(a)
+    assert (default.quota_by, own.quota_shares, own.static_window_s) == ("tenant", "dynamic", 30.0)
+    with pytest.raises(CliError, match="static_window_s must be > 0"):
+        policy_args(parse(role, ["--policy", "memfair", "--static-window", "0"]))
+    with pytest.raises(SystemExit):
+        parse(role, ["--quota-by", "user"])
+    with pytest.raises(CliError, match="quota_shares must be one of dynamic, static"):  # refused with the settings
+        policy_args(parse(role, ["--policy", "memfair", "--quota-shares", "fixed"]))
 
 
 # ---- the SLO tier from the HTTP body to the Sequence --------------------------------------------

@@ -5,11 +5,13 @@ every request ends and every page comes back, in both modes."""
 from __future__ import annotations
 
 import random
+import sys
 
 import pytest
 
 import fairness
 from fairness.config import FairnessConfig
+from fairness.interface import REQUIRED_METHODS
 from pdtb.bench.records import RequestSpec
 from pdtb.sim.cluster import ClusterShape, SimCluster
 from pdtb.sim.cost import FixedStepCost, LinkModel
@@ -31,27 +33,43 @@ def _ids(x):
 
 
 class Recorder:
-    """Wraps a real policy; logs every call the scheduler or a node makes on it."""
+    """Wraps a real policy (a subclass's `inner_cls`, built with the recorder's config and
+    settings); logs every call of METHODS the scheduler or a node makes on it."""
 
     log: list = []
+    inner_cls: type | None = None
 
-    def __init__(self, inner) -> None:
-        self.__dict__["inner"] = inner
+    def __init__(self, config=None, settings=None) -> None:
+        self.__dict__["inner"] = self.inner_cls(config, settings)
+
+    name = property(lambda self: self.inner.name)
+    strict_order = property(lambda self: self.inner.strict_order)
 
     def __getattr__(self, name):
-        attr = getattr(self.inner, name)
-        if name not in METHODS:
-            return attr
+        return getattr(self.inner, name)
 
-        def call(*args):
+
+def _method(name: str):
+    def call(self, *args):
+        if name in METHODS:
             state = args[-1]
             Recorder.log.append((name, round(state.now, 6), state.step, state.device_free, _ids(list(args[:-1]))))
-            return attr(*args)
-        return call
+        return getattr(self.inner, name)(*args)
+    call.__name__ = name
+    return call
+
+
+for _name in REQUIRED_METHODS:  # every method of the interface, so that the registry takes the class
+    setattr(Recorder, _name, _method(_name))
+
+RECORDER = f"{__name__}:RecorderPolicy"  # the policy by reference (module:Class), as --policy takes it
 
 
 def _register(monkeypatch, inner: str) -> FairnessConfig:
-    monkeypatch.setitem(fairness.POLICIES, "recorder", lambda cfg: Recorder(fairness.POLICIES[inner](cfg)))
+    """RECORDER now wraps the built-in policy `inner`."""
+    cls = fairness.POLICIES[inner]
+    wrapper = type("RecorderPolicy", (Recorder,), {"inner_cls": cls, "Settings": cls.Settings})
+    monkeypatch.setattr(sys.modules[__name__], "RecorderPolicy", wrapper, raising=False)
     Recorder.log = []
     return FairnessConfig()
 
@@ -70,7 +88,7 @@ def _harness(specs, cfg: FairnessConfig, pages: int, host: int, budget: int) -> 
     """The same workload through the fake-clock harness: steps of one second, arrivals queued
     before each step."""
     clock = FakeClock()
-    sched = make_scheduler(fairness.make_policy("recorder", cfg), num_pages=pages, host_pages=host, budget=budget,
+    sched = make_scheduler(fairness.make_policy(RECORDER, cfg), num_pages=pages, host_pages=host, budget=budget,
                            clock=clock)
     todo = list(enumerate(specs))
     while todo or sched.has_work():
@@ -102,7 +120,7 @@ def test_sim_makes_the_same_policy_calls_as_the_scheduler_harness(monkeypatch, i
     _harness(specs, cfg, pages=20, host=32, budget=32)
     expected = list(Recorder.log)
     _register(monkeypatch, inner)
-    c = _sim(specs, [NodeShape("colocated", 20, 32, max_num_batched_tokens=32, policy="recorder", fairness=cfg)])
+    c = _sim(specs, [NodeShape("colocated", 20, 32, max_num_batched_tokens=32, policy=RECORDER, fairness=cfg)])
     assert len(expected) > 200 and {e[0] for e in expected} >= {"reclaim", "step_order", "admission_order", "may_admit"}
     if inner == "memfair":  # the pool is small enough that memfair evicts
         assert any(e[0] == "pick_victim" for e in expected)
