@@ -190,6 +190,7 @@ class DecodeNode(NodeBase):
         self.seqs.pop(request_id, None)
         self.routes.pop(request_id, None)
         self.acct.forget(request_id)
+        self.policy.forget(request_id)
         self.migrations.arrived.pop(request_id, None)
 
     async def exit_after_flush(self, why: str) -> None:
@@ -320,7 +321,7 @@ class DecodeNode(NodeBase):
         big = sorted(((pool.num_held(s.request_id), s.request_id, s.tenant) for s in sch.running), reverse=True)
         waiting = Counter(s.tenant for s in (*sch.parked, *sch.waiting))
         waiting.update(a.tenant for a in self.policy.waiting_arrivals(sch.state()))  # (those still retried here)
-        return {"reserved_pages": pool.state_counts()["reserved"], "policy": self.policy_label(),
+        return {"reserved_pages": pool.state_counts()["reserved"],
                 # what a rebalancer moves (pdtb/router/rebalance.py): the largest decoding requests,
                 # and per tenant, requests that wait here (parked, queued, or held at a prefill node)
                 "requests": [[rid, tenant, n] for n, rid, tenant in big[:REPORTED_REQUESTS]],

@@ -214,8 +214,9 @@ class BasePolicy:
         return self.fresh_held(state)
 
     def forget(self, request_id: str) -> None:
+        # (`incoming` is left to `refresh`: an aborted arrival's pages stay reserved until its
+        # transfer ends, and count for its owner until then)
         self.held.pop(request_id, None)
-        self.incoming.pop(request_id, None)
 
     def quotas(self) -> QuotaView:
         return QuotaView()

@@ -97,7 +97,8 @@ class Policy(Protocol):
 
     def forget(self, request_id: str) -> None:
         """`request_id` is no longer this node's concern as an arrival or a request: it ended,
-        was aborted, was parked here (now a candidate), or went elsewhere."""
+        was aborted, or went elsewhere; or, as an arrival, it was parked here (it comes back as
+        a candidate: keep what a candidate needs)."""
 
     def quotas(self) -> QuotaView:
         """The policy's current memory entitlements, for stats and metrics."""

@@ -192,7 +192,20 @@ def make_settings(entry: PolicyEntry, args=()) -> PolicySettings:
 def make_policy(ref: str, config=None, args=()):
     """Build the policy `ref` names with the shared `config` and its own settings `args`."""
     entry = resolve(ref)
-    settings = make_settings(entry, args)
+    return instantiate(entry, config, make_settings(entry, args))
+
+
+def instantiate(entry: PolicyEntry, config, settings):
+    """`entry.cls(config, settings)`; a class whose constructor does not take them is refused."""
+    import inspect
+
+    try:
+        inspect.signature(entry.cls).bind(config, settings)
+    except TypeError:
+        raise PolicyLoadError(f"policy {entry.ref!r}: its constructor must take (config, settings), "
+                              f"as fairness.BasePolicy's does") from None
+    except ValueError:
+        pass  # no signature to read (a builtin): let the call say
     return entry.cls(config, settings)
 
 

@@ -37,11 +37,11 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class PolicySettings:
-    """Base of every policy's settings: range and choice checks of `setting` fields."""
+    """Base of every policy's settings: type, choice and range checks of every field."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            check_value(f, getattr(self, f.name))
+            check_value(type(self), f, getattr(self, f.name))
 
 
 @dataclass(frozen=True)
@@ -62,13 +62,30 @@ def range_text(f: dataclasses.Field) -> str:
     return " and ".join(x for x in (left, right) if x)
 
 
-def check_value(f: dataclasses.Field, v) -> None:
+def _of_type(v, kind) -> bool:
+    if kind is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if kind is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    return not isinstance(kind, type) or isinstance(v, kind)
+
+
+def check_value(cls, f: dataclasses.Field, v) -> None:
+    """Refuse `v` for field `f` of `cls` unless it is of the field's type, among its choices
+    and within its range."""
     m = f.metadata
-    if v is None or isinstance(v, (bool, str, dict, list, tuple)):
-        if m.get("choices") and v not in m["choices"]:
-            raise SettingsError(f"{f.name} must be {range_text(f)}, got {v!r}")
+    kind, optional = field_type(cls, f)
+    if v is None:
+        if not optional:
+            raise SettingsError(f"{f.name} takes {type_name(cls, f)}, got None")
         return
-    if isinstance(v, (int, float)) and not math.isfinite(v):
+    if not _of_type(v, kind):
+        raise SettingsError(f"{f.name} takes {type_name(cls, f)}, got {v!r}")
+    if m.get("choices") and v not in m["choices"]:
+        raise SettingsError(f"{f.name} must be {range_text(f)}, got {v!r}")
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return
+    if not math.isfinite(v):
         raise SettingsError(f"{f.name} must be a finite number, got {v!r}")
     lo, hi = m.get("lo"), m.get("hi")
     low_bad = lo is not None and (v <= lo if m.get("lo_open") else v < lo)

@@ -224,6 +224,7 @@ class PrefillNode(NodeBase):
         self.seqs.pop(rid, None)
         self.routes.pop(rid, None)
         self.acct.forget(rid)  # its meters (they stayed forever after every hand-off)
+        self.policy.forget(rid)
 
     def on_abort(self, request_id: str, reason: str) -> None:
         h = self.handoffs.get(request_id)

@@ -28,11 +28,11 @@
 #                           [--doc docs/results.md]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-QUICK=(--quick) POLICIES="fcfs memfair vtc mcsf priority" PITEMS=() OUT="" BENCH=1 FRONTIER=1 SIM=1 PREFIX=1 MIGRATION=1 TRANSPORTS=1 RAY=1 DOC="$ROOT/docs/results.md"
+QUICK=(--quick) POLICIES="fcfs memfair vtc mcsf priority" SIM_POLICIES=() PITEMS=() OUT="" BENCH=1 FRONTIER=1 SIM=1 PREFIX=1 MIGRATION=1 TRANSPORTS=1 RAY=1 DOC="$ROOT/docs/results.md"
 while [ $# -gt 0 ]; do
   case "$1" in
     --full) QUICK=(); shift ;;
-    --policies) POLICIES="$2"; shift 2 ;;
+    --policies) POLICIES="$2"; SIM_POLICIES=(--policies); shift 2 ;;
     --policy-arg) PITEMS+=("$2"); shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --skip-bench) BENCH=0; shift ;;
@@ -93,7 +93,11 @@ if [ "$SIM" = 1 ]; then
   echo "== bash scripts/sim_results.sh" >&2
   real=()  # the quick comparison's real runs serve the validation (a full run has other flags)
   [ "${#QUICK[@]}" = 0 ] || real=(--real "$OUT/fair")
-  bash scripts/sim_results.sh --out "$OUT/sim" ${real[@]+"${real[@]}"} >&2
+  # the validation simulates the settings the real runs had (and their policies, when given;
+  # by default sim_results.sh's own fcfs and memfair)
+  [ "${#SIM_POLICIES[@]}" = 0 ] || SIM_POLICIES+=("$POLICIES")
+  bash scripts/sim_results.sh --out "$OUT/sim" ${real[@]+"${real[@]}"} ${SIM_POLICIES[@]+"${SIM_POLICIES[@]}"} \
+    ${PARGS[@]+"${PARGS[@]}"} >&2
   args+=(--sim "$OUT/sim")
 fi
 python -m pdtb.bench.results_doc "${args[@]}" --out "$DOC" --readme "$ROOT/README.md"

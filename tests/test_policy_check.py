@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from fairness import FairnessConfig, POLICIES, PolicyLoadError, resolve
-from pdtb.policies.check import check
+from fairness import POLICIES, PolicyLoadError, resolve
+from pdtb.policies.check import check, parse
 
 BROKEN = textwrap.dedent('''
     import random
@@ -53,6 +53,23 @@ BROKEN = textwrap.dedent('''
             return super().place_arrival(arrival, queued, state).value
 
 
+    class HashOrder(BasePolicy):
+        """Admission by the hash of the tenant's name: the same in one process, not in another."""
+
+        def admission_order(self, candidates, state):
+            return sorted(candidates, key=lambda s: (hash(s.tenant), s.arrival_time))
+
+
+    class BadQuotas(BasePolicy):
+        def quotas(self):
+            raise RuntimeError("no quotas here")
+
+
+    class OneArg(BasePolicy):
+        def __init__(self, config=None):
+            super().__init__(config)
+
+
     class NoForget:
         name = "noforget"
         strict_order = True
@@ -78,9 +95,9 @@ def broken(tmp_path_factory):
     return str(path)
 
 
-def run_check(ref: str, ticks: int = 150):
-    entry = resolve(ref)
-    return check(lambda: entry.cls(FairnessConfig(), entry.settings_cls()), seed=0, ticks=ticks)
+def run_check(ref: str, ticks: int = 150, *flags: str):
+    spec, _ = parse([ref, "--ticks", str(ticks), *flags])
+    return check(spec)
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
@@ -100,12 +117,21 @@ def test_built_in_policies_pass(name):
     ("Raises", "no exceptions", "on_step raised KeyError"),
     ("Dice", "deterministic", "two runs part"),
     ("Strings", "answers legal", "must be a fairness.Placement"),
+    ("HashOrder", "deterministic", "differ under another PYTHONHASHSEED"),
+    ("BadQuotas", "no exceptions", "quotas raised RuntimeError"),
+    ("OneArg", "interface", "its constructor must take (config, settings)"),
 ])
 def test_broken_policies_fail_on_their_property(broken, cls, prop, words):
     out = run_check(f"{broken}:{cls}")
     assert out.status[prop] == "FAIL", (out.status, out.detail)
     assert words in out.detail[prop], out.detail[prop]
     assert not out.passed
+
+
+def test_shared_fairness_flags_reach_the_runs():
+    """The bandwidth cap and quotas per request are paths of their own: the check runs them."""
+    out = run_check("memfair", 100, "--tenant-bw-cap", "20000", "--quota-by", "request", "--starve-after", "1")
+    assert out.passed, (out.status, out.detail)
 
 
 def test_a_class_missing_a_method_is_refused_with_its_name(broken):
@@ -120,7 +146,7 @@ def test_cli_prints_a_line_per_property_and_exits_nonzero_on_failure(broken):
     for prop in ("interface", "answers legal", "no exceptions", "page conservation", "every request ends",
                  "deterministic"):
         assert f"  {prop}" in ok.stdout and "FAIL" not in ok.stdout
-    assert "output_weight=3.0" in ok.stdout
+    assert "'output_weight': 3.0" in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "pdtb", "policy", "check", f"{broken}:Raises", "--ticks", "60"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "no exceptions        FAIL" in bad.stdout, bad.stdout + bad.stderr

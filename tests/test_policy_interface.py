@@ -121,8 +121,8 @@ def test_older_flags_become_the_policys_settings_or_name_the_new_spelling():
     s = pol.settings
     assert (s.starve_after_s, s.read_share, s.dynamic_quota, s.read_turn_steps) == (3.0, False, True, 4)
     assert make_policy("priority", None, policy_args(parse("--policy", "priority", "--aging", "5"))).settings.aging_s == 5
-    with pytest.raises(CliError, match="--starve-after is a setting policy vtc does not have; the spelling now "
-                                       "is --policy-arg starve_after_s=VALUE"):
+    with pytest.raises(CliError, match="--starve-after is a setting policy vtc does not have; it stands for "
+                                       "--policy-arg starve_after_s=VALUE"):
         policy_args(parse("--policy", "vtc", "--starve-after", "3"))
     with pytest.raises(CliError, match="--policy-arg expects KEY=VALUE"):
         policy_args(parse("--policy", "vtc", "--policy-arg", "output_weight"))

@@ -178,7 +178,7 @@ def test_a_sim_results_file_names_the_policy(tmp_path, capsys, policy_ref, mode)
                  "--mode", mode, "--policy", policy_ref, "--policy-arg", "horizon_s=5", "--kv-pages", "256",
                  "--cost", "calibrated", "--out", str(out)]) == 0
     meta = load_results(out)["meta"]
-    assert meta["policy"] == policy_ref and meta["policy_info"] == expected(policy_ref)
+    assert meta["policy"] == "halflife" and meta["policy_info"] == expected(policy_ref)
     assert "results: " in capsys.readouterr().out
 
 

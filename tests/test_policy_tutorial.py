@@ -56,7 +56,7 @@ def test_the_tutorial_has_its_steps():
 def test_show_and_check(folder):
     out = run_block(0, folder, 300)
     assert "half_life_s (float, default 10.0; > 0.0)" in out
-    assert "source: lps.py:LeastPageSeconds; settings: LpsSettings(half_life_s=5.0)" in out
+    assert "source: lps.py:LeastPageSeconds; settings: {'half_life_s': 5.0}" in out
     assert out.count(" ok ") + out.count(" ok\n") == 6 and out.rstrip().endswith("passed"), out
 
 

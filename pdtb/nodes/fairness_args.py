@@ -3,9 +3,9 @@ settings (`--policy`, `--policy-arg`) and the shared `FairnessConfig`. The nodes
 `pdtb generate` and the lockstep comparison share them, so every run is configured alike.
 
 A policy's settings are `--policy-arg key=value` (`pdtb policies show NAME` lists them). The
-flags that set memfair's, vtc's and priority's settings before they were the policies' own
-still work: each becomes the `--policy-arg` it stands for, and is refused, naming that
-spelling, for a policy without such a setting.
+older flags for memfair's and priority's settings (`--starve-after`, `--aging`, ...) each stand
+for a `--policy-arg`: they set it for a policy that has the setting, and are refused, naming
+the `--policy-arg` spelling, for one that does not.
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def policy_args(a: argparse.Namespace) -> tuple[tuple[str, str], ...]:
         if value is None:
             continue
         if key not in own:
-            raise CliError(f"{flag} is a setting policy {a.policy} does not have; the spelling now is "
+            raise CliError(f"{flag} is a setting policy {a.policy} does not have; it stands for "
                            f"--policy-arg {key}=VALUE, for a policy with that setting (pdtb policies show NAME)")
         pairs.append((key, str(value)))
     try:

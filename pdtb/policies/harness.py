@@ -201,6 +201,8 @@ class Harness:
         self.steps += 1
         for m in out.moves:
             self._saw(m.kind)
+        node.policy.quotas()  # what a node's stats ask of it after steps
+        node.policy.waiting_arrivals(sch.state())
         for c in out.chunks:
             c.seq.num_computed_tokens += c.num_new_tokens
             sch.register_computed(c.seq)

@@ -135,8 +135,9 @@ def render(d: str | Path) -> list[str]:
         if x:
             out += part(x)
     runs = []
-    for pol in ("fcfs", "memfair"):
-        az = _load(d, f"azure-hour-{pol}.json")
+    for path in sorted(d.glob("azure-hour-*.json")):  # one per policy sim_results.sh ran
+        pol = path.stem[len("azure-hour-"):]
+        az = _load(d, path.name)
         if az:
             text = {ext: (d / f"azure-hour-{pol}.{ext}").read_text().strip()
                     if (d / f"azure-hour-{pol}.{ext}").is_file() else None for ext in ("wall_s", "command")}

@@ -68,8 +68,18 @@ def _specs(a: Namespace) -> tuple[list, dict]:
 def _meta(a: Namespace, cost, figures: dict, cluster: SimCluster | None) -> dict:
     opts = {k: v for k, v in vars(a).items() if k != "api_key"}
     return {"workload": a.workload, "options": opts, "seed": a.seed, "url": None, "simulated": True,
-            "mode": a.label_mode or a.mode, "policy": a.label_policy or a.policy,
+            "mode": a.label_mode or a.mode, "policy": a.label_policy or _policy_name(a),
             "policy_info": _policy_info(cluster), "cost": cost.name, "arrival": "simulated open loop", "sim": figures}
+
+
+def _policy_name(a: Namespace) -> str:
+    """The policy as real nodes name it: the class's own `name`, else its reference."""
+    from fairness import PolicyLoadError, resolve
+
+    try:
+        return resolve(a.policy).name
+    except PolicyLoadError:
+        return a.policy
 
 
 def _policy_info(cluster: SimCluster | None) -> dict | None:
