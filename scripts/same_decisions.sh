@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Do two revisions decide alike? The quick fairness comparison, simulated (--sim) and, with
+# --lockstep, through a real decode node in lockstep, for every built-in policy, at revision
+# BASE and at HEAD (or --head REV), each from a clean worktree of its own; then every results
+# file of one is compared with the other's, field by field, leaving out what names the run
+# (options, wall time, policy_info). Exit 0 when every file is the same.
+#
+#   scripts/same_decisions.sh --base REV [--head REV] [--lockstep] [--policies LIST] [--out DIR]
+#
+# For a change meant to move code, not decisions: both runs are deterministic (the simulator's
+# clock and lockstep's fixed order of events), so any difference is a changed decision.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BASE="" HEAD_REV=HEAD LOCKSTEP=0 POLICIES="fcfs memfair vtc mcsf priority" OUT=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --base) BASE="$2"; shift 2 ;;
+    --head) HEAD_REV="$2"; shift 2 ;;
+    --lockstep) LOCKSTEP=1; shift ;;
+    --policies) POLICIES="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "same_decisions: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+[ -n "$BASE" ] || { echo "same_decisions: --base REV is required" >&2; exit 2; }
+source "$ROOT/scripts/_env.sh"
+PY="$(command -v python)"  # this checkout's environment runs both trees, each from its own code
+OUT="${OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+trees=()
+cleanup() { for t in ${trees[@]+"${trees[@]}"}; do git -C "$ROOT" worktree remove --force "$t" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+run_at() {  # run_at REV NAME: the comparisons at REV, into OUT/NAME-{sim,lockstep}
+  local rev="$1" name="$2" tree="$OUT/tree-$2"
+  git -C "$ROOT" worktree add --detach "$tree" "$rev" >/dev/null 2>&1
+  trees+=("$tree")
+  echo "== $name: $(git -C "$tree" log --oneline -1)" >&2
+  (cd "$tree" && PDTB_SYSTEM_PYTHON=1 PYTHON="$PY" bash scripts/compare_fairness.sh --quick --sim \
+     --policies "$POLICIES" --out "$OUT/$name-sim" >/dev/null 2>&1)
+  if [ "$LOCKSTEP" = 1 ]; then
+    (cd "$tree" && PDTB_SYSTEM_PYTHON=1 PYTHON="$PY" bash scripts/compare_fairness.sh --quick --lockstep \
+       --modes disagg --policies "$POLICIES" --out "$OUT/$name-lockstep" >/dev/null 2>&1)
+  fi
+}
+
+run_at "$BASE" base
+run_at "$HEAD_REV" head
+python - "$OUT" <<'PY'
+import glob
+import json
+import os
+import sys
+
+out = sys.argv[1]
+SKIP = {"options", "policy_info", "wall_s", "elapsed_s", "command"}
+
+
+def strip(x):
+    if isinstance(x, dict):
+        return {k: strip(v) for k, v in x.items() if k not in SKIP}
+    if isinstance(x, list):
+        return [strip(v) for v in x]
+    return x
+
+
+differ = 0
+for kind in ("sim", "lockstep"):
+    for a in sorted(glob.glob(f"{out}/base-{kind}/*.json")):
+        b = a.replace(f"base-{kind}", f"head-{kind}")
+        if not os.path.exists(b):
+            print(f"{kind} {os.path.basename(a)}: missing at head")
+            differ += 1
+            continue
+        same = strip(json.load(open(a))) == strip(json.load(open(b)))
+        differ += not same
+        print(f"{kind} {os.path.basename(a)}: {'same' if same else 'DIFFERENT'}")
+print("every decision the same" if not differ else f"{differ} files differ")
+sys.exit(1 if differ else 0)
+PY
