@@ -71,13 +71,16 @@ class PolicyInfo:
 
 
 def built_ins() -> dict[str, type]:
+    from fairness.drr import DrrPolicy
     from fairness.fcfs import FcfsPolicy
     from fairness.mcsf import McsfPolicy
+    from fairness.memtime import MemTimePolicy
     from fairness.memfair import MemFairPolicy
     from fairness.priority import PriorityPolicy
     from fairness.vtc import VtcPolicy
 
-    return {p.name: p for p in (FcfsPolicy, MemFairPolicy, VtcPolicy, McsfPolicy, PriorityPolicy)}
+    return {p.name: p for p in (FcfsPolicy, MemFairPolicy, VtcPolicy, McsfPolicy, PriorityPolicy, MemTimePolicy,
+                                DrrPolicy)}
 
 
 def entry_points() -> dict[str, tuple[str, str]]:
