@@ -71,6 +71,7 @@ class PolicyInfo:
 
 
 def built_ins() -> dict[str, type]:
+    from fairness.dlpm import DlpmPolicy
     from fairness.drr import DrrPolicy
     from fairness.fcfs import FcfsPolicy
     from fairness.mcsf import McsfPolicy
@@ -80,7 +81,7 @@ def built_ins() -> dict[str, type]:
     from fairness.vtc import VtcPolicy
 
     return {p.name: p for p in (FcfsPolicy, MemFairPolicy, VtcPolicy, McsfPolicy, PriorityPolicy, MemTimePolicy,
-                                DrrPolicy)}
+                                DrrPolicy, DlpmPolicy)}
 
 
 def entry_points() -> dict[str, tuple[str, str]]:

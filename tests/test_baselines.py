@@ -74,3 +74,39 @@ def test_memtime_lifts_a_returning_tenant_to_the_floor():
     waiting = [make_request(4, tenant=t, rid=f"w{t}") for t in "abc"]
     pol.reclaim([], waiting, state(2.0))
     assert pol.counters["c"] == 3.0
+
+
+def dlpm_state(hits=None, now=0.0):
+    hits = hits or {}
+    return SchedState(now, 0, 4, 64, 1000, 1000, 0, 0, {}, {}, cached_pages=lambda s: hits.get(s.request_id, 0))
+
+
+def test_dlpm_admits_within_deficits_longest_prefix_first():
+    """quantum 50, weights 1. A waits with a1 (50 tokens, 0 cached) and a2 (50, 0 cached), B with
+    b1 (50, 0 cached), b2 (40 tokens, 8 of them in 2 cached pages), arriving a1, a2, b1, b2.
+    Nobody has deficit: both gain 50. LPM picks b2 (2 pages): B 50 - 32 = 18. Then a1 (ties by
+    arrival): A 0. A may not go; b1: B 18 - 50 = -32. Nobody may: both gain 50 (A 50, B 18):
+    a2, A 0. Order b2, a1, b1, a2 (FCFS would be a1, a2, b1, b2)."""
+    from fairness.dlpm import DlpmPolicy, DlpmSettings
+
+    pol = DlpmPolicy(settings=DlpmSettings(quantum=50, input_weight=1, output_weight=1))
+    reqs = [make_request(n, tenant=t, arrival=a, rid=r)
+            for r, n, t, a in (("a1", 50, "a", 0.0), ("a2", 50, "a", 1.0), ("b1", 50, "b", 2.0), ("b2", 40, "b", 3.0))]
+    st = dlpm_state({"b2": 2})
+    assert [s.request_id for s in pol.admission_order(reqs, st)] == ["b2", "a1", "b1", "a2"]
+    # b2 and a1 admitted: their charges are committed, the rest is not
+    assert pol.may_admit(reqs[3], 1, st) and pol.may_admit(reqs[0], 1, st)
+    assert pol.deficit == {"a": 0.0, "b": 18.0}
+
+
+def test_dlpm_charges_generated_tokens():
+    """Two tokens generated for a's request at output weight 2: a's counter falls by 4."""
+    from fairness.dlpm import DlpmPolicy
+    from pdtb.engine.scheduler import ScheduledChunk
+
+    pol = DlpmPolicy()
+    seq = make_request(4, tenant="a", rid="x")
+    seq.num_computed_tokens = 3
+    for _ in range(2):
+        pol.on_step([ScheduledChunk(seq, 1)], dlpm_state())
+    assert pol.deficit == {"a": -4.0}

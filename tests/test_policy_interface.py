@@ -79,7 +79,7 @@ def test_a_module_reference_loads_from_the_path(policy_file, monkeypatch):
         resolve("no_such_module:X")
     with pytest.raises(PolicyLoadError, match="has no 'Nope'"):
         resolve("lps_policy:Nope")
-    with pytest.raises(PolicyLoadError, match="unknown policy 'nope'; known: drr, fcfs, mcsf, memfair"):
+    with pytest.raises(PolicyLoadError, match="unknown policy 'nope'; known: dlpm, drr, fcfs, mcsf, memfair"):
         resolve("nope")
 
 

@@ -7,7 +7,7 @@ asked here. Policies are pure with respect to the scheduler: they read the seque
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from pdtb.engine.sequence import Sequence
 
@@ -31,6 +31,9 @@ class SchedState:
     # pages only it holds (what evicting it gives back); None: nothing is shared, both == pages
     charged: dict | None = None
     exclusive: dict | None = None
+    # with a prefix cache: cached_pages(seq) -> leading pages of a waiting request's prompt this
+    # node holds (what admitting it would not prefill); None: no prefix cache
+    cached_pages: Callable[[Sequence], int] | None = None
 
     @property
     def charge(self) -> dict:

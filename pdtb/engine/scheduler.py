@@ -160,7 +160,8 @@ class Scheduler:
                                      self.pool.held_counts(), hp.held_counts() if hp else {},
                                      self.config.max_num_batched_tokens,
                                      *((self.pool.charged_counts(), self.pool.exclusive_counts())
-                                       if self.pool.num_shared else (None, None)))
+                                       if self.pool.num_shared else (None, None)),
+                                     cached_pages=self._cached_pages if self.prefix_ns is not None else None)
         return self._state
 
     # ---- step ----------------------------------------------------------------------------------
@@ -271,6 +272,10 @@ class Scheduler:
         if usable <= 0:
             return []
         return self.pool.match(self.hashes_of(seq, usable))
+
+    def _cached_pages(self, seq: Sequence) -> int:
+        """SchedState.cached_pages: the pages `_prefix_match` would share with `seq` now."""
+        return len(self._prefix_match(seq))
 
     def _count_prefix(self, seq: Sequence, hit_pages: int) -> None:
         tokens = min(hit_pages * self.pool.spec.page_size, seq.num_prompt_tokens)
