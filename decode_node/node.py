@@ -187,10 +187,7 @@ class DecodeNode(NodeBase):
 
     def let_go(self, request_id: str) -> None:
         """The request moved to another node: forget it here, with no event."""
-        self.seqs.pop(request_id, None)
-        self.routes.pop(request_id, None)
-        self.acct.forget(request_id)
-        self.policy.forget(request_id)
+        self._end_id(request_id)
         self.migrations.arrived.pop(request_id, None)
 
     async def exit_after_flush(self, why: str) -> None:

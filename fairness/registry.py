@@ -127,11 +127,22 @@ def _load_file(path: str):
     return mod
 
 
+def _is_file(where: str) -> bool:
+    """`where:Class` names a file (not a module) when `where` ends in .py or holds a path separator."""
+    return where.endswith(".py") or os.sep in where
+
+
+def absolute_ref(ref: str) -> str:
+    """`ref` with a policy file's path made absolute, for processes started in another directory."""
+    where, sep, attr = ref.rpartition(":")
+    return f"{os.path.abspath(where)}:{attr}" if sep and _is_file(where) else ref
+
+
 def _load_qualified(target: str, ref: str):
     where, _, attr = target.rpartition(":")
     if not where or not attr:
         raise PolicyLoadError(f"policy {ref!r}: expected module:Class or file.py:Class")
-    if where.endswith(".py") or os.sep in where:
+    if _is_file(where):
         mod = _load_file(where)
     else:
         try:

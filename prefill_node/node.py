@@ -221,10 +221,7 @@ class PrefillNode(NodeBase):
     def _release(self, rid: str) -> None:
         self.handoffs.pop(rid, None)
         self.engine.pool.free(rid)
-        self.seqs.pop(rid, None)
-        self.routes.pop(rid, None)
-        self.acct.forget(rid)  # its meters (they stayed forever after every hand-off)
-        self.policy.forget(rid)
+        self._end_id(rid)  # its route, meters (they stayed forever after every hand-off), policy state
 
     def on_abort(self, request_id: str, reason: str) -> None:
         h = self.handoffs.get(request_id)

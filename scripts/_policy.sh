@@ -31,22 +31,14 @@
 _policy_py() {  # _policy_py check|label|table ARGS...: the checks, in Python
   python - "$@" <<'PY'
 import argparse
-import os
 import re
 import sys
 
+from fairness.registry import absolute_ref
 from pdtb.common import CliError
 from pdtb.nodes.fairness_args import add_fairness_args, fairness_config, policy_args
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-
-
-def absolute(ref):
-    # fairness/registry.py reads `where:Class` as a file when `where` ends in .py or holds a '/'
-    where, sep, attr = ref.rpartition(":")
-    if sep and (where.endswith(".py") or os.sep in where):
-        return f"{os.path.abspath(where)}:{attr}"
-    return ref
 
 
 def label_of(ref):
@@ -57,7 +49,7 @@ def label_of(ref):
     from fairness import PolicyLoadError, resolve
 
     try:
-        own = resolve(absolute(ref)).cls.__dict__.get("name")
+        own = resolve(absolute_ref(ref)).cls.__dict__.get("name")
     except PolicyLoadError:
         own = None
     return own if isinstance(own, str) and LABEL.fullmatch(own) else ref.rpartition(":")[2].rpartition(".")[2]
@@ -66,10 +58,10 @@ def label_of(ref):
 def check(caller, ref, flags):
     ap = argparse.ArgumentParser(prog=caller, usage=argparse.SUPPRESS, add_help=False, allow_abbrev=False)
     add_fairness_args(ap)
-    a, _ = ap.parse_known_args(["--policy", absolute(ref), *flags])  # other node flags are not ours
+    a, _ = ap.parse_known_args(["--policy", absolute_ref(ref), *flags])  # other node flags are not ours
     policy_args(a)
     fairness_config(a)
-    return absolute(ref)
+    return absolute_ref(ref)
 
 
 def split_item(item):

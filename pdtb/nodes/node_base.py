@@ -312,6 +312,8 @@ class NodeBase:
         self._end_id(seq.request_id)
 
     def _end_id(self, request_id: str) -> None:
+        """Forget a request that left this node (ended, failed or moved): its route, its meters
+        and what the policy keeps of it."""
         self.seqs.pop(request_id, None)
         self.routes.pop(request_id, None)
         self.acct.forget(request_id)

@@ -73,7 +73,7 @@ class Harness:
         self.nodes = [self._node(), self._node()]
         self.held: dict[str, tuple[Sequence, int]] = {}  # at the prefill side: rid -> (seq, target node)
         self.born: dict[str, int] = {}  # rid -> tick it arrived
-        self.ended: dict[str, str] = {}  # rid -> how it ended
+        self.open: dict[str, int] = {}  # rid -> tick it arrived, of those not ended (in arrival order)
         self.longest = 0  # most ticks any request took to end
         self.steps = 0
         self.answers = 0
@@ -106,7 +106,7 @@ class Harness:
         seq = Sequence(rid, list(prompt), len(prompt), SamplingParams(max_tokens=mt, ignore_eos=True),
                        tenant=tenant, priority=rng.randint(0, 2), slo_tier=("", "gold", "std")[self._n % 3])
         seq.arrival_time = self.t
-        self.born[rid] = self.tick
+        self.born[rid] = self.open[rid] = self.tick
         target = rng.randrange(2)
         if local:
             self._local(seq, target)
@@ -158,7 +158,7 @@ class Harness:
         self.seen[what] = self.seen.get(what, 0) + n
 
     def _end(self, rid: str, how: str) -> None:
-        self.ended[rid] = how
+        self.open.pop(rid, None)
         self.longest = max(self.longest, self.tick - self.born[rid])
         self.trace.append(("end", self.tick, rid, how))
 
@@ -238,9 +238,8 @@ class Harness:
         self._check_bound()
 
     def _check_bound(self) -> None:
-        late = [r for r, b in self.born.items() if r not in self.ended and self.tick - b > self.bound]
-        if late:
-            rid = min(late, key=lambda r: (self.born[r], r))
+        rid, born = next(iter(self.open.items()), (None, self.tick))  # the oldest not ended
+        if self.tick - born > self.bound:
             raise Broken("every request ends", f"request {rid} ({self._where(rid)}) has not ended "
                                                f"{self.bound} steps after it arrived")
 

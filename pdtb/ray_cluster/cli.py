@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import secrets
 import shlex
@@ -67,22 +66,14 @@ def parse_up(argv: list[str]) -> argparse.Namespace:
     return a
 
 
-def absolute_ref(ref: str) -> str:
-    """`ref` with a policy file's path made absolute: nodes start in a Ray worker's directory,
-    not this one (fairness/registry.py reads `where:Class` as a file when `where` ends in .py or
-    holds a path separator)."""
-    where, sep, attr = ref.rpartition(":")
-    if sep and (where.endswith(".py") or os.sep in where):
-        return f"{os.path.abspath(where)}:{attr}"
-    return ref
-
-
 def policy_flags(a: argparse.Namespace) -> list[str]:
     """The nodes' policy flags, checked here first: a bad reference or setting stops `up`
     before anything is placed, with the message a node would give."""
     from pdtb.nodes.fairness_args import policy_args
 
-    ref = absolute_ref(a.policy)
+    from fairness.registry import absolute_ref
+
+    ref = absolute_ref(a.policy)  # nodes start in a Ray worker's directory, not this one
     policy_args(argparse.Namespace(policy=ref, policy_arg=list(a.policy_arg)))
     return ["--policy", ref, *(x for item in a.policy_arg for x in ("--policy-arg", item))]
 
