@@ -34,6 +34,7 @@ import time
 
 import torch
 
+from kv_transport.bench import make_exports, sig
 from kv_transport.config import MiB, TransportConfig
 from kv_transport.page_writer import PageWriter
 from kv_transport.shm_backend import piece_rows
@@ -167,7 +168,6 @@ def checked_copy_gbps(big: KVExport, chunk: int, reps: int, timeout: float = 60.
 def run_shm_bench(args) -> int:
     import uvloop
 
-    from kv_transport.bench import make_exports
     torch.set_num_threads(1)
     torch.manual_seed(0)
     chunk = int(args.chunk_mib * MiB)
@@ -182,14 +182,14 @@ def run_shm_bench(args) -> int:
            "reps": args.reps}
     for kind, name in (("shm", ""), ("shm_write", "write_"), ("shm_unchecked", "unchecked_")):
         best, key = max(rates[kind]), kind + "_gbps"
-        out.update({key: round(best, 3), key + "_median": round(statistics.median(rates[kind]), 3),
-                    name + "ratio_vs_zmq_ipc": round(best / max(zmq_ipc), 3),
-                    name + "ratio_paired_median": round(statistics.median(a / b for a, b in zip(rates[kind], zmq_ipc)), 3),
-                    name + "ratio_vs_pool_copy": round(best / copy, 3)})
-    out.update({"write_ratio_vs_checked_copy": round(max(rates["shm_write"]) / checked, 3),
-                "zmq_ipc_gbps": round(max(zmq_ipc), 3), "zmq_ipc_gbps_median": round(statistics.median(zmq_ipc), 3),
-                "pool_copy_gbps": round(copy, 3), "pool_landing_copy_gbps": round(land, 3),
-                "pool_index_copy_gbps": round(index, 3), "checked_copy_gbps": round(checked, 3),
+        out.update({key: sig(best), key + "_median": sig(statistics.median(rates[kind])),
+                    name + "ratio_vs_zmq_ipc": sig(best / max(zmq_ipc)),
+                    name + "ratio_paired_median": sig(statistics.median(a / b for a, b in zip(rates[kind], zmq_ipc))),
+                    name + "ratio_vs_pool_copy": sig(best / copy)})
+    out.update({"write_ratio_vs_checked_copy": sig(max(rates["shm_write"]) / checked),
+                "zmq_ipc_gbps": sig(max(zmq_ipc)), "zmq_ipc_gbps_median": sig(statistics.median(zmq_ipc)),
+                "pool_copy_gbps": sig(copy), "pool_landing_copy_gbps": sig(land),
+                "pool_index_copy_gbps": sig(index), "checked_copy_gbps": sig(checked),
                 **counts})
     if args.json:
         print(json.dumps(out))
