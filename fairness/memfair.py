@@ -1,41 +1,36 @@
-"""`memfair`: memory-fair admission of inherited pages.
+"""`memfair`: memory-fair admission and prefill, with the same defaults at every scale.
 
 A "tenant" below is a quota owner (fairness/owners.py, `quota_by`): a tenant by default, or a
-priority class, a request, an SLO tier. Everything here is keyed by it.
+priority class, a request, an SLO tier. Everything here is keyed by it. Long requests are not
+limited for being long: each owner is charged for the memory and the step it takes, and gets
+its weighted share of both whenever someone else wants theirs.
 
-- Entitlement: each tenant with work is entitled to its weighted share of the device tier.
-- Static shares (`quota_shares="static"`): each tenant seen with work within `static_window_s`
-  is entitled to its weighted share whether or not it has work now; an idle tenant's share is
-  not lent, and nobody is admitted or placed beyond its tenant's share (no borrowing). Work
-  conservation still holds (with nothing running, the first candidate that fits runs; an idle
-  pool takes the oldest arrival), and so does `starve_after_s`, for held arrivals too.
-- Admission: candidates of the tenants furthest below their entitlement first; a request may
-  take pages beyond its tenant's entitlement (borrowing) only while no other tenant that is
-  below its entitlement is waiting. Under contention a request's device pages beyond its cap
-  (static, or dynamic: growing with its length) are borrowed too: it is admitted or promoted
-  beyond the cap only while no other request within its quota waits, so a cap delays a long
-  request but never strands it.
-- Reclaim: when a waiting request within its quota cannot fit, requests of tenants above
-  their entitlement, and requests that grew beyond their cap while decoding, are demoted to
-  the host tier (never preempted: a quota is not worth lost work), most over-quota owner and
-  largest footprint first, never pushing a tenant below its share for a borrower.
-- No starvation: a request that has waited `starve_after_s` for device pages (a long request
-  beyond its cap, a borrower while others keep borrowing) is let in whatever its quota: it
-  reclaims other tenants' borrowed and beyond-cap pages like a request within its quota, and
-  is not reclaimed itself for `read_turn_steps` steps after it gets in.
-- Victims under pressure: footprint-weighted, the same order.
-- Long prompts: while another tenant has work (now, or within `active_window_s`: a tenant
-  between two requests is still there), a prompt longer than `long_prompt_frac` of the step
-  budget prefills in chunks, one such prompt per tenant at a time: of `prefill_share_frac` of
-  the budget in a step that carries another tenant's requests (their inter-token gaps stay
-  short), of `prefill_idle_frac` of it in a step that carries none (a request of theirs that
-  arrives waits for one such step at most, and a whale made of prompt does not crawl at the
-  small chunk's cost per token for as long as others come and go). The whale pays for its own
-  size with more, smaller steps.
-- Read share: KV bandwidth is the other half of memory. While other tenants decode, a tenant's
-  decode rows read at most its entitlement of pages per step; its other rows keep their pages
-  and take turns (least recently served first, a turn lasting `read_turn_steps`). A borrower
-  keeps the memory it borrowed but does not stretch everyone's step with it.
+- Memory shares. Each owner with work is entitled to its weighted share of the device tier
+  (static shares, `quota_shares="static"`: every owner seen with work within
+  `static_window_s`, an idle owner's share kept for it, nobody beyond its share).
+- Admission. Candidates of the owners furthest below their share first; nothing waits behind
+  a request that does not fit. An owner may go beyond its share (borrow) only while no other
+  owner waits with a request within its own share, and only leaving free the pages of one
+  typical request (its recent requests' mean size) of each other owner with unused share, so
+  that its next request does not have to take pages back from the borrower.
+- Reclaim. When a request within its owner's share waits and cannot fit, requests of owners
+  beyond their share are demoted to the host tier (never preempted: a share is not worth
+  lost work), the most over-share owner and largest footprint first, and only as many as make
+  room for it now. A request moved between tiers stays where it is for `starve_after_s`: a
+  move copies its pages, and moving it back at once would copy them for nothing.
+- The step. Each step's token budget, less a token per decode row, is split among the owners
+  with prompts to prefill: each gets a quarter of its weighted max-min share (PREFILL_FLOOR),
+  and the rest goes to the owners holding the least device memory per weight first, each up
+  to what it wants. A 2K prompt does not queue behind a 128K one; the 128K prompt keeps
+  prefilling at its floor at least, and with all the step others leave. Decode rows always
+  step, so a long request's inter-token time is its own size's cost, not a leftover.
+- Victims, when a row cannot grow: the most over-share owner's request; demoted, the largest
+  footprint; dropped for recompute, the one with the least computed work.
+- No starvation. A request waiting `starve_after_s` for device pages is let in whatever its
+  quota, and reclaims borrowed pages like a request within its share.
+
+Per-step cost: the owners' usage, shares and waiting needs are found once per step (one pass
+over the running and waiting requests); each admission test then costs O(owners).
 """
 from __future__ import annotations
 
@@ -44,32 +39,61 @@ from fairness.base import BasePolicy
 from fairness.interface import Placement, QuotaView
 from fairness.memfair_settings import MemFairSettings
 from fairness.owners import owner_name
-from fairness.quotas import entitlements, request_cap, request_cap_tokens, usage
+from fairness.quotas import entitlements, usage
 from pdtb.engine.sched_policy import SchedState
 from pdtb.engine.sequence import Sequence
 
 
 RECLAIM_TRIES = 16  # waiting requests per step that may look for borrowers to demote
+# An owner with prompts to prefill gets at least this part of its weighted max-min share of
+# every step's tokens; the rest goes to the owners holding the least memory per weight first.
+# Serving the lightest owners first keeps a 2K prompt from queueing behind a 128K one (the
+# whale's memory is the cost it makes visible); the floor keeps lighter owners that fill the
+# node from starving it.
+PREFILL_FLOOR = 0.25
+SIZE_MEMORY = 8  # an owner's typical request size: the mean of about its last this many requests
+
+
+def water_fill(demand: dict[str, float], weight: dict[str, float], total: float) -> dict[str, float]:
+    """Weighted max-min fair split of `total` among the keys of `demand`: each gets at most its
+    demand, and what one does not want goes to the others in proportion to their weights."""
+    out: dict[str, float] = {}
+    left, open_ = float(total), {k for k, d in demand.items() if d > 0}
+    while open_ and left > 1e-9:
+        wsum = sum(weight[k] for k in open_)
+        sated = {k for k in open_ if demand[k] - out.get(k, 0.0) <= left * weight[k] / wsum}
+        if not sated:
+            for k in open_:
+                out[k] = out.get(k, 0.0) + left * weight[k] / wsum
+            return out
+        for k in sated:
+            left -= demand[k] - out.get(k, 0.0)
+            out[k] = float(demand[k])
+        open_ -= sated
+    return out
 
 
 class MemFairPolicy(BasePolicy):
     name = "memfair"
-    strict_order = False  # a blocked whale does not block the minnows behind it
+    strict_order = False  # a request that does not fit does not block the ones behind it
     Settings = MemFairSettings
 
     def __init__(self, config=None, settings=None) -> None:
         super().__init__(config, settings)
         self.static = self.settings.quota_shares == "static"  # no lending, no borrowing of shares
-        self.use: dict[str, int] = {}  # device pages per quota owner (refreshed each step)
+        self.use: dict[str, int] = {}  # device pages per quota owner, with arrivals landing (this step)
         self.shares: dict[str, float] = {}  # entitlement per owner with a share (with work; static: seen)
         self.over: dict[str, float] = {}  # use / entitlement
-        self._turns: dict[str, tuple[frozenset, int]] = {}  # owner -> (rows in its read turn, last step)
-        self._seen: dict[str, float] = {}  # owner -> state.now when it last had work here
         self._known: dict[str, float] = {}  # static shares: owner -> state.now when last seen with work
-        self._long_chunk: dict[str, int] = {}  # owner -> step its long prompt last got a chunk in
-        self._yielded: dict[str, int] = {}  # long prompt -> steps sat out in a row (long_yield_steps)
         self._since: dict[str, float] = {}  # candidate -> state.now since when it waits for device pages
-        self._shielded: dict[str, int] = {}  # request let in as starving -> last step it may not be reclaimed
+        self._moved: dict[str, float] = {}  # request -> state.now it last changed tiers (promoted, demoted)
+        self._size: dict[str, float] = {}  # owner -> mean pages of its recent requests
+        self._within: dict[str, int] = {}  # owner -> waiting requests within its share (this step)
+        self._allot: dict[str, float] = {}  # owner -> prefill tokens it may take this step
+        self._took: dict[str, int] = {}  # owner -> prefill tokens given this step
+        self._running_ids: set[str] = set()
+        self._parked_ids: set[str] = set()  # candidates in the host tier at the last look
+        self._pending: tuple[str, int] = ("", 0)  # a candidate's chunk, counted if it is let in
 
     @property
     def ent(self) -> dict[str, float]:
@@ -83,28 +107,43 @@ class MemFairPolicy(BasePolicy):
     def forget(self, request_id: str) -> None:
         super().forget(request_id)
         self._since.pop(request_id, None)
-        self._shielded.pop(request_id, None)
-        self._yielded.pop(request_id, None)
+        self._moved.pop(request_id, None)
 
-    def _refresh(self, running: list[Sequence], candidates: list[Sequence], state: SchedState) -> None:
+    # ---- the view, once per step ----------------------------------------------------------------
+    def refresh(self, running, candidates, state):
+        super().refresh(running, candidates, state)
         own = self.owner
+        held = self.live_held(state)
         self.use = usage(running, state, own)
-        owners = {own(s) for s in running} | {own(s) for s in candidates} | {own(h) for h in self.live_held(state)}
+        for o, n in self.incoming_pages(state).items():
+            self.use[o] = self.use.get(o, 0) + n
+        owners = {own(s) for s in running} | {own(s) for s in candidates} | {own(h) for h in held}
         self.shares = entitlements(self._sharing(owners, state), self.cfg, state.device_total)
         self.over = {o: self.use.get(o, 0) / e for o, e in self.shares.items() if e > 0}
-        for t in owners:
-            self._seen[t] = state.now
-        for t in [t for t, seen in self._seen.items() if state.now - seen > self.settings.active_window_s]:
-            del self._seen[t]
-        since = {}
+        ids = {s.request_id for s in running}
+        for rid in (ids - self._running_ids) & self._parked_ids:  # promoted since the last look
+            self._moved[rid] = state.now
+        self._running_ids = ids
+        self._parked_ids = {c.request_id for c in candidates if state.host_pages.get(c.request_id)}
+        since, within = {}, {}
         for c in candidates:
             since[c.request_id] = self._since.get(c.request_id, state.now)
-        for s in running:  # let in since the last look: shield one that was starving
-            if s.request_id in self._since and state.now - self._since[s.request_id] >= self.settings.starve_after_s:
-                self._shielded[s.request_id] = state.step + self.settings.read_turn_steps
-        self._since = since
-        live = {s.request_id for s in running}
-        self._shielded = {r: until for r, until in self._shielded.items() if r in live and until >= state.step}
+            if c.request_id not in self._since and not c.num_computed_tokens:
+                self._note_size(own(c), -(-c.num_tokens // state.page_size))
+            o = own(c)
+            if self.use.get(o, 0) + self._need_now(c, state) <= self.shares.get(o, 0):
+                within[o] = within.get(o, 0) + 1
+        for h in self.fresh_held(state):
+            o = own(h)
+            if self.use.get(o, 0) + h.num_pages <= self.shares.get(o, 0):
+                within[o] = within.get(o, 0) + 1
+        self._since, self._within = since, within
+        horizon = state.now - self.settings.starve_after_s
+        self._moved = {r: t for r, t in self._moved.items() if t > horizon}
+
+    def _note_size(self, owner: str, pages: int) -> None:
+        prev = self._size.get(owner)
+        self._size[owner] = float(pages) if prev is None else prev + (pages - prev) / SIZE_MEMORY
 
     def _sharing(self, owners: set[str], state: SchedState) -> set[str]:
         """The owners the device tier is split between: those with work (dynamic shares), or
@@ -123,12 +162,10 @@ class MemFairPolicy(BasePolicy):
     def _starving(self, seq: Sequence, state: SchedState) -> bool:
         return state.now - self._since.get(seq.request_id, state.now) >= self.settings.starve_after_s
 
-    def _others_active(self, owner: str, state: SchedState) -> bool:
-        """Another quota owner has work, or had some within `active_window_s`."""
-        return any(o != owner and state.now - seen <= self.settings.active_window_s for o, seen in self._seen.items())
-
-    def _long(self, seq: Sequence, state: SchedState) -> bool:
-        return seq.num_tokens > self.settings.long_prompt_frac * state.token_budget
+    def _held_down(self, rid: str, state: SchedState) -> bool:
+        """Moved between tiers within `starve_after_s`: not moved again yet."""
+        t = self._moved.get(rid)
+        return t is not None and state.now - t < self.settings.starve_after_s
 
     @staticmethod
     def _need_now(seq: Sequence, state: SchedState) -> int:
@@ -136,37 +173,23 @@ class MemFairPolicy(BasePolicy):
         tokens = seq.num_computed_tokens + 1 if seq.num_computed_tokens else seq.num_tokens
         return max(1, -(-tokens // state.page_size) - state.pages.get(seq.request_id, 0))
 
-    def refresh(self, running, candidates, state):
-        super().refresh(running, candidates, state)
-        self._refresh(running, candidates, state)
-
+    # ---- reclaim ----------------------------------------------------------------------------------
     def reclaim(self, running, candidates, state):
         super().reclaim(running, candidates, state)  # refreshes the view
-        # Everyone waiting for device pages: local candidates and arrivals held at prefill, with
-        # whether the per-request cap would let them in at all (may_admit's test: reclaiming
-        # for a request the cap then refuses only moves a borrower for nothing).
         own, ent = self.owner, self.shares
-        contended = len(ent) > 1
         wants = []
         for c in candidates:
-            need = self._need_now(c, state)
             starving = self._starving(c, state)
-            cap_ok = starving or not contended or state.charge.get(c.request_id, 0) + need <= request_cap(c, self.settings, state)
-            wants.append((own(c), need, (not starving, c.arrival_time), cap_ok, starving))
+            wants.append((own(c), self._need_now(c, state), (not starving, c.arrival_time), starving))
         for h in self.fresh_held(state):  # (one not retried here lately went elsewhere: no room for it)
-            wants.append((own(h), h.num_pages + 1, (True, h.first_seen),
-                          not contended or h.num_pages <= self._cap_of(h, state), False))
+            wants.append((own(h), h.num_pages + 1, (True, h.first_seen), False))
         # the starving first, then by how far below its share the owner is
         wants.sort(key=lambda w: (w[2][0], self.over.get(w[0], 0.0), w[2][1]))
         victims: list[Sequence] = []
         free, use, host_free = state.device_free, dict(self.use), state.host_free
-        # who could give pages back, found once: running with computed KV, not shielded; and
-        # which of them are beyond their cap
-        movable = [s for s in running if s.num_computed_tokens > 0 and s.request_id not in self._shielded]
-        capped = {s.request_id for s in movable
-                  if contended and state.charge.get(s.request_id, 0) > request_cap(s, self.settings, state)}
+        movable = [s for s in running if s.num_computed_tokens > 0 and not self._held_down(s.request_id, state)]
         tries = 0  # waiting requests that looked for victims this step (bounded: the cost per step)
-        for owner, need, _, cap_ok, starving in wants:
+        for owner, need, _, starving in wants:
             # the page per running request for its next token (BasePolicy.may_admit) comes first:
             # without it the rows that step before admission take the pages freed here
             headroom = len(running) - len(victims)
@@ -174,19 +197,21 @@ class MemFairPolicy(BasePolicy):
                 free -= need  # it will fit without anyone leaving
                 use[owner] = use.get(owner, 0) + need
                 continue
-            if not starving and (not cap_ok or use.get(owner, 0) + need > ent.get(owner, 0)):
-                continue  # beyond its cap or its own share: it waits for free pages, it does not reclaim
-            # Reclaim demotes borrowers to the host tier; it never drops computed KV for
-            # recompute (a quota is not worth lost work, and a borrower preempted for a
-            # candidate that is then not admitted would redo its prefill again and again).
+            if not starving and use.get(owner, 0) + need > ent.get(owner, 0):
+                continue  # beyond its own share: it waits for free pages, it does not reclaim
             over_share = {o for o, n in use.items() if n > ent.get(o, 0)}
-            if not over_share and not capped:
+            if not over_share:
                 break  # nobody borrows: nothing to reclaim for anyone after this one either
             if tries >= RECLAIM_TRIES:
                 break  # the most deserving waiters had their look; the rest get theirs next steps
             tries += 1
-            pool = [s for s in movable if (own(s) in over_share or s.request_id in capped)
-                    and not (starving and own(s) == owner) and s not in victims]
+            pool = [s for s in movable if own(s) in over_share and own(s) != owner and s not in victims]
+            # demote only when the whole need can be met: a demotion that does not let the
+            # waiter in copies a borrower down for nothing
+            gain = sum(state.gain.get(s.request_id, 0) for s in pool
+                       if 0 < state.pages.get(s.request_id, 0) <= host_free)
+            if need + len(running) - len(victims) > free + gain:
+                continue
             while need + len(running) - len(victims) > free and pool:
                 over = {o: use.get(o, 0) / e for o, e in ent.items() if e > 0}
                 v = eviction.footprint(pool, state, over, own)
@@ -196,6 +221,7 @@ class MemFairPolicy(BasePolicy):
                     continue
                 host_free -= pages
                 victims.append(v)
+                self._moved[v.request_id] = state.now
                 use[own(v)] -= state.charge.get(v.request_id, 0)
                 free += state.gain.get(v.request_id, 0)  # pages shared with others stay held
             if need + len(running) - len(victims) <= free:
@@ -203,189 +229,135 @@ class MemFairPolicy(BasePolicy):
                 use[owner] = use.get(owner, 0) + need
         return victims
 
-    def _place(self, arrival, queued, state):
-        """An arrival goes to the device tier only when `may_admit` would let it in there (the
-        same quota check: cap, share, borrowing); otherwise it is parked, or deferred. With static
-        shares an arrival held `starve_after_s` goes to the device whatever its quota, as a
-        starving request is admitted (without a host tier it would wait at the prefill side for
-        as long as the owners it may not borrow from stay in the window)."""
-        headroom = len(self.running) + self._reserved(arrival, state)  # as may_admit: class reservations too
-        fits = arrival.num_pages + headroom <= state.device_free
-        if fits and self.static and state.now - arrival.first_seen >= self.settings.starve_after_s:
-            return Placement.DEVICE
-        if fits and self._quota_ok(self.owner(arrival), arrival.request_id, 0, arrival.num_pages,
-                                   self._cap_of(arrival, state), state):
-            return Placement.DEVICE
-        return self.park_or_defer(arrival, state)
-
-    def _cap_of(self, arrival, state: SchedState) -> float:
-        """`request_cap` of an arrival (its token count, or its pages' worth if not given)."""
-        return request_cap_tokens(arrival.num_tokens or arrival.num_pages * state.page_size, self.settings, state)
-
-    def _one_long_prompt(self, rows: list[Sequence], state: SchedState) -> list[Sequence]:
-        """While other owners are active, one long prompt per owner steps (the oldest): two
-        of them would double the stretch of everyone's step."""
-        later: set[str] = set()
-        by_owner: dict[str, list[Sequence]] = {}
-        for s in rows:
-            if s.in_prefill and self._long(s, state):
-                by_owner.setdefault(self.owner(s), []).append(s)
-        for t, longs in by_owner.items():
-            if len(longs) > 1 and self._others_active(t, state):
-                later.update(s.request_id for s in sorted(longs, key=lambda s: s.arrival_time)[1:])
-        return [s for s in rows if s.request_id not in later] if later else rows
-
-    def _yield_to_decoders(self, rows: list[Sequence], state: SchedState) -> list[Sequence]:
-        """With `long_yield_steps` N > 0: a long prompt sits out a step that carries another
-        tenant's decode rows (its chunk would lengthen their inter-token gap), but never more
-        than N steps in a row, so it keeps progressing while others always decode."""
-        n = self.settings.long_yield_steps
-        if n <= 0:
-            return rows
-        decode_rows = [s for s in rows if not s.in_prefill]
-        if state.device_free < len(decode_rows):
-            # A prompt that sits out is not scheduled, so it could be the victim when a decode
-            # row needs a new page: with few free pages, yielding could cost it its prefill.
-            self._yielded = {}
-            return rows
-        decoding = {self.owner(s) for s in decode_rows}
-        yielded: dict[str, int] = {}
-        out = []
-        for s in rows:
-            if s.in_prefill and self._long(s, state) and decoding - {self.owner(s)}:
-                k = self._yielded.get(s.request_id, 0)
-                if k < n:
-                    yielded[s.request_id] = k + 1
-                    continue
-            out.append(s)
-        self._yielded = yielded  # a prompt that stepped (or left) starts counting afresh
-        return out
-
-    def _read_share(self, rows: list[Sequence], state: SchedState) -> list[Sequence]:
-        """Decode rows that may step now while other tenants decode (see the module doc)."""
-        by_owner: dict[str, list[Sequence]] = {}
-        for s in rows:
-            dec = by_owner.setdefault(self.owner(s), [])
-            if not s.in_prefill:
-                dec.append(s)
-        if not self.settings.read_share or len(by_owner) < 2 or not any(by_owner.values()):
-            self._turns.clear()
-            return rows
-        pages = state.pages
-        keep: set[str] = set()
-        for t, dec in by_owner.items():
-            allow = self.shares.get(t, state.device_total)
-            if sum(pages.get(s.request_id, 0) for s in dec) <= allow:
-                keep.update(s.request_id for s in dec)
-                self._turns.pop(t, None)
-                continue
-            turn = self._turns.get(t)
-            if turn is None or state.step > turn[1] or not turn[0] <= {s.request_id for s in dec}:
-                chosen, used = [], 0
-                for s in sorted(dec, key=lambda s: (s.last_step, s.arrival_time)):
-                    n = pages.get(s.request_id, 0)
-                    if not chosen or used + n <= allow:
-                        chosen.append(s.request_id)
-                        used += n
-                turn = self._turns[t] = (frozenset(chosen), state.step + self.settings.read_turn_steps - 1)
-            keep.update(turn[0])
-        for t in [t for t in self._turns if t not in by_owner]:
-            del self._turns[t]
-        return [s for s in rows if s.in_prefill or s.request_id in keep]
-
-    def _small_chunk(self, state: SchedState) -> int:
-        """The chunk of a long prompt in a step that carries other tenants' requests."""
-        return max(state.page_size, int(state.token_budget * self.settings.prefill_share_frac))
-
-    def step_order(self, running, state):
-        ordered = self._one_long_prompt(super().step_order(running, state), state)
-        ordered = self._read_share(self._yield_to_decoders(ordered, state), state)
-        # Under-quota owners first; the tail (evicted first under pressure) is the most over.
-        return sorted(ordered, key=lambda s: (self.over.get(self.owner(s), 0.0) > 1.0, s.arrival_time))
-
+    # ---- admission and placement ------------------------------------------------------------------
     def admission_order(self, candidates, state):
         return sorted(candidates, key=lambda s: (self.over.get(self.owner(s), 0.0), s.arrival_time))
 
     def may_admit(self, seq, need_pages, state):
         if not super().may_admit(seq, need_pages, state):
             return False
-        if self._second_long_prompt(seq, state):
-            # One long prompt per tenant steps at a time (_one_long_prompt): a second would only
-            # hold pages. Starving or not: let in, it sat out beside the first, whose next chunk
-            # could evict it, and then it evicted the first the same way (a livelock).
-            return False
-        if self._starving(seq, state):
-            return True  # waited long enough: its quota delays it no longer
-        return self._quota_ok(self.owner(seq), seq.request_id, state.charge.get(seq.request_id, 0), need_pages,
-                              request_cap(seq, self.settings, state), state)
+        owner = self.owner(seq)
+        chunk = self._pending[1] if self._pending[0] == seq.request_id else 0
+        if chunk and self._took.get(owner, 0) >= self._allot.get(owner, float("inf")):
+            return False  # its owner's prompts had their share of this step
+        if not self._starving(seq, state):
+            if self._held_down(seq.request_id, state) and \
+                    self.use.get(owner, 0) + need_pages > self.shares.get(owner, 0):
+                return False  # demoted lately as a borrower: it does not borrow straight back
+            if not self._quota_ok(owner, need_pages, state):
+                return False
+        self.use[owner] = self.use.get(owner, 0) + need_pages
+        if chunk:
+            self._took[owner] = self._took.get(owner, 0) + chunk
+        return True
 
-    def _quota_ok(self, owner: str, rid: str, holds: int, need: int, cap: float, state: SchedState) -> bool:
-        """May request `rid` of quota owner `owner`, holding `holds` device pages, take `need`
-        more? Usage counts the pages reserved for the owner's arrivals still landing, and an
-        owner new to this step gets its share carved out as if it had been there."""
-        use = usage(self.running, state, self.owner)
-        for o, n in self.incoming_pages(state).items():
-            use[o] = use.get(o, 0) + n
+    def _place(self, arrival, queued, state):
+        """An arrival goes to the device tier only when `may_admit` would let it in there (the
+        same quota check: share, borrowing); otherwise it is parked, or deferred. With static
+        shares an arrival held `starve_after_s` goes to the device whatever its quota, as a
+        starving request is admitted (without a host tier it would wait at the prefill side for
+        as long as the owners it may not borrow from stay in the window)."""
+        headroom = len(self.running) + self._reserved(arrival, state)  # as may_admit: class reservations too
+        fits = arrival.num_pages + headroom <= state.device_free
+        if arrival.request_id not in self.held:
+            self._note_size(self.owner(arrival), arrival.num_pages)
+        if fits and self.static and state.now - arrival.first_seen >= self.settings.starve_after_s:
+            return Placement.DEVICE
+        if fits and self._quota_ok(self.owner(arrival), arrival.num_pages, state):
+            self.use[self.owner(arrival)] = self.use.get(self.owner(arrival), 0) + arrival.num_pages
+            return Placement.DEVICE
+        return self.park_or_defer(arrival, state)
+
+    def _quota_ok(self, owner: str, need: int, state: SchedState) -> bool:
+        """May `owner` take `need` more device pages? Usage counts the pages reserved for the
+        owner's arrivals still landing, and an owner new to this step gets its share carved out
+        as if it had been there."""
         ent = self.shares if owner in self.shares else \
             entitlements(set(self.shares) | {owner}, self.cfg, state.device_total)
-        others = {o for o in ent if o != owner}  # other owners with a share
-        over_cap = bool(others) and holds + need > cap  # the per-request cap binds only under contention
-        within_share = use.get(owner, 0) + need <= ent.get(owner, 0)
-        if not over_cap and within_share:
+        if self.use.get(owner, 0) + need <= ent.get(owner, 0):
             return True
-        if self.static and not within_share:
+        if self.static:
             return False  # static shares: nobody borrows another owner's share, idle or not
-        # Borrowing (beyond the share, or beyond the request's cap): only while nobody is waiting
-        # for pages within their quota, and leaving a reserve free for the others, so that their
-        # next arrival does not have to evict a borrower (which would ping-pong the borrower
-        # between tiers). A waiting request that would itself have to borrow blocks nobody (else two
-        # of them would block each other for as long as anything else ran). Beyond its cap, a
-        # request also gives way to its own owner's requests within the share.
-        waiting = [(self.owner(s), self._need_now(s, state)) for s in self.candidates if s.request_id != rid]
-        waiting += [(self.owner(h), h.num_pages) for h in self.fresh_held(state) if h.request_id != rid]
-        if any((o != owner or over_cap) and use.get(o, 0) + need_o <= ent.get(o, 0) for o, need_o in waiting):
+        # Borrowing: only while no other owner waits with a request within its share, leaving
+        # free one typical request's pages of each other owner with share to spare, so that
+        # its next request does not have to demote the borrower (a ping-pong between tiers).
+        if any(n and o != owner for o, n in self._within.items()):
             return False
-        reserve = int(self.settings.borrow_reserve_frac * state.device_total) if others else 0
+        reserve = 0.0
+        for o, e in ent.items():
+            if o != owner:
+                reserve += min(max(0.0, e - self.use.get(o, 0)), self._size.get(o, 0.0))
         return state.device_free - need >= reserve
 
-    def chunk_limit(self, seq, budget, state):
-        """A long prompt does not stretch other owners' steps (see the module doc)."""
-        owner = self.owner(seq)
-        if not (self._long(seq, state) and self._others_active(owner, state)):
-            return budget
-        if self._long_chunk.get(owner) == state.step or self._others_prompt_waiting(owner, state):
-            return 1  # a token, not a chunk: one long chunk per owner per step, after others' prompts
-        self._long_chunk[owner] = state.step
-        if any(self.owner(s) != owner for s in self.running):
-            return min(budget, self._small_chunk(state))
-        return min(budget, max(state.page_size, int(state.token_budget * self.settings.prefill_idle_frac)))
+    # ---- the step ---------------------------------------------------------------------------------
+    def step_order(self, running, state):
+        rows = super().step_order(running, state)
+        self._split_prefill(rows, state)
+        # Under-share owners first, the tail (evicted first under pressure) the most over; within
+        # each, decode rows before prompts, so that a prompt's chunk never takes their token.
+        return sorted(rows, key=lambda s: (self.over.get(self.owner(s), 0.0) > 1.0, s.in_prefill, s.arrival_time))
 
-    def _second_long_prompt(self, seq: Sequence, state: SchedState) -> bool:
-        """A long prompt not started yet while its owner's other long prompt is in prefill and
-        another owner is active: not admitted (may_admit), and so not waited for either."""
-        if seq.num_computed_tokens or not self._long(seq, state):
-            return False
-        owner = self.owner(seq)
-        return self._others_active(owner, state) and \
-            any(self.owner(s) == owner and s.in_prefill and self._long(s, state) for s in self.running)
-
-    def _others_prompt_waiting(self, owner: str, state: SchedState) -> bool:
-        """Another owner's prompt waits for its first chunk and fits the free pages: this step
-        is for it (the step's length is what that request's other rows, and everyone's next
-        token, wait for). One that cannot get in yet does not hold the long prompts back (they
-        crawled at a token a step behind a prompt waiting for room)."""
-        free = state.device_free - len(self.running)
-        busy = None  # owners with a long prompt in prefill: `_second_long_prompt`'s scan, done once
+    def _split_prefill(self, rows: list[Sequence], state: SchedState) -> None:
+        """This step's prefill tokens per owner (see the module doc). An owner's demand is its
+        running prompts' tokens left and its waiting prompts that fit the free pages."""
+        demand: dict[str, int] = {}
+        decode_rows = 0
+        for s in rows:
+            left = s.num_uncomputed_tokens
+            if left > 1 or not s.num_output_tokens:
+                o = self.owner(s)
+                demand[o] = demand.get(o, 0) + left
+            else:
+                decode_rows += 1
+        free = state.device_free - len(rows)
         for c in self.candidates:
-            if self.owner(c) == owner or c.num_computed_tokens or self._need_now(c, state) > free:
-                continue
-            if self._long(c, state) and self._others_active(self.owner(c), state):
-                if busy is None:
-                    busy = {self.owner(s) for s in self.running if s.in_prefill and self._long(s, state)}
-                if self.owner(c) in busy:
-                    continue  # a second long prompt of its owner: it waits, and is not waited for
-            return True
-        return False
+            if c.num_computed_tokens:
+                decode_rows += 1  # a parked row comes back to decode
+            elif self._need_now(c, state) <= free:
+                o = self.owner(c)
+                demand[o] = demand.get(o, 0) + c.num_tokens
+        self._took = {}
+        if len(demand) < 2:
+            self._allot = {}  # one owner prefilling: the whole budget is its own
+            return
+        weights = {o: self.cfg.weight(owner_name(o)) for o in demand}
+        total = max(len(demand), state.token_budget - decode_rows)
+        fill = water_fill(demand, weights, total)
+        self._allot = {o: PREFILL_FLOOR * v for o, v in fill.items()}
+        left = total - sum(self._allot.values())
+        by_use: dict[float, list[str]] = {}  # owners holding the same memory per weight share alike
+        for o in demand:
+            by_use.setdefault(self.use.get(o, 0) / weights[o], []).append(o)
+        for level in sorted(by_use):
+            want = {o: demand[o] - self._allot[o] for o in by_use[level]}
+            for o, extra in water_fill(want, weights, left).items():
+                self._allot[o] += extra
+                left -= extra
+            if left <= 0:
+                break
+
+    def chunk_limit(self, seq, budget, state):
+        """A prompt's chunk is at most what is left of its owner's share of this step."""
+        if not self._allot:
+            return budget
+        o = self.owner(seq)
+        allot = self._allot.get(o)
+        if allot is None:
+            return budget
+        n = max(1, min(budget, seq.num_uncomputed_tokens, int(allot) - self._took.get(o, 0)))  # the scheduler's chunk
+        if seq.request_id in self._running_ids:
+            self._took[o] = self._took.get(o, 0) + n
+        else:  # a candidate's chunk counts once it is let in (may_admit), not when it does not fit
+            self._pending = (seq.request_id, n)
+        return n
 
     def choose_victim(self, candidates, requester, state):
-        return eviction.footprint(candidates, state, self.over, self.owner)
+        """The most over-share owner gives pages back: demoted, its largest footprint (no work
+        is lost, and fewest moves free the most); dropped for recompute, the request with the
+        least computed work (a preempted 128K prompt redoes all of it)."""
+        top = max(self.over.get(self.owner(s), 0.0) for s in candidates)
+        mine = [s for s in candidates if self.over.get(self.owner(s), 0.0) == top]
+        demotable = [s for s in mine if self._demotable(s, state)]
+        if demotable:
+            return eviction.footprint(demotable, state, self.over, self.owner)
+        return min(mine, key=lambda s: (s.num_computed_tokens, -s.arrival_time))

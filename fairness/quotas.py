@@ -1,4 +1,4 @@
-"""Memory quotas: weighted owner entitlements, per-request caps, priority-class reservations.
+"""Memory quotas: weighted owner entitlements and priority-class reservations.
 
 A quota owner (fairness/owners.py: a tenant by default, or a class, a request, an SLO tier)
 is entitled to its weighted share of the device tier among the owners the shares are split
@@ -36,20 +36,6 @@ def entitlements(owners: set[str], cfg: FairnessConfig, total_pages: int) -> dic
     """Weighted share of `total_pages` for each of `owners`."""
     wsum = sum(owner_weight(o, cfg) for o in owners)
     return {o: total_pages * owner_weight(o, cfg) / wsum for o in owners} if wsum else {}
-
-
-def request_cap(seq: Sequence, cfg, state: SchedState) -> float:
-    """Pages one request may hold (`cfg`: settings with `request_cap_frac` and `dynamic_quota`,
-    memfair's). Dynamic: grows with its length (plus a page), up to the pool."""
-    return request_cap_tokens(seq.num_tokens, cfg, state)
-
-
-def request_cap_tokens(num_tokens: int, cfg, state: SchedState) -> float:
-    """`request_cap` of a request with `num_tokens` tokens of context."""
-    cap = cfg.request_cap_frac * state.device_total
-    if cfg.dynamic_quota:
-        cap = max(cap, -(-(num_tokens + state.page_size) // state.page_size))
-    return min(cap, state.device_total)
 
 
 def reserved_for_others(seq: Sequence, seqs: list[Sequence], cfg: FairnessConfig, state: SchedState) -> int:

@@ -12,8 +12,8 @@
 # module:Class or file.py:Class the class's own `name` (else the class's name), unless LABEL= gives another (the same
 # reference twice, with different settings, needs it). --policy-arg KEY=VALUE sets a setting of
 # every policy's, LABEL:KEY=VALUE of that one's only (repeatable), e.g.
-#   --policies "fcfs memfair memfair-y8=memfair mine=./my_policy.py:MyPolicy"
-#   --policy-arg memfair-y8:long_yield_steps=8 --policy-arg mine:horizon_s=2
+#   --policies "fcfs memfair memfair-s5=memfair mine=./my_policy.py:MyPolicy"
+#   --policy-arg memfair-s5:starve_after_s=5 --policy-arg mine:horizon_s=2
 # Every policy, with its settings and --node-args, is checked before the first run (status 2
 # and the reason otherwise); a file's path is made absolute. --dry-run stops there and prints
 # one line per policy: LABEL, the reference and its settings.

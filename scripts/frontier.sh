@@ -11,7 +11,7 @@
 #   disagg:    1 prefill node (1 thread, PREFILL pages) + 1 decode node (1 thread, the rest).
 # Each point is one line of the points file: LABEL MODE POLICY [NODE FLAGS...], e.g.
 #   memfair-request colocated memfair --quota-by request
-#   memfair-y8 disagg memfair --policy-arg long_yield_steps=8
+#   memfair-s5 disagg memfair --policy-arg starve_after_s=5
 #   mine disagg ./my_policy.py:MyPolicy --policy-arg horizon_s=2
 # (lines starting with # are skipped). POLICY is a reference: a NAME, package.module:Class or
 # path/to/file.py:Class (relative to the directory the script runs in); its settings go among
@@ -74,8 +74,7 @@ else
 fi
 AT_LOAD="${RATES#*,}" AT_LOAD="${AT_LOAD%%,*}"  # the minnows' latency is read at the second level
 
-# Granularities and share modes in both modes (quick); the full run adds the other policies and
-# memfair's knobs: prefill chunk share, read share off, per-request cap (quota strictness).
+# Granularities and share modes in both modes (quick); the full run adds the other policies.
 POINTS_TEXT=""
 for mode in colocated disagg; do
   POINTS_TEXT+="fcfs $mode fcfs
@@ -86,12 +85,11 @@ memfair-tier $mode memfair --quota-by slo-tier
 memfair-static $mode memfair --policy-arg quota_shares=static
 "
   [ "$QUICK" = 1 ] || POINTS_TEXT+="vtc $mode vtc
+memtime $mode memtime
+dlpm $mode dlpm
+drr $mode drr
 mcsf $mode mcsf
 priority $mode priority
-memfair-share8 $mode memfair --policy-arg prefill_share_frac=0.125
-memfair-noread $mode memfair --policy-arg read_share=false
-memfair-cap100 $mode memfair --policy-arg request_cap_frac=1.0
-memfair-cap25 $mode memfair --policy-arg request_cap_frac=0.25
 "
 done
 [ -z "$POINTS" ] || POINTS_TEXT="$(cat "$POINTS")"

@@ -80,6 +80,6 @@ def check_conservation(sched: Scheduler) -> None:
 
 
 def state(pages: dict | None = None, device_total: int = 32, device_free: int = 0, now: float = 0.0,
-          step: int = 0) -> SchedState:
-    return SchedState(now, step, SPEC.page_size, SPEC.bytes_per_page, device_total, device_free, 0, 0,
-                      pages or {}, {})
+          step: int = 0, host_total: int = 0, host_free: int = 0) -> SchedState:
+    return SchedState(now, step, SPEC.page_size, SPEC.bytes_per_page, device_total, device_free, host_total,
+                      host_free, pages or {}, {})

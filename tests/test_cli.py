@@ -116,7 +116,7 @@ BAD_FLAGS = [  # across every subcommand: each must be a usage error, not a trac
     ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--service-weights", "1"],
     ["bench", "serve", "--workload", "whale-minnow", "--dry-run", "--slo", "ttft_ms=abc"],
     ["colocated", "--ctrl-port", "70000"],
-    ["colocated", "--policy", "memfair", "--active-window", "nan"],
+    ["colocated", "--policy", "memfair", "--starve-after", "nan"],
     ["colocated", "--reserve", "1=-5"],
     ["colocated", "--log-level", "bogus"],
 ]

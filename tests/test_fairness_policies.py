@@ -88,19 +88,19 @@ def test_memfair_quota_blocks_a_tenant_beyond_its_share_when_others_wait():
     assert a2.status == SeqStatus.WAITING
 
 
-def test_request_cap_static_and_dynamic():
-    cap = MemFairSettings(request_cap_frac=0.25)
-    seq, other = make_request(40, 4, tenant="a"), make_request(4, 4, tenant="b")
-    st_ = state(device_total=40, device_free=40)
-    pol = MemFairPolicy(FairnessConfig(), cap)
-    pol.reclaim([], [seq, other], st_)
-    assert not pol.may_admit(seq, 11, st_)  # under contention: 11 > 0.25 * 40
-    alone = MemFairPolicy(FairnessConfig(), cap)
-    alone.reclaim([], [seq], st_)
-    assert alone.may_admit(seq, 11, st_)  # the cap binds only while others have work
-    dyn = MemFairPolicy(FairnessConfig(), MemFairSettings(request_cap_frac=0.25, dynamic_quota=True))
-    dyn.reclaim([], [seq, other], st_)
-    assert dyn.may_admit(seq, 11, st_)  # cap grows with the request's 40 tokens (+1 page)
+def test_memfair_borrows_leaving_one_typical_request_of_each_other_owner():
+    """Pool 40, shares 20 each. While b waits within its share nobody borrows; once it does
+    not, a may borrow beyond its 20 but leaves free one typical request of b's (3 pages, its
+    12-token prompt), which b's unused share (20 - 2) covers: 35 pages yes, 36 no."""
+    pol = make_policy("memfair")
+    a, b1, b2 = make_request(40, 4, tenant="a"), make_request(8, 4, tenant="b"), make_request(12, 4, tenant="b")
+    b1.num_computed_tokens = 8
+    st0 = state({b1.request_id: 2}, device_total=40, device_free=38)
+    pol.refresh([b1], [a, b2], st0)
+    assert not pol.may_admit(a, 25, st0)
+    pol.refresh([b1], [a], st0)  # b2 went elsewhere
+    assert not pol.may_admit(a, 36, st0)
+    assert pol.may_admit(a, 35, st0)
 
 
 def test_class_reservation_keeps_pages_for_urgent_requests():
@@ -274,144 +274,78 @@ def test_a_held_arrival_is_admitted_once_pages_free_up(name):
     assert "w" not in pol.held
 
 
-def _minnow_decoding_then_whale(policy, minnow_tokens: int, whale_prompt: int):
-    """Factory: a scheduler (400 pages, budget 512) whose minnow has prefilled and decodes,
-    and a whale prompt just added behind it."""
-    sched = make_scheduler(policy, num_pages=400, budget=512)
-    minnow = make_request(8, minnow_tokens, tenant="m")
-    sched.add(minnow)
-    sim_step(sched)  # the minnow's prefill; from now on it decodes
-    whale = make_request(whale_prompt, 4, tenant="w", arrival=1.0)
+def _whale_prefilling_then_minnows(policy, minnows: int):
+    """Factory: a scheduler (1,000 pages of 4 tokens, budget 512) whose whale (tenant w, a
+    2,000-token prompt) had one step alone, and `minnows` 40-token prompts of tenant m added."""
+    sched = make_scheduler(policy, num_pages=1000, budget=512, max_num_seqs=100)
+    whale = make_request(2000, 4, tenant="w")
     sched.add(whale)
-    return sched, minnow, whale
+    sim_step(sched)
+    assert whale.num_computed_tokens == 512  # alone, the whole step is its own
+    ms = [make_request(40, 4, tenant="m", arrival=1.0 + i) for i in range(minnows)]
+    for m in ms:
+        sched.add(m)
+    return sched, whale, ms
 
 
-def test_memfair_keeps_a_whale_prefill_chunk_small_while_another_tenant_decodes():
-    """Stepped through the scheduler: once the minnow decodes, every step that carries a
-    chunk of the whale's prompt carries at most 1/32 of the budget (and one does every step);
-    fcfs takes it whole."""
-    def chunks_of_whale(policy):
-        sched, minnow, whale = _minnow_decoding_then_whale(make_policy(policy), 30, 1000)
-        sizes = []
-        while whale.in_prefill and minnow.status == SeqStatus.RUNNING:
-            out = sched.schedule()
-            sizes += [c.num_new_tokens for c in out.chunks if c.seq is whale]
-            assert any(c.seq is minnow for c in out.chunks)  # the minnow steps every time
-            apply_step(sched, out)
-        return sizes
-    assert chunks_of_whale("fcfs")[0] == 511  # the whole budget but the minnow's token
-    sizes = chunks_of_whale("memfair")
-    assert sizes and max(sizes) <= 512 // 32 and sum(sizes) >= 16 * 28
+@pytest.mark.parametrize("minnows, whale_chunk", [(3, 392), (20, 64)])
+def test_memfair_splits_the_step_lightest_owner_first_above_a_floor(minnows, whale_chunk):
+    """By hand, budget 512, owners w (1,488 prompt tokens left, 128 pages held) and m (40 per
+    prompt, none held). Max-min split: m wants 120 of its 256 with 3 prompts, so w's share is
+    392; with 20 prompts (800 wanted) both shares are 256. The floor is a quarter of each
+    share; the rest goes to m first (it holds less memory), then to w. 3 prompts: m 120, w
+    64 + ... = 392. 20 prompts: w keeps its floor of 64, m takes the other 448 (11 whole prompts
+    and 8 tokens of a 12th). fcfs gives the whale the whole step."""
+    sched, whale, ms = _whale_prefilling_then_minnows(make_policy("memfair"), minnows)
+    out = sched.schedule()
+    got = {c.seq.request_id: c.num_new_tokens for c in out.chunks}
+    assert got[whale.request_id] == whale_chunk
+    assert sum(n for r, n in got.items() if r != whale.request_id) == 512 - whale_chunk
+    check_conservation(sched)
+    sched, whale, ms = _whale_prefilling_then_minnows(make_policy("fcfs"), minnows)
+    out = sched.schedule()
+    assert [(c.seq, c.num_new_tokens) for c in out.chunks] == [(whale, 512)]
 
 
-def test_memfair_long_yield_steps_keeps_whale_chunks_out_of_minnow_steps_but_not_forever():
-    """With long_yield_steps=4 the whale's prompt sits out steps in which the minnow decodes,
-    at most 4 in a row: a chunk in exactly every 5th such step, so it still finishes."""
-    yielding = MemFairPolicy(FairnessConfig(), MemFairSettings(long_yield_steps=4))
-    sched, minnow, whale = _minnow_decoding_then_whale(yielding, 200, 300)
-    had_chunk = []
-    while whale.in_prefill:
-        out = sched.schedule()
-        assert any(c.seq is minnow for c in out.chunks)  # the minnow steps every time
-        had_chunk.append(any(c.seq is whale for c in out.chunks))
-        apply_step(sched, out)
-        assert len(had_chunk) < 200, "the whale's prefill must progress"
-    assert minnow.status == SeqStatus.RUNNING  # the minnow decoded all along
-    gaps = [i for i, c in enumerate(had_chunk) if c]
-    assert len(gaps) >= 3 and all(b - a == 5 for a, b in zip(gaps, gaps[1:])), had_chunk
-    # default (0): no yielding, a chunk in every step
-    sched, minnow, whale = _minnow_decoding_then_whale(make_policy("memfair"), 200, 300)
-    while whale.in_prefill:
-        out = sched.schedule()
-        assert any(c.seq is whale for c in out.chunks)
-        apply_step(sched, out)
-    with pytest.raises(ValueError, match="long_yield_steps"):
-        MemFairSettings(long_yield_steps=-1)
+def test_memfair_gives_a_lone_owner_the_whole_step_and_decode_rows_their_token():
+    """With one owner prefilling there is nothing to split; decode rows of another owner take
+    a token each out of the step, and the prompt the rest."""
+    sched, whale, ms = _whale_prefilling_then_minnows(make_policy("memfair"), 1)
+    sim_step(sched)  # the minnow's 40 tokens and the whale's 472
+    assert ms[0].num_output_tokens == 1 and not ms[0].in_prefill
+    out = sched.schedule()
+    got = {c.seq.request_id: c.num_new_tokens for c in out.chunks}
+    assert got == {ms[0].request_id: 1, whale.request_id: 511}
 
 
-def test_memfair_long_prompt_does_not_yield_when_decode_rows_may_need_its_pages():
-    """A prompt that sits a step out is not scheduled, so a decode row growing by a page could
-    evict it: with fewer free pages than decode rows it takes its step instead."""
-    pol = MemFairPolicy(FairnessConfig(), MemFairSettings(long_yield_steps=4))
-    whale = make_request(300, 4, tenant="w")
-    minnow = make_request(8, 30, tenant="m")
-    minnow.num_computed_tokens, minnow.token_ids = 9, minnow.token_ids + [5]  # decoding
-    assert not minnow.in_prefill and whale.in_prefill
-    roomy = state(device_total=100, device_free=50, step=1)
-    assert whale not in pol._yield_to_decoders([minnow, whale], roomy)
-    tight = state(device_total=100, device_free=0, step=2)
-    assert pol._yield_to_decoders([minnow, whale], tight) == [minnow, whale]
+def test_water_fill_by_hand():
+    """a wants 100, b and c 1,000, weights 1, 1, 2, 900 to split: a quarter each for a and b
+    and half for c would be 225/225/450; a takes its 100, and the 800 left go 1:2 to b and c."""
+    from fairness.memfair import water_fill
+
+    got = water_fill({"a": 100, "b": 1000, "c": 1000}, {"a": 1, "b": 1, "c": 2}, 900)
+    assert got == pytest.approx({"a": 100, "b": 800 / 3, "c": 1600 / 3})
+    assert water_fill({"a": 10, "b": 20}, {"a": 1, "b": 1}, 100) == {"a": 10, "b": 20}  # all sated
+    assert water_fill({"a": 0, "b": 5}, {"a": 1, "b": 1}, 4) == {"b": 4}
 
 
-def test_memfair_limits_a_long_prompt_chunk_while_others_are_active():
-    """budget 2048 (the state default): long means more than 256 tokens; its chunk is 64 beside
-    another tenant's requests and 512 while that tenant is active with none in the step."""
+def test_memfair_victim_loses_the_least_work_or_demotes_the_largest():
+    """The most over-share owner gives pages back. Without a host tier its request with the
+    fewest computed tokens is dropped (a recompute redoes them); with room in the host tier its
+    largest footprint is demoted (no work lost)."""
     pol = make_policy("memfair")
-    whale, minnow = make_request(400, 4, tenant="w"), make_request(8, 4, tenant="m")
-    minnow.num_computed_tokens = 8  # decoding
-    at = lambda t, step=0: state(device_total=120, device_free=120, now=t, step=step)  # noqa: E731
-    pol.reclaim([minnow, whale], [], at(0.0))
-    assert pol.chunk_limit(whale, 2048, at(0.0)) == 2048 // 32
-    assert pol.chunk_limit(minnow, 2048, at(0.0)) == 2048  # a short prompt goes whole
-    pol.reclaim([whale], [], at(0.5, 1))  # the minnow's tenant left half a second ago
-    # still active (it may be between requests), but nothing of it waits on this step
-    assert pol.chunk_limit(whale, 2048, at(0.5, 1)) == 2048 // 4
-    assert pol.chunk_limit(whale, 100, at(0.5, 2)) == 100  # never more than the budget left
-    pol.reclaim([whale], [], at(1.6, 3))
-    assert pol.chunk_limit(whale, 2048, at(1.6, 3)) == 2048  # gone for longer than active_window_s
-    alone = make_policy("memfair")
-    alone.reclaim([whale], [], at(0.0))
-    assert alone.chunk_limit(whale, 2048, at(0.0)) == 2048  # nobody else to wait for it
-    assert make_policy("fcfs").chunk_limit(whale, 2048, at(0.0)) == 2048
-    # the idle share set to the small one: the small chunk whenever another tenant is active
-    old = MemFairPolicy(FairnessConfig(), MemFairSettings(prefill_idle_frac=1 / 32))
-    old.reclaim([minnow], [], at(0.0))
-    old.reclaim([whale], [], at(0.5, 1))
-    assert old.chunk_limit(whale, 2048, at(0.5, 1)) == 64
-
-
-def test_memfair_a_starving_second_long_prompt_still_waits_for_its_tenants_first():
-    """The starvation guard lets a request in whatever its quota, but not a tenant's second
-    long prompt beside its first still in prefill: it would only sit out holding pages, where
-    the first's next chunk can evict it."""
-    pol = make_policy("memfair")
-    first, second = make_request(400, 4, tenant="w"), make_request(400, 4, tenant="w")
-    minnow = make_request(8, 4, tenant="m")
-    first.num_computed_tokens, minnow.num_computed_tokens = 64, 8  # first in prefill, minnow decoding
-    at = lambda t: state(device_total=400, device_free=300, now=t)  # noqa: E731
-    pol.reclaim([minnow, first], [second], at(0.0))
-    pol.reclaim([minnow, first], [second], at(10.0))  # waited far past starve_after_s
-    assert pol._starving(second, at(10.0))
-    assert not pol.may_admit(second, 2, at(10.0))
-    first.num_computed_tokens, first.token_ids = 400, first.token_ids + [5]  # its prefill is done
-    assert pol.may_admit(second, 2, at(10.0))
-
-
-def test_memfair_long_prompt_takes_one_chunk_per_tenant_per_step_and_yields_to_new_prompts():
-    pol = make_policy("memfair")
-    whale, second, minnow = (make_request(400, 4, tenant="w"), make_request(400, 4, tenant="w"),
-                             make_request(8, 4, tenant="m"))
-    minnow.num_computed_tokens = 8  # decoding
-    at = lambda step: state(device_total=120, device_free=120, step=step)  # noqa: E731
-    pol.reclaim([minnow, whale], [second], at(0))
-    assert pol.chunk_limit(whale, 512, at(0)) == 64
-    assert pol.chunk_limit(second, 512, at(0)) == 1  # the tenant's long chunk of this step is taken
-    assert pol.chunk_limit(second, 512, at(1)) == 64  # the next step's is not
-    newcomer = make_request(8, 4, tenant="m")  # another tenant's prompt waits for its first chunk
-    pol.reclaim([minnow, whale], [newcomer], at(2))
-    assert pol.chunk_limit(whale, 512, at(2)) == 1
-    assert pol.chunk_limit(newcomer, 512, at(2)) == 512
-    own = make_request(8, 4, tenant="w")  # the whale tenant's own small prompt does not count
-    pol.reclaim([minnow, whale], [own], at(3))
-    assert pol.chunk_limit(whale, 512, at(3)) == 64
-
-
-@pytest.mark.parametrize("frac", [0.0, -0.1, 1.5])
-def test_prefill_share_outside_0_1_is_rejected(frac):
-    with pytest.raises(ValueError, match="prefill_share_frac"):
-        MemFairSettings(prefill_share_frac=frac)
-    with pytest.raises(ValueError, match="prefill_idle_frac"):
-        MemFairSettings(prefill_idle_frac=frac)
+    big, small = make_request(60, 4, tenant="w"), make_request(20, 4, tenant="w")
+    big.num_computed_tokens, small.num_computed_tokens = 60, 20
+    other = make_request(8, 4, tenant="m")
+    other.num_computed_tokens = 8
+    pages = {big.request_id: 15, small.request_id: 5, other.request_id: 2}
+    no_host = state(pages, device_total=24, device_free=2)
+    pol.refresh([big, small, other], [], no_host)
+    assert pol.over["t:w"] > pol.over["t:m"]
+    assert pol.pick_victim([big, small, other], other, no_host) is small
+    host = state(pages, device_total=24, device_free=2, host_total=40, host_free=40)
+    pol.refresh([big, small, other], [], host)
+    assert pol.pick_victim([big, small, other], other, host) is big
 
 
 def test_vtc_idle_time_is_not_banked_when_everyone_returns_at_once():
@@ -509,8 +443,7 @@ def test_the_bandwidth_cap_holds_for_admissions_too(name):
     page = SPEC.bytes_per_page
     cap, window = 4 * page, 1.0  # 4 pages a second
     clock = FakeClock()
-    no_read_share = (("read_share", "false"),) if name == "memfair" else ()  # memfair's own setting
-    sched = make_scheduler(make_policy(name, FairnessConfig(tenant_bw_cap=cap, bw_window_s=window), no_read_share),
+    sched = make_scheduler(make_policy(name, FairnessConfig(tenant_bw_cap=cap, bw_window_s=window)),
                            num_pages=400, budget=512, max_num_seqs=400, clock=clock)
     for i in range(200):
         sched.add(make_request(40, 5, tenant="a", arrival=i * 1e-3))  # 10-11 pages each: a row exceeds a window

@@ -115,11 +115,11 @@ def parse(*argv):
 
 
 def test_older_flags_become_the_policys_settings_or_name_the_new_spelling():
-    a = parse("--policy", "memfair", "--starve-after", "3", "--no-read-share", "--dynamic-quota",
-              "--policy-arg", "read_turn_steps=4")
+    a = parse("--policy", "memfair", "--starve-after", "3", "--quota-shares", "static",
+              "--policy-arg", "static_window_s=4")
     pol = make_policy(a.policy, fairness_config(a), policy_args(a))
     s = pol.settings
-    assert (s.starve_after_s, s.read_share, s.dynamic_quota, s.read_turn_steps) == (3.0, False, True, 4)
+    assert (s.starve_after_s, s.quota_shares, s.static_window_s) == (3.0, "static", 4.0)
     assert make_policy("priority", None, policy_args(parse("--policy", "priority", "--aging", "5"))).settings.aging_s == 5
     with pytest.raises(CliError, match="--starve-after is a setting policy vtc does not have; it stands for "
                                        "--policy-arg starve_after_s=VALUE"):

@@ -131,7 +131,7 @@ def test_compare_fairness_built_in_names_are_their_own_labels():
     (["--policies", "patient.py:Patient", "--policy-arg", "patience_s=-1"], "patience_s must be > 0"),
     (["--policies", "fcfs patient.py:Patient", "--policy-arg", "patience_s=1"], "no setting 'patience_s'"),
     (["--policies", "patient.py:Patient", "--policy-arg", "other:patience_s=1"], "no policy labelled 'other'"),
-    (["--policies", "fcfs memfair", "--node-args", "--long-yield-steps 8"], "--long-yield-steps is a setting"),
+    (["--policies", "fcfs memfair", "--node-args", "--aging 8"], "--aging is a setting"),
 ])
 def test_compare_fairness_refuses_a_bad_policy_before_any_run(policy_file, tmp_path, args, says):
     r = dry_run(*args, cwd=tmp_path)

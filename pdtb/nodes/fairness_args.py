@@ -16,19 +16,11 @@ from pdtb.common import CliError
 
 # flag -> (the setting it stands for, how its value reads); the value given as on the command line
 LEGACY_FLAGS = {
-    "--request-cap-frac": ("request_cap_frac", float),
-    "--prefill-share": ("prefill_share_frac", float),
-    "--prefill-idle-share": ("prefill_idle_frac", float),
-    "--long-prompt": ("long_prompt_frac", float),
-    "--active-window": ("active_window_s", float),
-    "--long-yield-steps": ("long_yield_steps", int),
-    "--read-turn-steps": ("read_turn_steps", int),
     "--starve-after": ("starve_after_s", float),
     "--aging": ("aging_s", float),
     "--quota-shares": ("quota_shares", str),
     "--static-window": ("static_window_s", float),
 }
-LEGACY_SWITCHES = {"--dynamic-quota": ("dynamic_quota", "true"), "--no-read-share": ("read_share", "false")}
 
 
 def add_fairness_args(ap: argparse.ArgumentParser) -> None:
@@ -52,9 +44,6 @@ def add_fairness_args(ap: argparse.ArgumentParser) -> None:
     legacy = ap.add_argument_group("settings of built-in policies, by their older flags (prefer --policy-arg)")
     for flag, (key, kind) in LEGACY_FLAGS.items():
         legacy.add_argument(flag, dest=f"legacy_{key}", type=kind, default=None, help=f"--policy-arg {key}=...")
-    for flag, (key, value) in LEGACY_SWITCHES.items():
-        legacy.add_argument(flag, dest=f"legacy_{key}", action="store_const", const=value, default=None,
-                            help=f"--policy-arg {key}={value}")
 
 
 def _pairs(items: list[str], flag: str, key=str) -> dict:
@@ -84,7 +73,7 @@ def policy_args(a: argparse.Namespace) -> tuple[tuple[str, str], ...]:
         raise CliError(str(e)) from None
     own = {f.name for f in dataclasses.fields(entry.settings_cls)}
     pairs = []
-    for flag, (key, _) in (*LEGACY_FLAGS.items(), *LEGACY_SWITCHES.items()):
+    for flag, (key, _) in LEGACY_FLAGS.items():
         value = getattr(a, f"legacy_{key}", None)
         if value is None:
             continue
