@@ -18,12 +18,13 @@ its weighted share of both whenever someone else wants theirs.
   lost work), the most over-share owner and largest footprint first, and only as many as make
   room for it now. A request moved between tiers stays where it is for `starve_after_s`: a
   move copies its pages, and moving it back at once would copy them for nothing.
-- The step. Each step's token budget, less a token per decode row, is split among the owners
-  with prompts to prefill: each gets a quarter of its weighted max-min share (PREFILL_FLOOR),
-  and the rest goes to the owners holding the least device memory per weight first, each up
-  to what it wants. A 2K prompt does not queue behind a 128K one; the 128K prompt keeps
-  prefilling at its floor at least, and with all the step others leave. Decode rows always
-  step, so a long request's inter-token time is its own size's cost, not a leftover.
+- The step. Each step's token budget, less a token per decode row, is split among the prompts
+  to prefill when more than one owner has some: each owner gets a quarter of its weighted
+  max-min share (PREFILL_FLOOR) for its oldest prompts, and the rest goes to the smallest
+  prompts first, whoever's they are. A 2K prompt does not queue behind a 128K one, its
+  owner's or another's; the 128K prompt keeps prefilling at its owner's floor at least, and
+  with all the step the small ones leave. Decode rows always step, so a long request's
+  inter-token time is its own size's cost, not a leftover.
 - Victims, when a row cannot grow: the most over-share owner's request; demoted, the largest
   footprint; dropped for recompute, the one with the least computed work.
 - No starvation. A request waiting `starve_after_s` for device pages is let in whatever its
@@ -46,10 +47,9 @@ from pdtb.engine.sequence import Sequence
 
 RECLAIM_TRIES = 16  # waiting requests per step that may look for borrowers to demote
 # An owner with prompts to prefill gets at least this part of its weighted max-min share of
-# every step's tokens; the rest goes to the owners holding the least memory per weight first.
-# Serving the lightest owners first keeps a 2K prompt from queueing behind a 128K one (the
-# whale's memory is the cost it makes visible); the floor keeps lighter owners that fill the
-# node from starving it.
+# every step's tokens; the rest goes to the smallest prompts first. Smallest first keeps a 2K
+# prompt from queueing behind a 128K one (whose size is the cost it makes visible); the floor
+# keeps owners of small prompts that fill the node from starving the others.
 PREFILL_FLOOR = 0.25
 SIZE_MEMORY = 8  # an owner's typical request size: the mean of about its last this many requests
 
@@ -89,11 +89,10 @@ class MemFairPolicy(BasePolicy):
         self._moved: dict[str, float] = {}  # request -> state.now it last changed tiers (promoted, demoted)
         self._size: dict[str, float] = {}  # owner -> mean pages of its recent requests
         self._within: dict[str, int] = {}  # owner -> waiting requests within its share (this step)
-        self._allot: dict[str, float] = {}  # owner -> prefill tokens it may take this step
-        self._took: dict[str, int] = {}  # owner -> prefill tokens given this step
+        self._allot: dict[str, int] = {}  # prompt -> tokens it may take this step (empty: no split)
         self._running_ids: set[str] = set()
         self._parked_ids: set[str] = set()  # candidates in the host tier at the last look
-        self._pending: tuple[str, int] = ("", 0)  # a candidate's chunk, counted if it is let in
+        self._pending: tuple[str, int] = ("", 0)  # the candidate chunk_limit last sized, and its chunk
 
     @property
     def ent(self) -> dict[str, float]:
@@ -237,9 +236,8 @@ class MemFairPolicy(BasePolicy):
         if not super().may_admit(seq, need_pages, state):
             return False
         owner = self.owner(seq)
-        chunk = self._pending[1] if self._pending[0] == seq.request_id else 0
-        if chunk and self._took.get(owner, 0) >= self._allot.get(owner, float("inf")):
-            return False  # its owner's prompts had their share of this step
+        if self._allot and self._pending[0] == seq.request_id and seq.request_id not in self._allot:
+            return False  # a prompt with no part of this step waits for one
         if not self._starving(seq, state):
             if self._held_down(seq.request_id, state) and \
                     self.use.get(owner, 0) + need_pages > self.shares.get(owner, 0):
@@ -247,8 +245,6 @@ class MemFairPolicy(BasePolicy):
             if not self._quota_ok(owner, need_pages, state):
                 return False
         self.use[owner] = self.use.get(owner, 0) + need_pages
-        if chunk:
-            self._took[owner] = self._took.get(owner, 0) + chunk
         return True
 
     def _place(self, arrival, queued, state):
@@ -298,15 +294,14 @@ class MemFairPolicy(BasePolicy):
         return sorted(rows, key=lambda s: (self.over.get(self.owner(s), 0.0) > 1.0, s.in_prefill, s.arrival_time))
 
     def _split_prefill(self, rows: list[Sequence], state: SchedState) -> None:
-        """This step's prefill tokens per owner (see the module doc). An owner's demand is its
-        running prompts' tokens left and its waiting prompts that fit the free pages."""
-        demand: dict[str, int] = {}
+        """This step's prefill tokens per prompt (see the module doc). The prompts are the
+        running ones with tokens left and the waiting ones that fit the free pages."""
+        prompts: list[tuple[str, Sequence, int]] = []  # (owner, request, tokens it wants)
         decode_rows = 0
         for s in rows:
             left = s.num_uncomputed_tokens
             if left > 1 or not s.num_output_tokens:
-                o = self.owner(s)
-                demand[o] = demand.get(o, 0) + left
+                prompts.append((self.owner(s), s, left))
             else:
                 decode_rows += 1
         free = state.device_free - len(rows)
@@ -314,41 +309,39 @@ class MemFairPolicy(BasePolicy):
             if c.num_computed_tokens:
                 decode_rows += 1  # a parked row comes back to decode
             elif self._need_now(c, state) <= free:
-                o = self.owner(c)
-                demand[o] = demand.get(o, 0) + c.num_tokens
-        self._took = {}
+                prompts.append((self.owner(c), c, c.num_tokens))
+        demand: dict[str, int] = {}
+        for o, _, want in prompts:
+            demand[o] = demand.get(o, 0) + want
         if len(demand) < 2:
-            self._allot = {}  # one owner prefilling: the whole budget is its own
+            self._allot = {}  # one owner prefilling: the whole budget is its own, in step order
             return
         weights = {o: self.cfg.weight(owner_name(o)) for o in demand}
         total = max(len(demand), state.token_budget - decode_rows)
-        fill = water_fill(demand, weights, total)
-        self._allot = {o: PREFILL_FLOOR * v for o, v in fill.items()}
-        left = total - sum(self._allot.values())
-        by_use: dict[float, list[str]] = {}  # owners holding the same memory per weight share alike
-        for o in demand:
-            by_use.setdefault(self.use.get(o, 0) / weights[o], []).append(o)
-        for level in sorted(by_use):
-            want = {o: demand[o] - self._allot[o] for o in by_use[level]}
-            for o, extra in water_fill(want, weights, left).items():
-                self._allot[o] += extra
-                left -= extra
+        floor = {o: int(PREFILL_FLOOR * v) for o, v in water_fill(demand, weights, total).items()}
+        allot: dict[str, int] = {}
+        for o, s, want in sorted(prompts, key=lambda p: (p[1].arrival_time, p[1].request_id)):
+            give = min(want, floor.get(o, 0))  # an owner's floor: its oldest prompts first
+            if give > 0:
+                allot[s.request_id] = give
+                floor[o] -= give
+        left = total - sum(allot.values())
+        for o, s, want in sorted(prompts, key=lambda p: (p[1].num_tokens, p[1].arrival_time, p[1].request_id)):
             if left <= 0:
                 break
+            give = min(want - allot.get(s.request_id, 0), left)  # the rest: the smallest prompts first
+            if give > 0:
+                allot[s.request_id] = allot.get(s.request_id, 0) + give
+                left -= give
+        self._allot = allot
 
     def chunk_limit(self, seq, budget, state):
-        """A prompt's chunk is at most what is left of its owner's share of this step."""
+        """A prompt's chunk is at most its part of this step (a token if it has none)."""
         if not self._allot:
             return budget
-        o = self.owner(seq)
-        allot = self._allot.get(o)
-        if allot is None:
-            return budget
-        n = max(1, min(budget, seq.num_uncomputed_tokens, int(allot) - self._took.get(o, 0)))  # the scheduler's chunk
-        if seq.request_id in self._running_ids:
-            self._took[o] = self._took.get(o, 0) + n
-        else:  # a candidate's chunk counts once it is let in (may_admit), not when it does not fit
-            self._pending = (seq.request_id, n)
+        n = max(1, min(budget, seq.num_uncomputed_tokens, self._allot.get(seq.request_id, 0)))  # the scheduler's chunk
+        if seq.request_id not in self._running_ids:
+            self._pending = (seq.request_id, n)  # a candidate: let in by may_admit only with a part of the step
         return n
 
     def choose_victim(self, candidates, requester, state):

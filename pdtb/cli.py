@@ -31,6 +31,7 @@ commands:
   sim                simulate a cluster at any scale on the real scheduler and policies
                      (calibrate, validate, roofline, reproduce mcsf|vtc|essay, plan)
   frontier           fairness-throughput frontier of sweep files (table, plot, Pareto points)
+  scorecard DIR      every policy of every scenario of scripts/scorecard.sh, against fcfs
   report             markdown report and plots comparing results files
   compare            per-run minnow p99 TTFT/ITL and throughput, with ratios vs fcfs
   prefill            start a prefill node          decode      start a decode node
@@ -105,6 +106,10 @@ def _dispatch(argv: list[str]) -> int:
         return main(rest[1:])
     if cmd == "frontier":
         from pdtb.bench.frontier import main
+
+        return main(rest)
+    if cmd == "scorecard":
+        from pdtb.bench.scorecard import main
 
         return main(rest)
     if cmd == "compare":

@@ -56,18 +56,23 @@ def test_a_request_missing_both_slos_keeps_each_miss_cause():
     assert got["causes"] == {"ttft": "queue", "tpot": "parked_in_host"}
 
 
-def test_two_tenants_split_the_step_and_each_tenants_prompts_go_oldest_first():
-    """By hand: tenants A and B, two 200-token prompts each (A1, B1, A2, B2 in that order), a
-    256-token step: 128 tokens each a step. A1 and B1 take 128 and then 72 (their first tokens
-    in step 2) and A2 and B2 the other 56 of step 2, 128 in step 3 and their last 16 in step 4."""
-    sched = make_scheduler(make_policy("memfair"), num_pages=400, budget=256)
-    reqs = {f"{t}{i}": make_request(200, 4, tenant=t, arrival=2 * i + (t == "B"), rid=f"{t}{i}")
-            for i in (1, 2) for t in "AB"}
-    for r in sorted(reqs.values(), key=lambda r: r.arrival_time):
-        sched.add(r)
-    first = {}
-    for step in range(1, 6):
-        apply_step(sched, sched.schedule())
+def test_small_prompts_of_every_owner_go_before_a_whale_which_keeps_its_floor():
+    """By hand, a 256-token step: A's 400-token prompt, then B's three and A's one of 40 tokens
+    each. Max-min shares: B wants 120 (under 128), A gets 136; floors a quarter of those: 34
+    for A (its oldest, the whale) and 30 for B (B1). The other 192 go to the smallest prompts
+    first: B1's last 10, B2, B3 and A's small one 40 each, the whale the 62 left: 96 in all.
+    Every small prompt has its first token after one step; fcfs gives the whale the whole step."""
+    def first_step(policy):
+        sched = make_scheduler(make_policy(policy), num_pages=400, budget=256)
+        reqs = [make_request(400, 4, tenant="A", arrival=0, rid="whale")]
+        reqs += [make_request(40, 4, tenant="B", arrival=i, rid=f"B{i}") for i in (1, 2, 3)]
+        reqs += [make_request(40, 4, tenant="A", arrival=4, rid="A-small")]
+        for r in reqs:
+            sched.add(r)
+        out = sched.schedule()
+        got = {c.seq.request_id: c.num_new_tokens for c in out.chunks}
+        apply_step(sched, out)
         check_conservation(sched)
-        first.update({k: step for k, r in reqs.items() if r.num_output_tokens and k not in first})
-    assert first == {"A1": 2, "B1": 2, "A2": 4, "B2": 4}
+        return got
+    assert first_step("memfair") == {"whale": 96, "B1": 40, "B2": 40, "B3": 40, "A-small": 40}
+    assert first_step("fcfs") == {"whale": 256}

@@ -117,10 +117,10 @@ def _sim(specs, shapes, host_link=LinkModel(1e12), link=LinkModel(1e12)) -> SimC
 def test_sim_makes_the_same_policy_calls_as_the_scheduler_harness(monkeypatch, inner):
     specs = _workload()
     cfg = _register(monkeypatch, inner)
-    _harness(specs, cfg, pages=18, host=32, budget=32)
+    _harness(specs, cfg, pages=20, host=32, budget=32)
     expected = list(Recorder.log)
     _register(monkeypatch, inner)
-    c = _sim(specs, [NodeShape("colocated", 18, 32, max_num_batched_tokens=32, policy=RECORDER, fairness=cfg)])
+    c = _sim(specs, [NodeShape("colocated", 20, 32, max_num_batched_tokens=32, policy=RECORDER, fairness=cfg)])
     assert len(expected) > 200 and {e[0] for e in expected} >= {"reclaim", "step_order", "admission_order", "may_admit"}
     if inner == "memfair":  # the pool is small enough that memfair evicts
         assert any(e[0] == "pick_victim" for e in expected)

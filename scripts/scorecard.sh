@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Every policy, at its defaults, through five scenarios; one table per scenario, each figure
+# beside fcfs's in the same run and the Pareto points marked (pdtb scorecard, see
+# pdtb/bench/scorecard.py for the figures):
+#   real-quick-MODE        1. the real CPU cluster, quick whale-minnow (compare_fairness.sh --quick), both modes
+#   real-MODE-frontier     2. the real CPU cluster at saturation (frontier.sh --quick sweeps; not with --quick)
+#   sim-essay-MODE         3. Llama-3-8B on one H100 per node, 128K whales among 2K minnows (the essay's setting)
+#   sim-70b-tenants        4. Llama-3-70B at TP 4 on 8 H100s (1P+1D), five tenants of their own rates,
+#                             bursts and length distributions (pdtb/bench/data/scorecard_tenants_70b.json)
+#   sim-mooncake           5. the Mooncake conversation excerpt on Llama-3-8B (1P+1D H100), four tenants
+#                             made from groups of its hash_id prefixes (a conversation is one tenant's)
+# and the essay's claims where their conditions hold (pdtb sim reproduce essay --top5, sim-essay-top5.json).
+#
+#   bash scripts/scorecard.sh [--quick] [--out DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
+#                             [--skip-real]
+#
+# --policies: as compare_fairness.sh takes them (NAME, module:Class, file.py:Class, LABEL=REF;
+# default: every built-in policy). --quick leaves out the frontier (scenario 2): about 15 minutes
+# on 2 cores. --skip-real leaves out scenarios 1 and 2 (the simulator's only: about 3 minutes).
+# Writes DIR/SCENARIO/LABEL.json, DIR/scorecard.md and DIR/scorecard.json.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="" QUICK=0 REAL=1 POLICIES="fcfs memfair vtc memtime dlpm drr mcsf priority" PITEMS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT="$2"; shift 2 ;;
+    --quick) QUICK=1; shift ;;
+    --skip-real) REAL=0; shift ;;
+    --policies) POLICIES="$2"; shift 2 ;;
+    --policy-arg) PITEMS+=("$2"); shift 2 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
+    *) echo "scorecard: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+source "$ROOT/scripts/_env.sh"
+source "$ROOT/scripts/_policy.sh"
+policy_table scorecard "$POLICIES" ${PITEMS[@]+"${PITEMS[@]}"}
+PARGS=()
+for kv in ${PITEMS[@]+"${PITEMS[@]}"}; do PARGS+=(--policy-arg "$kv"); done
+OUT="${OUT:-$ROOT/results/scorecard-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+cd "$ROOT"
+DATA="$ROOT/pdtb/bench/data"
+SLO=(--slo ttft_ms=2000 --slo tpot_ms=100)
+H100_8B=(--cost roofline --gpu h100-sxm --model-config llama-3-8b --max-model-len 135000)
+
+sim_one() {  # sim_one SCENARIO INDEX ARGS...: one policy through one simulated scenario
+  local sc="$1" i="$2"
+  shift 2
+  policy_flags "$i"
+  mkdir -p "$OUT/$sc"
+  pdtb sim "$@" "${POLICY_FLAGS[@]}" --label-policy "${POLICY_LABELS[$i]}" "${SLO[@]}" \
+    --out "$OUT/$sc/${POLICY_LABELS[$i]}.json" > /dev/null
+}
+
+python -m pdtb.bench.scorecard_data prefix-tenants "$DATA/mooncake_conversation_excerpt.jsonl" \
+  "$OUT/mooncake-tenants.jsonl" --tenants 4
+for i in "${!POLICY_LABELS[@]}"; do
+  echo "== simulator: ${POLICY_LABELS[$i]}" >&2
+  for mode in colocated disagg; do
+    sim_one "sim-essay-$mode" "$i" --workload whale-minnow --mode "$mode" --prefill 1 --decode 1 "${H100_8B[@]}" \
+      --whales 3 --whale-prompt 131072 --whale-output 256 --whale-start 5 --whale-interval 10 \
+      --minnow-rate 14 --minnow-prompt 2048 --minnow-output 512 --duration 30
+  done
+  sim_one sim-70b-tenants "$i" --workload multi-tenant --tenants-file "$DATA/scorecard_tenants_70b.json" \
+    --mode disagg --prefill 1 --decode 1 --tp 4 --cost roofline --gpu h100-sxm --model-config llama-3-70b \
+    --max-model-len 131072
+  sim_one sim-mooncake "$i" --workload "trace:$OUT/mooncake-tenants.jsonl" --time-scale 0.5 \
+    --mode disagg --prefill 1 --decode 1 "${H100_8B[@]}"
+done
+echo "== pdtb sim reproduce essay --top5" >&2
+pdtb sim reproduce essay --top5 --json > "$OUT/sim-essay-top5.json"
+
+if [ "$REAL" = 1 ]; then
+  bash scripts/compare_fairness.sh --quick --policies "$(policy_list)" ${PARGS[@]+"${PARGS[@]}"} \
+    --out "$OUT/raw-quick" >&2
+  for mode in colocated disagg; do
+    mkdir -p "$OUT/real-quick-$mode"
+    for pol in "${POLICY_LABELS[@]}"; do
+      cp "$OUT/raw-quick/$mode-$pol.json" "$OUT/real-quick-$mode/$pol.json"
+    done
+  done
+  if [ "$QUICK" = 0 ]; then
+    : > "$OUT/points.txt"
+    for mode in colocated disagg; do
+      for i in "${!POLICY_LABELS[@]}"; do
+        policy_flags "$i"
+        echo "${POLICY_LABELS[$i]} $mode ${POLICY_FLAGS[*]:1}" >> "$OUT/points.txt"
+      done
+    done
+    bash scripts/frontier.sh --quick --points "$OUT/points.txt" --out "$OUT/raw-frontier" >&2
+    for mode in colocated disagg; do
+      mkdir -p "$OUT/real-$mode-frontier"
+      for pol in "${POLICY_LABELS[@]}"; do
+        cp "$OUT/raw-frontier/$pol-$mode.json" "$OUT/real-$mode-frontier/$pol.json"
+      done
+    done
+  fi
+fi
+pdtb scorecard "$OUT"
+echo "scorecard: $OUT/scorecard.md" >&2
