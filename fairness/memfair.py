@@ -15,9 +15,10 @@ its weighted share of both whenever someone else wants theirs.
   that its next request does not have to take pages back from the borrower.
 - Reclaim. When a request within its owner's share waits and cannot fit, requests of owners
   beyond their share are demoted to the host tier (never preempted: a share is not worth
-  lost work), the most over-share owner and largest footprint first, and only as many as make
-  room for it now. A request moved between tiers stays where it is for `starve_after_s`: a
-  move copies its pages, and moving it back at once would copy them for nothing.
+  lost work), the most over-share owner and largest footprint first, and only when that
+  makes room for all the waiter needs now (a prompt: its first chunk). A request moved
+  between tiers stays where it is for `starve_after_s`: a move copies its pages, and moving
+  it back at once would copy them for nothing.
 - The step. Each step's token budget, less a token per decode row, is split among the prompts
   to prefill when more than one owner has some: each owner gets a quarter of its weighted
   max-min share (PREFILL_FLOOR) for its oldest prompts, and the rest goes to the smallest
@@ -28,7 +29,9 @@ its weighted share of both whenever someone else wants theirs.
 - Victims, when a row cannot grow: the most over-share owner's request; demoted, the largest
   footprint; dropped for recompute, the one with the least computed work.
 - No starvation. A request waiting `starve_after_s` for device pages is let in whatever its
-  quota, and reclaims borrowed pages like a request within its share.
+  quota, first in line, and while it waits nobody else takes the pages it needs: it gets in
+  as pages free up. Nobody is demoted for it (a demotion is only ever for a request within
+  its share: two owners beyond theirs would demote each other in turns).
 
 Per-step cost: the owners' usage, shares and waiting needs are found once per step (one pass
 over the running and waiting requests); each admission test then costs O(owners).
@@ -92,6 +95,7 @@ class MemFairPolicy(BasePolicy):
         self._allot: dict[str, int] = {}  # prompt -> tokens it may take this step (empty: no split)
         self._running_ids: set[str] = set()
         self._parked_ids: set[str] = set()  # candidates in the host tier at the last look
+        self._starved: tuple[str, int] = ("", 0)  # the longest-starving candidate and the pages it needs now
         self._pending: tuple[str, int] = ("", 0)  # the candidate chunk_limit last sized, and its chunk
 
     @property
@@ -137,6 +141,11 @@ class MemFairPolicy(BasePolicy):
             if self.use.get(o, 0) + h.num_pages <= self.shares.get(o, 0):
                 within[o] = within.get(o, 0) + 1
         self._since, self._within = since, within
+        self._starved = ("", 0)
+        waited = [c for c in candidates if self._starving(c, state)]
+        if waited:  # the longest waiter past starve_after_s: free pages are kept for it
+            c = min(waited, key=lambda c: (self._since[c.request_id], c.request_id))
+            self._starved = (c.request_id, self._need_now(c, state))
         horizon = state.now - self.settings.starve_after_s
         self._moved = {r: t for r, t in self._moved.items() if t > horizon}
 
@@ -168,8 +177,10 @@ class MemFairPolicy(BasePolicy):
 
     @staticmethod
     def _need_now(seq: Sequence, state: SchedState) -> int:
-        """Device pages `seq` must get to run its next step (parked: all its context)."""
-        tokens = seq.num_computed_tokens + 1 if seq.num_computed_tokens else seq.num_tokens
+        """Device pages `seq` must get to run its next step: parked, all its context; a prompt
+        not started, its first chunk's (a 128K prompt is let in chunk by chunk, and making
+        room for all of it at once would demote borrowers it then does not reach for)."""
+        tokens = seq.num_computed_tokens + 1 if seq.num_computed_tokens else min(seq.num_tokens, state.token_budget)
         return max(1, -(-tokens // state.page_size) - state.pages.get(seq.request_id, 0))
 
     # ---- reclaim ----------------------------------------------------------------------------------
@@ -196,15 +207,15 @@ class MemFairPolicy(BasePolicy):
                 free -= need  # it will fit without anyone leaving
                 use[owner] = use.get(owner, 0) + need
                 continue
-            if not starving and use.get(owner, 0) + need > ent.get(owner, 0):
-                continue  # beyond its own share: it waits for free pages, it does not reclaim
+            if use.get(owner, 0) + need > ent.get(owner, 0):
+                continue  # beyond its own share, starving or not: it waits for free pages, it does not reclaim
             over_share = {o for o, n in use.items() if n > ent.get(o, 0)}
             if not over_share:
                 break  # nobody borrows: nothing to reclaim for anyone after this one either
             if tries >= RECLAIM_TRIES:
                 break  # the most deserving waiters had their look; the rest get theirs next steps
             tries += 1
-            pool = [s for s in movable if own(s) in over_share and own(s) != owner and s not in victims]
+            pool = [s for s in movable if own(s) in over_share and s not in victims]
             # demote only when the whole need can be met: a demotion that does not let the
             # waiter in copies a borrower down for nothing
             gain = sum(state.gain.get(s.request_id, 0) for s in pool
@@ -230,7 +241,15 @@ class MemFairPolicy(BasePolicy):
 
     # ---- admission and placement ------------------------------------------------------------------
     def admission_order(self, candidates, state):
-        return sorted(candidates, key=lambda s: (self.over.get(self.owner(s), 0.0), s.arrival_time))
+        first = self._starved[0]
+        return sorted(candidates, key=lambda s: (s.request_id != first, self.over.get(self.owner(s), 0.0),
+                                                 s.arrival_time))
+
+    def _keeps_room_for_the_starved(self, rid: str, need: int, state: SchedState) -> bool:
+        """Taking `need` pages leaves the longest-starving request's need free (or is that
+        request): it gets in as pages free up, without anyone demoted for it."""
+        starved, want = self._starved
+        return not starved or rid == starved or state.device_free - need - len(self.running) >= want
 
     def may_admit(self, seq, need_pages, state):
         if not super().may_admit(seq, need_pages, state):
@@ -238,6 +257,8 @@ class MemFairPolicy(BasePolicy):
         owner = self.owner(seq)
         if self._allot and self._pending[0] == seq.request_id and seq.request_id not in self._allot:
             return False  # a prompt with no part of this step waits for one
+        if not self._keeps_room_for_the_starved(seq.request_id, need_pages, state):
+            return False
         if not self._starving(seq, state):
             if self._held_down(seq.request_id, state) and \
                     self.use.get(owner, 0) + need_pages > self.shares.get(owner, 0):
@@ -254,7 +275,8 @@ class MemFairPolicy(BasePolicy):
         starving request is admitted (without a host tier it would wait at the prefill side for
         as long as the owners it may not borrow from stay in the window)."""
         headroom = len(self.running) + self._reserved(arrival, state)  # as may_admit: class reservations too
-        fits = arrival.num_pages + headroom <= state.device_free
+        fits = arrival.num_pages + headroom <= state.device_free and \
+            self._keeps_room_for_the_starved(arrival.request_id, arrival.num_pages, state)
         if arrival.request_id not in self.held:
             self._note_size(self.owner(arrival), arrival.num_pages)
         if fits and self.static and state.now - arrival.first_seen >= self.settings.starve_after_s:

@@ -9,7 +9,8 @@
 #                             bursts and length distributions (pdtb/bench/data/scorecard_tenants_70b.json)
 #   sim-mooncake           5. the Mooncake conversation excerpt on Llama-3-8B (1P+1D H100), four tenants
 #                             made from groups of its hash_id prefixes (a conversation is one tenant's)
-# and the essay's claims where their conditions hold (pdtb sim reproduce essay --top5, sim-essay-top5.json).
+# and the essay's claims where their conditions hold: pdtb sim reproduce essay with about two
+# whales among forty minnows in memory, so the largest 5% are whales (sim-essay-top5.json).
 #
 #   bash scripts/scorecard.sh [--quick] [--out DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
 #                             [--skip-real]
@@ -69,8 +70,8 @@ for i in "${!POLICY_LABELS[@]}"; do
   sim_one sim-mooncake "$i" --workload "trace:$OUT/mooncake-tenants.jsonl" --time-scale 0.5 \
     --mode disagg --prefill 1 --decode 1 "${H100_8B[@]}"
 done
-echo "== pdtb sim reproduce essay --top5" >&2
-pdtb sim reproduce essay --top5 --json > "$OUT/sim-essay-top5.json"
+echo "== pdtb sim reproduce essay, 5% whales in memory" >&2
+pdtb sim reproduce essay --minnow-rate 4 --whale-interval 5 --whales 5 --json > "$OUT/sim-essay-top5.json"
 
 if [ "$REAL" = 1 ]; then
   bash scripts/compare_fairness.sh --quick --policies "$(policy_list)" ${PARGS[@]+"${PARGS[@]}"} \

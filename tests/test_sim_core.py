@@ -122,9 +122,10 @@ def test_sim_makes_the_same_policy_calls_as_the_scheduler_harness(monkeypatch, i
     _register(monkeypatch, inner)
     c = _sim(specs, [NodeShape("colocated", 20, 32, max_num_batched_tokens=32, policy=RECORDER, fairness=cfg)])
     assert len(expected) > 200 and {e[0] for e in expected} >= {"reclaim", "step_order", "admission_order", "may_admit"}
-    if inner == "memfair":  # the pool is small enough that memfair evicts
-        assert any(e[0] == "pick_victim" for e in expected)
     assert Recorder.log == expected
+    if inner == "memfair":  # the pool is small enough that memfair moves requests between tiers
+        moves = c.observer.summary(list(c.records.values()))["evictions"]
+        assert sum(n for per in moves.values() for n in per.values()) > 0
     assert all(r.status == "ok" for r in c.records.values())
 
 

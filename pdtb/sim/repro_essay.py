@@ -15,9 +15,11 @@ the minnow stream is about as fast as this node can take; with 512 output tokens
 alone then hold most of the pool (70% on average from t = 5 s to 30 s, measured), a pool
 under pressure before any whale comes. Outputs are kept modest for the simulator's cost (about 10 us
 of wall time per generated token: about 0.2M tokens a run); a whale's output is short, as the
-longest contexts of a real trace generate little (docs/method.md). Under memfair the run costs
-far more wall time than the tokens explain: its admission scans the waiting queue against the
-running batch at every step, and at this scale that queue is long.
+longest contexts of a real trace generate little (docs/method.md).
+
+Where the essay's conditions hold: `--minnow-rate 4 --whale-interval 5 --whales 5` keeps about
+two whales among about forty minnows in the pool, so the largest 5% of the requests in memory
+are the whales (scripts/scorecard.sh runs it as sim-essay-top5.json).
 
   (a) pages of one request, by the engine's rule (KVSpec.pages_for), 128K vs 2K prompt tokens
   (b) the top 5% of requests' share of the device pool over the busy part (the observer's top5
@@ -54,9 +56,8 @@ NOTES = (  # how to read the figures against the essay's (printed with them)
     "one at a time among about a hundred minnows, so the largest 5% is one whale or none and a few minnows",
     "(c) a ratio needs minnow evictions without whales: in the default setting this node prefills about as "
     "many 2K prompts a second as the minnows send, so by themselves they overflow the pool rarely, if at all",
-    "(d) memfair calls a prompt long beyond 1/8 of the step budget (256 of the default 2,048 tokens): the 2K minnow "
-    "prompts count as long, and while the whale tenant is active they prefill one at a time in small chunks",
-)
+    "(d) memfair splits each step's prompt tokens: a quarter of each tenant's max-min share to it, the rest to "
+    "the smallest prompts first, so the 2K minnow prompts do not queue behind a 128K one",)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class EssayConfig:
     page_size: int = 16
     budget: int = 2048  # per-step token budget (the nodes' default)
     seed: int = 0
+    tp: int = 1  # GPUs of the node (tensor parallel): its HBM, so its pool, grows with them
 
     def __post_init__(self) -> None:
         if not self.duration > 0 or self.whales < 1 or self.minnow_rate <= 0:
@@ -148,7 +150,7 @@ def ratio(a, b):
 
 def figures(cfg: EssayConfig) -> dict:
     """Every run and the four figures."""
-    cost = RooflineCost.of("h100-sxm", "llama-3-8b", page_size=cfg.page_size)
+    cost = RooflineCost.of("h100-sxm", "llama-3-8b", page_size=cfg.page_size, tp=cfg.tp)
     runs = {f"{p}{'' if w else '_alone'}": run_one(cfg, cost, p, w) for p in POLICIES for w in (True, False)}
     fc, mf = runs["fcfs"], runs["memfair"]
     per = (lambda r: r["minnow_evictions_per_request"])
@@ -242,7 +244,7 @@ def parse(argv: list[str]) -> tuple[EssayConfig, bool]:
     for name in ("duration", "whale_start", "whale_interval", "minnow_rate", "host_gib"):
         ap.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(d, name))
     for name in ("whales", "whale_prompt", "whale_output", "minnow_prompt", "minnow_output", "kv_pages", "context",
-                 "page_size", "budget", "seed"):
+                 "page_size", "budget", "seed", "tp"):
         ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
     return config_from(ap, argv, EssayConfig)
 
