@@ -94,6 +94,9 @@ class MemFairPolicy(BasePolicy):
         self._within: dict[str, int] = {}  # owner -> waiting requests within its share (this step)
         self._allot: dict[str, int] = {}  # prompt -> tokens it may take this step (empty: no split)
         self._running_ids: set[str] = set()
+        self._owners: dict[str, str] = {}  # request -> its quota owner
+        self._prompts = 0  # prompts with tokens to prefill (this step)
+        self._needs: dict[str, int] = {}  # candidate -> pages it needs to step (this step)
         self._parked_ids: set[str] = set()  # candidates in the host tier at the last look
         self._starved: tuple[str, int] = ("", 0)  # the longest-starving candidate and the pages it needs now
         self._pending: tuple[str, int] = ("", 0)  # the candidate chunk_limit last sized, and its chunk
@@ -111,6 +114,14 @@ class MemFairPolicy(BasePolicy):
         super().forget(request_id)
         self._since.pop(request_id, None)
         self._moved.pop(request_id, None)
+        self._owners.pop(request_id, None)
+
+    def owner(self, req) -> str:
+        """The quota owner, remembered per request (asked many times a step)."""
+        o = self._owners.get(req.request_id)
+        if o is None:
+            o = self._owners[req.request_id] = super().owner(req)
+        return o
 
     # ---- the view, once per step ----------------------------------------------------------------
     def refresh(self, running, candidates, state):
@@ -127,27 +138,30 @@ class MemFairPolicy(BasePolicy):
         for rid in (ids - self._running_ids) & self._parked_ids:  # promoted since the last look
             self._moved[rid] = state.now
         self._running_ids = ids
-        self._parked_ids = {c.request_id for c in candidates if state.host_pages.get(c.request_id)}
-        since, within = {}, {}
+        self._parked_ids = {c.request_id for c in candidates if state.host_pages.get(c.request_id)} \
+            if state.host_pages else set()
+        since, within, needs = {}, {}, {}
+        starved, oldest = None, state.now - self.settings.starve_after_s
         for c in candidates:
-            since[c.request_id] = self._since.get(c.request_id, state.now)
-            if c.request_id not in self._since and not c.num_computed_tokens:
-                self._note_size(own(c), -(-c.num_tokens // state.page_size))
+            rid = c.request_id
+            t = since[rid] = self._since.get(rid, state.now)
             o = own(c)
-            if self.use.get(o, 0) + self._need_now(c, state) <= self.shares.get(o, 0):
+            if rid not in self._since and not c.num_computed_tokens:
+                self._note_size(o, -(-c.num_tokens // state.page_size))
+            need = needs[rid] = self._need_now(c, state)
+            if self.use.get(o, 0) + need <= self.shares.get(o, 0):
                 within[o] = within.get(o, 0) + 1
+            if t <= oldest and (starved is None or (t, rid) < (oldest, starved.request_id)):
+                oldest, starved = t, c  # the longest waiter past starve_after_s: free pages are kept for it
         for h in self.fresh_held(state):
             o = own(h)
             if self.use.get(o, 0) + h.num_pages <= self.shares.get(o, 0):
                 within[o] = within.get(o, 0) + 1
-        self._since, self._within = since, within
-        self._starved = ("", 0)
-        waited = [c for c in candidates if self._starving(c, state)]
-        if waited:  # the longest waiter past starve_after_s: free pages are kept for it
-            c = min(waited, key=lambda c: (self._since[c.request_id], c.request_id))
-            self._starved = (c.request_id, self._need_now(c, state))
-        horizon = state.now - self.settings.starve_after_s
-        self._moved = {r: t for r, t in self._moved.items() if t > horizon}
+        self._since, self._within, self._needs = since, within, needs
+        self._starved = (starved.request_id, needs[starved.request_id]) if starved is not None else ("", 0)
+        if self._moved:
+            horizon = state.now - self.settings.starve_after_s
+            self._moved = {r: t for r, t in self._moved.items() if t > horizon}
 
     def _note_size(self, owner: str, pages: int) -> None:
         prev = self._size.get(owner)
@@ -187,10 +201,13 @@ class MemFairPolicy(BasePolicy):
     def reclaim(self, running, candidates, state):
         super().reclaim(running, candidates, state)  # refreshes the view
         own, ent = self.owner, self.shares
+        if not any(n > ent.get(o, 0) for o, n in self.use.items()):
+            return []  # nobody beyond its share: nobody to demote
         wants = []
         for c in candidates:
             starving = self._starving(c, state)
-            wants.append((own(c), self._need_now(c, state), (not starving, c.arrival_time), starving))
+            wants.append((own(c), self._needs.get(c.request_id) or self._need_now(c, state),
+                          (not starving, c.arrival_time), starving))
         for h in self.fresh_held(state):  # (one not retried here lately went elsewhere: no room for it)
             wants.append((own(h), h.num_pages + 1, (True, h.first_seen), False))
         # the starving first, then by how far below its share the owner is
@@ -313,7 +330,11 @@ class MemFairPolicy(BasePolicy):
         self._split_prefill(rows, state)
         # Under-share owners first, the tail (evicted first under pressure) the most over; within
         # each, decode rows before prompts, so that a prompt's chunk never takes their token.
-        return sorted(rows, key=lambda s: (self.over.get(self.owner(s), 0.0) > 1.0, s.in_prefill, s.arrival_time))
+        borrowing = {o for o, v in self.over.items() if v > 1.0}
+        if not borrowing and not self._prompts:
+            return rows  # decode rows only, nobody borrowing: nothing to reorder
+        own = self.owner
+        return sorted(rows, key=lambda s: (own(s) in borrowing, s.in_prefill, s.arrival_time))
 
     def _split_prefill(self, rows: list[Sequence], state: SchedState) -> None:
         """This step's prefill tokens per prompt (see the module doc). The prompts are the
@@ -330,8 +351,9 @@ class MemFairPolicy(BasePolicy):
         for c in self.candidates:
             if c.num_computed_tokens:
                 decode_rows += 1  # a parked row comes back to decode
-            elif self._need_now(c, state) <= free:
+            elif (self._needs.get(c.request_id) or self._need_now(c, state)) <= free:
                 prompts.append((self.owner(c), c, c.num_tokens))
+        self._prompts = len(prompts)
         demand: dict[str, int] = {}
         for o, _, want in prompts:
             demand[o] = demand.get(o, 0) + want

@@ -67,7 +67,7 @@ for i in "${!POLICY_LABELS[@]}"; do
   sim_one sim-70b-tenants "$i" --workload multi-tenant --tenants-file "$DATA/scorecard_tenants_70b.json" \
     --mode disagg --prefill 1 --decode 1 --tp 4 --cost roofline --gpu h100-sxm --model-config llama-3-70b \
     --max-model-len 131072
-  sim_one sim-mooncake "$i" --workload "trace:$OUT/mooncake-tenants.jsonl" --time-scale 0.5 \
+  sim_one sim-mooncake "$i" --workload "trace:$OUT/mooncake-tenants.jsonl" --time-scale 2 \
     --mode disagg --prefill 1 --decode 1 "${H100_8B[@]}"
 done
 echo "== pdtb sim reproduce essay, 5% whales in memory" >&2
