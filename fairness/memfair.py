@@ -262,11 +262,19 @@ class MemFairPolicy(BasePolicy):
         return sorted(candidates, key=lambda s: (s.request_id != first, self.over.get(self.owner(s), 0.0),
                                                  s.arrival_time))
 
-    def _keeps_room_for_the_starved(self, rid: str, need: int, state: SchedState) -> bool:
-        """Taking `need` pages leaves the longest-starving request's need free (or is that
-        request): it gets in as pages free up, without anyone demoted for it."""
+    def _keeps_room_for_the_starved(self, rid: str, owner: str, need: int, state: SchedState) -> bool:
+        """Taking `need` pages leaves the longest-starving request's need free, or is that
+        request, or is within its owner's share while the starving one fits beside every other
+        owner's share: it gets in as pages free up, without anyone demoted for it. A request
+        bigger than that room waits for everyone else's admissions to stop, whatever their share."""
         starved, want = self._starved
-        return not starved or rid == starved or state.device_free - need - len(self.running) >= want
+        if not starved or rid == starved or state.device_free - need - len(self.running) >= want:
+            return True
+        if self.use.get(owner, 0) + need > self.shares.get(owner, 0):
+            return False  # a borrower waits for the starving request
+        so = self._owners.get(starved)
+        room = state.device_total - sum(e for o, e in self.shares.items() if o != so)
+        return want <= room
 
     def may_admit(self, seq, need_pages, state):
         if not super().may_admit(seq, need_pages, state):
@@ -274,7 +282,7 @@ class MemFairPolicy(BasePolicy):
         owner = self.owner(seq)
         if self._allot and self._pending[0] == seq.request_id and seq.request_id not in self._allot:
             return False  # a prompt with no part of this step waits for one
-        if not self._keeps_room_for_the_starved(seq.request_id, need_pages, state):
+        if not self._keeps_room_for_the_starved(seq.request_id, owner, need_pages, state):
             return False
         if not self._starving(seq, state):
             if self._held_down(seq.request_id, state) and \
@@ -293,7 +301,7 @@ class MemFairPolicy(BasePolicy):
         as long as the owners it may not borrow from stay in the window)."""
         headroom = len(self.running) + self._reserved(arrival, state)  # as may_admit: class reservations too
         fits = arrival.num_pages + headroom <= state.device_free and \
-            self._keeps_room_for_the_starved(arrival.request_id, arrival.num_pages, state)
+            self._keeps_room_for_the_starved(arrival.request_id, self.owner(arrival), arrival.num_pages, state)
         if arrival.request_id not in self.held:
             self._note_size(self.owner(arrival), arrival.num_pages)
         if fits and self.static and state.now - arrival.first_seen >= self.settings.starve_after_s:

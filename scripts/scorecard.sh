@@ -18,7 +18,9 @@
 # --policies: as compare_fairness.sh takes them (NAME, module:Class, file.py:Class, LABEL=REF;
 # default: every built-in policy). --quick leaves out the frontier (scenario 2): about 15 minutes
 # on 2 cores. --skip-real leaves out scenarios 1 and 2 (the simulator's only: about 3 minutes).
-# Writes DIR/SCENARIO/LABEL.json, DIR/scorecard.md and DIR/scorecard.json.
+# Writes DIR/SCENARIO/LABEL.json, DIR/scorecard.md and DIR/scorecard.json; then
+#   python -m pdtb.bench.results_doc --section scorecard --scorecard DIR --out docs/results.md
+# puts the tables in docs/results.md.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="" QUICK=0 REAL=1 POLICIES="fcfs memfair vtc memtime dlpm drr mcsf priority" PITEMS=()
@@ -42,6 +44,7 @@ OUT="${OUT:-$ROOT/results/scorecard-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 cd "$ROOT"
+git rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true
 DATA="$ROOT/pdtb/bench/data"
 SLO=(--slo ttft_ms=2000 --slo tpot_ms=100)
 H100_8B=(--cost roofline --gpu h100-sxm --model-config llama-3-8b --max-model-len 135000)
@@ -75,11 +78,11 @@ pdtb sim reproduce essay --minnow-rate 4 --whale-interval 5 --whales 5 --json > 
 
 if [ "$REAL" = 1 ]; then
   bash scripts/compare_fairness.sh --quick --policies "$(policy_list)" ${PARGS[@]+"${PARGS[@]}"} \
-    --out "$OUT/raw-quick" >&2
+    --out "$OUT/raw/quick" >&2
   for mode in colocated disagg; do
     mkdir -p "$OUT/real-quick-$mode"
     for pol in "${POLICY_LABELS[@]}"; do
-      cp "$OUT/raw-quick/$mode-$pol.json" "$OUT/real-quick-$mode/$pol.json"
+      cp "$OUT/raw/quick/$mode-$pol.json" "$OUT/real-quick-$mode/$pol.json"
     done
   done
   if [ "$QUICK" = 0 ]; then
@@ -90,11 +93,11 @@ if [ "$REAL" = 1 ]; then
         echo "${POLICY_LABELS[$i]} $mode ${POLICY_FLAGS[*]:1}" >> "$OUT/points.txt"
       done
     done
-    bash scripts/frontier.sh --quick --points "$OUT/points.txt" --out "$OUT/raw-frontier" >&2
+    bash scripts/frontier.sh --quick --points "$OUT/points.txt" --out "$OUT/raw/frontier" >&2
     for mode in colocated disagg; do
       mkdir -p "$OUT/real-$mode-frontier"
       for pol in "${POLICY_LABELS[@]}"; do
-        cp "$OUT/raw-frontier/$pol-$mode.json" "$OUT/real-$mode-frontier/$pol.json"
+        cp "$OUT/raw/frontier/$pol-$mode.json" "$OUT/real-$mode-frontier/$pol.json"
       done
     done
   fi

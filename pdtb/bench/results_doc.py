@@ -403,12 +403,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ray-junit", help="JUnit XML of tests/test_ray_cluster.py (scripts/ray_results.sh)")
     ap.add_argument("--ray-seconds", type=int, default=0)
     ap.add_argument("--gpu", help="directory of a scripts/gpu_check.sh run (its --out)")
-    ap.add_argument("--section", choices=["migration", "transports", "ray", "gpu"],
+    ap.add_argument("--scorecard", help="directory of a scripts/scorecard.sh run (its --out)")
+    ap.add_argument("--scorecard-command", default="bash scripts/scorecard.sh --quick")
+    ap.add_argument("--section", choices=["migration", "transports", "ray", "gpu", "scorecard"],
                     help="replace only this section of the existing --out (its own date and commit in its first "
                          "line), leaving the others as they are")
     ap.add_argument("--out", required=True)
     ap.add_argument("--readme", help="also replace the headline block of this README")
     a = ap.parse_args(argv)
+    if a.section == "scorecard":
+        if not a.scorecard:
+            ap.error("--section scorecard needs --scorecard DIR")
+        from pdtb.bench.scorecard import SCORECARD_HEADING, results_section
+
+        stamp = _stamp(_read(a.commit_file) or _read(str(Path(a.scorecard) / "commit")))
+        return _write_section(a.out, SCORECARD_HEADING, results_section(a.scorecard, a.scorecard_command, stamp),
+                              "scorecard", before="## Fairness at saturation")
     if a.section == "gpu":
         if not a.gpu:
             ap.error("--section gpu needs --gpu DIR")

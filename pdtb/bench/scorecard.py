@@ -27,6 +27,7 @@ from pathlib import Path
 
 from pdtb.common import CliError
 
+SCORECARD_HEADING = "## Scorecard: every policy, five scenarios"
 TOP_FRAC = 0.05  # whales, where the workload does not say: the largest 5% of requests by context
 RUN_KEYS = ("minnow_ttft_p99", "minnow_itl_p99", "whale_tpot_p50", "whale_e2e_p50", "out_tok_s", "goodput_rps",
             "jain_page_s", "moves_per_s_per_100", "sim_ms_per_step")
@@ -186,6 +187,34 @@ def table(sc: dict) -> list[str]:
                 cell += f" ({ratio:.2f}x)"
             cells.append(cell)
         out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def results_section(folder: str, command: str, stamp: str) -> list[str]:
+    """The scorecard section of docs/results.md from one scripts/scorecard.sh run."""
+    root = Path(folder)
+    text = (root / "scorecard.md").read_text().splitlines()
+    out = [SCORECARD_HEADING, "", f"`{command}`, {stamp}. Every figure beside fcfs's in the same run; "
+           "**yes**: on the Pareto front of its scenario (minnow TTFT and ITL p99, whale E2E p50, output tok/s). "
+           "Whales: the workload's whale class, else the largest 5% of requests by context. "
+           "What each scenario is: `bash scripts/scorecard.sh --help`.", ""]
+    out += [line.replace("### ", "### Scenario ") if line.startswith("### ") else line for line in text]
+    top5 = root / "sim-essay-top5.json"
+    if top5.exists():
+        t = json.loads(top5.read_text())
+        ev = t["evictions"]
+        ratio = (lambda e: "inf (none alone)" if e["ratio"] is None and e["with_whales"] else
+                 "-" if e["ratio"] is None else f"{e['ratio']:.2f}x")
+        out += ["### The essay's claims with 5% whales in memory", "",
+                "`pdtb sim reproduce essay --minnow-rate 4 --whale-interval 5 --whales 5` (one H100, colocated).", "",
+                "| claim | this run | essay |", "|---|---|---|",
+                f"| top-5% share of the KV in use, mean (fcfs) | {100 * t['top5']['used_mean']:.0f}% | ~80% |",
+                f"| top-5% share of HBM, mean / max (fcfs) | {100 * t['top5']['pool_mean']:.0f}% / "
+                f"{100 * t['top5']['pool_max']:.0f}% | |",
+                f"| minnow evictions, with / without whales (fcfs) | {ratio(ev['fcfs'])} | 2-4x |",
+                f"| same, memfair | {ratio(ev['memfair'])} | |",
+                f"| memfair / fcfs, minnow TTFT p99 | {t['memfair_over_fcfs']['minnow_ttft_p99']:.2f}x | |",
+                f"| memfair / fcfs, minnow ITL p99 | {t['memfair_over_fcfs']['minnow_itl_p99']:.2f}x | |", ""]
     return out
 
 
