@@ -30,6 +30,7 @@ class BasePolicy:
     strict_order = True  # FIFO admission: nothing overtakes the head
     victim = staticmethod(eviction.lru)
     Settings: type[PolicySettings] = NoSettings  # the policy's own settings (--policy-arg)
+    cluster = None  # ClusterView of the other nodes, set by the node (fairness/cluster.py; None: alone)
 
     def __init__(self, config: FairnessConfig | None = None, settings: PolicySettings | None = None) -> None:
         self.cfg = config or FairnessConfig()

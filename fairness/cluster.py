@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fairness.quotas import water_fill
+
 
 @dataclass(frozen=True)
 class ClusterView:
@@ -45,8 +47,6 @@ def views(nodes: dict[str, tuple[int, dict]]) -> dict[str, ClusterView]:
 def node_shares(local: dict[str, float], weight, view: ClusterView, pages: int) -> dict[str, float]:
     """This node's entitlement per tenant among `local` (tenant -> anything; the tenants with
     work here), given the others' `view`; `weight(tenant)` its weight."""
-    from fairness.memfair import water_fill
-
     tenants = set(local) | set(view.elsewhere)
     wsum = sum(weight(t) for t in tenants)
     total = pages + view.other_pages

@@ -14,6 +14,11 @@ Call order within one scheduler step:
 Between steps, on a decode node (and in the simulator's), for each inherited request offered
 from the prefill side: refresh -> place_arrival. `forget` when a request is no longer this
 node's concern (it ended, was aborted, or an arrival it was holding went elsewhere).
+
+One attribute besides the methods, optional: `cluster`. A decode or colocated node that is
+one of several sets it, with every ping from the router, to a `fairness.cluster.ClusterView`
+of what the other nodes hold (None: alone, or not yet told). A policy without the attribute
+is not told; memfair derives its shares from it (a tenant's share is cluster-wide).
 """
 from __future__ import annotations
 
@@ -108,3 +113,4 @@ class Policy(Protocol):
 REQUIRED_METHODS = ("refresh", "reclaim", "step_order", "pick_victim", "admission_order", "may_admit",
                     "chunk_limit", "on_step", "place_arrival", "waiting_arrivals", "forget", "quotas")
 REQUIRED_ATTRIBUTES = ("name", "strict_order")
+OPTIONAL_ATTRIBUTES = ("cluster",)  # set by a node of several when the policy has it (see the module doc)

@@ -7,7 +7,10 @@ its weighted share of both whenever someone else wants theirs.
 
 - Memory shares. Each owner with work is entitled to its weighted share of the device tier
   (static shares, `quota_shares="static"`: every owner seen with work within
-  `static_window_s`, an idle owner's share kept for it, nobody beyond its share).
+  `static_window_s`, an idle owner's share kept for it, nobody beyond its share). On one of
+  several decode nodes, told what the others hold (`self.cluster`), a tenant's share is
+  cluster-wide: what it may claim here is its share of all the pools less what it holds on
+  the others (fairness/cluster.py), so a tenant spread over four nodes does not get four.
 - Admission. Candidates of the owners furthest below their share first; nothing waits behind
   a request that does not fit. An owner may go beyond its share (borrow) only while no other
   owner waits with a request within its own share, and only leaving free the pages of one
@@ -40,10 +43,11 @@ from __future__ import annotations
 
 from fairness import eviction
 from fairness.base import BasePolicy
+from fairness.cluster import node_shares
 from fairness.interface import Placement, QuotaView
 from fairness.memfair_settings import MemFairSettings
 from fairness.owners import owner_name
-from fairness.quotas import entitlements, usage
+from fairness.quotas import entitlements, usage, water_fill
 from pdtb.engine.sched_policy import SchedState
 from pdtb.engine.sequence import Sequence
 
@@ -55,25 +59,6 @@ RECLAIM_TRIES = 16  # waiting requests per step that may look for borrowers to d
 # keeps owners of small prompts that fill the node from starving the others.
 PREFILL_FLOOR = 0.25
 SIZE_MEMORY = 8  # an owner's typical request size: the mean of about its last this many requests
-
-
-def water_fill(demand: dict[str, float], weight: dict[str, float], total: float) -> dict[str, float]:
-    """Weighted max-min fair split of `total` among the keys of `demand`: each gets at most its
-    demand, and what one does not want goes to the others in proportion to their weights."""
-    out: dict[str, float] = {}
-    left, open_ = float(total), {k for k, d in demand.items() if d > 0}
-    while open_ and left > 1e-9:
-        wsum = sum(weight[k] for k in open_)
-        sated = {k for k in open_ if demand[k] - out.get(k, 0.0) <= left * weight[k] / wsum}
-        if not sated:
-            for k in open_:
-                out[k] = out.get(k, 0.0) + left * weight[k] / wsum
-            return out
-        for k in sated:
-            left -= demand[k] - out.get(k, 0.0)
-            out[k] = float(demand[k])
-        open_ -= sated
-    return out
 
 
 class MemFairPolicy(BasePolicy):
@@ -132,8 +117,9 @@ class MemFairPolicy(BasePolicy):
         for o, n in self.incoming_pages(state).items():
             self.use[o] = self.use.get(o, 0) + n
         owners = {own(s) for s in running} | {own(s) for s in candidates} | {own(h) for h in held}
-        self.shares = entitlements(self._sharing(owners, state), self.cfg, state.device_total)
-        self.over = {o: self.use.get(o, 0) / e for o, e in self.shares.items() if e > 0}
+        self.shares = self._shares(owners, state)
+        self.over = {o: self.use.get(o, 0) / e if e > 0 else (float("inf") if self.use.get(o, 0) else 0.0)
+                     for o, e in self.shares.items()}
         ids = {s.request_id for s in running}
         for rid in (ids - self._running_ids) & self._parked_ids:  # promoted since the last look
             self._moved[rid] = state.now
@@ -162,6 +148,16 @@ class MemFairPolicy(BasePolicy):
         if self._moved:
             horizon = state.now - self.settings.starve_after_s
             self._moved = {r: t for r, t in self._moved.items() if t > horizon}
+
+    def _shares(self, owners: set[str], state: SchedState) -> dict[str, float]:
+        """Entitlements: of this node's pool alone, or, told what the other nodes hold (tenant
+        quotas, dynamic shares), of the tenants' cluster-wide shares (fairness/cluster.py)."""
+        view = self.cluster
+        if view is None or self.static or self.cfg.quota_by != "tenant":
+            return entitlements(self._sharing(owners, state), self.cfg, state.device_total)
+        local = {owner_name(o): o for o in owners}
+        got = node_shares(local, self.cfg.weight, view, state.device_total)
+        return {o: got[t] for t, o in local.items()}
 
     def _note_size(self, owner: str, pages: int) -> None:
         prev = self._size.get(owner)
@@ -240,7 +236,7 @@ class MemFairPolicy(BasePolicy):
             if need + len(running) - len(victims) > free + gain:
                 continue
             while need + len(running) - len(victims) > free and pool:
-                over = {o: use.get(o, 0) / e for o, e in ent.items() if e > 0}
+                over = {o: use.get(o, 0) / e if e > 0 else float("inf") for o, e in ent.items()}
                 v = eviction.footprint(pool, state, over, own)
                 pool.remove(v)
                 pages = state.pages.get(v.request_id, 0)  # its whole page table is copied down

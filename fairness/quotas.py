@@ -47,3 +47,22 @@ def reserved_for_others(seq: Sequence, seqs: list[Sequence], cfg: FairnessConfig
         used = sum(state.charge.get(s.request_id, 0) for s in seqs if s.priority <= int(cls))
         blocked += max(0, int(share * state.device_total) - used)
     return blocked
+
+
+def water_fill(demand: dict[str, float], weight: dict[str, float], total: float) -> dict[str, float]:
+    """Weighted max-min fair split of `total` among the keys of `demand`: each gets at most its
+    demand, and what one does not want goes to the others in proportion to their weights."""
+    out: dict[str, float] = {}
+    left, open_ = float(total), {k for k, d in demand.items() if d > 0}
+    while open_ and left > 1e-9:
+        wsum = sum(weight[k] for k in open_)
+        sated = {k for k in open_ if demand[k] - out.get(k, 0.0) <= left * weight[k] / wsum}
+        if not sated:
+            for k in open_:
+                out[k] = out.get(k, 0.0) + left * weight[k] / wsum
+            return out
+        for k in sated:
+            left -= demand[k] - out.get(k, 0.0)
+            out[k] = float(demand[k])
+        open_ -= sated
+    return out

@@ -9,6 +9,9 @@
 #                             bursts and length distributions (pdtb/bench/data/scorecard_tenants_70b.json)
 #   sim-mooncake           5. the Mooncake conversation excerpt on Llama-3-8B (1P+1D H100), four tenants
 #                             made from groups of its hash_id prefixes (a conversation is one tenant's)
+#   sim-4-decode           shares across decode nodes: 2 prefill and 4 decode nodes (1,000 pages each, 4,000 host),
+#                             four tenants of different request sizes, each wanting more than its share
+#                             (pdtb/bench/data/scorecard_tenants_4decode.json); read its Jain column
 # and the essay's claims where their conditions hold: pdtb sim reproduce essay with about two
 # whales among forty minnows in memory, so the largest 5% are whales (sim-essay-top5.json).
 #
@@ -70,6 +73,8 @@ for i in "${!POLICY_LABELS[@]}"; do
   sim_one sim-70b-tenants "$i" --workload multi-tenant --tenants-file "$DATA/scorecard_tenants_70b.json" \
     --mode disagg --prefill 1 --decode 1 --tp 4 --cost roofline --gpu h100-sxm --model-config llama-3-70b \
     --max-model-len 131072
+  sim_one sim-4-decode "$i" --workload multi-tenant --tenants-file "$DATA/scorecard_tenants_4decode.json" \
+    --mode disagg --prefill 2 --decode 4 --decode-kv-pages 1000 --host-kv-pages 4000 "${H100_8B[@]}"
   sim_one sim-mooncake "$i" --workload "trace:$OUT/mooncake-tenants.jsonl" --time-scale 2 \
     --mode disagg --prefill 1 --decode 1 "${H100_8B[@]}"
 done

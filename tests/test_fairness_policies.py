@@ -321,7 +321,7 @@ def test_memfair_gives_a_lone_owner_the_whole_step_and_decode_rows_their_token()
 def test_water_fill_by_hand():
     """a wants 100, b and c 1,000, weights 1, 1, 2, 900 to split: a quarter each for a and b
     and half for c would be 225/225/450; a takes its 100, and the 800 left go 1:2 to b and c."""
-    from fairness.memfair import water_fill
+    from fairness.quotas import water_fill
 
     got = water_fill({"a": 100, "b": 1000, "c": 1000}, {"a": 1, "b": 1, "c": 2}, 900)
     assert got == pytest.approx({"a": 100, "b": 800 / 3, "c": 1600 / 3})

@@ -13,7 +13,7 @@ import pytest
 
 import fairness
 from fairness import FairnessConfig, Placement, PolicyLoadError, SettingsError, make_policy, resolve
-from fairness.interface import REQUIRED_ATTRIBUTES, REQUIRED_METHODS, Policy
+from fairness.interface import OPTIONAL_ATTRIBUTES, REQUIRED_ATTRIBUTES, REQUIRED_METHODS, Policy
 from fairness.registry import ENTRY_POINT_GROUP, available, policy_info
 from pdtb.common import CliError
 from pdtb.nodes.fairness_args import add_fairness_args, fairness_config, policy_args
@@ -144,11 +144,12 @@ def test_answers_are_enums():
 # ---- the nodes and the simulator use the declared interface alone ------------------------------------
 CALLERS = ["decode_node", "prefill_node", "pdtb/nodes", "pdtb/sim", "pdtb/colocated", "pdtb/engine"]
 ALLOWED_MODULES = {"fairness", "fairness.interface", "fairness.config", "fairness.registry", "fairness.settings",
-                   # services beside the policies, not policies: SLO attribution, KV metering, quota owners
-                   "fairness.attribution", "fairness.metering", "fairness.owners"}
+                   # services beside the policies, not policies: SLO attribution, KV metering, quota owners,
+                   # the view of the other nodes
+                   "fairness.attribution", "fairness.metering", "fairness.owners", "fairness.cluster"}
 ALLOWED_NAMES = {"make_policy", "policy_info", "resolve", "PolicyInfo", "PolicyLoadError", "SettingsError",
                  "FairnessConfig", "Placement", "Arrival", "QuotaView", "PolicySettings"}
-INTERFACE = set(REQUIRED_METHODS) | set(REQUIRED_ATTRIBUTES)
+INTERFACE = set(REQUIRED_METHODS) | set(REQUIRED_ATTRIBUTES) | set(OPTIONAL_ATTRIBUTES)
 
 
 def caller_files():

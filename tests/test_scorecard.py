@@ -116,7 +116,7 @@ def test_scorecard_script_runs_the_simulated_scenarios(tmp_path):
                         str(out)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     cards = {c["name"]: c for c in json.loads((out / "scorecard.json").read_text())}
-    assert set(cards) == {"sim-essay-colocated", "sim-essay-disagg", "sim-70b-tenants", "sim-mooncake"}
+    assert set(cards) == {"sim-essay-colocated", "sim-essay-disagg", "sim-70b-tenants", "sim-mooncake", "sim-4-decode"}
     for c in cards.values():
         (row,) = c["rows"]
         assert row["label"] == "fcfs" and row["failed"] == 0 and row["minnow_ttft_p99"] > 0 and row["whale_e2e_p50"] > 0

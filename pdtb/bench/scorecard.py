@@ -10,8 +10,8 @@ largest 5% of requests by context (prompt + output) are the whales, the essay's 
 
 Per run: minnow TTFT p99 and ITL p99, whale TPOT p50 and E2E p50 (ms), output tok/s, goodput
 (requests/s meeting the run's SLO targets, or all finished requests without targets), Jain's
-index over tenants' page-seconds per weight (the tenants' device pages sampled on every node,
-times the sampling interval) and, for simulated runs, tier moves (demotions, promotions,
+index over tenants' page-seconds per weight (the tenants' device pages sampled on every decode
+and colocated node, times the sampling interval) and, for simulated runs, tier moves (demotions, promotions,
 preemptions) per second per 100 running requests and the simulator's wall time per step.
 Per sweep: output tok/s at saturation and max goodput, and the minnows' p99s at the second load.
 A point is Pareto when no other of its scenario is at least as good on every figure marked
@@ -70,12 +70,16 @@ def jain(xs: list[float]) -> float | None:
 
 
 def page_seconds(doc: dict, weights: dict | None = None) -> dict[str, float]:
-    """Tenant -> device page-seconds per weight over the run's samples (all nodes)."""
+    """Tenant -> device page-seconds per weight over the run's samples, on the decode and
+    colocated nodes (the pool the shares split; a prompt on a prefill node is counted there
+    once it is handed off)."""
     out: dict[str, float] = {}
     samples = doc.get("samples") or []
     for a, b in zip(samples, samples[1:]):
         dt = b["t"] - a["t"]
         for n in a.get("nodes", []):
+            if n.get("role", "decode") == "prefill":
+                continue
             for t, pages in (n.get("tenant_pages") or {}).items():
                 out[t] = out.get(t, 0.0) + pages * dt / float((weights or {}).get(t, 1.0))
     return out

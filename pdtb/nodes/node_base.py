@@ -189,6 +189,10 @@ class NodeBase:
         if self._lost:
             self._tell_lost(ident.decode(errors="replace"))
         if isinstance(msg, Ping):
+            if msg.other_pages > 0 and self.config.role in ("decode", "colocated") and hasattr(self.policy, "cluster"):
+                from fairness.cluster import ClusterView
+
+                self.policy.cluster = ClusterView(msg.other_pages, dict(msg.elsewhere))
             asyncio.get_running_loop().create_task(self.ctrl.send(ident, self.stats(msg.seq)))
         elif isinstance(msg, GenerateRequest):
             if msg.request_id in self.seqs or msg.request_id in self.routes:

@@ -201,6 +201,10 @@ class TokenBatch:
 class Ping:
     seq: int
     router_id: str = ""
+    # the pool's other decode and colocated nodes as the router last saw them (fairness/cluster.py):
+    # their device pages in all, and each tenant's device pages there; 0: no other node
+    other_pages: int = 0
+    elsewhere: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

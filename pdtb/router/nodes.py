@@ -278,13 +278,31 @@ class NodeRegistry:
     def draining(node: NodeState) -> bool:
         return node.drain_sent or bool(node.stats and node.stats.draining)
 
+    def _cluster_views(self) -> dict:
+        """Per decode or colocated node, what the others hold, from their last stats
+        (fairness/cluster.py): a tenant's share of KV memory is cluster-wide."""
+        from fairness.cluster import views
+
+        pool = {}
+        for node in self.nodes:
+            st = node.stats
+            if st is None or node.lost or st.role not in ("decode", "colocated"):
+                continue
+            tenants = (st.extra or {}).get("tenant_pages") or {}
+            pool[node.node_id] = (st.pages_total, {str(t): int(n) for t, n in tenants.items()
+                                                   if isinstance(n, (int, float))})
+        return views(pool)
+
     async def _ping_loop(self) -> None:
         was_healthy = {id(n): False for n in self.nodes}
         last = time.monotonic()
         while True:
             self._seq += 1
+            views = self._cluster_views()
             for node in self.nodes:
-                self._send(node, Ping(self._seq, self.router_id))
+                view = views.get(node.node_id)
+                self._send(node, Ping(self._seq, self.router_id, view.other_pages, view.elsewhere) if view
+                           else Ping(self._seq, self.router_id))
             now = time.monotonic()
             if now - last > self.ping_interval + self.health_timeout / 2:
                 # This loop itself was held up (a long synchronous step): the nodes' answers

@@ -92,8 +92,27 @@ class SimCluster:
             self.states[nid].stats = NodeStats(nid, n.shape.role, 0, n.pool.num_pages, n.pool.num_free,
                                                host.num_pages if host else 0, host.num_free if host else 0,
                                                len(sch.running), len(sch.waiting) + len(sch.parked), queued_tokens(sch), kv_addr=nid)
+        self._tell_cluster()
         if self._open:
             self.loop.after(self.shape.ping_interval_s, self._ping)
+
+    def _tell_cluster(self) -> None:
+        """What the router's ping tells each decode or colocated node: what the others hold
+        (fairness/cluster.py), as it is now."""
+        from fairness.cluster import views
+
+        pool = {}
+        for nid, n in self.nodes.items():
+            if n.shape.role in ("decode", "colocated"):
+                tenants: dict[str, int] = {}
+                for seq in n.scheduler.all_requests():
+                    held = n.pool.num_held(seq.request_id)
+                    if held:
+                        tenants[seq.tenant] = tenants.get(seq.tenant, 0) + held
+                pool[nid] = (n.pool.num_pages, tenants)
+        for nid, view in views(pool).items():
+            if hasattr(self.nodes[nid].policy, "cluster"):
+                self.nodes[nid].policy.cluster = view
 
     # ---- the router ------------------------------------------------------------------------------
     def _fits(self, role: str, tokens: int) -> list[NodeState]:
