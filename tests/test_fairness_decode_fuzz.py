@@ -30,9 +30,9 @@ def configs(rng):
     if rng.random() < 0.3:
         kw["class_reservations"] = {0: rng.choice([0.2, 0.5])}
     if rng.random() < 0.3:
-        kw["dynamic_quota"] = True
+        kw["quota_shares"] = "static"
     if rng.random() < 0.3:
-        kw["request_cap_frac"] = rng.choice([0.25, 0.5, 1.0])
+        kw["starve_after_s"] = rng.choice([0.05, 0.5, 2.0])
     if rng.random() < 0.2:
         kw["victim"] = rng.choice(["lru", "newest", "least_progress", "footprint"])
     if rng.random() < 0.15:
