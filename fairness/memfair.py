@@ -47,7 +47,7 @@ from fairness.cluster import node_shares
 from fairness.interface import Placement, QuotaView
 from fairness.memfair_settings import MemFairSettings
 from fairness.owners import owner_name
-from fairness.quotas import entitlements, usage, water_fill
+from fairness.quotas import entitlements, water_fill
 from pdtb.engine.sched_policy import SchedState
 from pdtb.engine.sequence import Sequence
 
@@ -81,6 +81,9 @@ class MemFairPolicy(BasePolicy):
         self._running_ids: set[str] = set()
         self._owners: dict[str, str] = {}  # request -> its quota owner
         self._prompts = 0  # prompts with tokens to prefill (this step)
+        self._shares_key: tuple | None = None  # what the shares were last computed from
+        self._shares_now: dict[str, float] = {}
+        self._shares_view = None
         self._needs: dict[str, int] = {}  # candidate -> pages it needs to step (this step)
         self._parked_ids: set[str] = set()  # candidates in the host tier at the last look
         self._starved: tuple[str, int] = ("", 0)  # the longest-starving candidate and the pages it needs now
@@ -113,14 +116,27 @@ class MemFairPolicy(BasePolicy):
         super().refresh(running, candidates, state)
         own = self.owner
         held = self.live_held(state)
-        self.use = usage(running, state, own)
+        use: dict[str, int] = {}  # usage (quotas.usage) and the owners with work, in one pass
+        charge, ids, known = state.charge, set(), self._owners
+        for s in running:
+            rid = s.request_id
+            o = known.get(rid) or own(s)
+            use[o] = use.get(o, 0) + charge.get(rid, 0)
+            ids.add(rid)
+        owners = set(use)
         for o, n in self.incoming_pages(state).items():
-            self.use[o] = self.use.get(o, 0) + n
-        owners = {own(s) for s in running} | {own(s) for s in candidates} | {own(h) for h in held}
-        self.shares = self._shares(owners, state)
+            use[o] = use.get(o, 0) + n
+        self.use = use
+        owners.update(own(s) for s in candidates)
+        owners.update(own(h) for h in held)
+        key = (frozenset(owners), state.device_total)
+        if self.static or key != self._shares_key or self.cluster is not self._shares_view:
+            # dynamic shares change only with the owners, the pool or the view of the others
+            self._shares_key, self._shares_view = key, self.cluster
+            self._shares_now = self._shares(owners, state)
+        self.shares = self._shares_now
         self.over = {o: self.use.get(o, 0) / e if e > 0 else (float("inf") if self.use.get(o, 0) else 0.0)
                      for o, e in self.shares.items()}
-        ids = {s.request_id for s in running}
         for rid in (ids - self._running_ids) & self._parked_ids:  # promoted since the last look
             self._moved[rid] = state.now
         self._running_ids = ids
@@ -346,8 +362,9 @@ class MemFairPolicy(BasePolicy):
         prompts: list[tuple[str, Sequence, int]] = []  # (owner, request, tokens it wants)
         decode_rows = 0
         for s in rows:
-            left = s.num_uncomputed_tokens
-            if left > 1 or not s.num_output_tokens:
+            n = len(s.token_ids)  # (num_uncomputed_tokens and num_output_tokens, inline: every row, every step)
+            left = n - s.num_computed_tokens
+            if left > 1 or n == s.num_prompt_tokens:
                 prompts.append((self.owner(s), s, left))
             else:
                 decode_rows += 1
