@@ -334,9 +334,11 @@ def test_memfair_victim_loses_the_least_work_or_demotes_the_largest():
     fewest computed tokens is dropped (a recompute redoes them); with room in the host tier its
     largest footprint is demoted (no work lost)."""
     pol = make_policy("memfair")
-    big, small = make_request(60, 4, tenant="w"), make_request(20, 4, tenant="w")
+    # big is the oldest: without a host tier the progress guarantee spares it a recompute, with
+    # one it may be demoted (arrivals apart, so that the oldest does not hang on request ids)
+    big, small = make_request(60, 4, tenant="w", arrival=0.0), make_request(20, 4, tenant="w", arrival=1.0)
     big.num_computed_tokens, small.num_computed_tokens = 60, 20
-    other = make_request(8, 4, tenant="m")
+    other = make_request(8, 4, tenant="m", arrival=2.0)
     other.num_computed_tokens = 8
     pages = {big.request_id: 15, small.request_id: 5, other.request_id: 2}
     no_host = state(pages, device_total=24, device_free=2)
