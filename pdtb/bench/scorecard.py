@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
+from pdtb.bench.service import jain_index
+from pdtb.bench.summary import percentile as summary_percentile
 from pdtb.common import CliError
 
 SCORECARD_HEADING = "## Scorecard: every policy, five scenarios"
@@ -41,14 +42,8 @@ HEADS = {"minnow_ttft_p99": "minnow TTFT p99 ms", "minnow_itl_p99": "minnow ITL 
 
 
 def percentile(xs: list[float], q: float) -> float | None:
-    """The q-th percentile (0-100) by linear interpolation between closest ranks; None if empty."""
-    if not xs:
-        return None
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q / 100.0
-    lo = math.floor(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+    """The q-th percentile (0-100) of unsorted `xs` (summary.percentile's rule); None if empty."""
+    return summary_percentile(sorted(xs), q) if xs else None
 
 
 def classes(requests: list[dict]) -> list[str]:
@@ -60,13 +55,6 @@ def classes(requests: list[dict]) -> list[str]:
     k = max(1, round(TOP_FRAC * len(requests))) if requests else 0
     top = set(sorted(range(len(requests)), key=lambda i: (-size[i], i))[:k])
     return ["whale" if i in top else "minnow" for i in range(len(requests))]
-
-
-def jain(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x >= 0]
-    if not xs or not any(xs):
-        return None
-    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
 
 
 def page_seconds(doc: dict, weights: dict | None = None) -> dict[str, float]:
@@ -87,7 +75,7 @@ def page_seconds(doc: dict, weights: dict | None = None) -> dict[str, float]:
 
 def run_figures(doc: dict) -> dict:
     """One run's figures (see the module doc)."""
-    reqs = [r for r in doc["requests"]]
+    reqs = doc["requests"]
     kinds = classes(reqs)
     ttft, itl, tpot, e2e = {"whale": [], "minnow": []}, {"whale": [], "minnow": []}, {"whale": []}, {"whale": []}
     for r, k in zip(reqs, kinds):
@@ -106,7 +94,7 @@ def run_figures(doc: dict) -> dict:
     out = {"minnow_ttft_p99": percentile(ttft["minnow"], 99), "minnow_itl_p99": percentile(itl["minnow"], 99),
            "whale_tpot_p50": percentile(tpot["whale"], 50), "whale_e2e_p50": percentile(e2e["whale"], 50),
            "out_tok_s": overall.get("output_tok_s"), "goodput_rps": overall.get("goodput_rps"),
-           "jain_page_s": jain(list(ps.values())), "moves_per_s_per_100": None, "sim_ms_per_step": None,
+           "jain_page_s": jain_index(list(ps.values())), "moves_per_s_per_100": None, "sim_ms_per_step": None,
            "requests": len(reqs), "failed": overall.get("failed", 0)}
     sim = (doc.get("meta") or {}).get("sim")
     if sim:
@@ -144,11 +132,6 @@ def pareto(rows: list[dict], sense: dict[str, int]) -> list[bool]:
                         for q in rows)
         out.append(not dominated)
     return out
-
-
-def label_of(path: Path, doc: dict) -> str:
-    meta = doc.get("meta") or {}
-    return meta.get("config") or (meta.get("policy_info") or {}).get("label") or path.stem
 
 
 def scenario(folder: Path) -> dict:
