@@ -217,20 +217,19 @@ class MemFairPolicy(BasePolicy):
         own, ent = self.owner, self.shares
         if not any(n > ent.get(o, 0) for o, n in self.use.items()):
             return []  # nobody beyond its share: nobody to demote
-        wants = []
+        wants = []  # (owner, pages it needs, not starving, since when it waits)
         for c in candidates:
-            starving = self._starving(c, state)
             wants.append((own(c), self._needs.get(c.request_id) or self._need_now(c, state),
-                          (not starving, c.arrival_time), starving))
+                          not self._starving(c, state), c.arrival_time))
         for h in self.fresh_held(state):  # (one not retried here lately went elsewhere: no room for it)
-            wants.append((own(h), h.num_pages + 1, (True, h.first_seen), False))
+            wants.append((own(h), h.num_pages + 1, True, h.first_seen))
         # the starving first, then by how far below its share the owner is
-        wants.sort(key=lambda w: (w[2][0], self.over.get(w[0], 0.0), w[2][1]))
+        wants.sort(key=lambda w: (w[2], self.over.get(w[0], 0.0), w[3]))
         victims: list[Sequence] = []
         free, use, host_free = state.device_free, dict(self.use), state.host_free
         movable = [s for s in running if s.num_computed_tokens > 0 and not self._held_down(s.request_id, state)]
         tries = 0  # waiting requests that looked for victims this step (bounded: the cost per step)
-        for owner, need, _, starving in wants:
+        for owner, need, _, _ in wants:
             # the page per running request for its next token (BasePolicy.may_admit) comes first:
             # without it the rows that step before admission take the pages freed here
             headroom = len(running) - len(victims)
@@ -313,15 +312,16 @@ class MemFairPolicy(BasePolicy):
         shares an arrival held `starve_after_s` goes to the device whatever its quota, as a
         starving request is admitted (without a host tier it would wait at the prefill side for
         as long as the owners it may not borrow from stay in the window)."""
+        owner = self.owner(arrival)
         headroom = len(self.running) + self._reserved(arrival, state)  # as may_admit: class reservations too
         fits = arrival.num_pages + headroom <= state.device_free and \
-            self._keeps_room_for_the_starved(arrival.request_id, self.owner(arrival), arrival.num_pages, state)
+            self._keeps_room_for_the_starved(arrival.request_id, owner, arrival.num_pages, state)
         if arrival.request_id not in self.held:
-            self._note_size(self.owner(arrival), arrival.num_pages)
+            self._note_size(owner, arrival.num_pages)
         if fits and self.static and state.now - arrival.first_seen >= self.settings.starve_after_s:
             return Placement.DEVICE
-        if fits and self._quota_ok(self.owner(arrival), arrival.num_pages, state):
-            self.use[self.owner(arrival)] = self.use.get(self.owner(arrival), 0) + arrival.num_pages
+        if fits and self._quota_ok(owner, arrival.num_pages, state):
+            self.use[owner] = self.use.get(owner, 0) + arrival.num_pages
             return Placement.DEVICE
         return self.park_or_defer(arrival, state)
 
