@@ -11,7 +11,8 @@
 #                             made from groups of its hash_id prefixes (a conversation is one tenant's)
 #   sim-4-decode           shares across decode nodes: 2 prefill and 4 decode nodes (1,000 pages each, 4,000 host),
 #                             four tenants of different request sizes, each wanting more than its share
-#                             (pdtb/bench/data/scorecard_tenants_4decode.json); read its Jain column
+#                             (pdtb/bench/data/scorecard_tenants_4decode.json); read its Jain column. With
+#                             dlpm in the list it has a d2lpm row too: dlpm with the router's --route d2lpm
 # and the essay's claims where their conditions hold: pdtb sim reproduce essay with about two
 # whales among forty minnows in memory, so the largest 5% are whales (sim-essay-top5.json).
 #
@@ -78,6 +79,12 @@ for i in "${!POLICY_LABELS[@]}"; do
   sim_one sim-mooncake "$i" --workload "trace:$OUT/mooncake-tenants.jsonl" --time-scale 2 \
     --mode disagg --prefill 1 --decode 1 "${H100_8B[@]}"
 done
+if [[ " $POLICIES " == *" dlpm "* ]]; then  # D2LPM: dlpm on every node, the router's credit per (client, node)
+  echo "== simulator: d2lpm" >&2           # (only sim-4-decode has more than one prefill node to choose from)
+  pdtb sim --workload multi-tenant --tenants-file "$DATA/scorecard_tenants_4decode.json" --mode disagg --prefill 2 \
+    --decode 4 --decode-kv-pages 1000 --host-kv-pages 4000 "${H100_8B[@]}" --policy dlpm --route d2lpm \
+    --label-policy d2lpm "${SLO[@]}" --out "$OUT/sim-4-decode/d2lpm.json" > /dev/null
+fi
 echo "== pdtb sim reproduce essay, 5% whales in memory" >&2
 pdtb sim reproduce essay --minnow-rate 4 --whale-interval 5 --whales 5 --json > "$OUT/sim-essay-top5.json"
 

@@ -25,7 +25,7 @@ from typing import Container, Sequence
 
 from pdtb.engine.prefix_hash import page_hashes
 
-ROUTES = ("load", "cache")
+ROUTES = ("load", "cache", "d2lpm")  # d2lpm: pdtb/router/fair_route.py
 PREFILL_WEIGHT = 2  # Dynamo's KV router weighs prefill blocks against active blocks the same way
 VIEW_MAX_HASHES = 1 << 16  # per node: summary plus recent inserts (8 bytes of hash, ~100 B of set entry each)
 INSERT_KEEP_S = 1.0  # an optimistic insert outlives the summaries sent within this long after it
@@ -97,10 +97,10 @@ def overlap_pages(hashes: Sequence[int], view: Container[int]) -> int:
     return n
 
 
-def choose_by_cache(candidates: Sequence[CacheCandidate], prompt_ids: Sequence[int]) -> CacheChoice | None:
-    """The candidate with the lowest cost (module docstring); None when there are none."""
+def score_all(candidates: Sequence[CacheCandidate], prompt_ids: Sequence[int]) -> list[CacheChoice]:
+    """Every candidate's score (module docstring), in the candidates' order."""
     by_key: dict[tuple[int, str], list[int]] = {}  # nodes of one cluster share page size and namespace
-    best: tuple | None = None
+    out = []
     for i, c in enumerate(candidates):
         hashes = []
         if c.prefix_ns and c.page_size > 0:
@@ -110,19 +110,30 @@ def choose_by_cache(candidates: Sequence[CacheCandidate], prompt_ids: Sequence[i
             hashes = by_key[key]
         pages = overlap_pages(hashes, c.view) if hashes else 0
         cost = c.queued_tokens + PREFILL_WEIGHT * max(0, len(prompt_ids) - pages * c.page_size)
-        if best is None or (cost, c.tie) < (best[0].cost, best[1]):
-            best = (CacheChoice(i, pages, pages * c.page_size, cost, hashes), c.tie)
-    return best[0] if best else None
+        out.append(CacheChoice(i, pages, pages * c.page_size, cost, hashes))
+    return out
 
 
-def pick_by_cache(nodes: list, prompt_ids: Sequence[int]) -> tuple[object | None, CacheChoice | None]:
-    """Among the router's available prefill or colocated nodes (NodeState, pdtb/router/nodes.py),
-    the one of least cost and its score; (None, None) when there are none. Equal costs fall to
-    the load policy's order: pick_prefill's (prefill nodes) or pick_most_free's (colocated)."""
+def choose_by_cache(candidates: Sequence[CacheCandidate], prompt_ids: Sequence[int]) -> CacheChoice | None:
+    """The candidate with the lowest cost (module docstring); None when there are none."""
+    scores = score_all(candidates, prompt_ids)
+    return min(scores, key=lambda sc: (sc.cost, candidates[sc.index].tie, sc.index), default=None)
+
+
+def candidates_of(nodes: list) -> list[CacheCandidate]:
+    """The router's prefill or colocated nodes (NodeState, pdtb/router/nodes.py) as scoring sees
+    them; equal costs fall to the load policy's order: pick_prefill's (prefill nodes) or
+    pick_most_free's (colocated)."""
     cands = []
     for n in nodes:
         s = n.stats
         tie = (s.running + s.waiting,) if n.spec.role == "prefill" else (-n.free_pages_estimate(),)
         cands.append(CacheCandidate(n.queued_tokens_estimate(), tie, s.page_size, s.prefix_ns, n.prefix_view))
-    choice = choose_by_cache(cands, prompt_ids)
+    return cands
+
+
+def pick_by_cache(nodes: list, prompt_ids: Sequence[int]) -> tuple[object | None, CacheChoice | None]:
+    """Among the router's available prefill or colocated nodes, the one of least cost and its
+    score; (None, None) when there are none."""
+    choice = choose_by_cache(candidates_of(nodes), prompt_ids)
     return (None, None) if choice is None else (nodes[choice.index], choice)

@@ -5,6 +5,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pdtb.router.cache_route import ROUTES
+
 ROLES = ("prefill", "decode", "colocated")
 
 
@@ -63,14 +65,14 @@ class RouterConfig:
     max_body_bytes: int = 8 << 20  # larger request bodies get 413
     default_page_size: int = 16  # for the pending-pages estimate when a node does not report one
     tenant_tiers: dict = field(default_factory=dict)  # tenant -> SLO tier of its requests that name none
-    route: str = "load"  # how the prefill/colocated node is chosen: "load" or "cache" (pdtb/router/cache_route.py)
+    route: str = "load"  # how the prefill/colocated node is chosen: "load", "cache" (pdtb/router/cache_route.py) or "d2lpm" (fair_route.py)
     rebalance: str = "off"  # live migration between decode nodes: "off" | "pressure" | "fair" (pdtb/router/rebalance.py)
     allow_fault_injection: bool = False  # /admin/migrate may name a fault to inject (tests, chaos runs)
 
     def __post_init__(self) -> None:
         check_tenant_tiers(self.tenant_tiers)
-        if self.route not in ("load", "cache"):
-            raise ValueError(f"route must be load or cache, got {self.route!r}")
+        if self.route not in ROUTES:
+            raise ValueError(f"route must be one of {', '.join(ROUTES)}, got {self.route!r}")
         if not self.nodes:
             raise ValueError("at least one --node is required")
         roles = {n.role for n in self.nodes}

@@ -3,7 +3,7 @@
     pdtb router [--model DIR] --node prefill=tcp://H:P --node decode=tcp://H:P [--node colocated=...]
                 [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [--api-key KEY]
                 [--request-timeout S] [--max-streams-per-tenant N] [--tenant-tier TENANT=TIER]...
-                [--route load|cache] [--rebalance off|pressure|fair]
+                [--route load|cache|d2lpm] [--rebalance off|pressure|fair]
                 [--log-level LEVEL]
 
 Loads only the tokenizer and config of the model. Prints `router listening on http://HOST:PORT`
@@ -26,6 +26,7 @@ import sys
 from aiohttp import web
 
 from pdtb.router.app import build_app
+from pdtb.router.cache_route import ROUTES
 from pdtb.router.completions import STATE, drain
 from pdtb.router.config import NodeSpec, RouterConfig, ServedModel, load_served_model
 from pdtb.router.nodes import NodeRegistry
@@ -107,9 +108,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--recompute-retries", type=int, default=2, metavar="N",
                     help="times a request whose node died is sent anew (its prompt plus the tokens already "
                          "streamed) to live nodes before it fails (default 2; 0: fail at once)")
-    ap.add_argument("--route", choices=["load", "cache"], default="load",
-                    help="choose the prefill (or colocated) node by load alone, or by cached prompt prefix "
-                         "against load (nodes with a prefix cache report what they hold)")
+    ap.add_argument("--route", choices=list(ROUTES), default="load",
+                    help="choose the prefill (or colocated) node by load alone, by cached prompt prefix "
+                         "against load (nodes with a prefix cache report what they hold), or by D2LPM: "
+                         "longest cached prefix among the nodes where the client has credit left")
     ap.add_argument("--rebalance", choices=["off", "pressure", "fair"], default="off",
                     help="move decoding requests between decode nodes (live migration): 'pressure' evens out "
                          "free pages, 'fair' moves whales away from nodes where other tenants' requests wait; "

@@ -51,7 +51,8 @@ from pdtb.nodes.protocol import (AbortRequest, Drain, GenerateRequest, HandoffNo
                                  NodeStats, Ping, ProtocolError, Target, TokenBatch, TokenEvent, decode_message,
                                  encode_message)
 from pdtb.aio import bounded
-from pdtb.router.cache_route import ROUTES, CacheChoice, PrefixView, pick_by_cache
+from pdtb.router.cache_route import ROUTES, CacheChoice, PrefixView, candidates_of, pick_by_cache, score_all
+from pdtb.router.fair_route import D2lpmRouter, RouteCandidate
 from pdtb.router.config import NodeSpec
 from pdtb.router.migration import Migration, MigrationBook
 from pdtb.router.rebalance import MODES as REBALANCE_MODES, DecodeView, Rebalancer, ReqView
@@ -127,6 +128,14 @@ def pick_most_free(nodes: list[NodeState]) -> NodeState | None:
     return max(nodes, key=lambda n: n.free_pages_estimate(), default=None)
 
 
+def load_order(n: NodeState) -> tuple:
+    """A prefill or colocated node's place in the load rule's order, lower first: pick_prefill's
+    key for a prefill node, pick_most_free's for a colocated one."""
+    if n.spec.role == "prefill":
+        return (n.queued_tokens_estimate(), n.stats.running + n.stats.waiting)
+    return (-n.free_pages_estimate(),)
+
+
 @dataclass
 class Placement:
     """Where one request goes."""
@@ -149,6 +158,7 @@ class RequestHandle:
     held: list[TokenEvent] = field(default_factory=list)  # decode events that overtook the first token
     fallbacks: list[str] = field(default_factory=list)  # decode node ids that may hold it: the chosen one and its fallbacks
     prefix_overlap_tokens: int = 0  # route "cache": prompt tokens the entry node was believed to hold cached
+    tenant: str = ""  # route "d2lpm": the client its entry node's credit is charged to
     tokens: int = 0  # output tokens put on the queue
     migration: Migration | None = None  # a live migration under way, or whose source's last tokens are due
 
@@ -179,6 +189,7 @@ class NodeRegistry:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {', '.join(ROUTES)}, got {route!r}")
         self.route = route
+        self.d2lpm = D2lpmRouter()  # route "d2lpm": per-(client, worker) credit (pdtb/router/fair_route.py)
         if rebalance not in REBALANCE_MODES:
             raise ValueError(f"rebalance must be one of {', '.join(REBALANCE_MODES)}, got {rebalance!r}")
         self.rebalancer = Rebalancer(rebalance)
@@ -392,7 +403,7 @@ class NodeRegistry:
             old = node.stats
             node.stats, node.last_seen, node.lost = msg, time.monotonic(), False
             node.pending_tokens.clear()  # its queued_tokens counts them now (or they are done)
-            if self.route == "cache":
+            if self.route != "load":
                 node.prefix_view.update(msg.prefix_summary, node.last_seen)
             if old is not None and old.incarnation and msg.incarnation and old.incarnation != msg.incarnation:
                 # restarted (on the same port) faster than the health timeout: the requests of the
@@ -678,14 +689,14 @@ class NodeRegistry:
         tried: set[int] = set()
         while True:
             where = self._place(len(req.prompt_token_ids), len(req.prompt_token_ids) + req.params.max_tokens,
-                                frozenset(tried), req.prompt_token_ids)
+                                frozenset(tried), req.prompt_token_ids, req.tenant)
             entry, decode = where.entry, where.decode
             req.router_id = self.router_id
             req.decode_node, req.decode_kv_addr = (decode.node_id, decode.stats.kv_addr) if decode else ("", "")
             others = self._fallbacks(decode, len(req.prompt_token_ids) + req.params.max_tokens) if decode else []
             req.fallbacks = [Target(n.node_id, n.stats.kv_addr) for n in others]
             # the decode nodes that may come to hold it: the chosen one and its fallbacks (none without fallbacks)
-            handle = RequestHandle(req.request_id, entry, decode,
+            handle = RequestHandle(req.request_id, entry, decode, tenant=req.tenant,
                                    handoff=HandoffState.BOUND if decode is not None else None,
                                    fallbacks=[decode.node_id, *(t.node_id for t in req.fallbacks)] if others else [])
             if self._send(entry, req):
@@ -721,21 +732,31 @@ class NodeRegistry:
     def _pages_for(self, node: NodeState, tokens: int) -> int:
         return math.ceil(tokens / self._page_size(node))
 
+    def _pick_entry(self, nodes: list[NodeState], prompt_ids: list[int] | None, tenant: str,
+                    by_load) -> tuple[NodeState | None, CacheChoice | None]:
+        """The prefill or colocated node of a request, by the route (`by_load`: the load rule)."""
+        if prompt_ids is None or self.route == "load":
+            return by_load(nodes), None
+        if self.route == "cache":
+            return pick_by_cache(nodes, prompt_ids)
+        cands = candidates_of(nodes)
+        scores = score_all(cands, prompt_ids)
+        i = self.d2lpm.choose(tenant, len(prompt_ids), [RouteCandidate(n.node_id, sc.overlap_tokens, load_order(n))
+                                                         for n, sc in zip(nodes, scores)])
+        return (None, None) if i is None else (nodes[i], scores[i])
+
     def _place(self, prompt_tokens: int, peak_tokens: int, exclude: frozenset = frozenset(),
-               prompt_ids: list[int] | None = None) -> Placement:
+               prompt_ids: list[int] | None = None, tenant: str = "") -> Placement:
         """Entry node and decode node (None: colocated). A request that no available pool could ever hold
         (prefill: its prompt; decode or colocated: prompt + max_tokens) is a 400, not a node's
         failure after the fact."""
         fits = {role: [n for n in self._available(role, exclude) if self._pages_for(n, need) <= n.stats.pages_total]
                 for role, need in (("prefill", prompt_tokens), ("decode", peak_tokens), ("colocated", peak_tokens))}
-        by_cache = self.route == "cache" and prompt_ids is not None
         decode = pick_most_free(fits["decode"])
-        prefill, cached = pick_by_cache(fits["prefill"], prompt_ids) if by_cache else (
-            pick_prefill(fits["prefill"]), None)
-        if prefill and decode:
+        if decode is not None and fits["prefill"]:
+            prefill, cached = self._pick_entry(fits["prefill"], prompt_ids, tenant, pick_prefill)
             return Placement(prefill, decode, cached)
-        colocated, cached = pick_by_cache(fits["colocated"], prompt_ids) if by_cache else (
-            pick_most_free(fits["colocated"]), None)
+        colocated, cached = self._pick_entry(fits["colocated"], prompt_ids, tenant, pick_most_free)
         if colocated:
             return Placement(colocated, None, cached)
         too_small = [(role, n) for role in ("prefill", "decode", "colocated") for n in self._available(role, exclude)
@@ -780,7 +801,8 @@ class NodeRegistry:
 
     def release(self, handle: RequestHandle) -> None:
         """Forget the request: later events for it are dropped."""
-        self._requests.pop(handle.request_id, None)
+        if self._requests.pop(handle.request_id, None) is not None and self.route == "d2lpm":
+            self.d2lpm.charge_output(handle.tenant, handle.entry.node_id, handle.tokens)
         for node in (handle.entry, handle.decode):
             if node is not None:
                 node.pending_pages.pop(handle.request_id, None)

@@ -19,7 +19,8 @@ from pdtb.engine.kv_spec import KVSpec
 from pdtb.nodes.node_base import queued_tokens
 from pdtb.nodes.protocol import GenerateRequest, NodeStats, Params, Target
 from pdtb.router.config import NodeSpec
-from pdtb.router.nodes import FALLBACKS, NodeState, pick_most_free, pick_prefill
+from pdtb.router.fair_route import D2lpmRouter, RouteCandidate
+from pdtb.router.nodes import FALLBACKS, NodeState, load_order, pick_most_free, pick_prefill
 from pdtb.sim.cost import CostModel
 from pdtb.sim.events import EventLoop
 from pdtb.sim.node import NodeShape, SimNode
@@ -39,6 +40,7 @@ class ClusterShape:
     ping_interval_s: float = 0.5  # the router's view of the nodes is this old at most
     sample_interval_s: float = 0.5  # cluster samples (pages per tenant, top-5% share)
     tenant_tiers: dict = field(default_factory=dict)  # router --tenant-tier defaults
+    route: str = "load"  # router --route: "load" or "d2lpm" (no prefix cache is simulated: "cache" is load)
 
     def __post_init__(self) -> None:
         roles = {n.role for n in self.nodes}
@@ -46,6 +48,8 @@ class ClusterShape:
             raise ValueError("a cluster needs colocated nodes, or prefill and decode nodes")
         if min(self.rpc_latency_s, self.client_latency_s) < 0 or self.ping_interval_s <= 0:
             raise ValueError("latencies must be >= 0 and the ping interval > 0")
+        if self.route not in ("load", "d2lpm"):
+            raise ValueError(f"route must be load or d2lpm, got {self.route!r}")
 
 
 class SimCluster:
@@ -63,6 +67,7 @@ class SimCluster:
         self._link_free: dict[str, float] = {}
         self.observer = Observer(self)
         self._open = 0
+        self.d2lpm = D2lpmRouter() if shape.route == "d2lpm" else None
         self._latency = shape.rpc_latency_s + shape.client_latency_s  # node -> router -> client
 
     # ---- run -----------------------------------------------------------------------------------
@@ -119,12 +124,20 @@ class SimCluster:
         return [s for s in self.states.values() if s.spec.role == role
                 and self.spec.pages_for(tokens) <= s.stats.pages_total]
 
+    def _entry(self, nodes: list[NodeState], s: RequestSpec, by_load) -> NodeState | None:
+        """The router's prefill or colocated node for `s`: by load, or by D2LPM credit (no overlap)."""
+        if self.d2lpm is None or not nodes:
+            return by_load(nodes)
+        i = self.d2lpm.choose(s.tenant, s.prompt_len, [RouteCandidate(n.spec.address, 0, load_order(n)) for n in nodes])
+        return nodes[i]
+
     def _submit(self, i: int, s: RequestSpec) -> None:
         rid, now = f"sim-{i}", self.loop.now
         self.klass[rid] = s.klass
         peak = s.prompt_len + s.output_len
-        prefill, decode = pick_prefill(self._fits("prefill", s.prompt_len)), pick_most_free(self._fits("decode", peak))
-        entry = prefill if (prefill and decode) else pick_most_free(self._fits("colocated", peak))
+        prefill, decode = self._entry(self._fits("prefill", s.prompt_len), s, pick_prefill), \
+            pick_most_free(self._fits("decode", peak))
+        entry = prefill if (prefill and decode) else self._entry(self._fits("colocated", peak), s, pick_most_free)
         if entry is None:
             need = self.spec.pages_for(peak)
             return self.on_failed(rid, f"request needs up to {need} KV pages; no node's pool holds it")
@@ -165,6 +178,8 @@ class SimCluster:
     def _end(self, rid: str, t: float) -> None:
         rec = self.records[rid]
         rec.end_time, rec.output_tokens = t, len(rec.token_times)
+        if self.d2lpm is not None and rid in self.entry:
+            self.d2lpm.charge_output(rec.tenant, f"sim://{self.entry[rid]}", rec.output_tokens)
         for st in self.states.values():
             st.pending_pages.pop(rid, None)
         self._open -= 1

@@ -30,6 +30,10 @@ def add_sim_args(ap: argparse.ArgumentParser) -> None:
                                                 "roofline: the model's max_position_embeddings)")
     g.add_argument("--hold-timeout", type=float, default=120.0, help="prefill: s a deferred hand-off keeps retrying")
     g.add_argument("--tenant-tier", action="append", default=[], metavar="TENANT=TIER", help="router default tier")
+    g.add_argument("--route", choices=("load", "d2lpm"), default="load",
+                   help="the router's choice of prefill (or colocated) node: by load, or D2LPM's per-(client, "
+                        "node) credit (pdtb/router/fair_route.py; the simulator holds no prefix cache, so no "
+                        "node has an overlap)")
     g.add_argument("--rpc-latency-ms", type=float, default=0.1, help="one message between processes")
     g.add_argument("--client-latency-ms", type=float, default=0.5, help="client <-> router, each way")
     g.add_argument("--horizon-s", type=float, help="end the simulation here; requests still open are cut off (default: an hour after the last arrival)")
@@ -119,6 +123,6 @@ def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
             nodes = [NodeShape("prefill", a.prefill_kv_pages or default, 0, **common)] * a.prefill + \
                     [NodeShape("decode", a.decode_kv_pages or default, a.host_kv_pages, **common)] * a.decode
         return ClusterShape(tuple(nodes), a.rpc_latency_ms / 1e3, a.client_latency_ms / 1e3,
-                            tenant_tiers=_tiers(a.tenant_tier))
+                            tenant_tiers=_tiers(a.tenant_tier), route=a.route)
     except ValueError as e:
         raise CliError(f"pdtb sim: {e}") from None
