@@ -8,6 +8,8 @@ Public API (see base.py for the interface, README.md for the wire format and bac
 """
 from __future__ import annotations
 
+import importlib
+
 from kv_transport.admission import Admission, FailCode, Verdict
 from kv_transport.base import (KVReceiver, KVSender, ReceivedTransfer, TransferMeta,
                                TransferState, TransferStatus, TransportError)
@@ -20,31 +22,28 @@ __all__ = ["make_sender", "make_receiver", "TransportConfig", "FaultConfig", "Tr
            "KVSender", "KVReceiver", "Admission", "FailCode", "Verdict"]
 
 
+# backend name -> (module, sender class, receiver class); each registered once, imported on use
+BACKEND_CLASSES = {
+    "zmq": ("kv_transport.zmq_backend", "ZmqSender", "ZmqReceiver"),
+    "shm": ("kv_transport.shm_backend", "ShmSender", "ShmReceiver"),
+    "auto": ("kv_transport.shm_backend", "ShmSender", "ShmReceiver"),  # shm where it can map, zmq chunks elsewhere
+    "torch": ("kv_transport.torch_backend", "TorchSender", "TorchReceiver"),
+    "fake": ("kv_transport.fake", "FakeSender", "FakeReceiver"),  # in-process, for tests (network=FakeNetwork)
+}
+
+
+def _backend_class(backend: str, end: int):
+    if backend not in BACKEND_CLASSES:
+        raise ValueError(f"unknown KV transport backend {backend!r}; one of {', '.join(BACKEND_CLASSES)}")
+    module, *classes = BACKEND_CLASSES[backend]
+    return getattr(importlib.import_module(module), classes[end])
+
+
 def make_sender(config: TransportConfig, spec: KVSpec, **kwargs) -> KVSender:
     """A sender for `config.backend` ("fake" needs network=FakeNetwork)."""
-    if config.backend == "zmq":
-        from kv_transport.zmq_backend import ZmqSender
-        return ZmqSender(config, spec, **kwargs)
-    if config.backend in ("shm", "auto"):
-        from kv_transport.shm_backend import ShmSender
-        return ShmSender(config, spec, **kwargs)
-    if config.backend == "torch":
-        from kv_transport.torch_backend import TorchSender
-        return TorchSender(config, spec, **kwargs)
-    from kv_transport.fake import FakeSender
-    return FakeSender(config, spec, **kwargs)
+    return _backend_class(config.backend, 0)(config, spec, **kwargs)
 
 
 def make_receiver(config: TransportConfig, pool: PagePool, **kwargs) -> KVReceiver:
     """A receiver for `config.backend` writing into `pool` (kwargs: admit=, network=)."""
-    if config.backend == "zmq":
-        from kv_transport.zmq_backend import ZmqReceiver
-        return ZmqReceiver(config, pool, **kwargs)
-    if config.backend in ("shm", "auto"):
-        from kv_transport.shm_backend import ShmReceiver
-        return ShmReceiver(config, pool, **kwargs)
-    if config.backend == "torch":
-        from kv_transport.torch_backend import TorchReceiver
-        return TorchReceiver(config, pool, **kwargs)
-    from kv_transport.fake import FakeReceiver
-    return FakeReceiver(config, pool, **kwargs)
+    return _backend_class(config.backend, 1)(config, pool, **kwargs)

@@ -2,46 +2,77 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import traceback
+from dataclasses import dataclass
 
 from pdtb.common import CliError, die
 
-USAGE = """pdtb <command> [options]
+@dataclass(frozen=True)
+class Command:
+    """One `pdtb` command: the words that name it and the `main(argv)` it runs."""
 
-commands:
-  model init         write the embedded tiny model as a HF checkpoint directory
-  generate           offline batched generation on the paged engine
-  bench engine       paged engine vs transformers generate (same run)
-  bench transport    KV transport throughput vs raw pyzmq and memcpy (same run)
-  bench steps        engine step time by what it carries (long rows, prefill chunks)
-  bench roofline     decode step time against the memory roofline, by batch size
-  bench decode-kernel  the Triton paged decode kernel's bandwidth by launch setting (GPU)
-  cluster            up|down|status: a cluster placed and supervised by Ray (the ray extra)
-  bench controller   per-step decision cost of each policy at 100 / 1k / 10k requests
-  bench serve        load-test client against an OpenAI-compatible endpoint
-  bench sweep        a workload at a series of offered loads: attainment, goodput, knee
-  bench migration    live migration downtime between decode nodes under load, against its ITL
-  bench lockstep     a workload's hand-offs into a real decode node in a fixed order of events:
-                     its admission verdicts, to compare KV transports decision by decision
-  policies           the policies by name and source; `policies show REF`: one's settings
-  policy check REF   a policy's conformance: legal answers, pages conserved, every request
-                     ends, deterministic under a seed (REF: a name, module:Class, file.py:Class)
-  sim                simulate a cluster at any scale on the real scheduler and policies
-                     (calibrate, validate, roofline, reproduce mcsf|vtc|essay, plan)
-  frontier           fairness-throughput frontier of sweep files (table, plot, Pareto points)
-  scorecard DIR      every policy of every scenario of scripts/scorecard.sh, against fcfs
-  report             markdown report and plots comparing results files
-  compare            per-run minnow p99 TTFT/ITL and throughput, with ratios vs fcfs
-  prefill            start a prefill node          decode      start a decode node
-  colocated          start a colocated node        router      start the HTTP router
-  demo               send a few streaming requests to a running router
-  keys               write ZeroMQ CURVE keys for --curve-dir (encrypted, authenticated sockets)
-"""
+    words: tuple[str, ...]
+    target: str  # "module:function"; the function takes the arguments after the words
+    summary: str  # one line of `pdtb --help` (continued lines start with a newline)
+    role: bool = False  # a node command: the function takes its role (the first word) first
+    extra: str = ""  # a module of an optional extra the command needs, checked before it is imported
 
 
-def _model_init(argv: list[str]) -> int:
+COMMANDS = (
+    Command(("model", "init"), "pdtb.cli:model_init", "write the embedded tiny model as a HF checkpoint directory"),
+    Command(("generate",), "pdtb.generate:main", "offline batched generation on the paged engine"),
+    Command(("bench", "engine"), "pdtb.engine.bench:main", "paged engine vs transformers generate (same run)"),
+    Command(("bench", "transport"), "kv_transport.bench:main", "KV transport throughput vs raw pyzmq and memcpy (same run)"),
+    Command(("bench", "steps"), "pdtb.engine.bench_steps:main", "engine step time by what it carries (long rows, prefill chunks)"),
+    Command(("bench", "roofline"), "pdtb.engine.bench_roofline:main", "decode step time against the memory roofline, by batch size"),
+    Command(("bench", "decode-kernel"), "pdtb.engine.bench_decode_kernel:main",
+            "the Triton paged decode kernel's bandwidth by launch setting (GPU)"),
+    Command(("bench", "controller"), "fairness.bench:main", "per-step decision cost of each policy at 100 / 1k / 10k requests"),
+    Command(("bench", "serve"), "pdtb.bench.cli:main", "load-test client against an OpenAI-compatible endpoint"),
+    Command(("bench", "sweep"), "pdtb.bench.sweep:main", "a workload at a series of offered loads: attainment, goodput, knee"),
+    Command(("bench", "migration"), "pdtb.bench.migration:main",
+            "live migration downtime between decode nodes under load, against its ITL"),
+    Command(("bench", "lockstep"), "pdtb.bench.lockstep:main", "a workload's hand-offs into a real decode node in a fixed "
+            "order of events:\nits admission verdicts, to compare KV transports decision by decision"),
+    Command(("cluster",), "pdtb.ray_cluster.cli:main", "up|down|status: a cluster placed and supervised by Ray (the ray extra)",
+            extra="ray"),
+    Command(("policies",), "pdtb.policies.cli:main", "the policies by name and source; `policies show REF`: one's settings"),
+    Command(("policy", "check"), "pdtb.policies.check:main", "REF: a policy's conformance: legal answers, pages conserved,\n"
+            "every request ends, deterministic under a seed (REF: a name, module:Class, file.py:Class)"),
+    Command(("sim",), "pdtb.sim.cli:main", "simulate a cluster at any scale on the real scheduler and policies\n"
+            "(calibrate, validate, roofline, reproduce mcsf|vtc|essay, plan)"),
+    Command(("frontier",), "pdtb.bench.frontier:main", "fairness-throughput frontier of sweep files (table, plot, Pareto points)"),
+    Command(("scorecard",), "pdtb.bench.scorecard:main", "DIR: every policy of every scenario of scripts/scorecard.sh, against fcfs"),
+    Command(("report",), "pdtb.bench.report:main", "markdown report and plots comparing results files"),
+    Command(("compare",), "pdtb.bench.compare:main", "per-run minnow p99 TTFT/ITL and throughput, with ratios vs fcfs"),
+    Command(("prefill",), "pdtb.nodes.node_cli:main", "start a prefill node", role=True),
+    Command(("decode",), "pdtb.nodes.node_cli:main", "start a decode node", role=True),
+    Command(("colocated",), "pdtb.nodes.node_cli:main", "start a colocated node", role=True),
+    Command(("router",), "pdtb.router.main:main", "start the HTTP router"),
+    Command(("demo",), "pdtb.demo:main", "send a few streaming requests to a running router"),
+    Command(("keys",), "pdtb.cli:keys", "write ZeroMQ CURVE keys for --curve-dir (encrypted, authenticated sockets)"),
+)
+
+
+def usage() -> str:
+    lines = ["pdtb <command> [options]", "", "commands:"]
+    for c in COMMANDS:
+        first, *more = c.summary.split("\n")
+        lines.append(f"  {' '.join(c.words):<20} {first}")
+        lines += [f"  {'':<20} {m}" for m in more]
+    return "\n".join(lines) + "\n"
+
+
+def find(argv: list[str]) -> tuple[Command, list[str]] | None:
+    """The command `argv` names (the longest match of its words) and the arguments after them."""
+    best = max((c for c in COMMANDS if tuple(argv[:len(c.words)]) == c.words), key=lambda c: len(c.words), default=None)
+    return None if best is None else (best, argv[len(best.words):])
+
+
+def model_init(argv: list[str]) -> int:
     from pdtb.engine.tiny_model import ARCHS, DEFAULT_SEED, init_tiny_model
 
     ap = argparse.ArgumentParser(prog="pdtb model init")
@@ -54,7 +85,7 @@ def _model_init(argv: list[str]) -> int:
     return 0
 
 
-def _keys(argv: list[str]) -> int:
+def keys(argv: list[str]) -> int:
     from pdtb.security import generate
 
     ap = argparse.ArgumentParser(prog="pdtb keys", description="write ZeroMQ CURVE server and client key pairs")
@@ -65,104 +96,20 @@ def _keys(argv: list[str]) -> int:
 
 def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(usage())
         return 0 if argv else 2
-    cmd, rest = argv[0], argv[1:]
-    if cmd == "model" and rest[:1] == ["init"]:
-        return _model_init(rest[1:])
-    if cmd == "keys":
-        return _keys(rest)
-    if cmd == "generate":
-        from pdtb.generate import main
-
-        return main(rest)
-    if cmd == "bench" and rest[:1] == ["engine"]:
-        from pdtb.engine.bench import main
-
-        return main(rest[1:])
-    if cmd == "bench" and rest[:1] == ["serve"]:
-        from pdtb.bench.cli import main
-
-        return main(rest[1:])
-    if cmd == "bench" and rest[:1] == ["migration"]:
-        from pdtb.bench.migration import main
-
-        return main(rest[1:])
-    if cmd == "bench" and rest[:1] == ["sweep"]:
-        from pdtb.bench.sweep import main
-
-        return main(rest[1:])
-    if cmd == "sim":
-        from pdtb.sim.cli import main
-
-        return main(rest)
-    if cmd == "policies":
-        from pdtb.policies.cli import main
-
-        return main(rest)
-    if cmd == "policy" and rest[:1] == ["check"]:
-        from pdtb.policies.check import main
-
-        return main(rest[1:])
-    if cmd == "frontier":
-        from pdtb.bench.frontier import main
-
-        return main(rest)
-    if cmd == "scorecard":
-        from pdtb.bench.scorecard import main
-
-        return main(rest)
-    if cmd == "compare":
-        from pdtb.bench.compare import main
-
-        return main(rest)
-    if cmd == "report":
-        from pdtb.bench.report import main
-
-        return main(rest)
-    if cmd == "cluster":
+    found = find(argv)
+    if found is None:
+        raise CliError(f"unknown command {' '.join(argv[:2])!r}\n{usage()}")
+    cmd, rest = found
+    if cmd.extra:
         try:
-            import ray  # noqa: F401
+            importlib.import_module(cmd.extra)
         except ImportError:
-            raise CliError("pdtb cluster needs Ray: pip install 'pd-testbed[ray]'") from None
-        from pdtb.ray_cluster.cli import main
-        return main(rest)
-    if cmd == "bench" and rest[:1] == ["roofline"]:
-        from pdtb.engine.bench_roofline import main
-        return main(rest[1:])
-    if cmd == "bench" and rest[:1] == ["decode-kernel"]:
-        from pdtb.engine.bench_decode_kernel import main
-
-        return main(rest[1:])
-    if cmd == "bench" and rest[:1] == ["steps"]:
-        from pdtb.engine.bench_steps import main
-
-        return main(rest[1:])
-    if cmd == "bench" and rest[:1] == ["controller"]:
-        from fairness.bench import main
-
-        return main(rest[1:])
-    if cmd == "bench" and rest[:1] == ["transport"]:
-        from kv_transport.bench import main
-
-        return main(rest[1:])
-    if cmd == "bench" and rest[:1] == ["lockstep"]:
-        from pdtb.bench.lockstep import main
-
-        return main(rest[1:])
-    if cmd in ("prefill", "decode", "colocated"):
-        from pdtb.nodes.node_cli import main
-
-        return main(cmd, rest)
-    if cmd == "demo":
-        from pdtb.demo import main
-
-        return main(rest)
-    if cmd == "router":
-        from pdtb.router.main import main
-
-        return main(rest)
-    raise CliError(f"unknown command {' '.join(argv[:2])!r}\n{USAGE}")
+            raise CliError(f"pdtb {' '.join(cmd.words)} needs {cmd.extra}: pip install 'pd-testbed[{cmd.extra}]'") from None
+    module, func = cmd.target.split(":")
+    run = getattr(importlib.import_module(module), func)
+    return run(cmd.words[0], rest) if cmd.role else run(rest)
 
 
 def main(argv: list[str] | None = None) -> int:

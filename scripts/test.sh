@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Set up the environment (see _env.sh) and run the test suite. Extra args go to pytest.
+#   bash scripts/test.sh [--fast] [PYTEST ARGS...]
+# --fast leaves out the tests that start real clusters (marked slow).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/_env.sh"
 cd "$ROOT"
+if [ "${1:-}" = --fast ]; then
+  shift
+  set -- -m "not slow" "$@"
+fi
 # Test files run on PDTB_TEST_WORKERS pytest-xdist workers (default 2; 0: one process), each
 # file's tests in one worker, where xdist is installed (a GPU machine's own python may lack it).
 if [ "${PDTB_TEST_WORKERS:-2}" != 0 ] && python -c "import xdist" 2>/dev/null; then

@@ -171,3 +171,19 @@ def test_an_unforeseen_error_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["compare", str(tmp_path / "r.json")])
     assert info.value.code == 2 and "not a results file" in capsys.readouterr().err
+
+
+def test_every_command_of_the_table_resolves_to_a_function_and_is_listed():
+    import importlib
+
+    from pdtb.cli import COMMANDS, find, usage
+
+    text = usage()
+    for c in COMMANDS:
+        assert f"  {' '.join(c.words)} " in text
+        assert find([*c.words, "--x"]) == (c, ["--x"])
+        if c.extra and importlib.util.find_spec(c.extra) is None:
+            continue
+        module, func = c.target.split(":")
+        assert callable(getattr(importlib.import_module(module), func)), c
+    assert find(["bench"]) is None and find(["model"]) is None

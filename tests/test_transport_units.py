@@ -261,3 +261,16 @@ def test_bounded_times_out_and_cancels_what_is_still_pending():
         return fut.cancelled()
 
     assert asyncio.run(main())
+
+
+def test_every_backend_name_registers_a_sender_and_a_receiver():
+    import kv_transport
+    from kv_transport.config import BACKENDS
+
+    assert set(kv_transport.BACKEND_CLASSES) == set(BACKENDS)
+    for name in BACKENDS:
+        sender, receiver = kv_transport._backend_class(name, 0), kv_transport._backend_class(name, 1)
+        assert sender.__name__.endswith("Sender") and callable(getattr(sender, "send", None)), name
+        assert receiver.__name__.endswith("Receiver") and callable(getattr(receiver, "close", None)), name
+    with pytest.raises(ValueError, match="unknown KV transport backend 'carrier-pigeon'"):
+        kv_transport._backend_class("carrier-pigeon", 0)
