@@ -18,7 +18,7 @@ Every step can fail, and each failure leaves the request on one node:
 - final refused, lost (timeout), target gone: the source resumes the request (it still holds
   every page). A `cache_miss` (a staged page was taken back) resends every page at once.
 - the target adopted but its confirmation was lost: both hold it. The router keeps whichever it
-  heard from first with the right token count and tells the other to drop it (pdtb/router/nodes.py).
+  heard from first with the right token count and tells the other to drop it (pdtb/router/registry.py).
 - the source dies: the target adopts if the final transfer landed, else the router recomputes.
 - the request ends (finished, aborted) during the precopy: the transfer is cancelled.
 

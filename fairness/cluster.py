@@ -2,7 +2,7 @@
 
 A tenant's share of KV memory is cluster-wide: with four decode nodes, a tenant spread over
 all four is entitled to its weighted share of the four pools together, not to a share of each.
-The router (pdtb/router/nodes.py) and the simulator (pdtb/sim/cluster.py) tell each decode or
+The router (pdtb/router/registry.py) and the simulator (pdtb/sim/cluster.py) tell each decode or
 colocated node, with every ping, what the others hold (`ClusterView`, from their last stats);
 a policy reads it as `self.cluster` (None: this node alone, or no view yet).
 

@@ -4,7 +4,7 @@ event loop itself (the shm backend's control path once a peer has a grant).
 Why: ZeroMQ passes every message through an I/O thread at each end, so one message can wake
 several threads; on a small virtual machine each wake of an idle core costs tens to hundreds
 of microseconds. Over a Unix socket that uvloop reads directly a message wakes the peer's loop
-and nothing else (`python -m kv_transport.bench_link` times a round trip both ways). A
+and nothing else (`python -m pdtb.microbench.link` times a round trip both ways). A
 one-sided transfer has four control messages in a row on its path (header, Grant, last
 Commit, Ack) and one Commit per piece.
 

@@ -56,11 +56,11 @@ def sha256_of(export: KVExport) -> str:
 
 
 class PeerProcess:
-    """`python -m kv_transport.bench_peer ARGS`; reads its JSON lines with timeouts."""
+    """`python -m pdtb.microbench.transport_peer ARGS`; reads its JSON lines with timeouts."""
 
     def __init__(self, args: list[str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kv_transport.bench_peer", *args], cwd=REPO,
+            [sys.executable, "-m", "pdtb.microbench.transport_peer", *args], cwd=REPO,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self._buf = bytearray()
 

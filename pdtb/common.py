@@ -8,16 +8,6 @@ class CliError(Exception):
     """A user error: printed as one line, exit code 2."""
 
 
-def resolve_model(model_dir: str | None) -> str:
-    """`--model DIR` validated, or the embedded default; a bad directory is a CliError."""
-    from pdtb.engine import loader
-
-    try:
-        return loader.resolve_model(model_dir)
-    except loader.ModelLoadError as e:
-        raise CliError(str(e)) from None
-
-
 def die(msg: str, code: int = 2) -> int:
     print(f"pdtb: error: {msg}", file=sys.stderr)
     return code

@@ -8,7 +8,8 @@ import json
 import sys
 import time
 
-from pdtb.common import CliError, resolve_model
+from pdtb.common import CliError
+from pdtb.engine.loader import resolve_model_arg
 from pdtb.nodes.fairness_args import add_fairness_args, fairness_config, policy_args
 
 
@@ -94,7 +95,7 @@ def main(argv: list[str]) -> int:
                                 seed=a.seed, ignore_eos=a.ignore_eos)
     except ValueError as e:
         raise CliError(str(e)) from None
-    model_dir = resolve_model(a.model)
+    model_dir = resolve_model_arg(a.model)
     from pdtb.engine.engine import LLMEngine
 
     engine = LLMEngine(engine_config(a, model_dir), policy=policy)

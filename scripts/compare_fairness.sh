@@ -169,7 +169,7 @@ for mode in $MODES; do
   done
 done
 echo
-[ "$LOCKSTEP" = 0 ] || exit 0  # lockstep results are verdicts, not request records: python -m pdtb.bench.admissions
+[ "$LOCKSTEP" = 0 ] || exit 0  # lockstep results are verdicts, not request records: python -m pdtb.figures.admissions
 pdtb compare "$OUT"/*.json | tee "$OUT/compare.txt"
 pdtb report "$OUT"/*.json --out "$OUT/report" >/dev/null
 echo "report: $OUT/report/report.md"

@@ -15,7 +15,7 @@
 #   of events on a virtual clock (pdtb bench lockstep): every request's verdicts, the counts
 #   and the generated tokens must equal the first transport's (exit status 1 otherwise).
 #
-# python -m pdtb.bench.admissions prints each table (OUT/live.txt, OUT/lockstep.txt).
+# python -m pdtb.figures.admissions prints each table (OUT/live.txt, OUT/lockstep.txt).
 #
 # --policies and --policy-arg are compare_fairness.sh's: each policy a NAME, module:Class,
 # path/to/file.py:Class or LABEL=REF, its settings by --policy-arg (all of them checked before
@@ -58,13 +58,13 @@ if [ "$LIVE" = 1 ]; then
   run live "${TS[0]}-again" "${TS[0]}"
   DIRS=("${DIRS[0]}" "$OUT/live/${TS[0]}-again" "${DIRS[@]:1}")
   echo "live runs (real time):"
-  python -m pdtb.bench.admissions "${DIRS[@]}" | tee "$OUT/live.txt"
+  python -m pdtb.figures.admissions "${DIRS[@]}" | tee "$OUT/live.txt"
 fi
 if [ "$LOCKSTEP" = 1 ]; then
   DIRS=()
   for t in "${TS[@]}"; do run lockstep "$t" "$t" --lockstep; DIRS+=("$OUT/lockstep/$t"); done
   echo "lockstep (a fixed order of events):"
-  python -m pdtb.bench.admissions --check "${DIRS[@]}" | tee "$OUT/lockstep.txt" || rc=$?
+  python -m pdtb.figures.admissions --check "${DIRS[@]}" | tee "$OUT/lockstep.txt" || rc=$?
   [ "$rc" = 0 ] || echo "compare_transports: the lockstep decisions differ between transports" >&2
 fi
 exit "$rc"

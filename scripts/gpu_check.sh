@@ -20,7 +20,7 @@
 # 5. with --steps-grid: pdtb bench steps --grid on the GPU, the tiny model (float32) and a
 #    Llama-3-8B shape with random weights (bfloat16), samples for pdtb sim calibrate.
 # Writes DIR/<step>.log and DIR/<step>.json; prints one line per step. The figures go into
-# docs/results.md with: python -m pdtb.bench.results_doc --section gpu --gpu DIR --out docs/results.md
+# docs/results.md with: python -m pdtb.figures.results_doc --section gpu --gpu DIR --out docs/results.md
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="" DEVICE=cuda COMPARE=1 BENCH=1 TESTS=1 GRID=0 TRANSPORT=1
@@ -68,7 +68,7 @@ if [ "$BENCH" = 1 ]; then
   step decode-kernel 240 sh -c "pdtb bench decode-kernel --device $DEVICE --json > $OUT/kernel.json"
   # the roofline runs the kernel at the launch setting the sweep found fastest at 64 rows (and a
   # span rule that picks its span count there); KernelConfig's defaults where the sweep did not run
-  KC="$(python -m pdtb.engine.bench_decode_kernel --pick 64 < "$OUT/kernel.json" 2>/dev/null || true)"
+  KC="$(python -m pdtb.microbench.decode_kernel --pick 64 < "$OUT/kernel.json" 2>/dev/null || true)"
   # decode steps of a Llama-3-8B shape (random weights, bfloat16) against the HBM roofline
   step roofline-llama-3-8b 300 pdtb bench roofline --device "$DEVICE" --random-init llama-3-8b --compare --json \
     ${KC:+--kernel-config "$KC"}

@@ -7,7 +7,7 @@
 #              migration` moves 12 of them, one every 0.25 s: downtime p50/p99 against the run's
 #              ITL, bytes and seconds of each phase; then the same with the decode nodes'
 #              prefix cache off (no page hashes to stage by: one stop-and-copy transfer)
-#   rebalance  1 prefill + 2 decode nodes (fcfs, 100 pages each) replaying pdtb.bench.rebalance_trace:
+#   rebalance  1 prefill + 2 decode nodes (fcfs, 100 pages each) replaying pdtb.client.rebalance_trace:
 #              three whales with short prompts and long outputs arrive while a batch request
 #              holds the first decode node, so the router (which cannot see output lengths)
 #              places all three on the second one, where they outgrow its pool; minnows of
@@ -15,7 +15,7 @@
 #              on the same trace, once per seed of the minnow arrivals
 #
 # Writes DIR/NAME.json per run (and NAME.migrations.json: /cluster/migrations at its end) and
-# DIR/migration.md (pdtb.bench.migration_report); prints the tables.
+# DIR/migration.md (pdtb.figures.migration_report); prints the tables.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUICK=0 OUT="" MODEL="" ONLY="downtime rebalance"
@@ -67,7 +67,7 @@ for what in $ONLY; do
       done ;;
     rebalance)
       for seed in $SEEDS; do
-        python -m pdtb.bench.rebalance_trace "$OUT/rebalance-trace-s$seed.jsonl" --seed "$seed" \
+        python -m pdtb.client.rebalance_trace "$OUT/rebalance-trace-s$seed.jsonl" --seed "$seed" \
           --duration "$([ "$QUICK" = 1 ] && echo 20 || echo 25)"
         for mode in off pressure fair; do
           name="rebalance-$mode-s$seed"
@@ -83,5 +83,5 @@ for what in $ONLY; do
     *) echo "migration_results: unknown experiment $what" >&2; exit 2 ;;
   esac
 done
-python -m pdtb.bench.migration_report "$OUT" --out "$OUT/migration.md"
+python -m pdtb.figures.migration_report "$OUT" --out "$OUT/migration.md"
 echo "report: $OUT/migration.md"

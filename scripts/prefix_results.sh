@@ -3,7 +3,7 @@
 #
 #   scripts/prefix_results.sh [--quick] [--out DIR] [--model DIR] [--only "trace route charge"]
 #
-#   trace   the Mooncake synthetic excerpt (hash_ids, pdtb/bench/data; multi-turn sharing),
+#   trace   the Mooncake synthetic excerpt (hash_ids, pdtb/client/data; multi-turn sharing),
 #           lengths scaled by 1/32 (16-token blocks, one KV page each) and clamped to 512 tokens,
 #           replayed on 1P+1D with --prefix-cache on and off: achieved hit rate against the
 #           trace's ideal, TTFT p50 ratio, KV bytes sent; then the Mooncake conversation excerpt
@@ -14,7 +14,7 @@
 #           1024-token system prompt, whales and minnows: --charge-shared split, first, full
 #           (pages held, shared and charged per tenant, minnow TTFT p99, fair-share index)
 #
-# Writes DIR/NAME.json per run and DIR/prefix.md (pdtb.bench.prefix_report); prints the ratios.
+# Writes DIR/NAME.json per run and DIR/prefix.md (pdtb.figures.prefix_report); prints the ratios.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUICK=0 OUT="" MODEL="" ONLY="trace route charge"
@@ -33,7 +33,7 @@ OUT="${OUT:-$ROOT/results/prefix-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 [ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.common import resolve_model; print(resolve_model(None))')"
-DATA="$ROOT/pdtb/bench/data"
+DATA="$ROOT/pdtb/client/data"
 N_TENANTS=24 CONV_MODES="on off"
 [ "$QUICK" = 1 ] && N_TENANTS=16 CONV_MODES="on"
 
@@ -82,5 +82,5 @@ for what in $ONLY; do
     *) echo "prefix_results: unknown experiment $what" >&2; exit 2 ;;
   esac
 done
-python -m pdtb.bench.prefix_report "$OUT" --out "$OUT/prefix.md"
+python -m pdtb.figures.prefix_report "$OUT" --out "$OUT/prefix.md"
 echo "report: $OUT/prefix.md"

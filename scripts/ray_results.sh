@@ -23,6 +23,6 @@ t0=$(date +%s)
 rc=0
 python -m pytest -q -p no:cacheprovider tests/test_ray_cluster.py --junitxml "$OUT/ray.xml" > "$OUT/ray.log" 2>&1 || rc=$?
 tail -n 3 "$OUT/ray.log" >&2
-python -m pdtb.bench.results_doc --section ray --ray-junit "$OUT/ray.xml" --ray-seconds "$(( $(date +%s) - t0 ))" \
+python -m pdtb.figures.results_doc --section ray --ray-junit "$OUT/ray.xml" --ray-seconds "$(( $(date +%s) - t0 ))" \
   --commit-file <(git rev-parse --short HEAD) --out "$DOC"
 exit $rc

@@ -100,7 +100,7 @@ if [ "$SIM" = 1 ]; then
     ${PARGS[@]+"${PARGS[@]}"} >&2
   args+=(--sim "$OUT/sim")
 fi
-python -m pdtb.bench.results_doc "${args[@]}" --out "$DOC" --readme "$ROOT/README.md"
+python -m pdtb.figures.results_doc "${args[@]}" --out "$DOC" --readme "$ROOT/README.md"
 if [ "$TRANSPORTS" = 1 ]; then
   echo "== bash scripts/transport_results.sh" >&2
   bash scripts/transport_results.sh --out "$OUT/transports" --doc "$DOC" >&2

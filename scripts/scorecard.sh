@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Every policy, at its defaults, through five scenarios; one table per scenario, each figure
 # beside fcfs's in the same run and the Pareto points marked (pdtb scorecard, see
-# pdtb/bench/scorecard.py for the figures):
+# pdtb/figures/scorecard.py for the figures):
 #   real-quick-MODE        1. the real CPU cluster, quick whale-minnow (compare_fairness.sh --quick), both modes
 #   real-MODE-frontier     2. the real CPU cluster at saturation (frontier.sh --quick sweeps; not with --quick)
 #   sim-essay-MODE         3. Llama-3-8B on one H100 per node, 128K whales among 2K minnows (the essay's setting)
 #   sim-70b-tenants        4. Llama-3-70B at TP 4 on 8 H100s (1P+1D), five tenants of their own rates,
-#                             bursts and length distributions (pdtb/bench/data/scorecard_tenants_70b.json)
+#                             bursts and length distributions (pdtb/client/data/scorecard_tenants_70b.json)
 #   sim-mooncake           5. the Mooncake conversation excerpt on Llama-3-8B (1P+1D H100), four tenants
 #                             made from groups of its hash_id prefixes (a conversation is one tenant's)
 #   sim-4-decode           shares across decode nodes: 2 prefill and 4 decode nodes (1,000 pages each, 4,000 host),
 #                             four tenants of different request sizes, each wanting more than its share
-#                             (pdtb/bench/data/scorecard_tenants_4decode.json); read its Jain column. With
+#                             (pdtb/client/data/scorecard_tenants_4decode.json); read its Jain column. With
 #                             dlpm in the list it has a d2lpm row too: dlpm with the router's --route d2lpm
 # and the essay's claims where their conditions hold: pdtb sim reproduce essay with about two
 # whales among forty minnows in memory, so the largest 5% are whales (sim-essay-top5.json).
@@ -23,7 +23,7 @@
 # default: every built-in policy). --quick leaves out the frontier (scenario 2): about 15 minutes
 # on 2 cores. --skip-real leaves out scenarios 1 and 2 (the simulator's only: about 3 minutes).
 # Writes DIR/SCENARIO/LABEL.json, DIR/scorecard.md and DIR/scorecard.json; then
-#   python -m pdtb.bench.results_doc --section scorecard --scorecard DIR --out docs/results.md
+#   python -m pdtb.figures.results_doc --section scorecard --scorecard DIR --out docs/results.md
 # puts the tables in docs/results.md.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -49,7 +49,7 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 cd "$ROOT"
 git rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true
-DATA="$ROOT/pdtb/bench/data"
+DATA="$ROOT/pdtb/client/data"
 SLO=(--slo ttft_ms=2000 --slo tpot_ms=100)
 H100_8B=(--cost roofline --gpu h100-sxm --model-config llama-3-8b --max-model-len 135000)
 
@@ -62,7 +62,7 @@ sim_one() {  # sim_one SCENARIO INDEX ARGS...: one policy through one simulated 
     --out "$OUT/$sc/${POLICY_LABELS[$i]}.json" > /dev/null
 }
 
-python -m pdtb.bench.scorecard_data prefix-tenants "$DATA/mooncake_conversation_excerpt.jsonl" \
+python -m pdtb.client.scorecard_data prefix-tenants "$DATA/mooncake_conversation_excerpt.jsonl" \
   "$OUT/mooncake-tenants.jsonl" --tenants 4
 for i in "${!POLICY_LABELS[@]}"; do
   echo "== simulator: ${POLICY_LABELS[$i]}" >&2

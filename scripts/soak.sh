@@ -44,6 +44,6 @@ bash "$ROOT/scripts/launch_cluster.sh" --mode disagg --prefill 1 --decode 1 --po
 URL="$(cat "$RUN_DIR/url")"
 echo "soak: cluster at $URL (run dir $RUN_DIR)"
 rc=0
-python -m pdtb.bench.soak --url "$URL" --run-dir "$RUN_DIR" --requests "$N" --concurrency "$C" \
+python -m pdtb.client.soak --url "$URL" --run-dir "$RUN_DIR" --requests "$N" --concurrency "$C" \
   --warmup "$WARMUP" --rss-tolerance "$TOL" $QUIET || rc=$?
 exit "$rc"

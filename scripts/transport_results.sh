@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # KV transports on one host, measured here: one-sided writes against ZeroMQ ipc, an in-process
 # pool copy and an in-process checked copy (pdtb bench transport --backend shm, 64 and 256 MiB), a control
-# message's round trip over ZeroMQ and over the local link (python -m kv_transport.bench_link), and the decode
+# message's round trip over ZeroMQ and over the local link (python -m pdtb.microbench.link), and the decode
 # nodes' admission verdicts of the same seeded fairness workload over zmq, shm and torch (gloo),
 # live and in lockstep (scripts/compare_transports.sh). Replaces the "KV transports on one host"
 # section of docs/results.md (its own date and commit); exits 1 if the lockstep decisions differ.
@@ -29,10 +29,10 @@ for size in 64 256; do
   echo "== pdtb bench transport --backend shm --size-mib $size --reps $REPS" >&2
   pdtb bench transport --backend shm --size-mib "$size" --reps "$REPS" --json > "$OUT/shm-$size.json"
 done
-echo "== python -m kv_transport.bench_link" >&2
-python -m kv_transport.bench_link --n 2000 --json > "$OUT/link.json"
+echo "== python -m pdtb.microbench.link" >&2
+python -m pdtb.microbench.link --n 2000 --json > "$OUT/link.json"
 rc=0  # (lockstep decisions that differ between transports: recorded, then the exit status)
 bash "$ROOT/scripts/compare_transports.sh" --quick --out "$OUT/verdicts" >&2 || rc=$?
-python -m pdtb.bench.results_doc --section transports --shm "$OUT"/shm-64.json "$OUT"/shm-256.json \
+python -m pdtb.figures.results_doc --section transports --shm "$OUT"/shm-64.json "$OUT"/shm-256.json \
   --link "$OUT/link.json" --admissions "$OUT/verdicts" --commit-file "$OUT/commit" --out "$DOC"
 exit "$rc"

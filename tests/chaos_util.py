@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import psutil
 
-from pdtb.bench.sse import SSEParser, count_tokens, error_message
+from pdtb.client.sse import SSEParser, count_tokens, error_message
 
 END_S = 60.0  # every request ends within this bound
 

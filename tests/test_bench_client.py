@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app_thread import app_in_thread, start
-from pdtb.bench.cli import main
-from pdtb.bench.records import RequestSpec
-from pdtb.bench.runner import RunConfig, request_body, run
-from pdtb.bench.sse import SSEParser, count_tokens
-from pdtb.bench.summary import summarize
+from pdtb.client.serve import main
+from pdtb.figures.records import RequestSpec
+from pdtb.client.load import RunConfig, request_body, run
+from pdtb.client.sse import SSEParser, count_tokens
+from pdtb.figures.summary import summarize
 
 VOCAB, MAX_LEN = 1000, 512
 
@@ -224,7 +224,7 @@ def test_serve_refuses_an_unwritable_out_and_explains_a_dead_url(capsys, tmp_pat
     of a whole run), and a server that cannot be reached gets one readable line, not aiohttp's repr."""
     import socket
 
-    from pdtb.bench.cli import main as serve_main
+    from pdtb.client.serve import main as serve_main
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

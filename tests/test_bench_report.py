@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from pdtb.bench.records import RequestRecord
-from pdtb.bench.report import PLOTS, main
-from pdtb.bench.results import build_results, load_results, write_results
-from pdtb.bench.samples import cluster_sample
-from pdtb.bench.summary import summarize
+from pdtb.figures.records import RequestRecord
+from pdtb.figures.report import PLOTS, main
+from pdtb.figures.results import build_results, load_results, write_results
+from pdtb.figures.samples import cluster_sample
+from pdtb.figures.summary import summarize
 
 
 def make_results(path, mode, policy, ttft, tenant_pages):
@@ -56,7 +56,7 @@ def test_report_same_label_and_bad_file(tmp_path, capsys):
 
 
 def test_compare_ratios_and_what_the_whales_paid(tmp_path, capsys):
-    from pdtb.bench.compare import main as compare
+    from pdtb.figures.compare import main as compare
 
     a = make_results(tmp_path / "a.json", "disagg", "fcfs", 0.05, True)
     b = make_results(tmp_path / "b.json", "disagg", "memfair", 0.02, True)
@@ -79,7 +79,7 @@ def test_compare_ratios_and_what_the_whales_paid(tmp_path, capsys):
 
 
 def test_compare_refuses_two_baselines_and_shows_a_missing_class_as_missing(tmp_path, capsys):
-    from pdtb.bench.compare import main as compare
+    from pdtb.figures.compare import main as compare
 
     a = make_results(tmp_path / "a.json", "disagg", "fcfs", 0.05, True)
     b = make_results(tmp_path / "b.json", "disagg", "fcfs", 0.02, True)
@@ -94,8 +94,8 @@ def test_compare_refuses_two_baselines_and_shows_a_missing_class_as_missing(tmp_
 def test_results_doc_tables_are_what_compare_prints(tmp_path, capsys):
     """docs/results.md and the README headline are rendered from the run's files: the same
     figures `pdtb compare --markdown` prints, the ratios by hand (TTFT 20 ms vs 50 ms: 0.40)."""
-    from pdtb.bench.compare import main as compare
-    from pdtb.bench.results_doc import BEGIN, END, main as results_doc
+    from pdtb.figures.compare import main as compare
+    from pdtb.figures.results_doc import BEGIN, END, main as results_doc
 
     fair = tmp_path / "fair"
     fair.mkdir()

@@ -19,7 +19,7 @@ def by_hand(cfg: dict, batch: int, context: int, elem: int) -> int:
 
 
 def test_weight_and_kv_bytes_match_a_count_by_hand(llama_dir):
-    from pdtb.engine.bench_roofline import kv_bytes, weight_bytes
+    from pdtb.microbench.roofline import kv_bytes, weight_bytes
     from pdtb.engine.loader import load_model
 
     cfg = json.loads((Path(llama_dir) / "config.json").read_text())
@@ -72,7 +72,7 @@ def test_decode_kernel_pick_takes_the_fastest_setting_with_the_engines_spans():
     import json
     import sys
 
-    from pdtb.engine.bench_decode_kernel import main as kernel_main
+    from pdtb.microbench.decode_kernel import main as kernel_main
     from pdtb.engine.triton_decode import KernelConfig
 
     def setting(bn, warps, stages, major, splits, gbps, **rule):

@@ -7,8 +7,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdtb.bench.records import RequestRecord
-from pdtb.bench.service import _in_flight, _windows
+from pdtb.figures.records import RequestRecord
+from pdtb.figures.service import _in_flight, _windows
 
 times = st.floats(0.0, 50.0, allow_nan=False)
 

@@ -7,10 +7,10 @@ import random
 import numpy as np
 import pytest
 
-from pdtb.bench.records import RequestRecord
-from pdtb.bench.service import ServiceWeights, jain_index
-from pdtb.bench.attribution import format_lines
-from pdtb.bench.summary import meets_slos, percentile, summarize
+from pdtb.figures.records import RequestRecord
+from pdtb.figures.service import ServiceWeights, jain_index
+from pdtb.figures.slo_misses import format_lines
+from pdtb.figures.summary import meets_slos, percentile, summarize
 
 
 def make_record(tenant, klass, prompt, send, tokens, end, status="ok", requested=None, error=None):
@@ -105,7 +105,7 @@ def test_fairness_by_hand():
 
 
 def test_water_fill_is_max_min_fair():
-    from pdtb.bench.service import water_fill
+    from pdtb.figures.service import water_fill
 
     assert water_fill(60, [100, 10]) == pytest.approx([50, 10])  # the small claim is met in full
     assert water_fill(30, [100, 100, 5]) == pytest.approx([12.5, 12.5, 5])
@@ -177,7 +177,7 @@ def test_empty_and_single_tenant():
 def test_tokens_arriving_together_share_the_gap_before_them():
     """SGLang's convention: a first chunk of 2 tokens, then chunks of 3, 1 and 2 tokens 0.3,
     0.1 and 0.4 s apart: gaps 0.1 x 3, 0.1, 0.2 x 2 (the first chunk's second token adds none)."""
-    from pdtb.bench.summary import itls_s
+    from pdtb.figures.summary import itls_s
 
     r = make_record("A", "c", 4, 0.0, [0.5, 0.5, 0.8, 0.8, 0.8, 0.9, 1.3, 1.3], 1.3)
     assert itls_s(r) == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.2, 0.2])

@@ -10,9 +10,9 @@ import pytest
 from aiohttp import web
 
 from app_thread import app_in_thread
-from pdtb.bench import sweep_figures as sf
-from pdtb.bench.records import OK, RequestRecord, RequestSpec
-from pdtb.bench.sweep import level_specs, main as sweep_main, build_parser
+from pdtb.figures import sweep_figures as sf
+from pdtb.figures.records import OK, RequestRecord, RequestSpec
+from pdtb.client.sweep import level_specs, main as sweep_main, build_parser
 
 VOCAB, MAX_LEN = 1000, 4096
 
@@ -64,7 +64,7 @@ def test_level_figures_equal_a_hand_computation():
 
 
 def test_a_request_cut_off_counts_where_it_was_on_track():
-    from pdtb.bench.runner import CUT_OFF, cut_off
+    from pdtb.client.load import CUT_OFF, cut_off
 
     slos = sf.SloTable.parse(["ttft_ms=200", "tpot_ms=100"])
 
@@ -84,7 +84,7 @@ def test_a_request_cut_off_counts_where_it_was_on_track():
     g = sf.group_figures([on_track, slow], 0.0, 2.0, slos)
     assert g["cut_off"] == 2 and g["failed"] == 2 and g["attainment"] == 0.5
     # never sent (it waited for a --max-concurrency slot): its wait runs from when it was scheduled
-    from pdtb.bench.runner import new_record
+    from pdtb.client.load import new_record
     queued = cut_off(new_record(RequestSpec(1.8, "t", "whale", 10, 3), 1.8), 2.1)
     assert queued.send_time == 1.8 and sf.meets(queued, sf.SloTable.parse(["ttft_ms=500"]))  # 300 ms old, no token
     assert not sf.meets(queued, slos)  # past a 200 ms TTFT
@@ -250,7 +250,7 @@ def sweep_doc(label: str, mode: str, goodput: float, ttft_p99: float, tok: float
 
 
 def test_frontier_marks_the_pareto_points_and_ratios_against_fcfs(tmp_path):
-    from pdtb.bench import frontier
+    from pdtb.figures import frontier
 
     docs = {"fcfs": sweep_doc("fcfs", "colocated", 2.0, 9000, 100),
             "memfair": sweep_doc("memfair", "colocated", 4.0, 300, 95),
@@ -278,7 +278,7 @@ def test_frontier_marks_the_pareto_points_and_ratios_against_fcfs(tmp_path):
     assert "| 4.00 | 2.00 |" in row and "| 0.95 |" in row  # goodput and saturation against fcfs
     assert (tmp_path / "f" / "frontier.png").stat().st_size > 0
     # the report draws sweeps on their own, and refuses a mix with serve results
-    from pdtb.bench.report import main as report_main
+    from pdtb.figures.report import main as report_main
     assert report_main(paths + ["--out", str(tmp_path / "r")]) == 0
     text = (tmp_path / "r" / "report.md").read_text()
     assert "colocated/memfair-request" in text and (tmp_path / "r" / "attainment.png").exists()
@@ -288,7 +288,7 @@ def test_frontier_marks_the_pareto_points_and_ratios_against_fcfs(tmp_path):
 
 
 def test_frontier_knee_is_the_point_farthest_from_the_chord():
-    from pdtb.bench.frontier import frontier_knee
+    from pdtb.figures.frontier import frontier_knee
 
     pts = [{"max_goodput_rps": x, "ttft_p99_ms": y} for x, y in ((1, 100), (2, 110), (3, 1000), (1.5, 104))]
     # normalized: (0,0), (0.5,0.011), (1,1), (0.25,0.004): the chord is the diagonal; (2, 110) is farthest
@@ -297,8 +297,8 @@ def test_frontier_knee_is_the_point_farthest_from_the_chord():
 
 
 def test_results_doc_frontier_section_is_what_pdtb_frontier_printed(tmp_path, capsys):
-    from pdtb.bench import frontier
-    from pdtb.bench.results_doc import BEGIN, END, main as results_doc
+    from pdtb.figures import frontier
+    from pdtb.figures.results_doc import BEGIN, END, main as results_doc
 
     run = tmp_path / "front"
     run.mkdir()

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pdtb.bench import workloads as wl
-from pdtb.bench.cli import build_parser, build_workload, main
-from pdtb.bench.records import RequestSpec
-from pdtb.bench.traces import parse_azure_csv, parse_jsonl, read_trace, trace_specs
+from pdtb.client import workloads as wl
+from pdtb.client.serve import build_parser, build_workload, main
+from pdtb.figures.records import RequestSpec
+from pdtb.client.traces import parse_azure_csv, parse_jsonl, read_trace, trace_specs
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
@@ -205,7 +205,7 @@ def test_a_bad_trace_row_is_refused_with_its_line(line, what):
 def test_a_trace_spanning_more_than_max_span_is_refused():
     """A timestamp far from the rest (1e300 ms) would have the client sleep for ever: refused,
     unless --time-scale brings the span within MAX_SPAN_S."""
-    from pdtb.bench.traces import MAX_SPAN_S, trace_specs
+    from pdtb.client.traces import MAX_SPAN_S, trace_specs
 
     rows = parse_jsonl(['{"timestamp": 0, "input_length": 5, "output_length": 3}',
                         '{"timestamp": 1e300, "input_length": 5, "output_length": 3}'])
@@ -312,7 +312,7 @@ def test_burstiness_keeps_the_rate_and_changes_the_spread():
     import random
     import statistics
 
-    from pdtb.bench.workloads import poisson_times
+    from pdtb.client.workloads import poisson_times
 
     assert poisson_times(random.Random(1), 5.0, 0, 200) == poisson_times(random.Random(1), 5.0, 0, 200, 1.0)
     for k in (0.25, 4.0):
@@ -327,9 +327,9 @@ def test_burstiness_keeps_the_rate_and_changes_the_spread():
 def test_slo_tiers_reach_the_specs_and_the_request_body():
     """--whale-tier/--minnow-tier and a tenants file's "tier" go out as each request's slo_tier
     (none given: no field, the router's tenant default applies); a sweep's levels keep them."""
-    from pdtb.bench.runner import RunConfig, request_body
-    from pdtb.bench.sweep import build_parser, level_specs
-    from pdtb.bench.workloads import WhaleMinnowConfig, parse_tenants, whale_minnow
+    from pdtb.client.load import RunConfig, request_body
+    from pdtb.client.sweep import build_parser, level_specs
+    from pdtb.client.workloads import WhaleMinnowConfig, parse_tenants, whale_minnow
 
     specs = whale_minnow(WhaleMinnowConfig(whales=2, duration=5.0, context_whales=1, whale_tier="batch",
                                            minnow_tier="interactive"), seed=3)

@@ -13,7 +13,7 @@ from pdtb.nodes.protocol import GenerateRequest, NodeStats, Params, encode_messa
 from pdtb.router import cache_route
 from pdtb.router.cache_route import PREFILL_WEIGHT, CacheCandidate, PrefixView, choose_by_cache, overlap_pages
 from pdtb.router.config import NodeSpec, RouterConfig, load_served_model
-from pdtb.router.nodes import NodeRegistry
+from pdtb.router.registry import NodeRegistry
 
 NS, PAGE = "tiny/fp32", 16
 PREFIX = list(range(1, 1 + 8 * PAGE))  # 8 full pages shared by the requests below

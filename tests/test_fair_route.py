@@ -87,11 +87,11 @@ def test_the_route_flag_takes_d2lpm():
 
 def test_the_simulated_router_charges_each_client_on_the_nodes_it_chose(monkeypatch):
     import pdtb.sim.cluster as sim_cluster
-    from pdtb.bench.records import RequestSpec
+    from pdtb.figures.records import RequestSpec
     from pdtb.sim.cluster import ClusterShape, SimCluster
     from pdtb.sim.cost import FixedStepCost, LinkModel
     from pdtb.sim.node import NodeShape
-    from pdtb.sim.setup import page_spec
+    from pdtb.sim.flags import page_spec
     from tests.test_sim_core import SPEC
 
     quantum, made = 100.0, []

@@ -1,10 +1,10 @@
-"""The "On a GPU" section of docs/results.md (pdtb/bench/gpu_section.py), rendered from the
+"""The "On a GPU" section of docs/results.md (pdtb/figures/gpu_section.py), rendered from the
 files of a gpu_check run made by hand here, figures checked by hand."""
 from __future__ import annotations
 
 import json
 
-from pdtb.bench.results_doc import main as results_doc
+from pdtb.figures.results_doc import main as results_doc
 
 
 def gpu_run(d, tests_line="45 passed, 1 skipped in 112.52s"):

@@ -192,7 +192,7 @@ def test_node_down_cancels_the_transfer_and_moves_or_fails_the_hand_offs(llama_d
 
 # ---- the router's side -------------------------------------------------------------------------
 def registry():
-    from pdtb.router.nodes import NodeRegistry
+    from pdtb.router.registry import NodeRegistry
 
     reg = NodeRegistry([NodeSpec("prefill", "tcp://127.0.0.1:1"), NodeSpec("decode", "tcp://127.0.0.1:2"),
                         NodeSpec("decode", "tcp://127.0.0.1:3")])
@@ -308,7 +308,7 @@ def test_a_move_names_the_node_that_answers_to_the_id_not_the_one_it_replaced():
     prefill node's notice names that id, and the request follows the live node. Following the
     dead one would leave it waiting for events that never come (the live node's are refused
     as a second holder's)."""
-    from pdtb.router.nodes import NodeState
+    from pdtb.router.registry import NodeState
 
     async def go():
         reg, p, a, b = registry()

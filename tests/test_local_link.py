@@ -156,7 +156,7 @@ def test_a_connection_that_ends_inside_a_message_dispatches_nothing_of_it():
 
 
 def test_bench_link_times_both_paths_between_two_processes():
-    from kv_transport import bench_link
+    from pdtb.microbench import link as bench_link
 
     out = bench_link.run(50)
     assert out["n"] == 50 and set(out) == {"n", "zmq", "link", "ratio_median"}

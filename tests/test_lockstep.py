@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from pdtb.bench.lockstep import main as lockstep_main, prepare, run_lockstep
+from pdtb.microbench.lockstep import main as lockstep_main, prepare, run_lockstep
 
 # 3 whales of 256+48 tokens into 40 device pages and 24 host pages, minnows around them, and a
 # 600+64-token request that needs 42 pages at its peak (refused: too_large)

@@ -1,4 +1,4 @@
-"""The router's side of a live migration (pdtb/router/nodes.py, pdtb/router/migration.py), on a
+"""The router's side of a live migration (pdtb/router/registry.py, pdtb/router/migration.py), on a
 registry with no sockets: which node's token events a moving request takes, in what order, and
 who is told to drop it when both ends hold it."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pdtb.nodes.handoff import HandoffState
 from pdtb.nodes.protocol import (AbortRequest, HandoffNotice, Migrate, MigrationReport, NodeStats, TokenBatch,
                                  TokenEvent)
 from pdtb.router.config import NodeSpec
-from pdtb.router.nodes import NodeRegistry, RequestFailed, RequestHandle
+from pdtb.router.registry import NodeRegistry, RequestFailed, RequestHandle
 
 
 def make_registry():

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from pdtb.nodes import kv_meta
-from pdtb.nodes.node_cli import fault_config
+from pdtb.node_cli import fault_config
 from pdtb.nodes.protocol import GenerateRequest, Params
 from pdtb.colocated.node import validate_prompt
 from conftest import make_engine

@@ -192,7 +192,7 @@ def test_cluster_up_passes_an_absolute_reference_and_its_settings(policy_file, t
 
 
 def test_lockstep_builds_its_decode_node_with_the_reference(llama_dir, policy_file):
-    from pdtb.bench.lockstep import prepare
+    from pdtb.microbench.lockstep import prepare
 
     job = prepare(["--workload", "whale-minnow", "--duration", "1", "--label-policy", "mine", "--",
                    "--model", llama_dir, "--policy", f"{policy_file}:Patient", "--policy-arg", "patience_s=3"])

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdtb.bench.results import check_results, load_results, policy_section, server_policy_info
+from pdtb.figures.results import check_results, load_results, policy_section, server_policy_info
 from pdtb.nodes.node_base import NodeConfig
 from pdtb.nodes.node_metrics import settings_text
 from pdtb.nodes.protocol import decode_message, encode_message
@@ -183,7 +183,7 @@ def test_a_sim_results_file_names_the_policy(tmp_path, capsys, policy_ref, mode)
 
 
 def test_a_sim_sweep_file_names_the_policy(tmp_path, policy_ref):
-    from pdtb.bench.frontier import load_sweep
+    from pdtb.figures.frontier import load_sweep
     from pdtb.cli import main
 
     out = tmp_path / "sweep.json"

@@ -9,13 +9,13 @@ import pytest
 from aiohttp import web
 
 from app_thread import app_in_thread
-from pdtb.bench.cli import main
-from pdtb.bench.prefix import achieved_hit_rate, counter_increase, ideal_hit_rate, ideal_hit_tokens, prefix_figures
-from pdtb.bench.records import RequestSpec
-from pdtb.bench.results import format_table
-from pdtb.bench.runner import RunConfig, run
-from pdtb.bench.summary import summarize
-from pdtb.bench.traces import parse_jsonl, trace_specs
+from pdtb.client.serve import main
+from pdtb.client.prefix import achieved_hit_rate, counter_increase, ideal_hit_rate, ideal_hit_tokens, prefix_figures
+from pdtb.figures.records import RequestSpec
+from pdtb.figures.results import format_table
+from pdtb.client.load import RunConfig, run
+from pdtb.figures.summary import summarize
+from pdtb.client.traces import parse_jsonl, trace_specs
 
 PAGE, VOCAB = 16, 1000
 

@@ -202,7 +202,7 @@ def test_config_rejects(make, kw, needle):
 def test_node_flags(role):
     from fairness import resolve
     from fairness.registry import make_settings
-    from pdtb.nodes.node_cli import fairness_config, parse, policy_args
+    from pdtb.node_cli import fairness_config, parse, policy_args
 
     def settings(a):
         return make_settings(resolve(a.policy), policy_args(a))

@@ -55,7 +55,7 @@ def test_the_process_dies_with_the_one_that_started_it(tmp_path):
 
 
 def test_a_replacement_takes_a_new_node_id():
-    from pdtb.ray_cluster.launch import with_node_id
+    from pdtb.ray_cluster.process import with_node_id
 
     args = ["--node-id", "decode-0", "--kv-pages", "64", "--node-id=mine", "--policy", "memfair"]
     assert with_node_id(args, "decode-0~123") == ["--kv-pages", "64", "--policy", "memfair", "--node-id", "decode-0~123"]

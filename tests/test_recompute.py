@@ -12,7 +12,7 @@ import pytest
 from cluster_util import get_json, launched, wait_until
 from conftest import hf_greedy
 from pdtb.nodes.protocol import TokenEvent
-from pdtb.router.nodes import RequestFailed
+from pdtb.router.registry import RequestFailed
 
 
 class ScriptedRegistry:

@@ -473,7 +473,7 @@ def test_tenant_stream_limit(served, tokens):
 
 def test_dispatch_policy_prefers_idle_prefill_and_free_decode():
     from pdtb.nodes.protocol import NodeStats
-    from pdtb.router.nodes import NodeState, pick_most_free, pick_prefill
+    from pdtb.router.registry import NodeState, pick_most_free, pick_prefill
 
     def node(role, **stats):
         n = NodeState(NodeSpec(role, "tcp://127.0.0.1:1"))
@@ -495,7 +495,7 @@ def test_a_silent_node_fails_its_requests_with_why():
     import asyncio
 
     from pdtb.nodes.protocol import NodeStats
-    from pdtb.router.nodes import NodeRegistry, RequestHandle
+    from pdtb.router.registry import NodeRegistry, RequestHandle
 
     async def go():
         reg = NodeRegistry([NodeSpec("colocated", "tcp://127.0.0.1:1"), NodeSpec("colocated", "tcp://127.0.0.1:2")])
@@ -535,7 +535,7 @@ def test_a_node_that_cannot_take_a_request_is_skipped_for_another():
     import time as _time
 
     from pdtb.nodes.protocol import GenerateRequest, NodeStats, Params
-    from pdtb.router.nodes import NodeRegistry, RequestFailed
+    from pdtb.router.registry import NodeRegistry, RequestFailed
 
     reg = NodeRegistry([NodeSpec("prefill", "tcp://127.0.0.1:1"), NodeSpec("prefill", "tcp://127.0.0.1:2"),
                         NodeSpec("decode", "tcp://127.0.0.1:3")])
@@ -661,8 +661,8 @@ def test_the_load_test_client_in_chat_mode_against_the_router(served, tokens, to
     """`pdtb bench serve --api chat`: prompts as one user message of text, streamed from
     /v1/chat/completions; tokens counted from token_ids or from delta.content, the prompt
     length taken from the server's usage (what the chat template made of the text)."""
-    from pdtb.bench.records import RequestSpec
-    from pdtb.bench.runner import RunConfig, run as run_client
+    from pdtb.figures.records import RequestSpec
+    from pdtb.client.load import RunConfig, run as run_client
 
     specs = [RequestSpec(0.01 * i, f"t{i % 2}", "c", 12 + i, 5) for i in range(4)]
 
@@ -686,7 +686,7 @@ def test_a_reconnected_node_is_not_vouched_for_by_its_new_connection():
     holds the dead process's stats (its old KV address), so the new connection must not keep it
     healthy through a silence (the chaos test of a restart caught requests sent to the old
     address)."""
-    from pdtb.router.nodes import NodeState
+    from pdtb.router.registry import NodeState
 
     n = NodeState(NodeSpec("decode", "tcp://127.0.0.1:1"))
     n.last_seen, n.connected = 100.0, True
@@ -706,7 +706,7 @@ def test_a_node_restarted_within_the_health_timeout_fails_the_dead_processs_requ
     import time as _time
 
     from pdtb.nodes.protocol import NodeStats, encode_message
-    from pdtb.router.nodes import NodeRegistry, RequestHandle
+    from pdtb.router.registry import NodeRegistry, RequestHandle
 
     async def go():
         reg = NodeRegistry([NodeSpec("colocated", "tcp://127.0.0.1:1")])

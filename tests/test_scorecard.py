@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from pdtb.bench import scorecard as sc
-from pdtb.bench.scorecard_data import prefix_tenants
+from pdtb.figures import scorecard as sc
+from pdtb.client.scorecard_data import prefix_tenants
 
 
 def req(cls, send, first, times, prompt=8, out=4, tenant=None, status="ok"):

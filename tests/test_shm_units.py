@@ -505,7 +505,7 @@ def test_pieces_shrink_to_the_end_and_cover_every_row():
 
 
 def test_the_checked_copy_reads_back_what_it_wrote_and_fails_on_a_difference(monkeypatch):
-    from kv_transport import bench_shm
+    from pdtb.microbench import shm as bench_shm
     from kv_transport.page_writer import PageWriter
 
     pool = make_pool(40, seed=1)

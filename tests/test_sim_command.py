@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from pdtb.bench.compare import rows_of
-from pdtb.bench.frontier import load_sweep
-from pdtb.bench.results import load_results
+from pdtb.figures.compare import rows_of
+from pdtb.figures.frontier import load_sweep
+from pdtb.figures.results import load_results
 from pdtb.cli import main
 
 SMALL = ["--workload", "whale-minnow", "--duration", "4", "--whales", "1", "--whale-prompt", "512",

@@ -12,11 +12,11 @@ import pytest
 import fairness
 from fairness.config import FairnessConfig
 from fairness.interface import REQUIRED_METHODS
-from pdtb.bench.records import RequestSpec
+from pdtb.figures.records import RequestSpec
 from pdtb.sim.cluster import ClusterShape, SimCluster
 from pdtb.sim.cost import FixedStepCost, LinkModel
 from pdtb.sim.node import NodeShape
-from pdtb.sim.setup import page_spec
+from pdtb.sim.flags import page_spec
 from sched_sim import SPEC, FakeClock, apply_step, make_request, make_scheduler
 
 METHODS = ("reclaim", "refresh", "step_order", "admission_order", "may_admit", "pick_victim", "chunk_limit",

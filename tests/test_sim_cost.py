@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from pdtb.sim.accelerators import accelerator, kv_link
+from pdtb.shapes.accelerators import accelerator, kv_link
 from pdtb.sim.cost import LinkModel, StepShape
-from pdtb.sim.model_shape import ModelShape, shipped_configs
+from pdtb.shapes.model_shape import ModelShape, shipped_configs
 from pdtb.sim.roofline import RooflineCost, prefill_context
 
 GIB = 2**30

@@ -13,7 +13,7 @@ from pdtb.common import CliError
 from pdtb.sim import plan
 from pdtb.sim.cost import StepShape
 from pdtb.sim.plan_search import Candidate, candidates
-from pdtb.sim.setup import cluster_shape
+from pdtb.sim.flags import cluster_shape
 
 STEP_S = 0.01  # every step: a decode token takes 10 ms wherever it runs
 PREFILL_S_PER_TOKEN = 1e-4  # a 512-token prompt: one 61 ms step, about 16 prompts a second a node
@@ -29,7 +29,7 @@ class PrefillBound:
     fill a third of the node, so four colocated nodes stay well below three prefill nodes."""
 
     name: str = "prefill-bound"
-    page_bytes: int = 64 * 16  # whole bf16 K/V rows of a 16-token page (pdtb.sim.setup.page_spec)
+    page_bytes: int = 64 * 16  # whole bf16 K/V rows of a 16-token page (pdtb.sim.flags.page_spec)
 
     def step_s(self, s: StepShape) -> float:
         return STEP_S + PREFILL_S_PER_TOKEN * s.prefill_tokens if s.tokens else 0.0

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from pdtb.bench.records import OK, RequestRecord
-from pdtb.bench.service import ServiceWeights
+from pdtb.figures.records import OK, RequestRecord
+from pdtb.figures.service import ServiceWeights
 from pdtb.cli import main as pdtb_main
-from pdtb.sim.repro_vtc import VtcConfig, backlogged_since, difference, summarize, value_at, vtc_bound
+from pdtb.sim.repro.vtc import VtcConfig, backlogged_since, difference, summarize, value_at, vtc_bound
 
 # Two clients at 6 and 12 requests/s of 16+16 tokens into a 256-token pool: the node serves
 # about 10 a second, so both stay backlogged under VTC (about 5 each) and under fcfs.

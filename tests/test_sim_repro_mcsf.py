@@ -9,8 +9,8 @@ import random
 import pytest
 
 from pdtb.cli import main as pdtb_main
-from pdtb.sim.mcsf_engine import run_mcsf
-from pdtb.sim.mcsf_hindsight import Instance, Job, mcsf_rule, solve
+from pdtb.sim.repro.mcsf_engine import run_mcsf
+from pdtb.sim.repro.mcsf_hindsight import Instance, Job, mcsf_rule, solve
 
 
 # ---- an independent reference: the model's definition, written out ------------------------------

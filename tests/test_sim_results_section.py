@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from pdtb.sim.results_section import render
+from pdtb.figures.sim_section import render
 
 
 def test_section_from_files(tmp_path):

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from pdtb.common import CliError
-from pdtb.sim.validate import format_report, validate
+from pdtb.sim.repro.validate import format_report, validate
 
 
 def _results(mode: str, policy: str, ttft: tuple[float, float], itl: tuple[float, float], tok_s: float) -> dict:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from cluster_util import all_pages_free, get_json, launched, wait_until
-from pdtb.bench.sweep import main as sweep_main
+from pdtb.client.sweep import main as sweep_main
 
 pytestmark = pytest.mark.slow
 

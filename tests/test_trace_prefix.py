@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pdtb.bench import workloads as wl
-from pdtb.bench.cli import build_parser, build_workload
-from pdtb.bench.prefix import ideal_hit_rate, ideal_hit_tokens, with_system_prompts
-from pdtb.bench.records import RequestSpec
-from pdtb.bench.runner import RunConfig, request_body
-from pdtb.bench.traces import parse_jsonl, read_trace, trace_specs
+from pdtb.client import workloads as wl
+from pdtb.client.serve import build_parser, build_workload
+from pdtb.client.prefix import ideal_hit_rate, ideal_hit_tokens, with_system_prompts
+from pdtb.figures.records import RequestSpec
+from pdtb.client.load import RunConfig, request_body
+from pdtb.client.traces import parse_jsonl, read_trace, trace_specs
 
-DATA = Path(__file__).resolve().parents[1] / "pdtb" / "bench" / "data"
+DATA = Path(__file__).resolve().parents[1] / "pdtb" / "client" / "data"
 VOCAB = 5000
 
 

@@ -1,4 +1,4 @@
-"""Two real processes: this test process sends, a kv_transport.bench_peer child receives.
+"""Two real processes: this test process sends, a pdtb.microbench.transport_peer child receives.
 
 Bit-identity is checked against a sha256 of the exported bytes computed here and a sha256 of
 the pages the peer reads back out of its pool: both independent of the transport's checksum.

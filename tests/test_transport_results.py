@@ -1,4 +1,4 @@
-"""The per-verdict table across transports (pdtb.bench.admissions) and the results section
+"""The per-verdict table across transports (pdtb.figures.admissions) and the results section
 that holds it with the one-sided figures (results_doc --section transports), from results files
 made here: counts summed over decode nodes from each run's last sample, compared to the first
 transport's; the section replaced in place, the rest of the document kept."""
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from pdtb.bench.admissions import admissions_of, main as admissions_main, table
-from pdtb.bench.results_doc import RAY_HEADING, TRANSPORTS_HEADING, main as results_doc
+from pdtb.figures.admissions import admissions_of, main as admissions_main, table
+from pdtb.figures.results_doc import RAY_HEADING, TRANSPORTS_HEADING, main as results_doc
 
 
 def results(adm_by_node: list[dict], earlier: list[dict] | None = None) -> dict:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from pdtb.common import CliError
 from pdtb.engine.kv_spec import DTYPES, dtype_name
 from pdtb.engine.model_info import SUPPORTED_MODEL_TYPES, ModelInfo, ModelLoadError, read_model_info  # noqa: F401
 
@@ -30,6 +31,14 @@ def resolve_model(model_dir: str | None) -> str:
     read_model_info(model_dir)
     return str(Path(model_dir))
 
+
+
+def resolve_model_arg(model_dir: str | None) -> str:
+    """`--model DIR` validated, or the embedded default; a bad directory is a CliError."""
+    try:
+        return resolve_model(model_dir)
+    except ModelLoadError as e:
+        raise CliError(str(e)) from None
 
 def load_model(model_dir: str | Path, device: str = "cpu", dtype: str = "float32",
                attn_implementation: str | None = None):

@@ -2,7 +2,7 @@
 
 What a step costs depends on the model's shape, not on its weights, so an 8B shape can be
 timed on a GPU without downloading 16 GB. The config is a config.json path, a checkpoint
-directory, or one of the shapes shipped in `pdtb/sim/model_configs`.
+directory, or one of the shapes shipped in `pdtb/shapes/model_configs`.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def random_model(config: str, device: str = "cpu", dtype: str = "float32"):
     from transformers.utils import logging as hf_logging
 
     from pdtb.engine.loader import resolve_dtype
-    from pdtb.sim.model_shape import config_path, load_config
+    from pdtb.shapes.model_shape import config_path, load_config
 
     try:
         path = config_path(config)

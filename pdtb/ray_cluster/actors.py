@@ -19,9 +19,10 @@ import time
 import urllib.request
 
 import ray
+from ray.util.placement_group import get_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from pdtb.ray_cluster.launch import with_node_id
-from pdtb.ray_cluster.process import NodeProcess
+from pdtb.ray_cluster.process import NodeProcess, with_node_id
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,23 @@ class ProcessActor:
 
     def stop(self, timeout: float) -> int | None:
         return None if self.proc is None else self.proc.stop(timeout)
+
+
+def start_members(members: dict[str, dict], namespace: str, timeout: float) -> dict[str, dict]:
+    """Start process actors in their bundles, all at once; what each process reported, by name."""
+    pending = {}
+    for name, member in members.items():
+        pg = get_placement_group(member["pg"])
+        strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=member["bundle"])
+        actor = ProcessActor.options(name=name, namespace=namespace, lifetime="detached", scheduling_strategy=strategy,
+                                     **member["options"]).remote(member["role"], name)
+        pending[name] = actor.start.remote(member["args"], timeout)
+    return dict(zip(pending, ray.get(list(pending.values()), timeout=timeout + 60)))
+
+
+def start_member(name: str, member: dict, namespace: str, timeout: float) -> dict:
+    """Start one process actor in its bundle and return what its process reported."""
+    return start_members({name: member}, namespace, timeout)[name]
 
 
 @ray.remote(max_restarts=0, num_cpus=0)
@@ -105,8 +123,6 @@ class Supervisor:
             return None  # busy, not known dead: the router's own health check covers a hang
 
     def _replace(self, name: str, member: dict) -> str | None:
-        from pdtb.ray_cluster.placement import start_member
-
         base = name[len(self.cluster) + 1:].split("~", 1)[0]  # NAME:ROLE-I[~N] -> ROLE-I
         node_id = f"{base}~{int(time.time() * 1000) % 10**9}"
         new = f"{self.cluster}:{node_id}"

@@ -57,7 +57,7 @@ def connect(address: str) -> None:
 
 
 def _members(spec: ClusterSpec) -> dict[str, dict]:
-    from pdtb.ray_cluster.placement import actor_options, bundle_for, group_name
+    from pdtb.ray_cluster.groups import actor_options, bundle_for, group_name
 
     out = {}
     for role in ROLES:
@@ -69,21 +69,6 @@ def _members(spec: ClusterSpec) -> dict[str, dict]:
     return out
 
 
-def with_node_id(args: list[str], node_id: str) -> list[str]:
-    """A member's node arguments with `--node-id node_id`. A replacement takes a new id: the
-    router and the prefill nodes tell decode nodes apart by id, and the node it replaces stays
-    listed (down) beside it."""
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-        elif a == "--node-id":
-            skip = True  # (its value follows)
-        elif not a.startswith("--node-id="):
-            out.append(a)
-    return [*out, "--node-id", node_id]  # (argparse: the last one counts)
-
-
 def up(spec: ClusterSpec) -> dict:
     """Start the cluster; on any failure, remove what was made and raise RuntimeError."""
     import ray
@@ -91,7 +76,8 @@ def up(spec: ClusterSpec) -> dict:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from pdtb.ray_cluster.actors import ProcessActor, Supervisor
-    from pdtb.ray_cluster.placement import bundle_for, make_group, start_members
+    from pdtb.ray_cluster.actors import start_members
+    from pdtb.ray_cluster.groups import bundle_for, make_group
 
     connect(spec.address)
     if _names(spec.name):

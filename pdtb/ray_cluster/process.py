@@ -108,3 +108,18 @@ class NodeProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+def with_node_id(args: list[str], node_id: str) -> list[str]:
+    """A member's node arguments with `--node-id node_id`. A replacement takes a new id: the
+    router and the prefill nodes tell decode nodes apart by id, and the node it replaces stays
+    listed (down) beside it."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--node-id":
+            skip = True  # (its value follows)
+        elif not a.startswith("--node-id="):
+            out.append(a)
+    return [*out, "--node-id", node_id]  # (argparse: the last one counts)

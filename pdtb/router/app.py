@@ -28,7 +28,7 @@ from pdtb.router.admin import handle_add_node, handle_drain, handle_migrate, han
 from pdtb.router.completions import STATE, RouterState, handle_chat_completion, handle_completion
 from pdtb.router.config import RouterConfig, ServedModel
 from pdtb.router.metrics import RouterMetrics
-from pdtb.router.nodes import NodeRegistry
+from pdtb.router.registry import NodeRegistry
 from pdtb.router.openai_api import ApiError
 
 log = logging.getLogger("pdtb.router")

@@ -121,7 +121,7 @@ def choose_by_cache(candidates: Sequence[CacheCandidate], prompt_ids: Sequence[i
 
 
 def candidates_of(nodes: list) -> list[CacheCandidate]:
-    """The router's prefill or colocated nodes (NodeState, pdtb/router/nodes.py) as scoring sees
+    """The router's prefill or colocated nodes (NodeState, pdtb/router/registry.py) as scoring sees
     them; equal costs fall to the load policy's order: pick_prefill's (prefill nodes) or
     pick_most_free's (colocated)."""
     cands = []

@@ -32,7 +32,7 @@ from pdtb.router.chat_api import ChatPrompt, chat_choice, chat_delta, parse_chat
 from pdtb.router.config import RouterConfig, ServedModel
 from pdtb.router.detok import OutputText, TextDelta
 from pdtb.router.metrics import RouterMetrics
-from pdtb.router.nodes import NodeRegistry, RequestFailed, RequestHandle
+from pdtb.router.registry import NodeRegistry, RequestFailed, RequestHandle
 from pdtb.router.openai_api import (ApiError, CompletionRequest, check_lengths, choice_body, completion_body,
                                parse_completion_request, usage_body)
 from pdtb.router.prompts import prompt_ids_of

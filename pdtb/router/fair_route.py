@@ -11,7 +11,7 @@ ends. Locality is followed only as far as the client has paid for it on that wor
 that keeps hitting one worker's cache spends its credit there and spills to the others, instead
 of piling onto one node while the rest idle. Each node runs its own policy (dlpm pairs with it).
 
-Pure: no sockets, no clock. The registry (pdtb/router/nodes.py) and the simulator's router
+Pure: no sockets, no clock. The registry (pdtb/router/registry.py) and the simulator's router
 (pdtb/sim/cluster.py) call the same object.
 """
 from __future__ import annotations

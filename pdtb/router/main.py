@@ -29,7 +29,7 @@ from pdtb.router.app import build_app
 from pdtb.router.cache_route import ROUTES
 from pdtb.router.completions import STATE, drain
 from pdtb.router.config import NodeSpec, RouterConfig, ServedModel, load_served_model
-from pdtb.router.nodes import NodeRegistry
+from pdtb.router.registry import NodeRegistry
 
 log = logging.getLogger("pdtb.router")
 
@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `pdtb router`; returns the exit code."""
     import uvloop
 
-    from pdtb.common import CliError, die, freeze_heap, resolve_model
+    from pdtb.common import CliError, die, freeze_heap
+    from pdtb.engine.loader import resolve_model_arg
 
     a = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                               shutdown_timeout=a.shutdown_timeout, health_timeout=a.health_timeout,
                               hang_timeout=a.hang_timeout, tenant_tiers=tenant_tiers(a.tenant_tier),
                               route=a.route, rebalance=a.rebalance, allow_fault_injection=a.allow_fault_injection)
-        model = load_served_model(resolve_model(a.model), a.served_model_name, a.chat_template)
+        model = load_served_model(resolve_model_arg(a.model), a.served_model_name, a.chat_template)
     except (ValueError, OSError, CliError) as e:
         return die(str(e))
     freeze_heap()

@@ -159,10 +159,3 @@ class CalibratedCost:
         except ValueError:
             raise SampleError(f"{path}: not JSON") from None
         return cls.from_json(doc, str(p))
-
-
-def main(argv: list[str]) -> int:
-    """`pdtb sim calibrate` (pdtb/sim/calibrate_cli.py)."""
-    from pdtb.sim.calibrate_cli import main as run
-
-    return run(argv)

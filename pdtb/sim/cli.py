@@ -24,16 +24,16 @@ def main(argv: list[str]) -> int:
     if sub == "run":  # the default subcommand, by name
         argv = rest
     if sub == "calibrate":
-        from pdtb.sim.calibrate import main as run
+        from pdtb.sim.calibrate_cli import main as run
     elif sub == "validate":
-        from pdtb.sim.validate import main as run
+        from pdtb.sim.repro.validate import main as run
     elif sub == "roofline":
-        from pdtb.sim.roofline_check import main as run
+        from pdtb.sim.repro.roofline_check import main as run
     elif sub == "plan":
         from pdtb.sim.plan import main as run
     elif sub == "reproduce":
         which, rest = (rest[0], rest[1:]) if rest else ("", [])
-        mods = {"mcsf": "pdtb.sim.repro_mcsf", "vtc": "pdtb.sim.repro_vtc", "essay": "pdtb.sim.repro_essay"}
+        mods = {"mcsf": "pdtb.sim.repro.mcsf", "vtc": "pdtb.sim.repro.vtc", "essay": "pdtb.sim.repro.essay"}
         if which not in mods:
             raise CliError(f"pdtb sim reproduce: choose one of {', '.join(mods)}")
         import importlib

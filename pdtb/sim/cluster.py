@@ -2,7 +2,7 @@
 records. One `EventLoop` drives everything.
 
     client (spec.send_time) --client latency--> router: placement on the nodes' last ping
-    answers (pdtb/router/nodes.py: pick_prefill, pick_most_free, fallbacks, pending pages)
+    answers (pdtb/router/registry.py: pick_prefill, pick_most_free, fallbacks, pending pages)
     --rpc latency--> entry node ... tokens --rpc + client latency--> the request's record
 
 KV payloads leave a prefill node one after another (its link is a FIFO: a transfer starts when
@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pdtb.bench.records import OK, RequestRecord, RequestSpec
-from pdtb.bench.runner import cut_off
+from pdtb.figures.records import OK, RequestRecord, RequestSpec
+from pdtb.client.load import cut_off
 from pdtb.engine.kv_spec import KVSpec
 from pdtb.nodes.node_base import queued_tokens
 from pdtb.nodes.protocol import GenerateRequest, NodeStats, Params, Target
 from pdtb.router.config import NodeSpec
 from pdtb.router.fair_route import D2lpmRouter, RouteCandidate
-from pdtb.router.nodes import FALLBACKS, NodeState, load_order, pick_most_free, pick_prefill
+from pdtb.router.registry import FALLBACKS, NodeState, load_order, pick_most_free, pick_prefill
 from pdtb.sim.cost import CostModel
 from pdtb.sim.events import EventLoop
 from pdtb.sim.node import NodeShape, SimNode

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from pdtb.shapes.accelerators import LinkModel  # noqa: F401 (the cost models' links)
+
 
 @dataclass(frozen=True)
 class StepShape:
@@ -57,21 +59,6 @@ class CostModel(Protocol):
 
     def tier_move_s(self, nbytes: int) -> float:
         """Seconds to copy `nbytes` between the device tier and the host tier."""
-
-
-@dataclass(frozen=True)
-class LinkModel:
-    """A link as bandwidth plus a fixed latency; what transfers and tier moves cost."""
-
-    bytes_per_s: float
-    latency_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.bytes_per_s <= 0 or self.latency_s < 0:
-            raise ValueError("a link needs a positive bandwidth and a non-negative latency")
-
-    def seconds(self, nbytes: int) -> float:
-        return self.latency_s + nbytes / self.bytes_per_s
 
 
 @dataclass(frozen=True)

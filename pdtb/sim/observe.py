@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from pdtb.bench.samples import cluster_sample
+from pdtb.figures.samples import cluster_sample
 
 TOP_FRAC = 0.05
 

@@ -32,14 +32,14 @@ import os
 import time
 from argparse import Namespace
 
-from pdtb.bench.cli import _csv, _unwritable
-from pdtb.bench.results import write_results
-from pdtb.bench.service import ServiceWeights
-from pdtb.bench.sweep_figures import SloTable
+from pdtb.client.serve import _csv, _unwritable
+from pdtb.figures.results import write_results
+from pdtb.figures.service import ServiceWeights
+from pdtb.figures.sweep_figures import SloTable
 from pdtb.common import CliError
 from pdtb.sim.plan_search import Candidate, Outcome, candidates, search
 from pdtb.sim.run import build_parser as sim_parser
-from pdtb.sim.setup import build_cost, cluster_shape
+from pdtb.sim.flags import build_cost, cluster_shape
 
 PLAN_VERSION = 1
 CHOSEN = ("mode", "prefill", "decode", "replicas")  # cluster flags the plan sets itself

@@ -25,8 +25,8 @@ from argparse import Namespace
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from pdtb.bench import sweep_figures as sf
-from pdtb.bench.service import ServiceWeights
+from pdtb.figures import sweep_figures as sf
+from pdtb.figures.service import ServiceWeights
 from pdtb.sim.run import sweep
 
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from pdtb.sim.accelerators import Accelerator, accelerator, kv_link
+from pdtb.shapes.accelerators import Accelerator, accelerator, kv_link
 from pdtb.sim.cost import LinkModel, StepShape
-from pdtb.sim.model_shape import ModelShape
+from pdtb.shapes.model_shape import ModelShape
 
 GIB = 2**30
 

@@ -18,16 +18,16 @@ import sys
 import time
 from argparse import Namespace
 
-from pdtb.bench import sweep_figures as sf
-from pdtb.bench import workloads as wl
-from pdtb.bench.cli import _csv, _unwritable, build_workload
-from pdtb.bench.results import build_results, format_table, policy_section, write_results
-from pdtb.bench.service import ServiceWeights
-from pdtb.bench.summary import summarize
-from pdtb.bench.sweep import SWEEP_VERSION, build_parser as sweep_parser, level_specs
+from pdtb.figures import sweep_figures as sf
+from pdtb.client import workloads as wl
+from pdtb.client.serve import _csv, _unwritable, build_workload
+from pdtb.figures.results import build_results, format_table, policy_section, write_results
+from pdtb.figures.service import ServiceWeights
+from pdtb.figures.summary import summarize
+from pdtb.client.sweep import SWEEP_VERSION, build_parser as sweep_parser, level_specs
 from pdtb.common import CliError
 from pdtb.sim.cluster import SimCluster
-from pdtb.sim.setup import add_sim_args, build_cost, cluster_shape, context_of, page_spec
+from pdtb.sim.flags import add_sim_args, build_cost, cluster_shape, context_of, page_spec
 
 
 def build_parser():
@@ -83,7 +83,7 @@ def _policy_name(a: Namespace) -> str:
 
 
 def _policy_info(cluster: SimCluster | None) -> dict | None:
-    """`meta.policy_info` (pdtb/bench/results.py): the policy each simulated node runs, as a
+    """`meta.policy_info` (pdtb/figures/results.py): the policy each simulated node runs, as a
     real node reports it in `/cluster`."""
     if cluster is None:
         return None
@@ -94,7 +94,7 @@ def _policy_info(cluster: SimCluster | None) -> dict | None:
 
 
 def run_once(a: Namespace, weights: ServiceWeights) -> int:
-    from pdtb.bench.cli import parse_slos
+    from pdtb.client.serve import parse_slos
 
     slos = parse_slos(a.slo)
     specs, info = _specs(a)

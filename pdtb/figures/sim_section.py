@@ -1,0 +1,150 @@
+"""The simulator's section of docs/results.md, from the files `scripts/sim_results.sh` writes:
+validate/validate-{grid,logs}.json, repro-{mcsf,vtc,essay}.json, azure-hour-{fcfs,memfair}.json
+(+ .wall_s, .command) and
+roofline-h200.json. A file that is absent leaves its part out."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pdtb.figures.results import fmt, md_table
+
+
+def _load(d: Path, name: str):
+    p = d / name
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+CALIBRATIONS = {
+    "grid": "calibrated on `pdtb bench steps --grid` (one quiet process), the node's own time per step from the "
+            "fcfs runs' step logs",
+    "logs": "calibrated on the same grid and every step the fcfs runs logged (steps as they ran beside the router, "
+            "the client and the other node on the same two cores); memfair's runs are held out",
+}
+
+
+def validation_part(doc: dict, kind: str = "grid") -> list[str]:
+    rows = []
+    for r in doc["runs"]:
+        for c in r["classes"]:
+            def cell(k):
+                x = c[k]
+                mark = "" if "ok" not in x else ("" if x["ok"] else " (off)")
+                return f"{fmt(x['real'])} / {fmt(x['sim'])} = {fmt(x['ratio'], 2)}{mark}"
+            rows.append([r["mode"], r["policy"], c["class"], *(cell(k) for k in
+                         ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "output_tok_s"))])
+    out = [f"### Against the testbed: {kind} calibration", "",
+           "`bash scripts/validate_sim.sh`: the quick comparison on real clusters of this machine, then the "
+           f"same runs simulated, {CALIBRATIONS.get(kind, kind)}. Cells: real / sim = ratio (ms; tok/s). "
+           f"Targets: p50 within 15%, p99 within 30%. On target: {doc['on_target']} of {doc['checks']}.", ""]
+    out += md_table(["mode", "policy", "class", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "out tok/s"], rows)
+    out.append("")
+    for o in doc["orderings"]:
+        out.append(f"- order by {o['figure']} ({o['mode']}): real {' < '.join(o['real'])}; sim "
+                   f"{' < '.join(o['sim'])}: {'same' if o['same'] else 'different'}")
+    return out + [""]
+
+
+def mcsf_part(d: dict) -> list[str]:
+    c = d["config"]
+    return ["### MC-SF against the hindsight optimum (arXiv 2502.07115)", "",
+            f"`pdtb sim reproduce mcsf`: {d['instances']} instances of {c['requests']} requests, memory {c['memory']}, "
+            f"arrivals {c['arrivals']}; the real scheduler and `fairness/mcsf.py` against an integer program (HiGHS), "
+            f"{d['solved']} solved to optimality.", "",
+            *md_table(["figure", "this run", "paper"],
+                      [["mean MC-SF / optimum", fmt(d["mean_ratio"], 4), fmt(d["paper_mean_ratio"], 3)],
+                       ["median", fmt(d["median_ratio"], 4), "-"], ["max", fmt(d["max_ratio"], 4), "-"]]), ""]
+
+
+def vtc_part(d: dict) -> list[str]:
+    c, v, f, p = d["config"], d["runs"]["vtc"], d["runs"]["fcfs"], d["paper"]
+    half, end = round(c["duration"] / 2), round(c["duration"])
+    rows = [["bound 2 max(w_in L_in, w_out M)", fmt(d["bound"], 0), fmt(p.get("bound"), 0)],
+            ["VTC max difference (the artifact's measure)", fmt(v["artifact_max_diff"], 0), fmt(p.get("vtc_max"), 0)],
+            ["VTC max difference (every token)", fmt(v["max_abs_diff"], 0), "-"],
+            ["FCFS difference at half time", fmt(f["half_diff"], 0), fmt(p.get("fcfs_at", {}).get(str(half)), 0)],
+            ["FCFS difference at the end", fmt(f["end_diff"], 0), fmt(p.get("fcfs_at", {}).get(str(end)), 0)],
+            ["FCFS end / half", fmt(f["end_over_half"], 2), fmt(p.get("fcfs_end_over_half"), 2)]]
+    return ["### VTC: two backlogged tenants (Sheng et al., OSDI'24)", "",
+            f"`pdtb sim reproduce vtc`: rates {c['rates'][0]:g}/s and {c['rates'][1]:g}/s, {c['prompt']}+{c['output']} "
+            f"tokens, {c['kv_tokens']:,} KV tokens, {c['duration']:g} s; service in weighted tokens "
+            f"({c['w_in']:g} in, {c['w_out']:g} out). VTC within the bound: {d['vtc_within_bound']}; "
+            f"FCFS past it at the end: {d['fcfs_end_exceeds_bound']}. The paper's column is the bound of its "
+            "setting and the artifact's published results through its own measure.", "",
+            *md_table(["figure", "this run", "paper"], rows), ""]
+
+
+def essay_part(d: dict) -> list[str]:
+    c, pg, t5, ev, mo = d["config"], d["pages"], d["top5"], d["evictions"], d["memfair_over_fcfs"]
+    pct = (lambda x: "-" if x is None else f"{100 * x:.0f}%")  # noqa: E731
+    times = (lambda e: fmt(e["ratio"], 2) + "x" if e["ratio"] is not None else  # noqa: E731
+             ("inf (none without whales)" if e["with_whales"] else "- (none either way)"))
+    rows = [[f"pages, {c['whale_prompt']:,} vs {c['minnow_prompt']:,} tokens", f"{pg['page_ratio']:g}x", "64x"],
+            ["top-5% share of HBM, mean / max (fcfs)", f"{pct(t5['pool_mean'])} / {pct(t5['pool_max'])}", "~80%"],
+            ["top-5% share of the KV in use, mean", pct(t5["used_mean"]), f"{pct(t5['by_hand_used'])} by hand"],
+            ["minnow evictions, with / without whales (fcfs)", times(ev["fcfs"]), "2-4x"],
+            ["same, memfair", times(ev["memfair"]), ""],
+            ["memfair / fcfs, minnow TTFT p99", fmt(mo["minnow_ttft_p99"], 2) + "x", ""],
+            ["memfair / fcfs, minnow ITL p99", fmt(mo["minnow_itl_p99"], 2) + "x", ""]]
+    return ["### The mission's claims at H100 scale (Llama-3-8B, 128K whales)", "",
+            f"`pdtb sim reproduce essay`: {d['cost']}, colocated; {c['whales']} whales of "
+            f"{c['whale_prompt']:,}+{c['whale_output']} tokens every {c['whale_interval']:g} s, minnows "
+            f"{c['minnow_prompt']:,}+{c['minnow_output']} at {c['minnow_rate']:g}/s for {c['duration']:g} s.", "",
+            *md_table(["claim", "this run", "essay"], rows), "", *(f"- {n}" for n in d.get("notes", [])), ""]
+
+
+def azure_part(runs: list[tuple[dict, str | None, str | None]]) -> list[str]:
+    """One row per policy: (results, whole-command seconds, command)."""
+    rows = []
+    for res, wall, _ in runs:
+        s, sim = res["summary"]["overall"], res["meta"]["sim"]
+        rows.append([res["meta"].get("policy") or "?", str(s["count"]), fmt(sim["simulated_s"], 0), fmt(sim["wall_s"], 1),
+                     wall or "?", fmt(s["ttft_ms"]["p50"]), fmt(s["ttft_ms"]["p99"]), fmt(s["itl_ms"]["p50"]),
+                     fmt(s["itl_ms"]["p99"]), fmt(s["output_tok_s"]), str(s["failed"]),
+                     f"{fmt(sim['top5_share_pool_mean'], 3)} / {fmt(sim['top5_share_pool_max'], 3)}"])
+    return ["### One hour of the Azure conversation trace, 8 GPUs", "",
+            f"`{runs[0][2] or 'pdtb sim ...'}` (and the same with `--policy memfair`). Simulation: the event "
+            "loop's wall time; command: the whole command, summary and results file included.", "",
+            *md_table(["policy", "requests", "simulated s", "simulation s", "command s", "TTFT p50 ms", "TTFT p99 ms",
+                       "ITL p50 ms", "ITL p99 ms", "out tok/s", "failed", "top-5% pool share mean / max"], rows), ""]
+
+
+def roofline_part(d: dict) -> list[str]:
+    rows = [[k, str(v["steps"]), fmt(v["geomean_ratio"], 2), f"{fmt(v['min_ratio'], 2)} .. {fmt(v['max_ratio'], 2)}"]
+            for k, v in d["by_kind"].items()]
+    return ["### The GPU engine against the roofline (H200)", "",
+            f"`pdtb sim roofline --steps pdtb/sim/calibrations/samples/h200-llama-3-8b-bf16.json --gpu h200 "
+            f"--model-config llama-3-8b`: steps of {d['model']} measured on one H200 with `pdtb bench steps --grid` "
+            "against the roofline of the same shape. The shipped calibration `h200-llama-3-8b-bf16` keeps the "
+            "measured times; `--cost roofline` models an engine at the roofline.", "",
+            *md_table(["steps", "n", "measured / roofline (geometric mean)", "range"], rows), ""]
+
+
+def render(d: str | Path) -> list[str]:
+    d = Path(d)
+    out = ["## The simulator (`pdtb sim`)", ""]
+    for kind in ("grid", "logs"):
+        v = _load(d / "validate", f"validate-{kind}.json")
+        if v:
+            out += validation_part(v, kind)
+    m = _load(d, "repro-mcsf.json")
+    if m:
+        out += mcsf_part(m)
+    for name, part in (("vtc", vtc_part), ("essay", essay_part)):
+        x = _load(d, f"repro-{name}.json")
+        if x:
+            out += part(x)
+    runs = []
+    for path in sorted(d.glob("azure-hour-*.json")):  # one per policy sim_results.sh ran
+        pol = path.stem[len("azure-hour-"):]
+        az = _load(d, path.name)
+        if az:
+            text = {ext: (d / f"azure-hour-{pol}.{ext}").read_text().strip()
+                    if (d / f"azure-hour-{pol}.{ext}").is_file() else None for ext in ("wall_s", "command")}
+            runs.append((az, text["wall_s"], text["command"]))
+    if runs:
+        out += azure_part(runs)
+    r = _load(d, "roofline-h200.json")
+    if r:
+        out += roofline_part(r)
+    return out

@@ -1,0 +1,128 @@
+"""From `pdtb sim`'s flags to a cost model, a page geometry and a cluster shape: the flags of
+the nodes (page budgets, limits, every fairness flag) and of the deployment being modelled."""
+from __future__ import annotations
+
+import argparse
+
+from pdtb.common import CliError
+from pdtb.engine.kv_spec import KVSpec
+from pdtb.nodes.fairness_args import add_fairness_args, fairness_config, policy_args
+from pdtb.sim.cluster import ClusterShape
+from pdtb.sim.node import NodeShape
+
+DEFAULT_CALIBRATION = "cpu-tiny-2core"  # shipped in pdtb/sim/calibrations
+
+
+def add_sim_args(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("cluster (as the nodes' and router's flags)")
+    g.add_argument("--mode", choices=("colocated", "disagg"), default="disagg")
+    g.add_argument("--prefill", type=int, default=1, help="disagg: prefill nodes")
+    g.add_argument("--decode", type=int, default=1, help="disagg: decode nodes")
+    g.add_argument("--replicas", type=int, default=1, help="colocated: nodes behind the router")
+    g.add_argument("--kv-pages", type=int, help="device pages per node (default: the roofline's pool, else 4096)")
+    g.add_argument("--prefill-kv-pages", type=int, help="device pages per prefill node (default --kv-pages)")
+    g.add_argument("--decode-kv-pages", type=int, help="device pages per decode node (default --kv-pages)")
+    g.add_argument("--host-kv-pages", type=int, default=0, help="host-tier pages per decode/colocated node")
+    g.add_argument("--page-size", type=int, default=16)
+    g.add_argument("--max-num-seqs", type=int, default=256)
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="per-step token budget")
+    g.add_argument("--context", type=int, help="nodes' max_model_len (default: --max-model-len, else 4096; "
+                                                "roofline: the model's max_position_embeddings)")
+    g.add_argument("--hold-timeout", type=float, default=120.0, help="prefill: s a deferred hand-off keeps retrying")
+    g.add_argument("--tenant-tier", action="append", default=[], metavar="TENANT=TIER", help="router default tier")
+    g.add_argument("--route", choices=("load", "d2lpm"), default="load",
+                   help="the router's choice of prefill (or colocated) node: by load, or D2LPM's per-(client, "
+                        "node) credit (pdtb/router/fair_route.py; the simulator holds no prefix cache, so no "
+                        "node has an overlap)")
+    g.add_argument("--rpc-latency-ms", type=float, default=0.1, help="one message between processes")
+    g.add_argument("--client-latency-ms", type=float, default=0.5, help="client <-> router, each way")
+    g.add_argument("--horizon-s", type=float, help="end the simulation here; requests still open are cut off (default: an hour after the last arrival)")
+    add_fairness_args(ap)
+    g = ap.add_argument_group("cost model")
+    g.add_argument("--cost", choices=("roofline", "calibrated"), default="calibrated")
+    g.add_argument("--gpu", default="h100-sxm", help="roofline: h100-sxm | h200 | a100-80gb")
+    g.add_argument("--model-config", default="llama-3-8b",
+                   help="roofline: a config.json path, a checkpoint dir, or a shipped name (llama-3-8b, llama-3-70b, ...)")
+    g.add_argument("--tp", type=int, default=1, help="roofline: tensor-parallel GPUs per node")
+    g.add_argument("--overhead-ms", type=float, help="roofline: fixed time per step (default the model's, 1 ms)")
+    g.add_argument("--kv-link-gbps", type=float, help="roofline: prefill->decode link per GPU, Gbit/s (default 400)")
+    g.add_argument("--calibration", default=DEFAULT_CALIBRATION,
+                   help="calibrated: a `pdtb sim calibrate` file, or a shipped name")
+
+
+def build_cost(a: argparse.Namespace):
+    """The cost model the flags name."""
+    try:
+        if a.cost == "calibrated":
+            from pdtb.sim.calibrate import CalibratedCost
+
+            return CalibratedCost.load(a.calibration)
+        from pdtb.shapes.accelerators import kv_link
+        from pdtb.sim.roofline import RooflineCost
+
+        kw = {"tp": a.tp, "page_size": a.page_size}
+        if a.overhead_ms is not None:
+            kw["overhead_s"] = a.overhead_ms / 1e3
+        if a.kv_link_gbps is not None:
+            kw["link"] = kv_link(a.kv_link_gbps)
+        return RooflineCost.of(a.gpu, a.model_config, **kw)
+    except (ValueError, OSError, KeyError) as e:
+        raise CliError(f"pdtb sim: {e}") from None
+
+
+def page_spec(page_bytes: int, page_size: int) -> KVSpec:
+    """A page geometry of exactly `page_bytes` bytes (the simulated pools hold no bytes: only the
+    size matters, to policies' bandwidth figures and to metering)."""
+    per_token = 2 * page_size * 2  # K and V, two bytes an element
+    if page_bytes % per_token:
+        raise CliError(f"pdtb sim: a page of {page_bytes} bytes is not whole bf16 K/V rows of {page_size} tokens")
+    return KVSpec(1, 1, page_bytes // per_token, page_size, "bfloat16")
+
+
+def _tiers(items: list[str]) -> dict[str, str]:
+    """`--tenant-tier TENANT=TIER` as the router reads and checks it."""
+    from pdtb.router.config import check_tenant_tiers
+    from pdtb.router.main import tenant_tiers
+
+    try:
+        tiers = tenant_tiers(items)
+        check_tenant_tiers(tiers)
+    except ValueError as e:
+        raise CliError(f"pdtb sim: {e}") from None
+    return tiers
+
+
+def context_of(a: argparse.Namespace) -> int:
+    """The nodes' context: --context, else the client's --max-model-len, else (roofline) the
+    model's max_position_embeddings, else 4096."""
+    if a.context or a.max_model_len:
+        return a.context or a.max_model_len
+    if a.cost == "roofline":
+        from pdtb.shapes.model_shape import load_config
+
+        return int(load_config(a.model_config).get("max_position_embeddings") or 4096)
+    return 4096
+
+
+def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
+    """The nodes and the router's settings the flags describe."""
+    default = a.kv_pages or (cost.pool_pages() if hasattr(cost, "pool_pages") else 4096)
+    if default < 1:
+        raise CliError("pdtb sim: no KV page fits the device after the weights (a larger --tp, or --kv-pages)")
+    common = dict(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
+                  max_model_len=context_of(a), policy=a.policy, policy_args=policy_args(a), fairness=fairness_config(a),
+                  hold_timeout_s=a.hold_timeout)
+    try:
+        if a.mode == "colocated":
+            if a.replicas < 1:
+                raise ValueError("--replicas must be at least 1")
+            nodes = [NodeShape("colocated", default, a.host_kv_pages, **common)] * a.replicas
+        else:
+            if a.prefill < 1 or a.decode < 1:
+                raise ValueError("--prefill and --decode must be at least 1")
+            nodes = [NodeShape("prefill", a.prefill_kv_pages or default, 0, **common)] * a.prefill + \
+                    [NodeShape("decode", a.decode_kv_pages or default, a.host_kv_pages, **common)] * a.decode
+        return ClusterShape(tuple(nodes), a.rpc_latency_ms / 1e3, a.client_latency_ms / 1e3,
+                            tenant_tiers=_tiers(a.tenant_tier), route=a.route)
+    except ValueError as e:
+        raise CliError(f"pdtb sim: {e}") from None

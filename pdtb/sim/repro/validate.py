@@ -1,0 +1,121 @@
+"""`pdtb sim validate REAL_DIR SIM_DIR`: the simulator against the testbed, run by run.
+
+Both folders hold results files of the same workload and cluster flags (`scripts/validate_sim.sh`
+writes them: `scripts/compare_fairness.sh` on real clusters, then again with `--sim`). Runs pair
+by (mode, policy). For each pair and request class: the sim/real ratio of TTFT and ITL p50/p99
+and of output throughput, checked against the targets (p50s within 15%, p99s within 30%); per
+mode, the order of the policies by the protected class's p99 TTFT and ITL, real against sim.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from pdtb.figures.results import load_results
+from pdtb.common import CliError
+
+TARGETS = {"p50": 0.15, "p99": 0.30}  # |sim / real - 1| at most
+FIGURES = (("ttft_ms", "p50"), ("ttft_ms", "p99"), ("itl_ms", "p50"), ("itl_ms", "p99"))
+
+
+def load_dir(path: str) -> dict[tuple[str, str], dict]:
+    """(mode, policy) -> results of every results file in `path`."""
+    out = {}
+    for f in sorted(Path(path).glob("*.json")):
+        try:
+            res = load_results(f)
+        except (ValueError, OSError):
+            continue  # calibration files and other JSON beside the runs
+        meta = res["meta"]
+        out[(meta.get("mode") or "?", meta.get("policy") or "?")] = res
+    if not out:
+        raise CliError(f"pdtb sim validate: no results files in {path}")
+    return out
+
+
+def ratio(sim: float | None, real: float | None) -> float | None:
+    return sim / real if sim is not None and real else None
+
+
+def compare_run(real: dict, sim: dict) -> list[dict]:
+    """One row per class: figures real and simulated, their ratios, and whether each is on target."""
+    rows = []
+    for klass, r in sorted(real["summary"]["per_class"].items()):
+        s = sim["summary"]["per_class"].get(klass)
+        if s is None:
+            continue
+        row = {"class": klass}
+        for key, q in FIGURES:
+            rv, sv = (r.get(key) or {}).get(q), (s.get(key) or {}).get(q)
+            k = f"{key[:-3]}_{q}"
+            row[k] = {"real": rv, "sim": sv, "ratio": ratio(sv, rv)}
+            row[k]["ok"] = row[k]["ratio"] is not None and abs(row[k]["ratio"] - 1) <= TARGETS[q] + 1e-9
+        row["output_tok_s"] = {"real": r.get("output_tok_s"), "sim": s.get("output_tok_s"),
+                               "ratio": ratio(s.get("output_tok_s"), r.get("output_tok_s"))}
+        rows.append(row)
+    return rows
+
+
+def orderings(real: dict, sim: dict, protected: str) -> list[dict]:
+    """Per mode: policies ranked by the protected class's p99 TTFT and ITL, both ways."""
+    out = []
+    for mode in sorted({m for m, _ in real}):
+        pols = [p for m, p in real if m == mode and (m, p) in sim]
+        for key in ("ttft_ms", "itl_ms"):
+            def rank(runs):
+                fig = {p: ((runs[(mode, p)]["summary"]["per_class"].get(protected) or {}).get(key) or {}).get("p99")
+                       for p in pols}
+                return sorted(pols, key=lambda p: (fig[p] is None, fig[p] or 0.0))
+            r, s = rank(real), rank(sim)
+            out.append({"mode": mode, "figure": f"{protected} {key[:-3]} p99", "real": r, "sim": s, "same": r == s})
+    return out
+
+
+def validate(real_dir: str, sim_dir: str, protected: str = "minnow") -> dict:
+    real, sim = load_dir(real_dir), load_dir(sim_dir)
+    pairs = sorted(set(real) & set(sim))
+    if not pairs:
+        raise CliError("pdtb sim validate: no (mode, policy) run is in both folders")
+    runs = [{"mode": m, "policy": p, "cost": sim[(m, p)]["meta"].get("cost"), "classes": compare_run(real[(m, p)], sim[(m, p)])}
+            for m, p in pairs]
+    order = orderings({k: real[k] for k in pairs}, {k: sim[k] for k in pairs}, protected)
+    checks = [c[k]["ok"] for r in runs for c in r["classes"] for k in c if isinstance(c[k], dict) and "ok" in c[k]]
+    return {"runs": runs, "orderings": order, "targets": TARGETS,
+            "on_target": sum(checks), "checks": len(checks), "orderings_same": all(o["same"] for o in order)}
+
+
+def _fmt(cell: dict) -> str:
+    r = cell["ratio"]
+    mark = "" if "ok" not in cell else (" ok" if cell["ok"] else " !!")
+    return "-" if r is None else f"{r:.2f}{mark}"
+
+
+def format_report(doc: dict) -> str:
+    lines = [f"sim / real (targets: p50 within {TARGETS['p50']:.0%}, p99 within {TARGETS['p99']:.0%}; !! = off target)",
+             f"{'mode':<10} {'policy':<9} {'class':<8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>9} {'ITL p99':>9} "
+             f"{'out tok/s':>9}"]
+    for r in doc["runs"]:
+        for c in r["classes"]:
+            lines.append(f"{r['mode']:<10} {r['policy']:<9} {c['class']:<8} " + " ".join(
+                f"{_fmt(c[k]):>9}" for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "output_tok_s")))
+    lines.append(f"on target: {doc['on_target']} of {doc['checks']}")
+    for o in doc["orderings"]:
+        lines.append(f"order by {o['figure']} ({o['mode']}): real {' < '.join(o['real'])}, "
+                     f"sim {' < '.join(o['sim'])}: {'same' if o['same'] else 'DIFFERENT'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="pdtb sim validate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("real", help="folder of results files from real clusters")
+    ap.add_argument("sim", help="folder of results files from pdtb sim with the same flags")
+    ap.add_argument("--protected", default="minnow", help="the class whose p99 orders the policies")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", help="write the comparison as JSON here too")
+    a = ap.parse_args(argv)
+    doc = validate(a.real, a.sim, a.protected)
+    if a.out:
+        Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc) if a.json else format_report(doc))
+    return 0
