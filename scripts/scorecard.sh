@@ -17,28 +17,32 @@
 # whales among forty minnows in memory, so the largest 5% are whales (sim-essay-top5.json).
 #
 #   bash scripts/scorecard.sh [--quick] [--out DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
-#                             [--skip-real]
+#                             [--skip-real] [--repeats N]
 #
 # --policies: as compare_fairness.sh takes them (NAME, module:Class, file.py:Class, LABEL=REF;
 # default: every built-in policy). --quick leaves out the frontier (scenario 2): about 15 minutes
 # on 2 cores. --skip-real leaves out scenarios 1 and 2 (the simulator's only: about 3 minutes).
+# --repeats N runs the real quick comparison of fcfs and memfair N more times (DIR/repeats/rK,
+# about 2 minutes each): the run-to-run noise a real figure is read against.
 # Writes DIR/SCENARIO/LABEL.json, DIR/scorecard.md and DIR/scorecard.json; then
 #   python -m pdtb.figures.results_doc --section scorecard --scorecard DIR --out docs/results.md
 # puts the tables in docs/results.md.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" QUICK=0 REAL=1 POLICIES="fcfs memfair vtc memtime dlpm drr mcsf priority" PITEMS=()
+OUT="" QUICK=0 REAL=1 REPEATS=0 POLICIES="fcfs memfair vtc memtime dlpm drr mcsf priority" PITEMS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --quick) QUICK=1; shift ;;
     --skip-real) REAL=0; shift ;;
+    --repeats) REPEATS="$2"; shift 2 ;;
     --policies) POLICIES="$2"; shift 2 ;;
     --policy-arg) PITEMS+=("$2"); shift 2 ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "scorecard: unknown option $1" >&2; exit 2 ;;
   esac
 done
+[[ "$REPEATS" =~ ^[0-9]+$ ]] || { echo "scorecard: --repeats wants a whole number, got '$REPEATS'" >&2; exit 2; }
 source "$ROOT/scripts/_env.sh"
 source "$ROOT/scripts/_policy.sh"
 policy_table scorecard "$POLICIES" ${PITEMS[@]+"${PITEMS[@]}"}
@@ -96,6 +100,9 @@ if [ "$REAL" = 1 ]; then
     for pol in "${POLICY_LABELS[@]}"; do
       cp "$OUT/raw/quick/$mode-$pol.json" "$OUT/real-quick-$mode/$pol.json"
     done
+  done
+  for k in $(seq 1 "$REPEATS"); do
+    bash scripts/compare_fairness.sh --quick --policies "fcfs memfair" --out "$OUT/repeats/r$k" >&2
   done
   if [ "$QUICK" = 0 ]; then
     : > "$OUT/points.txt"

@@ -177,6 +177,33 @@ def table(sc: dict) -> list[str]:
     return out
 
 
+REPEAT_KEYS = ("minnow_ttft_p99", "minnow_itl_p99", "whale_tpot_p50", "whale_e2e_p50", "out_tok_s", "goodput_rps")
+
+
+def repeats_table(root: Path, policy: str = "memfair") -> list[str]:
+    """Run-to-run noise of the real quick scenario: DIR/repeats/r*/MODE-{fcfs,POLICY}.json
+    (scripts/scorecard.sh --repeats N), each figure's POLICY/fcfs ratio in every repeat and
+    fcfs's own largest over smallest. [] without repeats."""
+    runs = sorted(d for d in (root / "repeats").glob("r*") if d.is_dir()) if (root / "repeats").is_dir() else []
+    out = []
+    for mode in ("colocated", "disagg"):
+        pairs = []
+        for d in runs:
+            a, b = d / f"{mode}-{policy}.json", d / f"{mode}-fcfs.json"
+            if a.exists() and b.exists():
+                pairs.append((run_figures(json.loads(a.read_text())), run_figures(json.loads(b.read_text()))))
+        if len(pairs) < 2:
+            continue
+        if not out:
+            out = [f"| mode | figure | {policy} / fcfs, each repeat | fcfs, largest / smallest |", "|---|---|---|---|"]
+        for k in REPEAT_KEYS:
+            ratios = [m[k] / f[k] for m, f in pairs if m.get(k) is not None and f.get(k)]
+            own = [f[k] for _, f in pairs if f.get(k)]
+            spread = f"{max(own) / min(own):.2f}x" if own else "-"
+            out.append(f"| {mode} | {HEADS[k]} | {', '.join(f'{r:.2f}x' for r in ratios)} | {spread} |")
+    return out
+
+
 def results_section(folder: str, command: str, stamp: str) -> list[str]:
     """The scorecard section of docs/results.md from one scripts/scorecard.sh run."""
     root = Path(folder)
@@ -186,6 +213,12 @@ def results_section(folder: str, command: str, stamp: str) -> list[str]:
            "Whales: the workload's whale class, else the largest 5% of requests by context. "
            "What each scenario is: `bash scripts/scorecard.sh --help`.", ""]
     out += [line.replace("### ", "### Scenario ") if line.startswith("### ") else line for line in text]
+    noise = repeats_table(root)
+    if noise:
+        out += ["### Run-to-run noise of the real quick scenario", "",
+                "The real quick comparison of fcfs and memfair run again in the same folder "
+                "(`--repeats`); a real figure's ratio is a miss only beyond this spread. The simulator is "
+                "deterministic: its figures repeat exactly.", "", *noise, ""]
     top5 = root / "sim-essay-top5.json"
     if top5.exists():
         t = json.loads(top5.read_text())
@@ -225,4 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     (root / "scorecard.md").write_text(text)
     (root / "scorecard.json").write_text(json.dumps(cards, indent=1))
     print(text)
+    noise = repeats_table(root)
+    if noise:
+        print("\n".join(["### run-to-run noise of the real quick scenario", "", *noise, ""]))
     return 0
