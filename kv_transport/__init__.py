@@ -25,7 +25,7 @@ __all__ = ["make_sender", "make_receiver", "TransportConfig", "FaultConfig", "Tr
 # backend name -> (module, sender class, receiver class); each registered once, imported on use
 BACKEND_CLASSES = {
     "zmq": ("kv_transport.zmq_backend", "ZmqSender", "ZmqReceiver"),
-    "shm": ("kv_transport.shm_backend", "ShmSender", "ShmReceiver"),
+    "shm": ("kv_transport.shm_backend", "ShmSender", "ShmReceiver"),  # shm_sender.py, shm_receiver.py
     "auto": ("kv_transport.shm_backend", "ShmSender", "ShmReceiver"),  # shm where it can map, zmq chunks elsewhere
     "torch": ("kv_transport.torch_backend", "TorchSender", "TorchReceiver"),
     "fake": ("kv_transport.fake", "FakeSender", "FakeReceiver"),  # in-process, for tests (network=FakeNetwork)

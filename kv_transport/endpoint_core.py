@@ -1,11 +1,46 @@
 """What a sender and a receiver share: limits, bounded history, fault-aware sends, task
-supervision. Backends provide the I/O hooks:
+supervision, and the contract between the cores and the backends built on them.
 
-    _open()                       connect or bind
-    _write(frames, peer)          an awaitable that sends one message (peer: receiver only)
-    _read(timeout)                one message or None after `timeout` seconds
-    _reset()                      drop the link and reconnect (disconnect fault)
-    _shutdown()                   close sockets, linger 0
+Every hook runs on the endpoint's one asyncio loop (the node's loop), so it may read and change
+the endpoint's state without locks, and none may block it: a wait is awaited, bounded by a
+timeout of the config. A hook that raises fails what it was called for (a send, a transfer),
+never the loop. Chain: EndpointCore -> SenderCore | ReceiverCore (sender.py, receiver.py) ->
+ZmqSender | ZmqReceiver (zmq_backend.py) -> ShmSender | ShmReceiver (shm_sender.py,
+shm_receiver.py); torch_backend.py and fake.py sit on the zmq classes or the cores the same way.
+
+Every backend (I/O):
+    _open()                   once, from start(), before any task runs: connect (sender) or bind
+                              (receiver); raising leaves nothing running
+    _write(frames, peer)      an awaitable that sends one message (peer: the receiver's reply
+                              address); only _emit calls it, through the fault injector and
+                              bounded by send_timeout_s; errors in `send_errors` fail the owners
+    _read(timeout)            one message (a list of frames) or None after `timeout` s; only the
+                              reader task (sender) or the serve task (receiver) calls it
+    _reset()                  a disconnect fault: drop the link and reconnect (the transfers in
+                              flight end through _on_disconnected)
+    _shutdown()               from close(), after the tasks stopped: close sockets, linger 0
+
+Sender (SenderCore), at send() before the header goes out:
+    _mode_for(nbytes)         how the payload goes ("inline", "chunked" or a backend's own)
+    _stage(data, mode)        the payload as the backend sends it (contiguous; on the CPU for zmq)
+    _source_for(...)          what the header offers the receiver to read itself (None: nothing);
+    _drop_source(tid, src)    its end, when the header was never sent or the transfer ends
+  in the reader task, per message and per tick:
+    _on_control(msg)          every control message first (a backend takes its own: Grant, ...)
+    _expire(now)              time out what waits (call super: transfer_timeout_s)
+  in the writer task, between sends and at close:
+    _flush_control()          send queued control messages
+    _send_chunks() -> bool    stream the next chunks within credit; True if it sent any
+  whenever a transfer ends:
+    _finish(o, state, ...)    release what the backend holds for it, then call super
+
+Receiver (ReceiverCore), in the serve task:
+    _on_other(peer, m)        a message type the core does not take (default: refused)
+    _start_shm(inb)           an admitted header of mode "shm" (default: credit for chunks)
+    _commit(inb)              the whole payload is in: check it, then commit (call super)
+    _pages_free_now(inb)      at a failure, whether its pages may be freed now (shm: not while a
+                              writer may still be inside them)
+    _expire(now)              time out what waits (call super)
 """
 from __future__ import annotations
 

@@ -254,8 +254,8 @@ def test_an_offer_streamed_as_chunks_is_not_counted_as_read(tmp_path):
 
 
 def test_a_senders_arena_nobody_reads_from_is_unmapped(tmp_path, monkeypatch):
-    import kv_transport.shm_backend as shm_backend
-    monkeypatch.setattr(shm_backend, "SOURCE_IDLE_S", 0.2)
+    import kv_transport.shm_receiver as shm_receiver
+    monkeypatch.setattr(shm_receiver, "SOURCE_IDLE_S", 0.2)
     src, dst = make_pool(32, seed=11), PagePool(TINY_SPEC, 32, shared=True)
 
     async def body():

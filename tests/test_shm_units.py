@@ -149,9 +149,11 @@ def run(coro) -> None:
 def test_a_pool_it_cannot_map_goes_as_chunks_under_auto_and_fails_under_shm(backend, tmp_path, monkeypatch):
     """A Grant naming another host's pool: `auto` streams chunks under the Grant's credit and
     the transfer lands; `shm` fails it with the reason. Nothing stays reserved either way."""
-    import kv_transport.shm_backend as shm
+    import kv_transport.shm_receiver as shm_receiver
+    import kv_transport.shm_sender as shm_sender
 
-    monkeypatch.setattr(shm, "boot_id", lambda: "another-host")  # what the receiver puts in its Grants
+    for side in (shm_receiver, shm_sender):  # what the receiver puts in its Grants, and the sender compares
+        monkeypatch.setattr(side, "boot_id", lambda: "another-host")
     src, dst = make_pool(32, seed=8), PagePool(TINY_SPEC, 32, shared=True)
 
     async def body():
@@ -361,10 +363,10 @@ def test_control_moves_to_the_local_link_after_the_first_grant(tmp_path, monkeyp
 def test_a_link_that_could_not_be_connected_is_tried_again_later(tmp_path, monkeypatch):
     """A refused link (the receiver's listener full of strangers, say) leaves control on ZeroMQ
     for RELINK_AFTER_S, not for good: a Grant after that connects it."""
-    import kv_transport.shm_backend as shm
+    import kv_transport.shm_sender as shm_sender
     from kv_transport.local_link import LinkClient, LinkError
 
-    monkeypatch.setattr(shm, "RELINK_AFTER_S", 0.2)
+    monkeypatch.setattr(shm_sender, "RELINK_AFTER_S", 0.2)
     connect, refused = LinkClient.connect, []
 
     async def refuse_once(self, *args):

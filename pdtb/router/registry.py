@@ -30,151 +30,42 @@ Live migration (`migrate`, pdtb/router/migration.py): a handed-off request moves
 decode node; its events come from the source until the token count the target's notice names,
 then from the target. A rebalancer (pdtb/router/rebalance.py, `--rebalance`) decides moves from
 the decode nodes' reports each second, and moves every request off a draining decode node.
-Queues carry TokenEvent items, or a RequestFailed that `next_event` raises.
-"""
+Queues carry TokenEvent items, or a RequestFailed that `next_event` raises."""
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import secrets
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import zmq
 import zmq.asyncio
 
-from pdtb.nodes.handoff import HandoffEvent, HandoffState, advance
-from pdtb.nodes.protocol import (AbortRequest, Drain, GenerateRequest, HandoffNotice, Migrate, MigrationReport, NodeDown,
-                                 NodeStats, Ping, ProtocolError, Target, TokenBatch, TokenEvent, decode_message,
-                                 encode_message)
-from pdtb.aio import bounded
-from pdtb.router.cache_route import ROUTES, CacheChoice, PrefixView, candidates_of, pick_by_cache, score_all
-from pdtb.router.fair_route import D2lpmRouter, RouteCandidate
+from pdtb.nodes.protocol import NodeDown, NodeStats, Ping, ProtocolError, TokenBatch, TokenEvent, decode_message
+from pdtb.router.cache_route import ROUTES
+from pdtb.router.fair_route import D2lpmRouter
 from pdtb.router.config import NodeSpec
-from pdtb.router.migration import Migration, MigrationBook
-from pdtb.router.rebalance import MODES as REBALANCE_MODES, DecodeView, Rebalancer, ReqView
+from pdtb.router.migration import MigrationBook
+from pdtb.router.rebalance import MODES as REBALANCE_MODES, Rebalancer
+from pdtb.router.dispatch import FALLBACKS, Dispatch  # noqa: F401 (FALLBACKS: the simulator's router)
+from pdtb.router.following import Following
+from pdtb.router.node_state import (NodeState, Placement, RequestFailed, RequestHandle,  # noqa: F401
+                                    load_order, pick_most_free, pick_prefill)
+from pdtb.router.rebalance_loop import RebalanceLoop
 
 log = logging.getLogger("pdtb.router.registry")
 MAX_RECV_BYTES = 16 << 20  # TokenBatch and NodeStats are small; larger frames drop the connection
 SEND_HWM = 10_000
 MAX_DRAIN = 256  # messages read from one socket per poll
 CLOSE_LINGER_MS = 200  # bounded: ctx.term() waits at most this long for unsent messages
-FALLBACKS = 3  # other decode nodes a disaggregated request may be handed to
 
 
-class RequestFailed(Exception):
-    """A request ended without a result: `status` is the HTTP status it maps to."""
-
-    def __init__(self, status: int, message: str, node_lost: bool = False, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.node_lost = node_lost  # a node it depended on is gone: recomputing it elsewhere may succeed
-        self.param = param  # a 400's request field at fault ("prompt", "max_tokens")
-
-
-@dataclass(eq=False)
-class NodeState:
-    """What the router knows about one node."""
-
-    spec: NodeSpec
-    socket: zmq.asyncio.Socket | None = field(default=None, repr=False)
-    stats: NodeStats | None = None  # latest answer to a ping
-    last_seen: float | None = None  # monotonic time of `stats`
-    pending_pages: dict[str, int] = field(default_factory=dict)  # request id -> pages sent, not yet in stats
-    # prefill or colocated node: request id -> prompt tokens sent since its last stats report
-    # (reports are up to 0.5 s old: without these, every request of that window went to one node)
-    pending_tokens: dict[str, int] = field(default_factory=dict)
-    refused_at: float | None = None  # monotonic time a request could not be sent to it (queue full: likely dead)
-    connected: bool = False  # the DEALER's connection stands (socket monitor events)
-    dropped_at: float | None = None  # monotonic time its connection last dropped
-    monitor: zmq.asyncio.Socket | None = field(default=None, repr=False)
-    prefix_view: PrefixView = field(default_factory=PrefixView, repr=False)  # route "cache": pages it may hold
-    drain_sent: bool = False  # this router told it to drain (it counts as draining before its next report)
-    lost: bool = False  # judged down by the health loop, and not heard from since (that judgement comes once)
-
-    @property
-    def node_id(self) -> str:
-        return self.stats.node_id if self.stats else self.spec.address
-
-    def healthy(self, now: float, timeout: float, hang_timeout: float | None = None) -> bool:
-        """Answered within `timeout`, or (with `hang_timeout`) within that while connected."""
-        if self.last_seen is None:
-            return False
-        silent = now - self.last_seen
-        # the connection vouches for a silent node only if it has not dropped since its last
-        # answer: a node restarted on the same port reconnects at once, but its stats (its KV
-        # address) are the dead one's until it answers
-        steady = self.connected and (self.dropped_at is None or self.dropped_at < self.last_seen)
-        return silent <= timeout or (hang_timeout is not None and steady and silent <= hang_timeout)
-
-    def free_pages_estimate(self) -> int:
-        return (self.stats.pages_free if self.stats else 0) - sum(self.pending_pages.values())
-
-    def queued_tokens_estimate(self) -> int:
-        """Prompt tokens waiting at the node: its last report plus those sent since."""
-        return (self.stats.queued_tokens if self.stats else 0) + sum(self.pending_tokens.values())
-
-
-def pick_prefill(nodes: list[NodeState]) -> NodeState | None:
-    """Fewest queued prompt tokens (reported, plus sent since); tie: fewest running + waiting."""
-    return min(nodes, key=lambda n: (n.queued_tokens_estimate(), n.stats.running + n.stats.waiting), default=None)
-
-
-def pick_most_free(nodes: list[NodeState]) -> NodeState | None:
-    """Most free pages after subtracting pages recently sent there."""
-    return max(nodes, key=lambda n: n.free_pages_estimate(), default=None)
-
-
-def load_order(n: NodeState) -> tuple:
-    """A prefill or colocated node's place in the load rule's order, lower first: pick_prefill's
-    key for a prefill node, pick_most_free's for a colocated one."""
-    if n.spec.role == "prefill":
-        return (n.queued_tokens_estimate(), n.stats.running + n.stats.waiting)
-    return (-n.free_pages_estimate(),)
-
-
-@dataclass
-class Placement:
-    """Where one request goes."""
-
-    entry: NodeState  # gets the GenerateRequest (prefill or colocated)
-    decode: NodeState | None  # disaggregated: the decode node
-    cached: CacheChoice | None = None  # route "cache": the entry's score, overlap and the prompt's page hashes
-
-
-@dataclass(eq=False)
-class RequestHandle:
-    """One in-flight request as the registry tracks it."""
-
-    request_id: str
-    entry: NodeState  # the node that got the GenerateRequest (prefill or colocated)
-    decode: NodeState | None  # disaggregated: the chosen decode node
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    entry_started: bool = False  # the entry node has sent its first event
-    handoff: HandoffState | None = None  # disaggregated: where the hand-off stands (pdtb/nodes/handoff.py)
-    held: list[TokenEvent] = field(default_factory=list)  # decode events that overtook the first token
-    fallbacks: list[str] = field(default_factory=list)  # decode node ids that may hold it: the chosen one and its fallbacks
-    prefix_overlap_tokens: int = 0  # route "cache": prompt tokens the entry node was believed to hold cached
-    tenant: str = ""  # route "d2lpm": the client its entry node's credit is charged to
-    tokens: int = 0  # output tokens put on the queue
-    migration: Migration | None = None  # a live migration under way, or whose source's last tokens are due
-
-    @property
-    def handed_off(self) -> bool:
-        """The decode node holds it: the prefill node is no longer needed."""
-        return self.handoff is HandoffState.DELIVERED
-
-    def depends_on(self) -> list[NodeState]:
-        if self.decode is None:
-            return [self.entry]
-        return [self.decode] if self.handed_off else [self.entry, self.decode]
-
-
-class NodeRegistry:
-    """Connects to every configured node and dispatches requests to them."""
+class NodeRegistry(Dispatch, Following, RebalanceLoop):
+    """Connects to every configured node and dispatches requests to them: connections, health
+    and reading frames here; placing and sending in dispatch.py, following hand-offs and
+    migrations in following.py, the rebalance loop in rebalance_loop.py."""
 
     def __init__(self, specs: tuple[NodeSpec, ...] | list[NodeSpec], *, router_id: str | None = None,
                  ping_interval: float = 0.5, health_timeout: float = 3.0, hang_timeout: float | None = None,
@@ -201,7 +92,6 @@ class NodeRegistry:
         self._tasks: list[asyncio.Task] = []
         self._seq = 0
 
-    # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         """Connect one DEALER per node and start the ping and reader tasks."""
         self._ctx = zmq.asyncio.Context()
@@ -273,7 +163,6 @@ class NodeRegistry:
         if self._on_fatal:
             self._on_fatal(task.exception())
 
-    # -- health --------------------------------------------------------------------------------
     def is_healthy(self, node: NodeState, now: float | None = None) -> bool:
         return node.healthy(time.monotonic() if now is None else now, self.health_timeout, self.hang_timeout)
 
@@ -361,7 +250,6 @@ class NodeRegistry:
                     msg = f"{node.spec.role} node {node.node_id} shut down: it was draining, then stopped answering"
                 handle.queue.put_nowait(RequestFailed(503, msg, node_lost=True))
 
-    # -- receiving -----------------------------------------------------------------------------
     async def _reader(self) -> None:
         from zmq.utils.monitor import parse_monitor_message
 
@@ -421,25 +309,6 @@ class NodeRegistry:
         else:
             log.warning("unexpected %s from %s", type(msg).__name__, node.spec.address)
 
-    def _on_notice(self, node: NodeState, notice: HandoffNotice) -> None:
-        handle = self._requests.get(notice.request_id)
-        if handle is None or handle.handoff is None:
-            return  # finished, aborted, or colocated: nothing to follow
-        if notice.migration_id and node.spec.role == "decode":
-            self._migrated(node, handle, notice)
-        elif node is handle.entry:
-            d = handle.decode  # (the node it was sent to, where another answers to its id now)
-            self._move(handle, d if d is not None and d.node_id == notice.decode_node else
-                       self.by_id(notice.decode_node, "decode"), notice.decode_node)
-            if notice.delivered and handle.decode is not None and handle.decode.node_id == notice.decode_node:
-                self._deliver(handle)  # it depends on that decode node alone now
-                if handle.decode.lost:  # (the judgement that would fail it came before this notice)
-                    self._lost_there(handle, notice.decode_node)
-        elif node.spec.role == "decode":
-            self._held_by(node, handle)
-        else:
-            log.warning("hand-off notice for %s from unrelated node %s", notice.request_id, node.spec.address)
-
     def _on_event(self, node: NodeState, event: TokenEvent) -> None:
         handle = self._requests.get(event.request_id)
         if handle is None:
@@ -469,346 +338,3 @@ class NodeRegistry:
     def _put(handle: RequestHandle, event: TokenEvent) -> None:
         handle.tokens += len(event.token_ids)
         handle.queue.put_nowait(event)
-
-    # -- live migration (pdtb/router/migration.py) -------------------------------------------------
-    def decode_node(self, node_id: str) -> NodeState | None:
-        return self.by_id(node_id, "decode")
-
-    def by_id(self, node_id: str, role: str | None = None) -> NodeState | None:
-        """The node that answers to `node_id` now. An id repeats where a node was started again
-        beside the one it replaces (a supervisor's replacement, a restart at another address):
-        a healthy node wins over one that is down, then the one added last."""
-        now = time.monotonic()
-        found = [n for n in self.nodes if n.node_id == node_id and (role is None or n.spec.role == role)]
-        return next((n for n in reversed(found) if self.is_healthy(n, now)), found[-1] if found else None)
-
-    def migrate(self, request_id: str, target_id: str, reason: str = "admin", inject: str = "") -> Migration:
-        """Start moving a handed-off request to decode node `target_id`. ValueError says why not."""
-        handle = self._requests.get(request_id)
-        if handle is None or handle.decode is None:
-            raise ValueError(f"request {request_id!r} is not decoding on a decode node here")
-        if not handle.handed_off or not handle.entry_started:
-            raise ValueError(f"request {request_id!r} is not decoding on its decode node yet ({handle.handoff.value})")
-        if handle.migration is not None:
-            raise ValueError(f"request {request_id!r} is moving already ({handle.migration.migration_id})")
-        target = self.decode_node(target_id)
-        if target is None or target is handle.decode:
-            raise ValueError(f"{target_id!r} is not another decode node")
-        if not self.is_healthy(target) or self.draining(target) or not target.stats.kv_addr:
-            raise ValueError(f"decode node {target_id} is not available (down or draining)")
-        source = handle.decode
-        m = self.book.new(request_id, source.node_id, target.node_id, reason, self.router_id)
-        if not self._send(source, Migrate(request_id, m.migration_id, Target(target.node_id, target.stats.kv_addr),
-                                          reason, inject, target.stats.prefix_ns)):
-            self.book.end(m, "failed", f"decode node {source.node_id} is not reachable")
-            raise ValueError(f"decode node {source.node_id} is not reachable")
-        handle.migration = m
-        return m
-
-    def drain(self, node_id: str, reason: str = "drained by the router") -> NodeState:
-        """Tell a node to drain: it takes no new work; a decode node's requests are moved away."""
-        node = self.by_id(node_id)
-        if node is None:
-            raise ValueError(f"no node {node_id!r}")
-        if not self._send(node, Drain(reason)):
-            raise ValueError(f"node {node_id} is not reachable")
-        node.drain_sent = True
-        return node
-
-    def _migrated(self, node: NodeState, handle: RequestHandle, notice: HandoffNotice) -> None:
-        """The target adopted a migrated request: switch to it, or tell it to drop the request."""
-        m = handle.migration
-        if m is None or m.migration_id != notice.migration_id or m.target != node.node_id or m.switched:
-            if node is not handle.decode:
-                self._send(node, AbortRequest(handle.request_id, "its migration is over: another node holds it"))
-            return
-        if handle.tokens > notice.output_tokens:  # the source resumed and went on: it holds the request
-            self._send(node, AbortRequest(handle.request_id, "the source resumed the request"))
-            self.book.end(m, "failed", "the source resumed it before the target's word came")
-            handle.migration = None
-            return
-        self._switch(handle, node, notice.output_tokens)
-
-    def _switch(self, handle: RequestHandle, target: NodeState, switch_at: int) -> None:
-        m = handle.migration
-        m.switched, m.switch_at = True, switch_at
-        handle.decode = target
-        if not self.is_healthy(target):  # it died after taking the request: recompute it
-            handle.queue.put_nowait(RequestFailed(503, f"decode node {target.node_id} stopped answering",
-                                                  node_lost=True))
-            return
-        self._caught_up(handle)
-
-    def _caught_up(self, handle: RequestHandle) -> None:
-        """Once the source's last tokens are in, the target's held events follow."""
-        m = handle.migration
-        if m is None or not m.switched or handle.tokens < m.switch_at:
-            return
-        handle.migration = None
-        for ev in m.held:
-            self._put(handle, ev)
-        m.held.clear()
-
-    def _migration_event(self, node: NodeState, handle: RequestHandle, event: TokenEvent) -> bool:
-        """Events of a request that is moving. True: handled here."""
-        m = handle.migration
-        if not m.switched:
-            return False  # the source holds it (the target's events before its notice are dropped below)
-        if node is handle.decode:
-            if handle.tokens < m.switch_at:
-                m.held.append(event)
-                return True
-            return False
-        if node.node_id == m.source:
-            if handle.tokens < m.switch_at and not event.finished:
-                self._put(handle, event)
-                self._caught_up(handle)
-            else:  # it went on after the target took over (its confirmation was lost): it lets go
-                self._send(node, AbortRequest(handle.request_id, f"the request moved to {m.target}"))
-            return True
-        return False
-
-    def _on_migration_report(self, node: NodeState, r: MigrationReport) -> None:
-        m = self.book.report(r)
-        if r.downtime_s > 0 and self.on_downtime is not None:
-            self.on_downtime(r.downtime_s)
-        handle = self._requests.get(r.request_id)
-        if m is None or handle is None or handle.migration is not m:
-            return
-        if not r.ok and not m.switched:
-            handle.migration = None  # it stays at the source (resumed), or ended there
-        elif r.ok and not m.switched:  # the target confirmed to the source; its notice is on its way
-            target = self.decode_node(m.target)
-            if target is not None:
-                self._switch(handle, target, r.output_tokens)
-
-    async def _rebalance_loop(self) -> None:
-        """Each second: moves from the rebalancer (drains in every mode)."""
-        while True:
-            await asyncio.sleep(max(1.0, self.ping_interval))
-            now = time.monotonic()
-            for m in self.book.expire(now):  # no word from its source: it is not moving any more
-                h = self._requests.get(m.request_id)
-                if h is not None and h.migration is m and not m.switched:
-                    h.migration = None
-            views = self._decode_views(now)
-            if not views:
-                continue
-            for move in self.rebalancer.plan(views, now):
-                try:
-                    self.migrate(move.request_id, move.target, move.reason)
-                except ValueError as e:
-                    log.info("rebalance: %s -> %s not started: %s", move.request_id, move.target, e)
-                    continue
-                self.rebalancer.started(move, now)
-
-    def _decode_views(self, now: float) -> list[DecodeView]:
-        views = []
-        for n in self.nodes:
-            if n.spec.role != "decode" or not self.is_healthy(n, now) or n.stats is None:
-                continue
-            extra = n.stats.extra
-            reqs = []
-            for item in extra.get("requests", []) if isinstance(extra.get("requests"), list) else []:
-                try:
-                    rid, tenant, pages = item
-                except (TypeError, ValueError):
-                    continue
-                h = self._requests.get(rid)
-                if h is not None and h.decode is n and h.migration is None and h.handed_off:
-                    reqs.append(ReqView(str(rid), str(tenant), int(pages)))
-            waiting = extra.get("tenant_waiting") if isinstance(extra.get("tenant_waiting"), dict) else {}
-            views.append(DecodeView(n.node_id, n.stats.pages_total, n.free_pages_estimate(), self.draining(n),
-                                    tuple(reqs), {str(k): int(v) for k, v in waiting.items()},
-                                    self.book.by_node(n.node_id)))
-        return views
-
-    def _held_by(self, node: NodeState, handle: RequestHandle) -> bool:
-        """Decode node `node` says (a notice or output) it holds `handle`'s request. True when
-        it is the request's decode node now; False when another one holds it (told to drop it)."""
-        if node is handle.decode:
-            self._deliver(handle)
-            return True
-        if handle.handed_off:  # a second holder (a hand-off that timed out at the sender but landed)
-            log.warning("request %s: decode node %s holds it, but it is handed to %s; dropping it there",
-                        handle.request_id, node.node_id, handle.decode.node_id)
-            self._send(node, AbortRequest(handle.request_id, "the request is held by another decode node"))
-            return False
-        # it adopted the KV (a move whose notice is still on its way, or a transfer the sender
-        # gave up on that landed after all): it holds the request now
-        log.info("request %s: decode node %s holds it (the router had %s)", handle.request_id, node.node_id,
-                 handle.decode.node_id)
-        self._move(handle, node, node.node_id, spoke=True)
-        self._send(handle.entry, AbortRequest(handle.request_id, f"held by decode node {node.node_id}"))
-        self._deliver(handle)
-        return True
-
-    def _deliver(self, handle: RequestHandle) -> None:
-        if not handle.handoff.final:
-            handle.handoff = advance(handle.handoff, HandoffEvent.LANDED)
-
-    def _move(self, handle: RequestHandle, new: NodeState | None, node_id: str, spoke: bool = False) -> None:
-        """`handle`'s request went to decode node `new` (named `node_id`; None: unknown) instead:
-        its prefill node says so, or (`spoke`) that decode node itself."""
-        if handle.decode is None or handle.handed_off or new is None or new is handle.decode:
-            if new is None or (handle.handed_off and new is not handle.decode):
-                log.warning("request %s: ignoring a move to decode node %r (%s)", handle.request_id, node_id,
-                            "unknown node" if new is None else "already handed off")
-            return
-        if not spoke and new.lost:
-            self._lost_there(handle, node_id)
-            return
-        pages = handle.decode.pending_pages.pop(handle.request_id, None)
-        if pages is not None:
-            new.pending_pages[handle.request_id] = pages
-        handle.decode = new
-        handle.handoff = advance(handle.handoff, HandoffEvent.MOVE)
-
-    def _lost_there(self, handle: RequestHandle, node_id: str) -> None:
-        """`handle`'s request went to decode node `node_id` after the router judged it down: that
-        judgement is not made again, so the request fails now rather than at the request timeout."""
-        log.warning("request %s: handed to decode node %s, which is down", handle.request_id, node_id)
-        handle.queue.put_nowait(RequestFailed(503, f"decode node {node_id} took the request but stopped answering",
-                                              node_lost=True))
-
-    # -- sending -------------------------------------------------------------------------------
-    def _send(self, node: NodeState, msg) -> bool:
-        """Queue one message without blocking; False when the node is unreachable or its queue full."""
-        if node.socket is None:
-            return False
-        try:
-            node.socket.send(encode_message(msg), zmq.NOBLOCK).result()  # completed future, see _reader
-            return True
-        except zmq.Again:
-            return False
-
-    def submit(self, req: GenerateRequest) -> RequestHandle:
-        """Choose nodes, fill the routing fields of `req`, send it; a node that cannot take it
-        (its queue is full: it stopped reading) is skipped and another tried. Raises
-        RequestFailed(503) when none can."""
-        tried: set[int] = set()
-        while True:
-            where = self._place(len(req.prompt_token_ids), len(req.prompt_token_ids) + req.params.max_tokens,
-                                frozenset(tried), req.prompt_token_ids, req.tenant)
-            entry, decode = where.entry, where.decode
-            req.router_id = self.router_id
-            req.decode_node, req.decode_kv_addr = (decode.node_id, decode.stats.kv_addr) if decode else ("", "")
-            others = self._fallbacks(decode, len(req.prompt_token_ids) + req.params.max_tokens) if decode else []
-            req.fallbacks = [Target(n.node_id, n.stats.kv_addr) for n in others]
-            # the decode nodes that may come to hold it: the chosen one and its fallbacks (none without fallbacks)
-            handle = RequestHandle(req.request_id, entry, decode, tenant=req.tenant,
-                                   handoff=HandoffState.BOUND if decode is not None else None,
-                                   fallbacks=[decode.node_id, *(t.node_id for t in req.fallbacks)] if others else [])
-            if self._send(entry, req):
-                if where.cached is not None:  # it will hold these pages once prefilled: the next ones follow
-                    entry.prefix_view.insert(where.cached.hashes, time.monotonic())
-                    handle.prefix_overlap_tokens = where.cached.overlap_tokens
-                break
-            entry.refused_at = time.monotonic()
-            tried.add(id(entry))
-            log.warning("%s node %s is not accepting requests; trying another", entry.spec.role, entry.node_id)
-        entry.pending_tokens[req.request_id] = len(req.prompt_token_ids)
-        pages_node = decode or entry
-        pages_node.pending_pages[req.request_id] = self._pages_for(pages_node, len(req.prompt_token_ids) + 1)
-        self._requests[req.request_id] = handle
-        return handle
-
-    def largest_pool_tokens(self) -> int | None:
-        """Tokens the largest pool of an available decode or colocated node holds (prompt and
-        output together: what `_place` lets a request reach); None when none has answered yet."""
-        sizes = [n.stats.pages_total * self._page_size(n) for role in ("decode", "colocated")
-                 for n in self._available(role) if n.stats is not None]
-        return max(sizes, default=None)
-
-    def _fallbacks(self, chosen: NodeState, peak_tokens: int) -> list[NodeState]:
-        """Up to FALLBACKS other available decode nodes that could hold the request, most free first."""
-        others = [n for n in self._available("decode") if n is not chosen and n.stats.kv_addr
-                  and self._pages_for(n, peak_tokens) <= n.stats.pages_total]
-        return sorted(others, key=lambda n: -n.free_pages_estimate())[:FALLBACKS]
-
-    def _page_size(self, node: NodeState) -> int:
-        return node.stats.page_size or self.default_page_size
-
-    def _pages_for(self, node: NodeState, tokens: int) -> int:
-        return math.ceil(tokens / self._page_size(node))
-
-    def _pick_entry(self, nodes: list[NodeState], prompt_ids: list[int] | None, tenant: str,
-                    by_load) -> tuple[NodeState | None, CacheChoice | None]:
-        """The prefill or colocated node of a request, by the route (`by_load`: the load rule)."""
-        if prompt_ids is None or self.route == "load":
-            return by_load(nodes), None
-        if self.route == "cache":
-            return pick_by_cache(nodes, prompt_ids)
-        cands = candidates_of(nodes)
-        scores = score_all(cands, prompt_ids)
-        i = self.d2lpm.choose(tenant, len(prompt_ids), [RouteCandidate(n.node_id, sc.overlap_tokens, load_order(n))
-                                                         for n, sc in zip(nodes, scores)])
-        return (None, None) if i is None else (nodes[i], scores[i])
-
-    def _place(self, prompt_tokens: int, peak_tokens: int, exclude: frozenset = frozenset(),
-               prompt_ids: list[int] | None = None, tenant: str = "") -> Placement:
-        """Entry node and decode node (None: colocated). A request that no available pool could ever hold
-        (prefill: its prompt; decode or colocated: prompt + max_tokens) is a 400, not a node's
-        failure after the fact."""
-        fits = {role: [n for n in self._available(role, exclude) if self._pages_for(n, need) <= n.stats.pages_total]
-                for role, need in (("prefill", prompt_tokens), ("decode", peak_tokens), ("colocated", peak_tokens))}
-        decode = pick_most_free(fits["decode"])
-        if decode is not None and fits["prefill"]:
-            prefill, cached = self._pick_entry(fits["prefill"], prompt_ids, tenant, pick_prefill)
-            return Placement(prefill, decode, cached)
-        prefill = pick_prefill(fits["prefill"])  # (for the refusal below: no entry is charged)
-        colocated, cached = self._pick_entry(fits["colocated"], prompt_ids, tenant, pick_most_free)
-        if colocated:
-            return Placement(colocated, None, cached)
-        too_small = [(role, n) for role in ("prefill", "decode", "colocated") for n in self._available(role, exclude)
-                     if n not in fits[role]]
-        if too_small:
-            role, n = max(too_small, key=lambda rn: rn[1].stats.pages_total)
-            need = self._pages_for(n, prompt_tokens if role == "prefill" else peak_tokens)
-            what = "its prompt" if role == "prefill" else "prompt + max_tokens"
-            raise RequestFailed(400, f"request needs up to {need} KV pages for {what}; the largest {role} "
-                                     f"node's pool has {n.stats.pages_total}",
-                                param="prompt" if role == "prefill" else "max_tokens")
-        missing = [r for r, n in (("prefill", prefill), ("decode", decode)) if n is None]
-        roles = {n.spec.role for n in self.nodes}
-        what = "colocated" if "colocated" in roles and not {"prefill", "decode"} <= roles else " or ".join(missing)
-        raise RequestFailed(503, f"no healthy {what} node available")
-
-    async def next_event(self, handle: RequestHandle, timeout: float) -> TokenEvent:
-        """The request's next event. Raises RequestFailed when it failed or nothing came in `timeout`."""
-        try:
-            item = await bounded(handle.queue.get(), timeout)
-        except asyncio.TimeoutError:
-            raise RequestFailed(503, f"no response from the nodes for {timeout:g} s") from None
-        if isinstance(item, RequestFailed):
-            raise item
-        return item
-
-    def abort(self, handle: RequestHandle, reason: str, final: bool = False) -> None:
-        """Tell every node involved to drop the request (best effort, never blocks). With
-        `final`, the node holding it first sends a last event with its timeline."""
-        for node in (handle.entry, handle.decode):
-            if node is not None:
-                self._send(node, AbortRequest(handle.request_id, reason, final))
-        m = handle.migration
-        if m is not None:  # the other end of a move under way lets go too
-            other = self.decode_node(m.target if handle.decode.node_id == m.source else m.source)
-            if other is not None:
-                self._send(other, AbortRequest(handle.request_id, reason))
-        if not handle.handed_off and handle.fallbacks:  # a move may be under way: the new holder drops it too
-            for node in self.nodes:
-                if node.spec.role == "decode" and node is not handle.decode and node.node_id in handle.fallbacks:
-                    self._send(node, AbortRequest(handle.request_id, reason))
-
-    def release(self, handle: RequestHandle) -> None:
-        """Forget the request: later events for it are dropped."""
-        if self._requests.pop(handle.request_id, None) is not None and self.route == "d2lpm":
-            self.d2lpm.charge_output(handle.tenant, handle.entry.node_id, handle.tokens)
-        for node in (handle.entry, handle.decode):
-            if node is not None:
-                node.pending_pages.pop(handle.request_id, None)
-                node.pending_tokens.pop(handle.request_id, None)
-
-    @property
-    def num_open_requests(self) -> int:
-        return len(self._requests)

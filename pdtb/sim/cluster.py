@@ -20,7 +20,8 @@ from pdtb.nodes.node_base import queued_tokens
 from pdtb.nodes.protocol import GenerateRequest, NodeStats, Params, Target
 from pdtb.router.config import NodeSpec
 from pdtb.router.fair_route import D2lpmRouter, RouteCandidate
-from pdtb.router.registry import FALLBACKS, NodeState, load_order, pick_most_free, pick_prefill
+from pdtb.router.dispatch import FALLBACKS
+from pdtb.router.node_state import NodeState, load_order, pick_most_free, pick_prefill
 from pdtb.sim.cost import CostModel
 from pdtb.sim.events import EventLoop
 from pdtb.sim.node import NodeShape, SimNode
