@@ -52,5 +52,5 @@ for n in ["torch", "transformers", "tokenizers", "huggingface_hub", "pyzmq", "ms
 PYEOF
 cd "$ROOT"
 export PDTB_VENV="$VENV" TOKENIZERS_PARALLELISM=false
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_engine_equivalence.py tests/test_hf_compat.py \
-  tests/test_cluster.py "$@"
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/engine/test_engine_equivalence.py tests/engine/test_hf_compat.py \
+  tests/clusters/test_cluster.py "$@"

@@ -62,8 +62,8 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", tr
 for i in range(torch.cuda.device_count()):
     print("device", i, torch.cuda.get_device_name(i))
 EOF
-[ "$TESTS" = 1 ] && step tests 420 python -m pytest -q -x -p no:cacheprovider tests/test_triton_decode.py \
-  tests/test_fused_norm.py tests/test_cuda_graphs.py tests/test_cuda_ipc.py tests/test_cuda.py
+[ "$TESTS" = 1 ] && step tests 420 python -m pytest -q -x -p no:cacheprovider tests/engine/test_triton_decode.py \
+  tests/engine/test_fused_norm.py tests/engine/test_cuda_graphs.py tests/engine/test_cuda_ipc.py tests/engine/test_cuda.py
 if [ "$BENCH" = 1 ]; then
   step decode-kernel 240 sh -c "pdtb bench decode-kernel --device $DEVICE --json > $OUT/kernel.json"
   # the roofline runs the kernel at the launch setting the sweep found fastest at 64 rows (and a

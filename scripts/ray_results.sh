@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Clusters placed by Ray, as run here: tests/test_ray_cluster.py on a local Ray cluster of four
+# Clusters placed by Ray, as run here: tests/clusters/test_ray_cluster.py on a local Ray cluster of four
 # Ray nodes on this machine (placement by role, outputs equal generate through the router, a
 # Ray node removed under load with --restart-failed, a stop that leaves nothing), and what that
 # says about multi-host runs. Replaces the "Clusters placed by Ray" section of docs/results.md.
@@ -21,7 +21,7 @@ OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 t0=$(date +%s)
 rc=0
-python -m pytest -q -p no:cacheprovider tests/test_ray_cluster.py --junitxml "$OUT/ray.xml" > "$OUT/ray.log" 2>&1 || rc=$?
+python -m pytest -q -p no:cacheprovider tests/clusters/test_ray_cluster.py --junitxml "$OUT/ray.xml" > "$OUT/ray.log" 2>&1 || rc=$?
 tail -n 3 "$OUT/ray.log" >&2
 python -m pdtb.figures.results_doc --section ray --ray-junit "$OUT/ray.xml" --ray-seconds "$(( $(date +%s) - t0 ))" \
   --commit-file <(git rev-parse --short HEAD) --out "$DOC"

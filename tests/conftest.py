@@ -2,15 +2,21 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# The helpers beside this file (cluster_util, chaos_util, app_thread, sched_sim) import by name
+# from the test files in every folder below it.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 
 # Triton reads TRITON_INTERPRET when first imported, by whichever test module comes first in a
-# worker: without a GPU its kernels run in the interpreter (tests/test_triton_decode.py).
+# worker: without a GPU its kernels run in the interpreter (tests/engine/test_triton_decode.py).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

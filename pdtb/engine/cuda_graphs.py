@@ -21,7 +21,7 @@ prefill rows, more rows than the largest bucket or a row past max_model_len run 
 
 On the CPU (tests) the same buffers are filled and the captured function is called instead of
 replayed, so the bucketing, padding and page-table layout are checked token for token against
-transformers' generate without a GPU (tests/test_cuda_graphs.py).
+transformers' generate without a GPU (tests/engine/test_cuda_graphs.py).
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ This is the one file that touches torch's IPC internals: `torch.multiprocessing.
 reduce_tensor` (whose CUDA branch calls `UntypedStorage._share_cuda_`) to export, and its
 `rebuild_cuda_tensor` (`UntypedStorage._new_shared_cuda`) to open: the functions torch's own
 multiprocessing pickler uses for CUDA tensors. Checked on torch 2.11 (CUDA 13.0) and read on
-2.13; tests/test_cuda_ipc.py runs the round trip between two processes on a GPU, and the
+2.13; tests/engine/test_cuda_ipc.py runs the round trip between two processes on a GPU, and the
 encoding and its checks everywhere.
 """
 from __future__ import annotations

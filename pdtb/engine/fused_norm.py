@@ -18,7 +18,7 @@ modules by what transformers' RMSNorm classes hold (a class named `*RMSNorm`, a 
 `weight`, a float `variance_epsilon`). Each candidate is checked at swap time: on a probe
 input the fused output must match the module's own, else the module is kept as it is (a
 variant such as `(1 + weight)` scaling). Checked on transformers 5.17 (Llama, Qwen2/Qwen3,
-Mistral) with Triton 3.6; tests/test_fused_norm.py runs the kernel in Triton's interpreter.
+Mistral) with Triton 3.6; tests/engine/test_fused_norm.py runs the kernel in Triton's interpreter.
 """
 from __future__ import annotations
 

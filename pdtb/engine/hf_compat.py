@@ -19,7 +19,7 @@ import torch
 
 from pdtb.engine.model_info import ModelLoadError
 
-# Kept equal to the transformers requirement in pyproject.toml (tests/test_hf_compat.py).
+# Kept equal to the transformers requirement in pyproject.toml (tests/engine/test_hf_compat.py).
 TRANSFORMERS_REQUIREMENT = ">=5.0"
 # Versions the engine-equivalence and cluster tests passed on (scripts/check_latest.sh).
 CHECKED_ON = ("5.0.0", "5.23.0", "5.24.0")

@@ -15,7 +15,7 @@ nothing transformers would apply on top (BOS/EOS switches, space clean-up, extra
 tokens), the router runs tokenizer.json with the `tokenizers` library itself
 (`PipelineTokenizer`). Everything else goes through AutoTokenizer.
 
-`tests/test_router_tokenizer.py` checks ids, text and eos against AutoTokenizer. The router uses
+`tests/router/test_router_tokenizer.py` checks ids, text and eos against AutoTokenizer. The router uses
 three things: `tok(text, add_special_tokens=True)["input_ids"]`, `tok.decode(ids,
 skip_special_tokens=...)` and `tok.eos_token_id`.
 """

@@ -18,7 +18,7 @@ the number of rows and `splits`: a CUDA graph captured once serves every length.
 
 float32 pools use IEEE products (`input_precision="ieee"`), so a float32 engine matches
 transformers' float32 attention; 16-bit pools use the tensor cores. The kernels run in
-Triton's interpreter on the CPU (TRITON_INTERPRET=1), which is how tests/test_triton_decode.py
+Triton's interpreter on the CPU (TRITON_INTERPRET=1), which is how tests/engine/test_triton_decode.py
 checks them against a float64 reference on machines without a GPU. Checked on Triton 3.6.
 """
 from __future__ import annotations

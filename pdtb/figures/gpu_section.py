@@ -81,7 +81,7 @@ def gpu_section(d: str, stamp: str) -> list[str]:
            f"GPU tests (the Triton kernels against float64, the fused RMSNorm against transformers' own, the "
            f"engine with the Triton kernels and CUDA graphs "
            f"token-identical to `generate`, one-sided writes into a GPU pool over CUDA IPC, a 1P+1D cluster on "
-           f"one GPU over CUDA IPC token-identical to `generate`, and the rest of `tests/test_cuda.py`): "
+           f"one GPU over CUDA IPC token-identical to `generate`, and the rest of `tests/engine/test_cuda.py`): "
            f"{_tests(d)}.", ""]
     rows = engine_rows(d)
     if rows:

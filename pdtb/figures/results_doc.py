@@ -230,7 +230,7 @@ def ray_section(junit: str, seconds: int, stamp: str) -> list[str]:
         skipped = case.find("skipped")
         outcome = "failed" if failed else f"skipped: {skipped.get('message', '')}" if skipped is not None else "passed"
         rows.append(f"| `{case.get('name')}` | {outcome} | {float(case.get('time', 0)):.0f} |")
-    return [RAY_HEADING, "", f"`bash scripts/ray_results.sh`: `tests/test_ray_cluster.py` {stamp}, {seconds} s in all.", "",
+    return [RAY_HEADING, "", f"`bash scripts/ray_results.sh`: `tests/clusters/test_ray_cluster.py` {stamp}, {seconds} s in all.", "",
             "Every run so far is on a **local Ray cluster only**: four Ray nodes (`ray.cluster_utils.Cluster`) "
             "on this one machine, on loopback, with the custom resources router, prefill and decode (two). No "
             "cluster has run across separate machines yet; the KV and control paths between hosts are the "
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--admissions", help="directory of scripts/compare_transports.sh outputs")
     ap.add_argument("--link", help="python -m pdtb.microbench.link --json output")
     ap.add_argument("--commit-file", help="file holding the commit the figures were measured on")
-    ap.add_argument("--ray-junit", help="JUnit XML of tests/test_ray_cluster.py (scripts/ray_results.sh)")
+    ap.add_argument("--ray-junit", help="JUnit XML of tests/clusters/test_ray_cluster.py (scripts/ray_results.sh)")
     ap.add_argument("--ray-seconds", type=int, default=0)
     ap.add_argument("--gpu", help="directory of a scripts/gpu_check.sh run (its --out)")
     ap.add_argument("--scorecard", help="directory of a scripts/scorecard.sh run (its --out)")

@@ -5,7 +5,7 @@ text. The router renders it itself, the way transformers' `apply_chat_template` 
 sandboxed, immutable Jinja environment with `trim_blocks` and `lstrip_blocks`, a `tojson`
 filter that does not escape HTML, `raise_exception`, `strftime_now`, loop controls, and the
 `{% generation %}` block rendered as its body), so the router needs neither torch nor
-transformers for it. `tests/test_router_chat.py` checks the text against transformers.
+transformers for it. `tests/router/test_router_chat.py` checks the text against transformers.
 
 Where the template comes from, first found wins:
 1. the router's `--chat-template` (a file, or the template text itself);

@@ -1,0 +1,203 @@
+"""The calibrated step-cost model: the fit recovers hand-chosen coefficients, `bench steps
+--grid` records each composition as a StepShape computed by hand, a hand-written step log
+gives the hand-computed shapes and node overhead, and bad inputs are one line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.project.test_cli import run_pdtb
+
+from pdtb.sim.calibrate import CalibratedCost, Coefficients, fit
+from pdtb.sim.cost import StepShape
+from pdtb.sim.step_samples import StepSample, read_step_log
+
+TRUE = Coefficients(c0=2.0, rows=0.5, ctx=0.001, chunks=1.5, tokens=0.03, attn=2e-5)
+SHAPES = [StepShape(1, 32), StepShape(4, 2048), StepShape(32, 65536), StepShape(16, 512),
+          StepShape(0, 0, 1, 16, 136), StepShape(0, 0, 1, 512, 131328), StepShape(0, 0, 2, 256, 16512),
+          StepShape(0, 0, 2, 32, 33040), StepShape(4, 128, 1, 128, 139328), StepShape(1, 2048, 1, 16, 16520)]
+
+
+def _hand_ms(s: StepShape) -> float:
+    return 2.0 + 0.5 * s.decode_rows + 0.001 * s.decode_ctx + 1.5 * s.prefill_chunks \
+        + 0.03 * s.prefill_tokens + 2e-5 * s.prefill_attn
+
+
+def test_fit_recovers_known_coefficients():
+    f = fit([StepSample(s, _hand_ms(s)) for s in SHAPES])
+    for term in ("c0", "rows", "ctx", "chunks", "tokens", "attn"):
+        assert getattr(f.coef, term) == pytest.approx(getattr(TRUE, term), rel=1e-6), term
+    assert f.r2 == pytest.approx(1.0, abs=1e-9) and f.max_rel_err < 1e-6 and f.samples == len(SHAPES)
+
+
+def test_fit_never_goes_negative():
+    # steps that get cheaper with more rows: least squares would want a negative slope
+    f = fit([StepSample(StepShape(r, r), 10.0 - r) for r in (1, 2, 3, 4)])
+    assert min(getattr(f.coef, t) for t in ("c0", "rows", "ctx", "chunks", "tokens", "attn")) >= 0
+
+
+def test_calibrated_cost_step_and_links(tmp_path):
+    from pdtb.sim.cost import LinkModel
+
+    c = CalibratedCost(TRUE, page_bytes=4096, transfer=LinkModel(1e9, 1e-4), tier=LinkModel(2e9),
+                       node_overhead_s=0.002)
+    s = StepShape(4, 2048, 1, 128, 139328)
+    assert c.step_s(s) == pytest.approx((2 + 2 + 2.048 + 1.5 + 3.84 + 2.78656) / 1e3 + 0.002)
+    assert c.step_s(StepShape()) == 0.0
+    assert c.transfer_s(10**9) == pytest.approx(1.0001) and c.tier_move_s(10**9) == 0.5
+    (tmp_path / "c.json").write_text(json.dumps(c.to_json()))
+    back = CalibratedCost.load(tmp_path / "c.json")
+    assert back == c and back.step_s(s) == c.step_s(s)
+
+
+def test_bench_steps_grid_records_hand_shapes(llama_dir):
+    r = run_pdtb("bench", "steps", "--grid", "--model", llama_dir, "--reps", "1", "--grid-rows", "1,2",
+                 "--grid-ctx", "5,40", "--grid-chunks", "4", "--grid-offsets", "0,30", "--grid-chunk-counts", "1,2",
+                 "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["kind"], doc["device"], doc["dtype"], doc["page_size"], doc["threads"]) == \
+        ("step-samples", "cpu", "float32", 16, 1)
+    assert doc["page_bytes"] == 4 * 2 * 16 * 2 * 32 * 4  # layers, K+V, slots, KV heads, head_dim, float32
+    assert doc["command"].startswith("pdtb bench steps --grid")
+    got = [(s["decode_rows"], s["decode_ctx"], s["prefill_chunks"], s["prefill_tokens"], s["prefill_attn"])
+           for s in doc["samples"]]
+    # decode: R rows of C tokens read; prefill: K chunks of 4 at offset O (4 * O + 4 * 5 / 2 pairs each);
+    # mixed: each decode composition with the next (size, offset) in turn
+    want = [(1, 5, 0, 0, 0), (1, 40, 0, 0, 0), (2, 10, 0, 0, 0), (2, 80, 0, 0, 0),
+            (0, 0, 1, 4, 10), (0, 0, 1, 4, 130), (0, 0, 2, 8, 20), (0, 0, 2, 8, 260),
+            (1, 5, 1, 4, 10), (1, 40, 1, 4, 130), (2, 10, 1, 4, 10), (2, 80, 1, 4, 130)]
+    assert got == want
+    assert all(s["ms"] > 0 for s in doc["samples"])
+
+
+def test_bench_steps_random_init_from_a_config_alone(llama_dir, tmp_path):
+    cfg = json.loads(open(f"{llama_dir}/config.json").read())
+    (tmp_path / "shape.json").write_text(json.dumps({**cfg, "num_hidden_layers": 2}))  # no weights, no tokenizer
+    r = run_pdtb("bench", "steps", "--grid", "--random-init", str(tmp_path / "shape.json"), "--reps", "1",
+                 "--grid-rows", "1", "--grid-ctx", "5", "--grid-chunks", "4", "--grid-offsets", "0",
+                 "--grid-chunk-counts", "1", "--mixed", "none", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["model"].startswith("random:") and doc["page_bytes"] == 2 * 2 * 16 * 2 * 32 * 4  # 2 layers
+    assert [s["decode_ctx"] for s in doc["samples"]] == [5, 0]
+    r = run_pdtb("bench", "steps", "--grid", "--random-init", "no-such-shape")
+    assert r.returncode == 2 and "llama-3-8b" in r.stderr and "Traceback" not in r.stderr
+
+
+def _log_lines() -> list[dict]:
+    # Three steps back to back (idle 2.0 and 1.5 ms after them), a pause, two more (idle 1.0 ms).
+    return [
+        {"t": 100.0, "ms": 10.0, "decode": [["a", 2, 30], ["b", 1, 100]], "prefill": [], "moves": [], "unserved": 0},
+        {"t": 100.012, "ms": 20.0, "decode": [["a", 1, 31]], "prefill": [["b", "r1", 16, 32]], "moves": [],
+         "unserved": 0},
+        {"t": 100.0335, "ms": 8.0, "decode": [["a", 1, 32]], "prefill": [], "moves": [["demote", "r2", 4, 3.0]],
+         "unserved": 1},
+        {"t": 100.5, "ms": 5.0, "decode": [["a", 1, 33]], "prefill": [], "moves": [], "unserved": 0},
+        {"t": 100.506, "ms": 5.0, "decode": [], "prefill": [["c", "r3", 8, 0], ["c", "r4", 8, 8]], "moves": [],
+         "unserved": 0},
+    ]
+
+
+def test_step_log_gives_hand_shapes_and_overhead(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _log_lines()))
+    log = read_step_log(path)
+    assert [(s.shape, s.ms) for s in log.samples] == [
+        (StepShape(3, 130), 10.0),
+        (StepShape(1, 31, 1, 16, 16 * 32 + 16 * 17 // 2), 20.0),
+        (StepShape(1, 32), 5.0),  # the demotion's 3 ms is a tier move, not step time
+        (StepShape(1, 33), 5.0),
+        (StepShape(0, 0, 2, 16, (8 * 0 + 36) + (8 * 8 + 36)), 5.0)]
+    assert log.gaps_s == pytest.approx([0.002, 0.0015, 0.001])  # the 458.5 ms pause is not back to back
+    out = tmp_path / "cal.json"
+    r = run_pdtb("sim", "calibrate", "--step-log", str(path), "--page-bytes", "1024", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "R^2" in r.stdout and "max relative error" in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["node_overhead_s"] == pytest.approx(0.0015)  # median of 2.0, 1.5, 1.0 ms
+    assert doc["tier_move"]["bytes_per_s"] == pytest.approx(4 * 1024 / 0.003)  # 4 pages in 3 ms
+    assert doc["fit"]["samples"] == 5 and doc["command"].startswith("pdtb sim calibrate --step-log")
+    assert CalibratedCost.load(out).node_overhead_s == pytest.approx(0.0015)
+
+
+def test_fit_from_steps_with_overhead_from_a_step_log(tmp_path):
+    steps = [{"decode_rows": s.decode_rows, "decode_ctx": s.decode_ctx, "prefill_chunks": s.prefill_chunks,
+              "prefill_tokens": s.prefill_tokens, "prefill_attn": s.prefill_attn, "ms": _hand_ms(s)} for s in SHAPES]
+    (tmp_path / "steps.json").write_text(json.dumps(
+        {"kind": "step-samples", "page_bytes": 2048, "command": "pdtb bench steps --grid --json", "samples": steps}))
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _log_lines()))
+    out = tmp_path / "cal.json"
+    r = run_pdtb("sim", "calibrate", "--steps", str(tmp_path / "steps.json"), "--step-log", str(tmp_path / "log.jsonl"),
+                 "--fit", "steps", "--note", "log from a test", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    c = CalibratedCost.load(out)
+    assert c.coef.c0 == pytest.approx(2.0, rel=1e-6) and c.coef.attn == pytest.approx(2e-5, rel=1e-6)
+    assert c.node_overhead_s == pytest.approx(0.0015) and c.page_bytes == 2048
+    doc = json.loads(out.read_text())
+    assert doc["fit"]["samples"] == len(SHAPES) and doc["note"] == "log from a test"
+    assert doc["command"].startswith(f"pdtb bench steps --grid --json > {tmp_path / 'steps.json'} && pdtb sim calibrate")
+
+
+def _samples(samples) -> str:
+    return json.dumps({"kind": "step-samples", "page_bytes": 1024, "samples": samples})
+
+
+NEGATIVE = {"decode_rows": -1, "decode_ctx": 0, "prefill_chunks": 0, "prefill_tokens": 0, "prefill_attn": 0, "ms": 1}
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("", "empty file"),
+    ("{oops", "not JSON"),
+    ('{"kind": "other"}', "not a step-samples file"),
+    (_samples([NEGATIVE]), "sample 0: decode_rows must be a non-negative"),
+    (_samples([]), "no samples"),
+    (None, "No such file"),
+])
+def test_bad_steps_files_are_one_line(tmp_path, text, needle):
+    path = tmp_path / "steps.json"
+    if text is not None:
+        path.write_text(text)
+    r = run_pdtb("sim", "calibrate", "--steps", str(path))
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('{"t": 1, "ms": 2, "decode": [["a", 1, 5]]}\nnot json\n', "line 2: not JSON"),
+    ('{"t": 1, "ms": 2, "decode": [["a", -1, 5]]}\n', "line 1: decode rows must be a non-negative"),
+    ('{"t": 1, "ms": 2, "decode": [["a"]]}\n', "line 1: not a step-log record"),
+    ('{"t": 1, "ms": 2, "decode": [], "prefill": []}\n', "no steps that ran tokens"),
+])
+def test_bad_step_logs_are_one_line(tmp_path, text, needle):
+    (tmp_path / "log.jsonl").write_text(text)
+    r = run_pdtb("sim", "calibrate", "--step-log", str(tmp_path / "log.jsonl"), "--page-bytes", "64")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_calibrate_argument_errors(tmp_path):
+    r = run_pdtb("sim", "calibrate")
+    assert r.returncode == 2 and "--steps" in r.stderr.splitlines()[-1]
+    (tmp_path / "log.jsonl").write_text(json.dumps(_log_lines()[0]) + "\n")
+    r = run_pdtb("sim", "calibrate", "--step-log", str(tmp_path / "log.jsonl"))
+    assert r.returncode == 2 and "give --page-bytes" in r.stderr
+    r = run_pdtb("sim", "calibrate", "--step-log", str(tmp_path / "log.jsonl"), "--page-bytes", "-5")
+    assert r.returncode == 2 and "positive" in r.stderr
+
+
+def test_shipped_calibration_is_its_samples_fit():
+    from pathlib import Path
+
+    import pdtb.sim.calibrate as cal
+    from pdtb.sim.step_samples import read_samples
+
+    c = CalibratedCost.load("cpu-tiny-2core")  # by name, from the package data
+    assert c.page_bytes == 4 * 2 * 16 * 2 * 32 * 4 and c.meta["threads"] == 1
+    assert c.meta["command"].startswith("pdtb bench steps --grid") and 0 < c.node_overhead_s < 0.01
+    samples, head = read_samples(Path(cal.__file__).with_name("calibrations") / "samples" / "cpu-tiny-2core.json")
+    refit = fit(samples)
+    assert head["page_bytes"] == c.page_bytes and refit.samples == c.meta["fit"]["samples"]
+    for term in ("c0", "rows", "ctx", "chunks", "tokens", "attn"):
+        assert getattr(refit.coef, term) == pytest.approx(getattr(c.coef, term), rel=1e-9)
