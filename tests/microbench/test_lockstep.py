@@ -14,6 +14,8 @@ import torch
 
 from pdtb.microbench.lockstep import main as lockstep_main, prepare, run_lockstep
 
+pytestmark = pytest.mark.slow  # a real decode node process per transport
+
 # 3 whales of 256+48 tokens into 40 device pages and 24 host pages, minnows around them, and a
 # 600+64-token request that needs 42 pages at its peak (refused: too_large)
 WORKLOAD = ["--workload", "whale-minnow", "--whales", "3", "--whale-prompt", "256", "--whale-output", "48",

@@ -8,6 +8,8 @@ import pytest
 
 from tests.project.test_cli import run_pdtb
 
+pytestmark = pytest.mark.slow  # sender and receiver processes per figure
+
 
 @pytest.mark.parametrize("endpoint", ["ipc", "tcp"])
 def test_bench_transport_prints_every_figure_and_its_ratios(endpoint):
