@@ -30,6 +30,8 @@ from pdtb.nodes.node_base import NodeConfig, to_sampling
 from pdtb.nodes.protocol import (HandoffMeta, HandoffNotice, Migrate, MigrationReport, Params, Target,
                                  TokenEvent, to_extra)
 
+from async_case import async_test
+
 ROUTER = "router-0"  # the router identity every planted request reports to
 MAX_TOKENS = 32  # output tokens per request: it outlasts a 1 s phase timeout at one step per slow tick (21)
 LONG_PROMPT = 40  # two full pages of 16 and a partial one: enough for a precopy
@@ -172,6 +174,17 @@ async def started_nodes(model_dir: str, *timeouts_s: float, ids=("A", "B")):
                 await node.close_extra()
             finally:
                 node.ctx.destroy(linger=0)
+
+
+@contextlib.asynccontextmanager
+async def migrating(llama_dir: str, req: Prefilled, *timeouts_s: float, steps: int = 3, **migrate_kw):
+    """The shape the scenarios here share: nodes A and B started, `req` planted at A as r1 and
+    stepped `steps` times, then A told to move r1 to B (migrate_kw: inject, target_prefix_ns)."""
+    async with started_nodes(llama_dir, *timeouts_s) as (a, b, tap):
+        plant(a, "r1", req)
+        await ticks([a, b], steps)
+        a.on_migrate(migrate_msg("r1", "m1", b, **migrate_kw), ROUTER)
+        yield a, b, tap
 
 
 async def tick(nodes, pause_s: float = FAST_S) -> None:
@@ -319,299 +332,238 @@ async def kept(src: DecodeNode, dst: DecodeNode, tap: Tap, rid: str, mid: str, p
 
 
 # ---- scenarios ---------------------------------------------------------------------------------
-def test_precopy_then_final_moves_the_request(llama_dir, handoffs, unmigrated):
+@async_test
+async def test_precopy_then_final_moves_the_request(llama_dir, handoffs, unmigrated):
     req = handoffs["long"]
 
-    async def go():
-        async with started_nodes(llama_dir, CALM_TIMEOUT_S) as (a, b, tap):
-            plant(a, "r1", req)
-            await ticks([a, b], 3)
-            a.on_migrate(migrate_msg("r1", "m1", b), ROUTER)
-            assert not a.idle()  # a migration out is work: a draining node waits for it
-            o = outbound(a, "r1")
-            assert o.phase == "precopy" and o.skip_pages == 2  # 43 tokens computed: 2 full pages to stage
-            rep = await moved(a, b, tap, "r1", "m1")
-            bpp = a.engine.pool.bytes_per_page
-            assert rep.pages == -(-(LONG_PROMPT + rep.output_tokens - 1) // 16)  # what its computed tokens fill
-            assert (rep.precopy_bytes, rep.final_bytes) == (2 * bpp, (rep.pages - 2) * bpp)
-            await finish([a, b], tap, "r1")
-            assert_arrival(tap, rep)
-            assert tap.finished("r1")[0][0] == "B"
-            assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
-
-    asyncio.run(go())
+    async with migrating(llama_dir, req, CALM_TIMEOUT_S) as (a, b, tap):
+        assert not a.idle()  # a migration out is work: a draining node waits for it
+        o = outbound(a, "r1")
+        assert o.phase == "precopy" and o.skip_pages == 2  # 43 tokens computed: 2 full pages to stage
+        rep = await moved(a, b, tap, "r1", "m1")
+        bpp = a.engine.pool.bytes_per_page
+        assert rep.pages == -(-(LONG_PROMPT + rep.output_tokens - 1) // 16)  # what its computed tokens fill
+        assert (rep.precopy_bytes, rep.final_bytes) == (2 * bpp, (rep.pages - 2) * bpp)
+        await finish([a, b], tap, "r1")
+        assert_arrival(tap, rep)
+        assert tap.finished("r1")[0][0] == "B"
+        assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
 
 
-def test_a_request_under_two_full_pages_moves_in_one_final_transfer(llama_dir, handoffs, unmigrated):
+@async_test
+async def test_a_request_under_two_full_pages_moves_in_one_final_transfer(llama_dir, handoffs, unmigrated):
     req = handoffs["short"]
 
-    async def go():
-        async with started_nodes(llama_dir, CALM_TIMEOUT_S) as (a, b, tap):
-            plant(a, "r1", req)
-            await ticks([a, b], 2)
-            a.on_migrate(migrate_msg("r1", "m1", b), ROUTER)
-            assert paused(a, "r1") and outbound(a, "r1").skip_pages == 0  # nothing to stage: it pauses at once
-            rep = await moved(a, b, tap, "r1", "m1")
-            assert rep.precopy_bytes == 0 and rep.final_bytes == rep.pages * a.engine.pool.bytes_per_page
-            await finish([a, b], tap, "r1")
-            assert_arrival(tap, rep)
-            assert tap.stream("r1", req.first_token, "A") == unmigrated["short"]
-
-    asyncio.run(go())
+    async with migrating(llama_dir, req, CALM_TIMEOUT_S, steps=2) as (a, b, tap):
+        assert paused(a, "r1") and outbound(a, "r1").skip_pages == 0  # nothing to stage: it pauses at once
+        rep = await moved(a, b, tap, "r1", "m1")
+        assert rep.precopy_bytes == 0 and rep.final_bytes == rep.pages * a.engine.pool.bytes_per_page
+        await finish([a, b], tap, "r1")
+        assert_arrival(tap, rep)
+        assert tap.stream("r1", req.first_token, "A") == unmigrated["short"]
 
 
-def test_a_target_of_another_page_hash_namespace_gets_one_stop_and_copy_transfer(llama_dir, handoffs, unmigrated):
+@async_test
+async def test_a_target_of_another_page_hash_namespace_gets_one_stop_and_copy_transfer(llama_dir, handoffs, unmigrated):
     req = handoffs["long"]
 
-    async def go():
-        async with started_nodes(llama_dir, CALM_TIMEOUT_S) as (a, b, tap):
-            plant(a, "r1", req)
-            await ticks([a, b], 3)
-            # staged pages are found by hash at the target: under another namespace none would be
-            a.on_migrate(migrate_msg("r1", "m1", b, target_prefix_ns="another-model-ns"), ROUTER)
-            assert paused(a, "r1") and outbound(a, "r1").skip_pages == 0
-            rep = await moved(a, b, tap, "r1", "m1")
-            assert rep.precopy_bytes == 0 and rep.final_bytes == rep.pages * a.engine.pool.bytes_per_page
-            assert not b.migrations.staged
-            await finish([a, b], tap, "r1")
-            assert_arrival(tap, rep)
-            assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
-
-    asyncio.run(go())
+    async with started_nodes(llama_dir, CALM_TIMEOUT_S) as (a, b, tap):
+        plant(a, "r1", req)
+        await ticks([a, b], 3)
+        # staged pages are found by hash at the target: under another namespace none would be
+        a.on_migrate(migrate_msg("r1", "m1", b, target_prefix_ns="another-model-ns"), ROUTER)
+        assert paused(a, "r1") and outbound(a, "r1").skip_pages == 0
+        rep = await moved(a, b, tap, "r1", "m1")
+        assert rep.precopy_bytes == 0 and rep.final_bytes == rep.pages * a.engine.pool.bytes_per_page
+        assert not b.migrations.staged
+        await finish([a, b], tap, "r1")
+        assert_arrival(tap, rep)
+        assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
 
 
-def test_a_lost_precopy_times_out_and_the_request_decodes_on_at_the_source(llama_dir, handoffs, unmigrated):
+@async_test
+async def test_a_lost_precopy_times_out_and_the_request_decodes_on_at_the_source(llama_dir, handoffs, unmigrated):
     req = handoffs["long"]
 
-    async def go():
-        async with started_nodes(llama_dir, QUICK_TIMEOUT_S, LEASE_TIMEOUT_S) as (a, b, tap):
-            plant(a, "r1", req)
-            await ticks([a, b], 3)
-            a.on_migrate(migrate_msg("r1", "m1", b, inject="lose_precopy"), ROUTER)
-            rep = await kept(a, b, tap, "r1", "m1", "precopy", pause_s=SLOW_S)
-            assert "precopy not done after" in rep.reason
-            assert b.engine.pool.num_free == b.engine.pool.num_pages and not b.migrations.staged  # nothing came
-            await finish([a, b], tap, "r1")
-            assert tap.finished("r1")[0][0] == "A"
-            assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
-
-    asyncio.run(go())
+    async with migrating(llama_dir, req, QUICK_TIMEOUT_S, LEASE_TIMEOUT_S, inject="lose_precopy") as (a, b, tap):
+        rep = await kept(a, b, tap, "r1", "m1", "precopy", pause_s=SLOW_S)
+        assert "precopy not done after" in rep.reason
+        assert b.engine.pool.num_free == b.engine.pool.num_pages and not b.migrations.staged  # nothing came
+        await finish([a, b], tap, "r1")
+        assert tap.finished("r1")[0][0] == "A"
+        assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
 
 
-def test_a_lost_final_resumes_the_request_at_the_source_and_the_stage_expires(llama_dir, handoffs, unmigrated):
+@async_test
+async def test_a_lost_final_resumes_the_request_at_the_source_and_the_stage_expires(llama_dir, handoffs, unmigrated):
     req = handoffs["long"]
 
-    async def go():
-        async with started_nodes(llama_dir, QUICK_TIMEOUT_S, LEASE_TIMEOUT_S) as (a, b, tap):
-            plant(a, "r1", req)
-            await ticks([a, b], 3)
-            a.on_migrate(migrate_msg("r1", "m1", b, inject="lose_final"), ROUTER)
-            await run_until([a, b], lambda: stage_owner("r1") in b.migrations.staged, "staged at the target")
-            await run_until([a, b], lambda: paused(a, "r1"), "paused for the final")
-            assert a.seqs["r1"] not in a.engine.scheduler.running
-            logged = len(tap.log)
-            rep = await kept(a, b, tap, "r1", "m1", "resumed", pause_s=SLOW_S)
-            assert "final not done after" in rep.reason
-            # paused: no step ran it until it resumed (the report comes as it resumes)
-            assert not [m for m in tap.log[logged:tap.log.index(("A", rep))] if isinstance(m[1], TokenEvent)]
-            await finish([a, b], tap, "r1")  # (waits out the stage's lease at B)
-            assert tap.finished("r1")[0][0] == "A"
-            assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
-
-    asyncio.run(go())
+    async with migrating(llama_dir, req, QUICK_TIMEOUT_S, LEASE_TIMEOUT_S, inject="lose_final") as (a, b, tap):
+        await run_until([a, b], lambda: stage_owner("r1") in b.migrations.staged, "staged at the target")
+        await run_until([a, b], lambda: paused(a, "r1"), "paused for the final")
+        assert a.seqs["r1"] not in a.engine.scheduler.running
+        logged = len(tap.log)
+        rep = await kept(a, b, tap, "r1", "m1", "resumed", pause_s=SLOW_S)
+        assert "final not done after" in rep.reason
+        # paused: no step ran it until it resumed (the report comes as it resumes)
+        assert not [m for m in tap.log[logged:tap.log.index(("A", rep))] if isinstance(m[1], TokenEvent)]
+        await finish([a, b], tap, "r1")  # (waits out the stage's lease at B)
+        assert tap.finished("r1")[0][0] == "A"
+        assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
 
 
-def test_a_refused_final_resumes_the_request_at_the_source(llama_dir, handoffs, unmigrated):
+@async_test
+async def test_a_refused_final_resumes_the_request_at_the_source(llama_dir, handoffs, unmigrated):
     req = handoffs["long"]
 
-    async def go():
-        async with started_nodes(llama_dir, QUICK_TIMEOUT_S, LEASE_TIMEOUT_S) as (a, b, tap):
-            plant(a, "r1", req)
-            await ticks([a, b], 3)
-            a.on_migrate(migrate_msg("r1", "m1", b, inject="refuse_final"), ROUTER)
-            rep = await kept(a, b, tap, "r1", "m1", "resumed")
-            assert "fault injected" in rep.reason  # the target's refusal, not a timeout
-            await finish([a, b], tap, "r1")  # (waits out the stage's lease at B)
-            assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
-
-    asyncio.run(go())
+    async with migrating(llama_dir, req, QUICK_TIMEOUT_S, LEASE_TIMEOUT_S, inject="refuse_final") as (a, b, tap):
+        rep = await kept(a, b, tap, "r1", "m1", "resumed")
+        assert "fault injected" in rep.reason  # the target's refusal, not a timeout
+        await finish([a, b], tap, "r1")  # (waits out the stage's lease at B)
+        assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
 
 
-def test_a_target_gone_mid_final_resumes_the_request_at_the_source(llama_dir, handoffs, unmigrated):
+@async_test
+async def test_a_target_gone_mid_final_resumes_the_request_at_the_source(llama_dir, handoffs, unmigrated):
     req = handoffs["long"]
 
-    async def go():
-        async with started_nodes(llama_dir, QUICK_TIMEOUT_S, LEASE_TIMEOUT_S) as (a, b, tap):
-            plant(a, "r1", req)
-            await ticks([a, b], 3)
-            a.on_migrate(migrate_msg("r1", "m1", b), ROUTER)
-            await run_until([a, b], lambda: stage_owner("r1") in b.migrations.staged, "staged at the target")
-            await run_until([a, b], lambda: paused(a, "r1"), "paused for the final")
-            assert outbound(a, "r1").to_send  # the final is not sent yet: it goes to a dead endpoint
-            await b.receiver.close()
-            await kept(a, b, tap, "r1", "m1", "resumed", pause_s=SLOW_S)
-            await finish([a, b], tap, "r1")  # (waits out the stage's lease at B)
-            assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
-
-    asyncio.run(go())
+    async with migrating(llama_dir, req, QUICK_TIMEOUT_S, LEASE_TIMEOUT_S) as (a, b, tap):
+        await run_until([a, b], lambda: stage_owner("r1") in b.migrations.staged, "staged at the target")
+        await run_until([a, b], lambda: paused(a, "r1"), "paused for the final")
+        assert outbound(a, "r1").to_send  # the final is not sent yet: it goes to a dead endpoint
+        await b.receiver.close()
+        await kept(a, b, tap, "r1", "m1", "resumed", pause_s=SLOW_S)
+        await finish([a, b], tap, "r1")  # (waits out the stage's lease at B)
+        assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
 
 
-def test_a_stage_taken_back_before_the_final_is_resent_in_full(llama_dir, handoffs, unmigrated):
+@async_test
+async def test_a_stage_taken_back_before_the_final_is_resent_in_full(llama_dir, handoffs, unmigrated):
     req = handoffs["long"]
 
-    async def go():
-        async with started_nodes(llama_dir, CALM_TIMEOUT_S) as (a, b, tap):
-            plant(a, "r1", req)
-            await ticks([a, b], 3)
-            a.on_migrate(migrate_msg("r1", "m1", b), ROUTER)
-            await run_until([a, b], lambda: b.migrations.staged, "staged at the target")
-            # the source sends the final only at a poll after the tick the stage landed in
-            o = outbound(a, "r1")
-            assert o.phase == "precopy" or o.to_send
-            b.migrations.claim("r1")  # the stage lets go ...
-            assert b.engine.pool.drop_cache() == 2  # ... and its cached pages are taken for other use
-            rep = await moved(a, b, tap, "r1", "m1")
-            bpp = a.engine.pool.bytes_per_page
-            assert rep.precopy_bytes == 2 * bpp and rep.final_bytes == rep.pages * bpp  # every page, again
-            await finish([a, b], tap, "r1")
-            assert_arrival(tap, rep)
-            assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
-
-    asyncio.run(go())
+    async with migrating(llama_dir, req, CALM_TIMEOUT_S) as (a, b, tap):
+        await run_until([a, b], lambda: b.migrations.staged, "staged at the target")
+        # the source sends the final only at a poll after the tick the stage landed in
+        o = outbound(a, "r1")
+        assert o.phase == "precopy" or o.to_send
+        b.migrations.claim("r1")  # the stage lets go ...
+        assert b.engine.pool.drop_cache() == 2  # ... and its cached pages are taken for other use
+        rep = await moved(a, b, tap, "r1", "m1")
+        bpp = a.engine.pool.bytes_per_page
+        assert rep.precopy_bytes == 2 * bpp and rep.final_bytes == rep.pages * bpp  # every page, again
+        await finish([a, b], tap, "r1")
+        assert_arrival(tap, rep)
+        assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
 
 
 @pytest.mark.parametrize("when", ["precopy", "paused", "final_sent"])
-def test_a_client_abort_during_a_migration_leaves_nothing_anywhere(llama_dir, handoffs, when):
+@async_test
+async def test_a_client_abort_during_a_migration_leaves_nothing_anywhere(llama_dir, handoffs, when):
     req = handoffs["long"]
 
-    async def go():
-        async with started_nodes(llama_dir, QUICK_TIMEOUT_S, LEASE_TIMEOUT_S) as (a, b, tap):
-            plant(a, "r1", req)
-            await ticks([a, b], 3)
-            a.on_migrate(migrate_msg("r1", "m1", b), ROUTER)
-            if when == "precopy":
-                await tick([a, b])
-                o = outbound(a, "r1")
-                assert o.phase == "precopy" and o.transfer_id  # the precopy is on its way
-            else:
-                sent = when == "final_sent"
-                await run_until([a, b], lambda: paused(a, "r1") and bool(outbound(a, "r1").transfer_id) == sent,
-                                f"paused, the final {'sent' if sent else 'not sent yet'}")
-            logged = len(tap.log)
-            a.on_abort("r1", "client gone")
-            if when == "final_sent":  # it may have landed: the router aborts both ends of a move under way
-                b.on_abort("r1", "client gone")
-            rep = tap.report("A", "m1")
-            assert rep is not None and not rep.ok, rep
-            assert rep.reason == "the request ended during its migration: client gone"
-            assert rep.phase == ("precopy" if when == "precopy" else "final")
-            assert held_by([a, b], "r1") == [] and a.engine.pool.num_free == a.engine.pool.num_pages
-            await run_until([a, b], lambda: quiet([a, b]), "the nodes quiet", SLOW_S)
-            assert_empty([a, b])
-            assert tap.log[logged:] == [("A", rep)]  # no token, notice or report after the abort's
-
-    asyncio.run(go())
+    async with migrating(llama_dir, req, QUICK_TIMEOUT_S, LEASE_TIMEOUT_S) as (a, b, tap):
+        if when == "precopy":
+            await tick([a, b])
+            o = outbound(a, "r1")
+            assert o.phase == "precopy" and o.transfer_id  # the precopy is on its way
+        else:
+            sent = when == "final_sent"
+            await run_until([a, b], lambda: paused(a, "r1") and bool(outbound(a, "r1").transfer_id) == sent,
+                            f"paused, the final {'sent' if sent else 'not sent yet'}")
+        logged = len(tap.log)
+        a.on_abort("r1", "client gone")
+        if when == "final_sent":  # it may have landed: the router aborts both ends of a move under way
+            b.on_abort("r1", "client gone")
+        rep = tap.report("A", "m1")
+        assert rep is not None and not rep.ok, rep
+        assert rep.reason == "the request ended during its migration: client gone"
+        assert rep.phase == ("precopy" if when == "precopy" else "final")
+        assert held_by([a, b], "r1") == [] and a.engine.pool.num_free == a.engine.pool.num_pages
+        await run_until([a, b], lambda: quiet([a, b]), "the nodes quiet", SLOW_S)
+        assert_empty([a, b])
+        assert tap.log[logged:] == [("A", rep)]  # no token, notice or report after the abort's
 
 
-def test_a_stale_abort_at_the_target_does_not_drop_a_migration(llama_dir, handoffs, unmigrated):
+@async_test
+async def test_a_stale_abort_at_the_target_does_not_drop_a_migration(llama_dir, handoffs, unmigrated):
     req = handoffs["long"]
 
-    async def go():
-        async with started_nodes(llama_dir, CALM_TIMEOUT_S) as (a, b, tap):
-            plant(a, "r1", req)
-            await ticks([a, b], 3)
-            b.aborted["r1"] = time.monotonic()  # B was once told to drop a copy of it
-            a.on_migrate(migrate_msg("r1", "m1", b), ROUTER)
-            rep = await moved(a, b, tap, "r1", "m1")
-            assert rep.precopy_bytes > 0 and "r1" not in b.aborted  # the precopy's admission forgot it
-            await finish([a, b], tap, "r1")
-            assert_arrival(tap, rep)
-            assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
-
-    asyncio.run(go())
+    async with started_nodes(llama_dir, CALM_TIMEOUT_S) as (a, b, tap):
+        plant(a, "r1", req)
+        await ticks([a, b], 3)
+        b.aborted["r1"] = time.monotonic()  # B was once told to drop a copy of it
+        a.on_migrate(migrate_msg("r1", "m1", b), ROUTER)
+        rep = await moved(a, b, tap, "r1", "m1")
+        assert rep.precopy_bytes > 0 and "r1" not in b.aborted  # the precopy's admission forgot it
+        await finish([a, b], tap, "r1")
+        assert_arrival(tap, rep)
+        assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
 
 
-def test_there_and_back_again(llama_dir, handoffs, unmigrated):
+@async_test
+async def test_there_and_back_again(llama_dir, handoffs, unmigrated):
     req = handoffs["long"]
 
-    async def go():
-        async with started_nodes(llama_dir, CALM_TIMEOUT_S) as (a, b, tap):
-            plant(a, "r1", req)
-            await ticks([a, b], 3)
-            a.on_migrate(migrate_msg("r1", "m1", b), ROUTER)
-            there = await moved(a, b, tap, "r1", "m1")
-            await run_until([a, b], lambda: tap.report("B", "m1"), "B's first token")
-            b.on_migrate(migrate_msg("r1", "m2", a), ROUTER)
-            back = await moved(b, a, tap, "r1", "m2")
-            assert back.precopy_bytes > 0 and back.output_tokens > there.output_tokens
-            await finish([a, b], tap, "r1")
-            assert_arrival(tap, there)
-            assert_arrival(tap, back)
-            assert tap.finished("r1")[0][0] == "A"
-            assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
-
-    asyncio.run(go())
+    async with migrating(llama_dir, req, CALM_TIMEOUT_S) as (a, b, tap):
+        there = await moved(a, b, tap, "r1", "m1")
+        await run_until([a, b], lambda: tap.report("B", "m1"), "B's first token")
+        b.on_migrate(migrate_msg("r1", "m2", a), ROUTER)
+        back = await moved(b, a, tap, "r1", "m2")
+        assert back.precopy_bytes > 0 and back.output_tokens > there.output_tokens
+        await finish([a, b], tap, "r1")
+        assert_arrival(tap, there)
+        assert_arrival(tap, back)
+        assert tap.finished("r1")[0][0] == "A"
+        assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
 
 
-def test_a_seeded_sampling_request_samples_the_same_tokens_after_a_migration(llama_dir, handoffs, unmigrated):
+@async_test
+async def test_a_seeded_sampling_request_samples_the_same_tokens_after_a_migration(llama_dir, handoffs, unmigrated):
     req = handoffs["sampled"]
 
-    async def go():
-        async with started_nodes(llama_dir, CALM_TIMEOUT_S) as (a, b, tap):
-            plant(a, "r1", req)
-            await ticks([a, b], 3)
-            a.on_migrate(migrate_msg("r1", "m1", b), ROUTER)
-            rep = await moved(a, b, tap, "r1", "m1")
-            await finish([a, b], tap, "r1")
-            assert_arrival(tap, rep)
-            assert tap.stream("r1", req.first_token, "A") == unmigrated["sampled"]
-
-    asyncio.run(go())
+    async with migrating(llama_dir, req, CALM_TIMEOUT_S) as (a, b, tap):
+        rep = await moved(a, b, tap, "r1", "m1")
+        await finish([a, b], tap, "r1")
+        assert_arrival(tap, rep)
+        assert tap.stream("r1", req.first_token, "A") == unmigrated["sampled"]
 
 
-def test_a_second_migrate_and_one_for_an_unknown_request_are_refused(llama_dir, handoffs, unmigrated):
+@async_test
+async def test_a_second_migrate_and_one_for_an_unknown_request_are_refused(llama_dir, handoffs, unmigrated):
     req = handoffs["long"]
 
-    async def go():
-        async with started_nodes(llama_dir, CALM_TIMEOUT_S) as (a, b, tap):
-            plant(a, "r1", req)
-            await ticks([a, b], 3)
-            a.on_migrate(migrate_msg("r1", "m0", a), ROUTER)
-            a.on_migrate(migrate_msg("r1", "m1", b), ROUTER)
-            a.on_migrate(migrate_msg("r1", "m2", b), ROUTER)
-            a.on_migrate(migrate_msg("nobody", "m3", b), ROUTER)
-            for mid, why in (("m0", "the target is this node, or has no KV address"),
-                             ("m2", "a migration of the request is under way"),
-                             ("m3", "the request is not on this node")):
-                rep = tap.report("A", mid)
-                assert rep is not None and not rep.ok and rep.reason == why, rep
-            assert outbound(a, "r1").msg.migration_id == "m1"  # the first one goes on
-            rep = await moved(a, b, tap, "r1", "m1")
-            await finish([a, b], tap, "r1")
-            assert_arrival(tap, rep)
-            assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
-
-    asyncio.run(go())
+    async with started_nodes(llama_dir, CALM_TIMEOUT_S) as (a, b, tap):
+        plant(a, "r1", req)
+        await ticks([a, b], 3)
+        a.on_migrate(migrate_msg("r1", "m0", a), ROUTER)
+        a.on_migrate(migrate_msg("r1", "m1", b), ROUTER)
+        a.on_migrate(migrate_msg("r1", "m2", b), ROUTER)
+        a.on_migrate(migrate_msg("nobody", "m3", b), ROUTER)
+        for mid, why in (("m0", "the target is this node, or has no KV address"),
+                         ("m2", "a migration of the request is under way"),
+                         ("m3", "the request is not on this node")):
+            rep = tap.report("A", mid)
+            assert rep is not None and not rep.ok and rep.reason == why, rep
+        assert outbound(a, "r1").msg.migration_id == "m1"  # the first one goes on
+        rep = await moved(a, b, tap, "r1", "m1")
+        await finish([a, b], tap, "r1")
+        assert_arrival(tap, rep)
+        assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
 
 
-def test_a_target_shut_down_with_a_stage_landed_reports_no_request_for_it(llama_dir, handoffs, unmigrated):
+@async_test
+async def test_a_target_shut_down_with_a_stage_landed_reports_no_request_for_it(llama_dir, handoffs, unmigrated):
     req = handoffs["long"]
 
-    async def go():
-        async with started_nodes(llama_dir, QUICK_TIMEOUT_S, LEASE_TIMEOUT_S) as (a, b, tap):
-            plant(a, "r1", req)
-            await ticks([a, b], 3)
-            a.on_migrate(migrate_msg("r1", "m1", b), ROUTER)
-            # B's loop stops polling (it is shutting down) while the precopy lands: A pauses once
-            # B committed it, and B closes with the stage landed but never adopted
-            await run_until([a], lambda: paused(a, "r1"), "paused for the final")
-            await b.close_extra()
-            assert b.engine.pool.num_free == b.engine.pool.num_pages  # its pages are freed all the same
-            await kept(a, b, tap, "r1", "m1", "resumed", pause_s=SLOW_S)
-            await run_until([a], lambda: tap.finished("r1"), "r1 finished")
-            assert_empty([a])
-            assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
-            # a stage is not a request: nothing may end in its name
-            assert tap.of(TokenEvent, "B") == []
-
-    asyncio.run(go())
+    async with migrating(llama_dir, req, QUICK_TIMEOUT_S, LEASE_TIMEOUT_S) as (a, b, tap):
+        # B's loop stops polling (it is shutting down) while the precopy lands: A pauses once
+        # B committed it, and B closes with the stage landed but never adopted
+        await run_until([a], lambda: paused(a, "r1"), "paused for the final")
+        await b.close_extra()
+        assert b.engine.pool.num_free == b.engine.pool.num_pages  # its pages are freed all the same
+        await kept(a, b, tap, "r1", "m1", "resumed", pause_s=SLOW_S)
+        await run_until([a], lambda: tap.finished("r1"), "r1 finished")
+        assert_empty([a])
+        assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
+        # a stage is not a request: nothing may end in its name
+        assert tap.of(TokenEvent, "B") == []

@@ -23,6 +23,8 @@ from kv_transport.testing import TINY_SPEC, make_export, make_pool
 from pdtb.common import CliError
 from pdtb.engine.sequence import SamplingParams, Sequence
 
+from async_case import async_test
+
 
 def header(prompt_len: int, max_tokens: int) -> Inherited:
     """What a transfer header of a `prompt_len`-token request tells (page size 16)."""
@@ -125,7 +127,8 @@ def test_a_parked_arrival_aborted_before_adoption_frees_its_host_pages(llama_dir
         node.ctx.destroy(linger=0)
 
 
-def test_a_router_whose_connection_dropped_learns_why_its_requests_ended(llama_dir):
+@async_test
+async def test_a_router_whose_connection_dropped_learns_why_its_requests_ended(llama_dir):
     """Events to a router that is not connected are lost: the node ends that router's requests
     (pages freed) and, if the router was only reconnecting, fails them there on its next
     message with the reason, instead of leaving it to wait out its request timeout (a reset
@@ -136,32 +139,29 @@ def test_a_router_whose_connection_dropped_learns_why_its_requests_ended(llama_d
     from kv_transport.base import ReceivedTransfer, TransferStatus
     from pdtb.engine.config import EngineConfig
 
-    async def go():
-        node = DecodeNode(NodeConfig("decode", "d0", EngineConfig(llama_dir, num_pages=32)))
-        try:
-            pool = node.engine.pool
-            for rid, router in (("a", "r1"), ("b", "r1"), ("c", "r2")):
-                pages = pool.allocate(rid, 3)
-                extra = {"params": {"max_tokens": 8}, "router_id": router}
-                node._adopt(ReceivedTransfer(f"t-{rid}", rid, "t", 40, pages, [5] * 40, [6], 40, extra,
-                                             TransferStatus(f"t-{rid}", rid, TransferState.DONE, bytes_total=1)))
-            node.sink._pending.clear()  # the adoption events
-            node._router_gone("r1")
-            assert sorted(node.seqs) == ["c"] and pool.pages_of("a") == pool.pages_of("b") == []
-            node._on_message(b"r2", Ping(1, "r2"))  # another router: nothing to tell it
-            assert b"r2" not in node.sink._pending
-            node._on_message(b"r1", Ping(2, "r1"))  # r1 is back
-            events = node.sink._pending[b"r1"].events
-            assert sorted(e.request_id for e in events) == ["a", "b"]
-            assert all(e.finished and e.finish_reason == "error" and "lost its connection" in e.error for e in events)
-            node.sink._pending.clear()
-            node._on_message(b"r1", Ping(3, "r1"))  # told once
-            assert not node.sink._pending
-            await asyncio.sleep(0)  # the Ping replies' tasks
-        finally:
-            node.ctx.destroy(linger=0)
-
-    asyncio.run(go())
+    node = DecodeNode(NodeConfig("decode", "d0", EngineConfig(llama_dir, num_pages=32)))
+    try:
+        pool = node.engine.pool
+        for rid, router in (("a", "r1"), ("b", "r1"), ("c", "r2")):
+            pages = pool.allocate(rid, 3)
+            extra = {"params": {"max_tokens": 8}, "router_id": router}
+            node._adopt(ReceivedTransfer(f"t-{rid}", rid, "t", 40, pages, [5] * 40, [6], 40, extra,
+                                         TransferStatus(f"t-{rid}", rid, TransferState.DONE, bytes_total=1)))
+        node.sink._pending.clear()  # the adoption events
+        node._router_gone("r1")
+        assert sorted(node.seqs) == ["c"] and pool.pages_of("a") == pool.pages_of("b") == []
+        node._on_message(b"r2", Ping(1, "r2"))  # another router: nothing to tell it
+        assert b"r2" not in node.sink._pending
+        node._on_message(b"r1", Ping(2, "r1"))  # r1 is back
+        events = node.sink._pending[b"r1"].events
+        assert sorted(e.request_id for e in events) == ["a", "b"]
+        assert all(e.finished and e.finish_reason == "error" and "lost its connection" in e.error for e in events)
+        node.sink._pending.clear()
+        node._on_message(b"r1", Ping(3, "r1"))  # told once
+        assert not node.sink._pending
+        await asyncio.sleep(0)  # the Ping replies' tasks
+    finally:
+        node.ctx.destroy(linger=0)
 
 
 def test_a_loopback_node_keeps_gloo_on_the_loopback_interface(monkeypatch):
@@ -184,7 +184,8 @@ def test_a_loopback_node_keeps_gloo_on_the_loopback_interface(monkeypatch):
     assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
 
 
-def test_odd_control_messages_do_not_take_the_node_down(llama_dir):
+@async_test
+async def test_odd_control_messages_do_not_take_the_node_down(llama_dir):
     """A GenerateRequest from a peer whose identity is not UTF-8 (and no router_id) raises in
     the handler; that, like any handler error, drops just that message, not the node. A second
     request with a live request's id is dropped (its events would mix with the first's)."""
@@ -194,26 +195,23 @@ def test_odd_control_messages_do_not_take_the_node_down(llama_dir):
     from pdtb.colocated.node import ColocatedNode
     from pdtb.engine.config import EngineConfig
 
-    async def go():
-        node = ColocatedNode(NodeConfig("colocated", "c0", EngineConfig(llama_dir, num_pages=64)))
-        try:
-            req = GenerateRequest("x1", [5] * 20, Params(max_tokens=4))
-            node.ctrl._dispatch([b"\xff\xfe-peer", encode_message(req)])
-            assert "x1" in node.seqs and node.routes["x1"].endswith("-peer")
-            node.ctrl._dispatch([b"other", encode_message(GenerateRequest("x1", [6] * 30, Params(max_tokens=9)))])
-            assert node.seqs["x1"].num_prompt_tokens == 20 and node.routes["x1"].endswith("-peer")
+    node = ColocatedNode(NodeConfig("colocated", "c0", EngineConfig(llama_dir, num_pages=64)))
+    try:
+        req = GenerateRequest("x1", [5] * 20, Params(max_tokens=4))
+        node.ctrl._dispatch([b"\xff\xfe-peer", encode_message(req)])
+        assert "x1" in node.seqs and node.routes["x1"].endswith("-peer")
+        node.ctrl._dispatch([b"other", encode_message(GenerateRequest("x1", [6] * 30, Params(max_tokens=9)))])
+        assert node.seqs["x1"].num_prompt_tokens == 20 and node.routes["x1"].endswith("-peer")
 
-            def broken(ident, msg):
-                raise RuntimeError("a case no check foresaw")
+        def broken(ident, msg):
+            raise RuntimeError("a case no check foresaw")
 
-            bad_before = node.ctrl.bad_frames
-            node.ctrl.handler = broken
-            node.ctrl._dispatch([b"r", encode_message(req)])  # logged and dropped, not raised
-            assert node.ctrl.bad_frames == bad_before + 1
-        finally:
-            node.ctx.destroy(linger=0)
-
-    asyncio.run(go())
+        bad_before = node.ctrl.bad_frames
+        node.ctrl.handler = broken
+        node.ctrl._dispatch([b"r", encode_message(req)])  # logged and dropped, not raised
+        assert node.ctrl.bad_frames == bad_before + 1
+    finally:
+        node.ctx.destroy(linger=0)
 
 
 def test_a_prefill_node_needs_pages_for_the_prompt_only(llama_dir):
@@ -238,7 +236,8 @@ def test_a_prefill_node_needs_pages_for_the_prompt_only(llama_dir):
     assert validate_prompt(colocated, GenerateRequest("r", [5] * 100, Params(max_tokens=100))) is not None
 
 
-def test_a_prefill_node_accounts_for_its_held_hand_offs_and_forgets_them(llama_dir):
+@async_test
+async def test_a_prefill_node_accounts_for_its_held_hand_offs_and_forgets_them(llama_dir):
     """Pages a prefill node holds for a hand-off are its tenants' pages (in the per-tenant
     figures after the request left the scheduler too), and a released hand-off's meters are
     dropped, not kept forever; an abort is counted as a finished request."""
@@ -247,28 +246,25 @@ def test_a_prefill_node_accounts_for_its_held_hand_offs_and_forgets_them(llama_d
     from prefill_node.node import PrefillNode
     from pdtb.engine.config import EngineConfig
 
-    async def go():
-        node = PrefillNode(NodeConfig("prefill", "p0", EngineConfig(llama_dir, num_pages=64)))
-        try:
-            for i, tenant in enumerate(("a", "a", "b")):
-                req = GenerateRequest(f"h{i}", [5] * 40, Params(max_tokens=8), tenant=tenant,
-                                      decode_kv_addr="tcp://127.0.0.1:9")
-                node._on_message(b"r1", req)
-            while node.engine.has_work():  # as the node's engine loop does
-                events = node.engine.step()
-                node.acct.on_output(node.engine.last_output, 0.0)
-                node.on_step_events(events, 0.0)
-            assert sorted(node.handoffs) == ["h0", "h1", "h2"]
-            assert node.acct.tenant_stats()["tenant_pages"] == {"a": 6, "b": 3}  # 40 tokens: 3 pages each
-            node._release("h0")
-            assert "h0" not in node.acct.meter.per_request and "h1" in node.acct.meter.per_request
-            node._on_message(b"r1", AbortRequest("h1", "client disconnected"))
-            text = node.metrics.render().decode()
-            assert 'reason="abort"' in text and node.acct.tenant_stats()["tenant_pages"] == {"b": 3}
-        finally:
-            node.ctx.destroy(linger=0)
-
-    asyncio.run(go())
+    node = PrefillNode(NodeConfig("prefill", "p0", EngineConfig(llama_dir, num_pages=64)))
+    try:
+        for i, tenant in enumerate(("a", "a", "b")):
+            req = GenerateRequest(f"h{i}", [5] * 40, Params(max_tokens=8), tenant=tenant,
+                                  decode_kv_addr="tcp://127.0.0.1:9")
+            node._on_message(b"r1", req)
+        while node.engine.has_work():  # as the node's engine loop does
+            events = node.engine.step()
+            node.acct.on_output(node.engine.last_output, 0.0)
+            node.on_step_events(events, 0.0)
+        assert sorted(node.handoffs) == ["h0", "h1", "h2"]
+        assert node.acct.tenant_stats()["tenant_pages"] == {"a": 6, "b": 3}  # 40 tokens: 3 pages each
+        node._release("h0")
+        assert "h0" not in node.acct.meter.per_request and "h1" in node.acct.meter.per_request
+        node._on_message(b"r1", AbortRequest("h1", "client disconnected"))
+        text = node.metrics.render().decode()
+        assert 'reason="abort"' in text and node.acct.tenant_stats()["tenant_pages"] == {"b": 3}
+    finally:
+        node.ctx.destroy(linger=0)
 
 
 def test_decode_admission_refuses_sealed_metadata_that_does_not_validate(llama_dir):

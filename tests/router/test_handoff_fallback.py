@@ -14,6 +14,8 @@ from kv_transport import TransferState
 from kv_transport.admission import FailCode
 from pdtb.router.config import NodeSpec
 
+from async_case import async_test
+
 X, Y, Z = Target("dx", "tcp://127.0.0.1:11"), Target("dy", "tcp://127.0.0.1:12"), Target("dz", "tcp://127.0.0.1:13")
 
 
@@ -211,144 +213,130 @@ def drain(handle) -> list[TokenEvent]:
     return out
 
 
-def test_the_router_names_fallbacks_and_follows_a_move():
-    async def go():
-        reg, p, a, b = registry()
-        sent = []
-        reg._send = lambda node, msg: sent.append((node, msg)) or True
-        req = GenerateRequest("r", [5] * 20, Params(max_tokens=4))
-        handle = reg.submit(req)
-        assert handle.decode is a and req.fallbacks == [Target("b", "tcp://127.0.0.1:23")]
-        assert "r" in a.pending_pages
-        reg._on_event(p, TokenEvent("r", [7]))
-        reg._on_notice(p, HandoffNotice("r", "b"))  # p moved it
-        assert handle.decode is b and not handle.handed_off and "r" in b.pending_pages and not a.pending_pages
-        reg._on_notice(b, HandoffNotice("r", "b", delivered=True))  # b adopted it
-        reg._on_event(b, TokenEvent("r", [8]))
-        assert handle.handed_off and [e.token_ids for e in drain(handle)] == [[7], [8]]
-        # a has it too (a transfer that timed out at p but landed): told to drop it
-        reg._on_event(a, TokenEvent("r", [9]))
-        assert not drain(handle) and [(n, type(m).__name__) for n, m in sent[1:]] == [(a, "AbortRequest")]
-
-    asyncio.run(go())
+@async_test
+async def test_the_router_names_fallbacks_and_follows_a_move():
+    reg, p, a, b = registry()
+    sent = []
+    reg._send = lambda node, msg: sent.append((node, msg)) or True
+    req = GenerateRequest("r", [5] * 20, Params(max_tokens=4))
+    handle = reg.submit(req)
+    assert handle.decode is a and req.fallbacks == [Target("b", "tcp://127.0.0.1:23")]
+    assert "r" in a.pending_pages
+    reg._on_event(p, TokenEvent("r", [7]))
+    reg._on_notice(p, HandoffNotice("r", "b"))  # p moved it
+    assert handle.decode is b and not handle.handed_off and "r" in b.pending_pages and not a.pending_pages
+    reg._on_notice(b, HandoffNotice("r", "b", delivered=True))  # b adopted it
+    reg._on_event(b, TokenEvent("r", [8]))
+    assert handle.handed_off and [e.token_ids for e in drain(handle)] == [[7], [8]]
+    # a has it too (a transfer that timed out at p but landed): told to drop it
+    reg._on_event(a, TokenEvent("r", [9]))
+    assert not drain(handle) and [(n, type(m).__name__) for n, m in sent[1:]] == [(a, "AbortRequest")]
 
 
-def test_a_decode_node_that_adopted_the_request_holds_it_before_any_notice():
+@async_test
+async def test_a_decode_node_that_adopted_the_request_holds_it_before_any_notice():
     """b's events come before p's notice (different connections), or b adopted a transfer p had
     given up on while p tries another node: b holds the request. Its output is passed on at
     once (not set aside until a notice that might never come, then thrown away), and p is told
     to drop its hand-off."""
-    async def go():
-        reg, p, a, b = registry()
-        sent = []
-        reg._send = lambda node, msg: sent.append((node, msg)) or True
-        handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
-        reg._on_event(p, TokenEvent("r", [7]))
-        reg._on_event(b, TokenEvent("r", [8]))
-        reg._on_event(b, TokenEvent("r", [9], finished=True, finish_reason="length"))
-        assert handle.decode is b and handle.handed_off
-        assert [e.token_ids for e in drain(handle)] == [[7], [8], [9]]
-        assert [(n, m.request_id) for n, m in sent[1:]] == [(p, "r")]  # p drops its hand-off
-
-    asyncio.run(go())
+    reg, p, a, b = registry()
+    sent = []
+    reg._send = lambda node, msg: sent.append((node, msg)) or True
+    handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
+    reg._on_event(p, TokenEvent("r", [7]))
+    reg._on_event(b, TokenEvent("r", [8]))
+    reg._on_event(b, TokenEvent("r", [9], finished=True, finish_reason="length"))
+    assert handle.decode is b and handle.handed_off
+    assert [e.token_ids for e in drain(handle)] == [[7], [8], [9]]
+    assert [(n, m.request_id) for n, m in sent[1:]] == [(p, "r")]  # p drops its hand-off
 
 
-def test_a_delivered_hand_off_depends_on_its_decode_node_alone():
+@async_test
+async def test_a_delivered_hand_off_depends_on_its_decode_node_alone():
     """The KV reached a, then a died before its first event: the prefill node no longer holds
     the request, so a NodeDown cannot move it; it must fail now, not at the request timeout
     (600 s)."""
-    async def go():
-        reg, p, a, b = registry()
-        reg._send = lambda node, msg: True
-        handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
-        reg._on_event(p, TokenEvent("r", [7]))
-        reg._on_notice(p, HandoffNotice("r", "a", delivered=True))
-        assert handle.handed_off and handle.decode is a
-        drain(handle)
-        reg._fail_dependents(a)
-        with pytest.raises(Exception, match="stopped answering"):
-            raise handle.queue.get_nowait()
-
-    asyncio.run(go())
+    reg, p, a, b = registry()
+    reg._send = lambda node, msg: True
+    handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
+    reg._on_event(p, TokenEvent("r", [7]))
+    reg._on_notice(p, HandoffNotice("r", "a", delivered=True))
+    assert handle.handed_off and handle.decode is a
+    drain(handle)
+    reg._fail_dependents(a)
+    with pytest.raises(Exception, match="stopped answering"):
+        raise handle.queue.get_nowait()
 
 
-def test_an_abort_reaches_every_decode_node_that_may_hold_the_request():
+@async_test
+async def test_an_abort_reaches_every_decode_node_that_may_hold_the_request():
     """A client gone while a move notice is on its way: the node the request moved to gets the
     abort too (it decoded to max_tokens for nobody)."""
-    async def go():
-        reg, p, a, b = registry()
-        sent = []
-        reg._send = lambda node, msg: sent.append((node, msg)) or True
-        handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
-        reg.abort(handle, "client disconnected")
-        assert {n.node_id for n, m in sent[1:] if type(m).__name__ == "AbortRequest"} == {"p", "a", "b"}
-
-    asyncio.run(go())
+    reg, p, a, b = registry()
+    sent = []
+    reg._send = lambda node, msg: sent.append((node, msg)) or True
+    handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
+    reg.abort(handle, "client disconnected")
+    assert {n.node_id for n, m in sent[1:] if type(m).__name__ == "AbortRequest"} == {"p", "a", "b"}
 
 
-def test_a_dead_decode_node_fails_only_requests_without_a_way_out():
-    async def go():
-        reg, p, a, b = registry()
-        reg._send = lambda node, msg: True
-        moving = reg.submit(GenerateRequest("moving", [5] * 20, Params(max_tokens=4)))
-        b.last_seen = None  # b is down too: nothing left to move to
-        stuck = reg.submit(GenerateRequest("stuck", [5] * 20, Params(max_tokens=4)))
-        b.last_seen = time.monotonic()
-        assert moving.fallbacks == ["a", "b"] and stuck.fallbacks == []
-        reg._fail_dependents(a)
-        assert moving.queue.empty()  # its prefill node moves it (NodeDown)
-        with pytest.raises(Exception, match="stopped answering"):
-            raise stuck.queue.get_nowait()
-
-    asyncio.run(go())
+@async_test
+async def test_a_dead_decode_node_fails_only_requests_without_a_way_out():
+    reg, p, a, b = registry()
+    reg._send = lambda node, msg: True
+    moving = reg.submit(GenerateRequest("moving", [5] * 20, Params(max_tokens=4)))
+    b.last_seen = None  # b is down too: nothing left to move to
+    stuck = reg.submit(GenerateRequest("stuck", [5] * 20, Params(max_tokens=4)))
+    b.last_seen = time.monotonic()
+    assert moving.fallbacks == ["a", "b"] and stuck.fallbacks == []
+    reg._fail_dependents(a)
+    assert moving.queue.empty()  # its prefill node moves it (NodeDown)
+    with pytest.raises(Exception, match="stopped answering"):
+        raise stuck.queue.get_nowait()
 
 
-def test_a_move_names_the_node_that_answers_to_the_id_not_the_one_it_replaced():
+@async_test
+async def test_a_move_names_the_node_that_answers_to_the_id_not_the_one_it_replaced():
     """A replacement reports the id of the node it replaced, which stays listed (down): the
     prefill node's notice names that id, and the request follows the live node. Following the
     dead one would leave it waiting for events that never come (the live node's are refused
     as a second holder's)."""
     from pdtb.router.registry import NodeState
 
-    async def go():
-        reg, p, a, b = registry()
-        sent = []
-        reg._send = lambda node, msg: sent.append((node, msg)) or True
-        a.last_seen = time.monotonic() - 60  # a is down
-        a2 = NodeState(NodeSpec("decode", "tcp://127.0.0.1:4"))  # as NodeRegistry.add lists it (no sockets here)
-        reg.nodes.append(a2)
-        a2.stats, a2.last_seen = NodeStats("a", "decode", 0, 100, 100, kv_addr="tcp://127.0.0.1:24"), time.monotonic()
-        assert reg.by_id("a") is a2 and reg.decode_node("a") is a2
-        handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
-        assert handle.decode is a2  # the most free pages, beside b
-        reg._on_event(p, TokenEvent("r", [7]))
-        reg._on_notice(p, HandoffNotice("r", "a", delivered=True))
-        assert handle.decode is a2 and handle.handed_off
-        reg._on_event(a2, TokenEvent("r", [8], finished=True, finish_reason="length"))
-        assert [e.token_ids for e in drain(handle)] == [[7], [8]]
-        assert not [m for _, m in sent[1:] if type(m).__name__ == "AbortRequest"]
-
-    asyncio.run(go())
+    reg, p, a, b = registry()
+    sent = []
+    reg._send = lambda node, msg: sent.append((node, msg)) or True
+    a.last_seen = time.monotonic() - 60  # a is down
+    a2 = NodeState(NodeSpec("decode", "tcp://127.0.0.1:4"))  # as NodeRegistry.add lists it (no sockets here)
+    reg.nodes.append(a2)
+    a2.stats, a2.last_seen = NodeStats("a", "decode", 0, 100, 100, kv_addr="tcp://127.0.0.1:24"), time.monotonic()
+    assert reg.by_id("a") is a2 and reg.decode_node("a") is a2
+    handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
+    assert handle.decode is a2  # the most free pages, beside b
+    reg._on_event(p, TokenEvent("r", [7]))
+    reg._on_notice(p, HandoffNotice("r", "a", delivered=True))
+    assert handle.decode is a2 and handle.handed_off
+    reg._on_event(a2, TokenEvent("r", [8], finished=True, finish_reason="length"))
+    assert [e.token_ids for e in drain(handle)] == [[7], [8]]
+    assert not [m for _, m in sent[1:] if type(m).__name__ == "AbortRequest"]
 
 
-def test_a_hand_off_to_a_node_judged_down_fails_the_request_at_once():
+@async_test
+async def test_a_hand_off_to_a_node_judged_down_fails_the_request_at_once():
     """The router judges a node down once (when it stops answering); a notice that the request
     went there after that judgement fails it now, not at the request timeout (600 s)."""
-    async def go():
-        reg, p, a, b = registry()
-        reg._send = lambda node, msg: True
-        moved = reg.submit(GenerateRequest("moved", [5] * 20, Params(max_tokens=4)))
-        stays = reg.submit(GenerateRequest("stays", [5] * 20, Params(max_tokens=4)))
-        assert moved.decode is a and stays.decode is a
-        b.last_seen = time.monotonic() - 60  # silent, not judged yet (the router's loop stalled): no verdict
-        reg._on_notice(p, HandoffNotice("moved", "b"))
-        assert moved.decode is b and moved.queue.empty()
-        b.lost = True  # judged now
-        reg._on_notice(p, HandoffNotice("moved", "b", delivered=True))
-        with pytest.raises(Exception, match="decode node b took the request but stopped answering"):
-            raise moved.queue.get_nowait()
-        a.lost = True
-        reg._on_notice(p, HandoffNotice("stays", "a", delivered=True))  # delivered where it was sent
-        assert stays.handed_off and stays.queue.qsize() == 1
-
-    asyncio.run(go())
+    reg, p, a, b = registry()
+    reg._send = lambda node, msg: True
+    moved = reg.submit(GenerateRequest("moved", [5] * 20, Params(max_tokens=4)))
+    stays = reg.submit(GenerateRequest("stays", [5] * 20, Params(max_tokens=4)))
+    assert moved.decode is a and stays.decode is a
+    b.last_seen = time.monotonic() - 60  # silent, not judged yet (the router's loop stalled): no verdict
+    reg._on_notice(p, HandoffNotice("moved", "b"))
+    assert moved.decode is b and moved.queue.empty()
+    b.lost = True  # judged now
+    reg._on_notice(p, HandoffNotice("moved", "b", delivered=True))
+    with pytest.raises(Exception, match="decode node b took the request but stopped answering"):
+        raise moved.queue.get_nowait()
+    a.lost = True
+    reg._on_notice(p, HandoffNotice("stays", "a", delivered=True))  # delivered where it was sent
+    assert stays.handed_off and stays.queue.qsize() == 1

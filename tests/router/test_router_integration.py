@@ -24,6 +24,8 @@ from pdtb.router.config import NodeSpec, RouterConfig, load_served_model
 from pdtb.router.fake_node import FakeNode, FakeNodeConfig, expected_output
 from pdtb.router.main import start_router
 
+from async_case import async_test
+
 TEXT = "Grüße 東京 🙂 and ünïcödé, 서울!"
 PROMPT = "Prefill runs the prompt once"
 
@@ -489,7 +491,8 @@ def test_dispatch_policy_prefers_idle_prefill_and_free_decode():
     assert pick_prefill([]) is None and pick_most_free([]) is None
 
 
-def test_a_silent_node_fails_its_requests_with_why():
+@async_test
+async def test_a_silent_node_fails_its_requests_with_why():
     """A node that goes silent fails the requests that depend on it; one that said it was draining
     is reported as shut down, even when its own abort messages were lost on the way."""
     import asyncio
@@ -497,20 +500,17 @@ def test_a_silent_node_fails_its_requests_with_why():
     from pdtb.nodes.protocol import NodeStats
     from pdtb.router.registry import NodeRegistry, RequestHandle
 
-    async def go():
-        reg = NodeRegistry([NodeSpec("colocated", "tcp://127.0.0.1:1"), NodeSpec("colocated", "tcp://127.0.0.1:2")])
-        crashed, drained = reg.nodes
-        crashed.stats = NodeStats("a", "colocated", 0, 100, 100)
-        drained.stats = NodeStats("b", "colocated", 0, 100, 100, draining=True)
-        for rid, node in (("r1", crashed), ("r2", drained), ("r3", drained)):
-            reg._requests[rid] = RequestHandle(rid, node, None)
-        reg._fail_dependents(crashed)
-        reg._fail_dependents(drained)
-        why = {rid: str(h.queue.get_nowait()) for rid, h in reg._requests.items()}
-        assert "stopped answering" in why["r1"] and "shut down" not in why["r1"]
-        assert all("shut down" in why[r] for r in ("r2", "r3"))
-
-    asyncio.run(go())
+    reg = NodeRegistry([NodeSpec("colocated", "tcp://127.0.0.1:1"), NodeSpec("colocated", "tcp://127.0.0.1:2")])
+    crashed, drained = reg.nodes
+    crashed.stats = NodeStats("a", "colocated", 0, 100, 100)
+    drained.stats = NodeStats("b", "colocated", 0, 100, 100, draining=True)
+    for rid, node in (("r1", crashed), ("r2", drained), ("r3", drained)):
+        reg._requests[rid] = RequestHandle(rid, node, None)
+    reg._fail_dependents(crashed)
+    reg._fail_dependents(drained)
+    why = {rid: str(h.queue.get_nowait()) for rid, h in reg._requests.items()}
+    assert "stopped answering" in why["r1"] and "shut down" not in why["r1"]
+    assert all("shut down" in why[r] for r in ("r2", "r3"))
 
 
 def test_stop_reason_of_a_stop_token(served):
@@ -699,7 +699,8 @@ def test_a_reconnected_node_is_not_vouched_for_by_its_new_connection():
     assert n.healthy(112.0, 3.0, 30.0) and n.healthy(130.0, 3.0, 30.0)
 
 
-def test_a_node_restarted_within_the_health_timeout_fails_the_dead_processs_requests():
+@async_test
+async def test_a_node_restarted_within_the_health_timeout_fails_the_dead_processs_requests():
     """A node restarted on the same port faster than the health timeout is never seen as down,
     so the dead process's requests would wait for their timeout. Its new incarnation in
     NodeStats fails them at once."""
@@ -708,18 +709,15 @@ def test_a_node_restarted_within_the_health_timeout_fails_the_dead_processs_requ
     from pdtb.nodes.protocol import NodeStats, encode_message
     from pdtb.router.registry import NodeRegistry, RequestHandle
 
-    async def go():
-        reg = NodeRegistry([NodeSpec("colocated", "tcp://127.0.0.1:1")])
-        (node,) = reg.nodes
-        reg._on_frame(node, encode_message(NodeStats("c0", "colocated", 1, 100, 100, incarnation="aaaa")))
-        handle = reg._requests["r1"] = RequestHandle("r1", node, None)
-        reg._on_frame(node, encode_message(NodeStats("c0", "colocated", 2, 100, 90, incarnation="aaaa")))
-        assert handle.queue.empty()  # the same process
-        reg._on_frame(node, encode_message(NodeStats("c0", "colocated", 3, 100, 100, incarnation="bbbb")))
-        assert "restarted" in str(handle.queue.get_nowait())
-        assert reg.is_healthy(node, _time.monotonic())  # the new process serves
-
-    asyncio.run(go())
+    reg = NodeRegistry([NodeSpec("colocated", "tcp://127.0.0.1:1")])
+    (node,) = reg.nodes
+    reg._on_frame(node, encode_message(NodeStats("c0", "colocated", 1, 100, 100, incarnation="aaaa")))
+    handle = reg._requests["r1"] = RequestHandle("r1", node, None)
+    reg._on_frame(node, encode_message(NodeStats("c0", "colocated", 2, 100, 90, incarnation="aaaa")))
+    assert handle.queue.empty()  # the same process
+    reg._on_frame(node, encode_message(NodeStats("c0", "colocated", 3, 100, 100, incarnation="bbbb")))
+    assert "restarted" in str(handle.queue.get_nowait())
+    assert reg.is_healthy(node, _time.monotonic())  # the new process serves
 
 
 def test_a_node_added_at_run_time_takes_work(served, tokens):
