@@ -13,51 +13,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
 import re
-import signal
 import subprocess
 import urllib.request
-from pathlib import Path
 
 import psutil
 import pytest
 
 from chaos_util import END_S, Outcome, check_ended_well, prompt, http_client, stream, until
-from cluster_util import ROOT, alive, get_json, launched, router_healthy, wait_until
+from cluster_util import (ROOT, get_json, healthy_nodes_free, kill9, launched, node, ready_info, router_healthy, vocab_of,
+                          wait_until)
 
 pytestmark = pytest.mark.slow
 FREE_S = 30.0  # pages return to all-free within this bound once idle
-
-
-# ---- cluster helpers -------------------------------------------------------------------------------
-def vocab_of(url: str) -> int:
-    return get_json(f"{url}/v1/models")["data"][0]["vocab_size"]
-
-
-def ready_info(run_dir: Path, name: str) -> dict:
-    """The node's NODE READY json (its bound addresses) from its log."""
-    for line in (run_dir / f"{name}.log").read_text().splitlines():
-        if line.startswith("NODE READY "):
-            return json.loads(line[len("NODE READY "):])
-    raise AssertionError(f"no NODE READY line in {name}.log")
-
-
-def kill9(run_dir: Path, name: str) -> int:
-    pid = int((run_dir / f"{name}.pid").read_text())
-    os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: not alive(pid), 10, what=f"{name} gone")
-    return pid
-
-
-def node(url: str, node_id: str) -> dict:
-    return next(n for n in get_json(f"{url}/cluster") if n["id"] == node_id)
-
-
-def healthy_nodes_free(url: str) -> bool:
-    nodes = [n for n in get_json(f"{url}/cluster") if n["healthy"]]
-    return bool(nodes) and all(n["pages_free"] == n["pages_total"] and n["running"] == 0 for n in nodes)
 
 
 def metric(metrics_addr: str, name: str, **labels) -> float:

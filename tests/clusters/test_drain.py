@@ -10,95 +10,21 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import re
 import signal
 import subprocess
-import sys
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import psutil
 import pytest
 
-from cluster_util import ROOT, alive, get_json, launched, router_healthy, wait_until
+from cluster_util import (ROOT, alive, colocated_with_router, disagg_with_router, get_json, launched, start_node,
+                          start_router, wait_ready, wait_until)
 from chaos_util import END_S, check_ended_well, procs_mentioning, prompt, http_client, stream, until
 
 pytestmark = pytest.mark.slow
-PDTB = str(Path(sys.executable).with_name("pdtb"))
-
-
-# ---- one node and a router, started here so that the node's exit code can be read -------------
-@contextmanager
-def process(args: list[str], log: Path):
-    """A `pdtb ...` process in its own process group, output to `log`; killed on the way out."""
-    with open(log, "w") as f:
-        proc = subprocess.Popen([PDTB, *args], stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
-
-
-def start_node(stack: ExitStack, role: str, model: str, run_dir: Path, *args: str) -> tuple:
-    """Start one node; returns (process, NODE READY addresses, log)."""
-    addr, log = run_dir / f"{role}.json", run_dir / f"{role}.log"
-    proc = stack.enter_context(process([role, "--model", model, "--node-id", f"{role[:2]}-0", "--addr-file",
-                                        str(addr), *args], log))
-    return proc, addr, log
-
-
-def wait_ready(proc: subprocess.Popen, addr: Path, log: Path) -> dict:
-    wait_until(lambda: addr.exists() or proc.poll() is not None, 120, what=f"{log.stem} ready")
-    assert proc.poll() is None, log.read_text()[-2000:]
-    return get_json_file(addr)
-
-
-def start_router(stack: ExitStack, model: str, run_dir: Path, nodes: list[str], procs: list | None = None) -> str:
-    """Start a router on the nodes; returns its URL (and appends its process to `procs`)."""
-    rlog = run_dir / "router.log"
-    router = stack.enter_context(process(["router", "--model", model, "--port", "0",
-                                          *(a for n in nodes for a in ("--node", n))], rlog))
-    if procs is not None:
-        procs.append(router)
-
-    def url():
-        m = re.search(r"router listening on (http://\S+)", rlog.read_text())
-        return m.group(1) if m else (router.poll() is not None and "exited")
-
-    u = wait_until(url, 60, what="router listening")
-    assert u != "exited", rlog.read_text()[-2000:]
-    wait_until(lambda: router_healthy(u), 30, what="/health 200")
-    return u
-
-
-@contextmanager
-def colocated_with_router(model: str, run_dir: Path, *node_args: str):
-    """Yield (node process, router url, node log) for one colocated node behind a router."""
-    run_dir.mkdir(parents=True)
-    with ExitStack() as stack:
-        node, addr, log = start_node(stack, "colocated", model, run_dir, *node_args)
-        ctrl = wait_ready(node, addr, log)["ctrl"]
-        yield node, start_router(stack, model, run_dir, [f"colocated={ctrl}"]), log
-
-
-@contextmanager
-def disagg_with_router(model: str, run_dir: Path, *decode_args: str):
-    """Yield (decode process, router url, decode log) for 1 prefill + 1 decode behind a router."""
-    run_dir.mkdir(parents=True)
-    with ExitStack() as stack:
-        started = [start_node(stack, "decode", model, run_dir, *decode_args),
-                   start_node(stack, "prefill", model, run_dir, "--kv-pages", "400")]
-        ctrls = [f"{p[2].stem}={wait_ready(*p)['ctrl']}" for p in started]
-        yield started[0][0], start_router(stack, model, run_dir, ctrls), started[0][2]
-
-
-def get_json_file(path: Path) -> dict:
-    return json.loads(path.read_text())
 
 
 def drained_line(log: Path) -> tuple[int, int]:
