@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from cluster_util import ROOT
+from cluster_util import ROOT, alive
 
 README = ROOT / "README.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
@@ -71,8 +71,10 @@ def test_the_cluster_block_runs_as_written(tmp_path):
     assert script.count(str(run)) == 3 and "8000" not in script
     lines = script.strip().splitlines()
     env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+    pids = []
     try:
         up = subprocess.run(["bash", "-c", lines[0]], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+        pids = [int(p.read_text()) for p in run.glob("*.pid")]  # (the stop script removes these files)
         assert up.returncode == 0 and "READY http://127.0.0.1:" in up.stdout, up.stderr[-3000:]
         ask = subprocess.run(["bash", "-c", lines[1]], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
         body = json.loads(ask.stdout)
@@ -81,5 +83,4 @@ def test_the_cluster_block_runs_as_written(tmp_path):
         down = subprocess.run(["bash", "-c", lines[2]], cwd=ROOT, capture_output=True, text=True, timeout=120,
                               env=env)
     assert down.returncode == 0, down.stderr[-3000:]
-    pids = [int(p.read_text()) for p in run.glob("*.pid")]
-    assert pids and not [p for p in pids if os.path.exists(f"/proc/{p}")]
+    assert len(pids) == 3 and not [p for p in pids if alive(p)]  # prefill, decode, router: all gone
