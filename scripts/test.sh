@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up the environment (see _env.sh) and run the test suite. Extra args go to pytest.
 #   bash scripts/test.sh [--fast] [PYTEST ARGS...]
-# --fast leaves out the tests that start real clusters (marked slow).
+# --fast leaves out the tests marked slow: real clusters, node and peer processes, loads held in real time.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/_env.sh"

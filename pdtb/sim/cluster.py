@@ -20,6 +20,7 @@ from pdtb.nodes.node_base import queued_tokens
 from pdtb.nodes.protocol import GenerateRequest, NodeStats, Params, Target
 from pdtb.router.config import NodeSpec
 from pdtb.router.fair_route import D2lpmRouter, RouteCandidate
+from pdtb.sim.cores import SharedCores
 from pdtb.router.dispatch import FALLBACKS
 from pdtb.router.node_state import NodeState, load_order, pick_most_free, pick_prefill
 from pdtb.sim.cost import CostModel
@@ -42,6 +43,9 @@ class ClusterShape:
     sample_interval_s: float = 0.5  # cluster samples (pages per tenant, top-5% share)
     tenant_tiers: dict = field(default_factory=dict)  # router --tenant-tier defaults
     route: str = "load"  # router --route: "load" or "d2lpm" (no prefix cache is simulated: "cache" is load)
+    host_cores: int = 0  # every process shares this many cores (pdtb/sim/cores.py); 0: each has its own
+    router_token_s: float = 0.0  # the router's CPU work per token it relays (with host_cores)
+    client_token_s: float = 0.0  # the client's CPU work per token it parses (with host_cores)
 
     def __post_init__(self) -> None:
         roles = {n.role for n in self.nodes}
@@ -49,6 +53,8 @@ class ClusterShape:
             raise ValueError("a cluster needs colocated nodes, or prefill and decode nodes")
         if min(self.rpc_latency_s, self.client_latency_s) < 0 or self.ping_interval_s <= 0:
             raise ValueError("latencies must be >= 0 and the ping interval > 0")
+        if self.host_cores < 0 or min(self.router_token_s, self.client_token_s) < 0:
+            raise ValueError("host cores and per-token work must be >= 0")
         if self.route not in ("load", "d2lpm"):
             raise ValueError(f"route must be load or d2lpm, got {self.route!r}")
 
@@ -69,6 +75,7 @@ class SimCluster:
         self.observer = Observer(self)
         self._open = 0
         self.d2lpm = D2lpmRouter() if shape.route == "d2lpm" else None
+        self.cores = SharedCores(shape.host_cores, self.loop) if shape.host_cores else None
         self._latency = shape.rpc_latency_s + shape.client_latency_s  # node -> router -> client
 
     # ---- run -----------------------------------------------------------------------------------
@@ -158,7 +165,18 @@ class SimCluster:
 
     # ---- node -> router -> client ------------------------------------------------------------------
     def on_token(self, node: SimNode, rid: str, finished: bool, timing: dict | None) -> None:
+        """A token leaves `node`: relayed by the router, parsed by the client (on shared cores,
+        each after the CPU work it costs them, in order), then it counts."""
+        if self.cores is None or not (self.shape.router_token_s or self.shape.client_token_s):
+            return self._token_arrives(node, rid, finished, timing)
+        cores, shape = self.cores, self.shape
+        cores.run("router", shape.router_token_s, lambda: cores.run(
+            "client", shape.client_token_s, lambda: self._token_arrives(node, rid, finished, timing)))
+
+    def _token_arrives(self, node: SimNode, rid: str, finished: bool, timing: dict | None) -> None:
         rec = self.records[rid]
+        if rec.end_time is not None:
+            return  # it failed while this token was on its way: the client saw its end already
         t = round(self.loop.now + self._latency, 6)  # simulated: microseconds are exact enough
         times = rec.token_times
         times.append(t)

@@ -30,6 +30,14 @@ def add_sim_args(ap: argparse.ArgumentParser) -> None:
                                                 "roofline: the model's max_position_embeddings)")
     g.add_argument("--hold-timeout", type=float, default=120.0, help="prefill: s a deferred hand-off keeps retrying")
     g.add_argument("--tenant-tier", action="append", default=[], metavar="TENANT=TIER", help="router default tier")
+    g.add_argument("--host-cores", type=int, default=0, metavar="N",
+                   help="every simulated process (nodes, router, client) shares N cores: steps and per-token "
+                        "work stretch by the busy processes per core (pdtb/sim/cores.py; default 0: each "
+                        "process has its own, as nodes on GPUs of their own)")
+    g.add_argument("--router-token-us", type=float, default=0.0,
+                   help="with --host-cores: the router's CPU microseconds per token it relays")
+    g.add_argument("--client-token-us", type=float, default=0.0,
+                   help="with --host-cores: the client's CPU microseconds per token it parses")
     g.add_argument("--route", choices=("load", "d2lpm"), default="load",
                    help="the router's choice of prefill (or colocated) node: by load, or D2LPM's per-(client, "
                         "node) credit (pdtb/router/fair_route.py; the simulator holds no prefix cache, so no "
@@ -123,6 +131,7 @@ def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
             nodes = [NodeShape("prefill", a.prefill_kv_pages or default, 0, **common)] * a.prefill + \
                     [NodeShape("decode", a.decode_kv_pages or default, a.host_kv_pages, **common)] * a.decode
         return ClusterShape(tuple(nodes), a.rpc_latency_ms / 1e3, a.client_latency_ms / 1e3,
-                            tenant_tiers=_tiers(a.tenant_tier), route=a.route)
+                            tenant_tiers=_tiers(a.tenant_tier), route=a.route, host_cores=a.host_cores,
+                            router_token_s=a.router_token_us / 1e6, client_token_s=a.client_token_us / 1e6)
     except ValueError as e:
         raise CliError(f"pdtb sim: {e}") from None

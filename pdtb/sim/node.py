@@ -116,7 +116,11 @@ class SimNode:
         cost = self.cost
         d = cost.step_s(StepShape.of(out.chunks)) + sum(cost.tier_move_s(m.num_bytes) for m in out.moves)
         self.busy = True
-        self.loop.after(d, self._end_step, out, self.loop.now)
+        t0, cores = self.loop.now, self.cluster.cores
+        if cores is None:
+            self.loop.after(d, self._end_step, out, t0)
+        else:  # the step's work on cores shared with the other processes
+            cores.run(self.node_id, d, lambda: self._end_step(out, t0))
 
     def _end_step(self, out, t0: float) -> None:
         now = self.loop.now

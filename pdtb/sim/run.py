@@ -48,6 +48,10 @@ def simulate(a: Namespace, specs, cost=None) -> tuple[list, dict, SimCluster]:
                    steps={nid: n.num_steps for nid, n in cluster.nodes.items()},
                    busy_share={nid: round(n.busy_s / max(cluster.loop.now, 1e-9), 4) for nid, n in cluster.nodes.items()},
                    simulated_s=cluster.loop.now)
+    if cluster.cores is not None:  # how long each process had work, on how many shared cores
+        figures.update(host_cores=cluster.cores.cores,
+                       runnable_share={who: round(s / max(cluster.loop.now, 1e-9), 4)
+                                       for who, s in sorted(cluster.cores.busy_s.items())})
     return records, figures, cluster
 
 

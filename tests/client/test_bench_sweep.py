@@ -180,6 +180,7 @@ def fifo_url():
         yield url
 
 
+@pytest.mark.slow  # a load sweep held in real time, level after level, against a server
 def test_the_knee_of_a_fixed_rate_server_brackets_its_capacity(fifo_url, tmp_path):
     out = tmp_path / "sweep.json"
     # 12 requests/s at load 1, nearly evenly spaced; TTFT target 150 ms (6 service times): below

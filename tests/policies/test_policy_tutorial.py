@@ -60,6 +60,7 @@ def test_show_and_check(folder):
     assert out.count(" ok ") + out.count(" ok\n") == 6 and out.rstrip().endswith("passed"), out
 
 
+@pytest.mark.slow  # pdtb sim at H100 scale in a process of its own
 def test_in_the_simulator_at_h100_scale(folder):
     out = run_block(1, folder, 300)
     rows = {ln.split()[1]: ln.split() for ln in out.splitlines() if ln.startswith("disagg ")}

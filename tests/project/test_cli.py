@@ -65,6 +65,7 @@ def test_a_checkpoint_without_a_tokenizer_says_so(llama_dir, tmp_path):
     assert r.returncode != 0 and len(lines) == 1 and "no tokenizer there" in lines[0], r.stderr
 
 
+@pytest.mark.slow  # two pdtb processes, one writing the embedded model from nothing
 def test_default_model_created_once_and_reused(tmp_path):
     env = {"PDTB_CACHE_DIR": str(tmp_path)}
     for _ in range(2):
