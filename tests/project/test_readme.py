@@ -84,3 +84,17 @@ def test_the_cluster_block_runs_as_written(tmp_path):
                               env=env)
     assert down.returncode == 0, down.stderr[-3000:]
     assert len(pids) == 3 and not [p for p in pids if alive(p)]  # prefill, decode, router: all gone
+
+
+def test_the_two_commands_set_up_and_plan():
+    """The README's two commands: quickstart.sh sets up and checks its comparison's plan
+    (--dry-run: no cluster; the comparison itself runs in docs/policies.md's tutorial test), and
+    test.sh is what CI runs (.ci/run)."""
+    (block,) = [body for lang, body in FENCE.findall(section("Two commands")) if lang == "bash"]
+    cmds = [line.split("#")[0].strip() for line in block.strip().splitlines()]
+    assert cmds == ["bash scripts/quickstart.sh", "bash scripts/test.sh"]
+    assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
+    env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+    p = subprocess.run(["bash", "scripts/quickstart.sh", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert p.returncode == 0 and p.stdout.splitlines()[-2:] == ["fcfs fcfs", "memfair memfair"], p.stdout + p.stderr
