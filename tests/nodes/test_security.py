@@ -27,7 +27,10 @@ async def _ask(ctx, addr, keys, timeout=1.5):
     secure_client(s, keys)
     s.connect(addr)
     try:
-        await s.send(encode_message(Ping(7)))
+        try:  # a DEALER whose handshake was refused may have no pipe to queue on: the send waits
+            await asyncio.wait_for(s.send(encode_message(Ping(7))), timeout)
+        except asyncio.TimeoutError:
+            return None
         if not await s.poll(int(timeout * 1000)):
             return None
         return decode_message(await s.recv())
