@@ -56,6 +56,8 @@ git rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true
 DATA="$ROOT/pdtb/client/data"
 SLO=(--slo ttft_ms=2000 --slo tpot_ms=100)
 H100_8B=(--cost roofline --gpu h100-sxm --model-config llama-3-8b --max-model-len 135000)
+FOUR_DECODE=(--workload multi-tenant --tenants-file "$DATA/scorecard_tenants_4decode.json" --mode disagg --prefill 2
+             --decode 4 --decode-kv-pages 1000 --host-kv-pages 4000 "${H100_8B[@]}")
 
 sim_one() {  # sim_one SCENARIO INDEX ARGS...: one policy through one simulated scenario
   local sc="$1" i="$2"
@@ -78,16 +80,14 @@ for i in "${!POLICY_LABELS[@]}"; do
   sim_one sim-70b-tenants "$i" --workload multi-tenant --tenants-file "$DATA/scorecard_tenants_70b.json" \
     --mode disagg --prefill 1 --decode 1 --tp 4 --cost roofline --gpu h100-sxm --model-config llama-3-70b \
     --max-model-len 131072
-  sim_one sim-4-decode "$i" --workload multi-tenant --tenants-file "$DATA/scorecard_tenants_4decode.json" \
-    --mode disagg --prefill 2 --decode 4 --decode-kv-pages 1000 --host-kv-pages 4000 "${H100_8B[@]}"
+  sim_one sim-4-decode "$i" "${FOUR_DECODE[@]}"
   sim_one sim-mooncake "$i" --workload "trace:$OUT/mooncake-tenants.jsonl" --time-scale 2 \
     --mode disagg --prefill 1 --decode 1 "${H100_8B[@]}"
 done
 if [[ " $POLICIES " == *" dlpm "* ]]; then  # D2LPM: dlpm on every node, the router's credit per (client, node)
   echo "== simulator: d2lpm" >&2           # (only sim-4-decode has more than one prefill node to choose from)
-  pdtb sim --workload multi-tenant --tenants-file "$DATA/scorecard_tenants_4decode.json" --mode disagg --prefill 2 \
-    --decode 4 --decode-kv-pages 1000 --host-kv-pages 4000 "${H100_8B[@]}" --policy dlpm --route d2lpm \
-    --label-policy d2lpm "${SLO[@]}" --out "$OUT/sim-4-decode/d2lpm.json" > /dev/null
+  pdtb sim "${FOUR_DECODE[@]}" --policy dlpm --route d2lpm --label-policy d2lpm "${SLO[@]}" \
+    --out "$OUT/sim-4-decode/d2lpm.json" > /dev/null
 fi
 echo "== pdtb sim reproduce essay, 5% whales in memory" >&2
 pdtb sim reproduce essay --minnow-rate 4 --whale-interval 5 --whales 5 --json > "$OUT/sim-essay-top5.json"

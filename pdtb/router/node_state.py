@@ -69,22 +69,22 @@ class NodeState:
         return (self.stats.queued_tokens if self.stats else 0) + sum(self.pending_tokens.values())
 
 
-def pick_prefill(nodes: list[NodeState]) -> NodeState | None:
-    """Fewest queued prompt tokens (reported, plus sent since); tie: fewest running + waiting."""
-    return min(nodes, key=lambda n: (n.queued_tokens_estimate(), n.stats.running + n.stats.waiting), default=None)
-
-
-def pick_most_free(nodes: list[NodeState]) -> NodeState | None:
-    """Most free pages after subtracting pages recently sent there."""
-    return max(nodes, key=lambda n: n.free_pages_estimate(), default=None)
-
-
 def load_order(n: NodeState) -> tuple:
     """A prefill or colocated node's place in the load rule's order, lower first: pick_prefill's
     key for a prefill node, pick_most_free's for a colocated one."""
     if n.spec.role == "prefill":
         return (n.queued_tokens_estimate(), n.stats.running + n.stats.waiting)
     return (-n.free_pages_estimate(),)
+
+
+def pick_prefill(nodes: list[NodeState]) -> NodeState | None:
+    """Fewest queued prompt tokens (reported, plus sent since); tie: fewest running + waiting."""
+    return min(nodes, key=load_order, default=None)
+
+
+def pick_most_free(nodes: list[NodeState]) -> NodeState | None:
+    """Most free pages after subtracting pages recently sent there."""
+    return max(nodes, key=lambda n: n.free_pages_estimate(), default=None)
 
 
 @dataclass

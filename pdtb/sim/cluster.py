@@ -198,7 +198,7 @@ class SimCluster:
         rec = self.records[rid]
         rec.end_time, rec.output_tokens = t, len(rec.token_times)
         if self.d2lpm is not None and rid in self.entry:
-            self.d2lpm.charge_output(rec.tenant, f"sim://{self.entry[rid]}", rec.output_tokens)
+            self.d2lpm.charge_output(rec.tenant, self.states[self.entry[rid]].spec.address, rec.output_tokens)
         for st in self.states.values():
             st.pending_pages.pop(rid, None)
         self._open -= 1
