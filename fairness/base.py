@@ -44,6 +44,8 @@ class BasePolicy:
         self.incoming: dict[str, Arrival] = {}  # placed on the device tier, pages RESERVED, not yet adopted
         self.running: list[Sequence] = []
         self.candidates: list[Sequence] = []
+        if self.cfg.tenant_bw_cap is not None:
+            self.on_steps = None  # the cap's bucket is read every step: no run is taken at once
 
     # ---- per step --------------------------------------------------------------------------
     def reclaim(self, running: list[Sequence], candidates: list[Sequence], state: SchedState) -> list[Sequence]:
@@ -162,6 +164,9 @@ class BasePolicy:
             spent[c.seq.tenant] = spent.get(c.seq.tenant, 0) + state.pages.get(c.seq.request_id, 0) * state.page_bytes
         for t, nbytes in spent.items():
             self._bw[t] = (self._bw_level(t, state) - nbytes, state.now)
+
+    def on_steps(self, chunks: list, state: SchedState, starts: list[float]) -> None:
+        """Runs of decode steps taken at once (fairness/interface.py): nothing to count here."""
 
     # ---- arrivals of inherited requests (decode side) ---------------------------------------------
     def place_arrival(self, arrival: Arrival, queued: int, state: SchedState) -> Placement:

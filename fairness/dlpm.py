@@ -72,3 +72,8 @@ class DlpmPolicy(BasePolicy):
         for c in chunks:
             if c.wants_logits:
                 self.deficit[c.seq.tenant] = self.deficit.get(c.seq.tenant, 0.0) - self.settings.output_weight
+
+    def on_steps(self, chunks, state, starts) -> None:
+        w = self.settings.output_weight * len(starts)  # every row sampled a token each step
+        for c in chunks:
+            self.deficit[c.seq.tenant] = self.deficit.get(c.seq.tenant, 0.0) - w

@@ -15,6 +15,15 @@ Between steps, on a decode node (and in the simulator's), for each inherited req
 from the prefill side: refresh -> place_arrival. `forget` when a request is no longer this
 node's concern (it ended, was aborted, or an arrival it was holding went elsewhere).
 
+One method is optional: `on_steps(chunks, state, starts)`. The simulator takes runs of identical
+decode steps at once (pdtb/sim/coast.py) only for a policy that has it: every running row
+decoding one token a step, nothing waiting, parked or held, no page changing tier. In those
+steps the policy is not asked (it would reclaim nothing, step every row and admit no one); it
+is told instead, before it is next asked anything, that `len(starts)` such steps began at
+`starts`, serving `chunks`. `state` is the node as the last of them began, and each row's
+sequence is as it was then (the earlier steps' tokens appended, not the last one's). A policy
+whose answers depend on every step (BasePolicy with a bandwidth cap) sets it to None.
+
 One attribute besides the methods, optional: `cluster`. A decode or colocated node that is
 one of several sets it, with every ping from the router, to a `fairness.cluster.ClusterView`
 of what the other nodes hold (None: alone, or not yet told). A policy without the attribute
@@ -112,5 +121,6 @@ class Policy(Protocol):
 # The methods a policy class must have; a class lacking one is refused when it is loaded.
 REQUIRED_METHODS = ("refresh", "reclaim", "step_order", "pick_victim", "admission_order", "may_admit",
                     "chunk_limit", "on_step", "place_arrival", "waiting_arrivals", "forget", "quotas")
+OPTIONAL_METHODS = ("on_steps",)  # see the module doc
 REQUIRED_ATTRIBUTES = ("name", "strict_order")
 OPTIONAL_ATTRIBUTES = ("cluster",)  # set by a node of several when the policy has it (see the module doc)

@@ -40,3 +40,21 @@ class MemTimePolicy(VtcPolicy):
             held = state.charge.get(s.request_id, 0) + w * state.host_pages.get(s.request_id, 0)
             if held:
                 self.counters[s.tenant] = self.counters.get(s.tenant, 0.0) + held * dt
+
+    def on_steps(self, chunks, state, starts) -> None:
+        """As `on_step` at each of `starts`. Nothing waits during such a run: the running rows
+        are the only holders, each holding as a step began the pages of its context then (a
+        page added every page_size steps), or the pages it ends with if it had more."""
+        ps, n, counters, pages = state.page_size, len(starts), self.counters, state.charge
+        rows = [(s.tenant, s.num_computed_tokens + 1, pages.get(s.request_id, 0)) for s in self.running]
+        for q, t in enumerate(starts):
+            dt = 0.0 if self.last is None else max(0.0, t - self.last)
+            self.last = t
+            if dt <= 0.0:
+                continue
+            back = n - 1 - q  # steps before the last
+            for tenant, ctx, last in rows:
+                need = -(-ctx // ps)
+                held = last if last != need else -(-(ctx - back) // ps)
+                if held:
+                    counters[tenant] = counters.get(tenant, 0.0) + held * dt

@@ -54,6 +54,20 @@ class KVMeter:
                 step[key] = step.get(key, 0) + m.num_bytes
         return step
 
+    def add_reads(self, reads) -> dict[str, int]:
+        """Attention reads of several steps at once ((sequence, bytes) pairs: each the sum of
+        what `on_step` would count for it over those steps); returns bytes per tenant key."""
+        by_key: dict[str, int] = {}
+        per_request, tenant_of = self.per_request, self.tenant_of
+        for seq, nbytes in reads:
+            tenant_of[seq.request_id] = seq.tenant
+            per_request[seq.request_id]["attn_read"] += nbytes
+            key = self.tenant_key(seq.tenant)
+            by_key[key] = by_key.get(key, 0) + nbytes
+        for key, nbytes in by_key.items():
+            self.per_tenant[key]["attn_read"] += nbytes
+        return by_key
+
     def finish(self, request_id: str) -> dict:
         """Forget a finished request; return its totals."""
         self.tenant_of.pop(request_id, None)

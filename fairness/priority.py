@@ -61,3 +61,7 @@ class PriorityPolicy(BasePolicy):
         super().on_step(chunks, state)
         for c in chunks:
             self._served[c.seq.request_id] = state.now
+
+    def on_steps(self, chunks, state, starts):
+        for c in chunks:
+            self._served[c.seq.request_id] = starts[-1]

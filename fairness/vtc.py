@@ -60,3 +60,8 @@ class VtcPolicy(BasePolicy):
             prompt_part = max(0, min(c.num_new_tokens, c.seq.num_prompt_tokens - c.seq.num_computed_tokens))
             charge = w_in * prompt_part + w_out * (1 if c.wants_logits else 0)
             self.counters[c.seq.tenant] = self.counters.get(c.seq.tenant, 0.0) + charge
+
+    def on_steps(self, chunks, state, starts) -> None:
+        w = self.settings.output_weight * len(starts)  # every row sampled a token each step
+        for c in chunks:
+            self.counters[c.seq.tenant] = self.counters.get(c.seq.tenant, 0.0) + w

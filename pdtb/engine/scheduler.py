@@ -164,6 +164,15 @@ class Scheduler:
                                      cached_pages=self._cached_pages if self.prefix_ns is not None else None)
         return self._state
 
+    def snapshot(self, now: float) -> SchedState:
+        """The state as a step beginning at `now` sees it (the simulator tells a policy of a run
+        of decode steps with the state the last of them began with)."""
+        self._now, self._in_step, self._state = now, True, None
+        try:
+            return self.state()
+        finally:
+            self._in_step, self._state = False, None
+
     # ---- step ----------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         self.num_steps += 1

@@ -2,7 +2,8 @@
 (RequestRecord). Times are seconds since the run's start."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import copy
+from dataclasses import dataclass, field
 
 OK, FAILED = "ok", "failed"
 CUT_OFF = "cut off: still running when the run's drain timeout ended"  # a failed request's error
@@ -55,8 +56,11 @@ class RequestRecord:
 
     def to_json(self) -> dict:
         """The results file's request object: the stable keys first, then the extras."""
-        d = asdict(self)
+        # (not dataclasses.asdict: it deep-copies every token time, most of a large run's writing)
+        d = {f: getattr(self, f) for f in self.__dataclass_fields__}
         d["class"] = d.pop("klass")
+        d["token_times"] = list(self.token_times)
+        d["server_timing"] = copy.deepcopy(self.server_timing)
         return {k: d[k] for k in _JSON_ORDER}
 
     @classmethod

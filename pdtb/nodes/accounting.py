@@ -87,6 +87,14 @@ class NodeAccounting:
             if d:
                 self.m_bytes.labels(tenant=t, kind=k, **lbl).inc(d)
 
+    def meter_reads(self, reads) -> None:
+        """Attention reads of a run of decode steps taken at once (the simulator's, pdtb/sim/coast.py):
+        what `on_output` meters for them, with no tier move or wait to stamp."""
+        lbl = self.node.metrics.labels
+        for t, d in self.meter.add_reads(reads).items():
+            if d:
+                self.m_bytes.labels(tenant=t, kind="attn_read", **lbl).inc(d)
+
     def add_received(self, seq, nbytes: int) -> None:
         self.add_bytes(seq, "received", nbytes)
 

@@ -46,6 +46,7 @@ class ClusterShape:
     host_cores: int = 0  # every process shares this many cores (pdtb/sim/cores.py); 0: each has its own
     router_token_s: float = 0.0  # the router's CPU work per token it relays (with host_cores)
     client_token_s: float = 0.0  # the client's CPU work per token it parses (with host_cores)
+    coast: bool = True  # runs of identical decode steps taken at once (pdtb/sim/coast.py); False: every step an event
 
     def __post_init__(self) -> None:
         roles = {n.role for n in self.nodes}
@@ -63,6 +64,7 @@ class SimCluster:
     def __init__(self, shape: ClusterShape, spec: KVSpec, cost: CostModel) -> None:
         self.shape, self.spec, self.cost = shape, spec, cost
         self.loop = EventLoop()
+        self.cores = SharedCores(shape.host_cores, self.loop) if shape.host_cores else None
         self.nodes: dict[str, SimNode] = {}
         for i, ns in enumerate(shape.nodes):
             nid = f"{ns.role}-{i}"
@@ -75,7 +77,6 @@ class SimCluster:
         self.observer = Observer(self)
         self._open = 0
         self.d2lpm = D2lpmRouter() if shape.route == "d2lpm" else None
-        self.cores = SharedCores(shape.host_cores, self.loop) if shape.host_cores else None
         self._latency = shape.rpc_latency_s + shape.client_latency_s  # node -> router -> client
 
     # ---- run -----------------------------------------------------------------------------------
@@ -92,14 +93,23 @@ class SimCluster:
             self.records[f"sim-{i}"] = RequestRecord(s.tenant, s.klass, s.prompt_len, s.output_len,
                                                      scheduled_time=s.send_time, send_time=s.send_time,
                                                      priority=s.priority)
-        self.loop.run(until=horizon_s)
+        if not self.loop.run(until=horizon_s) and any(n.coast is not None for n in self.nodes.values()):
+            self.loop.now = horizon_s
+            self.sync()  # the steps of runs in progress that ended by the horizon
         for rec in self.records.values():
             if rec.end_time is None:
                 cut_off(rec, self.loop.now)
         return list(self.records.values())
 
+    def sync(self) -> None:
+        """Every node as it stands now (a run of decode steps in progress brought up to date)."""
+        for n in self.nodes.values():
+            if n.coast is not None:
+                n.sync()
+
     def _ping(self) -> None:
         """The router's ping: every node's stats as it would answer now."""
+        self.sync()
         for nid, n in self.nodes.items():
             sch, host = n.scheduler, n.host_pool
             self.states[nid].stats = NodeStats(nid, n.shape.role, 0, n.pool.num_pages, n.pool.num_free,
@@ -187,6 +197,24 @@ class SimCluster:
         if finished:
             rec.status, rec.server_timing = OK, timing or {}
             self._end(rid, t)
+
+    def on_tokens(self, node: SimNode, rids: list[str], times: list[float]) -> None:
+        """Decode tokens of a run of steps (pdtb/sim/coast.py): each of `rids` one per step,
+        the steps ending at `times`, none of them a request's last; as `_token_arrives` each."""
+        lat, states = self._latency, None
+        arrive = [round(t + lat, 6) for t in times]
+        for rid in rids:
+            rec = self.records[rid]
+            if rec.end_time is not None:
+                continue
+            tt = rec.token_times
+            n = len(tt)
+            tt.extend(arrive)
+            if n == 0:
+                rec.first_token_time = arrive[0]
+            if n < 2 <= len(tt) and node.shape.role == "decode":
+                states = states or self.states[node.node_id]
+                states.pending_pages.pop(rid, None)
 
     def on_failed(self, rid: str, reason: str) -> None:
         rec = self.records[rid]

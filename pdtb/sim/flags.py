@@ -38,6 +38,9 @@ def add_sim_args(ap: argparse.ArgumentParser) -> None:
                    help="with --host-cores: the router's CPU microseconds per token it relays")
     g.add_argument("--client-token-us", type=float, default=0.0,
                    help="with --host-cores: the client's CPU microseconds per token it parses")
+    g.add_argument("--every-step", action="store_true",
+                   help="every engine step an event of its own: runs of identical decode steps are not taken "
+                        "at once (pdtb/sim/coast.py). The same results, more slowly: for comparing the two")
     g.add_argument("--route", choices=("load", "d2lpm"), default="load",
                    help="the router's choice of prefill (or colocated) node: by load, or D2LPM's per-(client, "
                         "node) credit (pdtb/router/fair_route.py; the simulator holds no prefix cache, so no "
@@ -132,6 +135,7 @@ def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
                     [NodeShape("decode", a.decode_kv_pages or default, a.host_kv_pages, **common)] * a.decode
         return ClusterShape(tuple(nodes), a.rpc_latency_ms / 1e3, a.client_latency_ms / 1e3,
                             tenant_tiers=_tiers(a.tenant_tier), route=a.route, host_cores=a.host_cores,
-                            router_token_s=a.router_token_us / 1e6, client_token_s=a.client_token_us / 1e6)
+                            router_token_s=a.router_token_us / 1e6, client_token_s=a.client_token_us / 1e6,
+                            coast=not a.every_step)
     except ValueError as e:
         raise CliError(f"pdtb sim: {e}") from None

@@ -8,7 +8,8 @@ and node accounting, stepped on the simulator's clock. Only the forward pass is 
     events -> inbox drained, role's I/O polled -> next step
 
 A step in which nothing may run (a bandwidth cap, a quota's turn) waits `STALL_S` or the next
-message, as a real node's loop does.
+message, as a real node's loop does. Runs of identical decode steps are taken at once
+(pdtb/sim/coast.py) unless the cluster steps one at a time (`ClusterShape.coast`).
 """
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ from fairness.config import FairnessConfig
 from pdtb.engine.engine import append_token
 from pdtb.engine.kv_spec import KVSpec
 from pdtb.engine.page_pool import PagePool
-from pdtb.engine.scheduler import Scheduler, SchedulerConfig
+from pdtb.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from pdtb.nodes.accounting import NodeAccounting
 from pdtb.nodes.node_metrics import NodeMetrics
+from pdtb.sim import coast as runs
 from pdtb.sim.cost import CostModel, StepShape
 
 STALL_S = 0.01  # a real node's idle wait (node_base._wait_wake)
@@ -75,6 +77,14 @@ class SimNode:
         self._timer = False  # a stall or retry wake-up is armed
         self.num_steps = 0
         self.busy_s = 0.0  # simulated seconds spent in steps
+        self.token = TOKEN
+        self.last_out = None  # the last step's scheduler output (None: it ran nothing)
+        self.coast = None  # the run of decode steps in progress (pdtb/sim/coast.py)
+        self.coasts = self.coasted = 0  # runs taken, and the steps in them
+        # runs only for a policy told of them (`on_steps`), and not on shared cores (a step's
+        # stretch there depends on the other processes' work)
+        self.may_coast = cluster.shape.coast and cluster.cores is None and \
+            callable(getattr(self.policy, "on_steps", None))
 
     def make_policy(self, shape: NodeShape):
         return make_policy(shape.policy, shape.fairness, shape.policy_args)
@@ -87,6 +97,8 @@ class SimNode:
     def deliver(self, fn, *args) -> None:
         """A message for this node: handled now if it is between steps, else after the step."""
         if self.busy:
+            if self.coast is not None:
+                self._cut_short()
             self.inbox.append((fn, args))
             return
         fn(*args)
@@ -109,8 +121,13 @@ class SimNode:
     def kick(self) -> None:
         if self.busy or not self.scheduler.has_work():
             return
+        if self.may_coast and runs.pure_decode(self.last_out):
+            k = runs.plan(self)
+            if k:
+                return self._start_coast(k)
         out = self.scheduler.schedule()
         if not (out.chunks or out.moves or out.preempted):  # nothing may run now: wait, as a node does
+            self.last_out = None
             self.wake_at(self.loop.now + STALL_S)
             return
         cost = self.cost
@@ -122,8 +139,43 @@ class SimNode:
         else:  # the step's work on cores shared with the other processes
             cores.run(self.node_id, d, lambda: self._end_step(out, t0))
 
+    # ---- runs of decode steps (pdtb/sim/coast.py) -------------------------------------------------
+    def _start_coast(self, k: int) -> None:
+        c = self.coast = runs.Coast(self, self.scheduler.running, k, self.loop.now)
+        runs.begin_run(c, 1)
+        self.busy = True
+        self.coasts += 1
+        self.loop.at(c.ends[-1], self._coast_wake, c, c.gen)
+
+    def sync(self) -> None:
+        """Bring a run in progress up to now (something is about to read this node)."""
+        if self.coast is not None:
+            runs.advance(self.coast, self.loop.now)
+
+    def _cut_short(self) -> None:
+        c = self.coast
+        runs.advance(c, self.loop.now)
+        if runs.cut_short(c):
+            c.gen += 1
+            self.loop.at(c.ends[-1], self._coast_wake, c, c.gen)
+
+    def _coast_wake(self, c, gen: int) -> None:
+        """The last end time worked out: the run's end, or time to work out more of them."""
+        if c is not self.coast or gen != c.gen:
+            return  # the run was cut short: its end moved
+        if len(c.ends) < c.k:
+            self.loop.at(c.extend(), self._coast_wake, c, gen)
+            return
+        runs.advance(c, self.loop.now)
+        self.coast = None
+        self.coasted += c.k
+        t0 = c.start(c.k - 1)
+        self.busy_s += t0 - c.t0
+        self._end_step(SchedulerOutput(chunks=runs.decode_chunks(c.rows)), t0)
+
     def _end_step(self, out, t0: float) -> None:
         now = self.loop.now
+        self.last_out = out
         self.num_steps += 1
         self.busy_s += now - t0
         sampling = [c.seq for c in out.chunks if c.wants_logits]

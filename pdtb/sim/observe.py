@@ -55,6 +55,7 @@ class Observer:
 
     def _sample(self) -> None:
         c = self.cluster
+        c.sync()
         now = c.loop.now
         rows, footprints, total = [], [], 0
         for nid, n in c.nodes.items():

@@ -46,6 +46,7 @@ def simulate(a: Namespace, specs, cost=None) -> tuple[list, dict, SimCluster]:
     figures = cluster.observer.summary(records)
     figures.update(wall_s=round(time.perf_counter() - t0, 3), events=cluster.loop.num_events,
                    steps={nid: n.num_steps for nid, n in cluster.nodes.items()},
+                   steps_in_runs={nid: n.coasted for nid, n in cluster.nodes.items()},
                    busy_share={nid: round(n.busy_s / max(cluster.loop.now, 1e-9), 4) for nid, n in cluster.nodes.items()},
                    simulated_s=cluster.loop.now)
     if cluster.cores is not None:  # how long each process had work, on how many shared cores

@@ -13,7 +13,7 @@ import pytest
 
 import fairness
 from fairness import FairnessConfig, Placement, PolicyLoadError, SettingsError, make_policy, resolve
-from fairness.interface import OPTIONAL_ATTRIBUTES, REQUIRED_ATTRIBUTES, REQUIRED_METHODS, Policy
+from fairness.interface import OPTIONAL_ATTRIBUTES, OPTIONAL_METHODS, REQUIRED_ATTRIBUTES, REQUIRED_METHODS, Policy
 from fairness.registry import ENTRY_POINT_GROUP, available, policy_info
 from pdtb.common import CliError
 from pdtb.nodes.fairness_args import add_fairness_args, fairness_config, policy_args
@@ -149,7 +149,7 @@ ALLOWED_MODULES = {"fairness", "fairness.interface", "fairness.config", "fairnes
                    "fairness.attribution", "fairness.metering", "fairness.owners", "fairness.cluster"}
 ALLOWED_NAMES = {"make_policy", "policy_info", "resolve", "PolicyInfo", "PolicyLoadError", "SettingsError",
                  "FairnessConfig", "Placement", "Arrival", "QuotaView", "PolicySettings"}
-INTERFACE = set(REQUIRED_METHODS) | set(REQUIRED_ATTRIBUTES) | set(OPTIONAL_ATTRIBUTES)
+INTERFACE = set(REQUIRED_METHODS) | set(OPTIONAL_METHODS) | set(REQUIRED_ATTRIBUTES) | set(OPTIONAL_ATTRIBUTES)
 
 
 def caller_files():

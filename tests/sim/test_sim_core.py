@@ -107,7 +107,8 @@ def _harness(specs, cfg: FairnessConfig, pages: int, host: int, budget: int) -> 
 
 def _sim(specs, shapes, host_link=LinkModel(1e12), link=LinkModel(1e12)) -> SimCluster:
     cost = FixedStepCost(1.0, SPEC.bytes_per_page, link=link, host_link=host_link)
-    c = SimCluster(ClusterShape(tuple(shapes), rpc_latency_s=0.0, client_latency_s=0.0),
+    # every step an event: the policy is asked at each, as the harness asks it
+    c = SimCluster(ClusterShape(tuple(shapes), rpc_latency_s=0.0, client_latency_s=0.0, coast=False),
                    page_spec(SPEC.bytes_per_page, SPEC.page_size), cost)
     c.run(specs)
     return c
