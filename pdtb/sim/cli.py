@@ -11,6 +11,7 @@ USAGE = """pdtb sim <subcommand> | pdtb sim [run options]
   pdtb sim reproduce mcsf|vtc|essay [--json]                     the papers' figures
   pdtb sim plan ...                                              prefill:decode split and budgets
   pdtb sim roofline --steps FILE [--gpu G --model-config M]      measured steps against the roofline
+  pdtb sim speed [--policies ...] [--json]                        an hour of a trace, against one event per step
 
 Each subcommand takes --help; the run's own options: pdtb sim run --help.
 """
@@ -29,6 +30,8 @@ def main(argv: list[str]) -> int:
         from pdtb.sim.repro.validate import main as run
     elif sub == "roofline":
         from pdtb.sim.repro.roofline_check import main as run
+    elif sub == "speed":
+        from pdtb.sim.repro.speed import main as run
     elif sub == "plan":
         from pdtb.sim.plan import main as run
     elif sub == "reproduce":
