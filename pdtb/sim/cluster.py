@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from pdtb.figures.records import OK, RequestRecord, RequestSpec
 from pdtb.client.load import cut_off
+from pdtb.client.prefix import PROMPT_ROLES, prompt_ids
 from pdtb.engine.kv_spec import KVSpec
 from pdtb.nodes.node_base import queued_tokens
 from pdtb.nodes.protocol import GenerateRequest, NodeStats, Params, Target
@@ -25,7 +26,7 @@ from pdtb.router.dispatch import FALLBACKS
 from pdtb.router.node_state import NodeState, load_order, pick_most_free, pick_prefill
 from pdtb.sim.cost import CostModel
 from pdtb.sim.events import EventLoop
-from pdtb.sim.node import NodeShape, SimNode
+from pdtb.sim.node import VOCAB, NodeShape, SimNode
 from pdtb.sim.observe import Observer
 from pdtb.sim.roles import SimColocated, SimDecode, SimPrefill
 
@@ -42,11 +43,12 @@ class ClusterShape:
     ping_interval_s: float = 0.5  # the router's view of the nodes is this old at most
     sample_interval_s: float = 0.5  # cluster samples (pages per tenant, top-5% share)
     tenant_tiers: dict = field(default_factory=dict)  # router --tenant-tier defaults
-    route: str = "load"  # router --route: "load" or "d2lpm" (no prefix cache is simulated: "cache" is load)
+    route: str = "load"  # router --route: "load" or "d2lpm" (the router sees no node's cache: "cache" is load)
     host_cores: int = 0  # every process shares this many cores (pdtb/sim/cores.py); 0: each has its own
     router_token_s: float = 0.0  # the router's CPU work per token it relays (with host_cores)
     client_token_s: float = 0.0  # the client's CPU work per token it parses (with host_cores)
     coast: bool = True  # runs of identical decode steps taken at once (pdtb/sim/coast.py); False: every step an event
+    prefix_cache: bool = False  # prefill and colocated nodes cache prompt pages (prompts built from their blocks)
 
     def __post_init__(self) -> None:
         roles = {n.role for n in self.nodes}
@@ -161,7 +163,7 @@ class SimCluster:
             return self.on_failed(rid, f"request needs up to {need} KV pages; no node's pool holds it")
         decode = decode if entry is prefill else None
         tier = s.slo_tier if s.slo_tier is not None else self.shape.tenant_tiers.get(s.tenant, "")
-        req = GenerateRequest(rid, [PROMPT_ID] * s.prompt_len, Params(max_tokens=s.output_len, ignore_eos=True),
+        req = GenerateRequest(rid, self._prompt(i, s), Params(max_tokens=s.output_len, ignore_eos=True),
                               tenant=s.tenant, priority=s.priority or 0, slo_tier=tier, router_id="router",
                               arrival_time=now)
         if decode is not None:
@@ -172,6 +174,27 @@ class SimCluster:
         self.entry[rid] = entry.node_id
         node = self.nodes[entry.node_id]
         self.loop.after(self.shape.rpc_latency_s, node.deliver, node.on_generate, req)
+
+    def _prompt(self, i: int, s: RequestSpec) -> list[int]:
+        """Request i's prompt: placeholders; with a prefix cache, its blocks' tokens as the client
+        builds them (pdtb/client/prefix.py), and otherwise a first token of its own, so that
+        only what the workload shares is shared."""
+        if not self.shape.prefix_cache:
+            return [PROMPT_ID] * s.prompt_len
+        if s.blocks:
+            return prompt_ids(0, i, s, 1, VOCAB)
+        return [1 + i % (VOCAB - 1)] + [PROMPT_ID] * (s.prompt_len - 1)
+
+    def prefix_figures(self) -> dict | None:
+        """Prompt tokens the prompt nodes looked up in their caches and found there (the real
+        run's achieved hit rate: pdtb/client/prefix.py)."""
+        if not self.shape.prefix_cache:
+            return None
+        q = h = 0
+        for n in self.nodes.values():
+            if n.shape.role in PROMPT_ROLES:
+                q, h = q + n.scheduler.prefix.query_tokens, h + n.scheduler.prefix.hit_tokens
+        return {"query_tokens": q, "hit_tokens": h, "hit_rate": h / q if q else None}
 
     # ---- node -> router -> client ------------------------------------------------------------------
     def on_token(self, node: SimNode, rid: str, finished: bool, timing: dict | None) -> None:

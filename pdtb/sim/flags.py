@@ -38,12 +38,16 @@ def add_sim_args(ap: argparse.ArgumentParser) -> None:
                    help="with --host-cores: the router's CPU microseconds per token it relays")
     g.add_argument("--client-token-us", type=float, default=0.0,
                    help="with --host-cores: the client's CPU microseconds per token it parses")
+    g.add_argument("--prefix-cache", choices=("on", "off"), default="on",
+                   help="prefill and colocated nodes reuse cached pages of shared prompt blocks, as real nodes "
+                        "do (only for workloads whose prompts share blocks: trace hash_ids, system prompts; "
+                        "other prompts are unique)")
     g.add_argument("--every-step", action="store_true",
                    help="every engine step an event of its own: runs of identical decode steps are not taken "
                         "at once (pdtb/sim/coast.py). The same results, more slowly: for comparing the two")
     g.add_argument("--route", choices=("load", "d2lpm"), default="load",
                    help="the router's choice of prefill (or colocated) node: by load, or D2LPM's per-(client, "
-                        "node) credit (pdtb/router/fair_route.py; the simulator holds no prefix cache, so no "
+                        "node) credit (pdtb/router/fair_route.py; the simulated router sees no node's cache, so no "
                         "node has an overlap)")
     g.add_argument("--rpc-latency-ms", type=float, default=0.1, help="one message between processes")
     g.add_argument("--client-latency-ms", type=float, default=0.5, help="client <-> router, each way")

@@ -31,6 +31,7 @@ from pdtb.sim.cost import CostModel, StepShape
 STALL_S = 0.01  # a real node's idle wait (node_base._wait_wake)
 TOKEN = 7  # the token every simulated step samples (requests run with ignore_eos to max_tokens)
 VOCAB = 1 << 20  # prompt ids are placeholders: any id is in the vocabulary
+PREFIX_NS = "sim"  # the simulated nodes' page-hash namespace (one model: every node's the same)
 
 
 @dataclass(frozen=True)
@@ -81,10 +82,13 @@ class SimNode:
         self.last_out = None  # the last step's scheduler output (None: it ran nothing)
         self.coast = None  # the run of decode steps in progress (pdtb/sim/coast.py)
         self.coasts = self.coasted = 0  # runs taken, and the steps in them
-        # runs only for a policy told of them (`on_steps`), and not on shared cores (a step's
-        # stretch there depends on the other processes' work)
+        # runs only for a policy told of them (`on_steps`), not on shared cores (a step's
+        # stretch there depends on the other processes' work),
+        if cluster.shape.prefix_cache and shape.role != "decode":  # (the decode side's cache is not simulated)
+            self.scheduler.prefix_ns = PREFIX_NS
+        # and not with a prefix cache: a decode step that fills a page registers it
         self.may_coast = cluster.shape.coast and cluster.cores is None and \
-            callable(getattr(self.policy, "on_steps", None))
+            callable(getattr(self.policy, "on_steps", None)) and self.scheduler.prefix_ns is None
 
     def make_policy(self, shape: NodeShape):
         return make_policy(shape.policy, shape.fairness, shape.policy_args)
@@ -179,8 +183,11 @@ class SimNode:
         self.num_steps += 1
         self.busy_s += now - t0
         sampling = [c.seq for c in out.chunks if c.wants_logits]
+        register = self.scheduler.register_computed if self.scheduler.prefix_ns is not None else None
         for c in out.chunks:
             c.seq.num_computed_tokens += c.num_new_tokens
+            if register:
+                register(c.seq)
         events = [append_token(self.scheduler, s, TOKEN, ()) for s in sampling]
         self.acct.on_output(out, now)
         self.cluster.observe_step(self, out, t0, now)

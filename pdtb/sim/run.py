@@ -17,9 +17,11 @@ import json
 import sys
 import time
 from argparse import Namespace
+from dataclasses import replace
 
 from pdtb.figures import sweep_figures as sf
 from pdtb.client import workloads as wl
+from pdtb.client.prefix import ideal_hit_rate
 from pdtb.client.serve import _csv, _unwritable, build_workload
 from pdtb.figures.results import build_results, format_table, policy_section, write_results
 from pdtb.figures.service import ServiceWeights
@@ -40,7 +42,10 @@ def build_parser():
 def simulate(a: Namespace, specs, cost=None) -> tuple[list, dict, SimCluster]:
     """Run `specs` through the cluster the flags describe: (records, sim figures, cluster)."""
     cost = cost or build_cost(a)
-    cluster = SimCluster(cluster_shape(a, cost), page_spec(cost.page_bytes, a.page_size), cost)
+    shape = cluster_shape(a, cost)
+    if a.prefix_cache == "on" and any(s.blocks for s in specs):
+        shape = replace(shape, prefix_cache=True)
+    cluster = SimCluster(shape, page_spec(cost.page_bytes, a.page_size), cost)
     t0 = time.perf_counter()
     records = cluster.run(specs, a.horizon_s)
     figures = cluster.observer.summary(records)
@@ -49,6 +54,10 @@ def simulate(a: Namespace, specs, cost=None) -> tuple[list, dict, SimCluster]:
                    steps_in_runs={nid: n.coasted for nid, n in cluster.nodes.items()},
                    busy_share={nid: round(n.busy_s / max(cluster.loop.now, 1e-9), 4) for nid, n in cluster.nodes.items()},
                    simulated_s=cluster.loop.now)
+    prefix = cluster.prefix_figures()
+    if prefix is not None:
+        prefix["ideal_hit_rate"] = ideal_hit_rate(specs)
+        figures["prefix"] = prefix
     if cluster.cores is not None:  # how long each process had work, on how many shared cores
         figures.update(host_cores=cluster.cores.cores,
                        runnable_share={who: round(s / max(cluster.loop.now, 1e-9), 4)
@@ -62,11 +71,8 @@ def _specs(a: Namespace) -> tuple[list, dict]:
     specs = [wl.clamp_to_context(s, ctx)[0] for s in specs]
     if not specs:
         raise ValueError("the workload has no requests")
-    if any(s.blocks for s in specs):
-        # simulated prompts are placeholders: nothing is shared, every prompt is prefilled whole
-        print("pdtb sim: prefix sharing (hash_ids, system prompts) is not simulated: every prompt is "
-              "prefilled in full, as with --prefix-cache off", file=sys.stderr)
-        info["prefix_sharing_simulated"] = False
+    if any(s.blocks for s in specs) and a.prefix_cache == "on":
+        info["prefix_sharing_simulated"] = "prefill and colocated nodes (a decode node receives every page)"
     return specs, info
 
 
@@ -115,6 +121,10 @@ def run_once(a: Namespace, weights: ServiceWeights) -> int:
     print(f"sim: {len(records)} requests, {duration:.1f} s simulated in {figures['wall_s']:.1f} s "
           f"({figures['events']} events); top-5% KV share of the pool {figures['top5_share_pool_mean']:.2f} mean, "
           f"{figures['top5_share_pool_max']:.2f} max; evictions per request {json.dumps(ev)}")
+    if figures.get("prefix"):
+        p = figures["prefix"]
+        print(f"prefix cache: hit rate {p['hit_rate'] or 0:.3f} of {p['query_tokens']} prompt tokens "
+              f"(the trace's ideal {p['ideal_hit_rate'] or 0:.3f})")
     if a.out:
         print(f"results: {a.out}")
     return 0
