@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pdtb.figures.records import OK, RequestRecord, RequestSpec
 from pdtb.client.load import cut_off
 from pdtb.client.prefix import PROMPT_ROLES, prompt_ids
+from kv_transport.admission import FailCode
 from pdtb.engine.kv_spec import KVSpec
 from pdtb.nodes.node_base import queued_tokens
 from pdtb.nodes.protocol import GenerateRequest, NodeStats, Params, Target
@@ -26,7 +27,8 @@ from pdtb.router.dispatch import FALLBACKS
 from pdtb.router.node_state import NodeState, load_order, pick_most_free, pick_prefill
 from pdtb.sim.cost import CostModel
 from pdtb.sim.events import EventLoop
-from pdtb.sim.node import VOCAB, NodeShape, SimNode
+from pdtb.sim.faults import Faults
+from pdtb.sim.node import TOKEN, VOCAB, NodeShape, SimNode
 from pdtb.sim.observe import Observer
 from pdtb.sim.roles import SimColocated, SimDecode, SimPrefill
 
@@ -49,6 +51,10 @@ class ClusterShape:
     client_token_s: float = 0.0  # the client's CPU work per token it parses (with host_cores)
     coast: bool = True  # runs of identical decode steps taken at once (pdtb/sim/coast.py); False: every step an event
     prefix_cache: bool = False  # prefill and colocated nodes cache prompt pages (prompts built from their blocks)
+    kills: tuple = ()  # faults.Kill: a node's process gone at a time (pdtb/sim/faults.py)
+    health_timeout_s: float = 3.0  # router --health-timeout: silent this long, a node is lost
+    recompute_retries: int = 2  # router --recompute-retries
+    transfer_timeout_s: float = 30.0  # the transport's: a longer transfer fails with TIMEOUT
 
     def __post_init__(self) -> None:
         roles = {n.role for n in self.nodes}
@@ -58,6 +64,8 @@ class ClusterShape:
             raise ValueError("latencies must be >= 0 and the ping interval > 0")
         if self.host_cores < 0 or min(self.router_token_s, self.client_token_s) < 0:
             raise ValueError("host cores and per-token work must be >= 0")
+        if self.health_timeout_s <= 0 or self.recompute_retries < 0 or self.transfer_timeout_s <= 0:
+            raise ValueError("the health and transfer timeouts must be > 0 and recompute retries >= 0")
         if self.route not in ("load", "d2lpm"):
             raise ValueError(f"route must be load or d2lpm, got {self.route!r}")
 
@@ -72,14 +80,20 @@ class SimCluster:
             nid = f"{ns.role}-{i}"
             self.nodes[nid] = ROLES[ns.role](nid, ns, spec, cost, self.loop, self)
         self.states = {nid: NodeState(NodeSpec(n.shape.role, f"sim://{nid}")) for nid, n in self.nodes.items()}
-        self.records: dict[str, RequestRecord] = {}
+        self.records: dict[str, RequestRecord] = {}  # by the id of each request's attempt in flight
         self.klass: dict[str, str] = {}
         self.entry: dict[str, str] = {}
+        self.attempt: dict[str, str] = {}  # request (its first id) -> the id of its attempt in flight
+        self.root: dict[str, str] = {}  # an attempt's id -> its request's first id
+        self.reqs: dict[str, GenerateRequest] = {}  # by attempt
+        self.landed: set[str] = set()  # attempts handed off to their decode node
+        self._specs: dict[str, tuple[int, RequestSpec]] = {}  # request -> (its index, its spec)
         self._link_free: dict[str, float] = {}
         self.observer = Observer(self)
         self._open = 0
         self.d2lpm = D2lpmRouter() if shape.route == "d2lpm" else None
         self._latency = shape.rpc_latency_s + shape.client_latency_s  # node -> router -> client
+        self.faults = Faults(self, shape.kills, shape.health_timeout_s, shape.recompute_retries)
 
     # ---- run -----------------------------------------------------------------------------------
     def run(self, specs: list[RequestSpec], horizon_s: float | None = None) -> list[RequestRecord]:
@@ -90,18 +104,22 @@ class SimCluster:
         self._open = len(specs)
         self._ping()
         self.observer.start()
+        self.faults.start()
+        out = []
         for i, s in enumerate(specs):
+            rid = f"sim-{i}"
             self.loop.at(s.send_time + self.shape.client_latency_s, self._submit, i, s)
-            self.records[f"sim-{i}"] = RequestRecord(s.tenant, s.klass, s.prompt_len, s.output_len,
-                                                     scheduled_time=s.send_time, send_time=s.send_time,
-                                                     priority=s.priority)
+            rec = self.records[rid] = RequestRecord(s.tenant, s.klass, s.prompt_len, s.output_len,
+                                                    scheduled_time=s.send_time, send_time=s.send_time,
+                                                    priority=s.priority)
+            out.append(rec)
         if not self.loop.run(until=horizon_s) and any(n.coast is not None for n in self.nodes.values()):
             self.loop.now = horizon_s
             self.sync()  # the steps of runs in progress that ended by the horizon
-        for rec in self.records.values():
+        for rec in out:
             if rec.end_time is None:
                 cut_off(rec, self.loop.now)
-        return list(self.records.values())
+        return out
 
     def sync(self) -> None:
         """Every node as it stands now (a run of decode steps in progress brought up to date)."""
@@ -112,7 +130,10 @@ class SimCluster:
     def _ping(self) -> None:
         """The router's ping: every node's stats as it would answer now."""
         self.sync()
+        self.faults.on_ping(self.loop.now)
         for nid, n in self.nodes.items():
+            if n.dead:
+                continue  # the router keeps what it last answered
             sch, host = n.scheduler, n.host_pool
             self.states[nid].stats = NodeStats(nid, n.shape.role, 0, n.pool.num_pages, n.pool.num_free,
                                                host.num_pages if host else 0, host.num_free if host else 0,
@@ -128,7 +149,7 @@ class SimCluster:
 
         pool = {}
         for nid, n in self.nodes.items():
-            if n.shape.role in ("decode", "colocated"):
+            if n.shape.role in ("decode", "colocated") and not n.dead:
                 tenants: dict[str, int] = {}
                 for seq in n.scheduler.all_requests():
                     held = n.pool.num_held(seq.request_id)
@@ -141,8 +162,9 @@ class SimCluster:
 
     # ---- the router ------------------------------------------------------------------------------
     def _fits(self, role: str, tokens: int) -> list[NodeState]:
+        lost = self.faults.lost
         return [s for s in self.states.values() if s.spec.role == role
-                and self.spec.pages_for(tokens) <= s.stats.pages_total]
+                and self.spec.pages_for(tokens) <= s.stats.pages_total and s.node_id not in lost]
 
     def _entry(self, nodes: list[NodeState], s: RequestSpec, by_load) -> NodeState | None:
         """The router's prefill or colocated node for `s`: by load, or by D2LPM credit (no overlap)."""
@@ -152,10 +174,27 @@ class SimCluster:
         return nodes[i]
 
     def _submit(self, i: int, s: RequestSpec) -> None:
-        rid, now = f"sim-{i}", self.loop.now
+        rid = f"sim-{i}"
+        self._specs[rid] = (i, s)
+        self.attempt[rid] = self.root[rid] = rid
         self.klass[rid] = s.klass
-        peak = s.prompt_len + s.output_len
-        prefill, decode = self._entry(self._fits("prefill", s.prompt_len), s, pick_prefill), \
+        self._route(rid, s, self._prompt(i, s), s.output_len)
+
+    def resubmit(self, root: str, old: str, rid: str, done: int, left: int) -> None:
+        """Recompute a request whose node was lost (pdtb/sim/faults.py): attempt `rid`, its
+        prompt followed by the `done` tokens it streamed, for the `left` still to come."""
+        rec = self.records.pop(old)  # what the old attempt still sends is not this request's
+        for st in self.states.values():
+            st.pending_pages.pop(old, None)
+        self.records[rid], self.attempt[root], self.root[rid] = rec, rid, root
+        self.klass[rid] = self.klass[root]
+        i, s = self._specs[root]
+        self._route(rid, s, self._prompt(i, s) + [TOKEN] * done, left)
+
+    def _route(self, rid: str, s: RequestSpec, prompt: list[int], max_tokens: int) -> None:
+        now, prompt_len = self.loop.now, len(prompt)
+        peak = prompt_len + max_tokens
+        prefill, decode = self._entry(self._fits("prefill", prompt_len), s, pick_prefill), \
             pick_most_free(self._fits("decode", peak))
         entry = prefill if (prefill and decode) else self._entry(self._fits("colocated", peak), s, pick_most_free)
         if entry is None:
@@ -163,15 +202,15 @@ class SimCluster:
             return self.on_failed(rid, f"request needs up to {need} KV pages; no node's pool holds it")
         decode = decode if entry is prefill else None
         tier = s.slo_tier if s.slo_tier is not None else self.shape.tenant_tiers.get(s.tenant, "")
-        req = GenerateRequest(rid, self._prompt(i, s), Params(max_tokens=s.output_len, ignore_eos=True),
+        req = GenerateRequest(rid, prompt, Params(max_tokens=max_tokens, ignore_eos=True),
                               tenant=s.tenant, priority=s.priority or 0, slo_tier=tier, router_id="router",
                               arrival_time=now)
         if decode is not None:
             req.decode_node = req.decode_kv_addr = decode.node_id
             others = sorted((n for n in self._fits("decode", peak) if n is not decode), key=lambda n: -n.free_pages_estimate())
             req.fallbacks = [Target(n.node_id, n.node_id) for n in others[:FALLBACKS]]
-        (decode or entry).pending_pages[rid] = self.spec.pages_for(s.prompt_len + 1)
-        self.entry[rid] = entry.node_id
+        (decode or entry).pending_pages[rid] = self.spec.pages_for(prompt_len + 1)
+        self.entry[rid], self.reqs[rid] = entry.node_id, req
         node = self.nodes[entry.node_id]
         self.loop.after(self.shape.rpc_latency_s, node.deliver, node.on_generate, req)
 
@@ -207,9 +246,9 @@ class SimCluster:
             "client", shape.client_token_s, lambda: self._token_arrives(node, rid, finished, timing)))
 
     def _token_arrives(self, node: SimNode, rid: str, finished: bool, timing: dict | None) -> None:
-        rec = self.records[rid]
-        if rec.end_time is not None:
-            return  # it failed while this token was on its way: the client saw its end already
+        rec = self.records.get(rid)
+        if rec is None or rec.end_time is not None:
+            return  # it failed while this token was on its way (or was recomputed): the client saw that already
         t = round(self.loop.now + self._latency, 6)  # simulated: microseconds are exact enough
         times = rec.token_times
         times.append(t)
@@ -218,7 +257,7 @@ class SimCluster:
         elif len(times) == 2 and node.shape.role == "decode":  # its pages show in the node's stats now
             self.states[node.node_id].pending_pages.pop(rid, None)
         if finished:
-            rec.status, rec.server_timing = OK, timing or {}
+            rec.status, rec.server_timing = OK, self.faults.timing(self.root[rid], timing or {})
             self._end(rid, t)
 
     def on_tokens(self, node: SimNode, rids: list[str], times: list[float]) -> None:
@@ -227,8 +266,8 @@ class SimCluster:
         lat, states = self._latency, None
         arrive = [round(t + lat, 6) for t in times]
         for rid in rids:
-            rec = self.records[rid]
-            if rec.end_time is not None:
+            rec = self.records.get(rid)
+            if rec is None or rec.end_time is not None:
                 continue
             tt = rec.token_times
             n = len(tt)
@@ -240,8 +279,8 @@ class SimCluster:
                 states.pending_pages.pop(rid, None)
 
     def on_failed(self, rid: str, reason: str) -> None:
-        rec = self.records[rid]
-        if rec.end_time is None:
+        rec = self.records.get(rid)
+        if rec is not None and rec.end_time is None:
             rec.error = reason
             self._end(rid, self.loop.now + self.shape.rpc_latency_s + self.shape.client_latency_s)
 
@@ -263,13 +302,20 @@ class SimCluster:
         self.loop.after(self.shape.rpc_latency_s, src.deliver, src.on_transfer_end, h, tid, landed, code, reason)
 
     def send_payload(self, src: SimPrefill, dst: SimDecode, h, tid: str, target, nbytes: int) -> None:
-        start = max(self.loop.now, self._link_free.get(src.node_id, 0.0))
+        now = self.loop.now
+        start = max(now, self._link_free.get(src.node_id, 0.0))
         end = start + self.cost.transfer_s(nbytes)
+        if end - now > self.shape.transfer_timeout_s:  # both sides give up: the link is free again then
+            end = self._link_free[src.node_id] = now + self.shape.transfer_timeout_s
+            self.loop.at(end, dst.deliver, dst.on_transfer_failed, src, h, tid, target, FailCode.TIMEOUT,
+                         f"not done within the transfer timeout ({self.shape.transfer_timeout_s:g} s)")
+            return
         self._link_free[src.node_id] = end
-        self.observer.on_transfer(h.seq.request_id, nbytes, end - self.loop.now)
+        self.observer.on_transfer(h.seq.request_id, nbytes, end - now)
         self.loop.at(end, dst.deliver, dst.on_landed, src, h, tid, target, nbytes)
 
     def on_adopted(self, node: SimDecode, seq) -> None:
+        self.landed.add(seq.request_id)
         self.observer.on_adopted(node, seq)
 
     def observe_step(self, node: SimNode, out, t0: float, t1: float) -> None:

@@ -7,6 +7,7 @@ import argparse
 from pdtb.common import CliError
 from pdtb.engine.kv_spec import KVSpec
 from pdtb.nodes.fairness_args import add_fairness_args, fairness_config, policy_args
+from pdtb.sim.faults import Kill
 from pdtb.sim.cluster import ClusterShape
 from pdtb.sim.node import NodeShape
 
@@ -42,6 +43,13 @@ def add_sim_args(ap: argparse.ArgumentParser) -> None:
                    help="prefill and colocated nodes reuse cached pages of shared prompt blocks, as real nodes "
                         "do (only for workloads whose prompts share blocks: trace hash_ids, system prompts; "
                         "other prompts are unique)")
+    g.add_argument("--kill", action="append", default=[], metavar="NODE@S",
+                   help="the node's process dies at S simulated seconds (repeatable; nodes are prefill-0.., "
+                        "decode-N.. after the prefill nodes, colocated-0..): the router finds it silent after "
+                        "--health-timeout and recomputes what depended on it (pdtb/sim/faults.py)")
+    g.add_argument("--health-timeout", type=float, default=3.0, help="router: s a silent node is still up")
+    g.add_argument("--recompute-retries", type=int, default=2, help="router: times a request is recomputed")
+    g.add_argument("--transfer-timeout", type=float, default=30.0, help="a KV transfer longer than this fails")
     g.add_argument("--every-step", action="store_true",
                    help="every engine step an event of its own: runs of identical decode steps are not taken "
                         "at once (pdtb/sim/coast.py). The same results, more slowly: for comparing the two")
@@ -140,6 +148,8 @@ def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
         return ClusterShape(tuple(nodes), a.rpc_latency_ms / 1e3, a.client_latency_ms / 1e3,
                             tenant_tiers=_tiers(a.tenant_tier), route=a.route, host_cores=a.host_cores,
                             router_token_s=a.router_token_us / 1e6, client_token_s=a.client_token_us / 1e6,
-                            coast=not a.every_step)
+                            coast=not a.every_step, kills=tuple(Kill.parse(k) for k in a.kill),
+                            health_timeout_s=a.health_timeout, recompute_retries=a.recompute_retries,
+                            transfer_timeout_s=a.transfer_timeout)
     except ValueError as e:
         raise CliError(f"pdtb sim: {e}") from None

@@ -82,6 +82,7 @@ class SimNode:
         self.last_out = None  # the last step's scheduler output (None: it ran nothing)
         self.coast = None  # the run of decode steps in progress (pdtb/sim/coast.py)
         self.coasts = self.coasted = 0  # runs taken, and the steps in them
+        self.dead = False  # its process is gone (pdtb/sim/faults.py): it steps no more, hears nothing
         # runs only for a policy told of them (`on_steps`), not on shared cores (a step's
         # stretch there depends on the other processes' work),
         if cluster.shape.prefix_cache and shape.role != "decode":  # (the decode side's cache is not simulated)
@@ -100,6 +101,8 @@ class SimNode:
     # ---- messages ------------------------------------------------------------------------------
     def deliver(self, fn, *args) -> None:
         """A message for this node: handled now if it is between steps, else after the step."""
+        if self.dead:
+            return  # (a message to a dead process is lost)
         if self.busy:
             if self.coast is not None:
                 self._cut_short()
@@ -117,13 +120,13 @@ class SimNode:
 
     def _on_timer(self) -> None:
         self._timer = False
-        if not self.busy:
+        if not self.busy and not self.dead:
             self.poll_io()
             self.kick()
 
     # ---- steps ---------------------------------------------------------------------------------
     def kick(self) -> None:
-        if self.busy or not self.scheduler.has_work():
+        if self.busy or self.dead or not self.scheduler.has_work():
             return
         if self.may_coast and runs.pure_decode(self.last_out):
             k = runs.plan(self)
@@ -166,7 +169,7 @@ class SimNode:
     def _coast_wake(self, c, gen: int) -> None:
         """The last end time worked out: the run's end, or time to work out more of them."""
         if c is not self.coast or gen != c.gen:
-            return  # the run was cut short: its end moved
+            return  # the run was cut short (its end moved), or the node died
         if len(c.ends) < c.k:
             self.loop.at(c.extend(), self._coast_wake, c, gen)
             return
@@ -177,7 +180,14 @@ class SimNode:
         self.busy_s += t0 - c.t0
         self._end_step(SchedulerOutput(chunks=runs.decode_chunks(c.rows)), t0)
 
+    def die(self) -> None:
+        """kill -9: the step in progress never ends, nothing queued is handled."""
+        self.dead, self.coast = True, None
+        self.inbox.clear()
+
     def _end_step(self, out, t0: float) -> None:
+        if self.dead:
+            return
         now = self.loop.now
         self.last_out = out
         self.num_steps += 1

@@ -59,6 +59,8 @@ class Observer:
         now = c.loop.now
         rows, footprints, total = [], [], 0
         for nid, n in c.nodes.items():
+            if n.dead:
+                continue  # (its pages went with it)
             held = n.pool.held_counts()
             tenants: Counter = Counter()
             for rid, pages in held.items():

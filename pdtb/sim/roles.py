@@ -118,9 +118,37 @@ class SimPrefill(SimNode):
             self.pool.free(rid)
             self._forget(rid)
 
+    def on_node_down(self, node_id: str) -> None:
+        """The router found decode node `node_id` gone (prefill_node/node.py `on_node_down`):
+        hand-offs move off it to their fallbacks, or fail."""
+        for req in self.reqs.values():  # not handed off yet: bound elsewhere from the start
+            others = [t for t in req.fallbacks if t.node_id != node_id]
+            if req.decode_node == node_id and others:
+                (req.decode_node, req.decode_kv_addr), others = (others[0].node_id, others[0].kv_addr), others[1:]
+            req.fallbacks = others
+        for rid, h in list(self.handoffs.items()):
+            if not any(t.node_id == node_id for t in h.targets):
+                continue
+            current = h.targets[0].node_id == node_id
+            h.targets = [t for t in h.targets if t.node_id != node_id]
+            if not current:
+                continue
+            h.transfer_id = None  # an answer for the cancelled transfer is ignored
+            if h.targets:
+                h.retry_at = self.loop.now
+                h.on(HandoffEvent.MOVE)
+                h.retarget()
+            else:
+                h.on(HandoffEvent.FAIL)
+                self.fail(rid, f"decode node {node_id} stopped answering")
+                self.handoffs.pop(rid, None)
+                self.pool.free(rid)
+
 
 class SimDecode(SimNode):
     def on_header(self, src: SimPrefill, h: Handoff, tid: str) -> None:
+        if src.dead:
+            return  # the sender died after sending it: nothing follows
         seq = h.seq
         req = Inherited(seq.request_id, seq.tenant, seq.priority, seq.slo_tier,
                         self.pool.spec.pages_for(seq.num_computed_tokens), seq.num_computed_tokens,
@@ -136,7 +164,14 @@ class SimDecode(SimNode):
             return
         self.cluster.send_payload(src, self, h, tid, target, req.num_pages * self.pool.bytes_per_page)
 
+    def on_transfer_failed(self, src: SimPrefill, h: Handoff, tid: str, target, code, reason: str) -> None:
+        target.free(h.seq.request_id)  # what it reserved for the transfer
+        self.cluster.answer(src, h, tid, False, code, reason)
+
     def on_landed(self, src: SimPrefill, h: Handoff, tid: str, target, nbytes: int) -> None:
+        if src.dead:  # the sender died before the last byte: the receiver lets the reservation go
+            target.free(h.seq.request_id)
+            return
         now, pre = self.loop.now, h.seq
         target.commit(pre.request_id)
         seq = Sequence(pre.request_id, list(pre.token_ids), pre.num_prompt_tokens, to_sampling(h.req.params),

@@ -45,7 +45,10 @@ def simulate(a: Namespace, specs, cost=None) -> tuple[list, dict, SimCluster]:
     shape = cluster_shape(a, cost)
     if a.prefix_cache == "on" and any(s.blocks for s in specs):
         shape = replace(shape, prefix_cache=True)
-    cluster = SimCluster(shape, page_spec(cost.page_bytes, a.page_size), cost)
+    try:
+        cluster = SimCluster(shape, page_spec(cost.page_bytes, a.page_size), cost)
+    except ValueError as e:  # (a --kill of a node the shape does not have)
+        raise CliError(f"pdtb sim: {e}") from None
     t0 = time.perf_counter()
     records = cluster.run(specs, a.horizon_s)
     figures = cluster.observer.summary(records)
@@ -54,6 +57,8 @@ def simulate(a: Namespace, specs, cost=None) -> tuple[list, dict, SimCluster]:
                    steps_in_runs={nid: n.coasted for nid, n in cluster.nodes.items()},
                    busy_share={nid: round(n.busy_s / max(cluster.loop.now, 1e-9), 4) for nid, n in cluster.nodes.items()},
                    simulated_s=cluster.loop.now)
+    if cluster.shape.kills:
+        figures["faults"] = cluster.faults.figures()
     prefix = cluster.prefix_figures()
     if prefix is not None:
         prefix["ideal_hit_rate"] = ideal_hit_rate(specs)
