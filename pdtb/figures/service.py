@@ -64,6 +64,17 @@ def _curve(events: list[tuple[float, float]]) -> tuple[list[float], list[float]]
     return [t for t, _ in ev], list(itertools.accumulate((s for _, s in ev), initial=0.0))[1:]
 
 
+def _record_curve(rec: RequestRecord, w: ServiceWeights) -> tuple[list[float], list[float]]:
+    """`_curve(service_events(rec, w))`, without sorting what came in time order (a client
+    appends tokens as they arrive), as `accumulated` reads it."""
+    tt = rec.token_times
+    if rec.first_token_time is None or (tt and (tt[0] < rec.first_token_time or tt != sorted(tt))):
+        return _curve(service_events(rec, w))
+    per = w.output * max(rec.output_tokens, len(tt)) / max(1, len(tt))  # (service_events' rule)
+    acc = list(itertools.accumulate(itertools.chain((rec.prompt_tokens * w.input,), itertools.repeat(per, len(tt)))))
+    return [rec.first_token_time, *tt], acc
+
+
 def service_curves(records: list[RequestRecord], w: ServiceWeights) -> dict[str, tuple[list[float], list[float]]]:
     """Per tenant: event times (sorted) and the accumulated service just after each."""
     by_tenant: dict[str, list[tuple[float, float]]] = {r.tenant: [] for r in records}
@@ -149,7 +160,7 @@ def fair_share_jain(records: list[RequestRecord], w: ServiceWeights, window: flo
     """(mean, min) over windows of Jain's index of earned / fair share (see the module doc)."""
     if window <= 0 or duration <= 0:
         return None, None
-    curves = {id(r): _curve(service_events(r, w)) for r in records}
+    curves = {id(r): _record_curve(r, w) for r in records}
     indices = []
     for k, live in enumerate(_windows(records, window, duration)):
         a, b = k * window, min((k + 1) * window, duration)

@@ -136,9 +136,14 @@ def summarize(records: list[RequestRecord], duration: float, slos: dict[str, flo
     w = service_weights or ServiceWeights()
     span = span_s(records)
     span = duration if span is None else span  # the rates' denominator (see the module doc)
-    return {"overall": stats(records, span, slos),
-            "per_tenant": {k: stats(v, span, slos) for k, v in grouped(records, lambda r: r.tenant).items()},
-            "per_class": {k: stats(v, span, slos) for k, v in grouped(records, lambda r: r.klass).items()},
+    overall = stats(records, span, slos)
+
+    def of(group: list[RequestRecord]) -> dict:  # a group of every request is the overall figure
+        return dict(overall) if len(group) == len(records) else stats(group, span, slos)
+
+    return {"overall": overall,
+            "per_tenant": {k: of(v) for k, v in grouped(records, lambda r: r.tenant).items()},
+            "per_class": {k: of(v) for k, v in grouped(records, lambda r: r.klass).items()},
             "fairness": fairness(records, w, window, duration),
             "slo_attribution": attribution(records),
             "duration_s": span, "run_s": duration, "slos": slos}

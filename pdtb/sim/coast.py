@@ -25,7 +25,7 @@ from pdtb.engine.scheduler import ScheduledChunk, SchedulerOutput
 from pdtb.sim.cost import StepShape
 
 MAX_STEPS = 4096  # steps planned at once at most
-STRETCH = 16  # end times worked out at first (then as many again as known)
+STRETCH = 64  # end times worked out at first (then as many again as known)
 
 
 def ceil_sum(n: int, ps: int) -> int:
@@ -70,13 +70,15 @@ class Coast:
     def extend(self) -> float:
         """Work out the next stretch of end times (each as long again as the ones known, the
         same sums as one event per step); returns the stretch's last, the next wake-up."""
-        ends, n, step_s = self.ends, len(self.rows), self.node.cost.step_s
+        ends, n, cost = self.ends, len(self.rows), self.node.cost
         i = len(ends)
         upto = min(self.k, max(STRETCH, 2 * i))
         t = ends[-1] if ends else self.t0
         ctx = self._ctx + i * n
+        # a cost model's decode_s(rows, ctx), where it has one, is step_s of that shape
+        step = getattr(cost, "decode_s", None) or (lambda r, c: cost.step_s(StepShape(r, c)))
         for _ in range(i, upto):
-            t = t + step_s(StepShape(n, ctx))
+            t = t + step(n, ctx)
             ends.append(t)
             ctx += n
         return t

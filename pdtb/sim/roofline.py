@@ -139,6 +139,14 @@ class RooflineCost:
         memory = weights + per_kv * (shape.decode_ctx + prefill_context(shape) + tokens)
         return max(compute, memory) + (comm_lat + comm_per_token * tokens if self.tp > 1 else 0.0) + self.overhead_s
 
+    def decode_s(self, rows: int, ctx: int) -> float:
+        """`step_s(StepShape(rows, ctx))`, the same sums without building the shape (a run of
+        decode steps works out thousands of them: pdtb/sim/coast.py)."""
+        per_token, per_pair, weights, per_kv, comm_lat, comm_per_token = self._per_step
+        compute = per_token * rows + per_pair * ctx
+        memory = weights + per_kv * (ctx + 0.0 + rows)
+        return max(compute, memory) + (comm_lat + comm_per_token * rows if self.tp > 1 else 0.0) + self.overhead_s
+
     def transfer_s(self, nbytes: int) -> float:
         """One hand-off of `nbytes` (whole-model KV): every GPU sends its share over its own NIC."""
         return self.link.seconds(nbytes * self.kv_share)
