@@ -6,6 +6,8 @@
 #   - one hour of the Azure conversation trace on an 8-GPU disaggregated shape (Llama-3-70B,
 #     tensor parallel 4, one prefill and one decode node on H100s), each policy (fcfs and
 #     memfair) timed, with their pdtb report;
+#   - how fast the simulator runs: the Azure hour on 4P+4D Llama-3-8B under every built-in
+#     policy, against one event per step on a slice of it (pdtb sim speed);
 #   - the H200 step grid (shipped samples) against the roofline: pdtb sim roofline.
 #
 #   bash scripts/sim_results.sh --out DIR [--real DIR] [--skip-validate] [--trace FILE]
@@ -63,6 +65,10 @@ if [ -f "$TRACE" ]; then
   pdtb report "$OUT"/azure-hour-*.json --out "$OUT/azure-report" >/dev/null
 else
   echo "sim_results: no trace at $TRACE: the Azure hour is left out" >&2
+fi
+if [ -f "$TRACE" ]; then
+  echo "== pdtb sim speed --json" >&2
+  pdtb sim speed --trace "$TRACE" --json > "$OUT/speed.json"
 fi
 pdtb sim roofline --steps pdtb/sim/calibrations/samples/h200-llama-3-8b-bf16.json --gpu h200 \
   --model-config llama-3-8b --json > "$OUT/roofline-h200.json"

@@ -318,15 +318,15 @@ def migration_section(migration_dir: str, command: str, stamp: str | None = None
             f"is between runs of the same invocation.{when}", "", *migration_report(Path(migration_dir))]
 
 
-def replace_section(text: str, heading: str, section: list[str], before: str = "## The simulator") -> str:
+def replace_section(text: str, heading: str, section: list[str], before: str | None = "## The simulator") -> str:
     """`text` with the section under `heading` (up to the next "## ") replaced by `section`, or
-    `section` inserted before the heading starting with `before` (else at the end)."""
+    `section` inserted before the heading starting with `before` (else, or with None, at the end)."""
     lines = text.rstrip("\n").split("\n")
     if heading in lines:
         i = lines.index(heading)
         j = next((k for k in range(i + 1, len(lines)) if lines[k].startswith("## ")), len(lines))
     else:
-        i = j = next((k for k, ln in enumerate(lines) if ln.startswith(before)), len(lines))
+        i = j = next((k for k, ln in enumerate(lines) if before and ln.startswith(before)), len(lines))
     return "\n".join(lines[:i] + section + lines[j:]) + "\n"
 
 
@@ -359,6 +359,10 @@ def render(run: Run, images: str | None = None, sim_dir: str | None = None, pref
         from pdtb.figures.sim_section import render as sim_section
 
         lines += sim_section(sim_dir)
+        if (Path(sim_dir) / "speed.json").is_file():
+            from pdtb.figures.sim_section import speed_section
+
+            lines += speed_section(json.loads((Path(sim_dir) / "speed.json").read_text()))
     return "\n".join(lines)
 
 
@@ -405,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", help="directory of a scripts/gpu_check.sh run (its --out)")
     ap.add_argument("--scorecard", help="directory of a scripts/scorecard.sh run (its --out)")
     ap.add_argument("--scorecard-command", default="bash scripts/scorecard.sh --quick")
-    ap.add_argument("--section", choices=["migration", "transports", "ray", "gpu", "scorecard"],
+    ap.add_argument("--sim-speed", help="pdtb sim speed --json output")
+    ap.add_argument("--section", choices=["migration", "transports", "ray", "gpu", "scorecard", "sim-speed"],
                     help="replace only this section of the existing --out (its own date and commit in its first "
                          "line), leaving the others as they are")
     ap.add_argument("--out", required=True)
@@ -419,6 +424,13 @@ def main(argv: list[str] | None = None) -> int:
         stamp = _stamp(_read(a.commit_file) or _read(str(Path(a.scorecard) / "commit")))
         return _write_section(a.out, SCORECARD_HEADING, results_section(a.scorecard, a.scorecard_command, stamp),
                               "scorecard", before="## Fairness at saturation")
+    if a.section == "sim-speed":
+        if not a.sim_speed:
+            ap.error("--section sim-speed needs --sim-speed FILE")
+        from pdtb.figures.sim_section import SPEED_HEADING, speed_section
+
+        section = speed_section(json.loads(Path(a.sim_speed).read_text()), _stamp(_read(a.commit_file)))
+        return _write_section(a.out, SPEED_HEADING, section, "simulator speed", before=None)  # after the simulator's
     if a.section == "gpu":
         if not a.gpu:
             ap.error("--section gpu needs --gpu DIR")

@@ -148,3 +148,36 @@ def render(d: str | Path) -> list[str]:
     if r:
         out += roofline_part(r)
     return out
+
+
+SPEED_HEADING = "## How fast the simulator runs (`pdtb sim speed`)"
+
+
+def speed_section(d: dict, stamp: str | None = None) -> list[str]:
+    """`pdtb sim speed --json`: the Azure hour per policy, and the slice against one event per step."""
+    rows = d["rows"]
+    n = rows[0]["slice"]["requests"] if rows else 0
+    hour = rows[0]["hour"] if rows else {}
+    return [SPEED_HEADING, "",
+            f"`pdtb sim speed --json`{f' ({stamp})' if stamp else ''}: `pdtb sim --workload trace:{d['trace']} "
+            f"{d['shape']} --policy P`, an hour of the trace ({hour.get('simulated_s', '?')} s simulated), each "
+            "policy in a process of its own. *command s*: the whole command (start, workload, simulation, summary, "
+            "results file); *simulation s*: the event loop alone. The baseline is measured in the same command: "
+            f"the trace's first {n} requests with one event per engine step (`--every-step`) against runs of "
+            "identical decode steps taken at once (pdtb/sim/coast.py); *identical*: the two results files hold the "
+            "same requests, token times and samples. The bound is the events that can change a decision: "
+            "*steps in runs* of *steps* were taken without an event of their own.", "",
+            *speed_table(rows), ""]
+
+
+def speed_table(rows: list[dict]) -> list[str]:
+    head = ["policy", "hour: command s", "simulation s", "events", "steps", "steps in runs",
+            "slice: every step s", "runs s", "speed-up", "identical"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        h, s = r["hour"], r["slice"]
+        out.append("| " + " | ".join(str(v) for v in (
+            r["policy"], h["command_s"], h["simulation_s"], h["events"], h["steps"], h["steps_in_runs"],
+            s["every_step"]["simulation_s"], s["runs"]["simulation_s"], f"{s['speedup']}x",
+            "yes" if s["identical"] else "NO")) + " |")
+    return out

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from pdtb.common import CliError
+from pdtb.figures.sim_section import speed_table
 from pdtb.sim.repro.args import OneLineParser
 
 TRACE = "../shared/traces/azure_llm_conv_2023.csv"
@@ -65,24 +66,11 @@ def measure(trace: str, policy: str, slice_n: int, d: Path) -> dict:
     return row
 
 
-def table(rows: list[dict]) -> list[str]:
-    head = ["policy", "hour: command s", "simulation s", "events", "steps", "steps in runs",
-            "slice: every step s", "runs s", "speed-up", "identical"]
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        h, s = r["hour"], r["slice"]
-        out.append("| " + " | ".join(str(v) for v in (
-            r["policy"], h["command_s"], h["simulation_s"], h["events"], h["steps"], h["steps_in_runs"],
-            s["every_step"]["simulation_s"], s["runs"]["simulation_s"], f"{s['speedup']}x",
-            "yes" if s["identical"] else "NO")) + " |")
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="pdtb sim speed", description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", default=TRACE, help="the trace file (default: %(default)s)")
     ap.add_argument("--policies", default="fcfs memfair vtc mcsf priority memtime dlpm drr")
-    ap.add_argument("--slice", type=int, default=2000, help="requests of the baseline run (default %(default)s)")
+    ap.add_argument("--slice", type=int, default=5000, help="requests of the baseline run (default %(default)s)")
     ap.add_argument("--dir", help="keep the results files here (default: a temporary folder)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -103,5 +91,5 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps(doc, indent=1))
     else:
-        print("\n".join(table(rows)))
+        print("\n".join(speed_table(rows)))
     return 0 if all(r["slice"]["identical"] for r in rows) else 1
