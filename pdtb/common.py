@@ -22,3 +22,33 @@ def freeze_heap() -> None:
 
     gc.collect()
     gc.freeze()
+
+
+def host_facts() -> dict:
+    """Where a measurement ran: the CPU model, cores, memory, Python and the versions of the
+    libraries figures depend on (a calibration, a results document records them)."""
+    import importlib.metadata as md
+    import os
+    import platform
+    from pathlib import Path
+
+    cpu = platform.processor() or "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        mem = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30)
+    except (ValueError, OSError):
+        mem = None
+    versions = {}
+    for name in ("torch", "transformers", "pyzmq"):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            versions[name] = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem, "python": platform.python_version(),
+            "versions": versions}

@@ -4,7 +4,7 @@
 #   scripts/compare_fairness.sh [--quick] [--out DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
 #                               [--modes "colocated disagg"] [--model DIR] [--seed N] [--device cpu|cuda[:N]] [--step-log]
 #                               [--node-args "ARGS"] [--context-whales N] [--transport zmq|torch|shm|auto]
-#                               [--sim [--calibration FILE]] [--lockstep [--step-ms MS]] [--dry-run]
+#                               [--sim [--calibration FILE] [--sim-args "ARGS"]] [--lockstep [--step-ms MS]] [--dry-run]
 #
 # --policies (spaces or commas; default fcfs memfair vtc mcsf priority, --quick fcfs memfair):
 # each a policy reference, NAME, package.module:Class or path/to/file.py:Class, or LABEL=REF.
@@ -39,7 +39,8 @@
 # --transport picks the disaggregated clusters' KV transport (default zmq).
 # --sim runs every configuration through the simulator (pdtb sim, calibrated cost model: FILE
 # from `pdtb sim calibrate`, default the shipped one) with exactly the same workload and node
-# flags, instead of real clusters; scripts/validate_sim.sh compares the two.
+# flags, instead of real clusters; scripts/validate_sim.sh compares the two. --sim-args passes
+# more flags to every simulated run (split on spaces), e.g. "--host-cores 2".
 # --lockstep (disaggregated mode only) hands the same workload off into a real decode node with
 # the same flags over --transport, in a fixed order of events on a virtual clock of MS per
 # engine step (pdtb bench lockstep, default 20): its admission verdicts, every request's and in
@@ -48,7 +49,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUICK=0 OUT="" POLICIES="" MODES="colocated disagg" MODEL="" SEED=0 DEVICE=cpu STEPLOG=0 NODE_ARGS="" CTX=""
-SIM=0 CALIBRATION="" TRANSPORT=zmq LOCKSTEP=0 STEP_MS=20 PARGS=() DRY=0
+SIM=0 CALIBRATION="" SIM_ARGS="" TRANSPORT=zmq LOCKSTEP=0 STEP_MS=20 PARGS=() DRY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
@@ -65,6 +66,7 @@ while [ $# -gt 0 ]; do
     --context-whales) CTX="$2"; shift 2 ;;
     --sim) SIM=1; shift ;;
     --calibration) CALIBRATION="$2"; shift 2 ;;
+    --sim-args) SIM_ARGS="$2"; shift 2 ;;
     --transport) TRANSPORT="$2"; shift 2 ;;
     --lockstep) LOCKSTEP=1; shift ;;
     --step-ms) STEP_MS="$2"; shift 2 ;;
@@ -102,6 +104,7 @@ BUDGET=512  # per-step token budget: whale prompts prefill in chunks, interleave
 NODE_SLO=(--slo-ttft '*=0.5' --slo-tpot '*=0.1')
 POLICIES="${POLICIES:-fcfs memfair vtc mcsf priority}"
 read -r -a NODE_ARGV <<< "$NODE_ARGS"
+read -r -a SIM_ARGV <<< "$SIM_ARGS"
 # every policy and its settings checked now: a typo found before the runs, not after those before it
 policy_table compare_fairness "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} -- "${NODE_SLO[@]}" \
   ${NODE_ARGV[@]+"${NODE_ARGV[@]}"}
@@ -123,7 +126,8 @@ sim_one() {  # sim_one MODE LABEL: the same flags through the simulator (POLICY_
   echo "== $mode / $pol simulated: device pages ${pages[*]}, host $HOST" >&2
   pdtb sim "${WL[@]}" --mode "$mode" "${POLICY_FLAGS[@]}" "${pages[@]}" --host-kv-pages "$HOST" --page-size "$PAGE" \
     --max-num-batched-tokens "$BUDGET" "${NODE_SLO[@]}" --cost calibrated ${CALIBRATION:+--calibration "$CALIBRATION"} \
-    ${NODE_ARGV[@]+"${NODE_ARGV[@]}"} --label-mode "$mode" --label-policy "$pol" --out "$OUT/$mode-$pol.json" >/dev/null
+    ${NODE_ARGV[@]+"${NODE_ARGV[@]}"} ${SIM_ARGV[@]+"${SIM_ARGV[@]}"} --label-mode "$mode" --label-policy "$pol" \
+    --out "$OUT/$mode-$pol.json" >/dev/null
 }
 
 lockstep_one() {  # lockstep_one MODE LABEL: the decode node's flags, in lockstep (disagg only)

@@ -13,33 +13,21 @@ import datetime
 import glob
 import json
 import os
-import platform
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdtb.common import host_facts
 from pdtb.figures.compare import markdown_table, rows_of, with_ratios
 
 
 def machine() -> str:
     """Cores, memory, CPU model, Python and the libraries the figures depend on."""
-    import importlib.metadata as md
-
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
-    except (ValueError, OSError):
-        mem = float("nan")
-    libs = ", ".join(f"{n} {md.version(n)}" for n in ("torch", "transformers", "pyzmq"))
-    return f"{os.cpu_count()} cores, {mem:.0f} GiB, {cpu}; Python {platform.python_version()}, {libs}"
+    h = host_facts()
+    libs = ", ".join(f"{n} {v}" for n, v in h["versions"].items())
+    mem = f"{h['memory_gib']} GiB" if h["memory_gib"] is not None else "? GiB"
+    return f"{h['cores']} cores, {mem}, {h['cpu']}; Python {h['python']}, {libs}"
 
 
 def commit(root: Path) -> str:

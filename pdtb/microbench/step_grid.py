@@ -15,7 +15,8 @@ prefill_attn sums N * O + N * (N + 1) / 2 over the chunks. Timing as in the rest
 earlier) and then the timed step; compositions interleave; a sample keeps the median.
 
     {"kind": "step-samples", "device", "model", "threads", "dtype", "page_size", "page_bytes",
-     "reps", "samples": [{"decode_rows", "decode_ctx", "prefill_chunks", "prefill_tokens",
+     "reps", "command", "machine": {"accelerator", "cpu", "cores", "memory_gib", "python", "versions"},
+     "samples": [{"decode_rows", "decode_ctx", "prefill_chunks", "prefill_tokens",
                           "prefill_attn", "ms"}, ...]}
 """
 from __future__ import annotations
@@ -130,6 +131,17 @@ def measure(eng, a: argparse.Namespace, comps: list[Composition]) -> list[dict]:
     return [{**c.shape(), "ms": round(statistics.median(t), 4)} for c, t in zip(comps, times)]
 
 
+def machine_of(device: str) -> dict:
+    """The host's facts and the device the steps ran on (a calibration carries them)."""
+    import torch
+
+    from pdtb.common import host_facts
+
+    h = host_facts()
+    name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else h["cpu"]
+    return {"accelerator": name, **h}
+
+
 def main_grid(a: argparse.Namespace) -> int:
     from pdtb.microbench.step_harness import build_engine
 
@@ -143,7 +155,8 @@ def main_grid(a: argparse.Namespace) -> int:
     samples = measure(eng, a, comps)
     res = {"kind": "step-samples", "device": a.device, "model": eng.info.model_dir, "threads": a.threads,
            "dtype": a.dtype, "page_size": a.page_size, "page_bytes": eng.spec.bytes_per_page,
-           "reps": a.reps, "command": "pdtb bench steps " + shlex.join(a.argv), "samples": samples}
+           "reps": a.reps, "command": "pdtb bench steps " + shlex.join(a.argv), "machine": machine_of(a.device),
+           "samples": samples}
     if a.json:
         print(json.dumps(res))
         return 0

@@ -13,7 +13,7 @@ from step logs or given. KV hand-offs and tier moves cost as two `LinkModel`s.
 Calibration file (`pdtb sim calibrate --out`, `CalibratedCost.load`):
 
     {"kind": "step-calibration", "version": 1, "command": ..., "device", "model", "threads",
-     "dtype", "page_size", "page_bytes", "coef_ms": {"c0", "rows", "ctx", "chunks", "tokens", "attn"},
+     "dtype", "page_size", "machine" (the samples': accelerator, cpu, cores, versions), "page_bytes", "coef_ms": {"c0", "rows", "ctx", "chunks", "tokens", "attn"},
      "node_overhead_s", "transfer": {"bytes_per_s", "latency_s"}, "tier_move": {...},
      "fit": {"samples", "r2", "max_rel_err", "sources": [...]}}
 """
@@ -116,6 +116,17 @@ class CalibratedCost:
     @property
     def name(self) -> str:
         return f"calibrated:{self.label}"
+
+    def describe(self) -> str:
+        """Which calibration this is: what it was measured on, the fit, and the machine."""
+        m, fit = self.meta, self.meta.get("fit") or {}
+        model = str(m.get("model", "?")).rstrip("/").rsplit("/", 1)[-1]
+        host = m.get("machine")
+        where = (f"{host.get('accelerator') or host.get('cpu')}, {host.get('cores')} cores; "
+                 + ", ".join(f"{k} {v}" for k, v in (host.get("versions") or {}).items())) if host else \
+            "machine and versions not recorded in the file"
+        return (f"calibration {self.label}: {model} {m.get('dtype', '?')} on {m.get('device', '?')}, "
+                f"{m.get('threads', '?')} thread(s); fit of {fit.get('samples', '?')} steps, R^2 {fit.get('r2', '?')}; {where}")
 
     def step_s(self, shape: StepShape) -> float:
         """The fitted step plus the node's overhead; an empty step costs nothing."""

@@ -105,7 +105,7 @@ def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, objec
     tier_default = tier_link(moves, page_bytes) or CPU_TIER
     head = headers[0] if headers else {}
     meta = {"command": _command(a, argv, sources), **({"note": a.note} if a.note else {}),
-            **{k: head[k] for k in ("device", "model", "threads", "dtype", "page_size") if k in head},
+            **{k: head[k] for k in ("device", "model", "threads", "dtype", "page_size", "machine") if k in head},
             "fit": {"samples": f.samples, "r2": round(f.r2, 6), "max_rel_err": round(f.max_rel_err, 6),
                     "sources": sources}}
     label = a.label or (a.out.rsplit("/", 1)[-1].removesuffix(".json") if a.out else "calibrated")

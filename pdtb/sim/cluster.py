@@ -11,6 +11,7 @@ rpc latency.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from pdtb.figures.records import OK, RequestRecord, RequestSpec
@@ -96,23 +97,39 @@ class SimCluster:
         self.faults = Faults(self, shape.kills, shape.health_timeout_s, shape.recompute_retries)
 
     # ---- run -----------------------------------------------------------------------------------
-    def run(self, specs: list[RequestSpec], horizon_s: float | None = None) -> list[RequestRecord]:
+    def run(self, specs: list[RequestSpec], horizon_s: float | None = None, concurrency: int | None = None,
+            max_concurrency: int | None = None) -> list[RequestRecord]:
         """Simulate `specs`; every request ends (finished, failed, or cut off at `horizon_s`,
-        by default an hour after the last arrival)."""
+        by default an hour after the last arrival). The client as pdtb/client/load.py's:
+        open loop at the specs' send times; `concurrency` N: closed loop, N requests in flight,
+        each sent when one ended (send times ignored); `max_concurrency` M: at most M in
+        flight, an arrival past that waiting for a slot."""
+        closed = self._closed = bool(concurrency)
         if horizon_s is None:
-            horizon_s = max((s.send_time for s in specs), default=0.0) + DEFAULT_TAIL_S
+            horizon_s = DEFAULT_TAIL_S * (1 + len(specs) / concurrency) if closed else \
+                max((s.send_time for s in specs), default=0.0) + DEFAULT_TAIL_S
         self._open = len(specs)
+        self._slots = concurrency or max_concurrency or 0  # 0: no limit
+        self._queue: deque = deque()  # (index, spec) waiting for a slot
+        self._in_flight = 0
         self._ping()
         self.observer.start()
         self.faults.start()
         out = []
         for i, s in enumerate(specs):
             rid = f"sim-{i}"
-            self.loop.at(s.send_time + self.shape.client_latency_s, self._submit, i, s)
+            t = 0.0 if closed else s.send_time
             rec = self.records[rid] = RequestRecord(s.tenant, s.klass, s.prompt_len, s.output_len,
-                                                    scheduled_time=s.send_time, send_time=s.send_time,
-                                                    priority=s.priority)
+                                                    scheduled_time=t, send_time=t, priority=s.priority)
             out.append(rec)
+            if closed:
+                self._queue.append((i, s))
+            elif self._slots:
+                self.loop.at(t, self._arrive, i, s)
+            else:  # (no slot to wait for: sent at its time)
+                self.loop.at(t + self.shape.client_latency_s, self._submit, i, s)
+        for _ in range(min(self._slots, len(specs)) if closed else 0):
+            self._send(*self._queue.popleft())
         if not self.loop.run(until=horizon_s) and any(n.coast is not None for n in self.nodes.values()):
             self.loop.now = horizon_s
             self.sync()  # the steps of runs in progress that ended by the horizon
@@ -120,6 +137,30 @@ class SimCluster:
             if rec.end_time is None:
                 cut_off(rec, self.loop.now)
         return out
+
+    def _arrive(self, i: int, s: RequestSpec) -> None:
+        """An open-loop arrival under --max-concurrency: sent now, or when a slot frees."""
+        if self._in_flight >= self._slots:
+            self._queue.append((i, s))
+        else:
+            self._send(i, s)
+
+    def _send(self, i: int, s: RequestSpec) -> None:
+        """The client sends request i now, in a slot (closed loop: scheduled now, too)."""
+        self._in_flight += 1
+        rec = self.records[f"sim-{i}"]
+        rec.send_time = self.loop.now
+        if self._closed:
+            rec.scheduled_time = self.loop.now
+        self.loop.after(self.shape.client_latency_s, self._submit, i, s)
+
+    def _slot_freed(self, t: float) -> None:
+        """A request ended at the client at `t`: its slot goes to the next one waiting, then."""
+        if not self._slots:
+            return
+        self._in_flight -= 1
+        if self._queue:
+            self.loop.at(t, self._send, *self._queue.popleft())
 
     def sync(self) -> None:
         """Every node as it stands now (a run of decode steps in progress brought up to date)."""
@@ -292,6 +333,7 @@ class SimCluster:
         for st in self.states.values():
             st.pending_pages.pop(rid, None)
         self._open -= 1
+        self._slot_freed(t)
 
     # ---- node <-> node -------------------------------------------------------------------------------
     def send_header(self, src: SimPrefill, h) -> None:

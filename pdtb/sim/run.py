@@ -22,7 +22,7 @@ from dataclasses import replace
 from pdtb.figures import sweep_figures as sf
 from pdtb.client import workloads as wl
 from pdtb.client.prefix import ideal_hit_rate
-from pdtb.client.serve import _csv, _unwritable, build_workload
+from pdtb.client.serve import _csv, _unwritable, arrival_label, build_workload
 from pdtb.figures.results import build_results, format_table, policy_section, write_results
 from pdtb.figures.service import ServiceWeights
 from pdtb.figures.summary import summarize
@@ -50,7 +50,7 @@ def simulate(a: Namespace, specs, cost=None) -> tuple[list, dict, SimCluster]:
     except ValueError as e:  # (a --kill of a node the shape does not have)
         raise CliError(f"pdtb sim: {e}") from None
     t0 = time.perf_counter()
-    records = cluster.run(specs, a.horizon_s)
+    records = cluster.run(specs, a.horizon_s, a.concurrency, a.max_concurrency)
     figures = cluster.observer.summary(records)
     figures.update(wall_s=round(time.perf_counter() - t0, 3), events=cluster.loop.num_events,
                    steps={nid: n.num_steps for nid, n in cluster.nodes.items()},
@@ -85,7 +85,13 @@ def _meta(a: Namespace, cost, figures: dict, cluster: SimCluster | None) -> dict
     opts = {k: v for k, v in vars(a).items() if k != "api_key"}
     return {"workload": a.workload, "options": opts, "seed": a.seed, "url": None, "simulated": True,
             "mode": a.label_mode or a.mode, "policy": a.label_policy or _policy_name(a),
-            "policy_info": _policy_info(cluster), "cost": cost.name, "arrival": "simulated open loop", "sim": figures}
+            "policy_info": _policy_info(cluster), "cost": cost.name,
+            **({"cost_info": cost.describe()} if hasattr(cost, "describe") else {}),
+            "arrival": _arrival(a), "sim": figures}
+
+
+def _arrival(a: Namespace) -> str:
+    return "simulated " + arrival_label(a)
 
 
 def _policy_name(a: Namespace) -> str:
@@ -116,8 +122,14 @@ def run_once(a: Namespace, weights: ServiceWeights) -> int:
     specs, info = _specs(a)
     cost = build_cost(a)
     records, figures, cluster = simulate(a, specs, cost)
+    if hasattr(cost, "describe"):  # which calibration, measured where
+        print(f"pdtb sim: {cost.describe()}", file=sys.stderr)
     duration = max((r.end_time or 0.0) for r in records)
     summary = summarize(records, duration, slos, weights, a.fairness_window)
+    if figures.get("prefix"):  # the keys a real run's summary has (pdtb/client/prefix.py prefix_figures)
+        p = figures["prefix"]
+        summary.update(prefix_hit_rate=p["hit_rate"], prefix_hit_rate_ideal=p["ideal_hit_rate"],
+                       prefix_tokens_queried=p["query_tokens"], prefix_tokens_hit=p["hit_tokens"])
     meta = {**_meta(a, cost, figures, cluster), "start_time": 0.0, "duration_s": duration, "workload_info": info}
     if a.out:
         write_results(a.out, build_results(meta, records, summary, cluster.observer.samples), compact=True)
@@ -185,8 +197,10 @@ def run_sweep(a: Namespace, weights: ServiceWeights) -> int:
 def main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
     try:
-        if a.concurrency or a.concurrency_levels or a.dry_run or a.rescore:
-            raise ValueError("--concurrency, --concurrency-levels, --dry-run and --rescore belong to the real client")
+        if a.concurrency_levels or a.dry_run or a.rescore:
+            raise ValueError("--concurrency-levels, --dry-run and --rescore belong to the real client")
+        if a.concurrency and (a.rates or a.until_knee):
+            raise ValueError("--concurrency is one closed-loop run: not with --rates or --until-knee")
         if a.span_s <= 0 or a.warmup_s < 0 or (a.drain_s is not None and a.drain_s < 0):
             raise ValueError("--span-s must be above 0, --warmup-s and --drain-s at least 0")
         w_in, w_out = (float(x) for x in _csv(a.service_weights))

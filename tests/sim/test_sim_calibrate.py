@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tests.project.test_cli import run_pdtb
 
@@ -70,6 +71,8 @@ def test_bench_steps_grid_records_hand_shapes(llama_dir):
             (1, 5, 1, 4, 10), (1, 40, 1, 4, 130), (2, 10, 1, 4, 10), (2, 80, 1, 4, 130)]
     assert got == want
     assert all(s["ms"] > 0 for s in doc["samples"])
+    m = doc["machine"]  # where it ran, for the calibration to carry
+    assert m["accelerator"] == m["cpu"] and m["cores"] >= 1 and m["versions"]["torch"] == torch.__version__
 
 
 def test_bench_steps_random_init_from_a_config_alone(llama_dir, tmp_path):
@@ -125,8 +128,11 @@ def test_step_log_gives_hand_shapes_and_overhead(tmp_path):
 def test_fit_from_steps_with_overhead_from_a_step_log(tmp_path):
     steps = [{"decode_rows": s.decode_rows, "decode_ctx": s.decode_ctx, "prefill_chunks": s.prefill_chunks,
               "prefill_tokens": s.prefill_tokens, "prefill_attn": s.prefill_attn, "ms": _hand_ms(s)} for s in SHAPES]
+    machine = {"accelerator": "NVIDIA H100 80GB HBM3", "cpu": "x", "cores": 26, "memory_gib": 200, "python": "3.11.7",
+               "versions": {"torch": "2.13.0", "transformers": "5.24.0", "pyzmq": "27.3.0"}}
     (tmp_path / "steps.json").write_text(json.dumps(
-        {"kind": "step-samples", "page_bytes": 2048, "command": "pdtb bench steps --grid --json", "samples": steps}))
+        {"kind": "step-samples", "page_bytes": 2048, "command": "pdtb bench steps --grid --json", "device": "cuda",
+         "dtype": "bfloat16", "model": "random:llama-3-8b", "machine": machine, "samples": steps}))
     (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _log_lines()))
     out = tmp_path / "cal.json"
     r = run_pdtb("sim", "calibrate", "--steps", str(tmp_path / "steps.json"), "--step-log", str(tmp_path / "log.jsonl"),
@@ -138,6 +144,16 @@ def test_fit_from_steps_with_overhead_from_a_step_log(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["fit"]["samples"] == len(SHAPES) and doc["note"] == "log from a test"
     assert doc["command"].startswith(f"pdtb bench steps --grid --json > {tmp_path / 'steps.json'} && pdtb sim calibrate")
+    assert doc["machine"] == machine  # the samples' machine and versions travel with the calibration
+    assert c.describe() == ("calibration cal: random:llama-3-8b bfloat16 on cuda, ? thread(s); fit of "
+                            f"{len(SHAPES)} steps, R^2 {doc['fit']['r2']}; NVIDIA H100 80GB HBM3, 26 cores; "
+                            "torch 2.13.0, transformers 5.24.0, pyzmq 27.3.0")
+    # the simulator says which calibration it uses, in its output and its results file
+    res = tmp_path / "r.json"
+    r = run_pdtb("sim", "--workload", "whale-minnow", "--duration", "1", "--mode", "colocated", "--cost", "calibrated",
+                 "--calibration", str(out), "--kv-pages", "4096", "--quiet", "--out", str(res))
+    assert r.returncode == 0, r.stderr
+    assert f"pdtb sim: {c.describe()}" in r.stderr and json.loads(res.read_text())["meta"]["cost_info"] == c.describe()
 
 
 def _samples(samples) -> str:

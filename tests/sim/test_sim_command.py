@@ -50,7 +50,7 @@ def test_a_sweep_is_a_sweep_file(tmp_path, capsys):
     (["--mode", "disagg", "--prefill", "0"], "--prefill and --decode must be at least 1"),
     (["--cost", "calibrated", "--calibration", "no-such-calibration"], "no-such-calibration"),
     (["--cost", "roofline", "--model-config", "llama-3-70b", "--tp", "3"], "tp=3"),
-    (["--concurrency", "4"], "belong to the real client"),
+    (["--concurrency-levels", "1,4"], "belong to the real client"),
 ])
 def test_bad_flags_fail_in_one_line(capsys, args, says):
     assert main(["sim", *SMALL, *args]) != 0

@@ -4,6 +4,7 @@ prompt's last token always computed). Hit tokens against figures worked by hand.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -69,3 +70,19 @@ def test_the_command_turns_the_cache_on_for_shared_blocks_only(tmp_path):
     a = build_parser().parse_args([*base, "--prefix-cache", "off"])
     _, figures, cluster = simulate(a, SPECS)
     assert not cluster.shape.prefix_cache and "prefix" not in figures
+
+
+def test_a_simulated_results_file_has_the_prefix_keys_of_a_real_one(tmp_path):
+    from pdtb.sim.run import main
+
+    trace = tmp_path / "t.jsonl"
+    rows = [{"timestamp": 1000 * i, "input_length": 1000, "output_length": 4, "hash_ids": [1, 2, 3 + i]}
+            for i in range(4)]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "r.json"
+    assert main(["--workload", f"trace:{trace}", "--mode", "colocated", "--cost", "roofline", "--gpu", "h100-sxm",
+                 "--model-config", "llama-3-8b", "--quiet", "--out", str(out)]) == 0
+    s = json.loads(out.read_text())["summary"]
+    # 512-token blocks: blocks 1 and 2 (1024 tokens, all but the prompt's last) hit from the second request on
+    assert s["prefix_tokens_queried"] == 4000 and s["prefix_tokens_hit"] == 3 * 992
+    assert s["prefix_hit_rate"] == pytest.approx(3 * 992 / 4000) and s["prefix_hit_rate_ideal"] == pytest.approx(3 * 1000 / 4000)
