@@ -4,6 +4,7 @@
 # same runs simulated, and the sim/real ratios per class (pdtb sim validate).
 #
 #   scripts/validate_sim.sh [--out DIR] [--real DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
+#                           [--router-token-us US] [--client-token-us US]
 #
 # --policies and --policy-arg are compare_fairness.sh's (default fcfs memfair): each policy a
 # NAME, module:Class, path/to/file.py:Class or LABEL=REF, its settings by --policy-arg; checked
@@ -19,17 +20,21 @@
 #          beside the router, the client and the other node on the same cores;
 #    memfair's runs are used by neither: they are held out;
 # 3. sim: scripts/compare_fairness.sh --quick --sim with each calibration: the same workload and
-#    node flags;
+#    node flags; and "cores": the grid calibration with every simulated process on this
+#    machine's two cores (--host-cores 2, the router's and the client's CPU per token, by
+#    default the figures docs/sim.md gives);
 # 4. pdtb sim validate REAL SIM for each: DIR/validate-{grid,logs}.{txt,json}.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" REAL="" POLICIES="fcfs memfair" PARGS=()
+OUT="" REAL="" POLICIES="fcfs memfair" PARGS=() ROUTER_US=550 CLIENT_US=33
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --real) REAL="$2"; shift 2 ;;
     --policies) POLICIES="$2"; shift 2 ;;
     --policy-arg) PARGS+=(--policy-arg "$2"); shift 2 ;;
+    --router-token-us) ROUTER_US="$2"; shift 2 ;;
+    --client-token-us) CLIENT_US="$2"; shift 2 ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "validate_sim: unknown option $1" >&2; exit 2 ;;
   esac
@@ -56,9 +61,13 @@ if [ "${#logs[@]}" -gt 0 ]; then
   pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" --fit all --label logs --out "$OUT/calibration-logs.json" >&2
   kinds+=(logs)
 fi
+cp "$OUT/calibration-grid.json" "$OUT/calibration-cores.json"
+kinds+=(cores)
 for k in "${kinds[@]}"; do
+  sim_args=""
+  [ "$k" = cores ] && sim_args="--host-cores $(nproc) --router-token-us $ROUTER_US --client-token-us $CLIENT_US"
   bash "$ROOT/scripts/compare_fairness.sh" --quick --sim --calibration "$OUT/calibration-$k.json" \
-    --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} --out "$OUT/sim-$k" >&2
+    --sim-args "$sim_args" --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} --out "$OUT/sim-$k" >&2
   echo "== calibration: $k"
   pdtb sim validate "$REAL" "$OUT/sim-$k" --out "$OUT/validate-$k.json" | tee "$OUT/validate-$k.txt"
 done
