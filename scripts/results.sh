@@ -94,7 +94,7 @@ if [ "$SIM" = 1 ]; then
   real=()  # the quick comparison's real runs serve the validation (a full run has other flags)
   [ "${#QUICK[@]}" = 0 ] || real=(--real "$OUT/fair")
   # the validation simulates the settings the real runs had (and their policies, when given;
-  # by default sim_results.sh's own fcfs and memfair)
+  # by default sim_results.sh's own: the five built-in ones of the comparison)
   [ "${#SIM_POLICIES[@]}" = 0 ] || SIM_POLICIES+=("$POLICIES")
   bash scripts/sim_results.sh --out "$OUT/sim" ${real[@]+"${real[@]}"} ${SIM_POLICIES[@]+"${SIM_POLICIES[@]}"} \
     ${PARGS[@]+"${PARGS[@]}"} >&2

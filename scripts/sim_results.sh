@@ -4,8 +4,8 @@
 #     compare_fairness.sh --quick already made, e.g. by results.sh; else it makes them);
 #   - the reproductions: pdtb sim reproduce mcsf|vtc|essay --json;
 #   - one hour of the Azure conversation trace on an 8-GPU disaggregated shape (Llama-3-70B,
-#     tensor parallel 4, one prefill and one decode node on H100s), each policy (fcfs and
-#     memfair) timed, with their pdtb report;
+#     tensor parallel 4, one prefill and one decode node on H100s), each policy timed, with
+#     their pdtb report;
 #   - how fast the simulator runs: the Azure hour on 4P+4D Llama-3-8B under every built-in
 #     policy, against one event per step on a slice of it (pdtb sim speed);
 #   - the H200 step grid (shipped samples) against the roofline: pdtb sim roofline.
@@ -13,13 +13,13 @@
 #   bash scripts/sim_results.sh --out DIR [--real DIR] [--skip-validate] [--trace FILE]
 #                               [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
 #
-# --policies (default "fcfs memfair") and --policy-arg serve the validation and the Azure hour,
+# --policies (default "fcfs memfair vtc mcsf priority") and --policy-arg serve the validation and the Azure hour,
 # as compare_fairness.sh takes them: each policy a NAME, module:Class, path/to/file.py:Class or
 # LABEL=REF, its settings by --policy-arg; checked before anything runs, a policy file's path
 # made absolute. The Azure hour's files are named azure-hour-LABEL.*.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" REAL="" VALIDATE=1 POLICIES="fcfs memfair" PITEMS=() TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
+OUT="" REAL="" VALIDATE=1 POLICIES="fcfs memfair vtc mcsf priority" PITEMS=() TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
@@ -40,6 +40,7 @@ PARGS=()
 for kv in ${PITEMS[@]+"${PITEMS[@]}"}; do PARGS+=(--policy-arg "$kv"); done
 cd "$ROOT"
 mkdir -p "$OUT"
+git rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true
 if [ "$VALIDATE" = 1 ]; then
   bash scripts/validate_sim.sh --out "$OUT/validate" ${REAL:+--real "$REAL"} --policies "$(policy_list)" \
     ${PARGS[@]+"${PARGS[@]}"} >&2

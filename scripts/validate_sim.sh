@@ -4,7 +4,7 @@
 # same runs simulated, and the sim/real ratios per class (pdtb sim validate).
 #
 #   scripts/validate_sim.sh [--out DIR] [--real DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
-#                           [--router-token-us US] [--client-token-us US]
+#                           [--router-token-us US] [--client-token-us US] [--skip-prefix]
 #
 # --policies and --policy-arg are compare_fairness.sh's (default fcfs memfair): each policy a
 # NAME, module:Class, path/to/file.py:Class or LABEL=REF, its settings by --policy-arg; checked
@@ -13,20 +13,25 @@
 #
 # 1. real: scripts/compare_fairness.sh --quick --step-log (skipped with --real DIR: results,
 #    and step logs where it has them, already there);
-# 2. calibration on this machine, two ways:
+# 2. calibration on this machine, two ways, each with the request path's latencies (router
+#    dispatch, the client's leg, the hand-off's fixed cost) fitted to the fcfs runs' requests:
 #    grid: pdtb bench steps --grid fitted by pdtb sim calibrate, the node's own time per step
 #          (idle gaps between back-to-back steps) from the fcfs runs' step logs;
 #    logs: the same grid and every step the fcfs runs logged, in one fit: steps as they ran
 #          beside the router, the client and the other node on the same cores;
-#    memfair's runs are used by neither: they are held out;
+#    the other policies' runs are used by neither: they are held out;
 # 3. sim: scripts/compare_fairness.sh --quick --sim with each calibration: the same workload and
 #    node flags; and "cores": the grid calibration with every simulated process on this
 #    machine's two cores (--host-cores 2, the router's and the client's CPU per token, by
 #    default the figures docs/sim.md gives);
-# 4. pdtb sim validate REAL SIM for each: DIR/validate-{grid,logs}.{txt,json}.
+# 4. pdtb sim validate REAL SIM for each: DIR/validate-{grid,logs,cores}.{txt,json};
+# 5. prefix sharing: the Mooncake excerpts replayed on 1P+1D (scripts/prefix_results.sh --quick
+#    --only trace; with --real DIR, its prefix/ folder where it has one) and simulated with the
+#    same flags for each calibration, against the targets (pdtb sim validate-prefix):
+#    DIR/validate-prefix-KIND.{txt,json}.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" REAL="" POLICIES="fcfs memfair" PARGS=() ROUTER_US=550 CLIENT_US=33
+OUT="" REAL="" POLICIES="fcfs memfair" PARGS=() ROUTER_US=550 CLIENT_US=33 PREFIX=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
@@ -35,6 +40,7 @@ while [ $# -gt 0 ]; do
     --policy-arg) PARGS+=(--policy-arg "$2"); shift 2 ;;
     --router-token-us) ROUTER_US="$2"; shift 2 ;;
     --client-token-us) CLIENT_US="$2"; shift 2 ;;
+    --skip-prefix) PREFIX=0; shift ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "validate_sim: unknown option $1" >&2; exit 2 ;;
   esac
@@ -52,13 +58,15 @@ if [ -z "$REAL" ]; then
 fi
 echo "== calibrating the step cost on this machine (pdtb bench steps --grid)" >&2
 pdtb bench steps --grid --json > "$OUT/steps.json"
-logs=()
+logs=() path=()
 for f in "$REAL"/run-*-fcfs/steps-*.jsonl; do [ -f "$f" ] && logs+=(--step-log "$f"); done
-pdtb sim calibrate --steps "$OUT/steps.json" ${logs[@]+"${logs[@]}"} --fit steps --label grid \
+for f in "$REAL"/*-fcfs.json; do [ -f "$f" ] && path+=(--results "$f"); done  # the request path, fcfs's runs only
+pdtb sim calibrate --steps "$OUT/steps.json" ${logs[@]+"${logs[@]}"} ${path[@]+"${path[@]}"} --fit steps --label grid \
   --out "$OUT/calibration-grid.json" >&2
 kinds=(grid)
 if [ "${#logs[@]}" -gt 0 ]; then
-  pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" --fit all --label logs --out "$OUT/calibration-logs.json" >&2
+  pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --label logs \
+    --out "$OUT/calibration-logs.json" >&2
   kinds+=(logs)
 fi
 cp "$OUT/calibration-grid.json" "$OUT/calibration-cores.json"
@@ -70,4 +78,28 @@ for k in "${kinds[@]}"; do
     --sim-args "$sim_args" --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} --out "$OUT/sim-$k" >&2
   echo "== calibration: $k"
   pdtb sim validate "$REAL" "$OUT/sim-$k" --out "$OUT/validate-$k.json" | tee "$OUT/validate-$k.txt"
+done
+[ "$PREFIX" = 1 ] || exit 0
+PREAL="$REAL/prefix"
+if [ ! -f "$PREAL/conversation-on.json" ]; then
+  PREAL="$OUT/prefix-real"
+  bash "$ROOT/scripts/prefix_results.sh" --quick --only trace --out "$PREAL" >&2
+fi
+DATA="$ROOT/pdtb/client/data"
+for k in "${kinds[@]}"; do
+  sim_args=()
+  [ "$k" = cores ] && sim_args=(--host-cores "$(nproc)" --router-token-us "$ROUTER_US" --client-token-us "$CLIENT_US")
+  mkdir -p "$OUT/prefix-sim-$k"
+  pairs=()
+  for run in trace-on:mooncake_synthetic_excerpt.jsonl:8192:1 conversation-on:mooncake_conversation_excerpt.jsonl:16384:0.5; do
+    IFS=: read -r name file pages scale <<< "$run"
+    [ -f "$PREAL/$name.json" ] || continue
+    pdtb sim --workload "trace:$DATA/$file" --length-scale 0.03125 --max-context 512 --time-scale "$scale" \
+      --mode disagg --kv-pages "$pages" --prefill-kv-pages "$pages" --cost calibrated \
+      --calibration "$OUT/calibration-$k.json" ${sim_args[@]+"${sim_args[@]}"} --label-mode disagg \
+      --label-policy "prefix-cache-on" --quiet --out "$OUT/prefix-sim-$k/$name.json" >/dev/null
+    pairs+=("$PREAL/$name.json" "$OUT/prefix-sim-$k/$name.json")
+  done
+  echo "== prefix sharing, calibration: $k"
+  pdtb sim validate-prefix "${pairs[@]}" --out "$OUT/validate-prefix-$k.json" | tee "$OUT/validate-prefix-$k.txt"
 done

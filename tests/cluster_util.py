@@ -87,7 +87,6 @@ def launched(run_dir: Path, model_dir: str, *args: str, timeout: float = 240):
 
 
 # ---- one node and a router, started here so that the node's exit code can be read -------------
-# ---- one node and a router, started here so that the node's exit code can be read -------------
 @contextmanager
 def process(args: list[str], log: Path):
     """A `pdtb ...` process in its own process group, output to `log`; killed on the way out."""

@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scorecard", help="directory of a scripts/scorecard.sh run (its --out)")
     ap.add_argument("--scorecard-command", default="bash scripts/scorecard.sh --quick")
     ap.add_argument("--sim-speed", help="pdtb sim speed --json output")
-    ap.add_argument("--section", choices=["migration", "transports", "ray", "gpu", "scorecard", "sim-speed"],
+    ap.add_argument("--section", choices=["migration", "transports", "ray", "gpu", "scorecard", "sim-speed", "sim"],
                     help="replace only this section of the existing --out (its own date and commit in its first "
                          "line), leaving the others as they are")
     ap.add_argument("--out", required=True)
@@ -412,6 +412,18 @@ def main(argv: list[str] | None = None) -> int:
         stamp = _stamp(_read(a.commit_file) or _read(str(Path(a.scorecard) / "commit")))
         return _write_section(a.out, SCORECARD_HEADING, results_section(a.scorecard, a.scorecard_command, stamp),
                               "scorecard", before="## Fairness at saturation")
+    if a.section == "sim":
+        if not a.sim:
+            ap.error("--section sim needs --sim DIR")
+        from pdtb.figures.sim_section import SIM_HEADING, SPEED_HEADING, render as sim_section, speed_section
+
+        stamp = _stamp(_read(a.commit_file) or _read(str(Path(a.sim) / "commit")))
+        _write_section(a.out, SIM_HEADING, sim_section(a.sim, stamp), "simulator", before=None)
+        speed = Path(a.sim) / "speed.json"
+        if speed.is_file():
+            _write_section(a.out, SPEED_HEADING, speed_section(json.loads(speed.read_text()), stamp), "simulator speed",
+                           before=None)
+        return 0
     if a.section == "sim-speed":
         if not a.sim_speed:
             ap.error("--section sim-speed needs --sim-speed FILE")

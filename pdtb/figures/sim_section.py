@@ -1,7 +1,7 @@
-"""The simulator's section of docs/results.md, from the files `scripts/sim_results.sh` writes:
-validate/validate-{grid,logs}.json, repro-{mcsf,vtc,essay}.json, azure-hour-{fcfs,memfair}.json
-(+ .wall_s, .command) and
-roofline-h200.json. A file that is absent leaves its part out."""
+"""The simulator's sections of docs/results.md, from the files `scripts/sim_results.sh` writes:
+validate/validate-{grid,logs,cores}.json, repro-{mcsf,vtc,essay}.json, azure-hour-POLICY.json
+(+ .wall_s, .command), roofline-h200.json and speed.json (its own section). A file that is
+absent leaves its part out."""
 from __future__ import annotations
 
 import json
@@ -16,10 +16,12 @@ def _load(d: Path, name: str):
 
 
 CALIBRATIONS = {
+    "cores": "calibrated as *grid*, with every simulated process (nodes, router, client) on this machine's "
+             "cores (`--host-cores`, the router's and client's CPU per token)",
     "grid": "calibrated on `pdtb bench steps --grid` (one quiet process), the node's own time per step from the "
             "fcfs runs' step logs",
     "logs": "calibrated on the same grid and every step the fcfs runs logged (steps as they ran beside the router, "
-            "the client and the other node on the same two cores); memfair's runs are held out",
+            "the client and the other node on the same two cores); the other policies' runs are held out",
 }
 
 
@@ -36,13 +38,33 @@ def validation_part(doc: dict, kind: str = "grid") -> list[str]:
     out = [f"### Against the testbed: {kind} calibration", "",
            "`bash scripts/validate_sim.sh`: the quick comparison on real clusters of this machine, then the "
            f"same runs simulated, {CALIBRATIONS.get(kind, kind)}. Cells: real / sim = ratio (ms; tok/s). "
-           f"Targets: p50 within 15%, p99 within 30%. On target: {doc['on_target']} of {doc['checks']}.", ""]
+           f"Targets: p50 within 15%, p99 within 30%. On target: {doc['on_target']} of {doc['checks']}"
+           + ("; by policy (fcfs fitted, the others held out): " + ", ".join(
+               f"{p} {v['on_target']}/{v['checks']}" for p, v in doc["by_policy"].items()) if doc.get("by_policy") else "")
+           + ".", ""]
     out += md_table(["mode", "policy", "class", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "out tok/s"], rows)
     out.append("")
     for o in doc["orderings"]:
         out.append(f"- order by {o['figure']} ({o['mode']}): real {' < '.join(o['real'])}; sim "
                    f"{' < '.join(o['sim'])}: {'same' if o['same'] else 'different'}")
     return out + [""]
+
+
+def prefix_validation_part(docs: dict[str, dict]) -> list[str]:
+    """validate-prefix-KIND.json per calibration: the Mooncake replays, real against simulated."""
+    rows = []
+    for kind, doc in docs.items():
+        for r in doc["rows"]:
+            h, t = r["hit_rate"], r["ttft_p50_ms"]
+            name = str(r["workload"]).rsplit("/", 1)[-1]
+            rows.append([kind, name, f"{fmt(h['real'], 3)} / {fmt(h['sim'], 3)}",
+                         f"{fmt(100 * h['points'], 1) if h['points'] is not None else '-'}{'' if h['ok'] else ' (off)'}",
+                         f"{fmt(t['real'])} / {fmt(t['sim'])} = {fmt(t['ratio'], 2)}{'' if t['ok'] else ' (off)'}"])
+    return ["### Prefix sharing against the testbed", "",
+            "`bash scripts/validate_sim.sh` (step 5): the Mooncake excerpts replayed on a real 1P+1D cluster "
+            "(`scripts/prefix_results.sh --quick --only trace`) and simulated with the same flags "
+            "(`pdtb sim validate-prefix`). Targets: the hit rate within 2 points, TTFT p50 within 15%.", "",
+            *md_table(["calibration", "trace", "hit rate real / sim", "points", "TTFT p50 ms real / sim"], rows), ""]
 
 
 def mcsf_part(d: dict) -> list[str]:
@@ -103,7 +125,7 @@ def azure_part(runs: list[tuple[dict, str | None, str | None]]) -> list[str]:
                      fmt(s["itl_ms"]["p99"]), fmt(s["output_tok_s"]), str(s["failed"]),
                      f"{fmt(sim['top5_share_pool_mean'], 3)} / {fmt(sim['top5_share_pool_max'], 3)}"])
     return ["### One hour of the Azure conversation trace, 8 GPUs", "",
-            f"`{runs[0][2] or 'pdtb sim ...'}` (and the same with `--policy memfair`). Simulation: the event "
+            f"`{runs[0][2] or 'pdtb sim ...'}` (and the same with each other policy). Simulation: the event "
             "loop's wall time; command: the whole command, summary and results file included.", "",
             *md_table(["policy", "requests", "simulated s", "simulation s", "command s", "TTFT p50 ms", "TTFT p99 ms",
                        "ITL p50 ms", "ITL p99 ms", "out tok/s", "failed", "top-5% pool share mean / max"], rows), ""]
@@ -120,13 +142,19 @@ def roofline_part(d: dict) -> list[str]:
             *md_table(["steps", "n", "measured / roofline (geometric mean)", "range"], rows), ""]
 
 
-def render(d: str | Path) -> list[str]:
+SIM_HEADING = "## The simulator (`pdtb sim`)"
+
+
+def render(d: str | Path, stamp: str | None = None) -> list[str]:
     d = Path(d)
-    out = ["## The simulator (`pdtb sim`)", ""]
-    for kind in ("grid", "logs"):
+    out = [SIM_HEADING, ""] + ([f"`bash scripts/sim_results.sh` ({stamp}).", ""] if stamp else [])
+    for kind in ("grid", "logs", "cores"):
         v = _load(d / "validate", f"validate-{kind}.json")
         if v:
             out += validation_part(v, kind)
+    pv = {k: x for k in ("grid", "logs", "cores") if (x := _load(d / "validate", f"validate-prefix-{k}.json"))}
+    if pv:
+        out += prefix_validation_part(pv)
     m = _load(d, "repro-mcsf.json")
     if m:
         out += mcsf_part(m)

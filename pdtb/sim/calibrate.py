@@ -13,7 +13,8 @@ from step logs or given. KV hand-offs and tier moves cost as two `LinkModel`s.
 Calibration file (`pdtb sim calibrate --out`, `CalibratedCost.load`):
 
     {"kind": "step-calibration", "version": 1, "command": ..., "device", "model", "threads",
-     "dtype", "page_size", "machine" (the samples': accelerator, cpu, cores, versions), "page_bytes", "coef_ms": {"c0", "rows", "ctx", "chunks", "tokens", "attn"},
+     "dtype", "page_size", "machine" (the samples': accelerator, cpu, cores, versions),
+     "path": {"rpc_latency_s", "client_latency_s", "transfer_latency_s"} (fitted to real runs), "page_bytes", "coef_ms": {"c0", "rows", "ctx", "chunks", "tokens", "attn"},
      "node_overhead_s", "transfer": {"bytes_per_s", "latency_s"}, "tier_move": {...},
      "fit": {"samples", "r2", "max_rel_err", "sources": [...]}}
 """
@@ -116,6 +117,11 @@ class CalibratedCost:
     @property
     def name(self) -> str:
         return f"calibrated:{self.label}"
+
+    @property
+    def path(self) -> dict | None:
+        """The request path's latencies fitted to real runs (pdtb/sim/path_fit.py), if it has them."""
+        return self.meta.get("path")
 
     def describe(self) -> str:
         """Which calibration this is: what it was measured on, the fit, and the machine."""

@@ -38,6 +38,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--transfer-latency-us", type=float, help=f"(default {CPU_TRANSFER.latency_s * 1e6:g})")
     ap.add_argument("--tier-gb-per-s", type=float, help=f"tier-move link (default: step logs, else {CPU_TIER.bytes_per_s / 1e9:g})")
     ap.add_argument("--tier-latency-us", type=float, help=f"(default {CPU_TIER.latency_s * 1e6:g})")
+    ap.add_argument("--results", action="append", default=[],
+                    help="a real run's results file (repeatable): the request path's latencies are fitted to its "
+                         "requests' stamps (pdtb/sim/path_fit.py), the hand-off link's latency too unless given")
     ap.add_argument("--label", help="name of the calibration (default: --out's file name)")
     ap.add_argument("--json", action="store_true", help="print the calibration as JSON")
     a = ap.parse_args(argv)
@@ -104,14 +107,39 @@ def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, objec
     overhead = a.node_overhead_ms / 1e3 if a.node_overhead_ms is not None else (node_overhead_s(gaps) or 0.0)
     tier_default = tier_link(moves, page_bytes) or CPU_TIER
     head = headers[0] if headers else {}
+    transfer = _link(a.transfer_gb_per_s, a.transfer_latency_us, CPU_TRANSFER)
+    path = _path(a.results, transfer.bytes_per_s)
+    if path and "transfer_latency_s" in path and a.transfer_latency_us is None:
+        transfer = LinkModel(transfer.bytes_per_s, path["transfer_latency_s"])
     meta = {"command": _command(a, argv, sources), **({"note": a.note} if a.note else {}),
+            **({"path": path} if path else {}),
             **{k: head[k] for k in ("device", "model", "threads", "dtype", "page_size", "machine") if k in head},
             "fit": {"samples": f.samples, "r2": round(f.r2, 6), "max_rel_err": round(f.max_rel_err, 6),
                     "sources": sources}}
     label = a.label or (a.out.rsplit("/", 1)[-1].removesuffix(".json") if a.out else "calibrated")
-    cost = CalibratedCost(f.coef, page_bytes, _link(a.transfer_gb_per_s, a.transfer_latency_us, CPU_TRANSFER),
+    cost = CalibratedCost(f.coef, page_bytes, transfer,
                           _link(a.tier_gb_per_s, a.tier_latency_us, tier_default), overhead, label, meta)
     return cost, f
+
+
+def _path(files: list[str], bytes_per_s: float) -> dict | None:
+    """The request path fitted to the results files' requests (with the files named)."""
+    import json
+
+    from pdtb.sim.path_fit import fit_path
+
+    if not files:
+        return None
+    docs = []
+    for path in files:
+        try:
+            docs.append(json.loads(open(path).read()))
+        except (OSError, ValueError) as e:
+            raise CliError(f"--results {path}: {e}") from None
+    got = fit_path(docs, bytes_per_s)
+    if got is None:
+        raise CliError("--results: too few finished requests with the nodes' stamps to fit the request path")
+    return {**got, "files": files}
 
 
 def report(cost: CalibratedCost, f) -> str:

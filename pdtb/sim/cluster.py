@@ -1,7 +1,7 @@
 """A simulated cluster: nodes, the router's placement, the links between them, and the client's
 records. One `EventLoop` drives everything.
 
-    client (spec.send_time) --client latency--> router: placement on the nodes' last ping
+    client (pdtb/sim/client.py) --client latency--> router: placement on the nodes' last ping
     answers (pdtb/router/registry.py: pick_prefill, pick_most_free, fallbacks, pending pages)
     --rpc latency--> entry node ... tokens --rpc + client latency--> the request's record
 
@@ -11,7 +11,6 @@ rpc latency.
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from pdtb.figures.records import OK, RequestRecord, RequestSpec
@@ -23,6 +22,7 @@ from pdtb.nodes.node_base import queued_tokens
 from pdtb.nodes.protocol import GenerateRequest, NodeStats, Params, Target
 from pdtb.router.config import NodeSpec
 from pdtb.router.fair_route import D2lpmRouter, RouteCandidate
+from pdtb.sim.client import SimClient
 from pdtb.sim.cores import SharedCores
 from pdtb.router.dispatch import FALLBACKS
 from pdtb.router.node_state import NodeState, load_order, pick_most_free, pick_prefill
@@ -35,7 +35,6 @@ from pdtb.sim.roles import SimColocated, SimDecode, SimPrefill
 
 ROLES = {"colocated": SimColocated, "prefill": SimPrefill, "decode": SimDecode}
 PROMPT_ID = 5  # placeholder prompt token
-DEFAULT_TAIL_S = 3600.0  # simulated time after the last arrival before open requests are cut off
 
 
 @dataclass(frozen=True)
@@ -100,36 +99,16 @@ class SimCluster:
     def run(self, specs: list[RequestSpec], horizon_s: float | None = None, concurrency: int | None = None,
             max_concurrency: int | None = None) -> list[RequestRecord]:
         """Simulate `specs`; every request ends (finished, failed, or cut off at `horizon_s`,
-        by default an hour after the last arrival). The client as pdtb/client/load.py's:
-        open loop at the specs' send times; `concurrency` N: closed loop, N requests in flight,
-        each sent when one ended (send times ignored); `max_concurrency` M: at most M in
-        flight, an arrival past that waiting for a slot."""
-        closed = self._closed = bool(concurrency)
+        by default an hour after the last arrival). The client sends them open loop, or as
+        `concurrency` and `max_concurrency` say (pdtb/sim/client.py)."""
+        self.client = SimClient(self, concurrency, max_concurrency)
         if horizon_s is None:
-            horizon_s = DEFAULT_TAIL_S * (1 + len(specs) / concurrency) if closed else \
-                max((s.send_time for s in specs), default=0.0) + DEFAULT_TAIL_S
+            horizon_s = self.client.horizon(specs)
         self._open = len(specs)
-        self._slots = concurrency or max_concurrency or 0  # 0: no limit
-        self._queue: deque = deque()  # (index, spec) waiting for a slot
-        self._in_flight = 0
         self._ping()
         self.observer.start()
         self.faults.start()
-        out = []
-        for i, s in enumerate(specs):
-            rid = f"sim-{i}"
-            t = 0.0 if closed else s.send_time
-            rec = self.records[rid] = RequestRecord(s.tenant, s.klass, s.prompt_len, s.output_len,
-                                                    scheduled_time=t, send_time=t, priority=s.priority)
-            out.append(rec)
-            if closed:
-                self._queue.append((i, s))
-            elif self._slots:
-                self.loop.at(t, self._arrive, i, s)
-            else:  # (no slot to wait for: sent at its time)
-                self.loop.at(t + self.shape.client_latency_s, self._submit, i, s)
-        for _ in range(min(self._slots, len(specs)) if closed else 0):
-            self._send(*self._queue.popleft())
+        out = self.client.start(specs)
         if not self.loop.run(until=horizon_s) and any(n.coast is not None for n in self.nodes.values()):
             self.loop.now = horizon_s
             self.sync()  # the steps of runs in progress that ended by the horizon
@@ -137,30 +116,6 @@ class SimCluster:
             if rec.end_time is None:
                 cut_off(rec, self.loop.now)
         return out
-
-    def _arrive(self, i: int, s: RequestSpec) -> None:
-        """An open-loop arrival under --max-concurrency: sent now, or when a slot frees."""
-        if self._in_flight >= self._slots:
-            self._queue.append((i, s))
-        else:
-            self._send(i, s)
-
-    def _send(self, i: int, s: RequestSpec) -> None:
-        """The client sends request i now, in a slot (closed loop: scheduled now, too)."""
-        self._in_flight += 1
-        rec = self.records[f"sim-{i}"]
-        rec.send_time = self.loop.now
-        if self._closed:
-            rec.scheduled_time = self.loop.now
-        self.loop.after(self.shape.client_latency_s, self._submit, i, s)
-
-    def _slot_freed(self, t: float) -> None:
-        """A request ended at the client at `t`: its slot goes to the next one waiting, then."""
-        if not self._slots:
-            return
-        self._in_flight -= 1
-        if self._queue:
-            self.loop.at(t, self._send, *self._queue.popleft())
 
     def sync(self) -> None:
         """Every node as it stands now (a run of decode steps in progress brought up to date)."""
@@ -214,7 +169,8 @@ class SimCluster:
         i = self.d2lpm.choose(s.tenant, s.prompt_len, [RouteCandidate(n.spec.address, 0, load_order(n)) for n in nodes])
         return nodes[i]
 
-    def _submit(self, i: int, s: RequestSpec) -> None:
+    def submit(self, i: int, s: RequestSpec) -> None:
+        """Request i reaches the router."""
         rid = f"sim-{i}"
         self._specs[rid] = (i, s)
         self.attempt[rid] = self.root[rid] = rid
@@ -333,7 +289,7 @@ class SimCluster:
         for st in self.states.values():
             st.pending_pages.pop(rid, None)
         self._open -= 1
-        self._slot_freed(t)
+        self.client.ended(t)
 
     # ---- node <-> node -------------------------------------------------------------------------------
     def send_header(self, src: SimPrefill, h) -> None:

@@ -57,8 +57,10 @@ def add_sim_args(ap: argparse.ArgumentParser) -> None:
                    help="the router's choice of prefill (or colocated) node: by load, or D2LPM's per-(client, "
                         "node) credit (pdtb/router/fair_route.py; the simulated router sees no node's cache, so no "
                         "node has an overlap)")
-    g.add_argument("--rpc-latency-ms", type=float, default=0.1, help="one message between processes")
-    g.add_argument("--client-latency-ms", type=float, default=0.5, help="client <-> router, each way")
+    g.add_argument("--rpc-latency-ms", type=float,
+                   help="one message between processes (default: the calibration's, fitted to real runs, else 0.1)")
+    g.add_argument("--client-latency-ms", type=float,
+                   help="client <-> router, each way (default: the calibration's, fitted to real runs, else 0.5)")
     g.add_argument("--horizon-s", type=float, help="end the simulation here; requests still open are cut off (default: an hour after the last arrival)")
     add_fairness_args(ap)
     g = ap.add_argument_group("cost model")
@@ -91,6 +93,9 @@ def build_cost(a: argparse.Namespace):
         return RooflineCost.of(a.gpu, a.model_config, **kw)
     except (ValueError, OSError, KeyError) as e:
         raise CliError(f"pdtb sim: {e}") from None
+
+
+RPC_S, CLIENT_S = 1e-4, 5e-4  # the request path's latencies without a calibration that has them
 
 
 def page_spec(page_bytes: int, page_size: int) -> KVSpec:
@@ -145,7 +150,10 @@ def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
                 raise ValueError("--prefill and --decode must be at least 1")
             nodes = [NodeShape("prefill", a.prefill_kv_pages or default, 0, **common)] * a.prefill + \
                     [NodeShape("decode", a.decode_kv_pages or default, a.host_kv_pages, **common)] * a.decode
-        return ClusterShape(tuple(nodes), a.rpc_latency_ms / 1e3, a.client_latency_ms / 1e3,
+        path = getattr(cost, "path", None) or {}  # a calibration fitted to real runs' request path
+        rpc = a.rpc_latency_ms / 1e3 if a.rpc_latency_ms is not None else path.get("rpc_latency_s", RPC_S)
+        client = a.client_latency_ms / 1e3 if a.client_latency_ms is not None else path.get("client_latency_s", CLIENT_S)
+        return ClusterShape(tuple(nodes), rpc, client,
                             tenant_tiers=_tiers(a.tenant_tier), route=a.route, host_cores=a.host_cores,
                             router_token_s=a.router_token_us / 1e6, client_token_s=a.client_token_us / 1e6,
                             coast=not a.every_step, kills=tuple(Kill.parse(k) for k in a.kill),

@@ -83,11 +83,11 @@ class SimNode:
         self.coast = None  # the run of decode steps in progress (pdtb/sim/coast.py)
         self.coasts = self.coasted = 0  # runs taken, and the steps in them
         self.dead = False  # its process is gone (pdtb/sim/faults.py): it steps no more, hears nothing
-        # runs only for a policy told of them (`on_steps`), not on shared cores (a step's
-        # stretch there depends on the other processes' work),
         if cluster.shape.prefix_cache and shape.role != "decode":  # (the decode side's cache is not simulated)
             self.scheduler.prefix_ns = PREFIX_NS
-        # and not with a prefix cache: a decode step that fills a page registers it
+        # runs of decode steps only for a policy told of them (`on_steps`); not on shared cores
+        # (a step's stretch there depends on the other processes' work), nor with a prefix cache
+        # (a decode step that fills a page registers it)
         self.may_coast = cluster.shape.coast and cluster.cores is None and \
             callable(getattr(self.policy, "on_steps", None)) and self.scheduler.prefix_ns is None
 

@@ -217,3 +217,46 @@ def test_shipped_calibration_is_its_samples_fit():
     assert head["page_bytes"] == c.page_bytes and refit.samples == c.meta["fit"]["samples"]
     for term in ("c0", "rows", "ctx", "chunks", "tokens", "attn"):
         assert getattr(refit.coef, term) == pytest.approx(getattr(c.coef, term), rel=1e-9)
+
+
+def _stamped(send: float, ttft: float, arrival: float, queued: float, first: float, transfer=None) -> dict:
+    s = {"router_arrival": arrival, "prefill_queued": queued, "first_token": first}
+    t = {"stamps": s}
+    if transfer is not None:
+        s["transfer_start"], s["transfer_end"] = transfer[0], transfer[1]
+        t["kv_bytes"] = {"received": transfer[2]}
+    return {"status": "ok", "send_time": send, "first_token_time": send + ttft, "server_timing": t}
+
+
+def test_the_request_path_is_fitted_to_real_runs_stamps(tmp_path):
+    from pdtb.sim.path_fit import fit_path
+
+    # dispatch 3 ms; client TTFT 20 ms of which 12 ms between router arrival and the first token:
+    # 8 ms outside, less one rpc (3 ms), halved = 2.5 ms each way; transfers of 10 ms carrying
+    # 1000 bytes at 1e6 B/s (1 ms) less the header's rpc: 6 ms
+    reqs = [_stamped(1.0 * i, 0.020, 100.0 + i, 100.003 + i, 100.012 + i, (100.004 + i, 100.014 + i, 1000))
+            for i in range(6)]
+    got = fit_path([{"requests": reqs}], 1e6)
+    assert got["rpc_latency_s"] == pytest.approx(0.003, abs=1e-6)
+    assert got["client_latency_s"] == pytest.approx(0.0025, abs=1e-6)
+    assert got["transfer_latency_s"] == pytest.approx(0.006, abs=1e-6) and got["requests"] == got["transfers"] == 6
+    assert fit_path([{"requests": reqs[:4]}], 1e6) is None  # too few to say
+    # through the command: the calibration carries the path, and the simulator takes it by default
+    (tmp_path / "real.json").write_text(json.dumps({"requests": reqs}))
+    steps = [{"decode_rows": s.decode_rows, "decode_ctx": s.decode_ctx, "prefill_chunks": s.prefill_chunks,
+              "prefill_tokens": s.prefill_tokens, "prefill_attn": s.prefill_attn, "ms": _hand_ms(s)} for s in SHAPES]
+    (tmp_path / "steps.json").write_text(json.dumps({"kind": "step-samples", "page_bytes": 2048, "samples": steps}))
+    out = tmp_path / "cal.json"
+    r = run_pdtb("sim", "calibrate", "--steps", str(tmp_path / "steps.json"), "--results", str(tmp_path / "real.json"),
+                 "--transfer-gb-per-s", "0.001", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    c = CalibratedCost.load(out)
+    assert c.path["rpc_latency_s"] == pytest.approx(0.003, abs=1e-6) and c.transfer.latency_s == pytest.approx(0.006, abs=1e-6)
+    from pdtb.sim.flags import cluster_shape
+    from pdtb.sim.run import build_parser
+
+    a = build_parser().parse_args(["--mode", "colocated"])
+    shape = cluster_shape(a, c)
+    assert (shape.rpc_latency_s, shape.client_latency_s) == (c.path["rpc_latency_s"], c.path["client_latency_s"])
+    a = build_parser().parse_args(["--mode", "colocated", "--rpc-latency-ms", "1"])
+    assert cluster_shape(a, c).rpc_latency_s == 0.001  # a flag wins

@@ -36,7 +36,8 @@ def test_ratios_targets_and_order(tmp_path):
     assert doc["checks"] == 8 and doc["on_target"] == 7
     ttft_order = [o for o in doc["orderings"] if "ttft" in o["figure"]][0]
     assert ttft_order["real"] == ttft_order["sim"] == ["memfair", "fcfs"] and doc["orderings_same"]
-    assert "on target: 7 of 8" in format_report(doc)
+    assert doc["by_policy"] == {"fcfs": {"on_target": 3, "checks": 4}, "memfair": {"on_target": 4, "checks": 4}}
+    assert "on target: 7 of 8; by policy: fcfs 3/4, memfair 4/4" in format_report(doc)
 
 
 def test_a_different_order_is_reported(tmp_path):
@@ -56,3 +57,28 @@ def test_folders_without_matching_runs_are_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(CliError, match="no results files"):
         validate(str(tmp_path / "empty"), sim)
+
+
+def _prefix_results(hit: float | None, ttft_p50: float) -> dict:
+    return {"meta": {"workload": "trace:conv.jsonl", "cost": "calibrated:x"}, "requests": [],
+            "summary": {"prefix_hit_rate": hit, "prefix_hit_rate_ideal": 0.171,
+                        "overall": {"ttft_ms": {"p50": ttft_p50}}}}
+
+
+def test_prefix_sharing_against_its_targets(tmp_path, capsys):
+    from pdtb.sim.repro.validate_prefix import compare, main
+
+    row = compare(_prefix_results(0.157, 200.0), _prefix_results(0.170, 172.0))
+    assert row["hit_rate"]["points"] == pytest.approx(0.013) and row["hit_rate"]["ok"]
+    assert row["ttft_p50_ms"]["ratio"] == pytest.approx(0.86) and row["ttft_p50_ms"]["ok"]
+    off = compare(_prefix_results(0.157, 200.0), _prefix_results(0.180, 100.0))
+    assert not off["hit_rate"]["ok"] and not off["ttft_p50_ms"]["ok"]  # 2.3 points; half the TTFT
+    assert not compare(_prefix_results(None, 200.0), _prefix_results(0.17, 200.0))["hit_rate"]["ok"]
+    files = []
+    for name, doc in (("r", _prefix_results(0.157, 200.0)), ("s", _prefix_results(0.170, 172.0))):
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+        files.append(str(tmp_path / f"{name}.json"))
+    assert main([*files, "--out", str(tmp_path / "v.json")]) == 0
+    assert "(ok)" in capsys.readouterr().out and json.loads((tmp_path / "v.json").read_text())["rows"][0]["hit_rate"]["ok"]
+    with pytest.raises(CliError, match="in pairs"):
+        main(files[:1])

@@ -80,9 +80,19 @@ def validate(real_dir: str, sim_dir: str, protected: str = "minnow") -> dict:
     runs = [{"mode": m, "policy": p, "cost": sim[(m, p)]["meta"].get("cost"), "classes": compare_run(real[(m, p)], sim[(m, p)])}
             for m, p in pairs]
     order = orderings({k: real[k] for k in pairs}, {k: sim[k] for k in pairs}, protected)
-    checks = [c[k]["ok"] for r in runs for c in r["classes"] for k in c if isinstance(c[k], dict) and "ok" in c[k]]
-    return {"runs": runs, "orderings": order, "targets": TARGETS,
+    by_policy: dict[str, dict] = {}
+    for r in runs:
+        ok = _checks(r)
+        got = by_policy.setdefault(r["policy"], {"on_target": 0, "checks": 0})
+        got["on_target"] += sum(ok)
+        got["checks"] += len(ok)
+    checks = [ok for r in runs for ok in _checks(r)]
+    return {"runs": runs, "orderings": order, "targets": TARGETS, "by_policy": by_policy,
             "on_target": sum(checks), "checks": len(checks), "orderings_same": all(o["same"] for o in order)}
+
+
+def _checks(run: dict) -> list[bool]:
+    return [c[k]["ok"] for c in run["classes"] for k in c if isinstance(c[k], dict) and "ok" in c[k]]
 
 
 def _fmt(cell: dict) -> str:
@@ -99,7 +109,8 @@ def format_report(doc: dict) -> str:
         for c in r["classes"]:
             lines.append(f"{r['mode']:<10} {r['policy']:<9} {c['class']:<8} " + " ".join(
                 f"{_fmt(c[k]):>9}" for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "output_tok_s")))
-    lines.append(f"on target: {doc['on_target']} of {doc['checks']}")
+    lines.append(f"on target: {doc['on_target']} of {doc['checks']}; by policy: " + ", ".join(
+        f"{p} {v['on_target']}/{v['checks']}" for p, v in doc["by_policy"].items()))
     for o in doc["orderings"]:
         lines.append(f"order by {o['figure']} ({o['mode']}): real {' < '.join(o['real'])}, "
                      f"sim {' < '.join(o['sim'])}: {'same' if o['same'] else 'DIFFERENT'}")
