@@ -10,7 +10,7 @@
 #     policy, against one event per step on a slice of it (pdtb sim speed);
 #   - the H200 step grid (shipped samples) against the roofline: pdtb sim roofline.
 #
-#   bash scripts/sim_results.sh --out DIR [--real DIR] [--skip-validate] [--trace FILE]
+#   bash scripts/sim_results.sh --out DIR [--real DIR] [--skip-validate] [--skip-speed] [--trace FILE]
 #                               [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
 #
 # --policies (default "fcfs memfair vtc mcsf priority") and --policy-arg serve the validation and the Azure hour,
@@ -19,12 +19,13 @@
 # made absolute. The Azure hour's files are named azure-hour-LABEL.*.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" REAL="" VALIDATE=1 POLICIES="fcfs memfair vtc mcsf priority" PITEMS=() TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
+OUT="" REAL="" VALIDATE=1 SPEED=1 POLICIES="fcfs memfair vtc mcsf priority" PITEMS=() TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --real) REAL="$2"; shift 2 ;;
     --skip-validate) VALIDATE=0; shift ;;
+    --skip-speed) SPEED=0; shift ;;
     --policies) POLICIES="$2"; shift 2 ;;
     --policy-arg) PITEMS+=("$2"); shift 2 ;;
     --trace) TRACE="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
@@ -67,7 +68,7 @@ if [ -f "$TRACE" ]; then
 else
   echo "sim_results: no trace at $TRACE: the Azure hour is left out" >&2
 fi
-if [ -f "$TRACE" ]; then
+if [ -f "$TRACE" ] && [ "$SPEED" = 1 ]; then
   echo "== pdtb sim speed --json" >&2
   pdtb sim speed --trace "$TRACE" --json > "$OUT/speed.json"
 fi
