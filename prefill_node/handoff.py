@@ -88,3 +88,36 @@ def transfer_ended(h: Handoff, landed: bool, code: FailCode | None, mono: float)
         return Outcome.MOVED
     h.on(HandoffEvent.FAIL)
     return Outcome.FAILED
+
+
+def unbind(reqs: dict, node_id: str) -> list[str]:
+    """Decode node `node_id` is down: requests not handed off yet that were bound to it move to
+    their first other fallback, and none keeps it as a fallback. Returns the ids that moved."""
+    moved = []
+    for rid, req in reqs.items():
+        others = [t for t in req.fallbacks if t.node_id != node_id]
+        if req.decode_node == node_id and others:
+            (req.decode_node, req.decode_kv_addr), others = (others[0].node_id, others[0].kv_addr), others[1:]
+            moved.append(rid)
+        req.fallbacks = others
+    return moved
+
+
+def lose_target(h: Handoff, node_id: str, mono: float) -> Outcome | None:
+    """Decode node `node_id` is down: `h` drops it from its targets. None when it was not the
+    current one (nothing more to do); MOVED to the next target at `mono`; FAILED with none left.
+    A transfer in flight to it is the caller's to cancel first."""
+    if not any(t.node_id == node_id for t in h.targets):
+        return None
+    current = h.targets[0].node_id == node_id
+    h.targets = [t for t in h.targets if t.node_id != node_id]
+    if not current:
+        return None
+    h.transfer_id = None
+    if h.targets:
+        h.retry_at = mono
+        h.on(HandoffEvent.MOVE)
+        h.retarget()
+        return Outcome.MOVED
+    h.on(HandoffEvent.FAIL)
+    return Outcome.FAILED

@@ -35,7 +35,7 @@ from pdtb.nodes.node_base import NodeBase
 from prefill_node.order import PrefillOrder
 from prefill_node.peer_pages import PeerPages
 from pdtb.nodes.handoff import HandoffEvent
-from prefill_node.handoff import Handoff, Outcome, transfer_ended
+from prefill_node.handoff import Handoff, Outcome, lose_target, transfer_ended, unbind
 from pdtb.nodes.protocol import GenerateRequest, HandoffMeta, HandoffNotice, Target, to_extra
 from pdtb.colocated.node import accept_request
 from kv_transport import TransferMeta, TransferState, TransportConfig
@@ -192,29 +192,15 @@ class PrefillNode(NodeBase):
     def on_node_down(self, node_id: str, reason: str) -> None:
         """Move every hand-off off decode node `node_id` (cancelling a transfer in flight to it),
         or fail those that have nowhere else to go."""
-        for rid, req in self.reqs.items():  # not handed off yet: bound elsewhere from the start
-            others = [t for t in req.fallbacks if t.node_id != node_id]
-            if req.decode_node == node_id and others:
-                (req.decode_node, req.decode_kv_addr), others = (others[0].node_id, others[0].kv_addr), others[1:]
-                self._notify(rid, req.decode_node)
-            req.fallbacks = others
+        for rid in unbind(self.reqs, node_id):  # not handed off yet: bound elsewhere from the start
+            self._notify(rid, self.reqs[rid].decode_node)
         for rid, h in list(self.handoffs.items()):
-            if not any(t.node_id == node_id for t in h.targets):
-                continue
-            current = h.targets[0].node_id == node_id
-            h.targets = [t for t in h.targets if t.node_id != node_id]
-            if not current:
-                continue
-            if h.transfer_id is not None:
+            if h.transfer_id is not None and h.targets and h.targets[0].node_id == node_id:
                 self.senders.cancel(h.req.decode_kv_addr, h.transfer_id, f"decode node {node_id} is down")
-                h.transfer_id = None
-            if h.targets:
-                h.retry_at = time.monotonic()
-                h.on(HandoffEvent.MOVE)
-                h.retarget()
+            out = lose_target(h, node_id, time.monotonic())
+            if out is Outcome.MOVED:
                 self._moved(h, node_id, f"decode node {node_id} is down")
-            else:
-                h.on(HandoffEvent.FAIL)
+            elif out is Outcome.FAILED:
                 self.fail(rid, f"decode node {node_id} {reason or 'stopped answering'}")
                 self._release(rid)
 

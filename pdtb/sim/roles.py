@@ -22,7 +22,7 @@ from pdtb.nodes.handoff import HandoffEvent
 from pdtb.nodes.node_base import to_sampling
 from pdtb.nodes.protocol import Target
 from pdtb.sim.node import SimNode
-from prefill_node.handoff import Handoff, Outcome, transfer_ended
+from prefill_node.handoff import Handoff, Outcome, lose_target, transfer_ended, unbind
 from prefill_node.order import PrefillOrder
 
 
@@ -121,25 +121,10 @@ class SimPrefill(SimNode):
     def on_node_down(self, node_id: str) -> None:
         """The router found decode node `node_id` gone (prefill_node/node.py `on_node_down`):
         hand-offs move off it to their fallbacks, or fail."""
-        for req in self.reqs.values():  # not handed off yet: bound elsewhere from the start
-            others = [t for t in req.fallbacks if t.node_id != node_id]
-            if req.decode_node == node_id and others:
-                (req.decode_node, req.decode_kv_addr), others = (others[0].node_id, others[0].kv_addr), others[1:]
-            req.fallbacks = others
+        unbind(self.reqs, node_id)  # not handed off yet: bound elsewhere from the start
         for rid, h in list(self.handoffs.items()):
-            if not any(t.node_id == node_id for t in h.targets):
-                continue
-            current = h.targets[0].node_id == node_id
-            h.targets = [t for t in h.targets if t.node_id != node_id]
-            if not current:
-                continue
-            h.transfer_id = None  # an answer for the cancelled transfer is ignored
-            if h.targets:
-                h.retry_at = self.loop.now
-                h.on(HandoffEvent.MOVE)
-                h.retarget()
-            else:
-                h.on(HandoffEvent.FAIL)
+            # (an answer for a cancelled transfer is ignored: its transfer id is forgotten)
+            if lose_target(h, node_id, self.loop.now) is Outcome.FAILED:
                 self.fail(rid, f"decode node {node_id} stopped answering")
                 self.handoffs.pop(rid, None)
                 self.pool.free(rid)
