@@ -20,12 +20,13 @@ Calibration file (`pdtb sim calibrate --out`, `CalibratedCost.load`):
 """
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pdtb.sim.cost import LinkModel, StepShape
-from pdtb.sim.step_samples import SampleError, StepSample
+from pdtb.sim.step_samples import OVERHEAD_QS, SampleError, StepSample
 
 # This machine's byte-moving figures (2 cores, no GPU). A hand-off: `pdtb bench transport
 # --endpoint tcp` moves a large request's KV at 2.42 GB/s and 7,148 one-page requests/s (140 us
@@ -34,7 +35,8 @@ from pdtb.sim.step_samples import SampleError, StepSample
 CPU_TRANSFER = LinkModel(2.42e9, 140e-6)
 CPU_TIER = LinkModel(2.5e9, 50e-6)
 TERMS = ("c0", "rows", "ctx", "chunks", "tokens", "attn")
-_OWN_KEYS = ("kind", "version", "page_bytes", "coef_ms", "node_overhead_s", "transfer", "tier_move", "label")
+_OWN_KEYS = ("kind", "version", "page_bytes", "coef_ms", "node_overhead_s", "node_overhead_quantiles_s", "transfer",
+             "tier_move", "label")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,14 @@ class Coefficients:
     def ms(self, s: StepShape) -> float:
         return (self.c0 + self.rows * s.decode_rows + self.ctx * s.decode_ctx + self.chunks * s.prefill_chunks
                 + self.tokens * s.prefill_tokens + self.attn * s.prefill_attn)
+
+
+def _unit(key: int) -> float:
+    """A number in [0, 1) that depends on `key` alone (splitmix64's finaliser)."""
+    z = (key + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
 
 
 def features(s: StepShape) -> list[float]:
@@ -109,6 +119,9 @@ class CalibratedCost:
     node_overhead_s: float = 0.0  # the node's own work per step, between steps
     label: str = "calibrated"  # names the calibration in results
     meta: dict = field(default_factory=dict, compare=False, hash=False)  # the file's other fields
+    # the node loop's gap before each step, drawn per step from these levels (step_samples.OVERHEAD_QS)
+    # instead of node_overhead_s: fitted to the step logs' gaps between steps with work; () none
+    overhead_q: tuple = ()
 
     def __post_init__(self) -> None:
         if self.page_bytes < 1 or not self.node_overhead_s >= 0:
@@ -135,8 +148,26 @@ class CalibratedCost:
                 f"{m.get('threads', '?')} thread(s); fit of {fit.get('samples', '?')} steps, R^2 {fit.get('r2', '?')}; {where}")
 
     def step_s(self, shape: StepShape) -> float:
-        """The fitted step plus the node's overhead; an empty step costs nothing."""
-        return self.coef.ms(shape) / 1e3 + self.node_overhead_s if shape.tokens else 0.0
+        """The fitted step plus the node's overhead (with `overhead_q`, `step_overhead_s` gives
+        it step by step instead); an empty step costs nothing."""
+        if not shape.tokens:
+            return 0.0
+        return self.coef.ms(shape) / 1e3 + (0.0 if self.overhead_q else self.node_overhead_s)
+
+    def step_overhead_s(self, key: int) -> float:
+        """The loop's gap before the step `key` names (a node's and its step number's): a draw
+        from `overhead_q` that depends on the key alone, so every way of simulating a run draws
+        the same (0 without the levels)."""
+        q = self.overhead_q
+        if not q:
+            return 0.0
+        u = _unit(key)
+        levels = OVERHEAD_QS
+        i = bisect.bisect_right(levels, u) - 1
+        if i >= len(levels) - 1:
+            return q[-1]
+        w = (u - levels[i]) / (levels[i + 1] - levels[i])
+        return q[i] + (q[i + 1] - q[i]) * w
 
     def transfer_s(self, nbytes: int) -> float:
         return self.transfer.seconds(nbytes)
@@ -148,6 +179,7 @@ class CalibratedCost:
         """The calibration file's object (see the module docstring)."""
         return {"kind": "step-calibration", "version": 1, **self.meta, "page_bytes": self.page_bytes,
                 "coef_ms": asdict(self.coef), "node_overhead_s": self.node_overhead_s,
+                **({"node_overhead_quantiles_s": list(self.overhead_q)} if self.overhead_q else {}),
                 "transfer": asdict(self.transfer), "tier_move": asdict(self.tier), "label": self.label}
 
     @classmethod
@@ -156,9 +188,12 @@ class CalibratedCost:
             raise SampleError(f"{where}: not a step-calibration file (write one with pdtb sim calibrate)")
         try:
             coef = Coefficients(**{k: float(doc["coef_ms"][k]) for k in TERMS})
+            q = tuple(float(x) for x in doc.get("node_overhead_quantiles_s") or ())
+            if q and (len(q) != len(OVERHEAD_QS) or any(b < a for a, b in zip(q, q[1:])) or q[0] < 0):
+                raise ValueError(f"node_overhead_quantiles_s: {len(OVERHEAD_QS)} non-decreasing seconds")
             return cls(coef, int(doc["page_bytes"]), LinkModel(**doc["transfer"]), LinkModel(**doc["tier_move"]),
                        float(doc.get("node_overhead_s", 0.0)), str(doc.get("label", Path(where).stem)),
-                       {k: v for k, v in doc.items() if k not in _OWN_KEYS})
+                       {k: v for k, v in doc.items() if k not in _OWN_KEYS}, q)
         except (KeyError, TypeError, ValueError) as e:
             raise SampleError(f"{where}: bad calibration ({type(e).__name__}: {e})") from None
 

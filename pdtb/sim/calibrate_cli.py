@@ -21,7 +21,7 @@ import shlex
 from pdtb.common import CliError
 from pdtb.sim.calibrate import CPU_TIER, CPU_TRANSFER, TERMS, CalibratedCost, fit
 from pdtb.sim.cost import LinkModel
-from pdtb.sim.step_samples import SampleError, node_overhead_s, read_samples, read_step_log, tier_link
+from pdtb.sim.step_samples import SampleError, node_overhead_s, overhead_quantiles, read_samples, read_step_log, tier_link
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -60,9 +60,10 @@ def _link(gb_per_s: float | None, latency_us: float | None, default: LinkModel) 
                      default.latency_s if latency_us is None else latency_us * 1e-6)
 
 
-def _read(a: argparse.Namespace) -> tuple[list, list[dict], list[dict], list[float], list]:
-    """(samples to fit, steps headers, sources, back-to-back gaps, tier moves) of the input files."""
-    samples, headers, sources, gaps, moves = [], [], [], [], []
+def _read(a: argparse.Namespace) -> tuple[list, list[dict], list[dict], list[float], list, list[float]]:
+    """(samples to fit, steps headers, sources, back-to-back gaps, tier moves, the loop's gaps
+    between steps with work) of the input files."""
+    samples, headers, sources, gaps, moves, busy = [], [], [], [], [], []
     for path in a.steps:
         got, head = read_samples(path)
         samples += got if a.fit in ("all", "steps") else []
@@ -74,9 +75,10 @@ def _read(a: argparse.Namespace) -> tuple[list, list[dict], list[dict], list[flo
         samples += log.samples if a.fit in ("all", "logs") else []
         gaps += log.gaps_s
         moves += log.moves
+        busy += log.busy_gaps_s
         sources.append({"file": path, "kind": "step-log", "samples": len(log.samples), "b2b_gaps": len(log.gaps_s),
                         "fitted": a.fit != "steps"})
-    return samples, headers, sources, gaps, moves
+    return samples, headers, sources, gaps, moves, busy
 
 
 def _page_bytes(a: argparse.Namespace, headers: list[dict]) -> int:
@@ -101,7 +103,7 @@ def _command(a: argparse.Namespace, argv: list[str], sources: list[dict]) -> str
 
 def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, object]:
     """The calibration the arguments ask for, and its fit."""
-    samples, headers, sources, gaps, moves = _read(a)
+    samples, headers, sources, gaps, moves, busy = _read(a)
     page_bytes = _page_bytes(a, headers)
     f = fit(samples)
     overhead = a.node_overhead_ms / 1e3 if a.node_overhead_ms is not None else (node_overhead_s(gaps) or 0.0)
@@ -117,8 +119,9 @@ def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, objec
             "fit": {"samples": f.samples, "r2": round(f.r2, 6), "max_rel_err": round(f.max_rel_err, 6),
                     "sources": sources}}
     label = a.label or (a.out.rsplit("/", 1)[-1].removesuffix(".json") if a.out else "calibrated")
+    levels = () if a.node_overhead_ms is not None else tuple(overhead_quantiles(busy) or ())
     cost = CalibratedCost(f.coef, page_bytes, transfer,
-                          _link(a.tier_gb_per_s, a.tier_latency_us, tier_default), overhead, label, meta)
+                          _link(a.tier_gb_per_s, a.tier_latency_us, tier_default), overhead, label, meta, levels)
     return cost, f
 
 

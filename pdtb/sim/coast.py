@@ -58,6 +58,7 @@ class Coast:
     def __init__(self, node, rows: list, k: int, t0: float) -> None:
         self.node, self.rows, self.t0 = node, list(rows), t0
         self.c0 = [s.num_computed_tokens for s in rows]  # each row's context before the run
+        self.n0 = node.scheduler.num_steps  # step i of the run is the scheduler's step n0 + i + 1
         self._ctx = sum(c + 1 for c in self.c0)  # StepShape.of: a decode row reads start + 1
         self.ends: list[float] = []  # end time of each step worked out so far
         self.k = k
@@ -77,8 +78,12 @@ class Coast:
         ctx = self._ctx + i * n
         # a cost model's decode_s(rows, ctx), where it has one, is step_s of that shape
         step = getattr(cost, "decode_s", None) or (lambda r, c: cost.step_s(StepShape(r, c)))
-        for _ in range(i, upto):
-            t = t + step(n, ctx)
+        over, key = self.node.overhead, self.node.step_key + self.n0
+        for j in range(i, upto):
+            d = step(n, ctx)
+            if over is not None:  # (as SimNode.kick adds it)
+                d += over(key + j + 1)
+            t = t + d
             ends.append(t)
             ctx += n
         return t

@@ -79,6 +79,10 @@ class SimNode:
         self.num_steps = 0
         self.busy_s = 0.0  # simulated seconds spent in steps
         self.token = TOKEN
+        # each step's draw of the loop's gap (CalibratedCost.step_overhead_s) is keyed by the node
+        # and the step's number, the same however the run is simulated
+        self.step_key = int(node_id.rsplit("-", 1)[1]) << 40
+        self.overhead = getattr(cost, "step_overhead_s", None)
         self.last_out = None  # the last step's scheduler output (None: it ran nothing)
         self.coast = None  # the run of decode steps in progress (pdtb/sim/coast.py)
         self.coasts = self.coasted = 0  # runs taken, and the steps in them
@@ -139,6 +143,8 @@ class SimNode:
             return
         cost = self.cost
         d = cost.step_s(StepShape.of(out.chunks)) + sum(cost.tier_move_s(m.num_bytes) for m in out.moves)
+        if self.overhead is not None:
+            d += self.overhead(self.step_key + self.scheduler.num_steps)
         self.busy = True
         t0, cores = self.loop.now, self.cluster.cores
         if cores is None:

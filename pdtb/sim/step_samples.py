@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdtb.sim.cost import LinkModel, StepShape
@@ -57,6 +57,7 @@ class StepLogRead:
     samples: list[StepSample]
     gaps_s: list[float]  # idle seconds between consecutive back-to-back steps
     moves: list[tuple[int, float]]  # (pages, seconds) of each demotion or promotion
+    busy_gaps_s: list[float] = field(default_factory=list)  # between two steps that both decoded, however long
 
 
 def _count(value, what: str) -> int:
@@ -148,12 +149,28 @@ def read_step_log(path: str | Path, b2b_ms: float = 5.0) -> StepLogRead:
     idle = [b.t - a.t - a.ms / 1e3 for a, b in zip(steps, steps[1:])]
     # t and ms are logged rounded (1 us, 1 us): a gap a hair below zero is a back-to-back step
     b2b = [max(0.0, g) for g in idle if -2e-6 <= g < b2b_ms / 1e3]
-    return StepLogRead(samples, b2b, [m for s in steps for m in s.moves])
+    # two steps in a row that both decoded: rows were waiting for the next step, so the gap is the
+    # loop's own work, not idle time (a prefill node's steps are apart while no prompt is there)
+    busy = [max(0.0, g) for g, a, b in zip(idle, steps, steps[1:])
+            if a.shape.decode_rows and b.shape.decode_rows and g >= -2e-6]
+    return StepLogRead(samples, b2b, [m for s in steps for m in s.moves], busy)
 
 
 def node_overhead_s(gaps_s: list[float]) -> float | None:
     """The node's own work per step: the median idle gap between back-to-back steps."""
     return statistics.median(gaps_s) if gaps_s else None
+
+
+OVERHEAD_QS = tuple(i / 100 for i in range(100)) + (0.995, 0.999, 1.0)  # the levels kept of the loop's gaps
+
+
+def overhead_quantiles(gaps_s: list[float]) -> list[float] | None:
+    """The loop's gaps between steps with work (`busy_gaps_s`) at OVERHEAD_QS: the distribution a
+    simulated node draws each step's overhead from (pdtb/sim/calibrate.py)."""
+    if len(gaps_s) < 100:
+        return None
+    g = sorted(gaps_s)
+    return [round(g[min(len(g) - 1, int(q * (len(g) - 1) + 0.5))], 7) for q in OVERHEAD_QS]
 
 
 def tier_link(moves: list[tuple[int, float]], page_bytes: int) -> LinkModel | None:
