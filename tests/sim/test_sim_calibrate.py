@@ -12,7 +12,7 @@ from tests.project.test_cli import run_pdtb
 
 from pdtb.sim.calibrate import CalibratedCost, Coefficients, fit
 from pdtb.sim.cost import StepShape
-from pdtb.sim.step_samples import StepSample, read_step_log
+from pdtb.sim.step_samples import SampleError, StepSample, read_step_log
 
 TRUE = Coefficients(c0=2.0, rows=0.5, ctx=0.001, chunks=1.5, tokens=0.03, attn=2e-5)
 SHAPES = [StepShape(1, 32), StepShape(4, 2048), StepShape(32, 65536), StepShape(16, 512),
@@ -260,3 +260,36 @@ def test_the_request_path_is_fitted_to_real_runs_stamps(tmp_path):
     assert (shape.rpc_latency_s, shape.client_latency_s) == (c.path["rpc_latency_s"], c.path["client_latency_s"])
     a = build_parser().parse_args(["--mode", "colocated", "--rpc-latency-ms", "1"])
     assert cluster_shape(a, c).rpc_latency_s == 0.001  # a flag wins
+
+
+def test_the_loop_gap_is_drawn_from_its_levels_by_key():
+    import dataclasses
+
+    from pdtb.sim.step_samples import OVERHEAD_QS, overhead_quantiles
+
+    gaps = [i / 1000 for i in range(1001)]  # 0 .. 1 s evenly
+    levels = overhead_quantiles(gaps)
+    assert len(levels) == len(OVERHEAD_QS) and levels[50] == pytest.approx(0.5) and levels[-1] == 1.0
+    assert overhead_quantiles(gaps[:99]) is None  # too few to say
+    c = dataclasses.replace(CalibratedCost(Coefficients(c0=1.0), 1024, node_overhead_s=0.25), overhead_q=tuple(levels))
+    draws = [c.step_overhead_s(k) for k in range(20000)]
+    assert draws[:50] == [c.step_overhead_s(k) for k in range(50)]  # a function of the key alone
+    assert sum(d <= 0.5 for d in draws) / len(draws) == pytest.approx(0.5, abs=0.02)
+    assert sum(d <= 0.9 for d in draws) / len(draws) == pytest.approx(0.9, abs=0.01)
+    # the median overhead is no longer added to every step: the draw takes its place
+    assert c.step_s(StepShape(1, 10)) == pytest.approx(1e-3)
+    back = CalibratedCost.from_json(json.loads(json.dumps(c.to_json())))
+    assert back.overhead_q == c.overhead_q
+    with pytest.raises(SampleError, match="non-decreasing"):
+        CalibratedCost.from_json({**c.to_json(), "node_overhead_quantiles_s": list(reversed(levels))})
+
+
+def test_a_step_log_gives_the_loop_gaps_between_steps_that_decoded(tmp_path):
+    lines = [{"t": 0.0, "ms": 1.0, "decode": [["a", 2, 40]], "prefill": [], "moves": []},
+             {"t": 0.0015, "ms": 1.0, "decode": [["a", 2, 42]], "prefill": [], "moves": []},   # 0.5 ms after
+             {"t": 0.0525, "ms": 1.0, "decode": [["a", 2, 44]], "prefill": [], "moves": []},   # 50 ms: rows waited
+             {"t": 0.5, "ms": 1.0, "decode": [], "prefill": [["a", "r", 16, 0]], "moves": []}]  # no decode: not counted
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    got = read_step_log(tmp_path / "log.jsonl")
+    assert got.busy_gaps_s == pytest.approx([0.0005, 0.05])
+    assert got.gaps_s == pytest.approx([0.0005])  # back to back only: under --b2b-ms

@@ -102,7 +102,7 @@ SHAPES = {
 def _run(shape: str, runs: bool, specs) -> tuple[SimCluster, list]:
     LOG.clear()
     cfg = FairnessConfig()
-    c = SimCluster(ClusterShape(SHAPES[shape](cfg), coast=runs), page_spec(COST.page_bytes, COST.page_size), COST)
+    c = SimCluster(ClusterShape(SHAPES[shape](cfg), coast=runs), page_spec(COST.page_bytes, 16), COST)
     c.run(specs)
     return c, list(LOG)
 
@@ -162,3 +162,24 @@ def test_a_bandwidth_cap_steps_one_at_a_time():
 
     assert BasePolicy(FairnessConfig(tenant_bw_cap=1e9)).on_steps is None
     assert callable(BasePolicy(FairnessConfig()).on_steps)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_a_drawn_loop_overhead_is_drawn_alike_both_ways(monkeypatch, shape):
+    """A calibration with the loop's gap as a distribution (drawn per node and step number):
+    runs taken at once draw what one event per step draws."""
+    import dataclasses
+
+    from pdtb.sim.calibrate import CalibratedCost
+    from pdtb.sim.step_samples import OVERHEAD_QS
+
+    levels = tuple(0.0002 + 0.004 * q ** 8 for q in OVERHEAD_QS)  # a long tail, as the logs show
+    cal = dataclasses.replace(CalibratedCost.load("cpu-tiny-2core"), overhead_q=levels)
+    cal = dataclasses.replace(cal, page_bytes=COST.page_bytes)  # (the workload's pools are sized for it)
+    monkeypatch.setattr(sys.modules[__name__], "COST", cal)
+    monkeypatch.setattr(sys.modules[__name__], "Policy", _logged(fairness.POLICIES["memfair"]), raising=False)
+    specs = _workload(seed=11)
+    every, every_log = _run(shape, False, specs)
+    taken, taken_log = _run(shape, True, specs)
+    assert sum(n.coasted for n in taken.nodes.values()) > 0
+    assert taken_log == every_log and _figures(every) == _figures(taken)
