@@ -38,6 +38,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--transfer-latency-us", type=float, help=f"(default {CPU_TRANSFER.latency_s * 1e6:g})")
     ap.add_argument("--tier-gb-per-s", type=float, help=f"tier-move link (default: step logs, else {CPU_TIER.bytes_per_s / 1e9:g})")
     ap.add_argument("--tier-latency-us", type=float, help=f"(default {CPU_TIER.latency_s * 1e6:g})")
+    ap.add_argument("--draw-loop-gaps", action="store_true",
+                    help="the node loop's gap before each step drawn from the step logs' gaps between steps that "
+                         "decoded (every level, the tail too), instead of their median after every step")
     ap.add_argument("--results", action="append", default=[],
                     help="a real run's results file (repeatable): the request path's latencies are fitted to its "
                          "requests' stamps (pdtb/sim/path_fit.py), the hand-off link's latency too unless given")
@@ -119,7 +122,7 @@ def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, objec
             "fit": {"samples": f.samples, "r2": round(f.r2, 6), "max_rel_err": round(f.max_rel_err, 6),
                     "sources": sources}}
     label = a.label or (a.out.rsplit("/", 1)[-1].removesuffix(".json") if a.out else "calibrated")
-    levels = () if a.node_overhead_ms is not None else tuple(overhead_quantiles(busy) or ())
+    levels = tuple(overhead_quantiles(busy) or ()) if a.draw_loop_gaps and a.node_overhead_ms is None else ()
     cost = CalibratedCost(f.coef, page_bytes, transfer,
                           _link(a.tier_gb_per_s, a.tier_latency_us, tier_default), overhead, label, meta, levels)
     return cost, f
