@@ -40,7 +40,7 @@ def pure_decode(out: SchedulerOutput | None) -> bool:
         return False
     for c in out.chunks:
         s = c.seq
-        if c.num_new_tokens != 1 or c.seq.num_computed_tokens < s.num_prompt_tokens or s.params.stop_token_ids:
+        if c.num_new_tokens != 1 or s.num_computed_tokens < s.num_prompt_tokens or s.params.stop_token_ids:
             return False
     return True
 
