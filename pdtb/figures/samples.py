@@ -10,15 +10,17 @@ hand-off payloads, and the bytes left out because the decode node had them cache
 """
 from __future__ import annotations
 
-NODE_KEYS = ("role", "id", "pages_total", "pages_free", "host_pages_total", "host_pages_free", "running", "waiting")
+NODE_KEYS = ("role", "id", "pages_total", "pages_free", "host_pages_total", "host_pages_free", "running", "waiting",
+             "stale")
 
 
 def cluster_sample(t: float, nodes: list[dict]) -> dict:
-    """One sample from a `/cluster` answer."""
+    """One sample from a `/cluster` answer. A `stale` node's figures are its last answer's, not
+    what it holds: its pages count for no tenant and as none in use."""
     out = []
     for n in nodes:
         row = {k: n.get(k) for k in NODE_KEYS}
-        pages = (n.get("extra") or {}).get("tenant_pages") or {}
+        pages = {} if n.get("stale") else (n.get("extra") or {}).get("tenant_pages") or {}
         row["tenant_pages"] = {str(k): v for k, v in pages.items()} if isinstance(pages, dict) else {}
         extra = n.get("extra") or {}
         for key in ("tenant_pages_charged", "tenant_pages_shared"):
@@ -44,5 +46,5 @@ def used_pages_series(samples: list[dict]) -> dict[str, tuple[list[float], list[
     """Per node role: sample times and pages in use (total - free), summed over that role's nodes."""
     roles = sorted({n["role"] for s in samples for n in s["nodes"]})
     times = [s["t"] for s in samples]
-    return {r: (times, [sum((n["pages_total"] or 0) - (n["pages_free"] or 0) for n in s["nodes"] if n["role"] == r)
-                        for s in samples]) for r in roles}
+    return {r: (times, [sum((n["pages_total"] or 0) - (n["pages_free"] or 0) for n in s["nodes"]
+                            if n["role"] == r and not n.get("stale")) for s in samples]) for r in roles}

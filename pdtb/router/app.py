@@ -99,12 +99,15 @@ async def handle_metrics(request: web.Request) -> web.Response:
 
 
 async def handle_cluster(request: web.Request) -> web.Response:
-    """GET /cluster: the latest NodeStats of every node (zeros before the first answer)."""
+    """GET /cluster: the latest NodeStats of every node (zeros before the first answer). A node
+    not healthy now is `stale`: its figures are those of its last answer, `seconds_since_seen`
+    ago, not what it holds now (a dead node holds nothing)."""
     registry = request.app[STATE].registry
     now = time.monotonic()
     out = []
     for n in registry.nodes:
         s = n.stats
+        healthy = registry.is_healthy(n, now)
         out.append({
             "role": n.spec.role, "id": n.node_id, "address": n.spec.address,
             "pages_total": s.pages_total if s else 0, "pages_free": s.pages_free if s else 0,
@@ -112,7 +115,7 @@ async def handle_cluster(request: web.Request) -> web.Response:
             "running": s.running if s else 0, "waiting": s.waiting if s else 0,
             "queued_tokens": s.queued_tokens if s else 0, "kv_addr": s.kv_addr if s else "",
             "metrics_addr": s.metrics_addr if s else "",
-            "draining": s.draining if s else False, "healthy": registry.is_healthy(n, now),
+            "draining": s.draining if s else False, "healthy": healthy, "stale": not healthy,
             "seconds_since_seen": None if n.last_seen is None else round(now - n.last_seen, 3),
             "prefix_ns": s.prefix_ns if s else "", "prefix_cached_hashes": len(s.prefix_summary) if s else 0,
             "prefix_query_tokens": s.prefix_query_tokens if s else 0,

@@ -746,6 +746,15 @@ def test_a_node_added_at_run_time_takes_work(served, tokens):
                 assert r.choices[0].token_ids == expected_output([5, 6, 7], 3, tokens)
                 status, nodes = await get(c.url + "/cluster")
                 assert [n["id"] for n in nodes if n["healthy"]] == ["c1"]
+                # the dead node's figures are its last answer's: marked so, and counted for no one
+                assert [(n["id"], n["stale"]) for n in nodes] == [(nodes[0]["id"], True), ("c1", False)]
+                from pdtb.figures.samples import cluster_sample, used_pages_series
+
+                dead = {**nodes[0], "pages_free": 0, "extra": {"tenant_pages": {"t": 9}}}  # as if it held pages
+                sample = cluster_sample(0.0, [dead, nodes[1]])
+                assert sample["nodes"][0]["tenant_pages"] == {}
+                live = nodes[1]["pages_total"] - nodes[1]["pages_free"]
+                assert used_pages_series([sample])["colocated"][1] == [live]
             finally:
                 await extra.close()
 
