@@ -50,12 +50,17 @@ def service_events(rec: RequestRecord, w: ServiceWeights) -> list[tuple[float, f
     """(time, service) pairs earned by one request."""
     if rec.first_token_time is None:
         return []
-    # without token_ids the stream may count fewer tokens than the server's usage reports (a
-    # held-back chunk's token comes with the next one): spread the reported tokens over them
-    per = w.output * max(rec.output_tokens, len(rec.token_times)) / max(1, len(rec.token_times))
+    per = _per_token(rec, w)
     events = [(t, per) for t in rec.token_times]
     prompt = (rec.first_token_time, rec.prompt_tokens * w.input)
     return [prompt] + events
+
+
+def _per_token(rec: RequestRecord, w: ServiceWeights) -> float:
+    """Service of each token counted in the stream. Without token_ids the stream may count fewer
+    tokens than the server's usage reports (a held-back chunk's token comes with the next one):
+    the reported tokens are spread over them."""
+    return w.output * max(rec.output_tokens, len(rec.token_times)) / max(1, len(rec.token_times))
 
 
 def _curve(events: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
@@ -70,8 +75,8 @@ def _record_curve(rec: RequestRecord, w: ServiceWeights) -> tuple[list[float], l
     tt = rec.token_times
     if rec.first_token_time is None or (tt and (tt[0] < rec.first_token_time or tt != sorted(tt))):
         return _curve(service_events(rec, w))
-    per = w.output * max(rec.output_tokens, len(tt)) / max(1, len(tt))  # (service_events' rule)
-    acc = list(itertools.accumulate(itertools.chain((rec.prompt_tokens * w.input,), itertools.repeat(per, len(tt)))))
+    first = (rec.prompt_tokens * w.input,)
+    acc = list(itertools.accumulate(itertools.chain(first, itertools.repeat(_per_token(rec, w), len(tt)))))
     return [rec.first_token_time, *tt], acc
 
 

@@ -44,8 +44,7 @@ class Faults:
     def __init__(self, cluster, kills: tuple[Kill, ...], health_timeout_s: float, recompute_retries: int) -> None:
         self.cluster, self.kills = cluster, kills
         self.health_timeout_s, self.recompute_retries = health_timeout_s, recompute_retries
-        self.dead: set[str] = set()  # processes gone
-        self.lost: set[str] = set()  # found gone by the router
+        self.lost: set[str] = set()  # found gone by the router (a gone process: its node's `dead`)
         self.last_seen: dict[str, float] = {}  # node -> the router's last ping it answered
         self.recomputes: Counter = Counter()  # request (its first id) -> times recomputed
         self.recomputed_at: dict[str, float] = {}
@@ -60,20 +59,19 @@ class Faults:
             self.cluster.loop.at(k.at_s, self._kill, k.node)
 
     def alive(self, nid: str) -> bool:
-        return nid not in self.dead
+        return not self.cluster.nodes[nid].dead
 
     def _kill(self, nid: str) -> None:
-        if nid in self.dead:
-            return
         node = self.cluster.nodes[nid]
+        if node.dead:
+            return
         node.sync()  # the steps it ended before it died, their tokens out
         node.die()
-        self.dead.add(nid)
 
     # ---- the router --------------------------------------------------------------------------------
     def on_ping(self, now: float) -> None:
-        for nid in self.cluster.nodes:
-            if nid not in self.dead:
+        for nid, node in self.cluster.nodes.items():
+            if not node.dead:
                 self.last_seen[nid] = now
             elif nid not in self.lost and now - self.last_seen.get(nid, 0.0) > self.health_timeout_s:
                 self._lost(nid)
