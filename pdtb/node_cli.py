@@ -33,6 +33,9 @@ def parse(role: str, argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--host-kv-pages", type=int, default=0, help="host-tier KV pages (decode/colocated)")
     ap.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--drain-timeout", type=float, default=30.0, help="SIGTERM: seconds to finish in-flight work")
+    ap.add_argument("--router-lease", type=float, default=10.0, metavar="S",
+                    help="a router silent this long (routers ping every node twice a second) is taken for dead: "
+                         "its requests here end and their pages are freed")
     ap.add_argument("--migration-timeout", type=float, default=5.0, metavar="S",
                     help="decode: seconds each phase of a live migration out of this node may take before the "
                          "request goes on here (default 5)")
@@ -118,7 +121,7 @@ def node_config(role: str, a: argparse.Namespace, model_dir: str):
                           host=a.host, ctrl_port=a.ctrl_port, metrics_port=a.metrics_port, kv_port=a.kv_port,
                           transport=a.transport, policy=a.policy, policy_args=policy_args(a), fairness=fairness_config(a),
                           drain_timeout_s=a.drain_timeout, hold_timeout_s=a.hold_timeout, curve_dir=a.curve_dir,
-                          migration_timeout_s=a.migration_timeout, check_pages=a.check_pages,
+                          migration_timeout_s=a.migration_timeout, router_lease_s=a.router_lease, check_pages=a.check_pages,
                           step_log=a.step_log and a.step_log.replace("{node}", node_id),
                           transfer_timeout_s=a.transfer_timeout, transport_faults=fault_config(a.transport_fault),
                           dist_init_method=a.dist_init_method, dist_rank=a.dist_rank,

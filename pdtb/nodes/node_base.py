@@ -33,6 +33,7 @@ CONSERVATION_EVERY = 64  # steps between page-conservation checks (every step wi
 FINAL_LINGER_MS = 2000  # at shutdown: how long queued control messages may take to leave
 LOST_MEMORY_S = 300.0  # how long a node remembers the requests it ended for a router that went away
 LOST_MAX = 10000  # ... and at most this many per router
+LEASE_CHECK_S = 0.5  # how often the routers' leases are checked
 log = logging.getLogger(__name__)
 
 
@@ -56,6 +57,7 @@ class NodeConfig:
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
     curve_dir: str | None = None  # ZeroMQ CURVE keys for every socket (pdtb/security.py)
     transfer_timeout_s: float = 30.0  # a whole KV transfer, on both sides (TransportConfig)
+    router_lease_s: float = 10.0  # a router silent this long (no ping, no message) is gone: its requests end here
     transport_faults: FaultConfig = field(default_factory=FaultConfig)  # chaos runs: faults on KV sends
     dist_init_method: str | None = None  # torch transport: init_process_group's init_method (file:// or tcp://)
     dist_rank: int = -1  # torch transport: this node's rank in the group of all prefill and decode nodes
@@ -73,6 +75,8 @@ class NodeConfig:
                              "(one rank per prefill and decode node; scripts/launch_cluster.sh sets them)")
         if not self.transfer_timeout_s > 0 or not math.isfinite(self.transfer_timeout_s):
             raise ValueError("transfer_timeout_s must be positive and finite")
+        if not 0 < self.router_lease_s < math.inf:
+            raise ValueError("router_lease_s must be positive and finite")
         if not (0 <= self.drain_timeout_s < math.inf and 0 < self.hold_timeout_s < math.inf):
             raise ValueError("drain and hold timeouts must be finite, the hold timeout positive")
         for name in ("ctrl_port", "metrics_port", "kv_port"):
@@ -158,6 +162,8 @@ class NodeBase:
         self.sink = EventSink(self.ctrl, config.node_id, on_gone=self._router_gone)
         self.routes: dict[str, str] = {}  # request id -> router identity
         self._lost: dict[str, tuple[float, list[str]]] = {}  # router id -> (when, requests ended by _router_gone)
+        self._heard: dict[str, float] = {}  # router id -> when its last message came (monotonic)
+        self._lease_checked = 0.0
         self.seqs: dict[str, Sequence] = {}  # live requests on this node
         self.metrics_addr = ""
         self.kv_addr = ""
@@ -186,6 +192,7 @@ class NodeBase:
         return policy_info(config.policy, config.policy_args)
 
     def _on_message(self, ident: bytes, msg) -> None:
+        self._heard[ident.decode(errors="replace")] = time.monotonic()
         if self._lost:
             self._tell_lost(ident.decode(errors="replace"))
         if isinstance(msg, Ping):
@@ -259,6 +266,7 @@ class NodeBase:
         rids = [rid for rid, r in self.routes.items() if r == router_id]
         for rid in rids:
             self.on_abort(rid, "router gone")
+            self.routes.pop(rid, None)  # (ended for this router, whatever the role keeps of it)
             self.metrics.count_finished("abort")
         if rids:
             log.warning("router %s is gone: aborted its %d request(s)", router_id, len(rids))
@@ -267,6 +275,23 @@ class NodeBase:
                 del self._lost[r]
             self._lost.setdefault(router_id, (now, []))[1].extend(rids[:LOST_MAX])
             self.wake.set()
+
+    def _expire_routers(self, now: float) -> None:
+        """End the requests of every router silent for `router_lease_s`: a router that died while
+        its requests here send no events (queued, prefilling, waiting for their KV) is never
+        caught by a lost event batch, and their pages would stay taken. A router pings every
+        node several times a second, so only a dead, stopped or cut-off one stays silent."""
+        if now - self._lease_checked < LEASE_CHECK_S:
+            return
+        self._lease_checked = now
+        lease = self.config.router_lease_s
+        for router_id in set(self.routes.values()):
+            heard = self._heard.setdefault(router_id, now)  # (a route not made by a message: from now)
+            if now - heard > lease:
+                log.warning("router %s silent for %.1f s (lease %.1f s)", router_id, now - heard, lease)
+                self._router_gone(router_id)
+        for router_id in [r for r, t in self._heard.items() if now - t > LOST_MEMORY_S]:
+            del self._heard[router_id]
 
     def _tell_lost(self, router_id: str) -> None:
         """A router whose requests `_router_gone` ended is back (its connection had dropped):
@@ -362,6 +387,7 @@ class NodeBase:
     async def engine_loop(self) -> None:
         while not self.stop.is_set():
             await self.ctrl.drain()
+            self._expire_routers(time.monotonic())
             await self.poll_io()
             if self.engine.has_work():
                 t = time.time()

@@ -164,6 +164,42 @@ async def test_a_router_whose_connection_dropped_learns_why_its_requests_ended(l
         node.ctx.destroy(linger=0)
 
 
+@async_test
+async def test_a_silent_router_s_requests_end_after_its_lease(llama_dir):
+    """A router that dies while its requests here send no events (nothing to flush, so no lost
+    batch tells) is taken for dead once silent for router_lease_s: its requests end and their
+    pages are freed. A router that keeps pinging keeps its requests."""
+    import time
+
+    from pdtb.nodes.node_base import NodeConfig
+    from pdtb.nodes.protocol import Ping
+    from decode_node.node import DecodeNode
+    from kv_transport.base import ReceivedTransfer, TransferStatus
+    from pdtb.engine.config import EngineConfig
+
+    node = DecodeNode(NodeConfig("decode", "d0", EngineConfig(llama_dir, num_pages=32), router_lease_s=5.0))
+    try:
+        pool = node.engine.pool
+        for rid, router in (("a", "r1"), ("b", "r1"), ("c", "r2")):
+            node._on_message(router.encode(), Ping(1, router))
+            pages = pool.allocate(rid, 3)
+            extra = {"params": {"max_tokens": 8}, "router_id": router}
+            node._adopt(ReceivedTransfer(f"t-{rid}", rid, "t", 40, pages, [5] * 40, [6], 40, extra,
+                                         TransferStatus(f"t-{rid}", rid, TransferState.DONE, bytes_total=1)))
+        t0 = time.monotonic()
+        node._expire_routers(t0 + 4.9)  # within the lease: nothing ends
+        assert sorted(node.seqs) == ["a", "b", "c"]
+        node._heard["r2"] = t0 + 5.5  # r2 pinged since; r1 did not
+        node._expire_routers(t0 + 5.6)
+        assert sorted(node.seqs) == ["c"] and pool.pages_of("a") == pool.pages_of("b") == []
+        assert len(pool.pages_of("c")) == 3 and sorted(node.routes) == ["c"]
+        node._expire_routers(t0 + 6.2)  # told once: r1 has no request left here
+        assert sorted(node._lost["r1"][1]) == ["a", "b"]
+        await asyncio.sleep(0)  # the Ping replies' tasks
+    finally:
+        node.ctx.destroy(linger=0)
+
+
 def test_a_loopback_node_keeps_gloo_on_the_loopback_interface(monkeypatch):
     """gloo listens where the hostname resolves (a LAN address on most machines) unless told;
     a node on the default --host 127.0.0.1 points it at the loopback interface (else, under a
