@@ -39,6 +39,8 @@ COMMANDS = (
             "order of events:\nits admission verdicts, to compare KV transports decision by decision"),
     Command(("cluster",), "pdtb.ray_cluster.cli:main", "up|down|status: a cluster placed and supervised by Ray (the ray extra)",
             extra="ray"),
+    Command(("supervise",), "pdtb.local_cluster.supervise:main",
+            "--run-dir DIR: restart a local cluster's processes that exit (launch_cluster.sh --restart-failed)"),
     Command(("policies",), "pdtb.policies.cli:main", "the policies by name and source; `policies show REF`: one's settings"),
     Command(("policy", "check"), "pdtb.policies.check:main", "REF: a policy's conformance: legal answers, pages conserved,\n"
             "every request ends, deterministic under a seed (REF: a name, module:Class, file.py:Class)"),

@@ -8,7 +8,7 @@
 #       [--prefill-kv-pages N] [--page-size T] [--port P] [--run-dir DIR] [--host IFACE] [--hosts-file FILE]
 #       [--router-args "..."] [--prefill-args "..."] [--decode-args "..."] [--curve-dir DIR] [--timeout S]
 #       [--ray ADDRESS|auto [--ray-name NAME] [--node-resources ROLE=JSON]... [--router-resources JSON]
-#        [--placement spread|pack] [--restart-failed]]
+#        [--placement spread|pack]] [--restart-failed]
 #       [-- extra node flags]
 #
 # Flags after "--" go to every node; --prefill-args / --decode-args (split on spaces, like
@@ -42,6 +42,11 @@
 # its Ray node's address; stop_cluster.sh --run-dir removes every actor and group. Needs the
 # ray extra (pip install 'pd-testbed[ray]') and the project on every Ray node.
 #
+# --restart-failed: a process that exits is started again in place (pdtb supervise, its pid in
+# supervisor.pid, its log supervisor.log; pdtb/local_cluster/supervise.py): a node under a new
+# node id ROLE-I~N, added to the router; the router on its port over the live nodes. Every
+# process's command line is in ROLE-I.argv for it. Under Ray, Ray's supervisor does the same.
+#
 # Multi-host without Ray (a thin fallback: no placement, no supervision, never run in CI):
 # --hosts-file lines "ROLE HOST" (e.g. "decode 10.0.0.2"); nodes of that role are
 # started there over ssh (same checkout path, its .venv), bound to HOST. See README.
@@ -50,7 +55,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 MODE=disagg NP=1 ND=1 NC=1 MODEL="" POLICY=fcfs TRANSPORT=zmq KV_PAGES=4096 HOST_KV_PAGES=0
 CURVE_DIR="" PREFILL_KV_PAGES="" PAGE_SIZE=16 PORT=8000 RUN_DIR="" HOST=127.0.0.1 HOSTS_FILE="" TIMEOUT=180 ROUTER_ARGS=""
-PREFILL_ARGS="" DECODE_ARGS="" DIST_INIT="" RAY="" RAY_ARGS=() POLICY_ARGS=()
+PREFILL_ARGS="" DECODE_ARGS="" DIST_INIT="" RAY="" RAY_ARGS=() POLICY_ARGS=() RESTART=""
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in  # every option but --, -h, --help and --restart-failed takes a value
@@ -85,7 +90,7 @@ while [ $# -gt 0 ]; do
     --ray) RAY="$2"; shift 2 ;;
     --ray-name) RAY_ARGS+=(--name "$2"); shift 2 ;;
     --node-resources|--router-resources|--placement) RAY_ARGS+=("$1" "$2"); shift 2 ;;
-    --restart-failed) RAY_ARGS+=(--restart-failed); shift ;;
+    --restart-failed) RAY_ARGS+=(--restart-failed); RESTART=1; shift ;;
     --) shift; EXTRA=("$@"); break ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "launch_cluster: unknown option $1" >&2; exit 2 ;;
@@ -125,6 +130,7 @@ if [ -n "$RAY" ]; then  # Ray places and supervises: pdtb cluster up does the re
   exec pdtb cluster up "${args[@]}" -- ${EXTRA[@]+"${EXTRA[@]}"}
 fi
 RUN_DIR="$(cd "$RUN_DIR" && pwd -P)"
+[ -z "$RESTART" ] || [ -z "$HOSTS_FILE" ] || { echo "launch_cluster: --restart-failed restarts processes on this host only (not with --hosts-file)" >&2; exit 2; }
 if ls "$RUN_DIR"/*.pid >/dev/null 2>&1; then
   echo "launch_cluster: $RUN_DIR already has pid files; stop that cluster first" >&2; exit 2
 fi
@@ -134,6 +140,8 @@ if [ "$TRANSPORT" = torch ] && [ -z "$DIST_INIT" ]; then
 fi
 [ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.engine.loader import resolve_model_arg; print(resolve_model_arg(None))')"
 export PDTB_RUN_DIR="$RUN_DIR"  # in every process started here: stop_cluster.sh signals only those
+PDTB_BIN="$(command -v pdtb)"
+rm -f "$RUN_DIR"/*.argv "$RUN_DIR"/*.stopping "$RUN_DIR/supervisor.jsonl"
 
 STARTED=() CLEANED=""
 cleanup() {  # stop whatever was started here (once)
@@ -182,6 +190,7 @@ start_node() {  # start_node ROLE INDEX
     args+=(--dist-init-method "$DIST_INIT" --dist-rank "$rank" --dist-world-size "$(( NP + ND ))")
   fi
   : > "$log"  # (emptied here, before the wait reads it: an earlier run's READY line is not this one's)
+  printf '%s\0' "$PDTB_BIN" "$role" "${args[@]}" > "$RUN_DIR/$role-$idx.argv"  # (pdtb supervise restarts from it)
   if is_local "$h"; then
     setsid pdtb "$role" "${args[@]}" > "$log" 2>&1 < /dev/null &
   else
@@ -233,10 +242,11 @@ nodes_alive() {  # every node started here still runs (one that dies while the r
 RLOG="$RUN_DIR/router-0.log"
 : > "$RLOG"
 rm -f "$RUN_DIR/url"
-# shellcheck disable=SC2086
-setsid pdtb router --model "$MODEL" --host "$HOST" --port "$PORT" "${NODE_ARGS[@]}" $ROUTER_ARGS \
-  ${CURVE_DIR:+--curve-dir "$CURVE_DIR"} \
-  > "$RLOG" 2>&1 < /dev/null &
+read -r -a router_extra <<< "$ROUTER_ARGS"
+RARGV=("$PDTB_BIN" router --model "$MODEL" --host "$HOST" --port "$PORT" "${NODE_ARGS[@]}"
+       ${router_extra[@]+"${router_extra[@]}"} ${CURVE_DIR:+--curve-dir "$CURVE_DIR"})
+printf '%s\0' "${RARGV[@]}" > "$RUN_DIR/router-0.argv"
+setsid "${RARGV[@]}" > "$RLOG" 2>&1 < /dev/null &
 echo $! > "$RUN_DIR/router-0.pid"
 deadline=$(( SECONDS + TIMEOUT ))
 while ! grep -q 'router listening on ' "$RLOG" 2>/dev/null; do
@@ -253,4 +263,8 @@ until python -c "import sys,urllib.request; sys.exit(0 if urllib.request.urlopen
   sleep 0.3
 done
 echo "$URL" > "$RUN_DIR/url"
+if [ -n "$RESTART" ]; then
+  setsid pdtb supervise --run-dir "$RUN_DIR" > "$RUN_DIR/supervisor.log" 2>&1 < /dev/null &
+  echo $! > "$RUN_DIR/supervisor.pid"
+fi
 echo "READY $URL"

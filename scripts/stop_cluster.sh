@@ -6,6 +6,8 @@
 # ray.json) is stopped by pdtb cluster down: every actor and placement group goes.
 # With --node NAME (e.g. decode-1) only that node is stopped: a decode node drains, and the router
 # moves its decoding requests to the other decode nodes (live migration) while it does.
+# A supervisor (launch_cluster.sh --restart-failed) is stopped first; a node stopped by --node
+# is marked NAME.stopping, so that the supervisor leaves it stopped.
 # A pid file's process is signalled only if it is this cluster's (launch_cluster.sh puts
 # PDTB_RUN_DIR=<run dir> in its environment): a pid reused by another process since is left alone.
 set -euo pipefail
@@ -70,12 +72,14 @@ term_and_wait() {  # role...: SIGTERM their processes, wait (up to --timeout) un
 if [ -n "$NODE" ]; then
   case "$NODE" in */*|.*|'') echo "stop_cluster: bad node name $NODE" >&2; exit 2 ;; esac
   [ -f "$RUN_DIR/$NODE.pid" ] || { echo "stop_cluster: no $NODE.pid in $RUN_DIR" >&2; exit 2; }
+  : > "$RUN_DIR/$NODE.stopping"
   term_and_wait "$NODE"
   for pid in ${pids[@]+"${pids[@]}"}; do kill -KILL -- "-$pid" 2>/dev/null || true; done
   rm -f "$RUN_DIR/$NODE.pid"
   echo "stopped $NODE in $RUN_DIR"
   exit 0
 fi
+term_and_wait supervisor
 term_and_wait router prefill colocated
 term_and_wait decode
 for pid in ${pids[@]+"${pids[@]}"}; do

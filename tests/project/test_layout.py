@@ -30,7 +30,7 @@ LEVELS = (
     ("pdtb.sim",),  # the simulator core
     ("pdtb.sim.repro",),  # paper reproductions and validation on the simulator
     ("pdtb.microbench",),  # micro-benchmarks of the rooms below
-    ("pdtb.ray_cluster",),  # Ray placement of whole nodes
+    ("pdtb.ray_cluster", "pdtb.local_cluster"),  # Ray placement of whole nodes; local clusters' supervision
     ("pdtb.sim.calibrate_cli",),  # entry points, each above those it calls
     ("pdtb.sim.cli", "pdtb.client.__main__", "pdtb.demo"),
     ("pdtb.cli", "pdtb"),

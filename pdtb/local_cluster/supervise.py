@@ -1,0 +1,231 @@
+"""`pdtb supervise --run-dir DIR`: restarts the processes of a cluster that launch_cluster.sh
+started on this host, in place, as the Ray launcher's supervisor does for its actors
+(`launch_cluster.sh --restart-failed` starts it).
+
+What it reads in the run dir (launch_cluster.sh writes it):
+    ROLE-I.pid        the process serving ROLE-I now (rewritten here at each restart)
+    ROLE-I.argv       its command line, NUL-separated
+    ROLE-I.log        its log, with the NODE READY line (the node's addresses)
+    ROLE-I.stopping   stop_cluster.sh --node ROLE-I: stopped on purpose, not restarted
+    url               the router's URL
+
+A process that exits is restarted with its own command line:
+    a node    with node id ROLE-I~N (the router keeps the dead one apart, as the Ray launcher's
+              replacements do), its log ROLE-I~N.log; once its NODE READY line is there it is
+              added to the router (POST /admin/nodes);
+    the router  on its port, with every live node's current address as its --node list.
+Every loss and restart is one JSON line in supervisor.jsonl. A node of a torch-transport
+cluster is not restarted: it cannot rejoin the process group every node joined at start-up.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import pathlib
+import re
+import signal
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+log = logging.getLogger("pdtb.supervise")
+NAME = re.compile(r"^(router|prefill|decode|colocated)-\d+$")
+START_TIMEOUT_S = 180.0  # a restarted process has this long to say it is ready
+
+
+@dataclass
+class Member:
+    """One process of the cluster, as the supervisor follows it."""
+
+    name: str  # ROLE-I: its pid and argv files
+    role: str  # router | prefill | decode | colocated
+    argv: list[str]  # its command line as first started
+    pid: int = 0  # the process now serving it
+    ctrl: str = ""  # a node's control address now ("" for the router)
+    restarts: int = 0
+
+
+def node_ready(log_path: pathlib.Path) -> dict | None:
+    """The addresses of a node's last NODE READY line in its log, or None."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    ready = [ln for ln in lines if ln.startswith("NODE READY ")]
+    return json.loads(ready[-1][len("NODE READY "):]) if ready else None
+
+
+def with_flag(argv: list[str], flag: str, value: str | None, *, drop_all: bool = False) -> list[str]:
+    """`argv` with every `flag VALUE` pair removed and, unless value is None, one `flag value`
+    appended (argparse keeps the last of a repeated flag; appended so that no other parsing
+    matters)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == flag:
+            skip = True
+        elif a.startswith(flag + "="):
+            pass
+        else:
+            out.append(a)
+    return out if value is None else [*out, flag, value]
+
+
+class Supervisor:
+    def __init__(self, run_dir: pathlib.Path) -> None:
+        self.run_dir = run_dir
+        self.members: dict[str, Member] = {}
+        self.api_key: str | None = None
+        self.stop = asyncio.Event()
+        for argv_file in sorted(run_dir.glob("*.argv")):
+            name = argv_file.stem
+            if not NAME.match(name):
+                continue
+            argv = argv_file.read_bytes().decode().split("\0")[:-1]
+            m = Member(name, name.rsplit("-", 1)[0], argv, int((run_dir / f"{name}.pid").read_text()))
+            if m.role != "router":
+                m.ctrl = (node_ready(run_dir / f"{name}.log") or {}).get("ctrl", "")
+            else:
+                self.api_key = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--api-key"), None)
+            self.members[name] = m
+
+    def record(self, **entry) -> None:
+        with open(self.run_dir / "supervisor.jsonl", "a") as f:
+            f.write(json.dumps({"at": time.time(), **entry}) + "\n")
+
+    async def run(self) -> None:
+        tasks = [asyncio.create_task(self.follow(m)) for m in self.members.values()]
+        log.info("supervising %s", ", ".join(sorted(self.members)))
+        await self.stop.wait()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def follow(self, m: Member) -> None:
+        proc = None  # a restarted process is this supervisor's child (waited for, never a zombie)
+        while not self.stop.is_set():
+            await (proc.wait() if proc is not None else wait_pid(m.pid))
+            if self.stop.is_set():
+                return
+            if (self.run_dir / f"{m.name}.stopping").exists():
+                self.record(name=m.name, event="stopped", pid=m.pid)
+                return
+            self.record(name=m.name, event="lost", pid=m.pid)
+            log.warning("%s (pid %d) exited: restarting it", m.name, m.pid)
+            proc = await self.restart(m)
+            if proc is None:
+                return
+
+    async def restart(self, m: Member) -> asyncio.subprocess.Process | None:
+        if m.role != "router" and "--dist-rank" in m.argv:
+            self.record(name=m.name, event="not restarted", error="a torch-transport node cannot rejoin its process group")
+            return None
+        m.restarts += 1
+        argv, log_path = self.command(m)
+        with open(log_path, "wb") as out:
+            proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out,
+                                                        stderr=out, start_new_session=True)
+        m.pid = proc.pid
+        (self.run_dir / f"{m.name}.pid").write_text(f"{proc.pid}\n")
+        try:
+            addrs = await self.wait_ready(m, proc, log_path)
+            if m.role != "router":
+                m.ctrl = addrs["ctrl"]
+                await asyncio.to_thread(self.add_to_router, m)
+        except (RuntimeError, OSError, urllib.error.URLError) as e:
+            self.record(name=m.name, event="restart failed", pid=proc.pid, error=str(e))
+            log.error("%s: restart failed: %s", m.name, e)
+            return proc  # (if it runs, it is followed; if not, the next loop restarts it again)
+        self.record(name=m.name, event="restarted", pid=proc.pid, log=log_path.name, ctrl=m.ctrl)
+        return proc
+
+    def command(self, m: Member) -> tuple[list[str], pathlib.Path]:
+        if m.role == "router":
+            argv = with_flag(m.argv, "--node", None)
+            port = (self.run_dir / "url").read_text().strip().rsplit(":", 1)[1]
+            argv = with_flag(argv, "--port", port)
+            for n in self.members.values():
+                if n.role != "router" and n.ctrl and pid_alive(n.pid):
+                    argv += ["--node", f"{n.role}={n.ctrl}"]
+            return argv, self.run_dir / f"{m.name}~{m.restarts}.log"
+        node_id = f"{m.name}~{m.restarts}"
+        return with_flag(m.argv, "--node-id", node_id), self.run_dir / f"{node_id}.log"
+
+    async def wait_ready(self, m: Member, proc, log_path: pathlib.Path) -> dict:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if m.role == "router":
+                text = log_path.read_text(errors="replace") if log_path.exists() else ""
+                if "router listening on " in text:
+                    return {}
+            elif (addrs := node_ready(log_path)) is not None:
+                return addrs
+            try:  # the process's exit ends the wait at once; else look again shortly
+                await asyncio.wait_for(asyncio.shield(proc.wait()), 0.1)
+                raise RuntimeError(f"exited with status {proc.returncode} during start-up (see {log_path.name})")
+            except asyncio.TimeoutError:
+                pass
+        raise RuntimeError(f"not ready after {START_TIMEOUT_S:.0f} s (see {log_path.name})")
+
+    def add_to_router(self, m: Member) -> None:
+        url = (self.run_dir / "url").read_text().strip()
+        req = urllib.request.Request(f"{url}/admin/nodes", method="POST",
+                                     data=json.dumps({"role": m.role, "address": m.ctrl}).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            if r.status != 200:
+                raise RuntimeError(f"the router answered {r.status} to /admin/nodes")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+async def wait_pid(pid: int) -> None:
+    """Until process `pid` (not a child of this one) exits: its pidfd becomes readable."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    done = asyncio.get_running_loop().create_future()
+    loop = asyncio.get_running_loop()
+    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="pdtb supervise", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--run-dir", required=True, help="the run dir of a cluster launch_cluster.sh started")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s supervise %(levelname)s: %(message)s")
+    run_dir = pathlib.Path(a.run_dir).resolve()
+    if not (run_dir / "url").exists():
+        from pdtb.common import CliError
+
+        raise CliError(f"{run_dir} has no url file: not a running cluster's run dir")
+
+    async def go() -> None:
+        sup = Supervisor(run_dir)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, sup.stop.set)
+        await sup.run()
+
+    asyncio.run(go())
+    return 0
