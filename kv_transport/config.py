@@ -137,3 +137,24 @@ class TransportConfig:
             raise ValueError("TransportConfig.hwm must be >= window (credits must fit the queue)")
         if self.dist_backend not in ("auto", "gloo", "nccl"):
             raise ValueError("TransportConfig.dist_backend must be auto, gloo or nccl")
+
+
+FAULT_INT_FIELDS = ("disconnect_after_chunks", "max_faults", "seed")
+
+
+def fault_config_from(numbers: dict[str, float]) -> FaultConfig:
+    """A FaultConfig from its numeric fields by name (as a control message carries them);
+    ValueError names an unknown field or a value out of range."""
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(FaultConfig)} - {"kinds"}
+    kw = {}
+    for name, v in numbers.items():
+        if name not in known:
+            raise ValueError(f"unknown fault setting {name!r}; known: {', '.join(sorted(known))}")
+        if name in FAULT_INT_FIELDS:
+            if v != int(v):
+                raise ValueError(f"fault setting {name!r} must be a whole number, got {v}")
+            v = int(v)
+        kw[name] = v
+    return FaultConfig(**kw)

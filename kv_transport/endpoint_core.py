@@ -46,10 +46,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 
 from kv_transport.base import TransferStatus, TransportError
-from kv_transport.config import TransportConfig
+from kv_transport.config import FaultConfig, TransportConfig
 from kv_transport.faults import Fault, FaultInjector
 from kv_transport.wire import WireLimits
 from pdtb.aio import bounded
@@ -75,6 +76,11 @@ class EndpointCore:
         self._started = False
         self._closed = False
         self._closing = False  # close() has begun: no new transfers (it may still flush replies)
+
+    def set_faults(self, faults: FaultConfig) -> None:
+        """Inject `faults` into this endpoint's messages from the next one on (chaos runs)."""
+        self.config = dataclasses.replace(self.config, faults=faults)
+        self.faults = FaultInjector(faults)
 
     # ---- supervision ------------------------------------------------------------------------
     async def _start_tasks(self, *coros) -> None:

@@ -60,6 +60,12 @@ class KVSenders:
             self._forget(s)
             asyncio.get_running_loop().create_task(s.close())
 
+    def set_faults(self, faults) -> None:
+        """Faults on every KV send from now on: the started senders' and those started later."""
+        self.transport = dataclasses.replace(self.transport, faults=faults)
+        for s in self.by_addr.values():
+            s.set_faults(faults)
+
     async def close(self) -> None:
         for s in self.by_addr.values():
             self._forget(s)

@@ -24,7 +24,7 @@ from pdtb.nodes.step_log import StepLog
 from fairness.config import FairnessConfig
 from kv_transport.config import FaultConfig, TransportConfig
 from pdtb.nodes.protocol import (AbortRequest, Drain, GenerateRequest, Migrate, MigrationReport, NodeDown, NodeStats,
-                                 Params, Ping, TokenEvent)
+                                 Params, Ping, SetFaults, TokenEvent)
 from pdtb.engine.config import EngineConfig
 from pdtb.engine.engine import LLMEngine, StepEvent
 from pdtb.engine.sequence import SamplingParams, Sequence, SeqStatus
@@ -164,6 +164,7 @@ class NodeBase:
         self._lost: dict[str, tuple[float, list[str]]] = {}  # router id -> (when, requests ended by _router_gone)
         self._heard: dict[str, float] = {}  # router id -> when its last message came (monotonic)
         self._lease_checked = 0.0
+        self._faults_timer: asyncio.TimerHandle | None = None  # ends a SetFaults window
         self.seqs: dict[str, Sequence] = {}  # live requests on this node
         self.metrics_addr = ""
         self.kv_addr = ""
@@ -225,6 +226,8 @@ class NodeBase:
         elif isinstance(msg, Migrate):
             self.on_migrate(msg, ident.decode(errors="replace"))
             self.wake.set()
+        elif isinstance(msg, SetFaults):
+            self.set_faults(msg)
         elif isinstance(msg, Drain):
             if not self.draining:
                 log.warning("node %s drains: %s", self.config.node_id, msg.reason or "asked by a router")
@@ -235,6 +238,27 @@ class NodeBase:
 
     def on_generate(self, req: GenerateRequest) -> None:
         raise NotImplementedError
+
+    def set_faults(self, msg: SetFaults) -> None:
+        """Faults on this node's KV sends for `msg.for_s` seconds, then those it started with."""
+        from kv_transport.config import fault_config_from
+
+        senders = getattr(self, "senders", None)
+        try:
+            faults = fault_config_from(msg.faults)
+        except ValueError as e:
+            log.warning("fault injection refused: %s", e)
+            return
+        if senders is None or not 0 < msg.for_s < math.inf:
+            log.warning("fault injection refused: %s", "this node sends no KV" if senders is None
+                        else f"for_s must be positive and finite, got {msg.for_s}")
+            return
+        log.warning("fault injection for %.1f s: %s", msg.for_s, faults)
+        senders.set_faults(faults)
+        if self._faults_timer is not None:
+            self._faults_timer.cancel()
+        self._faults_timer = asyncio.get_running_loop().call_later(
+            msg.for_s, senders.set_faults, self.config.transport_faults)
 
     def on_node_down(self, node_id: str, reason: str) -> None:
         """A router says decode node `node_id` stopped answering (prefill nodes act on it)."""

@@ -11,6 +11,7 @@ request's `router_id`, carried through the KV transfer.
     router --NodeDown---------> prefill      (a decode node stopped answering: move hand-offs off it)
     router --Migrate----------> decode       (move one decoding request to another decode node)
     router --Drain------------> any node     (refuse new work; a decode node's requests are moved away)
+    router --SetFaults--------> any node     (chaos runs: faults on the node's KV sends for a while)
     node   --TokenBatch-------> router       (first token from prefill, the rest from decode, and
                                               HandoffNotices: moved to a fallback, delivered; see handoff.py;
                                               MigrationReports: how a move between decode nodes ended)
@@ -151,6 +152,16 @@ class Drain:
 
 
 @dataclass
+class SetFaults:
+    """Router -> a node (routers started with --allow-fault-injection only): inject these faults
+    into the node's outgoing KV transport messages for `for_s` seconds, then go back to the
+    faults it was started with. `faults` holds kv_transport FaultConfig fields by name."""
+
+    faults: dict[str, float] = field(default_factory=dict)
+    for_s: float = 0.0
+
+
+@dataclass
 class GenerateRequest:
     request_id: str  # unique per router
     prompt_token_ids: list[int]
@@ -242,7 +253,7 @@ class NodeStats:
 
 
 MESSAGES: dict[str, type] = {c.__name__: c for c in (GenerateRequest, AbortRequest, TokenBatch, Ping, NodeStats, NodeDown,
-                                                      Migrate, Drain)}
+                                                      Migrate, Drain, SetFaults)}
 _NESTED = {"Params": Params, "TokenEvent": TokenEvent, "Target": Target, "HandoffNotice": HandoffNotice,
            "MigrationReport": MigrationReport}
 

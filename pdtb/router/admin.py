@@ -9,6 +9,11 @@
     POST /admin/drain {"node": NODE_ID}
          202 {"node", "draining": true}: the node refuses new work from now on; the router moves
          a decode node's requests to the others (pdtb/router/rebalance.py, in every --rebalance mode)
+    POST /admin/faults {"node": NODE_ID, "faults": {FIELD: NUMBER, ...}, "for_s": S}
+         202 {"node", "faults", "for_s"}: the node injects these faults (kv_transport FaultConfig
+         fields: drop_prob, delay_prob, delay_s, ...) into its KV sends for S seconds, then goes
+         back to those it was started with (pdtb chaos); only on a router started with
+         --allow-fault-injection (403 otherwise); 409 for an unknown or unreachable node
     POST /admin/nodes {"role": ROLE, "address": tcp://HOST:PORT}
          200 {"role", "address"}: the router connects to the node and sends it work once it answers
          pings (pdtb/ray_cluster supervisors add the replacements they start); 409 when a node at
@@ -72,6 +77,30 @@ async def handle_drain(request: web.Request) -> web.Response:
     except ValueError as e:
         raise _conflict(str(e)) from None
     return web.json_response({"node": node.node_id, "draining": True}, status=202)
+
+
+async def handle_faults(request: web.Request) -> web.Response:
+    from kv_transport.config import fault_config_from
+
+    body = await _body(request, "node")
+    if not request.app[STATE].config.allow_fault_injection:
+        raise ApiError(403, "fault injection is off (pdtb router --allow-fault-injection)", "invalid_request_error",
+                       "forbidden", "faults")
+    faults, for_s = body.get("faults"), body.get("for_s")
+    if not isinstance(faults, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               for v in faults.values()):
+        raise bad_request("'faults' must be an object of numbers", "faults")
+    if isinstance(for_s, bool) or not isinstance(for_s, (int, float)) or not 0 < for_s <= 3600:
+        raise bad_request("'for_s' must be a number of seconds in (0, 3600]", "for_s")
+    try:
+        fault_config_from(faults)
+    except ValueError as e:
+        raise bad_request(str(e), "faults") from None
+    try:
+        node = request.app[STATE].registry.set_faults(body["node"], faults, for_s)
+    except ValueError as e:
+        raise _conflict(str(e)) from None
+    return web.json_response({"node": node.node_id, "faults": faults, "for_s": for_s}, status=202)
 
 
 async def handle_add_node(request: web.Request) -> web.Response:

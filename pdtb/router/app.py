@@ -24,7 +24,7 @@ import time
 
 from aiohttp import web
 
-from pdtb.router.admin import handle_add_node, handle_drain, handle_migrate, handle_migrations
+from pdtb.router.admin import handle_add_node, handle_drain, handle_faults, handle_migrate, handle_migrations
 from pdtb.router.completions import STATE, RouterState, handle_chat_completion, handle_completion
 from pdtb.router.config import RouterConfig, ServedModel
 from pdtb.router.metrics import RouterMetrics
@@ -153,6 +153,7 @@ def build_app(config: RouterConfig, model: ServedModel, registry: NodeRegistry |
     app.router.add_post("/admin/migrate", handle_migrate)
     app.router.add_post("/admin/drain", handle_drain)
     app.router.add_post("/admin/nodes", handle_add_node)
+    app.router.add_post("/admin/faults", handle_faults)
     registry.book.on_end = app[STATE].metrics.observe_migration
     registry.on_downtime = app[STATE].metrics.migration_downtime.observe
     return app

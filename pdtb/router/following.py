@@ -6,7 +6,8 @@ import logging
 import time
 
 from pdtb.nodes.handoff import HandoffEvent, advance
-from pdtb.nodes.protocol import AbortRequest, Drain, HandoffNotice, Migrate, MigrationReport, Target, TokenEvent
+from pdtb.nodes.protocol import (AbortRequest, Drain, HandoffNotice, Migrate, MigrationReport, SetFaults, Target,
+                                 TokenEvent)
 from pdtb.router.migration import Migration
 from pdtb.router.node_state import NodeState, RequestFailed, RequestHandle
 
@@ -81,6 +82,15 @@ class Following:
         if not self._send(node, Drain(reason)):
             raise ValueError(f"node {node_id} is not reachable")
         node.drain_sent = True
+        return node
+
+    def set_faults(self, node_id: str, faults: dict[str, float], for_s: float) -> NodeState:
+        """Tell a node to inject `faults` into its KV sends for `for_s` seconds (chaos runs)."""
+        node = self.by_id(node_id)
+        if node is None:
+            raise ValueError(f"no node {node_id!r}")
+        if not self._send(node, SetFaults(dict(faults), float(for_s))):
+            raise ValueError(f"node {node_id} is not reachable")
         return node
 
     def _migrated(self, node: NodeState, handle: RequestHandle, notice: HandoffNotice) -> None:

@@ -435,10 +435,11 @@ def test_auth_limits_and_http_errors(served, tokens):
                 async with s.get(c.url + "/v1/nothing") as resp:
                     assert resp.status == 404 and "error" in await resp.json()
                 # the admin routes are behind the key; a fault to inject needs --allow-fault-injection
-                for body, want in (({"request_id": "r", "to": "d0"}, 409), ({"node": "nobody"}, 409),
-                                   ({"request_id": "r", "to": "d0", "inject": "lose_final"}, 403),
-                                   ({"request_id": "r"}, 400)):
-                    path = "/admin/drain" if "node" in body else "/admin/migrate"
+                for path, body, want in (("/admin/migrate", {"request_id": "r", "to": "d0"}, 409),
+                                         ("/admin/drain", {"node": "nobody"}, 409),
+                                         ("/admin/migrate", {"request_id": "r", "to": "d0", "inject": "lose_final"}, 403),
+                                         ("/admin/migrate", {"request_id": "r"}, 400),
+                                         ("/admin/faults", {"node": "d0", "faults": {"drop_prob": 1}, "for_s": 1}, 403)):
                     async with s.post(c.url + path, json=body) as resp:
                         assert resp.status == want and "error" in await resp.json(), (path, body)
                 async with s.get(c.url + "/cluster/migrations") as resp:
