@@ -39,6 +39,8 @@ COMMANDS = (
             "order of events:\nits admission verdicts, to compare KV transports decision by decision"),
     Command(("cluster",), "pdtb.ray_cluster.cli:main", "up|down|status: a cluster placed and supervised by Ray (the ray extra)",
             extra="ray"),
+    Command(("chaos",), "pdtb.chaos.cli:main", "a fault campaign under a steady greedy load, checked against "
+            "transformers.generate\n(random faults from a seed: kills, drains, pauses, migrations, transfer faults, router kills)"),
     Command(("supervise",), "pdtb.local_cluster.supervise:main",
             "--run-dir DIR: restart a local cluster's processes that exit (launch_cluster.sh --restart-failed)"),
     Command(("policies",), "pdtb.policies.cli:main", "the policies by name and source; `policies show REF`: one's settings"),

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 log = logging.getLogger("pdtb.supervise")
 NAME = re.compile(r"^(router|prefill|decode|colocated)-\d+$")
 START_TIMEOUT_S = 180.0  # a restarted process has this long to say it is ready
+RETIRE_WAIT_S = 60.0  # how long a replacement waits for the router to judge the node it replaces lost
 
 
 @dataclass
@@ -47,6 +48,7 @@ class Member:
     pid: int = 0  # the process now serving it
     ctrl: str = ""  # a node's control address now ("" for the router)
     restarts: int = 0
+    node_id: str = ""  # the node id of the last incarnation that started (the router lists it)
 
 
 def node_ready(log_path: pathlib.Path) -> dict | None:
@@ -87,7 +89,7 @@ class Supervisor:
             if not NAME.match(name):
                 continue
             argv = argv_file.read_bytes().decode().split("\0")[:-1]
-            m = Member(name, name.rsplit("-", 1)[0], argv, int((run_dir / f"{name}.pid").read_text()))
+            m = Member(name, name.rsplit("-", 1)[0], argv, int((run_dir / f"{name}.pid").read_text()), node_id=name)
             if m.role != "router":
                 m.ctrl = (node_ready(run_dir / f"{name}.log") or {}).get("ctrl", "")
             else:
@@ -136,7 +138,8 @@ class Supervisor:
             addrs = await self.wait_ready(m, proc, log_path)
             if m.role != "router":
                 m.ctrl = addrs["ctrl"]
-                await asyncio.to_thread(self.add_to_router, m)
+                await asyncio.to_thread(self.add_to_router, m, m.node_id)
+                m.node_id = addrs.get("id") or m.node_id
         except (RuntimeError, OSError, urllib.error.URLError) as e:
             self.record(name=m.name, event="restart failed", pid=proc.pid, error=str(e))
             log.error("%s: restart failed: %s", m.name, e)
@@ -172,15 +175,33 @@ class Supervisor:
                 pass
         raise RuntimeError(f"not ready after {START_TIMEOUT_S:.0f} s (see {log_path.name})")
 
-    def add_to_router(self, m: Member) -> None:
+    def add_to_router(self, m: Member, old: str) -> None:
+        """POST /admin/nodes, retiring the incarnation `old` it replaces (so /health stops
+        waiting for it) once the router has judged that one lost; if the router does not list
+        `old` (a router restarted since), the node is only added."""
+        deadline = time.monotonic() + RETIRE_WAIT_S
+        while True:
+            try:
+                self.post("/admin/nodes", {"role": m.role, "address": m.ctrl, "replaces": old})
+                return
+            except urllib.error.HTTPError as e:
+                text = e.read().decode(errors="replace")
+                if e.code != 409 or "retire" not in text:
+                    raise RuntimeError(f"the router answered {e.code} to /admin/nodes: {text[:300]}") from None
+                if "no node" in text:
+                    self.post("/admin/nodes", {"role": m.role, "address": m.ctrl})
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the router still lists {old} as answering: {text[:300]}") from None
+                time.sleep(0.5)  # (the router judges a silent node lost after its health timeout)
+
+    def post(self, path: str, body: dict) -> None:
         url = (self.run_dir / "url").read_text().strip()
-        req = urllib.request.Request(f"{url}/admin/nodes", method="POST",
-                                     data=json.dumps({"role": m.role, "address": m.ctrl}).encode(),
+        req = urllib.request.Request(f"{url}{path}", method="POST", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json",
                                               **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            if r.status != 200:
-                raise RuntimeError(f"the router answered {r.status} to /admin/nodes")
+        with urllib.request.urlopen(req, timeout=10):
+            pass
 
 
 def pid_alive(pid: int) -> bool:

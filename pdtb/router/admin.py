@@ -14,10 +14,11 @@
          fields: drop_prob, delay_prob, delay_s, ...) into its KV sends for S seconds, then goes
          back to those it was started with (pdtb chaos); only on a router started with
          --allow-fault-injection (403 otherwise); 409 for an unknown or unreachable node
-    POST /admin/nodes {"role": ROLE, "address": tcp://HOST:PORT}
+    POST /admin/nodes {"role": ROLE, "address": tcp://HOST:PORT[, "replaces": NODE_ID]}
          200 {"role", "address"}: the router connects to the node and sends it work once it answers
-         pings (pdtb/ray_cluster supervisors add the replacements they start); 409 when a node at
-         that address is listed already; 400 on a malformed body
+         pings (the supervisors add the replacements they start); with "replaces", the node it
+         replaces is retired: /health no longer waits for it (409 unless the router has judged
+         it lost); 409 when a node at that address is listed already; 400 on a malformed body
     GET  /cluster/migrations
          {"in_flight": [...], "done": [...], "counts": {...}}: each with source, target, reason,
          pages, precopy and final bytes and seconds, and the downtime the request saw
@@ -111,8 +112,14 @@ async def handle_add_node(request: web.Request) -> web.Response:
         spec = NodeSpec(body["role"], body["address"])
     except ValueError as e:
         raise bad_request(str(e), "role" if "role" in str(e) else "address") from None
+    replaces = body.get("replaces")
+    if replaces is not None and (not isinstance(replaces, str) or not replaces):
+        raise bad_request("'replaces' must be a non-empty string", "replaces")
+    registry = request.app[STATE].registry
     try:
-        request.app[STATE].registry.add(spec)
+        if replaces is not None:
+            registry.retire(replaces)
+        registry.add(spec)
     except ValueError as e:
         raise _conflict(str(e)) from None
     return web.json_response({"role": spec.role, "address": spec.address})

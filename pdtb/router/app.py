@@ -86,7 +86,7 @@ async def handle_health(request: web.Request) -> web.Response:
         return web.json_response({"status": "shutting down"}, status=503)
     registry = state.registry
     missing = [{"role": n.spec.role, "address": n.spec.address} for n in registry.nodes
-               if not registry.is_healthy(n)]
+               if not n.retired and not registry.is_healthy(n)]
     if missing:
         return web.json_response({"status": "unhealthy", "missing": missing}, status=503)
     return web.json_response({"status": "ok", "nodes": len(registry.nodes)})
@@ -115,7 +115,7 @@ async def handle_cluster(request: web.Request) -> web.Response:
             "running": s.running if s else 0, "waiting": s.waiting if s else 0,
             "queued_tokens": s.queued_tokens if s else 0, "kv_addr": s.kv_addr if s else "",
             "metrics_addr": s.metrics_addr if s else "",
-            "draining": s.draining if s else False, "healthy": healthy, "stale": not healthy,
+            "draining": s.draining if s else False, "healthy": healthy, "stale": not healthy, "retired": n.retired,
             "seconds_since_seen": None if n.last_seen is None else round(now - n.last_seen, 3),
             "prefix_ns": s.prefix_ns if s else "", "prefix_cached_hashes": len(s.prefix_summary) if s else 0,
             "prefix_query_tokens": s.prefix_query_tokens if s else 0,

@@ -45,6 +45,7 @@ class NodeState:
     prefix_view: PrefixView = field(default_factory=PrefixView, repr=False)  # route "cache": pages it may hold
     drain_sent: bool = False  # this router told it to drain (it counts as draining before its next report)
     lost: bool = False  # judged down by the health loop, and not heard from since (that judgement comes once)
+    retired: bool = False  # a replacement took its place (POST /admin/nodes "replaces"): not waited for by /health
 
     @property
     def node_id(self) -> str:

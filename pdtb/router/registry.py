@@ -128,6 +128,19 @@ class NodeRegistry(Dispatch, Following, RebalanceLoop):
         log.info("node %s at %s added", spec.role, spec.address)
         return node
 
+    def retire(self, node_id: str) -> NodeState:
+        """A node whose process is gone for good (its replacement is added): /health stops
+        waiting for it. ValueError unless the health loop has judged it lost (its requests were
+        failed or moved then): a live node is drained, not retired."""
+        found = [n for n in self.nodes if n.node_id == node_id and not n.retired]
+        if not found:
+            raise ValueError(f"no node {node_id!r} to retire")
+        if not found[0].lost:
+            raise ValueError(f"node {node_id} still answers (or is not judged lost yet): not retired")
+        found[0].retired = True
+        log.info("node %s retired", node_id)
+        return found[0]
+
     def fail_all(self, reason: str) -> int:
         """Fail every open request with a 503 `reason` (its handler reports it to the client and
         aborts it at its nodes). Returns how many there were."""

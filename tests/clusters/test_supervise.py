@@ -101,6 +101,8 @@ def test_a_killed_node_is_restarted_and_added_and_a_stopped_one_stays_stopped(su
     assert pid != old and alive(pid)
     wait_until(lambda: any(n["id"] == "decode-1~1" and n["healthy"] for n in get_json(f"{url}/cluster")), 30,
                what="the router to list decode-1~1 healthy")
+    wait_until(lambda: router_healthy(url), 30, what="/health 200: the dead incarnation retired")
+    assert [n["retired"] for n in get_json(f"{url}/cluster") if n["id"] == "decode-1"] == [True]
     vocab = vocab_of(url)
     rng = random.Random(9)
     for _ in range(6):  # (the router spreads decode work: some lands on the replacement)

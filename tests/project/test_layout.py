@@ -31,6 +31,7 @@ LEVELS = (
     ("pdtb.sim.repro",),  # paper reproductions and validation on the simulator
     ("pdtb.microbench",),  # micro-benchmarks of the rooms below
     ("pdtb.ray_cluster", "pdtb.local_cluster"),  # Ray placement of whole nodes; local clusters' supervision
+    ("pdtb.chaos",),  # fault campaigns against a running cluster, and their checker
     ("pdtb.sim.calibrate_cli",),  # entry points, each above those it calls
     ("pdtb.sim.cli", "pdtb.client.__main__", "pdtb.demo"),
     ("pdtb.cli", "pdtb"),

@@ -756,6 +756,22 @@ def test_a_node_added_at_run_time_takes_work(served, tokens):
                 assert sample["nodes"][0]["tenant_pages"] == {}
                 live = nodes[1]["pages_total"] - nodes[1]["pages_free"]
                 assert used_pages_series([sample])["colocated"][1] == [live]
+                # /health waits for the dead node until a replacement retires it; a live node is not retired
+                assert (await get(c.url + "/health"))[0] == 503
+                third = FakeNode(FakeNodeConfig("colocated", "c2", tokens))
+                addr3 = await third.start()
+                try:
+                    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
+                        for replaces, want in (("c1", 409), ("nobody", 409), (nodes[0]["id"], 200)):
+                            async with s.post(c.url + "/admin/nodes", json={"role": "colocated", "address": addr3,
+                                                                            "replaces": replaces}) as resp:
+                                assert resp.status == want, (replaces, await resp.text())
+                    await wait_until(lambda: reg.is_healthy(reg.nodes[2]), what="the replacement healthy")
+                    assert (await get(c.url + "/health"))[0] == 200
+                    status, nodes = await get(c.url + "/cluster")
+                    assert [n["retired"] for n in nodes] == [True, False, False]
+                finally:
+                    await third.close()
             finally:
                 await extra.close()
 

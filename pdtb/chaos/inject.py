@@ -1,0 +1,132 @@
+"""Carrying out a campaign's faults against a cluster that launch_cluster.sh started with
+--restart-failed (its run dir names every process; its supervisor restarts what exits) and a
+router started with --allow-fault-injection (transfer faults, migrations)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import random
+import signal
+import time
+import urllib.error
+import urllib.request
+
+from pdtb.chaos.load import Load
+from pdtb.chaos.plan import TRANSFER_FAULTS, Fault, Kind
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 10.0):
+    req = urllib.request.Request(url, method="POST" if body is not None else "GET",
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+class Injector:
+    def __init__(self, url: str, run_dir: pathlib.Path, load: Load, seed: int) -> None:
+        self.url, self.run_dir, self.load = url, run_dir, load
+        self.rng = random.Random(seed + 1)
+        self.paused: set[int] = set()  # pids stopped by a pause, continued at its end or at the campaign's
+        self.router_kills: list[float] = []  # campaign times of the router's kills
+        self.log: list[dict] = []  # one entry per fault: the plan's and what came of it
+
+    def pid(self, name: str) -> int:
+        return int((self.run_dir / f"{'router-0' if name == 'router' else name}.pid").read_text())
+
+    def node_id(self, name: str) -> str | None:
+        """The router's id of node `name` now (a restarted node is NAME~N), if it lists it healthy."""
+        ids = [n["id"] for n in http_json(f"{self.url}/cluster")
+               if n["healthy"] and (n["id"] == name or n["id"].startswith(name + "~"))]
+        return ids[-1] if ids else None
+
+    async def run(self, faults: list[Fault]) -> None:
+        for f in faults:
+            delay = f.at_s - self.load.now()
+            if delay > 0:
+                try:  # the campaign's stop ends the wait at once
+                    await asyncio.wait_for(self.load.stop.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
+            if self.load.stop.is_set():
+                return
+            entry = {**f.to_json(), "done_at_s": round(self.load.now(), 3)}
+            try:
+                entry["result"] = await self.apply(f)
+            except (OSError, ValueError, urllib.error.URLError) as e:  # the router down, a node gone: skipped
+                entry["result"] = f"skipped: {type(e).__name__}: {e}"
+            self.log.append(entry)
+            print(f"chaos {entry['done_at_s']:8.1f}s {f.kind:15s} {f.target:11s} {entry['result']}", flush=True)
+
+    async def apply(self, f: Fault) -> str:
+        kind = Kind(f.kind)
+        if kind in (Kind.KILL_PREFILL, Kind.KILL_DECODE):
+            os.kill(self.pid(f.target), signal.SIGKILL)
+            return "killed"
+        if kind is Kind.DRAIN:
+            os.kill(self.pid(f.target), signal.SIGTERM)
+            return "SIGTERM"
+        if kind is Kind.PAUSE:
+            pid = self.pid(f.target)
+            os.kill(pid, signal.SIGSTOP)
+            self.paused.add(pid)
+            asyncio.get_running_loop().call_later(f.param, self.resume, pid)
+            return f"stopped for {f.param:.1f} s"
+        if kind is Kind.ROUTER_KILL:
+            os.kill(self.pid("router"), signal.SIGKILL)
+            self.router_kills.append(self.load.now())
+            return "killed"
+        if kind is Kind.CLIENT_CUT:
+            rids = self.load.cut(int(f.param), self.rng)
+            return f"closed {len(rids)} stream(s)"
+        if kind is Kind.MIGRATE:
+            return await asyncio.to_thread(self.migrate, f.target)
+        node = await asyncio.to_thread(self.node_id, f.target)
+        if node is None:
+            return "skipped: the node is not healthy now"
+        await asyncio.to_thread(http_json, f"{self.url}/admin/faults",
+                                {"node": node, "faults": TRANSFER_FAULTS[kind], "for_s": f.param})
+        return f"faults on {node} for {f.param:.1f} s"
+
+    def migrate(self, target: str) -> str:
+        cluster = http_json(f"{self.url}/cluster")
+        to = self.node_id(target)
+        sources = [(n["id"], item[0]) for n in cluster if n["role"] == "decode" and n["healthy"] and n["id"] != to
+                   for item in (n.get("extra") or {}).get("requests", [])]  # ([request id, tenant, pages])
+        if to is None or not sources:
+            return "skipped: no decoding request on another healthy decode node"
+        src, rid = self.rng.choice(sources)
+        try:
+            http_json(f"{self.url}/admin/migrate", {"request_id": rid, "to": to})
+        except urllib.error.HTTPError as e:
+            if e.code == 409:  # (it finished or moved meanwhile)
+                return f"refused by the router: {e.read()[:200].decode(errors='replace')}"
+            raise
+        return f"{rid} from {src} to {to}"
+
+    def resume(self, pid: int) -> None:
+        if pid in self.paused:
+            self.paused.discard(pid)
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def resume_all(self) -> None:
+        for pid in list(self.paused):
+            self.resume(pid)
+
+
+def wait_healthy(url: str, timeout: float) -> bool:
+    """The router answers /health 200 within `timeout` s (every node answered a ping)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if http_json(f"{url}/health", timeout=5).get("status") == "ok":
+                return True
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.5)
+    return False
