@@ -30,6 +30,7 @@ import os
 import time
 from collections import Counter, OrderedDict
 
+from pdtb.common import host_port
 from pdtb.nodes import kv_meta
 from pdtb.nodes.node_base import NodeBase, to_sampling
 from pdtb.nodes.protocol import HandoffNotice, Migrate, ProtocolError, handoff_meta
@@ -67,7 +68,7 @@ class DecodeNode(NodeBase):
 
     def __init__(self, config, engine=None, transport: TransportConfig | None = None) -> None:
         super().__init__(config, engine)
-        self.transport = transport or config.transport_config(endpoint=f"tcp://{config.host}:{config.kv_port}")
+        self.transport = transport or config.transport_config(endpoint=f"tcp://{host_port(config.host, config.kv_port)}")
         self.receiver = None
         self.aborted: OrderedDict[str, float] = OrderedDict()
         self.senders = KVSenders(self.transport, self.engine.spec)  # migrations out

@@ -36,6 +36,8 @@ def apply_socket_options(sock: zmq.Socket, config: TransportConfig) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, config.hwm)
     sock.setsockopt(zmq.RCVHWM, config.hwm)
+    if "[" in config.endpoint:  # an IPv6 address (tcp://[::1]:port)
+        sock.setsockopt(zmq.IPV6, 1)
     if config.socket_buffer_bytes:
         sock.setsockopt(zmq.SNDBUF, config.socket_buffer_bytes)
         sock.setsockopt(zmq.RCVBUF, config.socket_buffer_bytes)

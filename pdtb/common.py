@@ -8,6 +8,11 @@ class CliError(Exception):
     """A user error: printed as one line, exit code 2."""
 
 
+def host_port(host: str, port: int | str) -> str:
+    """HOST:PORT for a URL or a ZeroMQ tcp endpoint: an IPv6 address in brackets ([::1]:8000)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
 def die(msg: str, code: int = 2) -> int:
     print(f"pdtb: error: {msg}", file=sys.stderr)
     return code

@@ -27,6 +27,7 @@ import shlex
 import subprocess
 import sys
 import time
+import urllib.error
 
 from pdtb.common import CliError
 
@@ -61,7 +62,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--report", required=True, metavar="FILE")
     ap.add_argument("--tenants", type=int, default=4)
     ap.add_argument("--workers", type=int, default=3, help="streams each tenant keeps going")
-    ap.add_argument("--max-tokens", type=lambda t: pair(t, int), default=(8, 64), metavar="MIN,MAX")
+    ap.add_argument("--max-tokens", type=lambda t: pair(t, int), default=(8, 128), metavar="MIN,MAX")
     ap.add_argument("--prompt-len", type=lambda t: pair(t, int), default=(16, 160), metavar="MIN,MAX")
     ap.add_argument("--prompts", type=int, default=48, help="distinct prompts in the pool")
     a = ap.parse_args(argv)
@@ -144,22 +145,27 @@ async def sample_rss(run_dir: pathlib.Path, t0: float, stop: asyncio.Event, out:
 def quiet(url: str, run_dir: pathlib.Path) -> dict:
     """Wait (bounded) until the router is healthy and every node it lists healthy holds no page
     and runs and queues nothing; what was seen last."""
-    from pdtb.chaos.inject import http_json, wait_healthy
+    from pdtb.chaos.inject import http_json
 
     t = time.monotonic()
-    healthy = wait_healthy(url, QUIET_S)
     last: list = []
     while time.monotonic() - t < QUIET_S:
         try:
+            healthy = http_json(f"{url}/health", timeout=5).get("status") == "ok"
             last = [n for n in http_json(f"{url}/cluster") if n["healthy"]]
         except (OSError, ValueError):
-            last = []
-        if last and all(n["pages_free"] == n["pages_total"] and n["host_pages_free"] == n["host_pages_total"]
-                        and n["running"] == 0 and n["waiting"] == 0 for n in last):
-            return {"quiet": True, "router_healthy": healthy, "seconds": round(time.monotonic() - t, 1),
-                    "nodes": [n["id"] for n in last]}
+            healthy, last = False, []
+        if healthy and last and all(n["pages_free"] == n["pages_total"] and n["running"] == 0 and n["waiting"] == 0
+                                    and n["host_pages_free"] == n["host_pages_total"] for n in last):
+            return {"quiet": True, "seconds": round(time.monotonic() - t, 1), "nodes": [n["id"] for n in last]}
         time.sleep(0.5)
-    return {"quiet": False, "router_healthy": healthy, "nodes": [
+    try:
+        health = http_json(f"{url}/health")
+    except urllib.error.HTTPError as e:  # (503: the nodes it waits for)
+        health = json.loads(e.read() or b"{}")
+    except (OSError, ValueError) as e:
+        health = {"error": str(e)}
+    return {"quiet": False, "health": health, "nodes": [
         {k: n[k] for k in ("id", "pages_free", "pages_total", "host_pages_free", "host_pages_total", "running",
                            "waiting")} for n in last]}
 

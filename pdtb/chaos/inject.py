@@ -9,7 +9,6 @@ import os
 import pathlib
 import random
 import signal
-import time
 import urllib.error
 import urllib.request
 
@@ -97,14 +96,16 @@ class Injector:
                    for item in (n.get("extra") or {}).get("requests", [])]  # ([request id, tenant, pages])
         if to is None or not sources:
             return "skipped: no decoding request on another healthy decode node"
-        src, rid = self.rng.choice(sources)
-        try:
-            http_json(f"{self.url}/admin/migrate", {"request_id": rid, "to": to})
-        except urllib.error.HTTPError as e:
-            if e.code == 409:  # (it finished or moved meanwhile)
-                return f"refused by the router: {e.read()[:200].decode(errors='replace')}"
-            raise
-        return f"{rid} from {src} to {to}"
+        why = ""
+        for src, rid in self.rng.sample(sources, min(3, len(sources))):  # (one may end meanwhile: try another)
+            try:
+                http_json(f"{self.url}/admin/migrate", {"request_id": rid, "to": to})
+                return f"{rid} from {src} to {to}"
+            except urllib.error.HTTPError as e:
+                if e.code != 409:
+                    raise
+                why = e.read()[:200].decode(errors="replace")
+        return f"refused by the router: {why}"
 
     def resume(self, pid: int) -> None:
         if pid in self.paused:
@@ -118,15 +119,3 @@ class Injector:
         for pid in list(self.paused):
             self.resume(pid)
 
-
-def wait_healthy(url: str, timeout: float) -> bool:
-    """The router answers /health 200 within `timeout` s (every node answered a ping)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if http_json(f"{url}/health", timeout=5).get("status") == "ok":
-                return True
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.5)
-    return False

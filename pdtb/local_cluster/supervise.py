@@ -46,7 +46,8 @@ class Member:
     role: str  # router | prefill | decode | colocated
     argv: list[str]  # its command line as first started
     pid: int = 0  # the process now serving it
-    ctrl: str = ""  # a node's control address now ("" for the router)
+    ctrl: str = ""  # a node's control address ("" for the router) ...
+    ctrl_pid: int = 0  # ... that of this process (a restart under way has none yet)
     restarts: int = 0
     node_id: str = ""  # the node id of the last incarnation that started (the router lists it)
 
@@ -91,7 +92,7 @@ class Supervisor:
             argv = argv_file.read_bytes().decode().split("\0")[:-1]
             m = Member(name, name.rsplit("-", 1)[0], argv, int((run_dir / f"{name}.pid").read_text()), node_id=name)
             if m.role != "router":
-                m.ctrl = (node_ready(run_dir / f"{name}.log") or {}).get("ctrl", "")
+                m.ctrl, m.ctrl_pid = (node_ready(run_dir / f"{name}.log") or {}).get("ctrl", ""), m.pid
             else:
                 self.api_key = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--api-key"), None)
             self.members[name] = m
@@ -137,7 +138,7 @@ class Supervisor:
         try:
             addrs = await self.wait_ready(m, proc, log_path)
             if m.role != "router":
-                m.ctrl = addrs["ctrl"]
+                m.ctrl, m.ctrl_pid = addrs["ctrl"], proc.pid
                 await asyncio.to_thread(self.add_to_router, m, m.node_id)
                 m.node_id = addrs.get("id") or m.node_id
         except (RuntimeError, OSError, urllib.error.URLError) as e:
@@ -153,7 +154,8 @@ class Supervisor:
             port = (self.run_dir / "url").read_text().strip().rsplit(":", 1)[1]
             argv = with_flag(argv, "--port", port)
             for n in self.members.values():
-                if n.role != "router" and n.ctrl and pid_alive(n.pid):
+                if n.role != "router" and n.ctrl and n.ctrl_pid == n.pid and pid_alive(n.pid):
+                    # (a node still starting is added by its own restart once ready)
                     argv += ["--node", f"{n.role}={n.ctrl}"]
             return argv, self.run_dir / f"{m.name}~{m.restarts}.log"
         node_id = f"{m.name}~{m.restarts}"
@@ -175,25 +177,30 @@ class Supervisor:
                 pass
         raise RuntimeError(f"not ready after {START_TIMEOUT_S:.0f} s (see {log_path.name})")
 
-    def add_to_router(self, m: Member, old: str) -> None:
+    def add_to_router(self, m: Member, old: str | None) -> None:
         """POST /admin/nodes, retiring the incarnation `old` it replaces (so /health stops
         waiting for it) once the router has judged that one lost; if the router does not list
         `old` (a router restarted since), the node is only added."""
         deadline = time.monotonic() + RETIRE_WAIT_S
         while True:
             try:
-                self.post("/admin/nodes", {"role": m.role, "address": m.ctrl, "replaces": old})
+                self.post("/admin/nodes", {"role": m.role, "address": m.ctrl, **({"replaces": old} if old else {})})
                 return
             except urllib.error.HTTPError as e:
                 text = e.read().decode(errors="replace")
+                if e.code == 409 and "listed already" in text:  # a router restarted since lists it
+                    return
                 if e.code != 409 or "retire" not in text:
                     raise RuntimeError(f"the router answered {e.code} to /admin/nodes: {text[:300]}") from None
                 if "no node" in text:
-                    self.post("/admin/nodes", {"role": m.role, "address": m.ctrl})
-                    return
+                    old = None  # (added without it, at once)
+                    continue
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the router still lists {old} as answering: {text[:300]}") from None
-                time.sleep(0.5)  # (the router judges a silent node lost after its health timeout)
+            except urllib.error.URLError:  # the router is down (and restarted by this supervisor): again
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.5)  # (the router judges a silent node lost after its health timeout)
 
     def post(self, path: str, body: dict) -> None:
         url = (self.run_dir / "url").read_text().strip()

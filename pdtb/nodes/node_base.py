@@ -16,8 +16,10 @@ import signal
 import time
 from dataclasses import dataclass, field
 
+import zmq
 import zmq.asyncio
 
+from pdtb.common import host_port
 from pdtb.nodes.control import ControlServer, EventSink
 from pdtb.nodes.node_metrics import NodeMetrics, start_http
 from pdtb.nodes.step_log import StepLog
@@ -154,11 +156,13 @@ class NodeBase:
         self.step_log = StepLog(config.step_log) if config.step_log else None
         self.draining = False
         self.ctx = zmq.asyncio.Context()
+        if ":" in config.host:  # an IPv6 address (--host ::1); only then: an IPv4 bind would report ::ffff: addresses
+            self.ctx.setsockopt(zmq.IPV6, 1)
         from pdtb.security import CurveKeys
 
         self.keys = CurveKeys.load(config.curve_dir) if config.curve_dir else None
         self._auth = None
-        self.ctrl = ControlServer(self.ctx, f"tcp://{config.host}:{config.ctrl_port}", self._on_message, self.keys)
+        self.ctrl = ControlServer(self.ctx, f"tcp://{host_port(config.host, config.ctrl_port)}", self._on_message, self.keys)
         self.sink = EventSink(self.ctrl, config.node_id, on_gone=self._router_gone)
         self.routes: dict[str, str] = {}  # request id -> router identity
         self._lost: dict[str, tuple[float, list[str]]] = {}  # router id -> (when, requests ended by _router_gone)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pdtb.common import host_port
 
 LAT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -81,4 +82,4 @@ async def start_http(metrics: NodeMetrics, stats_fn, host: str, port: int) -> tu
     site = web.TCPSite(runner, host, port)
     await site.start()
     real_port = site._server.sockets[0].getsockname()[1]  # port 0 -> the ephemeral one
-    return runner, f"http://{host}:{real_port}"
+    return runner, f"http://{host_port(host, real_port)}"

@@ -111,13 +111,13 @@ class CompletionRun:
         return GenerateRequest(request_id, prompt_ids, params, tenant=self.req.tenant,
                                priority=self.req.priority, slo_tier=tier, arrival_time=time.time())
 
-    def _recompute(self, e: RequestFailed) -> bool:
+    async def _recompute(self, e: RequestFailed) -> bool:
         """A node the request depended on died (`e`): send it anew, its prompt followed by every
         token already streamed, to live nodes. Their prefill recomputes the KV; greedy output
         continues token for token, and a seeded sample draws its next tokens at the same output
-        indices (Params.first_index), as an uninterrupted run would. False when it may not: not
-        a lost node, the retries spent, nothing left to generate, or no node to take it (then
-        it fails as before)."""
+        indices (Params.first_index), as an uninterrupted run would. With no healthy node to take
+        it, it waits up to `node_wait` for one to come back. False when it may not: not a lost
+        node, the retries spent, nothing left to generate, or still no node (then it fails)."""
         left = self.max_tokens - len(self.output_ids)
         if not e.node_lost or self.recomputes >= self.state.config.recompute_retries or left < 1:
             return False
@@ -126,12 +126,19 @@ class CompletionRun:
         self.state.registry.abort(old, "recomputed on another node")  # any live node still holding it lets go
         self.state.registry.release(old)
         rid = f"{self.request_id}.r{self.recomputes}"
-        try:
-            self.handle = self.state.registry.submit(self._generate_request(rid, self.prompt_ids + self.output_ids, left,
-                                                                            len(self.output_ids)))
-        except RequestFailed:
-            self.handle = old  # released already: _end does nothing more
-            return False
+        req = self._generate_request(rid, self.prompt_ids + self.output_ids, left, len(self.output_ids))
+        deadline = time.monotonic() + self.state.config.node_wait
+        while True:
+            try:
+                self.handle = self.state.registry.submit(req)
+                break
+            except RequestFailed as no_node:
+                wait = deadline - time.monotonic()
+                if no_node.status != 503 or wait <= 0:
+                    self.handle = old  # released already: _end does nothing more
+                    return False
+                log.info("request %s: %s; waiting up to %.1f s for one", self.request_id, no_node, wait)
+                await self.state.registry.node_back(wait)  # (a node's return, or the deadline)
         self.state.metrics.recomputes.inc()
         self.recomputed_at, self.tokens_before = time.monotonic(), len(self.output_ids)
         log.info("request %s: %s; recomputed as %s after %d tokens", self.request_id, e, rid, len(self.output_ids))
@@ -156,7 +163,7 @@ class CompletionRun:
                 try:
                     ev = await registry.next_event(self.handle, self.state.config.request_timeout)
                 except RequestFailed as e:
-                    if self._recompute(e):
+                    if await self._recompute(e):
                         continue
                     reason = str(e)
                     raise

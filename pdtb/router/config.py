@@ -55,6 +55,10 @@ class RouterConfig:
     # times a request whose node died is recomputed elsewhere (its prompt plus the tokens already
     # streamed, prefilled anew) before it fails; 0: it fails at once
     recompute_retries: int = 2
+    # a request to recompute when no node of a role it needs is healthy waits this long for one
+    # (a restarted node, a paused one resumed) before it fails: its stream has begun, so the
+    # client cannot simply send it again
+    node_wait: float = 30.0
     max_streams_per_tenant: int = 1024  # concurrent requests per tenant (`user`) before 429
     ping_interval: float = 0.5  # seconds between pings to every node
     health_timeout: float = 3.0  # a node silent this long whose connection dropped is down
@@ -82,6 +86,8 @@ class RouterConfig:
             raise ValueError("node addresses must be distinct")
         if self.recompute_retries < 0:
             raise ValueError("recompute_retries must be >= 0")
+        if not 0 <= self.node_wait < float("inf"):
+            raise ValueError("node_wait must be >= 0 and finite")
         for name in ("request_timeout", "ping_interval", "health_timeout", "hang_timeout", "shutdown_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")

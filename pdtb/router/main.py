@@ -108,6 +108,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--recompute-retries", type=int, default=2, metavar="N",
                     help="times a request whose node died is sent anew (its prompt plus the tokens already "
                          "streamed) to live nodes before it fails (default 2; 0: fail at once)")
+    ap.add_argument("--node-wait", type=float, default=30.0, metavar="S",
+                    help="a request to recompute when no healthy node can take it waits up to S seconds for "
+                         "one (a restarted node) before it fails (default 30; 0: fail at once)")
     ap.add_argument("--route", choices=list(ROUTES), default="load",
                     help="choose the prefill (or colocated) node by load alone, by cached prompt prefix "
                          "against load (nodes with a prefix cache report what they hold), or by D2LPM: "
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = RouterConfig(tuple(NodeSpec.parse(n) for n in a.node), host=a.host, port=a.port,
                               api_key=a.api_key, curve_dir=a.curve_dir, request_timeout=a.request_timeout,
-                              recompute_retries=a.recompute_retries,
+                              recompute_retries=a.recompute_retries, node_wait=a.node_wait,
                               max_streams_per_tenant=a.max_streams_per_tenant,
                               shutdown_timeout=a.shutdown_timeout, health_timeout=a.health_timeout,
                               hang_timeout=a.hang_timeout, tenant_tiers=tenant_tiers(a.tenant_tier),

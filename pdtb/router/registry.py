@@ -88,6 +88,7 @@ class NodeRegistry(Dispatch, Following, RebalanceLoop):
         self.on_downtime: Callable[[float], None] | None = None  # metrics: a migrated request's pause
         self._on_fatal = on_fatal
         self._requests: dict[str, RequestHandle] = {}
+        self._node_back: list[asyncio.Future] = []  # node_back() waiters, woken when a node turns healthy
         self._ctx: zmq.asyncio.Context | None = None
         self._tasks: list[asyncio.Task] = []
         self._seq = 0
@@ -106,7 +107,7 @@ class NodeRegistry(Dispatch, Following, RebalanceLoop):
         s = self._ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.IDENTITY, self.router_id.encode())
         for opt, val in ((zmq.LINGER, 0), (zmq.SNDHWM, SEND_HWM), (zmq.RCVHWM, SEND_HWM),
-                         (zmq.MAXMSGSIZE, MAX_RECV_BYTES), (zmq.IMMEDIATE, 1)):
+                         (zmq.MAXMSGSIZE, MAX_RECV_BYTES), (zmq.IMMEDIATE, 1), (zmq.IPV6, "[" in node.spec.address)):
             s.setsockopt(opt, val)
         if self.curve_dir:
             from pdtb.security import CurveKeys, secure_client
@@ -127,6 +128,19 @@ class NodeRegistry(Dispatch, Following, RebalanceLoop):
         self.nodes.append(node)
         log.info("node %s at %s added", spec.role, spec.address)
         return node
+
+    async def node_back(self, timeout: float) -> None:
+        """Until a node turns healthy (its first answer, or its first after a silence), or
+        `timeout` seconds."""
+        fut = asyncio.get_running_loop().create_future()
+        self._node_back.append(fut)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            if fut in self._node_back:
+                self._node_back.remove(fut)
 
     def retire(self, node_id: str) -> NodeState:
         """A node whose process is gone for good (its replacement is added): /health stops
@@ -231,6 +245,11 @@ class NodeRegistry(Dispatch, Following, RebalanceLoop):
                     log.warning("node %s (%s) stopped answering", node.node_id, node.spec.address)
                     node.lost = True
                     self._node_lost(node, "stopped answering")
+                if ok and not was_healthy.get(id(node), False):
+                    for fut in self._node_back:
+                        if not fut.done():
+                            fut.set_result(None)
+                    self._node_back.clear()
                 was_healthy[id(node)] = ok
             await asyncio.sleep(self.ping_interval)
 

@@ -113,3 +113,17 @@ def test_a_killed_node_is_restarted_and_added_and_a_stopped_one_stays_stopped(su
     assert r.returncode == 0, r.stderr
     wait_until(lambda: events(run_dir, "decode-0", "stopped"), 30, what="the supervisor to see decode-0 stopped")
     assert not events(run_dir, "decode-0", "restarted")
+
+
+def test_a_cluster_on_the_ipv6_loopback_serves_what_generate_gives(llama_dir, tmp_path, hf_models):
+    """--host ::1: every socket (control, KV, HTTP) on the IPv6 loopback, the addresses in
+    brackets (tcp://[::1]:PORT, http://[::1]:PORT)."""
+    with launched(tmp_path / "v6", llama_dir, "--mode", "disagg", "--host", "::1", "--kv-pages", "300") as (url, rd):
+        assert url.startswith("http://[::1]:")
+        addrs = json.loads([ln for ln in (rd / "decode-0.log").read_text().splitlines()
+                            if ln.startswith("NODE READY ")][0][len("NODE READY "):])
+        assert addrs["ctrl"].startswith("tcp://[::1]:") and addrs["kv"].startswith("tcp://[::1]:")
+        assert addrs["metrics"].startswith("http://[::1]:")
+        rng = random.Random(2)
+        probes = [prompt(vocab_of(url), 18, rng) for _ in range(2)]
+        assert completions(url, probes, 12) == [hf_greedy(hf_models["llama"], p, 12, ignore_eos=True) for p in probes]

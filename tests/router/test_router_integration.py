@@ -329,7 +329,7 @@ def test_decode_node_dies_mid_stream(served, tokens):
     """A node that stops answering while its connection stands (hung) is down after the hang
     timeout."""
     async def go():
-        async with cluster(served, tokens, node_kw={"decode": {"delay": 0.1}}, hang_timeout=1.0) as c:
+        async with cluster(served, tokens, node_kw={"decode": {"delay": 0.1}}, hang_timeout=1.0, node_wait=0.3) as c:
             body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 100, "stream": True}
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
                 async with s.post(c.url + "/v1/completions", json=body) as resp:
@@ -343,6 +343,41 @@ def test_decode_node_dies_mid_stream(served, tokens):
             with pytest.raises(openai.APIStatusError) as info:
                 await c.client().completions.create(model="tiny", prompt="x", max_tokens=2)
             assert info.value.status_code == 503
+
+    run(go())
+
+
+@pytest.mark.parametrize("node_wait", [0.0, 20.0])
+def test_a_request_to_recompute_waits_for_a_node_to_come_back(served, tokens, node_wait):
+    """Its only node hung mid-stream, a request waits up to node_wait for a node that can take
+    its recompute (a restarted one, added here), and goes on there; with no wait it fails."""
+    async def go():
+        async with cluster(served, tokens, mode="colocated", node_kw={"colocated": {"delay": 0.05}},
+                           hang_timeout=1.0, node_wait=node_wait) as c:
+            body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 60, "stream": True}
+            spare = FakeNode(FakeNodeConfig("colocated", "c1", tokens, delay=0.01))
+            addr = await spare.start()
+            try:
+                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=25)) as s:
+                    async with s.post(c.url + "/v1/completions", json=body) as resp:
+                        await read_sse(resp, 2)
+                        c.nodes["colocated"].cfg.answer_pings = False
+                        c.nodes["colocated"].cfg.delay = 30.0  # hung
+                        reg = c.state.registry
+                        if node_wait:
+                            await wait_until(lambda: reg._node_back, 10, what="the request to wait for a node")
+                            async with s.post(c.url + "/admin/nodes", json={"role": "colocated", "address": addr}):
+                                pass
+                        events = await read_sse(resp)
+                assert events[-1] == "[DONE]"
+                errors = [e for e in events[:-1] if "error" in e]
+                if node_wait:
+                    assert not errors and events[-2]["choices"][0]["finish_reason"] == "length"
+                    assert [r.request_id.rsplit(".", 1)[1] for r in spare.requests] == ["r1"]  # the recompute
+                else:
+                    assert "stopped answering" in errors[-1]["error"]["message"] and not spare.requests
+            finally:
+                await spare.close()
 
     run(go())
 

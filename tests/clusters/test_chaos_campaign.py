@@ -1,0 +1,35 @@
+"""`pdtb chaos` end to end on a real 2P+2D cluster it launches: a short campaign with a fault
+every few seconds, each kind once (kills and restarts, a drain, a pause, a migration, transfer
+faults, a router kill, client cuts), checked by its own checker against transformers.generate.
+The checker's verdicts themselves are tested in tests/chaos."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster_util import PDTB
+
+pytestmark = pytest.mark.slow
+LAUNCH = ("--mode disagg --prefill 2 --decode 2 --kv-pages 600 "
+          "--router-args '--rebalance pressure --recompute-retries 4' -- --transfer-timeout 5")
+
+
+def chaos(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
+    report = tmp_path / "chaos.json"
+    r = subprocess.run([PDTB, "chaos", "--run-dir", str(tmp_path / "rd"), "--report", str(report), *args],
+                       capture_output=True, text=True, timeout=600)
+    return r.returncode, json.loads(report.read_text()) if report.exists() else {}, r.stdout + r.stderr
+
+
+def test_a_short_campaign_of_every_kind_ends_with_no_violation(llama_dir, tmp_path):
+    rc, rep, out = chaos(tmp_path, "--duration", "42", "--seed", "5", "--every", "3,4", "--tenants", "2",
+                         "--workers", "2", "--max-tokens", "8,48", "--launch", f"--model {llama_dir} {LAUNCH}")
+    assert rc == 0 and rep["violations"] == [], out[-4000:]
+    assert len(rep["faults"]) >= 8, rep["faults"]  # (a migration may find nothing decoding)
+    assert rep["outcomes"]["completed"] > 50 and rep["quiet"]["quiet"]
+    assert "seed 5" in out and all(f["kind"] in out for f in rep["schedule"])  # the schedule is printed
+    assert not list((tmp_path / "rd").glob("*.pid"))  # stopped, nothing left (the checker looked too)
