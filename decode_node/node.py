@@ -114,24 +114,34 @@ class DecodeNode(NodeBase):
         decoding); the policy decides at the first of the two, the final takes what is staged."""
         rid = header.request_id.removesuffix(STAGE_SUFFIX)
         if meta.migration == "final":
-            if meta.inject == "target_exits":
-                log.error("fault injected: the target exits at the final header of %s", rid)
-                os._exit(17)
-            if meta.inject == "refuse_final":
-                return Admission.defer("fault injected: the target refuses the final transfer")
-            if rid in self.seqs:
-                return Admission.defer(f"request {rid} is here already")
-            if rid in self.aborted:  # (refused before any byte lands: the source still holds it)
-                return Admission.defer(f"request {rid} was aborted here")
-            if self.engine.pool.num_held(rid + STAGE_SUFFIX):
-                return Admission.accept()  # admitted at its precopy; the receiver checks the pages it needs
-        elif meta.migration != "precopy":
+            verdict = self._admit_final(header, meta, rid)
+            if verdict.verdict is not Verdict.ACCEPT:
+                self.migrations.claim(rid)  # refused: nothing can share its stage now, so it lets go at once
+            return verdict
+        if meta.migration != "precopy":
             return Admission.refuse(FailCode.BAD_METADATA, f"unknown migration phase {meta.migration!r}")
-        else:
-            # An abort remembered from when this node was told to drop a copy (the other end of
-            # an earlier move held it) must not drop the request now: a client's abort reaches
-            # the source too, which then cancels this migration.
-            self.aborted.pop(rid, None)
+        # An abort remembered from when this node was told to drop a copy (the other end of an
+        # earlier move held it) must not drop the request now: a client's abort reaches the
+        # source too, which then cancels this migration.
+        self.aborted.pop(rid, None)
+        return self._place_migrated(header, meta, rid)
+
+    def _admit_final(self, header, meta, rid: str) -> Admission:
+        """A final header: taken where its precopy staged pages here, else placed whole."""
+        if meta.inject == "target_exits":
+            log.error("fault injected: the target exits at the final header of %s", rid)
+            os._exit(17)
+        if meta.inject == "refuse_final":
+            return Admission.defer("fault injected: the target refuses the final transfer")
+        if rid in self.seqs:
+            return Admission.defer(f"request {rid} is here already")
+        if rid in self.aborted:  # (refused before any byte lands: the source still holds it)
+            return Admission.defer(f"request {rid} was aborted here")
+        if self.engine.pool.num_held(rid + STAGE_SUFFIX):
+            return Admission.accept()  # admitted at its precopy; the receiver checks the pages it needs
+        return self._place_migrated(header, meta, rid)
+
+    def _place_migrated(self, header, meta, rid: str) -> Admission:
         req = _inherited(header, meta, rid)
         verdict = place(req, self.engine.scheduler, self.policy, can_park=False)
         if verdict.verdict is not Verdict.ACCEPT:

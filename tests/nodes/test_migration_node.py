@@ -416,10 +416,12 @@ async def test_a_lost_final_resumes_the_request_at_the_source_and_the_stage_expi
 async def test_a_refused_final_resumes_the_request_at_the_source(llama_dir, handoffs, unmigrated):
     req = handoffs["long"]
 
-    async with migrating(llama_dir, req, QUICK_TIMEOUT_S, LEASE_TIMEOUT_S, inject="refuse_final") as (a, b, tap):
+    async with migrating(llama_dir, req, QUICK_TIMEOUT_S, 30.0, inject="refuse_final") as (a, b, tap):
         rep = await kept(a, b, tap, "r1", "m1", "resumed")
         assert "fault injected" in rep.reason  # the target's refusal, not a timeout
-        await finish([a, b], tap, "r1")  # (waits out the stage's lease at B)
+        # the stage the refused final would have shared lets go at once, not at its lease's end (60 s)
+        assert stage_owner("r1") not in b.migrations.staged and not b.engine.pool.num_held(stage_owner("r1"))
+        await finish([a, b], tap, "r1")
         assert tap.stream("r1", req.first_token, "A") == unmigrated["long"]
 
 
