@@ -97,7 +97,7 @@ class Injector:
         if to is None or not sources:
             return "skipped: no decoding request on another healthy decode node"
         why = ""
-        for src, rid in self.rng.sample(sources, min(3, len(sources))):  # (one may end meanwhile: try another)
+        for src, rid in self.rng.sample(sources, min(10, len(sources))):  # (stats are up to 0.5 s old: one may be over)
             try:
                 http_json(f"{self.url}/admin/migrate", {"request_id": rid, "to": to})
                 return f"{rid} from {src} to {to}"

@@ -1,4 +1,4 @@
-"""A local cluster under `launch_cluster.sh --restart-failed` (real processes, loopback): the
+"""A local cluster under `launch_cluster.sh --restart-failed` (real processes, IPv6 loopback): the
 router killed under 32 streams (the nodes free every page without it; the supervisor restarts
 it on its port and it serves completions equal to transformers.generate), a decode node killed
 (restarted under a new node id and added to the router), and a node stopped on purpose left
@@ -58,8 +58,14 @@ def completions(url: str, prompts: list[list[int]], n: int) -> list[list[int]]:
 
 @pytest.fixture
 def supervised(llama_dir, tmp_path):
+    """1P+2D on the IPv6 loopback (--host ::1: every socket there, addresses in brackets)."""
     with launched(tmp_path / "sup", llama_dir, "--mode", "disagg", "--prefill", "1", "--decode", "2",
-                  "--kv-pages", "600", "--restart-failed") as (url, rd):
+                  "--kv-pages", "600", "--restart-failed", "--host", "::1") as (url, rd):
+        assert url.startswith("http://[::1]:")
+        addrs = json.loads([ln for ln in (rd / "decode-0.log").read_text().splitlines()
+                            if ln.startswith("NODE READY ")][0][len("NODE READY "):])
+        assert addrs["ctrl"].startswith("tcp://[::1]:") and addrs["kv"].startswith("tcp://[::1]:")
+        assert addrs["metrics"].startswith("http://[::1]:")
         yield url, rd
     assert not (rd / "supervisor.pid").exists()  # stopped with the rest
 
@@ -114,16 +120,3 @@ def test_a_killed_node_is_restarted_and_added_and_a_stopped_one_stays_stopped(su
     wait_until(lambda: events(run_dir, "decode-0", "stopped"), 30, what="the supervisor to see decode-0 stopped")
     assert not events(run_dir, "decode-0", "restarted")
 
-
-def test_a_cluster_on_the_ipv6_loopback_serves_what_generate_gives(llama_dir, tmp_path, hf_models):
-    """--host ::1: every socket (control, KV, HTTP) on the IPv6 loopback, the addresses in
-    brackets (tcp://[::1]:PORT, http://[::1]:PORT)."""
-    with launched(tmp_path / "v6", llama_dir, "--mode", "disagg", "--host", "::1", "--kv-pages", "300") as (url, rd):
-        assert url.startswith("http://[::1]:")
-        addrs = json.loads([ln for ln in (rd / "decode-0.log").read_text().splitlines()
-                            if ln.startswith("NODE READY ")][0][len("NODE READY "):])
-        assert addrs["ctrl"].startswith("tcp://[::1]:") and addrs["kv"].startswith("tcp://[::1]:")
-        assert addrs["metrics"].startswith("http://[::1]:")
-        rng = random.Random(2)
-        probes = [prompt(vocab_of(url), 18, rng) for _ in range(2)]
-        assert completions(url, probes, 12) == [hf_greedy(hf_models["llama"], p, 12, ignore_eos=True) for p in probes]

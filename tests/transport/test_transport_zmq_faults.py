@@ -164,3 +164,48 @@ def test_a_second_receiver_cannot_take_over_a_live_ipc_path(tmp_path):
         await second.start()
         await second.close()
     asyncio.run(asyncio.wait_for(body(), 20))
+
+
+def test_a_peer_that_never_reads_its_nacks_holds_only_its_own_replies(tmp_path):
+    """A peer that sends bad batches and never reads the Nacks fills its queue at the receiver:
+    the replies that do not fit are dropped at once (ROUTER_MANDATORY makes a full queue an
+    error, not a wait), and the receiver goes on serving the other peers, instead of waiting on
+    that one send for send_timeout_s."""
+    import zmq
+
+    from tests.transport.test_transport_wire import make_header, payload
+
+    from kv_transport.wire import TransferBatch, encode
+
+    config = TransportConfig(endpoint=f"ipc://{tmp_path}/kv.sock", hwm=8, window=2, send_timeout_s=60.0,
+                             tick_s=0.01)
+    src, dst = make_pool(32, seed=3), make_pool(64)
+
+    async def body():
+        rx = ZmqReceiver(config, dst)
+        await rx.start()
+        tx = ZmqSender(dataclasses.replace(config, endpoint=rx.endpoint), TINY_SPEC)
+        await tx.start()
+        try:
+            with stranger(rx.endpoint) as deaf:
+                deaf.setsockopt(zmq.RCVHWM, 1)
+                deadline = time.monotonic() + 15
+                i = 0
+                while i < 1500 and time.monotonic() < deadline:  # (far more Nacks than its queue holds)
+                    try:  # three Nacks each, never read (the receiver runs on this loop: never block it)
+                        deaf.send_multipart(encode(TransferBatch([
+                            make_header(1, transfer_id=f"a{i}"), make_header(3, mode="chunked", transfer_id=f"b{i}"),
+                            make_header(1, transfer_id=f"c{i}")]), [payload(1), payload(1)]), flags=zmq.NOBLOCK)
+                        i += 1
+                    except zmq.Again:
+                        pass
+                    await asyncio.sleep(0)
+                export = make_export(src, "served", 5)
+                status = await tx.wait(tx.send(export), 10.0)  # (the deaf peer's send would hold it 60 s)
+                assert status.state is TransferState.DONE, status
+                got = await rx.next_completed(2.0)
+                assert torch.equal(dst.export_pages(got.pages), export.data)
+        finally:
+            await tx.close()
+            await rx.close()
+    asyncio.run(asyncio.wait_for(body(), 40))
