@@ -398,7 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scorecard", help="directory of a scripts/scorecard.sh run (its --out)")
     ap.add_argument("--scorecard-command", default="bash scripts/scorecard.sh --quick")
     ap.add_argument("--sim-speed", help="pdtb sim speed --json output")
-    ap.add_argument("--section", choices=["migration", "transports", "ray", "gpu", "scorecard", "sim-speed", "sim"],
+    ap.add_argument("--chaos", help="directory of pdtb chaos reports (scripts/chaos_results.sh's --out)")
+    ap.add_argument("--section", choices=["migration", "transports", "ray", "gpu", "scorecard", "sim-speed", "sim",
+                                          "chaos"],
                     help="replace only this section of the existing --out (its own date and commit in its first "
                          "line), leaving the others as they are")
     ap.add_argument("--out", required=True)
@@ -412,6 +414,14 @@ def main(argv: list[str] | None = None) -> int:
         stamp = _stamp(_read(a.commit_file) or _read(str(Path(a.scorecard) / "commit")))
         return _write_section(a.out, SCORECARD_HEADING, results_section(a.scorecard, a.scorecard_command, stamp),
                               "scorecard", before="## Fairness at saturation")
+    if a.section == "chaos":
+        if not a.chaos:
+            ap.error("--section chaos needs --chaos DIR")
+        from pdtb.figures.chaos_section import CHAOS_HEADING, render as chaos_section
+
+        stamp = _stamp(_read(a.commit_file) or _read(str(Path(a.chaos) / "commit")))
+        return _write_section(a.out, CHAOS_HEADING, chaos_section(a.chaos, stamp), "fault campaign",
+                              before="## Clusters placed by Ray")
     if a.section == "sim":
         if not a.sim:
             ap.error("--section sim needs --sim DIR")

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The fault campaigns behind docs/results.md's "Fault campaigns" section: pdtb chaos on 2P+2D
+# over each KV transport, then the section rewritten from their reports.
+#
+#   scripts/chaos_results.sh [--out DIR] [--duration S] [--seed N] [--transports "zmq shm torch"] [--doc FILE]
+#
+# Every fault kind on zmq and shm. On torch, the kinds that end a node's process (kills, drains)
+# are left out: a torch-transport node cannot rejoin the process group it joined at start-up,
+# so the supervisor does not restart it (docs/faults.md). Reports: DIR/TRANSPORT.json; exit 1
+# if any campaign had a violation.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="" DURATION=1200 SEED=1 TRANSPORTS="zmq shm torch" DOC="$ROOT/docs/results.md"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT="$2"; shift 2 ;;
+    --duration) DURATION="$2"; shift 2 ;;
+    --seed) SEED="$2"; shift 2 ;;
+    --transports) TRANSPORTS="$2"; shift 2 ;;
+    --doc) DOC="$2"; shift 2 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
+    *) echo "chaos_results: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+source "$ROOT/scripts/_env.sh"
+OUT="${OUT:-$ROOT/results/chaos-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+git -C "$ROOT" rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true
+rc=0
+for t in $TRANSPORTS; do
+  faults=all
+  [ "$t" = torch ] && faults="pause,migrate,transfer-drop,transfer-delay,transfer-stall,router-kill,client-cut"
+  echo "== $t: $DURATION s, seed $SEED, faults $faults" >&2
+  pdtb chaos --duration "$DURATION" --seed "$SEED" --faults "$faults" --run-dir "$OUT/run-$t" \
+    --report "$OUT/$t.json" --launch "--mode disagg --prefill 2 --decode 2 --kv-pages 600 --transport $t \
+      --router-args '--rebalance pressure --recompute-retries 4' -- --transfer-timeout 5" || rc=1
+done
+python -m pdtb.figures.results_doc --section chaos --chaos "$OUT" --out "$DOC"
+exit "$rc"
