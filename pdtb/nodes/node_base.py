@@ -212,7 +212,7 @@ class NodeBase:
                 return  # (its events would mix with the live request's; routers use unique ids)
             self.routes[msg.request_id] = msg.router_id or ident.decode(errors="replace")
             if self.draining:
-                self.fail(msg.request_id, "node is draining")
+                self.fail(msg.request_id, "node is draining", retry=True)
             else:
                 self.on_generate(msg)
             self.wake.set()
@@ -358,10 +358,11 @@ class NodeBase:
         if finished:
             self._end(seq)
 
-    def fail(self, request_id: str, reason: str) -> None:
-        """End a request with an error event (its pages are freed by the caller)."""
+    def fail(self, request_id: str, reason: str, retry: bool = False) -> None:
+        """End a request with an error event (its pages are freed by the caller); `retry`: it was
+        refused before any work, and the router may send it to another node."""
         log.info("request %s failed: %s", request_id, reason)
-        self.sink.add(self.routes.get(request_id, ""), TokenEvent(request_id, [], True, "error", reason))
+        self.sink.add(self.routes.get(request_id, ""), TokenEvent(request_id, [], True, "error", reason, retry=retry))
         self.metrics.count_finished("error")
         self._end_id(request_id)
 

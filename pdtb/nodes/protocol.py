@@ -196,6 +196,7 @@ class TokenEvent:
     finish_reason: str | None = None  # "stop" | "length" | "error"
     error: str | None = None  # why it failed, when finish_reason == "error"
     timing: dict = field(default_factory=dict)  # server timeline (final event), seconds
+    retry: bool = False  # failed before any work (a draining node refused it): another node may take it
 
 
 @dataclass

@@ -167,6 +167,11 @@ class CompletionRun:
                         continue
                     reason = str(e)
                     raise
+                if ev.retry and self.handle.entry is not None:  # refused unstarted (a drain began): elsewhere
+                    self.handle.entry.refused_at = time.monotonic()  # (not back there before its next stats)
+                    if await self._recompute(RequestFailed(503, f"{self.handle.entry.node_id}: {ev.error}",
+                                                           node_lost=True)):
+                        continue
                 if ev.finish_reason == "error" or ev.error:
                     reason = f"failed on a node: {ev.error or 'no reason given'}"
                     raise RequestFailed(500, f"request {reason}")

@@ -44,6 +44,7 @@ class FakeNodeConfig:
     pages_total: int = 1000
     answer_pings: bool = True  # False: look dead to the router
     fail_with: str | None = None  # answer every request with this error
+    fail_retry: bool = False  # ... as a refusal before any work (a draining node's): retry elsewhere
     timing: dict = field(default_factory=lambda: {"fake": True})
     page_size: int = 16  # tokens per page of its prefix hashes
     prefix_ns: str = ""  # namespace of its prefix hashes ("": no prefix cache)
@@ -127,7 +128,7 @@ class FakeNode:
         out = expected_output(req.prompt_token_ids, req.params.max_tokens, self.cfg.tokens)
         if self.cfg.fail_with:
             await self._send(ident, TokenBatch(self.cfg.node_id, [TokenEvent(
-                req.request_id, [], True, "error", self.cfg.fail_with)]))
+                req.request_id, [], True, "error", self.cfg.fail_with, retry=self.cfg.fail_retry)]))
             return
         if self.cfg.role == "prefill":
             last = len(out) == 1

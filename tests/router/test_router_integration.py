@@ -409,6 +409,36 @@ def test_a_long_step_is_not_a_death_but_a_closed_connection_is(served, tokens):
     run(go())
 
 
+def test_a_request_a_draining_node_refused_unstarted_goes_to_another(served, tokens):
+    """A node that began draining refuses a request the router sent before its stats said so:
+    the refusal says it may be retried, and the router sends it to another node (the client
+    sees the other node's tokens, no error); a plain error is the client's."""
+    async def go():
+        async with cluster(served, tokens, mode="colocated", node_kw={"colocated": {
+                "fail_with": "node is draining", "fail_retry": True, "pages_total": 5000}}) as c:
+            spare = FakeNode(FakeNodeConfig("colocated", "c1", tokens))
+            addr = await spare.start()
+            try:
+                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
+                    async with s.post(c.url + "/admin/nodes", json={"role": "colocated", "address": addr}) as resp:
+                        assert resp.status == 200
+                reg = c.state.registry
+                await wait_until(lambda: len(reg.nodes) == 2 and reg.is_healthy(reg.nodes[1]), what="c1 healthy")
+                r = await c.client().completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=4,
+                                                        extra_body={"return_token_ids": True})
+                assert r.choices[0].token_ids == expected_output([5, 6, 7], 4, tokens)  # served by c1
+                assert [q.request_id.rsplit(".", 1)[-1] for q in spare.requests] == ["r1"]
+                c.nodes["colocated"].cfg.fail_retry = False  # a plain failure is not retried
+                c.nodes["colocated"].cfg.pages_total = 10 ** 6
+                await wait_until(lambda: reg.nodes[0].stats.pages_total == 10 ** 6, what="c0's stats")
+                with pytest.raises(openai.APIStatusError):
+                    await c.client().completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=4)
+            finally:
+                await spare.close()
+
+    run(go())
+
+
 def test_node_error_and_request_timeout(served, tokens):
     async def go():
         async with cluster(served, tokens, mode="colocated", node_kw={"colocated": {"fail_with": "boom"}}) as c:
