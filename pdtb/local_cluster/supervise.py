@@ -28,14 +28,13 @@ import pathlib
 import re
 import signal
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
+
+from pdtb.router.admin_client import add_replacement
 
 log = logging.getLogger("pdtb.supervise")
 NAME = re.compile(r"^(router|prefill|decode|colocated)-\d+$")
 START_TIMEOUT_S = 180.0  # a restarted process has this long to say it is ready
-RETIRE_WAIT_S = 60.0  # how long a replacement waits for the router to judge the node it replaces lost
 
 
 @dataclass
@@ -141,7 +140,7 @@ class Supervisor:
                 m.ctrl, m.ctrl_pid = addrs["ctrl"], proc.pid
                 await asyncio.to_thread(self.add_to_router, m, m.node_id)
                 m.node_id = addrs.get("id") or m.node_id
-        except (RuntimeError, OSError, urllib.error.URLError) as e:
+        except (RuntimeError, OSError) as e:
             self.record(name=m.name, event="restart failed", pid=proc.pid, error=str(e))
             log.error("%s: restart failed: %s", m.name, e)
             return proc  # (if it runs, it is followed; if not, the next loop restarts it again)
@@ -178,37 +177,8 @@ class Supervisor:
         raise RuntimeError(f"not ready after {START_TIMEOUT_S:.0f} s (see {log_path.name})")
 
     def add_to_router(self, m: Member, old: str | None) -> None:
-        """POST /admin/nodes, retiring the incarnation `old` it replaces (so /health stops
-        waiting for it) once the router has judged that one lost; if the router does not list
-        `old` (a router restarted since), the node is only added."""
-        deadline = time.monotonic() + RETIRE_WAIT_S
-        while True:
-            try:
-                self.post("/admin/nodes", {"role": m.role, "address": m.ctrl, **({"replaces": old} if old else {})})
-                return
-            except urllib.error.HTTPError as e:
-                text = e.read().decode(errors="replace")
-                if e.code == 409 and "listed already" in text:  # a router restarted since lists it
-                    return
-                if e.code != 409 or "retire" not in text:
-                    raise RuntimeError(f"the router answered {e.code} to /admin/nodes: {text[:300]}") from None
-                if "no node" in text:
-                    old = None  # (added without it, at once)
-                    continue
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the router still lists {old} as answering: {text[:300]}") from None
-            except urllib.error.URLError:  # the router is down (and restarted by this supervisor): again
-                if time.monotonic() > deadline:
-                    raise
-            time.sleep(0.5)  # (the router judges a silent node lost after its health timeout)
-
-    def post(self, path: str, body: dict) -> None:
         url = (self.run_dir / "url").read_text().strip()
-        req = urllib.request.Request(f"{url}{path}", method="POST", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
-        with urllib.request.urlopen(req, timeout=10):
-            pass
+        add_replacement(url, m.role, m.ctrl, old, self.api_key)
 
 
 def pid_alive(pid: int) -> bool:

@@ -12,17 +12,16 @@ has the resources) and adds it to the router (`POST /admin/nodes`).
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-import urllib.request
 
 import ray
 from ray.util.placement_group import get_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from pdtb.ray_cluster.process import NodeProcess, with_node_id
+from pdtb.router.admin_client import add_replacement
 
 log = logging.getLogger(__name__)
 
@@ -133,18 +132,12 @@ class Supervisor:
             except (ValueError, ray.exceptions.RayActorError):
                 pass
             info = start_member(new, member, self.namespace, self.start_timeout)
-            self._add_to_router(member["role"], info["ctrl"])
+            self._add_to_router(member["role"], info["ctrl"], name[len(self.cluster) + 1:])
         except Exception as e:  # noqa: BLE001 - a failed restart is reported, and tried at the next loss
             log.error("cluster %s: could not replace %s: %s", self.cluster, name, e)
             return None
         self.members[new] = member
         return new
 
-    def _add_to_router(self, role: str, address: str) -> None:
-        req = urllib.request.Request(f"{self.router_url}/admin/nodes", method="POST",
-                                     data=json.dumps({"role": role, "address": address}).encode(),
-                                     headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            if r.status != 200:
-                raise RuntimeError(f"the router answered {r.status}")
+    def _add_to_router(self, role: str, address: str, replaces: str) -> None:
+        add_replacement(self.router_url, role, address, replaces, self.api_key)
