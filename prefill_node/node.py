@@ -8,7 +8,8 @@ Queues and a request's path through them:
     decode node; states in pdtb/nodes/handoff.py) -> DONE: pages freed | NO_PAGES: held,
     retried with backoff until hold_timeout_s (backpressure, nothing dropped) | FAILED (any
     other FailCode: too_large, draining, bad_metadata; a transport fault or timeout): error
-    event, pages freed.
+    event, pages freed (after a transport fault or timeout marked `retry`: the router sends the
+    request anew elsewhere, as it does for a lost node).
 The request metadata sent with the KV (protocol.HandoffMeta) is sealed (pdtb/nodes/kv_meta.py)
 right before each send.
 
@@ -172,8 +173,12 @@ class PrefillNode(NodeBase):
             if out is not Outcome.FAILED and h.req.decode_node != st_node:
                 self._moved(h, st_node, f"{st.code}: {st.reason}")
             elif out is Outcome.FAILED:
-                # fail() before _release(): the error event needs the route _release forgets
-                self.fail(rid, f"KV transfer to the decode node failed: {st.code}: {st.reason}")
+                # fail() before _release(): the error event needs the route _release forgets.
+                # A transport failure (a lost, late or damaged message) is no fault of the
+                # request: the router may recompute it elsewhere; what no pool can hold, or
+                # metadata that does not validate, would fail there too.
+                self.fail(rid, f"KV transfer to the decode node failed: {st.code}: {st.reason}",
+                          retry=st.code not in (FailCode.BAD_METADATA, FailCode.TOO_LARGE))
                 self._release(rid)
         for h in list(self.handoffs.values()):  # after the above: a moved hand-off starts at once
             if h.transfer_id is None and mono >= h.retry_at:

@@ -48,7 +48,6 @@ class Member:
     ctrl: str = ""  # a node's control address ("" for the router) ...
     ctrl_pid: int = 0  # ... that of this process (a restart under way has none yet)
     restarts: int = 0
-    node_id: str = ""  # the node id of the last incarnation that started (the router lists it)
 
 
 def node_ready(log_path: pathlib.Path) -> dict | None:
@@ -89,7 +88,7 @@ class Supervisor:
             if not NAME.match(name):
                 continue
             argv = argv_file.read_bytes().decode().split("\0")[:-1]
-            m = Member(name, name.rsplit("-", 1)[0], argv, int((run_dir / f"{name}.pid").read_text()), node_id=name)
+            m = Member(name, name.rsplit("-", 1)[0], argv, int((run_dir / f"{name}.pid").read_text()))
             if m.role != "router":
                 m.ctrl, m.ctrl_pid = (node_ready(run_dir / f"{name}.log") or {}).get("ctrl", ""), m.pid
             else:
@@ -137,9 +136,8 @@ class Supervisor:
         try:
             addrs = await self.wait_ready(m, proc, log_path)
             if m.role != "router":
-                m.ctrl, m.ctrl_pid = addrs["ctrl"], proc.pid
-                await asyncio.to_thread(self.add_to_router, m, m.node_id)
-                m.node_id = addrs.get("id") or m.node_id
+                old, (m.ctrl, m.ctrl_pid) = m.ctrl, (addrs["ctrl"], proc.pid)
+                await asyncio.to_thread(self.add_to_router, m, old)  # (the router may list old by address alone)
         except (RuntimeError, OSError) as e:
             self.record(name=m.name, event="restart failed", pid=proc.pid, error=str(e))
             log.error("%s: restart failed: %s", m.name, e)

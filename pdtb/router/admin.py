@@ -14,11 +14,11 @@
          fields: drop_prob, delay_prob, delay_s, ...) into its KV sends for S seconds, then goes
          back to those it was started with (pdtb chaos); only on a router started with
          --allow-fault-injection (403 otherwise); 409 for an unknown or unreachable node
-    POST /admin/nodes {"role": ROLE, "address": tcp://HOST:PORT[, "replaces": NODE_ID]}
+    POST /admin/nodes {"role": ROLE, "address": tcp://HOST:PORT[, "replaces": NODE_ID or ADDRESS]}
          200 {"role", "address"}: the router connects to the node and sends it work once it answers
          pings (the supervisors add the replacements they start); with "replaces", the node it
          replaces is retired: /health no longer waits for it (409 unless the router has judged
-         it lost); 409 when a node at that address is listed already; 400 on a malformed body
+         it lost, or it never answered this router); 409 when a node at that address is listed already; 400 on a malformed body
     GET  /cluster/migrations
          {"in_flight": [...], "done": [...], "counts": {...}}: each with source, target, reason,
          pages, precopy and final bytes and seconds, and the downtime the request saw

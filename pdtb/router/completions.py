@@ -167,8 +167,9 @@ class CompletionRun:
                         continue
                     reason = str(e)
                     raise
-                if ev.retry and self.handle.entry is not None:  # refused unstarted (a drain began): elsewhere
-                    self.handle.entry.refused_at = time.monotonic()  # (not back there before its next stats)
+                if ev.retry and self.handle.entry is not None:  # a drain began, a hand-off failed: elsewhere
+                    if not ev.token_ids and not self.output_ids:  # refused unstarted: not back there before its next stats
+                        self.handle.entry.refused_at = time.monotonic()
                     if await self._recompute(RequestFailed(503, f"{self.handle.entry.node_id}: {ev.error}",
                                                            node_lost=True)):
                         continue

@@ -142,18 +142,20 @@ class NodeRegistry(Dispatch, Following, RebalanceLoop):
             if fut in self._node_back:
                 self._node_back.remove(fut)
 
-    def retire(self, node_id: str) -> NodeState:
-        """A node whose process is gone for good (its replacement is added): /health stops
-        waiting for it. ValueError unless the health loop has judged it lost (its requests were
-        failed or moved then): a live node is drained, not retired."""
-        found = [n for n in self.nodes if n.node_id == node_id and not n.retired]
+    def retire(self, key: str) -> NodeState:
+        """A node whose process is gone for good (its replacement is added), by node id or
+        address: /health stops waiting for it. ValueError unless the health loop has judged it
+        lost (its requests were failed or moved then), or it never answered this router (it
+        died before this router started): a live node is drained, not retired."""
+        found = [n for n in self.nodes if key in (n.node_id, n.spec.address) and not n.retired]
         if not found:
-            raise ValueError(f"no node {node_id!r} to retire")
-        if not found[0].lost:
-            raise ValueError(f"node {node_id} still answers (or is not judged lost yet): not retired")
-        found[0].retired = True
-        log.info("node %s retired", node_id)
-        return found[0]
+            raise ValueError(f"no node {key!r} to retire")
+        node = found[0]
+        if not node.lost and node.last_seen is not None:
+            raise ValueError(f"node {key} still answers (or is not judged lost yet): not retired")
+        node.retired = True
+        log.info("node %s retired", key)
+        return node
 
     def fail_all(self, reason: str) -> int:
         """Fail every open request with a 503 `reason` (its handler reports it to the client and

@@ -26,7 +26,7 @@ def chaos(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
 
 
 def test_a_short_campaign_of_every_kind_ends_with_no_violation(llama_dir, tmp_path):
-    rc, rep, out = chaos(tmp_path, "--duration", "42", "--seed", "5", "--every", "3,4", "--tenants", "2",
+    rc, rep, out = chaos(tmp_path, "--duration", "32", "--seed", "5", "--every", "2.5,3", "--tenants", "2",
                          "--workers", "2", "--max-tokens", "8,48", "--launch", f"--model {llama_dir} {LAUNCH}")
     assert rc == 0 and rep["violations"] == [], out[-4000:]
     assert len(rep["faults"]) >= 8, rep["faults"]  # (a migration may find nothing decoding)

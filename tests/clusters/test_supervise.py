@@ -56,10 +56,10 @@ def completions(url: str, prompts: list[list[int]], n: int) -> list[list[int]]:
     return out
 
 
-@pytest.fixture
-def supervised(llama_dir, tmp_path):
+@pytest.fixture(scope="module")
+def supervised(llama_dir, tmp_path_factory):
     """1P+2D on the IPv6 loopback (--host ::1: every socket there, addresses in brackets)."""
-    with launched(tmp_path / "sup", llama_dir, "--mode", "disagg", "--prefill", "1", "--decode", "2",
+    with launched(tmp_path_factory.mktemp("sup"), llama_dir, "--mode", "disagg", "--prefill", "1", "--decode", "2",
                   "--kv-pages", "600", "--restart-failed", "--host", "::1") as (url, rd):
         assert url.startswith("http://[::1]:")
         addrs = json.loads([ln for ln in (rd / "decode-0.log").read_text().splitlines()

@@ -127,7 +127,27 @@ def test_without_a_fallback_a_refusal_still_fails_the_request(llama_dir):
         await node.poll_io()
         errors = [ev for ev in node.events if ev.finish_reason == "error"]
         assert len(errors) == 1 and "draining" in errors[0].error and not notices(node)
+        assert errors[0].retry  # the router may send it anew elsewhere
         assert "r" not in node.handoffs and node.engine.pool.num_free == node.engine.pool.num_pages
+
+    run(node, go)
+
+
+@pytest.mark.parametrize("code,retry", [(FailCode.TIMEOUT, True), (FailCode.PEER_LOST, True),
+                                        (FailCode.TOO_LARGE, False), (FailCode.BAD_METADATA, False)])
+def test_a_failed_hand_off_may_be_recomputed_unless_the_request_is_at_fault(llama_dir, code, retry):
+    """A hand-off that failed for a transport reason (a lost or late message: the request is
+    not at fault) fails with `retry`, so that the router recomputes it elsewhere; one that no
+    pool can hold, or whose metadata does not validate, fails for good."""
+    node = prefill_node(llama_dir)
+
+    async def go():
+        hand_off(node, "r", fallbacks=())
+        await node.poll_io()
+        node.senders.by_addr[X.kv_addr].end(TransferState.FAILED, code, "receiver: why")
+        await node.poll_io()
+        (err,) = [ev for ev in node.events if ev.finish_reason == "error"]
+        assert err.retry is retry and "r" not in node.handoffs
 
     run(node, go)
 
