@@ -35,6 +35,8 @@ from pdtb.router.admin_client import add_replacement
 log = logging.getLogger("pdtb.supervise")
 NAME = re.compile(r"^(router|prefill|decode|colocated)-\d+$")
 START_TIMEOUT_S = 180.0  # a restarted process has this long to say it is ready
+QUICK_EXIT_S = 10.0  # a process that exits this soon after its start is restarted after a backoff ...
+BACKOFF_MAX_S = 30.0  # ... of 1, 2, 4 ... seconds, at most this (a node that cannot start is not spun)
 
 
 @dataclass
@@ -48,6 +50,8 @@ class Member:
     ctrl: str = ""  # a node's control address ("" for the router) ...
     ctrl_pid: int = 0  # ... that of this process (a restart under way has none yet)
     restarts: int = 0
+    started: float = 0.0  # monotonic time its process was started here (0: before the supervisor)
+    quick_exits: int = 0  # exits in a row within QUICK_EXIT_S of the start: the next restart waits
 
 
 def node_ready(log_path: pathlib.Path) -> dict | None:
@@ -60,7 +64,7 @@ def node_ready(log_path: pathlib.Path) -> dict | None:
     return json.loads(ready[-1][len("NODE READY "):]) if ready else None
 
 
-def with_flag(argv: list[str], flag: str, value: str | None, *, drop_all: bool = False) -> list[str]:
+def with_flag(argv: list[str], flag: str, value: str | None) -> list[str]:
     """`argv` with every `flag VALUE` pair removed and, unless value is None, one `flag value`
     appended (argparse keeps the last of a repeated flag; appended so that no other parsing
     matters)."""
@@ -117,7 +121,14 @@ class Supervisor:
                 self.record(name=m.name, event="stopped", pid=m.pid)
                 return
             self.record(name=m.name, event="lost", pid=m.pid)
-            log.warning("%s (pid %d) exited: restarting it", m.name, m.pid)
+            m.quick_exits = m.quick_exits + 1 if m.started and time.monotonic() - m.started < QUICK_EXIT_S else 0
+            wait = min(BACKOFF_MAX_S, 2.0 ** (m.quick_exits - 1)) if m.quick_exits else 0.0
+            log.warning("%s (pid %d) exited: restarting it%s", m.name, m.pid, f" in {wait:g} s" if wait else "")
+            try:  # (the supervisor's own stop ends the wait)
+                await asyncio.wait_for(self.stop.wait(), wait)
+                return
+            except asyncio.TimeoutError:
+                pass
             proc = await self.restart(m)
             if proc is None:
                 return
@@ -131,7 +142,7 @@ class Supervisor:
         with open(log_path, "wb") as out:
             proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out,
                                                         stderr=out, start_new_session=True)
-        m.pid = proc.pid
+        m.pid, m.started = proc.pid, time.monotonic()
         (self.run_dir / f"{m.name}.pid").write_text(f"{proc.pid}\n")
         try:
             addrs = await self.wait_ready(m, proc, log_path)
