@@ -6,8 +6,9 @@
 #
 # Every fault kind on zmq and shm. On torch, the kinds that end a node's process (kills, drains)
 # are left out: a torch-transport node cannot rejoin the process group it joined at start-up,
-# so the supervisor does not restart it (docs/faults.md). Reports: DIR/TRANSPORT.json; exit 1
-# if any campaign had a violation.
+# so the supervisor does not restart it (docs/faults.md). Then the router killed under 32
+# streams (pdtb chaos --router-drill 32). Reports: DIR/TRANSPORT.json, DIR/drill.json; exit 1
+# if any had a violation.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="" DURATION=1200 SEED=1 TRANSPORTS="zmq shm torch" DOC="$ROOT/docs/results.md"
@@ -36,5 +37,8 @@ for t in $TRANSPORTS; do
     --report "$OUT/$t.json" --launch "--mode disagg --prefill 2 --decode 2 --kv-pages 600 --transport $t \
       --router-args '--rebalance pressure --recompute-retries 4' -- --transfer-timeout 5" || rc=1
 done
+echo "== the router killed under 32 streams" >&2
+pdtb chaos --router-drill 32 --seed "$SEED" --run-dir "$OUT/run-drill" --report "$OUT/drill.json" \
+  --launch "--mode disagg --prefill 2 --decode 2 --kv-pages 600" || rc=1
 python -m pdtb.figures.results_doc --section chaos --chaos "$OUT" --out "$DOC"
 exit "$rc"

@@ -4,6 +4,7 @@ tenants, checked by an independent checker (pdtb/chaos/checker.py).
     pdtb chaos --duration S --seed N [--faults LIST] [--every MIN,MAX]
                (--launch "ARGS for launch_cluster.sh" [--run-dir D] | --url URL --run-dir D)
                --report FILE [--tenants T] [--workers W] [--max-tokens MIN,MAX] [--prompt-len MIN,MAX]
+    pdtb chaos --router-drill N --seed N (--launch ... | --url ... --run-dir D) --report FILE
 
 --launch starts the cluster with launch_cluster.sh ARGS --restart-failed, the router with
 --allow-fault-injection, and stops it at the end (then no process of it may be left). A cluster
@@ -52,7 +53,7 @@ def pair(text: str, kind=float) -> tuple:
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="pdtb chaos", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--duration", type=float, required=True, metavar="S", help="seconds of load and faults")
+    ap.add_argument("--duration", type=float, metavar="S", help="seconds of load and faults (a campaign)")
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--faults", default="all", help="comma-separated kinds (pdtb/chaos/plan.py), or all")
     ap.add_argument("--every", type=pair, default=(10.0, 20.0), metavar="MIN,MAX", help="seconds between faults")
@@ -65,13 +66,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--max-tokens", type=lambda t: pair(t, int), default=(8, 128), metavar="MIN,MAX")
     ap.add_argument("--prompt-len", type=lambda t: pair(t, int), default=(16, 160), metavar="MIN,MAX")
     ap.add_argument("--prompts", type=int, default=48, help="distinct prompts in the pool")
+    ap.add_argument("--router-drill", type=int, default=0, metavar="N",
+                    help="instead of a campaign: N streams in flight, the router killed; seconds until every node "
+                         "holds no page, until the router is back, and its completions against generate")
     a = ap.parse_args(argv)
     if (a.launch is None) == (a.url is None):
         raise CliError("give either --launch ARGS or --url URL with --run-dir DIR")
     if a.url and not a.run_dir:
         raise CliError("--url needs --run-dir: the cluster's processes are found there")
-    if a.duration <= 0 or a.tenants < 1 or a.workers < 1 or a.prompts < 1 or a.max_tokens[0] < 1:
-        raise CliError("--duration, --tenants, --workers, --prompts and --max-tokens must be positive")
+    if a.router_drill < 0 or not a.router_drill and (a.duration is None or a.duration <= 0):
+        raise CliError("give --duration S (seconds, positive) for a campaign, or --router-drill N")
+    if a.tenants < 1 or a.workers < 1 or a.prompts < 1 or a.max_tokens[0] < 1:
+        raise CliError("--tenants, --workers, --prompts and --max-tokens must be positive")
     return a
 
 
@@ -193,6 +199,24 @@ async def campaign(a, url: str, run_dir: pathlib.Path, faults, prompts) -> dict:
     return {"requests": load.requests, "faults": inj.log, "router_kills": inj.router_kills, "rss": rss}
 
 
+def router_drill(a, argv: list[str], url: str, run_dir: pathlib.Path) -> int:
+    from pdtb.chaos.drill import drill
+
+    try:
+        report = drill(url, run_dir, a.router_drill, a.seed, shape(run_dir)[2])
+    except RuntimeError as e:
+        report = {"violations": [str(e)]}
+    finally:
+        stopped = stop(run_dir) if a.launch is not None else ""
+    left = left_behind(run_dir) if a.launch is not None else []
+    report["violations"] += [f"left behind: {p}" for p in left]
+    report = {"command": "pdtb chaos " + " ".join(shlex.quote(x) for x in argv), **report, "stop": stopped}
+    pathlib.Path(a.report).write_text(json.dumps(report, indent=1) + "\n")
+    print("chaos: router drill " + json.dumps({k: v for k, v in report.items() if k not in ("command", "stop")}),
+          flush=True)
+    return 1 if report["violations"] else 0
+
+
 def main(argv: list[str]) -> int:
     from pdtb.chaos.checker import reference, rss_growth, verdicts
     from pdtb.chaos.inject import http_json
@@ -214,6 +238,8 @@ def main(argv: list[str]) -> int:
         if set(kinds) & set(KILLS) and not (run_dir / "supervisor.pid").exists():
             raise CliError(f"{run_dir} has no supervisor.pid: a killed process would stay dead "
                            "(launch_cluster.sh --restart-failed), or leave out " + ", ".join(KILLS))
+    if a.router_drill:
+        return router_drill(a, argv, url, run_dir)
     try:
         prefill, decode, model = shape(run_dir)
         faults = plan(a.seed, a.duration, a.every, kinds, prefill, decode)

@@ -22,7 +22,8 @@ def _row(name: str, r: dict) -> str:
 
 def render(chaos_dir: str, stamp: str | None = None) -> list[str]:
     files = sorted(Path(chaos_dir).glob("*.json"), key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else 9, p.stem))
-    reports = [(p.stem, json.loads(p.read_text())) for p in files]
+    reports = [(p.stem, json.loads(p.read_text())) for p in files if p.stem != "drill"]
+    drill = Path(chaos_dir) / "drill.json"
     when = f" Measured {stamp}." if stamp else ""
     lines = [CHAOS_HEADING, "",
              "`bash scripts/chaos_results.sh`: a steady greedy load of 4 tenants on 2P+2D (the embedded model, "
@@ -36,4 +37,13 @@ def render(chaos_dir: str, stamp: str | None = None) -> list[str]:
         lines += ["", f"{name}: `{r['command']}`"]
         for v in r["violations"][:5]:
             lines.append(f"- violation, {v['kind']}: {v['what']}")
+    if drill.is_file():
+        d = json.loads(drill.read_text())
+        lines += ["", f"**The router killed under {d.get('streams', '?')} streams** (`{d['command']}`): "
+                      f"{d.get('cut_at_client', '?')} streams ended at the client with a connection error; every node "
+                      f"held no page {d.get('seconds_to_zero_pages', '?')} s after the kill (bound 10 s); the router was "
+                      f"back {d.get('seconds_to_router_back', '?')} s after it, and its completions "
+                      f"{'equal' if d.get('probes_identical_to_generate') else 'DIFFER FROM'} `generate`'s. "
+                      f"Violations: {len(d['violations'])}."]
+        lines += [f"- {v}" for v in d["violations"]]
     return lines + [""]

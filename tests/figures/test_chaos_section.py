@@ -24,6 +24,12 @@ def test_the_section_has_one_row_per_transport_zmq_first(tmp_path):
                     "1.012x | 1.5 s |",
                     "| shm | 60 s, seed 3 | 3: kill-decode 2, pause 1 | 120: completed 110, cut-router 10 | 1 | - | no |"]
     assert "- violation, wrong: token 3 differs" in lines and "commit abc" in lines[2]
+    (tmp_path / "drill.json").write_text(json.dumps({"command": "pdtb chaos --router-drill 32", "streams": 32,
+                                                     "cut_at_client": 32, "seconds_to_zero_pages": 0.8,
+                                                     "seconds_to_router_back": 3.1,
+                                                     "probes_identical_to_generate": True, "violations": []}))
+    drill = [ln for ln in render(str(tmp_path)) if ln.startswith("**The router killed")]
+    assert drill and "held no page 0.8 s after the kill" in drill[0] and "equal `generate`" in drill[0]
     doc = tmp_path / "results.md"
     doc.write_text("# Results\n\n## Clusters placed by Ray\n\nray\n")
     assert main(["--section", "chaos", "--chaos", str(tmp_path), "--out", str(doc)]) == 0
