@@ -146,12 +146,15 @@ def fault_config_from(numbers: dict[str, float]) -> FaultConfig:
     """A FaultConfig from its numeric fields by name (as a control message carries them);
     ValueError names an unknown field or a value out of range."""
     import dataclasses
+    import math
 
     known = {f.name for f in dataclasses.fields(FaultConfig)} - {"kinds"}
     kw = {}
     for name, v in numbers.items():
         if name not in known:
             raise ValueError(f"unknown fault setting {name!r}; known: {', '.join(sorted(known))}")
+        if not math.isfinite(v):
+            raise ValueError(f"fault setting {name!r} must be finite, got {v}")
         if name in FAULT_INT_FIELDS:
             if v != int(v):
                 raise ValueError(f"fault setting {name!r} must be a whole number, got {v}")

@@ -174,11 +174,12 @@ class PrefillNode(NodeBase):
                 self._moved(h, st_node, f"{st.code}: {st.reason}")
             elif out is Outcome.FAILED:
                 # fail() before _release(): the error event needs the route _release forgets.
-                # A transport failure (a lost, late or damaged message) is no fault of the
-                # request: the router may recompute it elsewhere; what no pool can hold, or
-                # metadata that does not validate, would fail there too.
+                # A transport failure (a lost, late or damaged message) or a draining decode
+                # node is no fault of the request: the router may recompute it elsewhere. What
+                # no pool can hold, metadata that does not validate, and pages that stayed
+                # short for the whole hold timeout would fail there too.
                 self.fail(rid, f"KV transfer to the decode node failed: {st.code}: {st.reason}",
-                          retry=st.code not in (FailCode.BAD_METADATA, FailCode.TOO_LARGE))
+                          retry=st.code not in (FailCode.BAD_METADATA, FailCode.TOO_LARGE, FailCode.NO_PAGES))
                 self._release(rid)
         for h in list(self.handoffs.values()):  # after the above: a moved hand-off starts at once
             if h.transfer_id is None and mono >= h.retry_at:

@@ -30,7 +30,7 @@ def node_stats(run_dir: pathlib.Path) -> list[dict]:
         name = pid_file.stem
         if name.startswith("router"):
             continue
-        logs = sorted(run_dir.glob(f"{name}*.log"), key=lambda p: p.stat().st_mtime)
+        logs = sorted([run_dir / f"{name}.log", *run_dir.glob(f"{name}~*.log")], key=lambda p: p.stat().st_mtime)
         ready = node_ready(logs[-1]) if logs else None
         if ready:
             try:

@@ -27,6 +27,7 @@ import os
 import pathlib
 import re
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 
@@ -112,9 +113,14 @@ class Supervisor:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def follow(self, m: Member) -> None:
-        proc = None  # a restarted process is this supervisor's child (waited for, never a zombie)
+        """Restart `m`'s process each time it exits, until the supervisor stops or `m` is
+        stopped on purpose. A restarted process is a child (subprocess.Popen: no asyncio child
+        watcher, which would kill it when this loop closes), waited for by pidfd and reaped."""
+        proc: subprocess.Popen | None = None
         while not self.stop.is_set():
-            await (proc.wait() if proc is not None else wait_pid(m.pid))
+            await wait_pid(m.pid)
+            if proc is not None:
+                proc.poll()  # (reaped: no zombie)
             if self.stop.is_set():
                 return
             if (self.run_dir / f"{m.name}.stopping").exists():
@@ -129,19 +135,26 @@ class Supervisor:
                 return
             except asyncio.TimeoutError:
                 pass
-            proc = await self.restart(m)
+            try:
+                proc = await self.restart(m)
+            except Exception as e:  # noqa: BLE001 - whatever it was, this member stays supervised
+                self.record(name=m.name, event="restart failed", error=repr(e))
+                log.exception("%s: restart failed", m.name)
+                m.started = time.monotonic()  # (counts as a quick exit: the next try backs off)
+                continue
             if proc is None:
                 return
 
-    async def restart(self, m: Member) -> asyncio.subprocess.Process | None:
+    async def restart(self, m: Member) -> subprocess.Popen | None:
+        """Start `m` again; once it is ready, add a node to the router. A process that does not
+        get there (not ready in time, not added) is killed: the next round starts it anew."""
         if m.role != "router" and "--dist-rank" in m.argv:
             self.record(name=m.name, event="not restarted", error="a torch-transport node cannot rejoin its process group")
             return None
         m.restarts += 1
         argv, log_path = self.command(m)
         with open(log_path, "wb") as out:
-            proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out,
-                                                        stderr=out, start_new_session=True)
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
         m.pid, m.started = proc.pid, time.monotonic()
         (self.run_dir / f"{m.name}.pid").write_text(f"{proc.pid}\n")
         try:
@@ -149,10 +162,12 @@ class Supervisor:
             if m.role != "router":
                 old, (m.ctrl, m.ctrl_pid) = m.ctrl, (addrs["ctrl"], proc.pid)
                 await asyncio.to_thread(self.add_to_router, m, old)  # (the router may list old by address alone)
-        except (RuntimeError, OSError) as e:
+        except Exception as e:  # noqa: BLE001 - not ready, not added, a READY line that does not parse
             self.record(name=m.name, event="restart failed", pid=proc.pid, error=str(e))
             log.error("%s: restart failed: %s", m.name, e)
-            return proc  # (if it runs, it is followed; if not, the next loop restarts it again)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)  # (its exit brings the next round)
+            return proc
         self.record(name=m.name, event="restarted", pid=proc.pid, log=log_path.name, ctrl=m.ctrl)
         return proc
 
@@ -169,21 +184,25 @@ class Supervisor:
         node_id = f"{m.name}~{m.restarts}"
         return with_flag(m.argv, "--node-id", node_id), self.run_dir / f"{node_id}.log"
 
-    async def wait_ready(self, m: Member, proc, log_path: pathlib.Path) -> dict:
+    async def wait_ready(self, m: Member, proc: subprocess.Popen, log_path: pathlib.Path) -> dict:
         deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if m.role == "router":
-                text = log_path.read_text(errors="replace") if log_path.exists() else ""
-                if "router listening on " in text:
-                    return {}
-            elif (addrs := node_ready(log_path)) is not None:
-                return addrs
-            try:  # the process's exit ends the wait at once; else look again shortly
-                await asyncio.wait_for(asyncio.shield(proc.wait()), 0.1)
-                raise RuntimeError(f"exited with status {proc.returncode} during start-up (see {log_path.name})")
-            except asyncio.TimeoutError:
-                pass
-        raise RuntimeError(f"not ready after {START_TIMEOUT_S:.0f} s (see {log_path.name})")
+        exited = asyncio.ensure_future(wait_pid(proc.pid))
+        try:
+            while time.monotonic() < deadline:
+                if m.role == "router":
+                    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+                    if "router listening on " in text:
+                        return {}
+                elif (addrs := node_ready(log_path)) is not None:
+                    return addrs
+                try:  # the process's exit ends the wait at once; else look again shortly
+                    await asyncio.wait_for(asyncio.shield(exited), 0.1)
+                    raise RuntimeError(f"exited with status {proc.wait()} during start-up (see {log_path.name})")
+                except asyncio.TimeoutError:
+                    pass
+            raise RuntimeError(f"not ready after {START_TIMEOUT_S:.0f} s (see {log_path.name})")
+        finally:
+            exited.cancel()
 
     def add_to_router(self, m: Member, old: str | None) -> None:
         url = (self.run_dir / "url").read_text().strip()

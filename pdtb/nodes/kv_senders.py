@@ -41,6 +41,8 @@ class KVSenders:
         if s is None:
             s = make_sender(dataclasses.replace(self.transport, endpoint=addr), self.spec)
             await s.start()
+            if s.config.faults != self.transport.faults:  # a fault window began or ended during the start
+                s.set_faults(self.transport.faults)
             self.by_addr[addr] = s
         return s
 

@@ -326,9 +326,10 @@ class NodeBase:
         fail them there with the reason, rather than leave it waiting for their timeout."""
         entry = self._lost.pop(router_id, None)
         for rid in entry[1] if entry else ():
+            # retry: the router resends it from the tokens it did stream (none lost, none twice)
             self.sink.add(router_id, TokenEvent(rid, [], True, "error",
                                                 "the node lost its connection to the router: token events were "
-                                                "dropped, so the node ended the request"))
+                                                "dropped, so the node ended the request", retry=True))
         if entry:
             self.wake.set()
 

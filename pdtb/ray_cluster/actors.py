@@ -132,7 +132,9 @@ class Supervisor:
             except (ValueError, ray.exceptions.RayActorError):
                 pass
             info = start_member(new, member, self.namespace, self.start_timeout)
-            self._add_to_router(member["role"], info["ctrl"], name[len(self.cluster) + 1:])
+            # the lost node by its address (a router that never heard from it lists it so), else by id
+            self._add_to_router(member["role"], info["ctrl"], member.get("ctrl") or name[len(self.cluster) + 1:])
+            member["ctrl"] = info["ctrl"]
         except Exception as e:  # noqa: BLE001 - a failed restart is reported, and tried at the next loss
             log.error("cluster %s: could not replace %s: %s", self.cluster, name, e)
             return None

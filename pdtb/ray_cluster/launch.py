@@ -99,7 +99,7 @@ def up(spec: ClusterSpec) -> dict:
         sup = Supervisor.options(name=f"{spec.name}:supervisor", namespace=NAMESPACE, lifetime="detached",
                                  scheduling_strategy=beside_router).remote(
             spec.name, NAMESPACE, url, spec.restart_failed, spec.timeout, spec.api_key)
-        ray.get([sup.watch.remote(n, m) for n, m in members.items()], timeout=30)
+        ray.get([sup.watch.remote(n, {**m, "ctrl": infos[n]["ctrl"]}) for n, m in members.items()], timeout=30)
     except BaseException as e:
         down(spec.address, spec.name)
         if isinstance(e, (RuntimeError, ray.exceptions.RayError)):

@@ -3,6 +3,7 @@ retired (`POST /admin/nodes`, pdtb/router/admin.py). Blocking (urllib): supervis
 a thread."""
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -42,7 +43,7 @@ def add_replacement(url: str, role: str, address: str, replaces: str | None, api
                 continue
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the router still lists {replaces} as answering: {text[:300]}") from None
-        except urllib.error.URLError as e:
+        except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out: a router restarting
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the router did not answer /admin/nodes: {e}") from None
+                raise RuntimeError(f"the router did not answer /admin/nodes: {e!r}") from None
         time.sleep(0.5)  # (the router judges a silent node lost after its health timeout)

@@ -55,6 +55,7 @@ class RouterState:
 STATE = web.AppKey("state", RouterState)
 log = logging.getLogger("pdtb.router")
 FINAL_TIMING_S = 0.5  # how long a request ended by a stop string waits for its node's timeline
+MAX_RESUBMITS = 3  # a request refused before any work (a draining node) is sent elsewhere at most this often
 
 
 @dataclass
@@ -88,6 +89,7 @@ class CompletionRun:
         self.released = False  # the handle was released (pieces() ended, or close())
         self.output_ids: list[int] = []  # every token the nodes sent, stop token included
         self.recomputes = 0  # times a node it depended on died and it was prefilled anew elsewhere
+        self.resubmits = 0  # times a node refused it before any work and it was sent elsewhere
         self.recomputed_at = 0.0  # time.monotonic() of the last recompute's submission
         self.tokens_before = 0  # tokens streamed before the last recompute
         self.status = "200"  # for the requests counter; "499": the client went away
@@ -111,7 +113,7 @@ class CompletionRun:
         return GenerateRequest(request_id, prompt_ids, params, tenant=self.req.tenant,
                                priority=self.req.priority, slo_tier=tier, arrival_time=time.time())
 
-    async def _recompute(self, e: RequestFailed) -> bool:
+    async def _recompute(self, e: RequestFailed, unstarted: bool = False) -> bool:
         """A node the request depended on died (`e`): send it anew, its prompt followed by every
         token already streamed, to live nodes. Their prefill recomputes the KV; greedy output
         continues token for token, and a seeded sample draws its next tokens at the same output
@@ -119,13 +121,19 @@ class CompletionRun:
         it, it waits up to `node_wait` for one to come back. False when it may not: not a lost
         node, the retries spent, nothing left to generate, or still no node (then it fails)."""
         left = self.max_tokens - len(self.output_ids)
-        if not e.node_lost or self.recomputes >= self.state.config.recompute_retries or left < 1:
+        if unstarted:  # refused before any work (a drain began): sent elsewhere, not a recompute
+            if self.resubmits >= MAX_RESUBMITS:
+                return False
+            self.resubmits += 1
+        elif not e.node_lost or self.recomputes >= self.state.config.recompute_retries or left < 1:
             return False
-        self.recomputes += 1
+        else:
+            self.recomputes += 1
+        tries = self.recomputes + self.resubmits
         old = self.handle
         self.state.registry.abort(old, "recomputed on another node")  # any live node still holding it lets go
         self.state.registry.release(old)
-        rid = f"{self.request_id}.r{self.recomputes}"
+        rid = f"{self.request_id}.r{tries}"
         req = self._generate_request(rid, self.prompt_ids + self.output_ids, left, len(self.output_ids))
         deadline = time.monotonic() + self.state.config.node_wait
         while True:
@@ -139,6 +147,9 @@ class CompletionRun:
                     return False
                 log.info("request %s: %s; waiting up to %.1f s for one", self.request_id, no_node, wait)
                 await self.state.registry.node_back(wait)  # (a node's return, or the deadline)
+        if unstarted:
+            log.info("request %s: %s; sent anew as %s", self.request_id, e, rid)
+            return True
         self.state.metrics.recomputes.inc()
         self.recomputed_at, self.tokens_before = time.monotonic(), len(self.output_ids)
         log.info("request %s: %s; recomputed as %s after %d tokens", self.request_id, e, rid, len(self.output_ids))
@@ -168,10 +179,11 @@ class CompletionRun:
                     reason = str(e)
                     raise
                 if ev.retry and self.handle.entry is not None:  # a drain began, a hand-off failed: elsewhere
-                    if not ev.token_ids and not self.output_ids:  # refused unstarted: not back there before its next stats
+                    unstarted = not ev.token_ids and not self.output_ids
+                    if unstarted:  # refused before any work: not back there before its next stats
                         self.handle.entry.refused_at = time.monotonic()
                     if await self._recompute(RequestFailed(503, f"{self.handle.entry.node_id}: {ev.error}",
-                                                           node_lost=True)):
+                                                           node_lost=True), unstarted):
                         continue
                 if ev.finish_reason == "error" or ev.error:
                     reason = f"failed on a node: {ev.error or 'no reason given'}"

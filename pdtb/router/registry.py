@@ -348,6 +348,12 @@ class NodeRegistry(Dispatch, Following, RebalanceLoop):
         if handle is None:
             return  # finished or aborted here already; late events are expected
         if node is handle.entry:
+            if event.retry and handle.handed_off and handle.decode is not None and handle.decode is not node:
+                # the hand-off timed out at the prefill node but landed: the decode node holds
+                # the request and streams it; the prefill node's word to recompute is moot
+                log.info("request %s: %s, but decode node %s holds it", event.request_id, event.error,
+                         handle.decode.node_id)
+                return
             handle.entry_started = True
             node.pending_tokens.pop(handle.request_id, None)
             self._put(handle, event)

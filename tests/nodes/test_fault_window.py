@@ -15,7 +15,7 @@ from kv_transport.config import fault_config_from
 def test_fault_settings_from_numbers():
     assert fault_config_from({"drop_prob": 0.5, "seed": 3.0}) == FaultConfig(drop_prob=0.5, seed=3)
     for bad, says in (({"nope": 1}, "unknown fault setting"), ({"drop_prob": 2}, r"must be in \[0, 1\]"),
-                      ({"seed": 1.5}, "whole number")):
+                      ({"seed": 1.5}, "whole number"), ({"delay_s": float("inf")}, "finite")):
         with pytest.raises(ValueError, match=says):
             fault_config_from(bad)
 

@@ -187,6 +187,7 @@ async def test_a_silent_router_s_requests_end_after_its_lease(llama_dir):
             node._adopt(ReceivedTransfer(f"t-{rid}", rid, "t", 40, pages, [5] * 40, [6], 40, extra,
                                          TransferStatus(f"t-{rid}", rid, TransferState.DONE, bytes_total=1)))
         t0 = time.monotonic()
+        node._heard.update(r1=t0, r2=t0)  # (heard at t0: the checks below are relative to it)
         node._expire_routers(t0 + 4.9)  # within the lease: nothing ends
         assert sorted(node.seqs) == ["a", "b", "c"]
         node._heard["r2"] = t0 + 5.5  # r2 pinged since; r1 did not

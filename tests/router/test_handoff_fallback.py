@@ -360,3 +360,22 @@ async def test_a_hand_off_to_a_node_judged_down_fails_the_request_at_once():
     a.lost = True
     reg._on_notice(p, HandoffNotice("stays", "a", delivered=True))  # delivered where it was sent
     assert stays.handed_off and stays.queue.qsize() == 1
+
+
+@async_test
+async def test_a_prefill_node_s_retry_is_moot_once_a_decode_node_holds_the_request():
+    """The hand-off timed out at the prefill node but landed: the decode node adopted the
+    request and streams it, so the prefill node's failure (marked retry) is dropped rather than
+    passed on (it would recompute the request while b serves it); before any decode node holds
+    it, the same failure reaches the request."""
+    reg, p, a, b = registry()
+    reg._send = lambda node, msg: True
+    held = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
+    reg._on_event(p, TokenEvent("r", [7]))
+    reg._on_event(b, TokenEvent("r", [8]))  # b adopted it
+    reg._on_event(p, TokenEvent("r", [], True, "error", "KV transfer to the decode node failed: timeout", retry=True))
+    assert held.handed_off and [e.token_ids for e in drain(held)] == [[7], [8]]
+    fresh = reg.submit(GenerateRequest("s", [5] * 20, Params(max_tokens=4)))
+    reg._on_event(p, TokenEvent("s", [7]))
+    reg._on_event(p, TokenEvent("s", [], True, "error", "KV transfer to the decode node failed: timeout", retry=True))
+    assert [e.retry for e in drain(fresh)] == [False, True]
