@@ -13,7 +13,7 @@ import signal
 import time
 import urllib.error
 
-from pdtb.chaos.inject import http_json
+from pdtb.chaos.inject import http_json, ours
 from pdtb.chaos.load import Load, prompt_pool
 
 PROBES = 4  # completions compared with generate after the restart
@@ -77,7 +77,10 @@ def drill(url: str, run_dir: pathlib.Path, streams: int, seed: int, model: str) 
                 raise RuntimeError("the streams did not start")
             await asyncio.sleep(0.05)
         load.stop.set()
-        os.kill(int((run_dir / "router-0.pid").read_text()), signal.SIGKILL)
+        pid = int((run_dir / "router-0.pid").read_text())
+        if not ours(pid, run_dir):
+            raise RuntimeError(f"pid {pid} of router-0 is not this cluster's process")
+        os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         await asyncio.wait_for(task, BOUND_S)
         return load, killed

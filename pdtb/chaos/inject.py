@@ -24,6 +24,15 @@ def http_json(url: str, body: dict | None = None, timeout: float = 10.0):
         return json.loads(r.read())
 
 
+def ours(pid: int, run_dir: pathlib.Path) -> bool:
+    """Process `pid` was started for this run dir (PDTB_RUN_DIR in its environment)."""
+    try:
+        env = pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"PDTB_RUN_DIR={run_dir.resolve()}".encode() in env
+
+
 class Injector:
     def __init__(self, url: str, run_dir: pathlib.Path, load: Load, seed: int) -> None:
         self.url, self.run_dir, self.load = url, run_dir, load
@@ -33,7 +42,14 @@ class Injector:
         self.log: list[dict] = []  # one entry per fault: the plan's and what came of it
 
     def pid(self, name: str) -> int:
-        return int((self.run_dir / f"{'router-0' if name == 'router' else name}.pid").read_text())
+        """The pid in `name`'s pid file, if that process is this cluster's (launch_cluster.sh and
+        the supervisor put PDTB_RUN_DIR in its environment); ProcessLookupError otherwise: a
+        pid file read between a death and its restart may name a pid since given to another
+        process, which must never be signalled."""
+        pid = int((self.run_dir / f"{'router-0' if name == 'router' else name}.pid").read_text())
+        if not ours(pid, self.run_dir):
+            raise ProcessLookupError(f"pid {pid} of {name} is not this cluster's process now")
+        return pid
 
     def node_id(self, name: str) -> str | None:
         """The router's id of node `name` now (a restarted node is NAME~N), if it lists it healthy."""
@@ -110,6 +126,8 @@ class Injector:
     def resume(self, pid: int) -> None:
         if pid in self.paused:
             self.paused.discard(pid)
+            if not ours(pid, self.run_dir):  # (it died while stopped, and the pid went to another)
+                return
             try:
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:

@@ -71,3 +71,23 @@ def test_rss_growth_from_the_settled_sample():
     samples = {"decode-0 pid 1": [(0, 100), (30, 200), (45, 210), (60, 220)], "short pid 2": [(0, 1), (10, 2)]}
     assert rss_growth(samples, 30) == {"decode-0 pid 1": {"rss_mib_settled": 0.0, "rss_mib_last": 0.0,
                                                           "growth": 1.1, "seconds": 60}}
+
+
+def test_only_the_cluster_s_own_processes_are_signalled(tmp_path):
+    """A pid file read between a death and its restart may name a pid given since to another
+    process: a fault is carried out only on a process started for this run dir."""
+    import os
+    import subprocess
+    import sys
+
+    from pdtb.chaos.inject import ours
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                             env={**os.environ, "PDTB_RUN_DIR": str(tmp_path.resolve())})
+    try:
+        assert ours(child.pid, tmp_path) and not ours(child.pid, tmp_path / "other")
+        assert not ours(os.getpid(), tmp_path)
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+    assert not ours(child.pid, tmp_path)  # gone
