@@ -82,9 +82,11 @@ def test_only_the_cluster_s_own_processes_are_signalled(tmp_path):
 
     from pdtb.chaos.inject import ours
 
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PDTB_RUN_DIR": str(tmp_path.resolve())})
     try:
+        assert child.stdout.readline() == "up\n"  # (exec'd: its environment is its own, not the parent's copy)
         assert ours(child.pid, tmp_path) and not ours(child.pid, tmp_path / "other")
         assert not ours(os.getpid(), tmp_path)
     finally:
