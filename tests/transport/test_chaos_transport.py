@@ -3,8 +3,8 @@ processes on loopback). The prefill node's KV sender drops, delays, duplicates, 
 truncates messages and drops its link once (`--transport-fault`, kv_transport/faults.py). What
 must hold:
 
-  - every request ends within END_S: finished with the tokens of transformers' generate, or
-    failed with a reason;
+  - every request ends within END_S with the tokens of transformers' generate: a hand-off a
+    fault broke is recomputed by the router (the prefill node's error says it may be);
   - every fault kind was injected (the fault stream is seeded: one decision per message);
   - once the fault budget is spent the router serves requests as usual;
   - once idle, every page on both nodes is free.
@@ -51,13 +51,12 @@ def test_transport_faults_end_every_request_and_free_pages(llama_dir, hf_models,
 
         outs = asyncio.run(wave(prompts))
         check_ended_well(outs)
-        ok = [(p, o) for p, o in zip(prompts, outs) if o.ok]
-        failed = [o for o in outs if not o.ok]
-        assert ok and failed, outs
-        for p, o in ok:
+        for p, o in zip(prompts, outs):
             want = hf_greedy(hf_models["llama"], p, MAX_TOKENS, ignore_eos=True)
-            assert o.tokens == MAX_TOKENS and o.token_ids == want, (o, want)
-        assert all("KV transfer" in o.error for o in failed), failed
+            assert o.ok and o.tokens == MAX_TOKENS and o.token_ids == want, (o, want)
+        router_log = (run_dir / "router-0.log").read_text()
+        assert re.search(r"KV transfer to the decode node failed.*; recomputed as", router_log), \
+            "no hand-off was broken by the faults (or none was recomputed)"
 
         log = (run_dir / "prefill-0.log").read_text()
         assert set(re.findall(r"fault injection: (\w+) on a", log)) == KINDS
