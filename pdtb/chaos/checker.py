@@ -19,6 +19,13 @@ from __future__ import annotations
 from pdtb.chaos.load import END_S, Request
 
 
+def holds_nothing(nodes: list[dict]) -> bool:
+    """Every node (its /stats, or its /cluster entry) holds no page, device or host, and runs
+    and queues nothing; False for no node at all."""
+    return bool(nodes) and all(n["pages_free"] == n["pages_total"] and n["host_pages_free"] == n["host_pages_total"]
+                               and n["running"] == 0 and n["waiting"] == 0 for n in nodes)
+
+
 def reference(model_dir: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """transformers.generate, greedy, one prompt at a time, on the CPU."""
     import torch

@@ -88,11 +88,8 @@ def launch(args: str, run_dir: pathlib.Path) -> str:
         words[i] += " --allow-fault-injection"
     else:
         words += ["--router-args", "--allow-fault-injection"]
-    if "--" in words:  # (launch_cluster.sh's flags before the nodes' extra flags)
-        i = words.index("--")
-        words[i:i] = ["--restart-failed", "--run-dir", str(run_dir), "--port", "0"]
-    else:
-        words += ["--restart-failed", "--run-dir", str(run_dir), "--port", "0"]
+    i = words.index("--") if "--" in words else len(words)  # (launch_cluster.sh's flags before the nodes' extras)
+    words[i:i] = ["--restart-failed", "--run-dir", str(run_dir), "--port", "0"]
     r = subprocess.run(["bash", str(ROOT / "scripts/launch_cluster.sh"), *words], capture_output=True, text=True)
     ready = [ln for ln in r.stdout.splitlines() if ln.startswith("READY ")]
     if r.returncode != 0 or not ready:
@@ -111,11 +108,12 @@ def left_behind(run_dir: pathlib.Path) -> list[dict]:
     environment) that still run."""
     import psutil
 
-    want = str(run_dir.resolve())
+    from pdtb.chaos.inject import ours
+
     out = []
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and p.environ().get("PDTB_RUN_DIR") == want:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and ours(p.info["pid"], run_dir):
                 out.append({"pid": p.info["pid"], "cmdline": " ".join(p.info["cmdline"] or [])[:300]})
         except psutil.Error:
             pass
@@ -123,8 +121,10 @@ def left_behind(run_dir: pathlib.Path) -> list[dict]:
 
 
 def shape(run_dir: pathlib.Path) -> tuple[list[str], list[str], str]:
+    from pdtb.local_cluster.supervise import read_argv
+
     names = sorted(p.stem for p in run_dir.glob("*.argv"))
-    argv = (run_dir / "router-0.argv").read_bytes().decode().split("\0")
+    argv = read_argv(run_dir / "router-0.argv")
     model = argv[argv.index("--model") + 1]
     return [n for n in names if n.startswith("prefill-")], [n for n in names if n.startswith("decode-")], model
 
@@ -151,6 +151,7 @@ async def sample_rss(run_dir: pathlib.Path, t0: float, stop: asyncio.Event, out:
 def quiet(url: str, run_dir: pathlib.Path) -> dict:
     """Wait (bounded) until the router is healthy and every node it lists healthy holds no page
     and runs and queues nothing; what was seen last."""
+    from pdtb.chaos.checker import holds_nothing
     from pdtb.chaos.inject import http_json
 
     t = time.monotonic()
@@ -161,8 +162,7 @@ def quiet(url: str, run_dir: pathlib.Path) -> dict:
             last = [n for n in http_json(f"{url}/cluster") if n["healthy"]]
         except (OSError, ValueError):
             healthy, last = False, []
-        if healthy and last and all(n["pages_free"] == n["pages_total"] and n["running"] == 0 and n["waiting"] == 0
-                                    and n["host_pages_free"] == n["host_pages_total"] for n in last):
+        if healthy and holds_nothing(last):
             return {"quiet": True, "seconds": round(time.monotonic() - t, 1), "nodes": [n["id"] for n in last]}
         time.sleep(0.5)
     try:

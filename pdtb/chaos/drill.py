@@ -8,12 +8,12 @@ import asyncio
 import json
 import os
 import pathlib
-import random
 import signal
 import time
 import urllib.error
 
-from pdtb.chaos.inject import http_json, ours
+from pdtb.chaos.checker import holds_nothing, reference
+from pdtb.chaos.inject import cluster_pid, http_json
 from pdtb.chaos.load import Load, prompt_pool
 
 PROBES = 4  # completions compared with generate after the restart
@@ -40,18 +40,12 @@ def node_stats(run_dir: pathlib.Path) -> list[dict]:
     return out
 
 
-def empty(stats: list[dict]) -> bool:
-    return bool(stats) and all(s["pages_free"] == s["pages_total"] and s["running"] == 0 and s["waiting"] == 0
-                               for s in stats)
-
-
-def until(pred, what: str) -> float:
+def until(pred, what: str) -> None:
     t = time.monotonic()
     while not pred():
         if time.monotonic() - t > BOUND_S:
             raise RuntimeError(f"{what}: not within {BOUND_S:.0f} s")
         time.sleep(0.05)
-    return time.monotonic() - t
 
 
 def router_restarts(run_dir: pathlib.Path) -> int:
@@ -62,7 +56,6 @@ def router_restarts(run_dir: pathlib.Path) -> int:
 
 
 def drill(url: str, run_dir: pathlib.Path, streams: int, seed: int, model: str) -> dict:
-    from pdtb.chaos.checker import reference
 
     vocab = http_json(f"{url}/v1/models")["data"][0]["vocab_size"]
     prompts = prompt_pool(seed, vocab, streams + PROBES, (16, 64))
@@ -77,16 +70,17 @@ def drill(url: str, run_dir: pathlib.Path, streams: int, seed: int, model: str) 
                 raise RuntimeError("the streams did not start")
             await asyncio.sleep(0.05)
         load.stop.set()
-        pid = int((run_dir / "router-0.pid").read_text())
-        if not ours(pid, run_dir):
-            raise RuntimeError(f"pid {pid} of router-0 is not this cluster's process")
+        try:
+            pid = cluster_pid(run_dir, "router-0")
+        except ProcessLookupError as e:
+            raise RuntimeError(str(e)) from None
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         await asyncio.wait_for(task, BOUND_S)
         return load, killed
 
     load, killed = asyncio.run(kill_under_streams())
-    until(lambda: empty(node_stats(run_dir)), "every node free")
+    until(lambda: holds_nothing(node_stats(run_dir)), "every node free")
     to_zero = time.monotonic() - killed
     until(lambda: router_restarts(run_dir) > restarts, "the supervisor to restart the router")
     back = time.monotonic() - killed
@@ -103,8 +97,12 @@ def drill(url: str, run_dir: pathlib.Path, streams: int, seed: int, model: str) 
                                                  "return_token_ids": True})["choices"][0]["token_ids"] for p in probes]
     want = reference(model, probes, 24)
     cut = [r for r in load.requests if r.exc and not r.done]
-    violations = ([f"pages held {to_zero:.1f} s after the kill (bound {ZERO_PAGES_S:g} s)"] if to_zero > ZERO_PAGES_S
-                  else []) + ([] if got == want else ["the restarted router's completions differ from generate's"])
-    return {"violations": violations,"streams": streams, "cut_at_client": len(cut), "completed_anyway": sum(r.done for r in load.requests),
-            "seconds_to_zero_pages": round(to_zero, 2), "seconds_to_router_back": round(back, 2),
-            "probes_identical_to_generate": got == want, "probes": len(probes)}
+    violations = []
+    if to_zero > ZERO_PAGES_S:
+        violations.append(f"pages held {to_zero:.1f} s after the kill (bound {ZERO_PAGES_S:g} s)")
+    if got != want:
+        violations.append("the restarted router's completions differ from generate's")
+    return {"violations": violations, "streams": streams, "cut_at_client": len(cut),
+            "completed_anyway": sum(r.done for r in load.requests), "seconds_to_zero_pages": round(to_zero, 2),
+            "seconds_to_router_back": round(back, 2), "probes_identical_to_generate": got == want,
+            "probes": len(probes)}

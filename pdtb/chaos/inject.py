@@ -33,6 +33,16 @@ def ours(pid: int, run_dir: pathlib.Path) -> bool:
     return f"PDTB_RUN_DIR={run_dir.resolve()}".encode() in env
 
 
+def cluster_pid(run_dir: pathlib.Path, name: str) -> int:
+    """The pid in `name`'s pid file (ROLE-I, or router-0), if that process is this cluster's;
+    ProcessLookupError otherwise: a pid file read between a death and its restart may name a pid
+    since given to another process, which must never be signalled."""
+    pid = int((run_dir / f"{name}.pid").read_text())
+    if not ours(pid, run_dir):
+        raise ProcessLookupError(f"pid {pid} of {name} is not this cluster's process now")
+    return pid
+
+
 class Injector:
     def __init__(self, url: str, run_dir: pathlib.Path, load: Load, seed: int) -> None:
         self.url, self.run_dir, self.load = url, run_dir, load
@@ -42,14 +52,8 @@ class Injector:
         self.log: list[dict] = []  # one entry per fault: the plan's and what came of it
 
     def pid(self, name: str) -> int:
-        """The pid in `name`'s pid file, if that process is this cluster's (launch_cluster.sh and
-        the supervisor put PDTB_RUN_DIR in its environment); ProcessLookupError otherwise: a
-        pid file read between a death and its restart may name a pid since given to another
-        process, which must never be signalled."""
-        pid = int((self.run_dir / f"{'router-0' if name == 'router' else name}.pid").read_text())
-        if not ours(pid, self.run_dir):
-            raise ProcessLookupError(f"pid {pid} of {name} is not this cluster's process now")
-        return pid
+        """The pid of a plan's target (a node name, or "router"): see cluster_pid."""
+        return cluster_pid(self.run_dir, "router-0" if name == "router" else name)
 
     def node_id(self, name: str) -> str | None:
         """The router's id of node `name` now (a restarted node is NAME~N), if it lists it healthy."""

@@ -65,6 +65,11 @@ def node_ready(log_path: pathlib.Path) -> dict | None:
     return json.loads(ready[-1][len("NODE READY "):]) if ready else None
 
 
+def read_argv(path: pathlib.Path) -> list[str]:
+    """A command line as launch_cluster.sh writes it: each word followed by a NUL."""
+    return path.read_bytes().decode().split("\0")[:-1]
+
+
 def with_flag(argv: list[str], flag: str, value: str | None) -> list[str]:
     """`argv` with every `flag VALUE` pair removed and, unless value is None, one `flag value`
     appended (argparse keeps the last of a repeated flag; appended so that no other parsing
@@ -92,7 +97,7 @@ class Supervisor:
             name = argv_file.stem
             if not NAME.match(name):
                 continue
-            argv = argv_file.read_bytes().decode().split("\0")[:-1]
+            argv = read_argv(argv_file)
             m = Member(name, name.rsplit("-", 1)[0], argv, int((run_dir / f"{name}.pid").read_text()))
             if m.role != "router":
                 m.ctrl, m.ctrl_pid = (node_ready(run_dir / f"{name}.log") or {}).get("ctrl", ""), m.pid

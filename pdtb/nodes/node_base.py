@@ -197,9 +197,10 @@ class NodeBase:
         return policy_info(config.policy, config.policy_args)
 
     def _on_message(self, ident: bytes, msg) -> None:
-        self._heard[ident.decode(errors="replace")] = time.monotonic()
+        router = ident.decode(errors="replace")
+        self._heard[router] = time.monotonic()
         if self._lost:
-            self._tell_lost(ident.decode(errors="replace"))
+            self._tell_lost(router)
         if isinstance(msg, Ping):
             if msg.other_pages > 0 and self.config.role in ("decode", "colocated") and hasattr(self.policy, "cluster"):
                 from fairness.cluster import ClusterView
@@ -210,7 +211,7 @@ class NodeBase:
             if msg.request_id in self.seqs or msg.request_id in self.routes:
                 log.warning("request %s: duplicate request id from %r dropped", msg.request_id, ident[:32])
                 return  # (its events would mix with the live request's; routers use unique ids)
-            self.routes[msg.request_id] = msg.router_id or ident.decode(errors="replace")
+            self.routes[msg.request_id] = msg.router_id or router
             if self.draining:
                 self.fail(msg.request_id, "node is draining", retry=True)
             else:
@@ -228,7 +229,7 @@ class NodeBase:
             self.on_node_down(msg.node_id, msg.reason)
             self.wake.set()
         elif isinstance(msg, Migrate):
-            self.on_migrate(msg, ident.decode(errors="replace"))
+            self.on_migrate(msg, router)
             self.wake.set()
         elif isinstance(msg, SetFaults):
             self.set_faults(msg)

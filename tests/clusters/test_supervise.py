@@ -13,7 +13,8 @@ import urllib.request
 import pytest
 
 from chaos_util import prompt
-from pdtb.chaos.drill import empty, node_stats
+from pdtb.chaos.checker import holds_nothing
+from pdtb.chaos.drill import node_stats
 from cluster_util import ROOT, alive, get_json, kill9, launched, router_healthy, vocab_of, wait_until
 
 pytestmark = pytest.mark.slow
@@ -27,7 +28,7 @@ def events(run_dir, name: str, event: str) -> list[dict]:
 
 
 def nodes_empty(run_dir) -> bool:
-    return empty(node_stats(run_dir))
+    return holds_nothing(node_stats(run_dir))
 
 
 def completions(url: str, prompts: list[list[int]], n: int) -> list[list[int]]:
