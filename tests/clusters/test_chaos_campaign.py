@@ -29,7 +29,11 @@ def test_a_short_campaign_of_every_kind_ends_with_no_violation(llama_dir, tmp_pa
     rc, rep, out = chaos(tmp_path, "--duration", "32", "--seed", "5", "--every", "2.5,3", "--tenants", "2",
                          "--workers", "2", "--max-tokens", "8,48", "--launch", f"--model {llama_dir} {LAUNCH}")
     assert rc == 0 and rep["violations"] == [], out[-4000:]
-    assert len(rep["faults"]) >= 8, rep["faults"]  # (a migration may find nothing decoding)
+    # every fault due before the stop was tried, and said what came of it; most were carried out
+    # (a migration finds nothing decoding, a kill finds its node still restarting: skipped, with why)
+    assert rep["schedule"] and all(f["result"] for f in rep["schedule"])
+    carried = [f for f in rep["schedule"] if not f["result"].startswith("skipped")]
+    assert len(rep["faults"]) >= 5 and 2 * len(carried) >= len(rep["schedule"]), rep["schedule"]
     assert rep["outcomes"]["completed"] > 50 and rep["quiet"]["quiet"]
     assert "seed 5" in out and all(f["kind"] in out for f in rep["schedule"])  # the schedule is printed
     assert not list((tmp_path / "rd").glob("*.pid"))  # stopped, nothing left (the checker looked too)

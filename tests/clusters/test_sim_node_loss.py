@@ -1,8 +1,10 @@
 """A decode node lost under load, real and simulated: the chaos run of tests/clusters/
 test_recompute.py (40 greedy streams on 1P+2D, the decode nodes' KV reads capped so that the
 streams decode for seconds, kill -9 of a decode node once 20 streams have started), then the same
-requests through the simulator with that node killed at the same moment. Both end every
-request with all its tokens, and recompute about as many."""
+requests through the simulator with that node killed at the same event: once 20 of its streams
+have had two tokens. The kill is placed by that event, not by the real run's wall-clock moment, so
+a machine slower or busier than the calibrated one does not move it. Both end every request with
+all its tokens, and recompute about as many."""
 from __future__ import annotations
 
 import asyncio
@@ -63,11 +65,14 @@ def test_a_simulated_decode_node_loss_recomputes_as_the_real_one(llama_dir, tmp_
     cost = CalibratedCost.load("cpu-tiny-2core")
     capped = FairnessConfig(tenant_bw_cap=CAP)
     shape = ClusterShape((NodeShape("prefill", 800), NodeShape("decode", 800, fairness=capped),
-                          NodeShape("decode", 800, fairness=capped)), kills=(Kill("decode-1", kill_s),))
-    c = SimCluster(shape, page_spec(cost.page_bytes, 16), cost)
-    recs = c.run([RequestSpec(0.0, "default", "x", n, TOKENS) for n in lengths])
+                          NodeShape("decode", 800, fairness=capped)))
+    specs = [RequestSpec(0.0, "default", "x", n, TOKENS) for n in lengths]
+    calm = SimCluster(ClusterShape(shape.nodes), page_spec(cost.page_bytes, 16), cost).run(specs)
+    at = sorted(r.token_times[1] for r in calm)[STREAMS // 2 - 1]  # the 20th stream's second token
+    c = SimCluster(ClusterShape(shape.nodes, kills=(Kill("decode-1", at),)), page_spec(cost.page_bytes, 16), cost)
+    recs = c.run(specs)
     assert all(r.status == "ok" and len(r.token_times) == TOKENS for r in recs)
     sim = c.faults.figures()["recomputes"]
-    print(f"decode node killed at {kill_s:.2f} s: recomputed {real:g} real, {sim} simulated")
+    print(f"decode node killed at {kill_s:.2f} s real, {at:.2f} s simulated: recomputed {real:g} real, {sim} simulated")
     assert real > 0 and sim > 0
     assert abs(sim - real) <= max(4, 0.3 * real), (sim, real, kill_s)
