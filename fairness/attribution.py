@@ -4,6 +4,14 @@ causes, and each miss blamed on one.
 TTFT = dispatch + queue + prefill + recompute and parked before the first token. The decode phase (TPOT) = transfer + held + parked +
 preempted + turn wait + migration pause + decode compute. A miss is attributed to the largest component of the phase
 that missed.
+
+A request the router recomputed after a node loss (its timeline's `earlier`) is judged whole, from
+its first arrival to its last token:
+- no token before the loss: TTFT adds `node_lost` (the lost attempts, the loss found, the new submission);
+- tokens before it: TTFT is the lost attempt's, one component `lost_attempt` (its breakdown was
+  lost with its node); the decode phase adds `lost_attempt_decode` (its tokens after the first)
+  and `node_lost` (from its last token to this attempt's first: the loss and the recompute);
+  TPOT counts every token of the request.
 """
 from __future__ import annotations
 
@@ -29,6 +37,7 @@ def timing_summary(tl: Timeline) -> dict:
 
 
 def components(tl: Timeline, num_output: int) -> dict:
+    """`num_output`: the tokens of this attempt (a recomputed request's earlier ones are in tl.earlier)."""
     before, parked_before = tl.recompute_ttft_s, tl.parked_ttft_s  # preempted or demoted before the first token
     ttft = {"dispatch": _gap(tl, "router_arrival", "prefill_queued"), "queue": _gap(tl, "prefill_queued", "prefill_start"),
             "prefill": max(0.0, _gap(tl, "prefill_start", "first_token") - before - parked_before),
@@ -39,8 +48,18 @@ def components(tl: Timeline, num_output: int) -> dict:
     compute = max(0.0, decode_total - transfer - held - parked - pre - turn - mig)
     tpot = {"transfer": transfer, "held_at_prefill": held, "parked_in_host": parked, "recompute": pre,
             "turn_wait": turn, "migration": mig, "decode_compute": compute}
+    e = tl.earlier
+    if e is not None and e.tokens == 0:
+        ttft["node_lost"] = e.lost_s
+    elif e is not None:  # this attempt's TTFT is one more inter-token gap of the whole request
+        ttft = {"lost_attempt": e.first_token_s}
+        tpot["lost_attempt_decode"] = e.last_token_s - e.first_token_s
+        tpot["node_lost"] = e.lost_s - e.last_token_s + _gap(tl, "router_arrival", "first_token")
+        decode_total += tpot["lost_attempt_decode"] + tpot["node_lost"]
+        num_output += e.tokens
     return {"ttft": ttft, "tpot": tpot, "ttft_s": sum(ttft.values()),
             "tpot_s": decode_total / (num_output - 1) if num_output > 1 else None}
+
 
 
 def _target(table: dict, cls: int):

@@ -27,6 +27,7 @@ class Outcome:
     done: bool = False  # the stream ended with data: [DONE]
     exc: str | None = None  # client-side exception (connection dropped, ...)
     token_ids: list[int] = field(default_factory=list)  # output token ids, in order
+    timing: dict = field(default_factory=dict)  # the last chunk's pdtb_timing
 
     @property
     def ok(self) -> bool:
@@ -75,6 +76,7 @@ async def stream(http, url: str, prompt_ids: list[int], max_tokens: int, *, star
                         continue
                     obj = json.loads(data)
                     out.error = out.error or error_message(obj)
+                    out.timing = obj.get("pdtb_timing") or out.timing
                     before, out.tokens = out.tokens, out.tokens + count_tokens(obj)
                     for ch in obj.get("choices") or []:
                         out.finish = ch.get("finish_reason") or out.finish

@@ -29,6 +29,8 @@ def validate_prompt(engine, req: GenerateRequest) -> str | None:
         return f"prompt of {n} tokens does not fit the context of {cfg.max_model_len}"
     if min(req.prompt_token_ids) < 0 or max(req.prompt_token_ids) >= info.vocab_size:
         return f"token id outside the vocabulary [0, {info.vocab_size})"
+    if req.earlier is not None and not req.earlier.valid():
+        return f"earlier attempts' figures out of order or not finite: {req.earlier}"
     peak = engine.scheduler.peak_pages(n, req.params.max_tokens)
     if peak > engine.pool.num_pages:
         return f"request needs up to {peak} KV pages; the pool has {engine.pool.num_pages}"
@@ -40,6 +42,7 @@ def make_seq(req: GenerateRequest) -> Sequence:
                                tenant=req.tenant, priority=req.priority, slo_tier=req.slo_tier)
     seq.timeline.router_arrival = req.arrival_time
     seq.timeline.prefill_queued = time.time()
+    seq.timeline.earlier = req.earlier  # (validate_prompt checked it)
     return seq
 
 

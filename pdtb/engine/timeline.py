@@ -10,15 +10,39 @@ pages: the decode side deferred), parked (pages in the host tier), preempted (wa
 recompute), turn_wait (resident but not served this step), migrating (paused while its KV moves
 to another decode node: from the source's last step to the target's first token). A preemption before the first token
 accumulates into recompute_ttft_s instead, and a demotion before it into parked_ttft_s: they are part of the TTFT.
+
+A request the router recomputed after losing a node (pdtb/router/completions.py) arrives again
+with `earlier`: what its lost attempts took, measured by the router from the request's first
+arrival. Its stamps are this attempt's; fairness.attribution adds `earlier` to its TTFT and TPOT.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 STAMPS = ("router_arrival", "prefill_queued", "prefill_start", "first_token", "transfer_start", "transfer_end",
           "decode_admit", "last_token")
 WAITS = ("held", "parked", "preempted", "turn_wait", "migrating")
+
+
+@dataclass
+class Earlier:
+    """The attempts a node loss ended, seconds after the request first arrived at the router."""
+
+    lost_s: float  # until this attempt was sent: the lost attempts, the loss found, the new submission
+    tokens: int = 0  # tokens streamed before this attempt
+    first_token_s: float = -1.0  # its first token, when it came before this attempt (-1: none came)
+    last_token_s: float = -1.0  # the last token before this attempt (-1: none came)
+
+    def valid(self) -> bool:
+        """Figures a router could have measured: finite, in order, tokens with their times."""
+        f, l = self.first_token_s, self.last_token_s
+        if not all(math.isfinite(x) for x in (self.lost_s, f, l)) or self.lost_s < 0 or self.tokens < 0:
+            return False
+        if self.tokens == 0:
+            return f == l == -1.0
+        return 0 <= f <= l <= self.lost_s
 
 
 @dataclass
@@ -44,6 +68,7 @@ class Timeline:
     recompute_ttft_s: float = 0.0  # preempted before the first token, waiting for recompute
     parked_ttft_s: float = 0.0  # demoted before the first token (mid-prefill), waiting in the host tier
     num_preemptions: int = 0
+    earlier: Earlier | None = None  # a recomputed request's lost attempts (see the module doc)
 
     def stamp_once(self, name: str, t: float) -> None:
         """Set stamp `name` unless it is set already (a chunk after the first, a retry)."""
@@ -80,5 +105,5 @@ class Timeline:
             v = getattr(self, f.name)
             if v is None or (v == 0 and (f.name.endswith("_s") or f.name == "num_preemptions")):
                 continue
-            out[f.name] = v
+            out[f.name] = dataclasses.asdict(v) if f.name == "earlier" else v
         return out

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from pdtb.engine.timeline import Timeline
+from pdtb.engine.timeline import Earlier, Timeline
 
 PROTOCOL_VERSION = 1
 MAX_CONTROL_BYTES = 64 << 20  # a request carries its prompt ids: up to millions of tokens
@@ -176,6 +176,7 @@ class GenerateRequest:
     # the chosen one cannot take it (draining, dead, full)
     fallbacks: list[Target] = field(default_factory=list)
     arrival_time: float = 0.0  # router wall-clock time.time() when the request arrived
+    earlier: Earlier | None = None  # recomputed after a node loss: what its lost attempts took
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pdtb.client.prefix import PROMPT_ROLES, prompt_ids
 from kv_transport.admission import FailCode
 from pdtb.engine.kv_spec import KVSpec
 from pdtb.nodes.node_base import queued_tokens
-from pdtb.nodes.protocol import GenerateRequest, NodeStats, Params, Target
+from pdtb.nodes.protocol import Earlier, GenerateRequest, NodeStats, Params, Target
 from pdtb.router.config import NodeSpec
 from pdtb.router.fair_route import D2lpmRouter, RouteCandidate
 from pdtb.sim.client import SimClient
@@ -186,9 +186,12 @@ class SimCluster:
         self.records[rid], self.attempt[root], self.root[rid] = rec, rid, root
         self.klass[rid] = self.klass[root]
         i, s = self._specs[root]
-        self._route(rid, s, self._prompt(i, s) + [TOKEN] * done, left)
+        t0, tt = rec.send_time, rec.token_times  # (the client's times: the router's are a leg later)
+        earlier = Earlier(self.loop.now - t0, done, tt[0] - t0 if done else -1.0, tt[done - 1] - t0 if done else -1.0)
+        self._route(rid, s, self._prompt(i, s) + [TOKEN] * done, left, earlier)
 
-    def _route(self, rid: str, s: RequestSpec, prompt: list[int], max_tokens: int) -> None:
+    def _route(self, rid: str, s: RequestSpec, prompt: list[int], max_tokens: int,
+               earlier: Earlier | None = None) -> None:
         now, prompt_len = self.loop.now, len(prompt)
         peak = prompt_len + max_tokens
         prefill, decode = self._entry(self._fits("prefill", prompt_len), s, pick_prefill), \
@@ -201,7 +204,7 @@ class SimCluster:
         tier = s.slo_tier if s.slo_tier is not None else self.shape.tenant_tiers.get(s.tenant, "")
         req = GenerateRequest(rid, prompt, Params(max_tokens=max_tokens, ignore_eos=True),
                               tenant=s.tenant, priority=s.priority or 0, slo_tier=tier, router_id="router",
-                              arrival_time=now)
+                              arrival_time=now, earlier=earlier)
         if decode is not None:
             req.decode_node = req.decode_kv_addr = decode.node_id
             others = sorted((n for n in self._fits("decode", peak) if n is not decode), key=lambda n: -n.free_pages_estimate())

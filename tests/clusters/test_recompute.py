@@ -82,6 +82,11 @@ def test_a_lost_node_sends_the_prompt_and_the_streamed_tokens_anew(llama_dir):
     # the nodes' timeline covers the last attempt: what came before is said beside it
     rec = pieces[-1].timing["recomputed"]
     assert rec["times"] == 2 and rec["tokens_before"] == 4 and rec["lost_s"] >= 0
+    # and each attempt after a loss carries what the ones before it took, for its attribution
+    first, second, third = (g.earlier for g in reg.sent)
+    assert first is None and (second.tokens, third.tokens) == (3, 4)
+    assert second.valid() and third.valid() and second.first_token_s == third.first_token_s
+    assert second.last_token_s <= third.last_token_s and second.lost_s <= third.lost_s
 
 
 def test_retries_are_bounded_and_other_failures_are_not_retried(llama_dir):
@@ -96,7 +101,8 @@ def test_retries_are_bounded_and_other_failures_are_not_retried(llama_dir):
 @pytest.mark.slow
 def test_decode_node_killed_under_40_greedy_streams(llama_dir, hf_models, tmp_path):
     """kill -9 of one of two decode nodes while 40 greedy streams run: every stream completes with
-    generate's tokens, and the survivors' pages are all free after."""
+    generate's tokens, the survivors' pages are all free after, and a recomputed stream's SLO
+    attribution counts the time the loss cost."""
     import os
     import signal
 
@@ -123,6 +129,12 @@ def test_decode_node_killed_under_40_greedy_streams(llama_dir, hf_models, tmp_pa
         assert all(o.ok for o in outs), [o for o in outs if not o.ok][:3]
         for p, o in zip(prompts, outs):
             assert o.token_ids == hf_greedy(hf_models["llama"], p, 48, ignore_eos=True)
+        recomputed = [o.timing for o in outs if "recomputed" in o.timing]
+        assert recomputed
+        for t in recomputed:  # (the router measured `earlier` just before it sent the last attempt)
+            assert 0 < t["stamps"]["earlier"]["lost_s"] <= t["recomputed"]["lost_s"]
+            assert t["stamps"]["earlier"]["tokens"] == t["recomputed"]["tokens_before"]
+            assert t["slo"]["components"]["node_lost"] > 0
         metrics = get_json_text(f"{url}/metrics")
         assert "pdtb_router_recomputes_total" in metrics and not metrics_zero(metrics, "pdtb_router_recomputes_total")
         wait_until(lambda: all(n["pages_free"] == n["pages_total"] for n in get_json(f"{url}/cluster") if n["healthy"]),

@@ -47,6 +47,16 @@ def test_colocated_refuses_a_request_larger_than_its_pool(llama_dir):
     assert validate_prompt(engine, too_big) == "request needs up to 9 KV pages; the pool has 8"
 
 
+def test_a_recomputed_request_with_figures_no_router_could_measure_is_refused(llama_dir):
+    from pdtb.engine.timeline import Earlier
+
+    engine = make_engine(llama_dir, num_pages=8)
+    good, bad = (GenerateRequest("r.r1", [5] * 20, Params(max_tokens=4, first_index=2), earlier=e)
+                 for e in (Earlier(3.0, 2, 0.5, 0.9), Earlier(3.0, 2, 0.9, 0.5)))
+    assert validate_prompt(engine, good) is None
+    assert validate_prompt(engine, bad).startswith("earlier attempts' figures out of order or not finite")
+
+
 def test_handoff_seal_survives_the_wire_and_catches_tampering():
     seen = []
 
