@@ -26,11 +26,12 @@ from typing import AsyncIterator
 
 from aiohttp import web
 
-from pdtb.nodes.protocol import GenerateRequest, Params
+from pdtb.nodes.protocol import Earlier, GenerateRequest, Params
 from pdtb.aio import bounded
 from pdtb.router.chat_api import ChatPrompt, chat_choice, chat_delta, parse_chat_request
 from pdtb.router.config import RouterConfig, ServedModel
 from pdtb.router.detok import OutputText, TextDelta
+from pdtb.router.half_close import HEARTBEAT_S, peer_eof
 from pdtb.router.metrics import RouterMetrics
 from pdtb.router.registry import NodeRegistry, RequestFailed, RequestHandle
 from pdtb.router.openai_api import (ApiError, CompletionRequest, check_lengths, choice_body, completion_body,
@@ -92,6 +93,7 @@ class CompletionRun:
         self.resubmits = 0  # times a node refused it before any work and it was sent elsewhere
         self.recomputed_at = 0.0  # time.monotonic() of the last recompute's submission
         self.tokens_before = 0  # tokens streamed before the last recompute
+        self.first_token_at = self.last_token_at = 0.0  # time.monotonic() of the first and latest token
         self.status = "200"  # for the requests counter; "499": the client went away
         self.delivered = False  # a stream's last event ([DONE]) was written: whatever follows, it was served
 
@@ -106,12 +108,12 @@ class CompletionRun:
         self.state.metrics.observe_route(self.handle.entry.node_id, self.handle.prefix_overlap_tokens)
 
     def _generate_request(self, request_id: str, prompt_ids: list[int], max_tokens: int,
-                          first_index: int = 0) -> GenerateRequest:
+                          first_index: int = 0, earlier: Earlier | None = None) -> GenerateRequest:
         params = Params(max_tokens, self.req.temperature, self.req.top_p, self.req.seed,
                         self.req.ignore_eos, list(self.req.stop_token_ids), first_index)
         tier = self.req.slo_tier or self.state.config.tenant_tiers.get(self.req.tenant, "")
         return GenerateRequest(request_id, prompt_ids, params, tenant=self.req.tenant,
-                               priority=self.req.priority, slo_tier=tier, arrival_time=time.time())
+                               priority=self.req.priority, slo_tier=tier, arrival_time=time.time(), earlier=earlier)
 
     async def _recompute(self, e: RequestFailed, unstarted: bool = False) -> bool:
         """A node the request depended on died (`e`): send it anew, its prompt followed by every
@@ -134,7 +136,8 @@ class CompletionRun:
         self.state.registry.abort(old, "recomputed on another node")  # any live node still holding it lets go
         self.state.registry.release(old)
         rid = f"{self.request_id}.r{tries}"
-        req = self._generate_request(rid, self.prompt_ids + self.output_ids, left, len(self.output_ids))
+        req = self._generate_request(rid, self.prompt_ids + self.output_ids, left, len(self.output_ids),
+                                     self._earlier() if self.recomputes else None)
         deadline = time.monotonic() + self.state.config.node_wait
         while True:
             try:
@@ -155,10 +158,17 @@ class CompletionRun:
         log.info("request %s: %s; recomputed as %s after %d tokens", self.request_id, e, rid, len(self.output_ids))
         return True
 
+    def _earlier(self) -> Earlier:
+        """What the attempts so far took, for the next attempt's SLO attribution (the nodes
+        judge the request whole: fairness/attribution.py)."""
+        n = len(self.output_ids)
+        tok = (lambda t: round(t - self.arrival, 6)) if n else (lambda t: -1.0)
+        return Earlier(round(time.monotonic() - self.arrival, 6), n, tok(self.first_token_at), tok(self.last_token_at))
+
     def _timing(self, timing: dict) -> dict:
-        """The final event's timeline, with what recomputes took: the nodes' timeline and SLO
-        attribution cover the last attempt only, `recomputed.lost_s` the time before it (the
-        lost attempts, the loss found, and the new submission)."""
+        """The final event's timeline, with what recomputes took: the stamps are the last
+        attempt's, `recomputed.lost_s` the time before it (the lost attempts, the loss found,
+        and the new submission); the SLO attribution covers the whole request (`_earlier`)."""
         if not self.recomputes:
             return timing
         return {**timing, "recomputed": {"times": self.recomputes, "lost_s": round(self.recomputed_at - self.arrival, 6),
@@ -263,6 +273,9 @@ class CompletionRun:
         self.output_ids += ev.token_ids
         if not ev.token_ids:
             return last
+        self.last_token_at = now
+        if not self.first_token_at:
+            self.first_token_at = now
         if last is None:
             self.state.metrics.ttft.observe(now - self.arrival)
         self.state.metrics.observe_tokens(len(ev.token_ids), None if last is None else now - last)
@@ -275,8 +288,40 @@ class CompletionRun:
     def _usage(self) -> dict:
         return usage_body(len(self.prompt_ids), self.num_output_tokens)
 
-    async def json_response(self) -> web.Response:
-        """Collect the whole output into one `text_completion` response."""
+    async def json_response(self, request: web.Request) -> web.StreamResponse:
+        """Collect the whole output into one `text_completion` response. A client whose input
+        ended while it waits (half-closed, or gone) gets a 200 at once and the body later,
+        whitespace before it meanwhile: writes are how TCP tells the two apart (half_close.py);
+        a failure then is an error body under that 200."""
+        eof = peer_eof(request)
+        body = asyncio.ensure_future(self._json_body())
+        waits = {body} if eof is None else {body, asyncio.ensure_future(eof.wait())}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if body.done():
+                return web.json_response(body.result())
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.enable_chunked_encoding()
+            await bounded(resp.prepare(request), self.state.config.request_timeout)
+            try:
+                while not (await asyncio.wait({body}, timeout=HEARTBEAT_S))[0]:
+                    await self._write(resp, b" ")
+            except (ConnectionResetError, asyncio.TimeoutError):
+                self.status = "499"  # the client had closed, not half-closed
+                return resp
+            try:
+                out = body.result()
+            except ApiError as e:
+                self.status, out = str(e.status), e.body()
+            await self._write(resp, json.dumps(out, ensure_ascii=False).encode())
+            self.delivered = True
+            await bounded(resp.write_eof(), self.state.config.request_timeout)
+            return resp
+        finally:
+            for w in waits:
+                w.cancel()  # (the body's: the client went away; pieces() sends the abort)
+
+    async def _json_body(self) -> dict:
         text, ids, finish, timing, reason = [], [], None, {}, None
         try:
             async with aclosing(self.pieces()) as gen:
@@ -296,16 +341,18 @@ class CompletionRun:
         extra = {"pdtb_timing": timing}
         if rti:
             extra["prompt_token_ids"] = self.prompt_ids
-        return web.json_response(completion_body(request_id=self.request_id, created=self.created,
-                                                 model=self.state.model.name, choice=choice,
-                                                 usage=self._usage(), extra=extra,
-                                                 object_name="chat.completion" if self.chat else "text_completion"))
+        return completion_body(request_id=self.request_id, created=self.created, model=self.state.model.name,
+                               choice=choice, usage=self._usage(), extra=extra,
+                               object_name="chat.completion" if self.chat else "text_completion")
 
     async def stream_response(self, request: web.Request) -> web.StreamResponse:
         """Server-sent events: one chunk per piece, an optional usage chunk, then [DONE]."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        beat = None
         try:
             await bounded(resp.prepare(request), self.state.config.request_timeout)
+            if (eof := peer_eof(request)) is not None:
+                beat = asyncio.ensure_future(self._heartbeat(resp, eof))
             try:
                 await self._send_pieces(resp)
             except RequestFailed as e:
@@ -317,7 +364,23 @@ class CompletionRun:
         except (ConnectionResetError, asyncio.TimeoutError):
             if not self.delivered:
                 self.status = "499"  # the client went away or stopped reading; pieces() sent the abort
+        finally:
+            if beat is not None:
+                beat.cancel()
         return resp
+
+    async def _heartbeat(self, resp: web.StreamResponse, eof: asyncio.Event) -> None:
+        """Once the client's input ended: an SSE comment every HEARTBEAT_S, so that a client that
+        closed (not half-closed) is found while its request waits for tokens (half_close.py).
+        Each write is a whole line pair, so it never splits an event; a failed write ends
+        the stream as the client's close does."""
+        await eof.wait()
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                await self._write(resp, b": \n\n")
+            except (ConnectionResetError, asyncio.TimeoutError, RuntimeError):
+                return  # (the stream's own next write fails the same way)
 
     async def _send_pieces(self, resp: web.StreamResponse) -> None:
         rti, first, timing = self.req.return_token_ids, True, {}
@@ -425,7 +488,7 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
         with tenant_slot(state, run.req.tenant):
             run.submit()
             try:
-                resp = await (run.stream_response(request) if run.req.stream else run.json_response())
+                resp = await (run.stream_response(request) if run.req.stream else run.json_response(request))
             finally:
                 run.close()
             status = run.status

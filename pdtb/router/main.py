@@ -29,6 +29,7 @@ from pdtb.router.app import build_app
 from pdtb.router.cache_route import ROUTES
 from pdtb.router.completions import STATE, drain
 from pdtb.router.config import NodeSpec, RouterConfig, ServedModel, load_served_model
+from pdtb.router.half_close import HalfCloseRunner
 from pdtb.router.registry import NodeRegistry
 
 log = logging.getLogger("pdtb.router")
@@ -39,7 +40,7 @@ async def start_router(config: RouterConfig, model: ServedModel,
     """Start serving on config.host:config.port (0: ephemeral). Returns the runner (stop it with
     `await runner.cleanup()`) and the base URL, e.g. http://127.0.0.1:8000."""
     app = build_app(config, model, registry)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=config.shutdown_timeout,
+    runner = HalfCloseRunner(app, handler_cancellation=True, shutdown_timeout=config.shutdown_timeout,
                            access_log=logging.getLogger("aiohttp.access"))
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)

@@ -217,6 +217,79 @@ def test_client_disconnect_aborts_on_both_nodes(served, tokens):
     run(go())
 
 
+async def half_closed(url: str, body: dict, close: bool = False) -> bytes:
+    """POST `body` over a raw connection, then shut the sending side (close=True: close the
+    socket at once) and read the answer to the end."""
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    await writer.drain()
+    if close:
+        writer.close()
+        return b""
+    writer.write_eof()
+    got = await asyncio.wait_for(reader.read(), 20)
+    writer.close()
+    return got
+
+
+def unchunk(body: bytes) -> bytes:
+    out = b""
+    while True:
+        size, _, rest = body.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            return out
+        out, body = out + rest[:n], rest[n + 2:]
+
+
+def test_a_client_that_half_closed_is_answered_stream_and_json(served, tokens):
+    """A client that shuts its sending side once its request is out gets the whole answer:
+    the stream (SSE comments keep it company while tokens are slow), or a 200 at once and
+    the JSON body after whitespace."""
+    prompt_ids = served.tokenizer(PROMPT)["input_ids"]
+    ids, text = reference(served, tokens, prompt_ids, 30)
+
+    async def go():
+        async with cluster(served, tokens, node_kw={"decode": {"delay": 0.15}}) as c:
+            body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 30, "ignore_eos": True, "return_token_ids": True}
+            head, _, raw = (await half_closed(c.url, {**body, "stream": True})).partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 ")
+            events = unchunk(raw).decode().split("\n\n")
+            assert ": " in events  # a heartbeat while the tokens came slowly
+            data = [e.removeprefix("data: ") for e in events if e.startswith("data: ")]
+            assert data[-1] == "[DONE]"
+            chunks = [json.loads(d) for d in data[:-1]]
+            assert [t for ch in chunks for t in ch["choices"][0].get("token_ids") or []] == ids
+            head, _, raw = (await half_closed(c.url, body)).partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 ")
+            got = unchunk(raw)
+            assert got.startswith(b" ")  # the body was started before the answer was ready
+            answer = json.loads(got)
+            assert answer["choices"][0]["token_ids"] == ids and answer["choices"][0]["text"] == text
+            await wait_until(lambda: c.state.registry.num_open_requests == 0, what="requests released")
+            assert not c.nodes["decode"].aborts
+
+    run(go())
+
+
+def test_a_client_that_closed_while_waiting_is_found_and_aborted(served, tokens):
+    """A client that closed its socket (not half-closed) while its request waits is told from
+    one that half-closed by the router's writes: its request is aborted at its nodes."""
+    async def go():
+        async with cluster(served, tokens, node_kw={"decode": {"delay": 0.3}, "prefill": {"first_token_delay": 20}}) as c:
+            for stream in (True, False):
+                body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 100, "stream": stream}
+                await half_closed(c.url, body, close=True)
+                n = 1 + (not stream)
+                await wait_until(lambda: len(c.nodes["prefill"].aborts) == n, 15, what="the abort")
+            await wait_until(lambda: c.state.registry.num_open_requests == 0, what="requests released")
+
+    run(go())
+
+
 CLOSE_AT_END = '''
 import socket, sys
 host, port, body, n = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode(), int(sys.argv[4])
