@@ -15,10 +15,10 @@ out could otherwise still write into pages that were freed and handed to another
 marked broken: gloo closes the pair on a timed-out wait, and NCCL has no tags to keep a
 stale recv from matching the next send. Later dist transfers with that peer fail fast with
 the reason (other peers are unaffected); recovery is a new process group (restart the nodes).
-A header whose src_rank is not another rank of the group is refused before any dist call.
-Otherwise src_rank is the sender's word: a peer let onto the control plane (holding the CURVE
-keys, where they are set) is trusted to name its own rank, and one naming another's makes
-that pair's recv time out and the pair count as broken.
+A header whose src_rank is not another rank of the group is refused before any dist call, and
+so is one from a peer that does not speak for that rank (torch_ranks.py: each rank's sockets
+carry a token it published in the group's store), so that no peer can make another pair's recv
+wait for a send that never comes.
 A transfer cancelled after its header went out keeps its payload until the receiver's
 Credit (if one comes) is answered, so a recv posted before the Cancel arrived completes. Each side runs its dist operations
 one at a time, in Credit order, which is also the order NCCL needs.
@@ -35,7 +35,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from kv_transport import checksum
+from kv_transport import checksum, torch_ranks
 from kv_transport.admission import AdmitFn, FailCode
 from kv_transport.base import TransferState, TransportError
 from kv_transport.config import TransportConfig
@@ -142,6 +142,9 @@ class TorchSender(ZmqSender):
 
     def _src_rank(self) -> int:
         return dist.get_rank()
+
+    def _routing_id(self) -> bytes:
+        return torch_ranks.routing_id()
 
     def _on_ready(self, o, credit: Credit) -> None:
         if o.status.state is S.WAITING:
@@ -263,6 +266,15 @@ class TorchReceiver(ZmqReceiver):
 
     async def _receive_one(self, inb, use_thread: bool) -> None:
         h = inb.header
+        ok, why = torch_ranks.known_verdict(inb.peer, h.src_rank), f"the peer that sent it does not speak for rank {h.src_rank}"
+        if ok is None:  # a rank not seen before: its token from the group's store
+            try:
+                ok = await bounded(asyncio.to_thread(torch_ranks.speaks_for, inb.peer, h.src_rank), self.config.tick_s + 5)
+            except (asyncio.TimeoutError, RuntimeError, ValueError) as e:  # the store: unreachable, or gone
+                ok, why = False, f"the group's store did not answer: {e!r}"
+        if not ok:
+            self._fail(inb, FailCode.BAD_MESSAGE, f"src_rank {h.src_rank}: {why}")
+            return
         buf = self._staging_for(h.payload_bytes)
         tag = next(self._tags) % (1 << 31)
         work = None

@@ -75,12 +75,18 @@ class ZmqSender(SenderCore):
         apply_socket_options(s, self.config)
         s.setsockopt(zmq.MAXMSGSIZE, self.config.max_header_bytes)
         s.setsockopt(zmq.IMMEDIATE, 1)
+        if (rid := self._routing_id()) is not None:
+            s.setsockopt(zmq.ROUTING_ID, rid)
         if self.config.curve_dir:
             from pdtb.security import CurveKeys, secure_client
 
             secure_client(s, CurveKeys.load(self.config.curve_dir))
         s.connect(self.config.endpoint)
         return s
+
+    def _routing_id(self) -> bytes | None:
+        """The routing id of a new socket; None: the receiving ROUTER picks one."""
+        return None
 
     async def _open(self) -> None:
         self._sock = self._new_socket()

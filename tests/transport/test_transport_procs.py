@@ -135,9 +135,9 @@ def test_torch_gloo_survives_a_cancel_while_waiting_and_a_bad_src_rank(peers):
     """Two ways to break the gloo receiver for good, each followed by transfers that must
     still succeed: a sender cancel after the header went out (the receiver has posted its irecv
     and its Credit is in flight; unhandled, the recv waits for a send that never comes, then
-    the receiver marks the pair broken), and a header naming a rank outside the group
+    the receiver marks the pair broken), a header naming a rank outside the group
     (unchecked, gloo waits on its store for the whole timeout, then the receiver's dist worker
-    dies)."""
+    dies), and one naming a rank of the group from a peer that is not that rank's."""
     import torch.distributed as dist
     store = dist.TCPStore("127.0.0.1", 0, world_size=2, is_master=True,
                           wait_for_workers=False, timeout=datetime.timedelta(seconds=30))
@@ -189,6 +189,20 @@ def test_torch_gloo_survives_a_cancel_while_waiting_and_a_bad_src_rank(peers):
             s.close(0)
             ctx.term()
             status = await tx.wait(tx.send(make_export(pool, "after-bad-rank", 8)), 10.0)
+            assert status.state is TransferState.DONE, status.reason
+            # a peer on the control plane naming a rank of the group that it does not speak for
+            # (ours): unchecked, the receiver's recv from rank 0 waits out the transfer timeout
+            # for a send that never comes, and the pair counts as broken from then on
+            ctx = zmq.Context()
+            s = ctx.socket(zmq.DEALER)
+            s.connect(config.endpoint)
+            s.send_multipart(encode(dataclasses.replace(header, transfer_id="evil-2", src_rank=0)))
+            assert s.poll(10_000), "no NACK for a header from a peer that does not speak for its rank"
+            reply = b"".join(s.recv_multipart())
+            assert b"bad_message" in reply and b"does not speak for rank 0" in reply
+            s.close(0)
+            ctx.term()
+            status = await tx.wait(tx.send(make_export(pool, "after-foreign-rank", 8)), 10.0)
             assert status.state is TransferState.DONE, status.reason
         finally:
             await tx.close()
