@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 
 from pdtb.chaos.load import Load
+from pdtb.local_cluster.supervise import read_argv, restartable
 from pdtb.chaos.plan import TRANSFER_FAULTS, Fault, Kind
 
 
@@ -81,12 +82,12 @@ class Injector:
 
     async def apply(self, f: Fault) -> str:
         kind = Kind(f.kind)
-        if kind in (Kind.KILL_PREFILL, Kind.KILL_DECODE):
-            os.kill(self.pid(f.target), signal.SIGKILL)
-            return "killed"
-        if kind is Kind.DRAIN:
-            os.kill(self.pid(f.target), signal.SIGTERM)
-            return "SIGTERM"
+        if kind in (Kind.KILL_PREFILL, Kind.KILL_DECODE, Kind.DRAIN):
+            pid = self.pid(f.target)
+            if (last := await asyncio.to_thread(self.last_of_its_role, f.target)):
+                return f"skipped: {last}"
+            os.kill(pid, signal.SIGTERM if kind is Kind.DRAIN else signal.SIGKILL)
+            return "SIGTERM" if kind is Kind.DRAIN else "killed"
         if kind is Kind.PAUSE:
             pid = self.pid(f.target)
             os.kill(pid, signal.SIGSTOP)
@@ -108,6 +109,18 @@ class Injector:
         await asyncio.to_thread(http_json, f"{self.url}/admin/faults",
                                 {"node": node, "faults": TRANSFER_FAULTS[kind], "for_s": f.param})
         return f"faults on {node} for {f.param:.1f} s"
+
+    def last_of_its_role(self, target: str) -> str | None:
+        """Why ending `target`'s process would leave its role without a node for good (it is not
+        restarted: a torch-transport node), or None."""
+        role = target.rsplit("-", 1)[0]
+        if restartable(role, read_argv(self.run_dir / f"{target}.argv")):
+            return None
+        others = [n for n in http_json(f"{self.url}/cluster") if n["role"] == role and n["healthy"]
+                  and n["id"] != target and not n["id"].startswith(target + "~")]
+        if others:
+            return None
+        return f"the last healthy {role} node, and it would not come back (a torch-transport node cannot rejoin its group)"
 
     def migrate(self, target: str) -> str:
         cluster = http_json(f"{self.url}/cluster")

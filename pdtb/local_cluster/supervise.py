@@ -70,6 +70,12 @@ def read_argv(path: pathlib.Path) -> list[str]:
     return path.read_bytes().decode().split("\0")[:-1]
 
 
+def restartable(role: str, argv: list[str]) -> bool:
+    """Whether a process of this role and command line can be started again: not a node of a
+    torch-transport cluster (torch.distributed lets no process join a running group)."""
+    return role == "router" or "--dist-rank" not in argv
+
+
 def with_flag(argv: list[str], flag: str, value: str | None) -> list[str]:
     """`argv` with every `flag VALUE` pair removed and, unless value is None, one `flag value`
     appended (argparse keeps the last of a repeated flag; appended so that no other parsing
@@ -153,7 +159,7 @@ class Supervisor:
     async def restart(self, m: Member) -> subprocess.Popen | None:
         """Start `m` again; once it is ready, add a node to the router. A process that does not
         get there (not ready in time, not added) is killed: the next round starts it anew."""
-        if m.role != "router" and "--dist-rank" in m.argv:
+        if not restartable(m.role, m.argv):
             self.record(name=m.name, event="not restarted", error="a torch-transport node cannot rejoin its process group")
             return None
         m.restarts += 1
