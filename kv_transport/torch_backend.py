@@ -125,6 +125,8 @@ class TorchSender(ZmqSender):
 
     async def start(self) -> None:
         self._owns_group = await ensure_process_group(self.config, self.device)
+        # this rank's token into the group's store (a round trip) off the loop, before any socket
+        await bounded(asyncio.to_thread(torch_ranks.routing_id), self.config.transfer_timeout_s)
         self._job_evt = asyncio.Event()
         self._wake = asyncio.Event()
         await self._start_tasks(self._writer(), self._reader(), self._dist_worker())
@@ -272,6 +274,8 @@ class TorchReceiver(ZmqReceiver):
                 ok = await bounded(asyncio.to_thread(torch_ranks.speaks_for, inb.peer, h.src_rank), self.config.tick_s + 5)
             except (asyncio.TimeoutError, RuntimeError, ValueError) as e:  # the store: unreachable, or gone
                 ok, why = False, f"the group's store did not answer: {e!r}"
+        if inb.status.state.finished:  # expired or cancelled during the lookup: no recv for it
+            return
         if not ok:
             self._fail(inb, FailCode.BAD_MESSAGE, f"src_rank {h.src_rank}: {why}")
             return

@@ -30,7 +30,8 @@ def _store():
 
 
 def _token() -> bytes:
-    """This rank's token, published in the group's store the first time it is asked for."""
+    """This rank's token, published in the group's store the first time it is asked for (a
+    round trip: TorchSender.start asks off the event loop, before any socket needs it)."""
     store = _store()
     if _published.get("store") is not store:
         # the first byte is not 0: libzmq keeps routing ids that start with 0 for its own
@@ -46,19 +47,20 @@ def routing_id() -> bytes:
     return _token() + next(_ids).to_bytes(8, "big")
 
 
-def _tokens() -> dict:
-    """The ranks' tokens looked up in the current group's store (held: `is` stays sound)."""
+def _tokens() -> tuple:
+    """(the current group's store, the ranks' tokens looked up in it); the store is held, so
+    that `is` stays sound."""
     store = _store()
     if _known["store"] is not store:
         _known.update(store=store, tokens={})
-    return _known["tokens"]
+    return store, _known["tokens"]
 
 
 def known_verdict(peer: bytes | None, rank: int) -> bool | None:
     """speaks_for's answer where it needs no store lookup (a rank seen before); else None."""
     if peer is None or len(peer) < TOKEN_BYTES:
         return False
-    token = _tokens().get(rank)
+    token = _tokens()[1].get(rank)
     return None if token is None else peer[:TOKEN_BYTES] == token
 
 
@@ -67,11 +69,11 @@ def speaks_for(peer: bytes | None, rank: int) -> bool:
     store lookup the first time a rank is asked about (run it off the event loop)."""
     if peer is None or len(peer) < TOKEN_BYTES:
         return False
-    tokens = _tokens()
+    store, tokens = _tokens()
     token = tokens.get(rank)
     if token is None:
         key = _KEY.format(rank)
-        if not _known["store"].check([key]):
+        if not store.check([key]):
             return False  # that rank published nothing: no pdtb sender there yet
-        token = tokens[rank] = _known["store"].get(key)
+        token = tokens[rank] = store.get(key)
     return peer[:TOKEN_BYTES] == token

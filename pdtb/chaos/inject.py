@@ -51,6 +51,7 @@ class Injector:
         self.paused: set[int] = set()  # pids stopped by a pause, continued at its end or at the campaign's
         self.router_kills: list[float] = []  # campaign times of the router's kills
         self.log: list[dict] = []  # one entry per fault: the plan's and what came of it
+        self.ended: set[str] = set()  # nodes whose process this campaign ended and that do not come back
 
     def pid(self, name: str) -> int:
         """The pid of a plan's target (a node name, or "router"): see cluster_pid."""
@@ -83,10 +84,12 @@ class Injector:
     async def apply(self, f: Fault) -> str:
         kind = Kind(f.kind)
         if kind in (Kind.KILL_PREFILL, Kind.KILL_DECODE, Kind.DRAIN):
-            pid = self.pid(f.target)
+            self.pid(f.target)  # (a target gone already is skipped without asking the router)
             if (last := await asyncio.to_thread(self.last_of_its_role, f.target)):
                 return f"skipped: {last}"
-            os.kill(pid, signal.SIGTERM if kind is Kind.DRAIN else signal.SIGKILL)
+            os.kill(self.pid(f.target), signal.SIGTERM if kind is Kind.DRAIN else signal.SIGKILL)
+            if not self.comes_back(f.target):
+                self.ended.add(f.target)
             return "SIGTERM" if kind is Kind.DRAIN else "killed"
         if kind is Kind.PAUSE:
             pid = self.pid(f.target)
@@ -110,14 +113,20 @@ class Injector:
                                 {"node": node, "faults": TRANSFER_FAULTS[kind], "for_s": f.param})
         return f"faults on {node} for {f.param:.1f} s"
 
+    def comes_back(self, target: str) -> bool:
+        """Whether the supervisor starts `target` again once its process ends (not a torch-transport node)."""
+        return restartable(target.rsplit("-", 1)[0], read_argv(self.run_dir / f"{target}.argv"))
+
     def last_of_its_role(self, target: str) -> str | None:
         """Why ending `target`'s process would leave its role without a node for good (it is not
-        restarted: a torch-transport node), or None."""
-        role = target.rsplit("-", 1)[0]
-        if restartable(role, read_argv(self.run_dir / f"{target}.argv")):
+        restarted: a torch-transport node), or None. Another node counts if it is healthy, not
+        draining, and not one this campaign ended (the router may not have noticed yet)."""
+        if self.comes_back(target):
             return None
+        role = target.rsplit("-", 1)[0]
         others = [n for n in http_json(f"{self.url}/cluster") if n["role"] == role and n["healthy"]
-                  and n["id"] != target and not n["id"].startswith(target + "~")]
+                  and not n.get("draining") and not n.get("retired") and n["id"] != target
+                  and not n["id"].startswith(target + "~") and n["id"].split("~")[0] not in self.ended]
         if others:
             return None
         return f"the last healthy {role} node, and it would not come back (a torch-transport node cannot rejoin its group)"

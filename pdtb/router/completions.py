@@ -300,26 +300,30 @@ class CompletionRun:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             if body.done():
                 return web.json_response(body.result())
+            # (no Content-Length: chunked on HTTP/1.1, the body ended by the close on HTTP/1.0)
             resp = web.StreamResponse(headers={"Content-Type": "application/json"})
-            resp.enable_chunked_encoding()
-            await bounded(resp.prepare(request), self.state.config.request_timeout)
             try:
+                await bounded(resp.prepare(request), self.state.config.request_timeout)
                 while not (await asyncio.wait({body}, timeout=HEARTBEAT_S))[0]:
                     await self._write(resp, b" ")
+                try:
+                    out = body.result()
+                except ApiError as e:
+                    self.status, out = str(e.status), e.body()
+                except Exception:  # the 200 is out: the error goes in the body
+                    log.exception("request %s failed after its response started", self.request_id)
+                    self.status, out = "500", ApiError(500, "internal server error", "server_error").body()
+                await self._write(resp, json.dumps(out, ensure_ascii=False).encode())
+                self.delivered = True
+                await bounded(resp.write_eof(), self.state.config.request_timeout)
             except (ConnectionResetError, asyncio.TimeoutError):
-                self.status = "499"  # the client had closed, not half-closed
-                return resp
-            try:
-                out = body.result()
-            except ApiError as e:
-                self.status, out = str(e.status), e.body()
-            await self._write(resp, json.dumps(out, ensure_ascii=False).encode())
-            self.delivered = True
-            await bounded(resp.write_eof(), self.state.config.request_timeout)
+                if not self.delivered:
+                    self.status = "499"  # the client had closed, not half-closed
             return resp
         finally:
-            for w in waits:
-                w.cancel()  # (the body's: the client went away; pieces() sends the abort)
+            for w in waits:  # (the body's: the client went away; pieces() sends the abort)
+                w.cancel()
+                w.add_done_callback(_retrieved)
 
     async def _json_body(self) -> dict:
         text, ids, finish, timing, reason = [], [], None, {}, None
@@ -358,6 +362,9 @@ class CompletionRun:
             except RequestFailed as e:
                 self.status = str(e.status)
                 await self._send(resp, failure_error(e).body())
+            if beat is not None:  # no comment after the last event (nor after write_eof's terminator)
+                beat.cancel()
+                await asyncio.wait({beat})
             await self._write(resp, b"data: [DONE]\n\n")
             self.delivered = True
             await bounded(resp.write_eof(), self.state.config.request_timeout)
@@ -413,6 +420,12 @@ class CompletionRun:
 
     async def _write(self, resp: web.StreamResponse, data: bytes) -> None:
         await bounded(resp.write(data), self.state.config.request_timeout)
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    """(a cancelled helper task's exception, if it had one, is not left unretrieved)"""
+    if not task.cancelled():
+        task.exception()
 
 
 THREAD_PARSE_BYTES = 1 << 20  # larger bodies are parsed and validated off the event loop

@@ -41,6 +41,8 @@ class _Handler(RequestHandler):
         if idle or (self._last_body is not None and not self._last_body.is_eof()):
             return None  # nothing to answer, or a body cut short: aiohttp closes, as it does
         self.peer_eof.set()
+        if not self._messages:
+            self.close()  # none queued: close once the request in hand (if any) is answered
         return True  # the sending side stays open for the answers to what was received
 
     async def _handle_request(self, *args, **kwargs):

@@ -33,15 +33,19 @@ def test_the_last_healthy_node_of_a_role_that_would_not_come_back_is_spared(tmp_
     argv_file(tmp_path, "decode-0", *torch)
     argv_file(tmp_path, "decode-1", *torch[:-1], "3")
     argv_file(tmp_path, "prefill-0", "python", "-m", "pdtb", "node", "--role", "prefill")
-    for nodes, target, spared in [
-        ([node("decode-0"), node("decode-1")], "decode-0", False),  # the other one serves on
-        ([node("decode-0"), node("decode-1", healthy=False)], "decode-0", True),
-        ([node("decode-0")], "decode-0", True),  # decode-1 gone from the list
-        ([node("decode-1"), node("decode-0~1")], "decode-0", False),  # (a restarted id of another node)
-        ([node("prefill-0")], "prefill-0", False),  # restartable: its supervisor brings it back
+    for nodes, ended, target, spared in [
+        ([node("decode-0"), node("decode-1")], (), "decode-0", False),  # the other one serves on
+        ([node("decode-0"), node("decode-1", healthy=False)], (), "decode-0", True),
+        ([node("decode-0")], (), "decode-0", True),  # decode-1 gone from the list
+        ([node("decode-1"), node("decode-0~1")], (), "decode-0", False),  # (a restarted id of another node)
+        ([node("prefill-0")], (), "prefill-0", False),  # restartable: its supervisor brings it back
+        ([node("decode-0"), {**node("decode-1"), "draining": True}], (), "decode-0", True),  # leaving
+        ([node("decode-0"), node("decode-1")], ("decode-1",), "decode-0", True),  # ended here, not yet noticed
     ]:
         with app_in_thread(cluster_app(nodes)) as url:
-            why = Injector(url, tmp_path, load=None, seed=1).last_of_its_role(target)
+            inj = Injector(url, tmp_path, load=None, seed=1)
+            inj.ended.update(ended)
+            why = inj.last_of_its_role(target)
         assert (why is not None) is spared, (nodes, target, why)
         if spared:
             assert why.startswith("the last healthy decode node") and "cannot rejoin" in why

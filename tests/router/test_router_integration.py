@@ -217,14 +217,14 @@ def test_client_disconnect_aborts_on_both_nodes(served, tokens):
     run(go())
 
 
-async def half_closed(url: str, body: dict, close: bool = False) -> bytes:
+async def half_closed(url: str, body: dict, close: bool = False, version: str = "1.1") -> bytes:
     """POST `body` over a raw connection, then shut the sending side (close=True: close the
     socket at once) and read the answer to the end."""
     host, port = url.removeprefix("http://").split(":")
     data = json.dumps(body).encode()
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    writer.write(b"POST /v1/completions HTTP/%s\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (version.encode(), len(data), data))
     await writer.drain()
     if close:
         writer.close()
@@ -269,6 +269,10 @@ def test_a_client_that_half_closed_is_answered_stream_and_json(served, tokens):
             assert got.startswith(b" ")  # the body was started before the answer was ready
             answer = json.loads(got)
             assert answer["choices"][0]["token_ids"] == ids and answer["choices"][0]["text"] == text
+            # HTTP/1.0 has no chunks: the body runs to the close
+            head, _, raw = (await half_closed(c.url, body, version="1.0")).partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.0 200 ") and raw.startswith(b" ")
+            assert json.loads(raw)["choices"][0]["token_ids"] == ids
             await wait_until(lambda: c.state.registry.num_open_requests == 0, what="requests released")
             assert not c.nodes["decode"].aborts
 
