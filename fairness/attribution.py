@@ -61,7 +61,6 @@ def components(tl: Timeline, num_output: int) -> dict:
             "tpot_s": decode_total / (num_output - 1) if num_output > 1 else None}
 
 
-
 def _target(table: dict, cls: int):
     return table.get(cls, table.get("*"))
 

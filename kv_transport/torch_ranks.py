@@ -67,13 +67,11 @@ def known_verdict(peer: bytes | None, rank: int) -> bool | None:
 def speaks_for(peer: bytes | None, rank: int) -> bool:
     """Whether the ZeroMQ peer `peer` (its routing id) is one of `rank`'s sockets. Blocking: a
     store lookup the first time a rank is asked about (run it off the event loop)."""
-    if peer is None or len(peer) < TOKEN_BYTES:
-        return False
+    if (known := known_verdict(peer, rank)) is not None:
+        return known
     store, tokens = _tokens()
-    token = tokens.get(rank)
-    if token is None:
-        key = _KEY.format(rank)
-        if not store.check([key]):
-            return False  # that rank published nothing: no pdtb sender there yet
-        token = tokens[rank] = store.get(key)
-    return peer[:TOKEN_BYTES] == token
+    key = _KEY.format(rank)
+    if not store.check([key]):
+        return False  # that rank published nothing: no pdtb sender there yet
+    tokens[rank] = store.get(key)
+    return peer[:TOKEN_BYTES] == tokens[rank]
