@@ -44,11 +44,11 @@ from kv_transport.admission import FailCode
 from pdtb.engine.kv_export import export_request
 from pdtb.engine.sequence import Sequence, SeqStatus
 from pdtb.nodes.node_base import to_params
-from pdtb.nodes.protocol import HandoffMeta, Migrate, MigrationReport, to_extra
+from pdtb.nodes.protocol import MIGRATE_INJECT, HandoffMeta, Migrate, MigrationReport, to_extra
 
 log = logging.getLogger(__name__)
 STAGE_SUFFIX = "#pre"  # owner of a precopy's pages at the target until the final transfer claims them
-INJECT = ("lose_precopy", "lose_final", "refuse_final", "target_exits", "exit_after_final")
+INJECT = MIGRATE_INJECT
 
 
 def stage_owner(request_id: str) -> str:

@@ -358,7 +358,7 @@ async def _serve(a, specs, workload_info: dict, slos: dict, weights: ServiceWeig
     detokenize = None
     if a.api == "chat":
         from pdtb.engine.tokenizer import load_tokenizer
-        from pdtb.engine.loader import resolve_model_arg
+        from pdtb.engine.model_info import resolve_model_arg
 
         tok = load_tokenizer(resolve_model_arg(a.tokenizer))
         detokenize = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731

@@ -128,7 +128,7 @@ async def _sweep(a: Namespace, slos: sf.SloTable, weights: ServiceWeights) -> in
     drain = span if a.drain_s is None else a.drain_s
     detokenize = None
     if a.api == "chat":
-        from pdtb.engine.loader import resolve_model_arg
+        from pdtb.engine.model_info import resolve_model_arg
         from pdtb.engine.tokenizer import load_tokenizer
 
         tok = load_tokenizer(resolve_model_arg(a.tokenizer))

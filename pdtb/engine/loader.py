@@ -5,9 +5,9 @@ from pathlib import Path
 
 import torch
 
-from pdtb.common import CliError
 from pdtb.engine.kv_spec import DTYPES, dtype_name
 from pdtb.engine.model_info import SUPPORTED_MODEL_TYPES, ModelInfo, ModelLoadError, read_model_info  # noqa: F401
+from pdtb.engine.model_info import resolve_model, resolve_model_arg  # noqa: F401
 
 
 # Any of these says the checkpoint brings a tokenizer (transformers decides which it can use);
@@ -20,25 +20,6 @@ def resolve_dtype(name: str) -> torch.dtype:
         raise ModelLoadError(f"unsupported dtype {name!r}; choose one of {sorted(DTYPES)}")
     return DTYPES[name]
 
-
-def resolve_model(model_dir: str | None) -> str:
-    """`model_dir` checked to be a supported checkpoint (ModelLoadError if not), or the embedded
-    default model's directory (created on first use)."""
-    from pdtb.engine.tiny_model import ensure_default_model
-
-    if model_dir is None:
-        return str(ensure_default_model())
-    read_model_info(model_dir)
-    return str(Path(model_dir))
-
-
-
-def resolve_model_arg(model_dir: str | None) -> str:
-    """`--model DIR` validated, or the embedded default; a bad directory is a CliError."""
-    try:
-        return resolve_model(model_dir)
-    except ModelLoadError as e:
-        raise CliError(str(e)) from None
 
 def load_model(model_dir: str | Path, device: str = "cpu", dtype: str = "float32",
                attn_implementation: str | None = None):

@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdtb.common import CliError
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
 
@@ -66,3 +68,22 @@ def model_info_from_config(cfg: dict, model_dir: str, where: str) -> ModelInfo:
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
     return ModelInfo(model_dir, mtype, cfg["num_hidden_layers"], cfg.get("num_key_value_heads", heads),
                      head_dim, cfg["vocab_size"], max_len, eos_ids)
+
+
+def resolve_model(model_dir: str | None) -> str:
+    """`model_dir` checked to be a supported checkpoint (ModelLoadError if not), or the embedded
+    default model's directory (created on first use)."""
+    from pdtb.engine.tiny_model import ensure_default_model
+
+    if model_dir is None:
+        return str(ensure_default_model())
+    read_model_info(model_dir)
+    return str(Path(model_dir))
+
+
+def resolve_model_arg(model_dir: str | None) -> str:
+    """`--model DIR` validated, or the embedded default; a bad directory is a CliError."""
+    try:
+        return resolve_model(model_dir)
+    except ModelLoadError as e:
+        raise CliError(str(e)) from None

@@ -132,6 +132,10 @@ class MigrationReport:
     output_tokens: int = -1  # ok: output tokens the request had when the source paused it
 
 
+# the steps of a live migration a `Migrate` may make fail on purpose (decode_node/migration.py)
+MIGRATE_INJECT = ("lose_precopy", "lose_final", "refuse_final", "target_exits", "exit_after_final")
+
+
 @dataclass
 class Migrate:
     """Router -> the decode node holding `request_id`: move it to `target` (live migration)."""
@@ -140,7 +144,7 @@ class Migrate:
     migration_id: str
     target: Target
     reason: str = ""
-    inject: str = ""  # make one step fail on purpose (decode_node/migration.py INJECT; tests, chaos runs)
+    inject: str = ""  # make one step fail on purpose (one of MIGRATE_INJECT; tests, chaos runs)
     target_prefix_ns: str = ""  # the target's page-hash namespace ("": no prefix cache: no precopy to stage by)
 
 

@@ -4,7 +4,7 @@
          202 {"migration_id", "request_id", "source", "target"}; 409 when the request is not
          decoding on a decode node, is moving already, or the target cannot take it; 400 on a
          malformed body. `inject` makes one step of the protocol fail on purpose
-         (decode_node/migration.py INJECT: fault-injection tests and chaos runs), only on a router
+         (pdtb/nodes/protocol.py MIGRATE_INJECT: fault-injection tests and chaos runs), only on a router
          started with --allow-fault-injection (403 otherwise).
     POST /admin/drain {"node": NODE_ID}
          202 {"node", "draining": true}: the node refuses new work from now on; the router moves
@@ -33,7 +33,7 @@ import time
 
 from aiohttp import web
 
-from decode_node.migration import INJECT
+from pdtb.nodes.protocol import MIGRATE_INJECT as INJECT
 from pdtb.router.completions import STATE
 from pdtb.router.openai_api import ApiError, bad_request
 

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
 
     from pdtb.common import CliError, die, freeze_heap
-    from pdtb.engine.loader import resolve_model_arg
+    from pdtb.engine.model_info import resolve_model_arg
 
     a = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,

@@ -78,8 +78,11 @@ def test_missing_or_broken_files_or_another_transformers_version_are_not_plain(m
 
 
 def test_serving_the_embedded_model_does_not_import_torch(model_dirs):
-    code = ("import sys; from pdtb.router.config import load_served_model; "
-            f"m = load_served_model({model_dirs['llama']!r}); "
+    """Neither the router process (its modules, the model argument's check, the tokenizer) nor
+    the load client's tokenizer imports torch or transformers: seconds of CPU at every start."""
+    code = ("import sys; import pdtb.router.main, pdtb.client.serve, pdtb.client.sweep; "
+            "from pdtb.router.config import load_served_model; from pdtb.engine.model_info import resolve_model_arg; "
+            f"m = load_served_model(resolve_model_arg({model_dirs['llama']!r})); "
             "assert m.tokenizer('hi')['input_ids']; print(sorted(k for k in ('torch', 'transformers') if k in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
