@@ -117,7 +117,7 @@ fi
 OUT="${OUT:-$ROOT/results/compare-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"  # nodes may run elsewhere: --step-log paths must be absolute
-[ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.engine.loader import resolve_model_arg; print(resolve_model_arg(None))')"
+[ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.engine.model_info import resolve_model_arg; print(resolve_model_arg(None))')"
 
 sim_one() {  # sim_one MODE LABEL: the same flags through the simulator (POLICY_FLAGS: the policy's)
   local mode="$1" pol="$2" pages=()

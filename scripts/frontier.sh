@@ -130,7 +130,7 @@ done <<< "$POINTS_TEXT"
 OUT="${OUT:-$ROOT/results/frontier-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
-[ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.engine.loader import resolve_model_arg; print(resolve_model_arg(None))')"
+[ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.engine.model_info import resolve_model_arg; print(resolve_model_arg(None))')"
 for i in "${!P_LABEL[@]}"; do
   read -r -a flags <<< "${P_FLAGS[$i]}"
   run_point "${P_LABEL[$i]}" "${P_MODE[$i]}" "${P_POL[$i]}" "$PREFILL" ${flags[@]+"${flags[@]}"}

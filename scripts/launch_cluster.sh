@@ -138,7 +138,7 @@ if [ "$TRANSPORT" = torch ] && [ -z "$DIST_INIT" ]; then
   DIST_INIT="file://$RUN_DIR/dist-init"  # single host; several hosts: --dist-init-method tcp://HOST:PORT
   rm -f "${DIST_INIT#file://}"  # a file left by an earlier run would confuse the rendezvous
 fi
-[ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.engine.loader import resolve_model_arg; print(resolve_model_arg(None))')"
+[ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.engine.model_info import resolve_model_arg; print(resolve_model_arg(None))')"
 export PDTB_RUN_DIR="$RUN_DIR"  # in every process started here: stop_cluster.sh signals only those
 PDTB_BIN="$(command -v pdtb)"
 rm -f "$RUN_DIR"/*.argv "$RUN_DIR"/*.stopping "$RUN_DIR/supervisor.jsonl"

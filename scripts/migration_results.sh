@@ -34,7 +34,7 @@ OUT="${OUT:-$ROOT/results/migration-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 git -C "$ROOT" rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true  # what the figures were measured on
-[ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.engine.loader import resolve_model_arg; print(resolve_model_arg(None))')"
+[ -n "$MODEL" ] || MODEL="$(python -c 'from pdtb.engine.model_info import resolve_model_arg; print(resolve_model_arg(None))')"
 SEEDS="1 2 3"
 [ "$QUICK" = 1 ] && SEEDS="1 2"
 
