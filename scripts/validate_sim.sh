@@ -19,12 +19,16 @@
 #          (idle gaps between back-to-back steps) from the fcfs runs' step logs;
 #    logs: the same grid and every step the fcfs runs logged, in one fit: steps as they ran
 #          beside the router, the client and the other node on the same cores;
+#    spread: logs, each simulated step's time multiplied by a draw from its role's logged
+#          steps' measured / fitted time (pdtb sim calibrate --draw-step-spread);
+#    each with the decode loop's work per hand-off landed, fitted to the fcfs runs' step logs
+#    and stamps (pdtb/sim/landing_fit.py);
 #    the other policies' runs are used by neither: they are held out;
 # 3. sim: scripts/compare_fairness.sh --quick --sim with each calibration: the same workload and
 #    node flags; and "cores": the grid calibration with every simulated process on this
 #    machine's two cores (--host-cores 2, the router's and the client's CPU per token, by
 #    default the figures docs/sim.md gives);
-# 4. pdtb sim validate REAL SIM for each: DIR/validate-{grid,logs,cores}.{txt,json};
+# 4. pdtb sim validate REAL SIM for each: DIR/validate-{grid,logs,spread,cores}.{txt,json};
 # 5. prefix sharing: the Mooncake excerpts replayed on 1P+1D (scripts/prefix_results.sh --quick
 #    --only trace; with --real DIR, its prefix/ folder where it has one) and simulated with the
 #    same flags for each calibration, against the targets (pdtb sim validate-prefix):
@@ -67,7 +71,9 @@ kinds=(grid)
 if [ "${#logs[@]}" -gt 0 ]; then
   pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --label logs \
     --out "$OUT/calibration-logs.json" >&2
-  kinds+=(logs)
+  pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --draw-step-spread \
+    --label spread --out "$OUT/calibration-spread.json" >&2
+  kinds+=(logs spread)
 fi
 cp "$OUT/calibration-grid.json" "$OUT/calibration-cores.json"
 kinds+=(cores)

@@ -1,5 +1,5 @@
 """The simulator's sections of docs/results.md, from the files `scripts/sim_results.sh` writes:
-validate/validate-{grid,logs,cores}.json, repro-{mcsf,vtc,essay}.json, azure-hour-POLICY.json
+validate/validate-{grid,logs,spread,cores}.json, repro-{mcsf,vtc,essay}.json, azure-hour-POLICY.json
 (+ .wall_s, .command), roofline-h200.json and speed.json (its own section). A file that is
 absent leaves its part out."""
 from __future__ import annotations
@@ -22,6 +22,9 @@ CALIBRATIONS = {
             "fcfs runs' step logs",
     "logs": "calibrated on the same grid and every step the fcfs runs logged (steps as they ran beside the router, "
             "the client and the other node on the same two cores); the other policies' runs are held out",
+    "spread": "calibrated as *logs*, each simulated step's time multiplied by a draw from its role's logged steps' "
+              "measured / fitted time (`pdtb sim calibrate --draw-step-spread`): the spread steps have beside the "
+              "other processes; the other policies' runs are held out",
 }
 
 
@@ -148,11 +151,11 @@ SIM_HEADING = "## The simulator (`pdtb sim`)"
 def render(d: str | Path, stamp: str | None = None) -> list[str]:
     d = Path(d)
     out = [SIM_HEADING, ""] + ([f"`bash scripts/sim_results.sh` ({stamp}).", ""] if stamp else [])
-    for kind in ("grid", "logs", "cores"):
+    for kind in ("grid", "logs", "spread", "cores"):
         v = _load(d / "validate", f"validate-{kind}.json")
         if v:
             out += validation_part(v, kind)
-    pv = {k: x for k in ("grid", "logs", "cores") if (x := _load(d / "validate", f"validate-prefix-{k}.json"))}
+    pv = {k: x for k in ("grid", "logs", "spread", "cores") if (x := _load(d / "validate", f"validate-prefix-{k}.json"))}
     if pv:
         out += prefix_validation_part(pv)
     m = _load(d, "repro-mcsf.json")

@@ -15,7 +15,9 @@ Calibration file (`pdtb sim calibrate --out`, `CalibratedCost.load`):
     {"kind": "step-calibration", "version": 1, "command": ..., "device", "model", "threads",
      "dtype", "page_size", "machine" (the samples': accelerator, cpu, cores, versions),
      "path": {"rpc_latency_s", "client_latency_s", "transfer_latency_s"} (fitted to real runs), "page_bytes", "coef_ms": {"c0", "rows", "ctx", "chunks", "tokens", "attn"},
-     "node_overhead_s", "transfer": {"bytes_per_s", "latency_s"}, "tier_move": {...},
+     "node_overhead_s", "land_s" (the decode loop's work per hand-off landed, fitted to real runs:
+     pdtb/sim/landing_fit.py; 0 when absent), "step_spread_quantiles": {role: [...]} (a step's
+     measured / fitted time by role, drawn per step; absent: none), "transfer": {"bytes_per_s", "latency_s"}, "tier_move": {...},
      "fit": {"samples", "r2", "max_rel_err", "sources": [...]}}
 """
 from __future__ import annotations
@@ -36,7 +38,7 @@ CPU_TRANSFER = LinkModel(2.42e9, 140e-6)
 CPU_TIER = LinkModel(2.5e9, 50e-6)
 TERMS = ("c0", "rows", "ctx", "chunks", "tokens", "attn")
 _OWN_KEYS = ("kind", "version", "page_bytes", "coef_ms", "node_overhead_s", "node_overhead_quantiles_s", "transfer",
-             "tier_move", "label")
+             "tier_move", "label", "land_s", "step_spread_quantiles")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,16 @@ def _unit(key: int) -> float:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
+
+
+def _draw(q, u: float) -> float:
+    """The value at level `u` of quantiles `q` taken at OVERHEAD_QS, linear between levels."""
+    levels = OVERHEAD_QS
+    i = bisect.bisect_right(levels, u) - 1
+    if i >= len(levels) - 1:
+        return q[-1]
+    w = (u - levels[i]) / (levels[i + 1] - levels[i])
+    return q[i] + (q[i + 1] - q[i]) * w
 
 
 def features(s: StepShape) -> list[float]:
@@ -122,10 +134,14 @@ class CalibratedCost:
     # the node loop's gap before each step, drawn per step from these levels (step_samples.OVERHEAD_QS)
     # instead of node_overhead_s: fitted to the step logs' gaps between steps with work; () none
     overhead_q: tuple = ()
+    land_s: float = 0.0  # the decode loop's own work for each hand-off that lands (pdtb/sim/landing_fit.py)
+    # per role, the logged steps' measured / fitted time at OVERHEAD_QS: each simulated step's
+    # time is multiplied by a draw from its node's role ({} none: every step takes the fit's time)
+    spread_q: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        if self.page_bytes < 1 or not self.node_overhead_s >= 0:
-            raise ValueError("page_bytes must be positive and node_overhead_s non-negative")
+        if self.page_bytes < 1 or not self.node_overhead_s >= 0 or not self.land_s >= 0:
+            raise ValueError("page_bytes must be positive, node_overhead_s and land_s non-negative")
 
     @property
     def name(self) -> str:
@@ -158,16 +174,14 @@ class CalibratedCost:
         """The loop's gap before the step `key` names (a node's and its step number's): a draw
         from `overhead_q` that depends on the key alone, so every way of simulating a run draws
         the same (0 without the levels)."""
-        q = self.overhead_q
-        if not q:
-            return 0.0
-        u = _unit(key)
-        levels = OVERHEAD_QS
-        i = bisect.bisect_right(levels, u) - 1
-        if i >= len(levels) - 1:
-            return q[-1]
-        w = (u - levels[i]) / (levels[i + 1] - levels[i])
-        return q[i] + (q[i + 1] - q[i]) * w
+        return _draw(self.overhead_q, _unit(key)) if self.overhead_q else 0.0
+
+    def step_factor(self, role: str, key: int) -> float:
+        """How much longer than the fit the step `key` names takes on a node of `role`: a draw
+        from that role's `spread_q` (its logged steps' measured over fitted time), by the key
+        alone, from a stream of its own (1.0 without levels for the role)."""
+        q = self.spread_q.get(role)
+        return _draw(q, _unit(~key & 0xFFFFFFFFFFFFFFFF)) if q else 1.0
 
     def transfer_s(self, nbytes: int) -> float:
         return self.transfer.seconds(nbytes)
@@ -180,6 +194,8 @@ class CalibratedCost:
         return {"kind": "step-calibration", "version": 1, **self.meta, "page_bytes": self.page_bytes,
                 "coef_ms": asdict(self.coef), "node_overhead_s": self.node_overhead_s,
                 **({"node_overhead_quantiles_s": list(self.overhead_q)} if self.overhead_q else {}),
+                **({"land_s": self.land_s} if self.land_s else {}),
+                **({"step_spread_quantiles": {r: list(q) for r, q in self.spread_q.items()}} if self.spread_q else {}),
                 "transfer": asdict(self.transfer), "tier_move": asdict(self.tier), "label": self.label}
 
     @classmethod
@@ -193,7 +209,8 @@ class CalibratedCost:
                 raise ValueError(f"node_overhead_quantiles_s: {len(OVERHEAD_QS)} non-decreasing seconds")
             return cls(coef, int(doc["page_bytes"]), LinkModel(**doc["transfer"]), LinkModel(**doc["tier_move"]),
                        float(doc.get("node_overhead_s", 0.0)), str(doc.get("label", Path(where).stem)),
-                       {k: v for k, v in doc.items() if k not in _OWN_KEYS}, q)
+                       {k: v for k, v in doc.items() if k not in _OWN_KEYS}, q, float(doc.get("land_s", 0.0)),
+                       _spread(doc.get("step_spread_quantiles") or {}))
         except (KeyError, TypeError, ValueError) as e:
             raise SampleError(f"{where}: bad calibration ({type(e).__name__}: {e})") from None
 
@@ -211,3 +228,16 @@ class CalibratedCost:
         except ValueError:
             raise SampleError(f"{path}: not JSON") from None
         return cls.from_json(doc, str(p))
+
+
+def _spread(doc: dict) -> dict:
+    """`step_spread_quantiles` checked: per role, len(OVERHEAD_QS) non-decreasing positive ratios."""
+    out = {}
+    for role, q in doc.items():
+        q = tuple(float(x) for x in q)
+        if role not in ("prefill", "decode", "colocated") or len(q) != len(OVERHEAD_QS) or q[0] <= 0 or \
+                any(b < a for a, b in zip(q, q[1:])):
+            raise ValueError(f"step_spread_quantiles[{role!r}]: {len(OVERHEAD_QS)} non-decreasing positive ratios "
+                             "of a role prefill, decode or colocated")
+        out[role] = q
+    return out

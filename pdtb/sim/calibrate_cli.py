@@ -21,7 +21,9 @@ import shlex
 from pdtb.common import CliError
 from pdtb.sim.calibrate import CPU_TIER, CPU_TRANSFER, TERMS, CalibratedCost, fit
 from pdtb.sim.cost import LinkModel
-from pdtb.sim.step_samples import SampleError, node_overhead_s, overhead_quantiles, read_samples, read_step_log, tier_link
+from pdtb.sim.landing_fit import fit_landing, landing_stamps
+from pdtb.sim.step_samples import (SampleError, node_overhead_s, overhead_quantiles, read_samples, read_step_log,
+                                   step_log_role, step_spread, tier_link)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -41,9 +43,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--draw-loop-gaps", action="store_true",
                     help="the node loop's gap before each step drawn from the step logs' gaps between steps that "
                          "decoded (every level, the tail too), instead of their median after every step")
+    ap.add_argument("--draw-step-spread", action="store_true",
+                    help="each simulated step's time multiplied by a draw from its role's logged steps' measured / "
+                         "fitted time (the step logs' file names say the role: steps-decode-0.jsonl), instead of "
+                         "the fitted time alone")
     ap.add_argument("--results", action="append", default=[],
                     help="a real run's results file (repeatable): the request path's latencies are fitted to its "
-                         "requests' stamps (pdtb/sim/path_fit.py), the hand-off link's latency too unless given")
+                         "requests' stamps (pdtb/sim/path_fit.py), the hand-off link's latency too unless given; "
+                         "with --step-log files of its runs, the decode loop's work per hand-off landed "
+                         "(pdtb/sim/landing_fit.py)")
     ap.add_argument("--label", help="name of the calibration (default: --out's file name)")
     ap.add_argument("--json", action="store_true", help="print the calibration as JSON")
     a = ap.parse_args(argv)
@@ -63,10 +71,10 @@ def _link(gb_per_s: float | None, latency_us: float | None, default: LinkModel) 
                      default.latency_s if latency_us is None else latency_us * 1e-6)
 
 
-def _read(a: argparse.Namespace) -> tuple[list, list[dict], list[dict], list[float], list, list[float]]:
+def _read(a: argparse.Namespace) -> tuple[list, list[dict], list[dict], list[float], list, list[float], list, dict]:
     """(samples to fit, steps headers, sources, back-to-back gaps, tier moves, the loop's gaps
-    between steps with work) of the input files."""
-    samples, headers, sources, gaps, moves, busy = [], [], [], [], [], []
+    between steps with work, their windows, and each role's logged samples) of the input files."""
+    samples, headers, sources, gaps, moves, busy, windows, by_role = [], [], [], [], [], [], [], {}
     for path in a.steps:
         got, head = read_samples(path)
         samples += got if a.fit in ("all", "steps") else []
@@ -79,9 +87,13 @@ def _read(a: argparse.Namespace) -> tuple[list, list[dict], list[dict], list[flo
         gaps += log.gaps_s
         moves += log.moves
         busy += log.busy_gaps_s
+        windows += log.busy_windows
+        role = step_log_role(path)
+        if role:
+            by_role.setdefault(role, []).extend(log.samples)
         sources.append({"file": path, "kind": "step-log", "samples": len(log.samples), "b2b_gaps": len(log.gaps_s),
                         "fitted": a.fit != "steps"})
-    return samples, headers, sources, gaps, moves, busy
+    return samples, headers, sources, gaps, moves, busy, windows, by_role
 
 
 def _page_bytes(a: argparse.Namespace, headers: list[dict]) -> int:
@@ -106,42 +118,48 @@ def _command(a: argparse.Namespace, argv: list[str], sources: list[dict]) -> str
 
 def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, object]:
     """The calibration the arguments ask for, and its fit."""
-    samples, headers, sources, gaps, moves, busy = _read(a)
+    samples, headers, sources, gaps, moves, busy, windows, by_role = _read(a)
     page_bytes = _page_bytes(a, headers)
     f = fit(samples)
     overhead = a.node_overhead_ms / 1e3 if a.node_overhead_ms is not None else (node_overhead_s(gaps) or 0.0)
     tier_default = tier_link(moves, page_bytes) or CPU_TIER
     head = headers[0] if headers else {}
     transfer = _link(a.transfer_gb_per_s, a.transfer_latency_us, CPU_TRANSFER)
-    path = _path(a.results, transfer.bytes_per_s)
+    docs = _results(a.results)
+    path = _path(docs, a.results, transfer.bytes_per_s)
+    landing = fit_landing(windows, landing_stamps(docs)) if docs and windows else None
     if path and "transfer_latency_s" in path and a.transfer_latency_us is None:
         transfer = LinkModel(transfer.bytes_per_s, path["transfer_latency_s"])
     meta = {"command": _command(a, argv, sources), **({"note": a.note} if a.note else {}),
-            **({"path": path} if path else {}),
+            **({"path": path} if path else {}), **({"landing": landing} if landing else {}),
             **{k: head[k] for k in ("device", "model", "threads", "dtype", "page_size", "machine") if k in head},
             "fit": {"samples": f.samples, "r2": round(f.r2, 6), "max_rel_err": round(f.max_rel_err, 6),
                     "sources": sources}}
     label = a.label or (a.out.rsplit("/", 1)[-1].removesuffix(".json") if a.out else "calibrated")
     levels = tuple(overhead_quantiles(busy) or ()) if a.draw_loop_gaps and a.node_overhead_ms is None else ()
     cost = CalibratedCost(f.coef, page_bytes, transfer,
-                          _link(a.tier_gb_per_s, a.tier_latency_us, tier_default), overhead, label, meta, levels)
+                          _link(a.tier_gb_per_s, a.tier_latency_us, tier_default), overhead, label, meta, levels,
+                          landing["land_s"] if landing else 0.0,
+                          step_spread(by_role, f.coef.ms) if a.draw_step_spread else {})
     return cost, f
 
 
-def _path(files: list[str], bytes_per_s: float) -> dict | None:
-    """The request path fitted to the results files' requests (with the files named)."""
-    import json
-
-    from pdtb.sim.path_fit import fit_path
-
-    if not files:
-        return None
+def _results(files: list[str]) -> list[dict]:
     docs = []
     for path in files:
         try:
             docs.append(json.loads(open(path).read()))
         except (OSError, ValueError) as e:
             raise CliError(f"--results {path}: {e}") from None
+    return docs
+
+
+def _path(docs: list[dict], files: list[str], bytes_per_s: float) -> dict | None:
+    """The request path fitted to the results files' requests (with the files named)."""
+    from pdtb.sim.path_fit import fit_path
+
+    if not docs:
+        return None
     got = fit_path(docs, bytes_per_s)
     if got is None:
         raise CliError("--results: too few finished requests with the nodes' stamps to fit the request path")
@@ -152,7 +170,8 @@ def report(cost: CalibratedCost, f) -> str:
     c = cost.coef
     lines = [f"fit of {f.samples} steps: R^2 {f.r2:.4f}, max relative error {100 * f.max_rel_err:.1f}%",
              "  step ms = " + " + ".join(f"{getattr(c, t):.4g}{'' if t == 'c0' else ' * ' + t}" for t in TERMS),
-             f"  node overhead {cost.node_overhead_s * 1e3:.3f} ms/step; page {cost.page_bytes} B",
+             f"  node overhead {cost.node_overhead_s * 1e3:.3f} ms/step; a hand-off landing {cost.land_s * 1e3:.3f} ms "
+             f"of the decode loop; page {cost.page_bytes} B",
              f"  hand-off {cost.transfer.bytes_per_s / 1e9:.3g} GB/s + {cost.transfer.latency_s * 1e6:.0f} us; "
              f"tier move {cost.tier.bytes_per_s / 1e9:.3g} GB/s + {cost.tier.latency_s * 1e6:.0f} us"]
     return "\n".join(lines)

@@ -78,9 +78,11 @@ class Coast:
         ctx = self._ctx + i * n
         # a cost model's decode_s(rows, ctx), where it has one, is step_s of that shape
         step = getattr(cost, "decode_s", None) or (lambda r, c: cost.step_s(StepShape(r, c)))
-        over, key = self.node.overhead, self.node.step_key + self.n0
+        over, spread, key = self.node.overhead, self.node.spread, self.node.step_key + self.n0
         for j in range(i, upto):
             d = step(n, ctx)
+            if spread is not None:  # (as SimNode.kick draws it)
+                d *= spread(self.node.shape.role, key + j + 1)
             if over is not None:  # (as SimNode.kick adds it)
                 d += over(key + j + 1)
             t = t + d

@@ -83,6 +83,9 @@ class SimNode:
         # and the step's number, the same however the run is simulated
         self.step_key = int(node_id.rsplit("-", 1)[1]) << 40
         self.overhead = getattr(cost, "step_overhead_s", None)
+        # each step's time times a draw from the role's measured spread (CalibratedCost.step_factor)
+        self.spread = cost.step_factor if shape.role in (getattr(cost, "spread_q", None) or {}) else None
+        self.loop_work_s = 0.0  # the loop's own work since the last step began (hand-offs landed), paid by the next
         self.last_out = None  # the last step's scheduler output (None: it ran nothing)
         self.coast = None  # the run of decode steps in progress (pdtb/sim/coast.py)
         self.coasts = self.coasted = 0  # runs taken, and the steps in them
@@ -132,7 +135,7 @@ class SimNode:
     def kick(self) -> None:
         if self.busy or self.dead or not self.scheduler.has_work():
             return
-        if self.may_coast and runs.pure_decode(self.last_out):
+        if self.may_coast and not self.loop_work_s and runs.pure_decode(self.last_out):
             k = runs.plan(self)
             if k:
                 return self._start_coast(k)
@@ -142,9 +145,13 @@ class SimNode:
             self.wake_at(self.loop.now + STALL_S)
             return
         cost = self.cost
-        d = cost.step_s(StepShape.of(out.chunks)) + sum(cost.tier_move_s(m.num_bytes) for m in out.moves)
+        d = cost.step_s(StepShape.of(out.chunks))
+        if self.spread is not None:
+            d *= self.spread(self.shape.role, self.step_key + self.scheduler.num_steps)
+        d += sum(cost.tier_move_s(m.num_bytes) for m in out.moves)
         if self.overhead is not None:
             d += self.overhead(self.step_key + self.scheduler.num_steps)
+        d, self.loop_work_s = d + self.loop_work_s, 0.0
         self.busy = True
         t0, cores = self.loop.now, self.cluster.cores
         if cores is None:

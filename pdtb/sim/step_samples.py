@@ -58,6 +58,7 @@ class StepLogRead:
     gaps_s: list[float]  # idle seconds between consecutive back-to-back steps
     moves: list[tuple[int, float]]  # (pages, seconds) of each demotion or promotion
     busy_gaps_s: list[float] = field(default_factory=list)  # between two steps that both decoded, however long
+    busy_windows: list[tuple[float, float]] = field(default_factory=list)  # those gaps' (start, end) times (s)
 
 
 def _count(value, what: str) -> int:
@@ -151,9 +152,11 @@ def read_step_log(path: str | Path, b2b_ms: float = 5.0) -> StepLogRead:
     b2b = [max(0.0, g) for g in idle if -2e-6 <= g < b2b_ms / 1e3]
     # two steps in a row that both decoded: rows were waiting for the next step, so the gap is the
     # loop's own work, not idle time (a prefill node's steps are apart while no prompt is there)
-    busy = [max(0.0, g) for g, a, b in zip(idle, steps, steps[1:])
-            if a.shape.decode_rows and b.shape.decode_rows and g >= -2e-6]
-    return StepLogRead(samples, b2b, [m for s in steps for m in s.moves], busy)
+    pairs = [(g, a, b) for g, a, b in zip(idle, steps, steps[1:])
+             if a.shape.decode_rows and b.shape.decode_rows and g >= -2e-6]
+    busy = [max(0.0, g) for g, _, _ in pairs]
+    return StepLogRead(samples, b2b, [m for s in steps for m in s.moves], busy,
+                       [(a.t + a.ms / 1e3, b.t) for _, a, b in pairs])
 
 
 def node_overhead_s(gaps_s: list[float]) -> float | None:
@@ -178,3 +181,26 @@ def tier_link(moves: list[tuple[int, float]], page_bytes: int) -> LinkModel | No
     secs = sum(s for _, s in moves)
     nbytes = sum(p for p, _ in moves) * page_bytes
     return LinkModel(nbytes / secs) if secs > 0 and nbytes > 0 else None
+
+
+ROLES = ("prefill", "decode", "colocated")
+
+
+def step_log_role(path: str | Path) -> str | None:
+    """The node role a step log's file name gives (`steps-decode-0.jsonl`: the nodes' default
+    `steps-{node}` with node ids ROLE-N), or None."""
+    name = Path(path).name
+    return next((r for r in ROLES if f"-{r}-" in f"-{name}"), None)
+
+
+def step_spread(by_role: dict[str, list[StepSample]], fitted_ms) -> dict[str, tuple]:
+    """Per role with at least 100 logged steps: the quantiles at OVERHEAD_QS of each step's
+    measured over fitted milliseconds (`fitted_ms(shape)`), the spread a simulated node of that
+    role draws each step's factor from (pdtb/sim/calibrate.py `step_factor`)."""
+    out = {}
+    for role, samples in by_role.items():
+        ratios = [max(1e-3, s.ms / p) for s in samples if (p := fitted_ms(s.shape)) > 0]
+        q = overhead_quantiles(ratios)
+        if q:
+            out[role] = tuple(q)
+    return out

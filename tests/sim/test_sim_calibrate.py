@@ -293,3 +293,71 @@ def test_a_step_log_gives_the_loop_gaps_between_steps_that_decoded(tmp_path):
     got = read_step_log(tmp_path / "log.jsonl")
     assert got.busy_gaps_s == pytest.approx([0.0005, 0.05])
     assert got.gaps_s == pytest.approx([0.0005])  # back to back only: under --b2b-ms
+    assert [t for w in got.busy_windows for t in w] == pytest.approx([0.001, 0.0015, 0.0025, 0.0525])  # (start, end)
+
+
+def test_a_hand_off_landing_is_fitted_from_the_gaps_it_falls_in(tmp_path):
+    """Twelve gaps between decoding steps: six of 1 ms with nothing landed, five of 6 ms with one
+    hand-off landed in each, one of 20 ms with two (not counted): 6 - 1 = 5 ms a landing."""
+    from pdtb.sim.landing_fit import fit_landing, landing_stamps
+
+    lines, t, stamps = [], 0.0, []
+    for k in range(12):
+        lines.append({"t": round(t, 6), "ms": 2.0, "decode": [["a", 1, 10 + k]], "prefill": [], "moves": []})
+        gap = 0.001 if k < 6 else 0.006 if k < 11 else 0.020
+        t += 0.002
+        stamps += [t + gap / 2] * (0 if k < 6 else 1 if k < 11 else 2)
+        t += gap
+    lines.append({"t": round(t, 6), "ms": 2.0, "decode": [["a", 1, 30]], "prefill": [], "moves": []})
+    (tmp_path / "steps-decode-0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    log = read_step_log(tmp_path / "steps-decode-0.jsonl")
+    reqs = [_stamped(0.0, 0.01, s - 0.01, s - 0.009, s - 0.005, (s - 0.004, s, 1000)) for s in stamps]
+    assert landing_stamps([{"requests": reqs}]) == sorted(stamps)
+    got = fit_landing(log.busy_windows, sorted(stamps))
+    assert got["land_s"] == pytest.approx(0.005, abs=2e-6) and (got["gaps_one"], got["gaps_none"]) == (5, 6)
+    assert fit_landing(log.busy_windows, sorted(stamps)[:4]) is None  # four gaps with one landing: too few
+    # through the command: the calibration carries it, and a simulated decode node pays it
+    (tmp_path / "real.json").write_text(json.dumps({"requests": reqs}))
+    out = tmp_path / "cal.json"
+    r = run_pdtb("sim", "calibrate", "--step-log", str(tmp_path / "steps-decode-0.jsonl"), "--page-bytes", "2048",
+                 "--results", str(tmp_path / "real.json"), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "a hand-off landing 5.000 ms of the decode loop" in r.stdout
+    c = CalibratedCost.load(out)
+    assert c.land_s == pytest.approx(0.005, abs=2e-6) and c.meta["landing"]["gaps_one"] == 5
+    assert CalibratedCost.from_json(json.loads(json.dumps(c.to_json()))).land_s == c.land_s
+    with pytest.raises(SampleError, match="non-negative"):
+        CalibratedCost.from_json({**c.to_json(), "land_s": -1})
+
+
+def test_each_role_s_step_spread_is_fitted_from_its_logs_and_drawn_by_key(tmp_path):
+    """Decode steps measured at 1, 2 and 3 times the fitted time (a third each), prefill steps at
+    the fitted time: the decode spread's median is 2, its ends 1 and 3; the draws follow it and
+    depend on the key alone; a role with no levels keeps the fitted time."""
+    import dataclasses
+
+    from pdtb.sim.calibrate import _spread
+    from pdtb.sim.step_samples import OVERHEAD_QS, step_log_role, step_spread
+
+    assert [step_log_role(p) for p in ("a/steps-decode-0.jsonl", "steps-prefill-12.jsonl", "colocated-1.jsonl",
+                                       "steps.jsonl")] == ["decode", "prefill", "colocated", None]
+    coef = Coefficients(c0=2.0, rows=1.0)
+    dec = [StepSample(StepShape(k % 4 + 1, 10), (1 + k % 3) * coef.ms(StepShape(k % 4 + 1, 10))) for k in range(300)]
+    pre = [StepSample(StepShape(0, 0, 1, 16, 136), coef.ms(StepShape(0, 0, 1, 16, 136)))] * 150
+    got = step_spread({"decode": dec, "prefill": pre, "colocated": dec[:50]}, coef.ms)
+    assert set(got) == {"decode", "prefill"}  # (50 colocated steps: too few to say)
+    q = got["decode"]
+    assert len(q) == len(OVERHEAD_QS) and (q[0], q[50], q[-1]) == pytest.approx((1.0, 2.0, 3.0))
+    assert set(got["prefill"]) == {1.0}
+    c = dataclasses.replace(CalibratedCost(coef, 1024), spread_q=got)
+    draws = [c.step_factor("decode", k) for k in range(6000)]
+    assert draws[:40] == [c.step_factor("decode", k) for k in range(40)]  # a function of the key alone
+    assert sum(d < 1.5 for d in draws) / len(draws) == pytest.approx(1 / 3, abs=0.03)
+    assert c.step_factor("prefill", 7) == 1.0 and c.step_factor("colocated", 7) == 1.0
+    back = CalibratedCost.from_json(json.loads(json.dumps(c.to_json())))
+    assert back.spread_q == c.spread_q
+    for bad in ({"robot": list(q)}, {"decode": list(q)[:5]}, {"decode": list(reversed(q))}, {"decode": [0.0] * len(q)}):
+        with pytest.raises(SampleError, match="step_spread_quantiles"):
+            CalibratedCost.from_json({**c.to_json(), "step_spread_quantiles": bad})
+    with pytest.raises(ValueError):
+        _spread({"decode": ["x"] * len(q)})

@@ -150,6 +150,24 @@ def test_disagg_timing_by_hand():
     assert r.server_timing["slo"] is not None
 
 
+def test_a_hand_off_landing_costs_the_decode_loop_its_land_s():
+    """As above, with 0.5 s of the decode loop's work for each hand-off that lands (a calibration's
+    land_s): the first decode step after the landing ends 0.5 s later, and so do the rest.
+    Tokens: 1.0, then 4.75, 5.75, 6.75."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Landing(FixedStepCost):
+        land_s: float = 0.5
+
+    link = LinkModel(SPEC.bytes_per_page, 0.25)
+    c = SimCluster(ClusterShape((NodeShape("prefill", 8), NodeShape("decode", 8)), rpc_latency_s=0.0,
+                                client_latency_s=0.0), page_spec(SPEC.bytes_per_page, SPEC.page_size),
+                   Landing(1.0, SPEC.bytes_per_page, link=link))
+    c.run([RequestSpec(0.0, "a", "x", 8, 4)])
+    assert c.records["sim-0"].token_times == pytest.approx([1.0, 4.75, 5.75, 6.75])
+
+
 @pytest.mark.parametrize("policy", ["fcfs", "memfair", "vtc", "mcsf", "priority"])
 @pytest.mark.parametrize("mode", ["colocated", "disagg"])
 def test_every_request_ends_and_every_page_comes_back(mode, policy):
