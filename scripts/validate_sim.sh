@@ -21,8 +21,8 @@
 #          beside the router, the client and the other node on the same cores;
 #    spread: logs, each simulated step's time multiplied by a draw from its role's logged
 #          steps' measured / fitted time (pdtb sim calibrate --draw-step-spread);
-#    each with the decode loop's work per hand-off landed, fitted to the fcfs runs' step logs
-#    and stamps (pdtb/sim/landing_fit.py);
+#    each but cores with the decode loop's work per hand-off landed, fitted to the fcfs runs'
+#    step logs and stamps (pdtb/sim/landing_fit.py);
 #    the other policies' runs are used by neither: they are held out;
 # 3. sim: scripts/compare_fairness.sh --quick --sim with each calibration: the same workload and
 #    node flags; and "cores": the grid calibration with every simulated process on this
@@ -75,7 +75,10 @@ if [ "${#logs[@]}" -gt 0 ]; then
     --label spread --out "$OUT/calibration-spread.json" >&2
   kinds+=(logs spread)
 fi
-cp "$OUT/calibration-grid.json" "$OUT/calibration-cores.json"
+# cores: the grid without land_s (a landing's measured work holds the other processes' CPU at that
+# moment, which --host-cores simulates)
+python -c 'import json, sys; d = json.load(open(sys.argv[1])); [d.pop(k, None) for k in ("land_s", "landing")]
+d["label"] = "cores"; json.dump(d, open(sys.argv[2], "w"), indent=1)' "$OUT/calibration-grid.json" "$OUT/calibration-cores.json"
 kinds+=(cores)
 for k in "${kinds[@]}"; do
   sim_args=""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -163,12 +164,13 @@ class CalibratedCost:
         return (f"calibration {self.label}: {model} {m.get('dtype', '?')} on {m.get('device', '?')}, "
                 f"{m.get('threads', '?')} thread(s); fit of {fit.get('samples', '?')} steps, R^2 {fit.get('r2', '?')}; {where}")
 
-    def step_s(self, shape: StepShape) -> float:
-        """The fitted step plus the node's overhead (with `overhead_q`, `step_overhead_s` gives
-        it step by step instead); an empty step costs nothing."""
+    def step_s(self, shape: StepShape, factor: float = 1.0) -> float:
+        """The fitted step (times `factor`: a draw of `step_factor`) plus the node's overhead
+        (with `overhead_q`, `step_overhead_s` gives it step by step instead); an empty step
+        costs nothing."""
         if not shape.tokens:
             return 0.0
-        return self.coef.ms(shape) / 1e3 + (0.0 if self.overhead_q else self.node_overhead_s)
+        return self.coef.ms(shape) / 1e3 * factor + (0.0 if self.overhead_q else self.node_overhead_s)
 
     def step_overhead_s(self, key: int) -> float:
         """The loop's gap before the step `key` names (a node's and its step number's): a draw
@@ -231,12 +233,14 @@ class CalibratedCost:
 
 
 def _spread(doc: dict) -> dict:
-    """`step_spread_quantiles` checked: per role, len(OVERHEAD_QS) non-decreasing positive ratios."""
+    """`step_spread_quantiles` checked: per role, len(OVERHEAD_QS) non-decreasing positive finite ratios."""
+    if not isinstance(doc, dict):
+        raise ValueError("step_spread_quantiles: an object of roles")
     out = {}
     for role, q in doc.items():
         q = tuple(float(x) for x in q)
-        if role not in ("prefill", "decode", "colocated") or len(q) != len(OVERHEAD_QS) or q[0] <= 0 or \
-                any(b < a for a, b in zip(q, q[1:])):
+        if role not in ("prefill", "decode", "colocated") or len(q) != len(OVERHEAD_QS) or not q[0] > 0 or \
+                not all(math.isfinite(x) for x in q) or any(b < a for a, b in zip(q, q[1:])):
             raise ValueError(f"step_spread_quantiles[{role!r}]: {len(OVERHEAD_QS)} non-decreasing positive ratios "
                              "of a role prefill, decode or colocated")
         out[role] = q

@@ -21,7 +21,7 @@ import shlex
 from pdtb.common import CliError
 from pdtb.sim.calibrate import CPU_TIER, CPU_TRANSFER, TERMS, CalibratedCost, fit
 from pdtb.sim.cost import LinkModel
-from pdtb.sim.landing_fit import fit_landing, landing_stamps
+from pdtb.sim.landing_fit import fit_landing, landed_in, landing_stamps
 from pdtb.sim.step_samples import (SampleError, node_overhead_s, overhead_quantiles, read_samples, read_step_log,
                                    step_log_role, step_spread, tier_link)
 
@@ -71,9 +71,10 @@ def _link(gb_per_s: float | None, latency_us: float | None, default: LinkModel) 
                      default.latency_s if latency_us is None else latency_us * 1e-6)
 
 
-def _read(a: argparse.Namespace) -> tuple[list, list[dict], list[dict], list[float], list, list[float], list, dict]:
+def _read(a: argparse.Namespace) -> tuple[list, list[dict], list[dict], list[float], list, list, list, dict]:
     """(samples to fit, steps headers, sources, back-to-back gaps, tier moves, the loop's gaps
-    between steps with work, their windows, and each role's logged samples) of the input files."""
+    between steps with work as (seconds, window, role), the decode nodes' windows, and each
+    role's logged samples) of the input files."""
     samples, headers, sources, gaps, moves, busy, windows, by_role = [], [], [], [], [], [], [], {}
     for path in a.steps:
         got, head = read_samples(path)
@@ -86,9 +87,10 @@ def _read(a: argparse.Namespace) -> tuple[list, list[dict], list[dict], list[flo
         samples += log.samples if a.fit in ("all", "logs") else []
         gaps += log.gaps_s
         moves += log.moves
-        busy += log.busy_gaps_s
-        windows += log.busy_windows
         role = step_log_role(path)
+        busy += [(g, w, role) for g, w in zip(log.busy_gaps_s, log.busy_windows)]
+        if role == "decode":  # (hand-offs land on decode nodes only)
+            windows += log.busy_windows
         if role:
             by_role.setdefault(role, []).extend(log.samples)
         sources.append({"file": path, "kind": "step-log", "samples": len(log.samples), "b2b_gaps": len(log.gaps_s),
@@ -136,12 +138,26 @@ def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, objec
             "fit": {"samples": f.samples, "r2": round(f.r2, 6), "max_rel_err": round(f.max_rel_err, 6),
                     "sources": sources}}
     label = a.label or (a.out.rsplit("/", 1)[-1].removesuffix(".json") if a.out else "calibrated")
-    levels = tuple(overhead_quantiles(busy) or ()) if a.draw_loop_gaps and a.node_overhead_ms is None else ()
+    if landing:  # a landing's work is land_s's: the drawn gaps leave out the decode gaps holding one
+        stamps = landing_stamps(docs)
+        busy = [(g, w, r) for g, w, r in busy if r != "decode" or not landed_in(w, stamps)]
+    busy_s = [g for g, _, _ in busy]
+    levels = tuple(overhead_quantiles(busy_s) or ()) if a.draw_loop_gaps and a.node_overhead_ms is None else ()
     cost = CalibratedCost(f.coef, page_bytes, transfer,
                           _link(a.tier_gb_per_s, a.tier_latency_us, tier_default), overhead, label, meta, levels,
                           landing["land_s"] if landing else 0.0,
-                          step_spread(by_role, f.coef.ms) if a.draw_step_spread else {})
+                          _step_spread(a, by_role, f))
     return cost, f
+
+
+def _step_spread(a: argparse.Namespace, by_role: dict, f) -> dict:
+    if not a.draw_step_spread:
+        return {}
+    got = step_spread(by_role, f.coef.ms)
+    if not got:
+        raise CliError("--draw-step-spread: no role has 100 logged steps in step logs named by it "
+                       "(steps-decode-0.jsonl, steps-prefill-0.jsonl, steps-colocated-0.jsonl)")
+    return got
 
 
 def _results(files: list[str]) -> list[dict]:

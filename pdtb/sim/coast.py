@@ -80,9 +80,10 @@ class Coast:
         step = getattr(cost, "decode_s", None) or (lambda r, c: cost.step_s(StepShape(r, c)))
         over, spread, key = self.node.overhead, self.node.spread, self.node.step_key + self.n0
         for j in range(i, upto):
-            d = step(n, ctx)
-            if spread is not None:  # (as SimNode.kick draws it)
-                d *= spread(self.node.shape.role, key + j + 1)
+            if spread is None:
+                d = step(n, ctx)
+            else:  # (as SimNode.kick draws it)
+                d = cost.step_s(StepShape(n, ctx), spread(self.node.shape.role, key + j + 1))
             if over is not None:  # (as SimNode.kick adds it)
                 d += over(key + j + 1)
             t = t + d

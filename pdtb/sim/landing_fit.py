@@ -5,6 +5,9 @@ between two steps; wall clock, every process on one host).
 
     land_s = median(gaps in which exactly one hand-off landed) - median(gaps in which none did)
 
+Only decode nodes' logs give windows (pdtb sim calibrate), and each run is taken to have one
+decode node: landings on another decode node of the same run would count as this one's.
+
 What the difference holds: the header's placement, the pages reserved and written, the
 request adopted, and the other processes' work at that moment (the prefill node sending, the
 router streaming the first token) on the cores the decode node shares with them. The simulator
@@ -43,3 +46,9 @@ def fit_landing(windows: list[tuple[float, float]], stamps: list[float]) -> dict
         return None
     land = max(0.0, statistics.median(one) - statistics.median(none))
     return {"land_s": round(land, 7), "gaps_one": len(one), "gaps_none": len(none)}
+
+
+
+def landed_in(window: tuple[float, float], stamps: list[float]) -> bool:
+    """Whether a hand-off landed within the gap `window` (stamps sorted)."""
+    return bisect.bisect_right(stamps, window[1]) > bisect.bisect_left(stamps, window[0])

@@ -145,9 +145,10 @@ class SimNode:
             self.wake_at(self.loop.now + STALL_S)
             return
         cost = self.cost
-        d = cost.step_s(StepShape.of(out.chunks))
-        if self.spread is not None:
-            d *= self.spread(self.shape.role, self.step_key + self.scheduler.num_steps)
+        if self.spread is None:
+            d = cost.step_s(StepShape.of(out.chunks))
+        else:  # the fitted time times the draw (the loop's overhead is not the step's)
+            d = cost.step_s(StepShape.of(out.chunks), self.spread(self.shape.role, self.step_key + self.scheduler.num_steps))
         d += sum(cost.tier_move_s(m.num_bytes) for m in out.moves)
         if self.overhead is not None:
             d += self.overhead(self.step_key + self.scheduler.num_steps)

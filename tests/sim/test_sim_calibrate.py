@@ -356,8 +356,16 @@ def test_each_role_s_step_spread_is_fitted_from_its_logs_and_drawn_by_key(tmp_pa
     assert c.step_factor("prefill", 7) == 1.0 and c.step_factor("colocated", 7) == 1.0
     back = CalibratedCost.from_json(json.loads(json.dumps(c.to_json())))
     assert back.spread_q == c.spread_q
-    for bad in ({"robot": list(q)}, {"decode": list(q)[:5]}, {"decode": list(reversed(q))}, {"decode": [0.0] * len(q)}):
+    for bad in ({"robot": list(q)}, {"decode": list(q)[:5]}, {"decode": list(reversed(q))}, {"decode": [0.0] * len(q)},
+                {"decode": [float("nan")] * len(q)}, {"decode": [*q[:-1], float("inf")]}, [list(q)]):
         with pytest.raises(SampleError, match="step_spread_quantiles"):
             CalibratedCost.from_json({**c.to_json(), "step_spread_quantiles": bad})
     with pytest.raises(ValueError):
         _spread({"decode": ["x"] * len(q)})
+    # asked for with no step log named by its role: one line, no file
+    log = tmp_path / "node.jsonl"
+    log.write_text("".join(json.dumps(x) + "\n" for x in _log_lines()))
+    r = run_pdtb("sim", "calibrate", "--step-log", str(log), "--page-bytes", "2048", "--draw-step-spread",
+                 "--out", str(tmp_path / "cal.json"))
+    assert r.returncode != 0 and "--draw-step-spread: no role has 100 logged steps" in r.stderr
+    assert not (tmp_path / "cal.json").exists()
