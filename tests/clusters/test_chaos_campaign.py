@@ -34,6 +34,8 @@ def test_a_short_campaign_of_every_kind_ends_with_no_violation(llama_dir, tmp_pa
     assert rep["schedule"] and all(f["result"] for f in rep["schedule"])
     carried = [f for f in rep["schedule"] if not f["result"].startswith("skipped")]
     assert len(rep["faults"]) >= 5 and 2 * len(carried) >= len(rep["schedule"]), rep["schedule"]
-    assert rep["outcomes"]["completed"] > 50 and rep["quiet"]["quiet"]
+    # most requests sent were served, whatever the machine's speed (how many are sent in 32 s is not)
+    assert rep["outcomes"]["completed"] >= 10 and 2 * rep["outcomes"]["completed"] >= rep["requests"], rep["outcomes"]
+    assert rep["quiet"]["quiet"]
     assert "seed 5" in out and all(f["kind"] in out for f in rep["schedule"])  # the schedule is printed
     assert not list((tmp_path / "rd").glob("*.pid"))  # stopped, nothing left (the checker looked too)
