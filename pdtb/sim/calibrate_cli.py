@@ -21,7 +21,7 @@ import shlex
 from pdtb.common import CliError
 from pdtb.sim.calibrate import CPU_TIER, CPU_TRANSFER, TERMS, CalibratedCost, fit
 from pdtb.sim.cost import LinkModel
-from pdtb.sim.landing_fit import fit_landing, landed_in, landing_stamps
+from pdtb.sim.landing_fit import fit_landing, landing_stamps, landings_in
 from pdtb.sim.step_samples import (SampleError, node_overhead_s, overhead_quantiles, read_samples, read_step_log,
                                    step_log_role, step_spread, tier_link)
 
@@ -129,7 +129,8 @@ def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, objec
     transfer = _link(a.transfer_gb_per_s, a.transfer_latency_us, CPU_TRANSFER)
     docs = _results(a.results)
     path = _path(docs, a.results, transfer.bytes_per_s)
-    landing = fit_landing(windows, landing_stamps(docs)) if docs and windows else None
+    stamps = landing_stamps(docs)
+    landing = fit_landing(windows, stamps) if stamps and windows else None
     if path and "transfer_latency_s" in path and a.transfer_latency_us is None:
         transfer = LinkModel(transfer.bytes_per_s, path["transfer_latency_s"])
     meta = {"command": _command(a, argv, sources), **({"note": a.note} if a.note else {}),
@@ -139,8 +140,7 @@ def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, objec
                     "sources": sources}}
     label = a.label or (a.out.rsplit("/", 1)[-1].removesuffix(".json") if a.out else "calibrated")
     if landing:  # a landing's work is land_s's: the drawn gaps leave out the decode gaps holding one
-        stamps = landing_stamps(docs)
-        busy = [(g, w, r) for g, w, r in busy if r != "decode" or not landed_in(w, stamps)]
+        busy = [(g, w, r) for g, w, r in busy if r != "decode" or not landings_in(w, stamps)]
     busy_s = [g for g, _, _ in busy]
     levels = tuple(overhead_quantiles(busy_s) or ()) if a.draw_loop_gaps and a.node_overhead_ms is None else ()
     cost = CalibratedCost(f.coef, page_bytes, transfer,

@@ -36,19 +36,18 @@ def fit_landing(windows: list[tuple[float, float]], stamps: list[float]) -> dict
     """{"land_s", "gaps_one", "gaps_none"} from the gaps' (start, end) windows and the sorted
     landing stamps, or None with fewer than MIN_GAPS gaps holding exactly one landing."""
     one, none = [], []
-    for t0, t1 in windows:
-        n = bisect.bisect_right(stamps, t1) - bisect.bisect_left(stamps, t0)
+    for w in windows:
+        n = landings_in(w, stamps)
         if n == 0:
-            none.append(t1 - t0)
+            none.append(w[1] - w[0])
         elif n == 1:
-            one.append(t1 - t0)
+            one.append(w[1] - w[0])
     if len(one) < MIN_GAPS or not none:
         return None
     land = max(0.0, statistics.median(one) - statistics.median(none))
     return {"land_s": round(land, 7), "gaps_one": len(one), "gaps_none": len(none)}
 
 
-
-def landed_in(window: tuple[float, float], stamps: list[float]) -> bool:
-    """Whether a hand-off landed within the gap `window` (stamps sorted)."""
-    return bisect.bisect_right(stamps, window[1]) > bisect.bisect_left(stamps, window[0])
+def landings_in(window: tuple[float, float], stamps: list[float]) -> int:
+    """How many hand-offs landed within the gap `window` (stamps sorted)."""
+    return bisect.bisect_right(stamps, window[1]) - bisect.bisect_left(stamps, window[0])
