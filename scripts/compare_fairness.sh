@@ -3,7 +3,8 @@
 #
 #   scripts/compare_fairness.sh [--quick] [--out DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
 #                               [--modes "colocated disagg"] [--model DIR] [--seed N] [--device cpu|cuda[:N]] [--step-log]
-#                               [--node-args "ARGS"] [--context-whales N] [--transport zmq|torch|shm|auto]
+#                               [--node-args "ARGS"] [--context-whales N] [--minnow-rate R] [--workload whale-minnow|tenants]
+#                               [--transport zmq|torch|shm|auto]
 #                               [--sim [--calibration FILE] [--sim-args "ARGS"]] [--lockstep [--step-ms MS]] [--dry-run]
 #
 # --policies (spaces or commas; default fcfs memfair vtc mcsf priority, --quick fcfs memfair):
@@ -29,7 +30,11 @@
 # long-context whales (1984+64 tokens, nearly all prompt, as the longest requests of the Azure
 # conversation trace) arrive every half second from t = 4 s and load the prefill side and the
 # steps a colocated node shares with decoding minnows. --context-whales N sets their number
-# (default 16 quick, 26 full; 0 leaves only the long-output whales).
+# (default 16 quick, 26 full; 0 leaves only the long-output whales). --minnow-rate sets the
+# minnows' load (requests/s, default 4): the frontier's quick sweep reads loads 1.5, 3 and 6.
+# --workload tenants replaces the whale-minnow workload by a multi-tenant one
+# (pdtb/client/data/cpu_tenants.json: one tenant of long requests, class whale, and two of chat
+# and short ones, class minnow, each arriving as its own Poisson process) on the same budget.
 # The long outputs hold the whales' footprint for many decode steps, so the pressure lasts
 # long enough to show even with the fast steps of the C decode kernel.
 # Writes DIR/MODE-LABEL.json for each run and DIR/report/report.md with plots. With --step-log,
@@ -49,7 +54,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUICK=0 OUT="" POLICIES="" MODES="colocated disagg" MODEL="" SEED=0 DEVICE=cpu STEPLOG=0 NODE_ARGS="" CTX=""
-SIM=0 CALIBRATION="" SIM_ARGS="" TRANSPORT=zmq LOCKSTEP=0 STEP_MS=20 PARGS=() DRY=0
+SIM=0 CALIBRATION="" SIM_ARGS="" TRANSPORT=zmq LOCKSTEP=0 STEP_MS=20 PARGS=() DRY=0 MRATE=4 WORKLOAD=whale-minnow
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
@@ -64,6 +69,8 @@ while [ $# -gt 0 ]; do
     --step-log) STEPLOG=1; shift ;;
     --node-args) NODE_ARGS="$2"; shift 2 ;;
     --context-whales) CTX="$2"; shift 2 ;;
+    --minnow-rate) MRATE="$2"; shift 2 ;;
+    --workload) WORKLOAD="$2"; shift 2 ;;
     --sim) SIM=1; shift ;;
     --calibration) CALIBRATION="$2"; shift 2 ;;
     --sim-args) SIM_ARGS="$2"; shift 2 ;;
@@ -81,7 +88,7 @@ source "$ROOT/scripts/_policy.sh"
 PAGE=16 TOTAL=448 PREFILL=160 HOST=512
 # Whales arrive close together so they overlap and, growing, need more than the decode pool.
 WL=(--workload whale-minnow --whales 6 --whale-prompt 1024 --whale-output 1024 --whale-start 1
-    --whale-interval 0.5 --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 30 --seed "$SEED"
+    --whale-interval 0.5 --minnow-prompt 24 --minnow-output 8 --minnow-rate "$MRATE" --duration 30 --seed "$SEED"
     --slo ttft_ms=500 --slo tpot_ms=100)
 CTX_DEFAULT=26
 if [ "$QUICK" = 1 ]; then
@@ -90,7 +97,7 @@ if [ "$QUICK" = 1 ]; then
   # share steps with a whale's 512-token prefill chunk, which the ITL comparison measures.
   POLICIES="${POLICIES:-fcfs memfair}"
   WL=(--workload whale-minnow --whales 6 --whale-prompt 1024 --whale-output 1024 --whale-start 1
-      --whale-interval 0.5 --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 20 --seed "$SEED"
+      --whale-interval 0.5 --minnow-prompt 24 --minnow-output 8 --minnow-rate "$MRATE" --duration 20 --seed "$SEED"
       --slo ttft_ms=500 --slo tpot_ms=100)
   CTX_DEFAULT=16
 fi
@@ -98,6 +105,13 @@ CTX="${CTX:-$CTX_DEFAULT}"
 case "$CTX" in ''|*[!0-9]*) echo "compare_fairness: --context-whales wants a count, got $CTX" >&2; exit 2 ;; esac
 WL+=(--context-whales "$CTX" --context-whale-prompt 1984 --context-whale-output 64 --context-whale-start 4
      --context-whale-interval 0.5)
+case "$MRATE" in ''|*[!0-9.]*|*.*.*|.) echo "compare_fairness: --minnow-rate wants requests/s, got $MRATE" >&2; exit 2 ;; esac
+case "$WORKLOAD" in
+  whale-minnow) ;;
+  tenants) WL=(--workload multi-tenant --tenants-file "$ROOT/pdtb/client/data/cpu_tenants.json" --seed "$SEED"
+               --slo ttft_ms=500 --slo tpot_ms=100) ;;
+  *) echo "compare_fairness: --workload is whale-minnow or tenants, got $WORKLOAD" >&2; exit 2 ;;
+esac
 BUDGET=512  # per-step token budget: whale prompts prefill in chunks, interleaved with decode
 # The nodes attribute each request's misses of the same SLOs as the client's goodput uses (the
 # client then reports the causes per class: `SLO attribution` under each run's table).

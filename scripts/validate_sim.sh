@@ -4,12 +4,22 @@
 # same runs simulated, and the sim/real ratios per class (pdtb sim validate).
 #
 #   scripts/validate_sim.sh [--out DIR] [--real DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
-#                           [--router-token-us US] [--client-token-us US] [--skip-prefix]
+#                           [--sets "quick load1.5 load3 load6 tenants"] [--router-token-us US]
+#                           [--client-token-us US] [--skip-prefix]
 #
 # --policies and --policy-arg are compare_fairness.sh's (default fcfs memfair): each policy a
 # NAME, module:Class, path/to/file.py:Class or LABEL=REF, its settings by --policy-arg; checked
 # before anything runs. Real and simulated runs are paired by mode and label. With --real DIR,
 # give the policies and settings its runs had.
+#
+# --sets (default quick) names the workloads, each a compare_fairness.sh --quick run of every
+# policy in both modes: quick (whale-minnow, minnows at 4/s), loadR (the same, minnows at R/s:
+# load1.5 load3 load6 are the frontier's quick sweep loads) and tenants (--workload tenants, the
+# multi-tenant workload). The calibrations are fitted to the fcfs runs of the first set alone:
+# every other run, of every set, is held out. Real runs of set S are in BASE (the first set) or
+# BASE-S, BASE being --real DIR or DIR/real, made where absent; simulated ones in DIR/sim-KIND
+# and DIR/sim-S-KIND, their comparison in DIR/validate-KIND.* and DIR/validate-S-KIND.*; the
+# summary over every set (pdtb sim validate-sets) in DIR/validate-sets.{txt,json}.
 #
 # 1. real: scripts/compare_fairness.sh --quick --step-log (skipped with --real DIR: results,
 #    and step logs where it has them, already there);
@@ -28,20 +38,22 @@
 #    node flags; and "cores": the grid calibration with every simulated process on this
 #    machine's two cores (--host-cores 2, the router's and the client's CPU per token, by
 #    default the figures docs/sim.md gives);
-# 4. pdtb sim validate REAL SIM for each: DIR/validate-{grid,logs,spread,cores}.{txt,json};
+# 4. pdtb sim validate REAL SIM for each: DIR/validate-{grid,logs,spread,cores}.{txt,json}, and the
+#    other sets' the same way; then pdtb sim validate-sets over every set;
 # 5. prefix sharing: the Mooncake excerpts replayed on 1P+1D (scripts/prefix_results.sh --quick
 #    --only trace; with --real DIR, its prefix/ folder where it has one) and simulated with the
 #    same flags for each calibration, against the targets (pdtb sim validate-prefix):
 #    DIR/validate-prefix-KIND.{txt,json}.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" REAL="" POLICIES="fcfs memfair" PARGS=() ROUTER_US=550 CLIENT_US=33 PREFIX=1
+OUT="" REAL="" POLICIES="fcfs memfair" PARGS=() ROUTER_US=550 CLIENT_US=33 PREFIX=1 SETS=quick
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --real) REAL="$2"; shift 2 ;;
     --policies) POLICIES="$2"; shift 2 ;;
     --policy-arg) PARGS+=(--policy-arg "$2"); shift 2 ;;
+    --sets) SETS="$2"; shift 2 ;;
     --router-token-us) ROUTER_US="$2"; shift 2 ;;
     --client-token-us) CLIENT_US="$2"; shift 2 ;;
     --skip-prefix) PREFIX=0; shift ;;
@@ -55,11 +67,28 @@ bash "$ROOT/scripts/compare_fairness.sh" --dry-run --policies "$POLICIES" ${PARG
 OUT="${OUT:-$ROOT/results/validate-sim-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
-if [ -z "$REAL" ]; then
-  REAL="$OUT/real"
+set_args() {  # set_args SET: its compare_fairness.sh flags, in SET_ARGS
+  case "$1" in
+    quick) SET_ARGS=() ;;
+    tenants) SET_ARGS=(--workload tenants) ;;
+    load*) SET_ARGS=(--minnow-rate "${1#load}") ;;
+    *) echo "validate_sim: unknown set $1 (quick, loadR, tenants)" >&2; exit 2 ;;
+  esac
+}
+read -r -a SET_LIST <<< "$SETS"
+[ "${#SET_LIST[@]}" -gt 0 ] || { echo "validate_sim: --sets is empty" >&2; exit 2; }
+for s in "${SET_LIST[@]}"; do set_args "$s"; done  # every name checked before the first run
+BASE="${REAL:-$OUT/real}"
+FIRST="${SET_LIST[0]}"
+real_of() { [ "$1" = "$FIRST" ] && echo "$BASE" || echo "$BASE-$1"; }
+for s in "${SET_LIST[@]}"; do
+  r="$(real_of "$s")"
+  [ -f "$r/compare.txt" ] && continue  # made already (compare_fairness.sh writes it last)
+  set_args "$s"
   bash "$ROOT/scripts/compare_fairness.sh" --quick --step-log --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
-    --out "$REAL" >&2
-fi
+    ${SET_ARGS[@]+"${SET_ARGS[@]}"} --out "$r" >&2
+done
+REAL="$BASE"
 echo "== calibrating the step cost on this machine (pdtb bench steps --grid)" >&2
 pdtb bench steps --grid --json > "$OUT/steps.json"
 logs=() path=()
@@ -80,14 +109,21 @@ fi
 python -c 'import json, sys; d = json.load(open(sys.argv[1])); [d.pop(k, None) for k in ("land_s", "landing")]
 d["label"] = "cores"; json.dump(d, open(sys.argv[2], "w"), indent=1)' "$OUT/calibration-grid.json" "$OUT/calibration-cores.json"
 kinds+=(cores)
-for k in "${kinds[@]}"; do
-  sim_args=""
-  [ "$k" = cores ] && sim_args="--host-cores $(nproc) --router-token-us $ROUTER_US --client-token-us $CLIENT_US"
-  bash "$ROOT/scripts/compare_fairness.sh" --quick --sim --calibration "$OUT/calibration-$k.json" \
-    --sim-args "$sim_args" --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} --out "$OUT/sim-$k" >&2
-  echo "== calibration: $k"
-  pdtb sim validate "$REAL" "$OUT/sim-$k" --out "$OUT/validate-$k.json" | tee "$OUT/validate-$k.txt"
+for s in "${SET_LIST[@]}"; do
+  set_args "$s"
+  tag="$([ "$s" = "$FIRST" ] || echo "$s-")"
+  for k in "${kinds[@]}"; do
+    sim_args=""
+    [ "$k" = cores ] && sim_args="--host-cores $(nproc) --router-token-us $ROUTER_US --client-token-us $CLIENT_US"
+    bash "$ROOT/scripts/compare_fairness.sh" --quick --sim --calibration "$OUT/calibration-$k.json" \
+      --sim-args "$sim_args" --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} ${SET_ARGS[@]+"${SET_ARGS[@]}"} \
+      --out "$OUT/sim-$tag$k" >&2
+    echo "== set: $s, calibration: $k"
+    pdtb sim validate "$(real_of "$s")" "$OUT/sim-$tag$k" --out "$OUT/validate-$tag$k.json" | tee "$OUT/validate-$tag$k.txt"
+  done
 done
+pdtb sim validate-sets "$OUT" --sets "$SETS" --kinds "${kinds[*]}" --fitted fcfs --out "$OUT/validate-sets.json" \
+  | tee "$OUT/validate-sets.txt"
 [ "$PREFIX" = 1 ] || exit 0
 PREAL="$REAL/prefix"
 if [ ! -f "$PREAL/conversation-on.json" ]; then

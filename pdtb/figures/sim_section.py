@@ -1,5 +1,5 @@
 """The simulator's sections of docs/results.md, from the files `scripts/sim_results.sh` writes:
-validate/validate-{grid,logs,spread,cores}.json, repro-{mcsf,vtc,essay}.json, azure-hour-POLICY.json
+validate/validate-{grid,logs,spread,cores}.json and validate-sets.json, repro-{mcsf,vtc,essay}.json, azure-hour-POLICY.json
 (+ .wall_s, .command), roofline-h200.json and speed.json (its own section). A file that is
 absent leaves its part out."""
 from __future__ import annotations
@@ -51,6 +51,34 @@ def validation_part(doc: dict, kind: str = "grid") -> list[str]:
         out.append(f"- order by {o['figure']} ({o['mode']}): real {' < '.join(o['real'])}; sim "
                    f"{' < '.join(o['sim'])}: {'same' if o['same'] else 'different'}")
     return out + [""]
+
+
+def sets_part(doc: dict) -> list[str]:
+    """validate-sets.json: every workload set, per calibration (pdtb sim validate-sets)."""
+    sets = doc["sets"]
+    rows = []
+    for kind, k in doc["kinds"].items():
+        ok, n = k["held_out"]
+        pols = sorted({p for v in k["by_set"].values() for p in v})
+        for p in pols:
+            rows.append([kind, p, *(("{}/{}".format(*k["by_set"][s][p]) if p in k["by_set"].get(s, {}) else "-")
+                                    for s in sets)])
+        rows.append([kind, f"**held out: {ok}/{n} = {fmt(100 * k['held_out_share'], 0)}%**"
+                     if k["held_out_share"] is not None else "held out: -",
+                     *([""] * (len(sets) - 1)),
+                     f"orders same {k['orders_same']}, beyond ties {k['orders_consistent']} of {len(k['orders'])}"])
+    off = [f"- {kind}, {o['set']} {o['mode']} {o['figure']}: real {' < '.join(o['real'])}; sim {' < '.join(o['sim'])}"
+           for kind, k in doc["kinds"].items() for o in k["orders"] if not o["consistent"]]
+    return ["### Against the testbed, every workload", "",
+            f"`bash scripts/validate_sim.sh --sets \"{' '.join(sets)}\"`: each set the quick comparison on real "
+            "clusters (quick: whale-minnow, minnows at 4/s; loadR: minnows at R/s, the frontier's quick loads; "
+            "tenants: the multi-tenant workload), every policy in both modes, and the same runs simulated. Each "
+            f"calibration is fitted to the {doc['fitted']} runs of {sets[0]} alone; every other run is held out. "
+            "Cells: figures on target (p50 within 15%, p99 within 30%). Orders: policies by minnow TTFT p99 and "
+            f"ITL p99 per set and mode; beyond ties, real p99s within 30% of each other are tied. Bar: "
+            f"{fmt(100 * doc['bar'], 0)}% held out.", "",
+            *md_table(["calibration", "policy", *sets], rows), "",
+            *(["Orders that differ beyond ties:", "", *off, ""] if off else [])]
 
 
 def prefix_validation_part(docs: dict[str, dict]) -> list[str]:
@@ -151,6 +179,9 @@ SIM_HEADING = "## The simulator (`pdtb sim`)"
 def render(d: str | Path, stamp: str | None = None) -> list[str]:
     d = Path(d)
     out = [SIM_HEADING, ""] + ([f"`bash scripts/sim_results.sh` ({stamp}).", ""] if stamp else [])
+    sets = _load(d / "validate", "validate-sets.json")
+    if sets:
+        out += sets_part(sets)
     for kind in ("grid", "logs", "spread", "cores"):
         v = _load(d / "validate", f"validate-{kind}.json")
         if v:

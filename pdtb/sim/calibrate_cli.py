@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+from dataclasses import dataclass, field
 
 from pdtb.common import CliError
 from pdtb.sim.calibrate import CPU_TIER, CPU_TRANSFER, TERMS, CalibratedCost, fit
@@ -71,31 +72,44 @@ def _link(gb_per_s: float | None, latency_us: float | None, default: LinkModel) 
                      default.latency_s if latency_us is None else latency_us * 1e-6)
 
 
-def _read(a: argparse.Namespace) -> tuple[list, list[dict], list[dict], list[float], list, list, list, dict]:
-    """(samples to fit, steps headers, sources, back-to-back gaps, tier moves, the loop's gaps
-    between steps with work as (seconds, window, role), the decode nodes' windows, and each
-    role's logged samples) of the input files."""
-    samples, headers, sources, gaps, moves, busy, windows, by_role = [], [], [], [], [], [], [], {}
+@dataclass
+class Inputs:
+    """What the input files give, for one calibration."""
+
+    samples: list = field(default_factory=list)  # the steps to fit
+    headers: list[dict] = field(default_factory=list)  # the --steps files' headers
+    sources: list[dict] = field(default_factory=list)  # each file, as the calibration records it
+    gaps: list[float] = field(default_factory=list)  # idle gaps between back-to-back steps (s)
+    moves: list = field(default_factory=list)  # tier moves
+    busy: list = field(default_factory=list)  # the loop's gaps between steps with work: (s, window, role)
+    windows: list = field(default_factory=list)  # the decode nodes' such gaps' windows
+    by_role: dict = field(default_factory=dict)  # each role's logged samples
+    spans: list = field(default_factory=list)  # every logged step's (start, end), every node
+
+
+def _read(a: argparse.Namespace) -> Inputs:
+    got = Inputs()
     for path in a.steps:
-        got, head = read_samples(path)
-        samples += got if a.fit in ("all", "steps") else []
-        headers.append(head)
-        sources.append({"file": path, "kind": "step-samples", "samples": len(got), "fitted": a.fit != "logs",
-                        **{k: head[k] for k in ("device", "model", "threads", "dtype", "command") if k in head}})
+        samples, head = read_samples(path)
+        got.samples += samples if a.fit in ("all", "steps") else []
+        got.headers.append(head)
+        got.sources.append({"file": path, "kind": "step-samples", "samples": len(samples), "fitted": a.fit != "logs",
+                            **{k: head[k] for k in ("device", "model", "threads", "dtype", "command") if k in head}})
     for path in a.step_log:
         log = read_step_log(path, a.b2b_ms)
-        samples += log.samples if a.fit in ("all", "logs") else []
-        gaps += log.gaps_s
-        moves += log.moves
+        got.samples += log.samples if a.fit in ("all", "logs") else []
+        got.gaps += log.gaps_s
+        got.moves += log.moves
+        got.spans += log.spans
         role = step_log_role(path)
-        busy += [(g, w, role) for g, w in zip(log.busy_gaps_s, log.busy_windows)]
+        got.busy += [(g, w, role) for g, w in zip(log.busy_gaps_s, log.busy_windows)]
         if role == "decode":  # (hand-offs land on decode nodes only)
-            windows += log.busy_windows
+            got.windows += log.busy_windows
         if role:
-            by_role.setdefault(role, []).extend(log.samples)
-        sources.append({"file": path, "kind": "step-log", "samples": len(log.samples), "b2b_gaps": len(log.gaps_s),
-                        "fitted": a.fit != "steps"})
-    return samples, headers, sources, gaps, moves, busy, windows, by_role
+            got.by_role.setdefault(role, []).extend(log.samples)
+        got.sources.append({"file": path, "kind": "step-log", "samples": len(log.samples),
+                            "b2b_gaps": len(log.gaps_s), "fitted": a.fit != "steps"})
+    return got
 
 
 def _page_bytes(a: argparse.Namespace, headers: list[dict]) -> int:
@@ -120,17 +134,18 @@ def _command(a: argparse.Namespace, argv: list[str], sources: list[dict]) -> str
 
 def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, object]:
     """The calibration the arguments ask for, and its fit."""
-    samples, headers, sources, gaps, moves, busy, windows, by_role = _read(a)
-    page_bytes = _page_bytes(a, headers)
-    f = fit(samples)
-    overhead = a.node_overhead_ms / 1e3 if a.node_overhead_ms is not None else (node_overhead_s(gaps) or 0.0)
-    tier_default = tier_link(moves, page_bytes) or CPU_TIER
-    head = headers[0] if headers else {}
+    got = _read(a)
+    sources, busy = got.sources, got.busy
+    page_bytes = _page_bytes(a, got.headers)
+    f = fit(got.samples)
+    overhead = a.node_overhead_ms / 1e3 if a.node_overhead_ms is not None else (node_overhead_s(got.gaps) or 0.0)
+    tier_default = tier_link(got.moves, page_bytes) or CPU_TIER
+    head = got.headers[0] if got.headers else {}
     transfer = _link(a.transfer_gb_per_s, a.transfer_latency_us, CPU_TRANSFER)
     docs = _results(a.results)
-    path = _path(docs, a.results, transfer.bytes_per_s)
+    path = _path(docs, a.results, transfer.bytes_per_s, got.spans)
     stamps = landing_stamps(docs)
-    landing = fit_landing(windows, stamps) if stamps and windows else None
+    landing = fit_landing(got.windows, stamps) if stamps and got.windows else None
     if path and "transfer_latency_s" in path and a.transfer_latency_us is None:
         transfer = LinkModel(transfer.bytes_per_s, path["transfer_latency_s"])
     meta = {"command": _command(a, argv, sources), **({"note": a.note} if a.note else {}),
@@ -146,7 +161,7 @@ def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, objec
     cost = CalibratedCost(f.coef, page_bytes, transfer,
                           _link(a.tier_gb_per_s, a.tier_latency_us, tier_default), overhead, label, meta, levels,
                           landing["land_s"] if landing else 0.0,
-                          _step_spread(a, by_role, f))
+                          _step_spread(a, got.by_role, f))
     return cost, f
 
 
@@ -170,13 +185,14 @@ def _results(files: list[str]) -> list[dict]:
     return docs
 
 
-def _path(docs: list[dict], files: list[str], bytes_per_s: float) -> dict | None:
-    """The request path fitted to the results files' requests (with the files named)."""
+def _path(docs: list[dict], files: list[str], bytes_per_s: float, spans: list) -> dict | None:
+    """The request path fitted to the results files' requests (with the files named), the time
+    the step logs' nodes spent in steps left out of the hand-offs' (pdtb/sim/path_fit.py)."""
     from pdtb.sim.path_fit import fit_path
 
     if not docs:
         return None
-    got = fit_path(docs, bytes_per_s)
+    got = fit_path(docs, bytes_per_s, spans)
     if got is None:
         raise CliError("--results: too few finished requests with the nodes' stamps to fit the request path")
     return {**got, "files": files}

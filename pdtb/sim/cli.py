@@ -8,6 +8,7 @@ USAGE = """pdtb sim <subcommand> | pdtb sim [run options]
   pdtb sim --workload W --mode colocated|disagg ... --out FILE    simulate one run
   pdtb sim calibrate --steps FILE [...] --out FILE               fit a step-cost model
   pdtb sim validate [...]                                        real cluster vs simulator
+  pdtb sim validate-sets DIR [--sets ...]                        the validation over several workloads
   pdtb sim validate-prefix REAL SIM [...]                        prefix sharing, real vs simulated
   pdtb sim reproduce mcsf|vtc|essay [--json]                     the papers' figures
   pdtb sim plan ...                                              prefill:decode split and budgets
@@ -29,6 +30,8 @@ def main(argv: list[str]) -> int:
         from pdtb.sim.calibrate_cli import main as run
     elif sub == "validate":
         from pdtb.sim.repro.validate import main as run
+    elif sub == "validate-sets":
+        from pdtb.sim.repro.validate_sets import main as run
     elif sub == "validate-prefix":
         from pdtb.sim.repro.validate_prefix import main as run
     elif sub == "roofline":

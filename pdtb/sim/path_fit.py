@@ -10,19 +10,27 @@ own times:
     client_latency_s   (median of the client's TTFT - (first_token - router_arrival), the client's
                        request up plus the first token's way back) minus one rpc latency, halved:
                        the client's leg each way
-    transfer_latency_s of requests handed off (transfer_start -> transfer_end): the median of
-                       that time less its bytes over the link and one rpc latency (the header's)
+    transfer_latency_s of requests handed off without being held (transfer_start -> transfer_end,
+                       no time held at the prefill node: the simulator makes deferrals and retries
+                       itself): the median of that time less its bytes over the link, less the
+                       time some node of the run was inside a step (`steps`, the step logs'
+                       (start, end) spans, where given: a simulated message waits for the step in
+                       progress itself, so a fit that kept those waits would count them twice),
+                       less one rpc latency (the header's)
 """
 from __future__ import annotations
 
+import bisect
 import statistics
 
 MIN_REQUESTS = 5  # fewer finished requests with stamps: nothing is fitted
 
 
-def fit_path(results: list[dict], bytes_per_s: float) -> dict | None:
+def fit_path(results: list[dict], bytes_per_s: float, steps: list[tuple[float, float]] | None = None) -> dict | None:
     """The path latencies of the runs in `results` (results files' objects), or None when they
-    hold fewer than MIN_REQUESTS finished requests with the stamps."""
+    hold fewer than MIN_REQUESTS finished requests with the stamps. `steps`: the (start, end)
+    times of the same runs' nodes' steps, any order, overlapping or not."""
+    busy = Cover(steps or [])
     dispatch, overhead, transfer = [], [], []
     for doc in results:
         for r in doc.get("requests", []):
@@ -33,9 +41,11 @@ def fit_path(results: list[dict], bytes_per_s: float) -> dict | None:
                 continue
             dispatch.append(s["prefill_queued"] - s["router_arrival"])
             overhead.append((r["first_token_time"] - r["send_time"]) - (s["first_token"] - s["router_arrival"]))
-            if "transfer_start" in s and "transfer_end" in s:
+            held = ((t.get("slo") or {}).get("components") or {}).get("held_at_prefill") or 0.0
+            if "transfer_start" in s and "transfer_end" in s and not held > 0:
+                a, b = s["transfer_start"], s["transfer_end"]
                 nbytes = (t.get("kv_bytes") or {}).get("received", 0)
-                transfer.append(s["transfer_end"] - s["transfer_start"] - nbytes / bytes_per_s)
+                transfer.append(b - a - busy.within(a, b) - nbytes / bytes_per_s)
     if len(dispatch) < MIN_REQUESTS:
         return None
     rpc = max(0.0, statistics.median(dispatch))
@@ -44,4 +54,27 @@ def fit_path(results: list[dict], bytes_per_s: float) -> dict | None:
     if len(transfer) >= MIN_REQUESTS:
         out["transfer_latency_s"] = round(max(0.0, statistics.median(transfer) - rpc), 6)
         out["transfers"] = len(transfer)
+        out["steps_left_out"] = bool(steps)
     return out
+
+
+class Cover:
+    """The union of (start, end) spans, asked how much of a window it covers."""
+
+    def __init__(self, spans: list[tuple[float, float]]) -> None:
+        merged: list[list[float]] = []
+        for a, b in sorted(spans):
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            elif b > a:
+                merged.append([a, b])
+        self.starts = [a for a, _ in merged]
+        self.spans = merged
+
+    def within(self, a: float, b: float) -> float:
+        """Seconds of [a, b] inside the spans."""
+        got, i = 0.0, max(0, bisect.bisect_right(self.starts, a) - 1)
+        while i < len(self.spans) and self.spans[i][0] < b:
+            got += max(0.0, min(b, self.spans[i][1]) - max(a, self.spans[i][0]))
+            i += 1
+        return got

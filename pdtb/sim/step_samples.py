@@ -59,6 +59,7 @@ class StepLogRead:
     moves: list[tuple[int, float]]  # (pages, seconds) of each demotion or promotion
     busy_gaps_s: list[float] = field(default_factory=list)  # between two steps that both decoded, however long
     busy_windows: list[tuple[float, float]] = field(default_factory=list)  # those gaps' (start, end) times (s)
+    spans: list[tuple[float, float]] = field(default_factory=list)  # every step's (start, end) time (s)
 
 
 def _count(value, what: str) -> int:
@@ -156,7 +157,7 @@ def read_step_log(path: str | Path, b2b_ms: float = 5.0) -> StepLogRead:
              if a.shape.decode_rows and b.shape.decode_rows and g >= -2e-6]
     busy = [max(0.0, g) for g, _, _ in pairs]
     return StepLogRead(samples, b2b, [m for s in steps for m in s.moves], busy,
-                       [(a.t + a.ms / 1e3, b.t) for _, a, b in pairs])
+                       [(a.t + a.ms / 1e3, b.t) for _, a, b in pairs], [(s.t, s.t + s.ms / 1e3) for s in steps])
 
 
 def node_overhead_s(gaps_s: list[float]) -> float | None:

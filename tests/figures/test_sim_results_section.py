@@ -17,3 +17,18 @@ def test_section_from_files(tmp_path):
     assert "| mean MC-SF / optimum | 1.0384 | 1.005 |" in text
     assert "| decode | 9 | 6.35 | 5.37 .. 7.17 |" in text
     assert "Azure" not in text and "Against the testbed" not in text  # absent files: parts left out
+
+
+def test_the_sets_summary_renders_per_policy_and_set(tmp_path):
+    (tmp_path / "validate").mkdir()
+    order = {"set": "load3", "mode": "disagg", "figure": "minnow ttft p99", "real": ["memfair", "fcfs"],
+             "sim": ["fcfs", "memfair"], "same": False, "consistent": False, "discordant": [["memfair", "fcfs"]]}
+    (tmp_path / "validate" / "validate-sets.json").write_text(json.dumps({
+        "sets": ["quick", "load3"], "fitted": "fcfs", "bar": 0.85, "kinds": {"spread": {
+            "by_set": {"quick": {"fcfs": [8, 8], "memfair": [7, 8]}, "load3": {"fcfs": [6, 8]}},
+            "held_out": [13, 16], "held_out_share": 13 / 16, "orders_same": 1, "orders_consistent": 1,
+            "orders": [order, {**order, "set": "quick", "same": True, "consistent": True}]}}}))
+    text = "\n".join(render(tmp_path))
+    assert "| spread | fcfs | 8/8 | 6/8 |" in text and "| spread | memfair | 7/8 | - |" in text
+    assert "**held out: 13/16 = 81%**" in text and "orders same 1, beyond ties 1 of 2" in text
+    assert "- spread, load3 disagg minnow ttft p99: real memfair < fcfs; sim fcfs < memfair" in text

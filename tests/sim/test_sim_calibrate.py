@@ -261,6 +261,31 @@ def test_the_request_path_is_fitted_to_real_runs_stamps(tmp_path):
     a = build_parser().parse_args(["--mode", "colocated", "--rpc-latency-ms", "1"])
     assert cluster_shape(a, c).rpc_latency_s == 0.001  # a flag wins
 
+def test_the_hand_off_latency_leaves_out_the_nodes_steps_and_the_held_transfers():
+    from pdtb.sim.path_fit import Cover, fit_path
+
+    # each 10 ms transfer (1 ms of bytes, 3 ms rpc) overlaps steps for 4 ms: 3 ms of two spans
+    # that overlap each other, 1 ms of a third; 10 - 4 - 1 - 3 = 2 ms
+    reqs = [_stamped(1.0 * i, 0.020, 100.0 + i, 100.003 + i, 100.012 + i, (100.004 + i, 100.014 + i, 1000))
+            for i in range(6)]
+    steps = [s for i in range(6) for s in ((100.0 + i, 100.006 + i), (100.005 + i, 100.007 + i),
+                                            (100.013 + i, 100.020 + i))]
+    got = fit_path([{"requests": reqs}], 1e6, steps)
+    assert got["transfer_latency_s"] == pytest.approx(0.002, abs=1e-6) and got["steps_left_out"]
+    # a transfer held at the prefill node is the simulator's to make (deferral, retry): left out
+    held = _stamped(9.0, 0.020, 109.0, 109.003, 109.012, (109.004, 111.0, 1000))
+    held["server_timing"]["slo"] = {"components": {"held_at_prefill": 1.9}}
+    assert fit_path([{"requests": reqs + [held] * 9}], 1e6, steps)["transfer_latency_s"] == \
+        pytest.approx(0.002, abs=1e-6)
+    # the cover against a brute-force sum over a fine grid
+    spans = [(0.0, 1.0), (0.5, 2.0), (3.0, 3.5), (3.2, 3.3), (5.0, 5.0)]
+    c = Cover(spans)
+    for a, b in [(-1.0, 10.0), (0.2, 0.7), (1.5, 3.1), (3.25, 3.4), (2.0, 3.0), (4.0, 6.0)]:
+        grid = [a + (b - a) * (k + 0.5) / 20000 for k in range(20000)]
+        brute = (b - a) * sum(any(x <= t < y for x, y in spans) for t in grid) / len(grid)
+        assert c.within(a, b) == pytest.approx(brute, abs=(b - a) / 1000)
+
+
 
 def test_the_loop_gap_is_drawn_from_its_levels_by_key():
     import dataclasses

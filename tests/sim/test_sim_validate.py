@@ -40,13 +40,30 @@ def test_ratios_targets_and_order(tmp_path):
     assert "on target: 7 of 8; by policy: fcfs 3/4, memfair 4/4" in format_report(doc)
 
 
-def test_a_different_order_is_reported(tmp_path):
+def test_a_different_order_is_reported_beyond_ties(tmp_path):
+    # real minnow TTFT p99: vtc 90 < fcfs 100 < mcsf 200; simulated: fcfs 80 < vtc 95 < mcsf 210
     real = _write(tmp_path / "real", {("colocated", "fcfs"): ((10, 100), (5, 50), 1.0),
-                                      ("colocated", "vtc"): ((10, 90), (5, 40), 1.0)})
+                                      ("colocated", "vtc"): ((10, 90), (5, 40), 1.0),
+                                      ("colocated", "mcsf"): ((10, 200), (5, 45), 1.0)})
     sim = _write(tmp_path / "sim", {("colocated", "fcfs"): ((10, 80), (5, 50), 1.0),
-                                    ("colocated", "vtc"): ((10, 95), (5, 40), 1.0)})
+                                    ("colocated", "vtc"): ((10, 95), (5, 40), 1.0),
+                                    ("colocated", "mcsf"): ((10, 210), (5, 45), 1.0)})
     doc = validate(real, sim)
-    assert not doc["orderings_same"] and "DIFFERENT" in format_report(doc)
+    ttft = [o for o in doc["orderings"] if "ttft" in o["figure"]][0]
+    # 90 and 100 are within 30% of each other: tied, either order passes; both are far below 200
+    assert not ttft["same"] and ttft["consistent"] and ttft["discordant"] == []
+    assert "same beyond ties" in format_report(doc)
+    # ITL p99 real: vtc 40 < mcsf 45 < fcfs 50 (all tied), simulated the same: same both ways
+    itl = [o for o in doc["orderings"] if "itl" in o["figure"]][0]
+    assert itl["same"] and itl["consistent"] and doc["orderings_consistent"] and not doc["orderings_same"]
+    # mcsf simulated below vtc, 2.2x apart in the real runs: discordant
+    sim2 = _write(tmp_path / "sim2", {("colocated", "fcfs"): ((10, 80), (5, 50), 1.0),
+                                      ("colocated", "vtc"): ((10, 95), (5, 40), 1.0),
+                                      ("colocated", "mcsf"): ((10, 85), (5, 45), 1.0)})
+    doc = validate(real, sim2)
+    ttft = [o for o in doc["orderings"] if "ttft" in o["figure"]][0]
+    assert ttft["discordant"] == [["vtc", "mcsf"]] and not doc["orderings_consistent"]
+    assert "DIFFERENT: vtc < mcsf in the real runs, not simulated" in format_report(doc)
 
 
 def test_folders_without_matching_runs_are_refused(tmp_path):
@@ -82,3 +99,30 @@ def test_prefix_sharing_against_its_targets(tmp_path, capsys):
     assert "(ok)" in capsys.readouterr().out and json.loads((tmp_path / "v.json").read_text())["rows"][0]["hit_rate"]["ok"]
     with pytest.raises(CliError, match="in pairs"):
         main(files[:1])
+
+
+def test_the_sets_summary_counts_every_run_but_the_fitted_one_as_held_out(tmp_path):
+    from pdtb.sim.repro.validate_sets import format_report as sets_report
+    from pdtb.sim.repro.validate_sets import summarize
+
+    out = tmp_path / "out"
+    out.mkdir()
+    real = {("disagg", "fcfs"): ((100, 1000), (20, 200), 50.0), ("disagg", "memfair"): ((100, 400), (20, 100), 50.0)}
+    on = {("disagg", "fcfs"): ((100, 1000), (20, 200), 50.0), ("disagg", "memfair"): ((100, 400), (20, 100), 50.0)}
+    off = {("disagg", "fcfs"): ((200, 1000), (20, 200), 50.0),  # TTFT p50 2x: one figure off
+           ("disagg", "memfair"): ((100, 2000), (20, 100), 50.0)}  # TTFT p99 5x: off, and the order flips
+    for name, sim in (("validate-grid.json", on), ("validate-load3-grid.json", off)):
+        r, s = _write(tmp_path / f"r-{name}", real), _write(tmp_path / f"s-{name}", sim)
+        (out / name).write_text(json.dumps(validate(r, s)))
+    doc = summarize(out, ["quick", "load3"], ["grid", "logs"])
+    g = doc["kinds"]["grid"]
+    assert list(doc["kinds"]) == ["grid"]  # no logs files: left out
+    assert g["by_set"] == {"quick": {"fcfs": [4, 4], "memfair": [4, 4]}, "load3": {"fcfs": [3, 4], "memfair": [3, 4]}}
+    # held out: quick memfair 4/4, load3 fcfs 3/4 and memfair 3/4 (quick fcfs is the fit's own)
+    assert g["held_out"] == [10, 12] and g["held_out_share"] == pytest.approx(10 / 12)
+    assert g["orders_same"] == 3 and g["orders_consistent"] == 3 and len(g["orders"]) == 4
+    text = sets_report(doc)
+    assert "held out 10 of 12 on target (83%; bar 85%: NOT met)" in text
+    assert "order off: load3 disagg minnow ttft p99: real memfair < fcfs, sim fcfs < memfair" in text
+    with pytest.raises(CliError, match="no validate"):
+        summarize(out, ["quick", "tenants"], ["cores"])

@@ -1,0 +1,87 @@
+"""`pdtb sim validate-sets DIR`: the simulator against the testbed over several workloads, per
+calibration, from the `pdtb sim validate` files `scripts/validate_sim.sh` wrote in DIR
+(validate-KIND.json for the first set, validate-SET-KIND.json for the others).
+
+Per calibration: the figures on target for each set and policy; the held-out count, every run
+but the fitted policy's on the first set (the calibration's own runs); and the policy orders by
+the protected class's p99s, exactly and beyond ties (pdtb/sim/repro/validate.py), set by set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from pdtb.common import CliError
+
+HELD_OUT_BAR = 0.85  # of the held-out figures on target (the simulator's acceptance bar)
+
+
+def file_of(d: Path, sets: list[str], s: str, kind: str) -> Path:
+    return d / (f"validate-{kind}.json" if s == sets[0] else f"validate-{s}-{kind}.json")
+
+
+def summarize(d: str | Path, sets: list[str], kinds: list[str], fitted: str = "fcfs") -> dict:
+    d = Path(d)
+    out = {"sets": sets, "fitted": fitted, "bar": HELD_OUT_BAR, "kinds": {}}
+    for kind in kinds:
+        per_set, held, held_n, orders = {}, 0, 0, []
+        for s in sets:
+            p = file_of(d, sets, s, kind)
+            if not p.is_file():
+                continue
+            doc = json.loads(p.read_text())
+            per_set[s] = {pol: [v["on_target"], v["checks"]] for pol, v in doc["by_policy"].items()}
+            for pol, (ok, n) in per_set[s].items():
+                if s != sets[0] or pol != fitted:
+                    held, held_n = held + ok, held_n + n
+            orders += [{"set": s, **{k: o[k] for k in ("mode", "figure", "real", "sim", "same", "consistent")},
+                        "discordant": o.get("discordant", [])} for o in doc["orderings"]]
+        if not per_set:
+            continue
+        out["kinds"][kind] = {"by_set": per_set, "held_out": [held, held_n],
+                              "held_out_share": held / held_n if held_n else None,
+                              "orders_same": sum(o["same"] for o in orders),
+                              "orders_consistent": sum(o["consistent"] for o in orders), "orders": orders}
+    if not out["kinds"]:
+        raise CliError(f"pdtb sim validate-sets: no validate-*.json files of those sets in {d}")
+    return out
+
+
+def format_report(doc: dict) -> str:
+    lines = []
+    for kind, k in doc["kinds"].items():
+        ok, n = k["held_out"]
+        share = k["held_out_share"]
+        lines.append(f"calibration {kind}: held out {ok} of {n} on target"
+                     + (f" ({share:.0%}; bar {doc['bar']:.0%}: {'met' if share >= doc['bar'] else 'NOT met'})"
+                        if share is not None else "")
+                     + f"; orders same {k['orders_same']}, same beyond ties {k['orders_consistent']} "
+                       f"of {len(k['orders'])}")
+        for s, pols in k["by_set"].items():
+            lines.append(f"  {s:<10} " + ", ".join(f"{p} {a}/{b}" for p, (a, b) in pols.items()))
+        for o in k["orders"]:
+            if not o["consistent"]:
+                lines.append(f"  order off: {o['set']} {o['mode']} {o['figure']}: real {' < '.join(o['real'])}, "
+                             f"sim {' < '.join(o['sim'])}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="pdtb sim validate-sets", description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir", help="scripts/validate_sim.sh's output folder")
+    ap.add_argument("--sets", default="quick", help="the sets, the first the calibration's (spaces or commas)")
+    ap.add_argument("--kinds", default="grid logs spread cores", help="the calibrations (spaces or commas)")
+    ap.add_argument("--fitted", default="fcfs", help="the policy the calibration was fitted to")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", help="write the summary as JSON here too")
+    a = ap.parse_args(argv)
+    split = (lambda v: [x for x in v.replace(",", " ").split() if x])  # noqa: E731
+    sets, kinds = split(a.sets), split(a.kinds)
+    if not sets or not kinds:
+        raise CliError("pdtb sim validate-sets: --sets and --kinds must name at least one")
+    doc = summarize(a.dir, sets, kinds, a.fitted)
+    if a.out:
+        Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc) if a.json else format_report(doc))
+    return 0
