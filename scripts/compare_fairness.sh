@@ -34,7 +34,8 @@
 # minnows' load (requests/s, default 4): the frontier's quick sweep reads loads 1.5, 3 and 6.
 # --workload tenants replaces the whale-minnow workload by a multi-tenant one
 # (pdtb/client/data/cpu_tenants.json: one tenant of long requests, class whale, and two of chat
-# and short ones, class minnow, each arriving as its own Poisson process) on the same budget.
+# and short ones, class minnow, each arriving as its own Poisson process, for the file's 20 s) on
+# the same budget; the whale-minnow flags (--minnow-rate, --context-whales) are refused with it.
 # The long outputs hold the whales' footprint for many decode steps, so the pressure lasts
 # long enough to show even with the fast steps of the C decode kernel.
 # Writes DIR/MODE-LABEL.json for each run and DIR/report/report.md with plots. With --step-log,
@@ -54,7 +55,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUICK=0 OUT="" POLICIES="" MODES="colocated disagg" MODEL="" SEED=0 DEVICE=cpu STEPLOG=0 NODE_ARGS="" CTX=""
-SIM=0 CALIBRATION="" SIM_ARGS="" TRANSPORT=zmq LOCKSTEP=0 STEP_MS=20 PARGS=() DRY=0 MRATE=4 WORKLOAD=whale-minnow
+SIM=0 CALIBRATION="" SIM_ARGS="" TRANSPORT=zmq LOCKSTEP=0 STEP_MS=20 PARGS=() DRY=0 MRATE=4 WORKLOAD=whale-minnow CTX_SET=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
@@ -68,7 +69,7 @@ while [ $# -gt 0 ]; do
     --device) DEVICE="$2"; shift 2 ;;
     --step-log) STEPLOG=1; shift ;;
     --node-args) NODE_ARGS="$2"; shift 2 ;;
-    --context-whales) CTX="$2"; shift 2 ;;
+    --context-whales) CTX="$2" CTX_SET=1; shift 2 ;;
     --minnow-rate) MRATE="$2"; shift 2 ;;
     --workload) WORKLOAD="$2"; shift 2 ;;
     --sim) SIM=1; shift ;;
@@ -105,10 +106,13 @@ CTX="${CTX:-$CTX_DEFAULT}"
 case "$CTX" in ''|*[!0-9]*) echo "compare_fairness: --context-whales wants a count, got $CTX" >&2; exit 2 ;; esac
 WL+=(--context-whales "$CTX" --context-whale-prompt 1984 --context-whale-output 64 --context-whale-start 4
      --context-whale-interval 0.5)
-case "$MRATE" in ''|*[!0-9.]*|*.*.*|.) echo "compare_fairness: --minnow-rate wants requests/s, got $MRATE" >&2; exit 2 ;; esac
+case "$MRATE" in ''|*[!0-9.]*|*.*.*|.) MRATE_OK=0 ;; *) MRATE_OK="$(awk -v r="$MRATE" 'BEGIN {print (r > 0)}')" ;; esac
+[ "$MRATE_OK" = 1 ] || { echo "compare_fairness: --minnow-rate wants requests/s above 0, got $MRATE" >&2; exit 2; }
 case "$WORKLOAD" in
   whale-minnow) ;;
-  tenants) WL=(--workload multi-tenant --tenants-file "$ROOT/pdtb/client/data/cpu_tenants.json" --seed "$SEED"
+  tenants)
+    [ "$MRATE" = 4 ] && [ -z "$CTX_SET" ] || { echo "compare_fairness: --workload tenants takes no --minnow-rate or --context-whales" >&2; exit 2; }
+    WL=(--workload multi-tenant --tenants-file "$ROOT/pdtb/client/data/cpu_tenants.json" --seed "$SEED"
                --slo ttft_ms=500 --slo tpot_ms=100) ;;
   *) echo "compare_fairness: --workload is whale-minnow or tenants, got $WORKLOAD" >&2; exit 2 ;;
 esac

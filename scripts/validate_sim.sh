@@ -77,10 +77,20 @@ set_args() {  # set_args SET: its compare_fairness.sh flags, in SET_ARGS
 }
 read -r -a SET_LIST <<< "$SETS"
 [ "${#SET_LIST[@]}" -gt 0 ] || { echo "validate_sim: --sets is empty" >&2; exit 2; }
-for s in "${SET_LIST[@]}"; do set_args "$s"; done  # every name checked before the first run
 BASE="${REAL:-$OUT/real}"
+BASE="${BASE%/}"
 FIRST="${SET_LIST[0]}"
 real_of() { [ "$1" = "$FIRST" ] && echo "$BASE" || echo "$BASE-$1"; }
+for s in "${SET_LIST[@]}"; do  # every set checked before the first run: its name, its flags, its folder
+  set_args "$s"
+  bash "$ROOT/scripts/compare_fairness.sh" --dry-run --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
+    ${SET_ARGS[@]+"${SET_ARGS[@]}"} >/dev/null
+  r="$(real_of "$s")"
+  if [ -e "$r" ] && [ ! -f "$r/compare.txt" ]; then  # (a node's step log appends: a second run would mix in)
+    echo "validate_sim: $r holds no finished comparison (no compare.txt): remove it or give another --real" >&2
+    exit 2
+  fi
+done
 for s in "${SET_LIST[@]}"; do
   r="$(real_of "$s")"
   [ -f "$r/compare.txt" ] && continue  # made already (compare_fairness.sh writes it last)

@@ -48,8 +48,9 @@ def validation_part(doc: dict, kind: str = "grid") -> list[str]:
     out += md_table(["mode", "policy", "class", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "out tok/s"], rows)
     out.append("")
     for o in doc["orderings"]:
+        verdict = "same" if o["same"] else ("same beyond ties" if o.get("consistent") else "different")
         out.append(f"- order by {o['figure']} ({o['mode']}): real {' < '.join(o['real'])}; sim "
-                   f"{' < '.join(o['sim'])}: {'same' if o['same'] else 'different'}")
+                   f"{' < '.join(o['sim'])}: {verdict}")
     return out + [""]
 
 
@@ -63,7 +64,7 @@ def sets_part(doc: dict) -> list[str]:
         for p in pols:
             rows.append([kind, p, *(("{}/{}".format(*k["by_set"][s][p]) if p in k["by_set"].get(s, {}) else "-")
                                     for s in sets)])
-        rows.append([kind, f"**held out: {ok}/{n} = {fmt(100 * k['held_out_share'], 0)}%**"
+        rows.append([kind, f"**held out: {ok}/{n} = {fmt(100 * k['held_out_share'], 1)}%**"
                      if k["held_out_share"] is not None else "held out: -",
                      *([""] * (len(sets) - 1)),
                      f"orders same {k['orders_same']}, beyond ties {k['orders_consistent']} of {len(k['orders'])}"])

@@ -84,7 +84,7 @@ class Inputs:
     busy: list = field(default_factory=list)  # the loop's gaps between steps with work: (s, window, role)
     windows: list = field(default_factory=list)  # the decode nodes' such gaps' windows
     by_role: dict = field(default_factory=dict)  # each role's logged samples
-    spans: list = field(default_factory=list)  # every logged step's (start, end), every node
+    spans: list = field(default_factory=list)  # the decode nodes' logged steps' (start, end)
 
 
 def _read(a: argparse.Namespace) -> Inputs:
@@ -100,8 +100,9 @@ def _read(a: argparse.Namespace) -> Inputs:
         got.samples += log.samples if a.fit in ("all", "logs") else []
         got.gaps += log.gaps_s
         got.moves += log.moves
-        got.spans += log.spans
         role = step_log_role(path)
+        if role == "decode":  # (a hand-off's message waits for the decode node's step: pdtb/sim/path_fit.py)
+            got.spans += log.spans
         got.busy += [(g, w, role) for g, w in zip(log.busy_gaps_s, log.busy_windows)]
         if role == "decode":  # (hand-offs land on decode nodes only)
             got.windows += log.busy_windows
@@ -187,7 +188,7 @@ def _results(files: list[str]) -> list[dict]:
 
 def _path(docs: list[dict], files: list[str], bytes_per_s: float, spans: list) -> dict | None:
     """The request path fitted to the results files' requests (with the files named), the time
-    the step logs' nodes spent in steps left out of the hand-offs' (pdtb/sim/path_fit.py)."""
+    the decode nodes spent in steps left out of the hand-offs' (pdtb/sim/path_fit.py)."""
     from pdtb.sim.path_fit import fit_path
 
     if not docs:

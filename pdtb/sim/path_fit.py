@@ -13,10 +13,11 @@ own times:
     transfer_latency_s of requests handed off without being held (transfer_start -> transfer_end,
                        no time held at the prefill node: the simulator makes deferrals and retries
                        itself): the median of that time less its bytes over the link, less the
-                       time some node of the run was inside a step (`steps`, the step logs'
-                       (start, end) spans, where given: a simulated message waits for the step in
-                       progress itself, so a fit that kept those waits would count them twice),
-                       less one rpc latency (the header's)
+                       time the decode node was inside a step (`steps`, its step logs' (start,
+                       end) spans, where given: a simulated decode node takes the header and the
+                       landing after the step in progress, so a fit that kept those waits would
+                       count them twice; the prefill node's steps stay in, since a simulated
+                       payload does not wait for them), less one rpc latency (the header's)
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ MIN_REQUESTS = 5  # fewer finished requests with stamps: nothing is fitted
 def fit_path(results: list[dict], bytes_per_s: float, steps: list[tuple[float, float]] | None = None) -> dict | None:
     """The path latencies of the runs in `results` (results files' objects), or None when they
     hold fewer than MIN_REQUESTS finished requests with the stamps. `steps`: the (start, end)
-    times of the same runs' nodes' steps, any order, overlapping or not."""
+    times of the same runs' decode nodes' steps, any order, overlapping or not."""
     busy = Cover(steps or [])
     dispatch, overhead, transfer = [], [], []
     for doc in results:

@@ -30,5 +30,5 @@ def test_the_sets_summary_renders_per_policy_and_set(tmp_path):
             "orders": [order, {**order, "set": "quick", "same": True, "consistent": True}]}}}))
     text = "\n".join(render(tmp_path))
     assert "| spread | fcfs | 8/8 | 6/8 |" in text and "| spread | memfair | 7/8 | - |" in text
-    assert "**held out: 13/16 = 81%**" in text and "orders same 1, beyond ties 1 of 2" in text
+    assert "**held out: 13/16 = 81.2%**" in text and "orders same 1, beyond ties 1 of 2" in text
     assert "- spread, load3 disagg minnow ttft p99: real memfair < fcfs; sim fcfs < memfair" in text

@@ -132,6 +132,10 @@ def test_compare_fairness_built_in_names_are_their_own_labels():
     (["--policies", "fcfs patient.py:Patient", "--policy-arg", "patience_s=1"], "no setting 'patience_s'"),
     (["--policies", "patient.py:Patient", "--policy-arg", "other:patience_s=1"], "no policy labelled 'other'"),
     (["--policies", "fcfs memfair", "--node-args", "--aging 8"], "--aging is a setting"),
+    (["--minnow-rate", "0"], "--minnow-rate wants requests/s above 0, got 0"),
+    (["--minnow-rate", "1.5.2"], "--minnow-rate wants requests/s above 0"),
+    (["--workload", "bogus"], "--workload is whale-minnow or tenants, got bogus"),
+    (["--workload", "tenants", "--minnow-rate", "2"], "--workload tenants takes no --minnow-rate"),
 ])
 def test_compare_fairness_refuses_a_bad_policy_before_any_run(policy_file, tmp_path, args, says):
     r = dry_run(*args, cwd=tmp_path)

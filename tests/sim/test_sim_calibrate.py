@@ -351,6 +351,19 @@ def test_a_hand_off_landing_is_fitted_from_the_gaps_it_falls_in(tmp_path):
     c = CalibratedCost.load(out)
     assert c.land_s == pytest.approx(0.005, abs=2e-6) and c.meta["landing"]["gaps_one"] == 5
     assert CalibratedCost.from_json(json.loads(json.dumps(c.to_json()))).land_s == c.land_s
+    # the hand-off latency leaves out the decode node's steps: each 4 ms transfer ends 3 ms into a
+    # gap of 6 ms (1 ms in the step before it) or 10 ms into the 20 ms one (none): 3 ms median,
+    # less the header's rpc (1 ms) and 1000 bytes' time; a prefill node's steps over every
+    # transfer are left in (a simulated payload does not wait for them)
+    (tmp_path / "steps-prefill-0.jsonl").write_text(json.dumps(
+        {"t": 0.0, "ms": 1000.0, "decode": [], "prefill": [["a", "r", 16, 0]], "moves": []}) + "\n")
+    r = run_pdtb("sim", "calibrate", "--step-log", str(tmp_path / "steps-decode-0.jsonl"), "--step-log",
+                 str(tmp_path / "steps-prefill-0.jsonl"), "--fit", "all", "--page-bytes", "2048",
+                 "--results", str(tmp_path / "real.json"), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    c = CalibratedCost.load(out)
+    assert c.transfer.latency_s == pytest.approx(0.002 - 1000 / c.transfer.bytes_per_s, abs=2e-6)
+    assert c.path["steps_left_out"] and c.path["transfers"] == 7
     with pytest.raises(SampleError, match="non-negative"):
         CalibratedCost.from_json({**c.to_json(), "land_s": -1})
 

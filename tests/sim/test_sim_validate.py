@@ -122,7 +122,7 @@ def test_the_sets_summary_counts_every_run_but_the_fitted_one_as_held_out(tmp_pa
     assert g["held_out"] == [10, 12] and g["held_out_share"] == pytest.approx(10 / 12)
     assert g["orders_same"] == 3 and g["orders_consistent"] == 3 and len(g["orders"]) == 4
     text = sets_report(doc)
-    assert "held out 10 of 12 on target (83%; bar 85%: NOT met)" in text
+    assert "held out 10 of 12 on target (83.3%; bar 85%: NOT met)" in text
     assert "order off: load3 disagg minnow ttft p99: real memfair < fcfs, sim fcfs < memfair" in text
     with pytest.raises(CliError, match="no validate"):
         summarize(out, ["quick", "tenants"], ["cores"])

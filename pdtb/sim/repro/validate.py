@@ -76,8 +76,9 @@ def orderings(real: dict, sim: dict, protected: str) -> list[dict]:
             r, s = (sorted(pols, key=lambda p: (f[p] is None, f[p] or 0.0)) for f in (rf, sf))
             bad = [[a, b] for i, a in enumerate(r) for b in r[i + 1:] if _apart(rf[a], rf[b]) and
                    not (sf[a] is not None and sf[b] is not None and sf[a] < sf[b])]
-            out.append({"mode": mode, "figure": f"{protected} {key[:-3]} p99", "real": r, "sim": s, "same": r == s,
-                        "consistent": not bad, "discordant": bad})
+            # (two policies apart in the real runs and equal simulated are not ordered: neither same)
+            out.append({"mode": mode, "figure": f"{protected} {key[:-3]} p99", "real": r, "sim": s,
+                        "same": r == s and not bad, "consistent": not bad, "discordant": bad})
     return out
 
 

@@ -35,8 +35,9 @@ def summarize(d: str | Path, sets: list[str], kinds: list[str], fitted: str = "f
             for pol, (ok, n) in per_set[s].items():
                 if s != sets[0] or pol != fitted:
                     held, held_n = held + ok, held_n + n
-            orders += [{"set": s, **{k: o[k] for k in ("mode", "figure", "real", "sim", "same", "consistent")},
-                        "discordant": o.get("discordant", [])} for o in doc["orderings"]]
+            orders += [{"set": s, **{k: o[k] for k in ("mode", "figure", "real", "sim", "same")},
+                        "consistent": o.get("consistent", o["same"]), "discordant": o.get("discordant", [])}
+                       for o in doc["orderings"]]  # (files without ties: exact orders alone)
         if not per_set:
             continue
         out["kinds"][kind] = {"by_set": per_set, "held_out": [held, held_n],
@@ -54,7 +55,7 @@ def format_report(doc: dict) -> str:
         ok, n = k["held_out"]
         share = k["held_out_share"]
         lines.append(f"calibration {kind}: held out {ok} of {n} on target"
-                     + (f" ({share:.0%}; bar {doc['bar']:.0%}: {'met' if share >= doc['bar'] else 'NOT met'})"
+                     + (f" ({share:.1%}; bar {doc['bar']:.0%}: {'met' if share >= doc['bar'] else 'NOT met'})"
                         if share is not None else "")
                      + f"; orders same {k['orders_same']}, same beyond ties {k['orders_consistent']} "
                        f"of {len(k['orders'])}")
