@@ -30,7 +30,8 @@
 #    logs: the same grid and every step the fcfs runs logged, in one fit: steps as they ran
 #          beside the router, the client and the other node on the same cores;
 #    spread: logs, each simulated step's time multiplied by a draw from its role's logged
-#          steps' measured / fitted time (pdtb sim calibrate --draw-step-spread);
+#          steps' measured / fitted time (pdtb sim calibrate --draw-step-spread), and each
+#          hand-off's fixed latency drawn from the fcfs runs' hand-offs (--draw-handoff);
 #    each but cores with the decode loop's work per hand-off landed, fitted to the fcfs runs'
 #    step logs and stamps (pdtb/sim/landing_fit.py);
 #    the other policies' runs are used by neither: they are held out;
@@ -111,7 +112,7 @@ if [ "${#logs[@]}" -gt 0 ]; then
   pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --label logs \
     --out "$OUT/calibration-logs.json" >&2
   pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --draw-step-spread \
-    --label spread --out "$OUT/calibration-spread.json" >&2
+    --draw-handoff --label spread --out "$OUT/calibration-spread.json" >&2
   kinds+=(logs spread)
 fi
 # cores: the grid without land_s (a landing's measured work holds the other processes' CPU at that

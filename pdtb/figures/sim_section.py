@@ -24,7 +24,8 @@ CALIBRATIONS = {
             "the client and the other node on the same two cores); the other policies' runs are held out",
     "spread": "calibrated as *logs*, each simulated step's time multiplied by a draw from its role's logged steps' "
               "measured / fitted time (`pdtb sim calibrate --draw-step-spread`): the spread steps have beside the "
-              "other processes; the other policies' runs are held out",
+              "other processes; each hand-off's fixed latency drawn from the fcfs runs' hand-offs "
+              "(`--draw-handoff`); the other policies' runs are held out",
 }
 
 

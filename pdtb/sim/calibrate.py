@@ -17,7 +17,9 @@ Calibration file (`pdtb sim calibrate --out`, `CalibratedCost.load`):
      "path": {"rpc_latency_s", "client_latency_s", "transfer_latency_s"} (fitted to real runs), "page_bytes", "coef_ms": {"c0", "rows", "ctx", "chunks", "tokens", "attn"},
      "node_overhead_s", "land_s" (the decode loop's work per hand-off landed, fitted to real runs:
      pdtb/sim/landing_fit.py; 0 when absent), "step_spread_quantiles": {role: [...]} (a step's
-     measured / fitted time by role, drawn per step; absent: none), "transfer": {"bytes_per_s", "latency_s"}, "tier_move": {...},
+     measured / fitted time by role, drawn per step; absent: none), "handoff_latency_quantiles_s"
+     (a hand-off's fixed latency at OVERHEAD_QS, drawn per hand-off instead of the transfer link's
+     latency: pdtb/sim/path_fit.py; absent: none), "transfer": {"bytes_per_s", "latency_s"}, "tier_move": {...},
      "fit": {"samples", "r2", "max_rel_err", "sources": [...]}}
 """
 from __future__ import annotations
@@ -39,7 +41,8 @@ CPU_TRANSFER = LinkModel(2.42e9, 140e-6)
 CPU_TIER = LinkModel(2.5e9, 50e-6)
 TERMS = ("c0", "rows", "ctx", "chunks", "tokens", "attn")
 _OWN_KEYS = ("kind", "version", "page_bytes", "coef_ms", "node_overhead_s", "node_overhead_quantiles_s", "transfer",
-             "tier_move", "label", "land_s", "step_spread_quantiles")
+             "tier_move", "label", "land_s", "step_spread_quantiles", "handoff_latency_quantiles_s")
+HANDOFF_STREAM = 0x5EED_0FF5_AB1E_C0DE  # keeps the hand-offs' draws apart from the steps'
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,9 @@ class CalibratedCost:
     # per role, the logged steps' measured / fitted time at OVERHEAD_QS: each simulated step's
     # time is multiplied by a draw from its node's role ({} none: every step takes the fit's time)
     spread_q: dict = field(default_factory=dict, compare=False, hash=False)
+    # a hand-off's fixed latency at OVERHEAD_QS, drawn per hand-off instead of transfer.latency_s
+    # (the real runs' first token to landing, less the decode node's steps and the bytes' time); () none
+    handoff_q: tuple = ()
 
     def __post_init__(self) -> None:
         if self.page_bytes < 1 or not self.node_overhead_s >= 0 or not self.land_s >= 0:
@@ -188,6 +194,15 @@ class CalibratedCost:
     def transfer_s(self, nbytes: int) -> float:
         return self.transfer.seconds(nbytes)
 
+    def handoff_s(self, nbytes: int, key: int) -> tuple[float, float]:
+        """(seconds the prefill node's link is busy, seconds until it lands) for the hand-off
+        `key` names (its transfer id's): the link's bytes and latency, and with `handoff_q` its
+        bytes and a draw of the latency by the key alone."""
+        busy = self.transfer.seconds(nbytes)
+        if not self.handoff_q:
+            return busy, busy
+        return busy, nbytes / self.transfer.bytes_per_s + _draw(self.handoff_q, _unit(key ^ HANDOFF_STREAM))
+
     def tier_move_s(self, nbytes: int) -> float:
         return self.tier.seconds(nbytes)
 
@@ -198,6 +213,7 @@ class CalibratedCost:
                 **({"node_overhead_quantiles_s": list(self.overhead_q)} if self.overhead_q else {}),
                 **({"land_s": self.land_s} if self.land_s else {}),
                 **({"step_spread_quantiles": {r: list(q) for r, q in self.spread_q.items()}} if self.spread_q else {}),
+                **({"handoff_latency_quantiles_s": list(self.handoff_q)} if self.handoff_q else {}),
                 "transfer": asdict(self.transfer), "tier_move": asdict(self.tier), "label": self.label}
 
     @classmethod
@@ -206,13 +222,11 @@ class CalibratedCost:
             raise SampleError(f"{where}: not a step-calibration file (write one with pdtb sim calibrate)")
         try:
             coef = Coefficients(**{k: float(doc["coef_ms"][k]) for k in TERMS})
-            q = tuple(float(x) for x in doc.get("node_overhead_quantiles_s") or ())
-            if q and (len(q) != len(OVERHEAD_QS) or any(b < a for a, b in zip(q, q[1:])) or q[0] < 0):
-                raise ValueError(f"node_overhead_quantiles_s: {len(OVERHEAD_QS)} non-decreasing seconds")
+            q, hq = (_levels(doc, k) for k in ("node_overhead_quantiles_s", "handoff_latency_quantiles_s"))
             return cls(coef, int(doc["page_bytes"]), LinkModel(**doc["transfer"]), LinkModel(**doc["tier_move"]),
                        float(doc.get("node_overhead_s", 0.0)), str(doc.get("label", Path(where).stem)),
                        {k: v for k, v in doc.items() if k not in _OWN_KEYS}, q, float(doc.get("land_s", 0.0)),
-                       _spread(doc.get("step_spread_quantiles") or {}))
+                       _spread(doc.get("step_spread_quantiles") or {}), hq)
         except (KeyError, TypeError, ValueError) as e:
             raise SampleError(f"{where}: bad calibration ({type(e).__name__}: {e})") from None
 
@@ -230,6 +244,15 @@ class CalibratedCost:
         except ValueError:
             raise SampleError(f"{path}: not JSON") from None
         return cls.from_json(doc, str(p))
+
+
+def _levels(doc: dict, key: str) -> tuple:
+    """`doc[key]` checked: len(OVERHEAD_QS) non-decreasing non-negative finite seconds, or none."""
+    q = tuple(float(x) for x in doc.get(key) or ())
+    if q and (len(q) != len(OVERHEAD_QS) or any(b < a for a, b in zip(q, q[1:])) or q[0] < 0
+              or not all(math.isfinite(x) for x in q)):
+        raise ValueError(f"{key}: {len(OVERHEAD_QS)} non-decreasing seconds")
+    return q
 
 
 def _spread(doc: dict) -> dict:

@@ -2,7 +2,8 @@
 
     pdtb sim calibrate --steps FILE [--steps FILE ...] [--step-log FILE ...] --out FILE
                        [--fit all|steps|logs] [--page-bytes N] [--node-overhead-ms X] [--b2b-ms 5]
-                       [--transfer-gb-per-s X] [--transfer-latency-us X]
+                       [--transfer-gb-per-s X] [--transfer-latency-us X] [--results FILE ...]
+                       [--draw-loop-gaps] [--draw-step-spread] [--draw-handoff]
                        [--tier-gb-per-s X] [--tier-latency-us X] [--label NAME] [--json]
 
 `--steps` takes `pdtb bench steps --grid --json` output, `--step-log` a node's `--step-log`
@@ -48,6 +49,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help="each simulated step's time multiplied by a draw from its role's logged steps' measured / "
                          "fitted time (the step logs' file names say the role: steps-decode-0.jsonl), instead of "
                          "the fitted time alone")
+    ap.add_argument("--draw-handoff", action="store_true",
+                    help="each simulated hand-off's fixed latency drawn from the --results runs' hand-offs "
+                         "(first token to landing, less the decode node's steps and the bytes' time: "
+                         "pdtb/sim/path_fit.py), instead of their median")
     ap.add_argument("--results", action="append", default=[],
                     help="a real run's results file (repeatable): the request path's latencies are fitted to its "
                          "requests' stamps (pdtb/sim/path_fit.py), the hand-off link's latency too unless given; "
@@ -145,6 +150,9 @@ def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, objec
     transfer = _link(a.transfer_gb_per_s, a.transfer_latency_us, CPU_TRANSFER)
     docs = _results(a.results)
     path = _path(docs, a.results, transfer.bytes_per_s, got.spans)
+    handoff_q = tuple((path or {}).pop("transfer_latency_q", None) or ())  # (the file keeps them once)
+    if a.draw_handoff and not handoff_q:
+        raise CliError("--draw-handoff: the --results runs hold fewer than 20 hand-offs to draw from")
     stamps = landing_stamps(docs)
     landing = fit_landing(got.windows, stamps) if stamps and got.windows else None
     if path and "transfer_latency_s" in path and a.transfer_latency_us is None:
@@ -162,7 +170,7 @@ def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, objec
     cost = CalibratedCost(f.coef, page_bytes, transfer,
                           _link(a.tier_gb_per_s, a.tier_latency_us, tier_default), overhead, label, meta, levels,
                           landing["land_s"] if landing else 0.0,
-                          _step_spread(a, got.by_role, f))
+                          _step_spread(a, got.by_role, f), handoff_q if a.draw_handoff else ())
     return cost, f
 
 

@@ -6,11 +6,13 @@ records. One `EventLoop` drives everything.
     --rpc latency--> entry node ... tokens --rpc + client latency--> the request's record
 
 KV payloads leave a prefill node one after another (its link is a FIFO: a transfer starts when
-the previous one has left), each taking `cost.transfer_s(bytes)`. Headers and answers take the
-rpc latency.
+the previous one has left), each taking `cost.transfer_s(bytes)`; a calibration that draws each
+hand-off's latency (`handoff_s`) lands it after its draw, the link busy for its own latency only.
+Headers and answers take the rpc latency.
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 from pdtb.figures.records import OK, RequestRecord, RequestSpec
@@ -305,13 +307,15 @@ class SimCluster:
     def send_payload(self, src: SimPrefill, dst: SimDecode, h, tid: str, target, nbytes: int) -> None:
         now = self.loop.now
         start = max(now, self._link_free.get(src.node_id, 0.0))
-        end = start + self.cost.transfer_s(nbytes)
+        handoff_s = getattr(self.cost, "handoff_s", None)  # (a calibration may draw each hand-off's latency)
+        busy_s, land_s = handoff_s(nbytes, zlib.crc32(tid.encode())) if handoff_s else (self.cost.transfer_s(nbytes),) * 2
+        busy, end = start + busy_s, start + land_s
         if end - now > self.shape.transfer_timeout_s:  # both sides give up: the link is free again then
             end = self._link_free[src.node_id] = now + self.shape.transfer_timeout_s
             self.loop.at(end, dst.deliver, dst.on_transfer_failed, src, h, tid, target, FailCode.TIMEOUT,
                          f"not done within the transfer timeout ({self.shape.transfer_timeout_s:g} s)")
             return
-        self._link_free[src.node_id] = end
+        self._link_free[src.node_id] = busy
         self.observer.on_transfer(h.seq.request_id, nbytes, end - now)
         self.loop.at(end, dst.deliver, dst.on_landed, src, h, tid, target, nbytes)
 

@@ -10,7 +10,8 @@ own times:
     client_latency_s   (median of the client's TTFT - (first_token - router_arrival), the client's
                        request up plus the first token's way back) minus one rpc latency, halved:
                        the client's leg each way
-    transfer_latency_s of requests handed off without being held (transfer_start -> transfer_end,
+    transfer_latency_s of requests handed off without being held (first_token -> transfer_end:
+                       the prefill node's loop after the step, the pages gathered, the transport;
                        no time held at the prefill node: the simulator makes deferrals and retries
                        itself): the median of that time less its bytes over the link, less the
                        time the decode node was inside a step (`steps`, its step logs' (start,
@@ -18,13 +19,18 @@ own times:
                        landing after the step in progress, so a fit that kept those waits would
                        count them twice; the prefill node's steps stay in, since a simulated
                        payload does not wait for them), less one rpc latency (the header's)
+    transfer_latency_q the same at step_samples.OVERHEAD_QS, with MIN_DRAWN hand-offs or more:
+                       what `pdtb sim calibrate --draw-handoff` draws each hand-off's from
 """
 from __future__ import annotations
 
 import bisect
 import statistics
 
+from pdtb.sim.step_samples import OVERHEAD_QS
+
 MIN_REQUESTS = 5  # fewer finished requests with stamps: nothing is fitted
+MIN_DRAWN = 20  # fewer hand-offs: no distribution to draw from
 
 
 def fit_path(results: list[dict], bytes_per_s: float, steps: list[tuple[float, float]] | None = None) -> dict | None:
@@ -44,7 +50,7 @@ def fit_path(results: list[dict], bytes_per_s: float, steps: list[tuple[float, f
             overhead.append((r["first_token_time"] - r["send_time"]) - (s["first_token"] - s["router_arrival"]))
             held = ((t.get("slo") or {}).get("components") or {}).get("held_at_prefill") or 0.0
             if "transfer_start" in s and "transfer_end" in s and not held > 0:
-                a, b = s["transfer_start"], s["transfer_end"]
+                a, b = s["first_token"], s["transfer_end"]
                 nbytes = (t.get("kv_bytes") or {}).get("received", 0)
                 transfer.append(b - a - busy.within(a, b) - nbytes / bytes_per_s)
     if len(dispatch) < MIN_REQUESTS:
@@ -56,6 +62,9 @@ def fit_path(results: list[dict], bytes_per_s: float, steps: list[tuple[float, f
         out["transfer_latency_s"] = round(max(0.0, statistics.median(transfer) - rpc), 6)
         out["transfers"] = len(transfer)
         out["steps_left_out"] = bool(steps)
+    if len(transfer) >= MIN_DRAWN:
+        t = sorted(max(0.0, x - rpc) for x in transfer)
+        out["transfer_latency_q"] = [round(t[min(len(t) - 1, int(q * (len(t) - 1) + 0.5))], 7) for q in OVERHEAD_QS]
     return out
 
 

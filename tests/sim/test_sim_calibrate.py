@@ -232,9 +232,9 @@ def test_the_request_path_is_fitted_to_real_runs_stamps(tmp_path):
     from pdtb.sim.path_fit import fit_path
 
     # dispatch 3 ms; client TTFT 20 ms of which 12 ms between router arrival and the first token:
-    # 8 ms outside, less one rpc (3 ms), halved = 2.5 ms each way; transfers of 10 ms carrying
-    # 1000 bytes at 1e6 B/s (1 ms) less the header's rpc: 6 ms
-    reqs = [_stamped(1.0 * i, 0.020, 100.0 + i, 100.003 + i, 100.012 + i, (100.004 + i, 100.014 + i, 1000))
+    # 8 ms outside, less one rpc (3 ms), halved = 2.5 ms each way; hand-offs landing 10 ms after
+    # the first token, carrying 1000 bytes at 1e6 B/s (1 ms), less the header's rpc: 6 ms
+    reqs = [_stamped(1.0 * i, 0.020, 100.0 + i, 100.003 + i, 100.012 + i, (100.013 + i, 100.022 + i, 1000))
             for i in range(6)]
     got = fit_path([{"requests": reqs}], 1e6)
     assert got["rpc_latency_s"] == pytest.approx(0.003, abs=1e-6)
@@ -261,22 +261,48 @@ def test_the_request_path_is_fitted_to_real_runs_stamps(tmp_path):
     a = build_parser().parse_args(["--mode", "colocated", "--rpc-latency-ms", "1"])
     assert cluster_shape(a, c).rpc_latency_s == 0.001  # a flag wins
 
-def test_the_hand_off_latency_leaves_out_the_nodes_steps_and_the_held_transfers():
-    from pdtb.sim.path_fit import Cover, fit_path
+def test_the_hand_off_latency_leaves_out_the_decode_steps_and_the_held_transfers_and_is_drawn():
+    import statistics
 
-    # each 10 ms transfer (1 ms of bytes, 3 ms rpc) overlaps steps for 4 ms: 3 ms of two spans
-    # that overlap each other, 1 ms of a third; 10 - 4 - 1 - 3 = 2 ms
-    reqs = [_stamped(1.0 * i, 0.020, 100.0 + i, 100.003 + i, 100.012 + i, (100.004 + i, 100.014 + i, 1000))
+    from pdtb.sim.cost import LinkModel
+    from pdtb.sim.path_fit import Cover, fit_path
+    from pdtb.sim.step_samples import OVERHEAD_QS
+
+    # each hand-off, 10 ms from the first token to its landing (1 ms of bytes, 3 ms rpc), overlaps
+    # the decode node's steps for 4 ms: 3 ms of two spans that overlap each other, 1 ms of a
+    # third; 10 - 4 - 1 - 3 = 2 ms
+    reqs = [_stamped(1.0 * i, 0.020, 100.0 + i, 100.003 + i, 100.012 + i, (100.013 + i, 100.022 + i, 1000))
             for i in range(6)]
-    steps = [s for i in range(6) for s in ((100.0 + i, 100.006 + i), (100.005 + i, 100.007 + i),
-                                            (100.013 + i, 100.020 + i))]
+    steps = [s for i in range(6) for s in ((100.0 + i, 100.014 + i), (100.013 + i, 100.015 + i),
+                                            (100.021 + i, 100.030 + i))]
     got = fit_path([{"requests": reqs}], 1e6, steps)
     assert got["transfer_latency_s"] == pytest.approx(0.002, abs=1e-6) and got["steps_left_out"]
     # a transfer held at the prefill node is the simulator's to make (deferral, retry): left out
-    held = _stamped(9.0, 0.020, 109.0, 109.003, 109.012, (109.004, 111.0, 1000))
+    held = _stamped(9.0, 0.020, 109.0, 109.003, 109.012, (109.013, 111.0, 1000))
     held["server_timing"]["slo"] = {"components": {"held_at_prefill": 1.9}}
     assert fit_path([{"requests": reqs + [held] * 9}], 1e6, steps)["transfer_latency_s"] == \
         pytest.approx(0.002, abs=1e-6)
+    assert "transfer_latency_q" not in got  # six hand-offs: too few to draw from
+    # 40 hand-offs landing 5, 6, ..., 44 ms after the first token (no steps, no bytes, rpc 3 ms):
+    # latencies 2 .. 41 ms, their levels from the smallest to the largest, median 21.5 ms
+    many = [_stamped(1.0 * i, 0.020, 100.0 + i, 100.003 + i, 100.012 + i,
+                     (100.013 + i, 100.012 + i + (5 + i) / 1000, 0)) for i in range(40)]
+    got = fit_path([{"requests": many}], 1e6)
+    q = got["transfer_latency_q"]
+    assert len(q) == len(OVERHEAD_QS) and q[0] == pytest.approx(0.002) and q[-1] == pytest.approx(0.041)
+    assert q == sorted(q) and got["transfer_latency_s"] == pytest.approx(0.0215, abs=1e-6)
+    # drawn by key: the draws follow the levels, and depend on the key alone
+    c = CalibratedCost(Coefficients(c0=1.0), 1024, LinkModel(1e6, 0.010), handoff_q=tuple(q))
+    draws = [c.handoff_s(1000, k) for k in range(4000)]
+    assert all(busy == pytest.approx(0.011) for busy, _ in draws)  # the link: its bytes and its own latency
+    lands = [land - 0.001 for _, land in draws]
+    assert min(lands) >= 0.002 - 1e-9 and max(lands) <= 0.041 + 1e-9
+    assert statistics.median(lands) == pytest.approx(0.0215, abs=0.002) and c.handoff_s(1000, 7) == draws[7]
+    assert CalibratedCost(Coefficients(c0=1.0), 1024, LinkModel(1e6, 0.010)).handoff_s(1000, 7) == (0.011, 0.011)
+    back = CalibratedCost.from_json(json.loads(json.dumps(c.to_json())))
+    assert back.handoff_q == c.handoff_q
+    with pytest.raises(SampleError, match="handoff_latency_quantiles_s"):
+        CalibratedCost.from_json({**c.to_json(), "handoff_latency_quantiles_s": list(reversed(q))})
     # the cover against a brute-force sum over a fine grid
     spans = [(0.0, 1.0), (0.5, 2.0), (3.0, 3.5), (3.2, 3.3), (5.0, 5.0)]
     c = Cover(spans)
@@ -363,7 +389,10 @@ def test_a_hand_off_landing_is_fitted_from_the_gaps_it_falls_in(tmp_path):
     assert r.returncode == 0, r.stderr
     c = CalibratedCost.load(out)
     assert c.transfer.latency_s == pytest.approx(0.002 - 1000 / c.transfer.bytes_per_s, abs=2e-6)
-    assert c.path["steps_left_out"] and c.path["transfers"] == 7
+    assert c.path["steps_left_out"] and c.path["transfers"] == 7 and not c.handoff_q
+    r = run_pdtb("sim", "calibrate", "--step-log", str(tmp_path / "steps-decode-0.jsonl"), "--page-bytes", "2048",
+                 "--results", str(tmp_path / "real.json"), "--draw-handoff")
+    assert r.returncode == 2 and "fewer than 20 hand-offs" in r.stderr
     with pytest.raises(SampleError, match="non-negative"):
         CalibratedCost.from_json({**c.to_json(), "land_s": -1})
 
