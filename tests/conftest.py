@@ -92,10 +92,3 @@ def prefill_and_move(a, b, prompts: list[list[int]], params) -> tuple[list, list
         b.step()
     return moved, exports
 
-
-def pytest_collection_modifyitems(session, config, items):
-    """Files holding slow tests first, each file's tests kept together and in order: the
-    workers (one file at a time each, scripts/test.sh) then end on short files, not one of
-    them on a two-minute cluster test while the others wait."""
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)
