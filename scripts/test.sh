@@ -15,12 +15,9 @@ fi
 # the cores (tests/engine on two workers: 360 s against 56 s on a 2-core machine). Tests of the
 # multi-threaded paths set their thread count themselves.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-# Test files run on PDTB_TEST_WORKERS pytest-xdist workers (default 3; 0: one process), each
+# Test files run on PDTB_TEST_WORKERS pytest-xdist workers (default 2; 0: one process), each
 # file's tests in one worker, where xdist is installed (a GPU machine's own python may lack it).
-# Three on two cores: the cluster tests wait on the processes they start, so two workers kept
-# one core busy on average (the whole suite on a 2-core machine: 1,200 s of wall time for
-# 1,200 s of CPU; with three workers, 980 s).
-if [ "${PDTB_TEST_WORKERS:-3}" != 0 ] && python -c "import xdist" 2>/dev/null; then
-  set -- -n "${PDTB_TEST_WORKERS:-3}" --dist loadfile "$@"
+if [ "${PDTB_TEST_WORKERS:-2}" != 0 ] && python -c "import xdist" 2>/dev/null; then
+  set -- -n "${PDTB_TEST_WORKERS:-2}" --dist loadfile "$@"
 fi
 exec python -m pytest -q "$@"

@@ -212,9 +212,11 @@ def test_concurrency_levels_keep_that_many_in_flight(fifo_url, tmp_path):
                      "--out", str(out), "--quiet"])
     assert rc == 0
     one, four = json.loads(out.read_text())["levels"]
-    # one in flight: no queueing, every TTFT about one service time; four: each waits behind three
-    assert one["overall"]["attainment"] >= 0.8 > four["overall"]["attainment"]
-    assert one["overall"]["offered_rps"] == pytest.approx(CAPACITY, rel=0.35)
+    # one in flight: no queueing, every TTFT about one service time; four: each waits behind three.
+    # Compared with each other, not with the clock: a busy machine adds to both alike
+    assert four["overall"]["ttft_ms"]["p50"] > 2 * one["overall"]["ttft_ms"]["p50"]
+    assert one["overall"]["attainment"] > four["overall"]["attainment"]
+    assert one["overall"]["offered_rps"] <= CAPACITY * 1.2
     assert set(one["per_tenant"]) == {"t0", "t1"}
 
 
