@@ -106,11 +106,10 @@ def _read(a: argparse.Namespace) -> Inputs:
         got.gaps += log.gaps_s
         got.moves += log.moves
         role = step_log_role(path)
-        if role == "decode":  # (a hand-off's message waits for the decode node's step: pdtb/sim/path_fit.py)
-            got.spans += log.spans
         got.busy += [(g, w, role) for g, w in zip(log.busy_gaps_s, log.busy_windows)]
-        if role == "decode":  # (hand-offs land on decode nodes only)
+        if role == "decode":  # hand-offs land on decode nodes only, and wait for their steps (path_fit.py)
             got.windows += log.busy_windows
+            got.spans += log.spans
         if role:
             got.by_role.setdefault(role, []).extend(log.samples)
         got.sources.append({"file": path, "kind": "step-log", "samples": len(log.samples),

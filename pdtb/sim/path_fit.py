@@ -27,7 +27,7 @@ from __future__ import annotations
 import bisect
 import statistics
 
-from pdtb.sim.step_samples import OVERHEAD_QS
+from pdtb.sim.step_samples import overhead_quantiles
 
 MIN_REQUESTS = 5  # fewer finished requests with stamps: nothing is fitted
 MIN_DRAWN = 20  # fewer hand-offs: no distribution to draw from
@@ -62,9 +62,9 @@ def fit_path(results: list[dict], bytes_per_s: float, steps: list[tuple[float, f
         out["transfer_latency_s"] = round(max(0.0, statistics.median(transfer) - rpc), 6)
         out["transfers"] = len(transfer)
         out["steps_left_out"] = bool(steps)
-    if len(transfer) >= MIN_DRAWN:
-        t = sorted(max(0.0, x - rpc) for x in transfer)
-        out["transfer_latency_q"] = [round(t[min(len(t) - 1, int(q * (len(t) - 1) + 0.5))], 7) for q in OVERHEAD_QS]
+    levels = overhead_quantiles([max(0.0, x - rpc) for x in transfer], MIN_DRAWN)
+    if levels:
+        out["transfer_latency_q"] = levels
     return out
 
 

@@ -168,10 +168,11 @@ def node_overhead_s(gaps_s: list[float]) -> float | None:
 OVERHEAD_QS = tuple(i / 100 for i in range(100)) + (0.995, 0.999, 1.0)  # the levels kept of the loop's gaps
 
 
-def overhead_quantiles(gaps_s: list[float]) -> list[float] | None:
+def overhead_quantiles(gaps_s: list[float], minimum: int = 100) -> list[float] | None:
     """The loop's gaps between steps with work (`busy_gaps_s`) at OVERHEAD_QS: the distribution a
-    simulated node draws each step's overhead from (pdtb/sim/calibrate.py)."""
-    if len(gaps_s) < 100:
+    simulated node draws each step's overhead from (pdtb/sim/calibrate.py); None with fewer
+    than `minimum` values. Any other seconds drawn the same way take their levels here too."""
+    if len(gaps_s) < minimum:
         return None
     g = sorted(gaps_s)
     return [round(g[min(len(g) - 1, int(q * (len(g) - 1) + 0.5))], 7) for q in OVERHEAD_QS]
