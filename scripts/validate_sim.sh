@@ -5,7 +5,7 @@
 #
 #   scripts/validate_sim.sh [--out DIR] [--real DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
 #                           [--sets "quick load1.5 load3 load6 tenants"] [--router-token-us US]
-#                           [--client-token-us US] [--skip-prefix]
+#                           [--client-token-us US] [--skip-prefix] [--repeat]
 #
 # --policies and --policy-arg are compare_fairness.sh's (default fcfs memfair): each policy a
 # NAME, module:Class, path/to/file.py:Class or LABEL=REF, its settings by --policy-arg; checked
@@ -22,7 +22,10 @@
 # summary over every set (pdtb sim validate-sets) in DIR/validate-sets.{txt,json}.
 #
 # 1. real: scripts/compare_fairness.sh --quick --step-log (skipped with --real DIR: results,
-#    and step logs where it has them, already there);
+#    and step logs where it has them, already there); with --repeat, the same command again into
+#    REAL-rep for each set's REAL (made where absent), compared with the first as a simulated run
+#    would be (DIR/validate-[SET-]repeat.*): the figures on which the testbed repeats itself, the
+#    ceiling of any simulator judged against one real run;
 # 2. calibration on this machine, two ways, each with the request path's latencies (router
 #    dispatch, the client's leg, the hand-off's fixed cost) fitted to the fcfs runs' requests:
 #    grid: pdtb bench steps --grid fitted by pdtb sim calibrate, the node's own time per step
@@ -47,7 +50,7 @@
 #    DIR/validate-prefix-KIND.{txt,json}.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" REAL="" POLICIES="fcfs memfair" PARGS=() ROUTER_US=550 CLIENT_US=33 PREFIX=1 SETS=quick
+OUT="" REAL="" POLICIES="fcfs memfair" PARGS=() ROUTER_US=550 CLIENT_US=33 PREFIX=1 SETS=quick REPEAT=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
@@ -58,6 +61,7 @@ while [ $# -gt 0 ]; do
     --router-token-us) ROUTER_US="$2"; shift 2 ;;
     --client-token-us) CLIENT_US="$2"; shift 2 ;;
     --skip-prefix) PREFIX=0; shift ;;
+    --repeat) REPEAT=1; shift ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "validate_sim: unknown option $1" >&2; exit 2 ;;
   esac
@@ -87,17 +91,21 @@ for s in "${SET_LIST[@]}"; do  # every set checked before the first run: its nam
   bash "$ROOT/scripts/compare_fairness.sh" --dry-run --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
     ${SET_ARGS[@]+"${SET_ARGS[@]}"} >/dev/null
   r="$(real_of "$s")"
-  if [ -e "$r" ] && [ ! -f "$r/compare.txt" ]; then  # (a node's step log appends: a second run would mix in)
-    echo "validate_sim: $r holds no finished comparison (no compare.txt): remove it or give another --real" >&2
-    exit 2
-  fi
+  for f in "$r" $([ "$REPEAT" = 1 ] && echo "$r-rep"); do
+    if [ -e "$f" ] && [ ! -f "$f/compare.txt" ]; then  # (a node's step log appends: a second run would mix in)
+      echo "validate_sim: $f holds no finished comparison (no compare.txt): remove it or give another --real" >&2
+      exit 2
+    fi
+  done
 done
 for s in "${SET_LIST[@]}"; do
   r="$(real_of "$s")"
-  [ -f "$r/compare.txt" ] && continue  # made already (compare_fairness.sh writes it last)
   set_args "$s"
-  bash "$ROOT/scripts/compare_fairness.sh" --quick --step-log --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
-    ${SET_ARGS[@]+"${SET_ARGS[@]}"} --out "$r" >&2
+  for f in "$r" $([ "$REPEAT" = 1 ] && echo "$r-rep"); do
+    [ -f "$f/compare.txt" ] && continue  # made already (compare_fairness.sh writes it last)
+    bash "$ROOT/scripts/compare_fairness.sh" --quick --step-log --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
+      ${SET_ARGS[@]+"${SET_ARGS[@]}"} --out "$f" >&2
+  done
 done
 REAL="$BASE"
 echo "== calibrating the step cost on this machine (pdtb bench steps --grid)" >&2
@@ -133,7 +141,15 @@ for s in "${SET_LIST[@]}"; do
     pdtb sim validate "$(real_of "$s")" "$OUT/sim-$tag$k" --out "$OUT/validate-$tag$k.json" | tee "$OUT/validate-$tag$k.txt"
   done
 done
-pdtb sim validate-sets "$OUT" --sets "$SETS" --kinds "${kinds[*]}" --fitted fcfs --out "$OUT/validate-sets.json" \
+if [ "$REPEAT" = 1 ]; then
+  for s in "${SET_LIST[@]}"; do
+    tag="$([ "$s" = "$FIRST" ] || echo "$s-")"
+    echo "== set: $s, the testbed against itself (a second real run as the simulated one)"
+    pdtb sim validate "$(real_of "$s")" "$(real_of "$s")-rep" --out "$OUT/validate-${tag}repeat.json" \
+      | tee "$OUT/validate-${tag}repeat.txt"
+  done
+fi
+pdtb sim validate-sets "$OUT" --sets "$SETS" --kinds "${kinds[*]}$([ "$REPEAT" = 1 ] && echo ' repeat')" --fitted fcfs --out "$OUT/validate-sets.json" \
   | tee "$OUT/validate-sets.txt"
 [ "$PREFIX" = 1 ] || exit 0
 PREAL="$REAL/prefix"

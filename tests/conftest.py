@@ -91,4 +91,3 @@ def prefill_and_move(a, b, prompts: list[list[int]], params) -> tuple[list, list
     while b.has_work():
         b.step()
     return moved, exports
-

@@ -32,3 +32,15 @@ def test_the_sets_summary_renders_per_policy_and_set(tmp_path):
     assert "| spread | fcfs | 8/8 | 6/8 |" in text and "| spread | memfair | 7/8 | - |" in text
     assert "**held out: 13/16 = 81.2%**" in text and "orders same 1, beyond ties 1 of 2" in text
     assert "- spread, load3 disagg minnow ttft p99: real memfair < fcfs; sim fcfs < memfair" in text
+
+
+def test_the_sets_summary_shows_the_repeat_and_the_repeatable_share(tmp_path):
+    (tmp_path / "validate").mkdir()
+    kind = {"by_set": {"quick": {"memfair": [3, 4]}}, "held_out": [3, 4], "held_out_share": 0.75, "orders_same": 0,
+            "orders_consistent": 0, "orders": []}
+    (tmp_path / "validate" / "validate-sets.json").write_text(json.dumps({
+        "sets": ["quick"], "fitted": "fcfs", "bar": 0.85,
+        "kinds": {"spread": {**kind, "held_out_repeatable": [2, 3]}, "repeat": kind}}))
+    text = "\n".join(render(tmp_path))
+    assert "**held out: 3/4 = 75.0%**; where the testbed repeats itself 2/3 = 66.7%" in text
+    assert "*repeat*: each set's real runs made a second time" in text

@@ -5,6 +5,11 @@ calibration, from the `pdtb sim validate` files `scripts/validate_sim.sh` wrote 
 Per calibration: the figures on target for each set and policy; the held-out count, every run
 but the fitted policy's on the first set (the calibration's own runs); and the policy orders by
 the protected class's p99s, exactly and beyond ties (pdtb/sim/repro/validate.py), set by set.
+
+The kind `repeat` (`scripts/validate_sim.sh --repeat`) is a second real run of each set compared
+with the first as a simulated run would be: the figures on which the testbed repeats itself. It is
+the ceiling of any simulator judged against one real run. Where it is there, each calibration also
+counts its held-out figures among the repeatable ones (those the repeat has on target).
 """
 from __future__ import annotations
 
@@ -15,6 +20,13 @@ from pathlib import Path
 from pdtb.common import CliError
 
 HELD_OUT_BAR = 0.85  # of the held-out figures on target (the simulator's acceptance bar)
+REPEAT = "repeat"  # the kind of a second real run against the first
+
+
+def checks_of(doc: dict) -> dict[tuple, bool]:
+    """(mode, policy, class, figure) -> on target, for one `pdtb sim validate` file."""
+    return {(r["mode"], r["policy"], c["class"], k): c[k]["ok"] for r in doc["runs"] for c in r["classes"]
+            for k in c if isinstance(c[k], dict) and "ok" in c[k]}
 
 
 def file_of(d: Path, sets: list[str], s: str, kind: str) -> Path:
@@ -24,8 +36,10 @@ def file_of(d: Path, sets: list[str], s: str, kind: str) -> Path:
 def summarize(d: str | Path, sets: list[str], kinds: list[str], fitted: str = "fcfs") -> dict:
     d = Path(d)
     out = {"sets": sets, "fitted": fitted, "bar": HELD_OUT_BAR, "kinds": {}}
+    repeat = {s: checks_of(json.loads(p.read_text())) for s in sets if (p := file_of(d, sets, s, REPEAT)).is_file()}
     for kind in kinds:
         per_set, held, held_n, orders = {}, 0, 0, []
+        rep_ok, rep_n = 0, 0  # held-out figures the repeat has on target, and the sim's count of them
         for s in sets:
             p = file_of(d, sets, s, kind)
             if not p.is_file():
@@ -35,6 +49,9 @@ def summarize(d: str | Path, sets: list[str], kinds: list[str], fitted: str = "f
             for pol, (ok, n) in per_set[s].items():
                 if s != sets[0] or pol != fitted:
                     held, held_n = held + ok, held_n + n
+            for key, ok in checks_of(doc).items():
+                if repeat.get(s, {}).get(key) and (s != sets[0] or key[1] != fitted):
+                    rep_ok, rep_n = rep_ok + ok, rep_n + 1
             orders += [{"set": s, **{k: o[k] for k in ("mode", "figure", "real", "sim", "same")},
                         "consistent": o.get("consistent", o["same"]), "discordant": o.get("discordant", [])}
                        for o in doc["orderings"]]  # (files without ties: exact orders alone)
@@ -44,6 +61,8 @@ def summarize(d: str | Path, sets: list[str], kinds: list[str], fitted: str = "f
                               "held_out_share": held / held_n if held_n else None,
                               "orders_same": sum(o["same"] for o in orders),
                               "orders_consistent": sum(o["consistent"] for o in orders), "orders": orders}
+        if repeat and kind != REPEAT:
+            out["kinds"][kind]["held_out_repeatable"] = [rep_ok, rep_n]
     if not out["kinds"]:
         raise CliError(f"pdtb sim validate-sets: no validate-*.json files of those sets in {d}")
     return out
@@ -58,7 +77,12 @@ def format_report(doc: dict) -> str:
                      + (f" ({share:.1%}; bar {doc['bar']:.0%}: {'met' if share >= doc['bar'] else 'NOT met'})"
                         if share is not None else "")
                      + f"; orders same {k['orders_same']}, same beyond ties {k['orders_consistent']} "
-                       f"of {len(k['orders'])}")
+                       f"of {len(k['orders'])}"
+                     + (" (a second real run against the first: the ceiling)" if kind == REPEAT else ""))
+        if "held_out_repeatable" in k:
+            a, b = k["held_out_repeatable"]
+            lines.append(f"  held out where the testbed repeats itself: {a} of {b}"
+                         + (f" ({a / b:.1%})" if b else ""))
         for s, pols in k["by_set"].items():
             lines.append(f"  {s:<10} " + ", ".join(f"{p} {a}/{b}" for p, (a, b) in pols.items()))
         for o in k["orders"]:
@@ -72,7 +96,8 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="pdtb sim validate-sets", description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", help="scripts/validate_sim.sh's output folder")
     ap.add_argument("--sets", default="quick", help="the sets, the first the calibration's (spaces or commas)")
-    ap.add_argument("--kinds", default="grid logs spread cores", help="the calibrations (spaces or commas)")
+    ap.add_argument("--kinds", default="grid logs spread cores", help="the calibrations (spaces or commas), "
+                    "and repeat for a second real run")
     ap.add_argument("--fitted", default="fcfs", help="the policy the calibration was fitted to")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", help="write the summary as JSON here too")
