@@ -3,8 +3,9 @@
 #   - validation against the testbed: scripts/validate_sim.sh over the workload sets --sets
 #     (default "quick load1.5 load3 load6 tenants"; with --real DIR: real runs of
 #     compare_fairness.sh --quick already made, e.g. by results.sh, for the first set, and
-#     DIR-SET for the others where they are there; else it makes them); --repeat passes its
-#     --repeat: a second real run of each set (DIR-rep, DIR-SET-rep), the testbed against itself;
+#     DIR-SET for the others where they are there; else it makes them); --repeat and
+#     --repeat-sets LIST are its own: a second real run of each set, or of those (DIR-rep,
+#     DIR-SET-rep), the testbed against itself;
 #   - the reproductions: pdtb sim reproduce mcsf|vtc|essay --json;
 #   - one hour of the Azure conversation trace on an 8-GPU disaggregated shape (Llama-3-70B,
 #     tensor parallel 4, one prefill and one decode node on H100s), each policy timed, with
@@ -13,7 +14,7 @@
 #     policy, against one event per step on a slice of it (pdtb sim speed);
 #   - the H200 step grid (shipped samples) against the roofline: pdtb sim roofline.
 #
-#   bash scripts/sim_results.sh --out DIR [--real DIR] [--sets LIST] [--skip-validate] [--skip-speed] [--repeat] [--trace FILE]
+#   bash scripts/sim_results.sh --out DIR [--real DIR] [--sets LIST] [--skip-validate] [--skip-speed] [--repeat | --repeat-sets LIST] [--trace FILE]
 #                               [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
 #
 # --policies (default "fcfs memfair vtc mcsf priority") and --policy-arg serve the validation and the Azure hour,
@@ -22,7 +23,7 @@
 # made absolute. The Azure hour's files are named azure-hour-LABEL.*.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" REAL="" SETS="quick load1.5 load3 load6 tenants" VALIDATE=1 SPEED=1 REPEAT="" POLICIES="fcfs memfair vtc mcsf priority" PITEMS=() TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
+OUT="" REAL="" SETS="quick load1.5 load3 load6 tenants" VALIDATE=1 SPEED=1 REPEAT=() POLICIES="fcfs memfair vtc mcsf priority" PITEMS=() TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
@@ -30,7 +31,8 @@ while [ $# -gt 0 ]; do
     --sets) SETS="$2"; shift 2 ;;
     --skip-validate) VALIDATE=0; shift ;;
     --skip-speed) SPEED=0; shift ;;
-    --repeat) REPEAT=--repeat; shift ;;
+    --repeat) REPEAT=(--repeat); shift ;;
+    --repeat-sets) REPEAT=(--repeat-sets "$2"); shift 2 ;;
     --policies) POLICIES="$2"; shift 2 ;;
     --policy-arg) PITEMS+=("$2"); shift 2 ;;
     --trace) TRACE="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
@@ -48,7 +50,7 @@ cd "$ROOT"
 mkdir -p "$OUT"
 git rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true
 if [ "$VALIDATE" = 1 ]; then
-  bash scripts/validate_sim.sh --out "$OUT/validate" ${REAL:+--real "$REAL"} --sets "$SETS" ${REPEAT:+"$REPEAT"} \
+  bash scripts/validate_sim.sh --out "$OUT/validate" ${REAL:+--real "$REAL"} --sets "$SETS" ${REPEAT[@]+"${REPEAT[@]}"} \
     --policies "$(policy_list)" ${PARGS[@]+"${PARGS[@]}"} >&2
 fi
 for r in mcsf vtc essay; do

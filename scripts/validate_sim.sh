@@ -5,7 +5,7 @@
 #
 #   scripts/validate_sim.sh [--out DIR] [--real DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
 #                           [--sets "quick load1.5 load3 load6 tenants"] [--router-token-us US]
-#                           [--client-token-us US] [--skip-prefix] [--repeat]
+#                           [--client-token-us US] [--skip-prefix] [--repeat | --repeat-sets LIST]
 #
 # --policies and --policy-arg are compare_fairness.sh's (default fcfs memfair): each policy a
 # NAME, module:Class, path/to/file.py:Class or LABEL=REF, its settings by --policy-arg; checked
@@ -25,7 +25,8 @@
 #    and step logs where it has them, already there); with --repeat, the same command again into
 #    REAL-rep for each set's REAL (made where absent), compared with the first as a simulated run
 #    would be (DIR/validate-[SET-]repeat.*): the figures on which the testbed repeats itself, the
-#    ceiling of any simulator judged against one real run;
+#    ceiling of any simulator judged against one real run; --repeat-sets LIST repeats those sets
+#    alone;
 # 2. calibration on this machine, two ways, each with the request path's latencies (router
 #    dispatch, the client's leg, the hand-off's fixed cost) fitted to the fcfs runs' requests:
 #    grid: pdtb bench steps --grid fitted by pdtb sim calibrate, the node's own time per step
@@ -50,7 +51,7 @@
 #    DIR/validate-prefix-KIND.{txt,json}.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" REAL="" POLICIES="fcfs memfair" PARGS=() ROUTER_US=550 CLIENT_US=33 PREFIX=1 SETS=quick REPEAT=0
+OUT="" REAL="" POLICIES="fcfs memfair" PARGS=() ROUTER_US=550 CLIENT_US=33 PREFIX=1 SETS=quick REPEAT=0 REPEAT_SETS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
@@ -62,6 +63,7 @@ while [ $# -gt 0 ]; do
     --client-token-us) CLIENT_US="$2"; shift 2 ;;
     --skip-prefix) PREFIX=0; shift ;;
     --repeat) REPEAT=1; shift ;;
+    --repeat-sets) REPEAT=1 REPEAT_SETS="$2"; shift 2 ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "validate_sim: unknown option $1" >&2; exit 2 ;;
   esac
@@ -86,12 +88,17 @@ BASE="${REAL:-$OUT/real}"
 BASE="${BASE%/}"
 FIRST="${SET_LIST[0]}"
 real_of() { [ "$1" = "$FIRST" ] && echo "$BASE" || echo "$BASE-$1"; }
+read -r -a REP_LIST <<< "$([ "$REPEAT" = 1 ] && echo "${REPEAT_SETS:-$SETS}")"
+for s in ${REP_LIST[@]+"${REP_LIST[@]}"}; do
+  [[ " ${SET_LIST[*]} " == *" $s "* ]] || { echo "validate_sim: --repeat-sets names $s, not one of --sets" >&2; exit 2; }
+done
+repeated() { [[ " ${REP_LIST[*]-} " == *" $1 "* ]]; }  # repeated SET: whether its real runs are made twice
 for s in "${SET_LIST[@]}"; do  # every set checked before the first run: its name, its flags, its folder
   set_args "$s"
   bash "$ROOT/scripts/compare_fairness.sh" --dry-run --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
     ${SET_ARGS[@]+"${SET_ARGS[@]}"} >/dev/null
   r="$(real_of "$s")"
-  for f in "$r" $([ "$REPEAT" = 1 ] && echo "$r-rep"); do
+  for f in "$r" $(repeated "$s" && echo "$r-rep"); do
     if [ -e "$f" ] && [ ! -f "$f/compare.txt" ]; then  # (a node's step log appends: a second run would mix in)
       echo "validate_sim: $f holds no finished comparison (no compare.txt): remove it or give another --real" >&2
       exit 2
@@ -101,7 +108,7 @@ done
 for s in "${SET_LIST[@]}"; do
   r="$(real_of "$s")"
   set_args "$s"
-  for f in "$r" $([ "$REPEAT" = 1 ] && echo "$r-rep"); do
+  for f in "$r" $(repeated "$s" && echo "$r-rep"); do
     [ -f "$f/compare.txt" ] && continue  # made already (compare_fairness.sh writes it last)
     bash "$ROOT/scripts/compare_fairness.sh" --quick --step-log --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
       ${SET_ARGS[@]+"${SET_ARGS[@]}"} --out "$f" >&2
@@ -142,7 +149,7 @@ for s in "${SET_LIST[@]}"; do
   done
 done
 if [ "$REPEAT" = 1 ]; then
-  for s in "${SET_LIST[@]}"; do
+  for s in "${REP_LIST[@]}"; do
     tag="$([ "$s" = "$FIRST" ] || echo "$s-")"
     echo "== set: $s, the testbed against itself (a second real run as the simulated one)"
     pdtb sim validate "$(real_of "$s")" "$(real_of "$s")-rep" --out "$OUT/validate-${tag}repeat.json" \

@@ -149,4 +149,4 @@ def test_a_second_real_run_counts_the_figures_the_testbed_repeats(tmp_path):
     assert g["held_out_repeatable"] == [2, 3] and "held_out_repeatable" not in rp
     text = sets_report(doc)
     assert "calibration repeat: held out 3 of 4" in text and "the ceiling" in text
-    assert "held out where the testbed repeats itself: 2 of 3 (66.7%)" in text
+    assert "held out where the testbed repeats itself (quick): 2 of 3 (66.7%)" in text

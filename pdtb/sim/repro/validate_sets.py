@@ -8,8 +8,9 @@ the protected class's p99s, exactly and beyond ties (pdtb/sim/repro/validate.py)
 
 The kind `repeat` (`scripts/validate_sim.sh --repeat`) is a second real run of each set compared
 with the first as a simulated run would be: the figures on which the testbed repeats itself. It is
-the ceiling of any simulator judged against one real run. Where it is there, each calibration also
-counts its held-out figures among the repeatable ones (those the repeat has on target).
+the ceiling of any simulator judged against one real run. In the sets that have it, each
+calibration also counts its held-out figures among the repeatable ones (those the repeat has on
+target).
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def summarize(d: str | Path, sets: list[str], kinds: list[str], fitted: str = "f
     d = Path(d)
     out = {"sets": sets, "fitted": fitted, "bar": HELD_OUT_BAR, "kinds": {}}
     repeat = {s: checks_of(json.loads(p.read_text())) for s in sets if (p := file_of(d, sets, s, REPEAT)).is_file()}
+    out["repeat_sets"] = list(repeat)
     for kind in kinds:
         per_set, held, held_n, orders = {}, 0, 0, []
         rep_ok, rep_n = 0, 0  # held-out figures the repeat has on target, and the sim's count of them
@@ -81,7 +83,7 @@ def format_report(doc: dict) -> str:
                      + (" (a second real run against the first: the ceiling)" if kind == REPEAT else ""))
         if "held_out_repeatable" in k:
             a, b = k["held_out_repeatable"]
-            lines.append(f"  held out where the testbed repeats itself: {a} of {b}"
+            lines.append(f"  held out where the testbed repeats itself ({', '.join(doc['repeat_sets'])}): {a} of {b}"
                          + (f" ({a / b:.1%})" if b else ""))
         for s, pols in k["by_set"].items():
             lines.append(f"  {s:<10} " + ", ".join(f"{p} {a}/{b}" for p, (a, b) in pols.items()))
