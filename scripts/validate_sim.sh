@@ -26,7 +26,8 @@
 #    REAL-rep for each set's REAL (made where absent), compared with the first as a simulated run
 #    would be (DIR/validate-[SET-]repeat.*): the figures on which the testbed repeats itself, the
 #    ceiling of any simulator judged against one real run; --repeat-sets LIST repeats those sets
-#    alone;
+#    alone; each calibration of a repeated set is also compared with the two real runs'
+#    geometric mean (DIR/validate-[SET-]KIND-mean.*, pdtb sim validate --also-real);
 # 2. calibration on this machine, two ways, each with the request path's latencies (router
 #    dispatch, the client's leg, the hand-off's fixed cost) fitted to the fcfs runs' requests:
 #    grid: pdtb bench steps --grid fitted by pdtb sim calibrate, the node's own time per step
@@ -146,6 +147,11 @@ for s in "${SET_LIST[@]}"; do
       --out "$OUT/sim-$tag$k" >&2
     echo "== set: $s, calibration: $k"
     pdtb sim validate "$(real_of "$s")" "$OUT/sim-$tag$k" --out "$OUT/validate-$tag$k.json" | tee "$OUT/validate-$tag$k.txt"
+    if repeated "$s"; then
+      echo "== set: $s, calibration: $k, against the geometric mean of the two real runs"
+      pdtb sim validate "$(real_of "$s")" "$OUT/sim-$tag$k" --also-real "$(real_of "$s")-rep" \
+        --out "$OUT/validate-$tag$k-mean.json" | tee "$OUT/validate-$tag$k-mean.txt"
+    fi
   done
 done
 if [ "$REPEAT" = 1 ]; then
@@ -156,7 +162,12 @@ if [ "$REPEAT" = 1 ]; then
       | tee "$OUT/validate-${tag}repeat.txt"
   done
 fi
-pdtb sim validate-sets "$OUT" --sets "$SETS" --kinds "${kinds[*]}$([ "$REPEAT" = 1 ] && echo ' repeat')" --fitted fcfs --out "$OUT/validate-sets.json" \
+set_kinds=("${kinds[@]}")
+if [ "$REPEAT" = 1 ]; then
+  for k in "${kinds[@]}"; do set_kinds+=("$k-mean"); done
+  set_kinds+=(repeat)
+fi
+pdtb sim validate-sets "$OUT" --sets "$SETS" --kinds "${set_kinds[*]}" --fitted fcfs --out "$OUT/validate-sets.json" \
   | tee "$OUT/validate-sets.txt"
 [ "$PREFIX" = 1 ] || exit 0
 PREAL="$REAL/prefix"

@@ -85,7 +85,8 @@ def sets_part(doc: dict) -> list[str]:
             + (" *repeat*: each set's real runs made a second time and compared with the first as a simulated "
                "run is: the figures on which the testbed repeats itself, the ceiling of any simulator judged "
                "against one real run; each calibration's *where the testbed repeats itself* counts its held-out "
-               f"figures among those, in the sets run twice ({', '.join(doc.get('repeat_sets', []))})."
+               f"figures among those, in the sets run twice ({', '.join(doc.get('repeat_sets', []))}); "
+               "*KIND-mean*: the calibration against the geometric mean of the two real runs of those sets."
                if "repeat" in doc["kinds"] else ""), "",
             *md_table(["calibration", "policy", *sets], rows), "",
             *(["Orders that differ beyond ties:", "", *off, ""] if off else [])]

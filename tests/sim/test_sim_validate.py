@@ -150,3 +150,19 @@ def test_a_second_real_run_counts_the_figures_the_testbed_repeats(tmp_path):
     text = sets_report(doc)
     assert "calibration repeat: held out 3 of 4" in text and "the ceiling" in text
     assert "held out where the testbed repeats itself (quick): 2 of 3 (66.7%)" in text
+
+
+def test_more_real_runs_make_the_reference_their_geometric_mean(tmp_path):
+    real = _write(tmp_path / "real", {("disagg", "fcfs"): ((100, 1000), (20, 200), 50.0),
+                                      ("disagg", "memfair"): ((100, 400), (20, 100), 50.0)})
+    rep = _write(tmp_path / "rep", {("disagg", "fcfs"): ((400, 1000), (20, 200), 50.0)})  # memfair not repeated
+    sim = _write(tmp_path / "sim", {("disagg", "fcfs"): ((200, 1000), (20, 200), 50.0),
+                                    ("disagg", "memfair"): ((100, 400), (20, 100), 50.0)})
+    alone = validate(real, sim)
+    both = validate(real, sim, also_real=[rep])
+    f_alone, f_both = alone["runs"][0]["classes"][0], both["runs"][0]["classes"][0]
+    assert f_alone["ttft_p50"]["ratio"] == pytest.approx(2.0) and not f_alone["ttft_p50"]["ok"]
+    # sqrt(100 * 400) = 200: the simulated 200 is on the two runs' mean
+    assert f_both["ttft_p50"]["real"] == pytest.approx(200.0) and f_both["ttft_p50"]["ok"]
+    assert both["runs"][1]["classes"][0]["ttft_p99"]["real"] == pytest.approx(400.0)  # one run: its own figure
+    assert both["real_runs"] == 2 and alone["real_runs"] == 1

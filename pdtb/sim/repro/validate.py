@@ -6,11 +6,15 @@ by (mode, policy). For each pair and request class: the sim/real ratio of TTFT a
 and of output throughput, checked against the targets (p50s within 15%, p99s within 30%); per
 mode, the order of the policies by the protected class's p99 TTFT and ITL, real against sim,
 both exactly and beyond ties (real p99s within the p99 target of each other).
+
+With `--also-real DIR` (repeatable), more real runs of the same flags: each real figure is then
+the geometric mean over the runs that have it, a reference with less of one run's noise.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from pdtb.figures.results import load_results
@@ -33,6 +37,25 @@ def load_dir(path: str) -> dict[tuple[str, str], dict]:
     if not out:
         raise CliError(f"pdtb sim validate: no results files in {path}")
     return out
+
+
+def mean_of(runs: list[dict]) -> dict:
+    """One run's figures as the geometric mean of several real runs' (per class, over the runs
+    whose figure is there and positive): what compare_run and orderings read."""
+    per_class: dict[str, dict] = {}
+    for klass in sorted({c for r in runs for c in r["summary"]["per_class"]}):
+        out: dict = {}
+        for key in ("ttft_ms", "itl_ms"):
+            out[key] = {q: _gmean([((r["summary"]["per_class"].get(klass) or {}).get(key) or {}).get(q) for r in runs])
+                        for k, q in FIGURES if k == key}
+        out["output_tok_s"] = _gmean([(r["summary"]["per_class"].get(klass) or {}).get("output_tok_s") for r in runs])
+        per_class[klass] = out
+    return {"meta": runs[0]["meta"], "summary": {"per_class": per_class}}
+
+
+def _gmean(xs: list) -> float | None:
+    xs = [float(x) for x in xs if x is not None and x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
 def ratio(sim: float | None, real: float | None) -> float | None:
@@ -90,8 +113,11 @@ def _apart(low: float | None, high: float | None) -> bool:
     return low is not None and high is not None and high > low * (1 + TIE)
 
 
-def validate(real_dir: str, sim_dir: str, protected: str = "minnow") -> dict:
+def validate(real_dir: str, sim_dir: str, protected: str = "minnow", also_real: list[str] = ()) -> dict:
     real, sim = load_dir(real_dir), load_dir(sim_dir)
+    if also_real:
+        more = [load_dir(d) for d in also_real]
+        real = {k: mean_of([v, *(m[k] for m in more if k in m)]) for k, v in real.items()}
     pairs = sorted(set(real) & set(sim))
     if not pairs:
         raise CliError("pdtb sim validate: no (mode, policy) run is in both folders")
@@ -105,7 +131,7 @@ def validate(real_dir: str, sim_dir: str, protected: str = "minnow") -> dict:
         got["on_target"] += sum(ok)
         got["checks"] += len(ok)
     checks = [ok for r in runs for ok in _checks(r)]
-    return {"runs": runs, "orderings": order, "targets": TARGETS, "by_policy": by_policy,
+    return {"runs": runs, "orderings": order, "targets": TARGETS, "by_policy": by_policy, "real_runs": 1 + len(also_real),
             "on_target": sum(checks), "checks": len(checks), "orderings_same": all(o["same"] for o in order),
             "orderings_consistent": all(o["consistent"] for o in order)}
 
@@ -144,10 +170,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("real", help="folder of results files from real clusters")
     ap.add_argument("sim", help="folder of results files from pdtb sim with the same flags")
     ap.add_argument("--protected", default="minnow", help="the class whose p99 orders the policies")
+    ap.add_argument("--also-real", action="append", default=[], metavar="DIR",
+                    help="another folder of real runs of the same flags: the real figures are the geometric "
+                         "mean over every real folder (repeatable)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", help="write the comparison as JSON here too")
     a = ap.parse_args(argv)
-    doc = validate(a.real, a.sim, a.protected)
+    doc = validate(a.real, a.sim, a.protected, a.also_real)
     if a.out:
         Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(doc) if a.json else format_report(doc))
