@@ -63,8 +63,10 @@ while [ $# -gt 0 ]; do
     --router-token-us) ROUTER_US="$2"; shift 2 ;;
     --client-token-us) CLIENT_US="$2"; shift 2 ;;
     --skip-prefix) PREFIX=0; shift ;;
-    --repeat) REPEAT=1; shift ;;
-    --repeat-sets) REPEAT=1 REPEAT_SETS="$2"; shift 2 ;;
+    --repeat) REPEAT=1 REPEAT_SETS=""; shift ;;
+    --repeat-sets) REPEAT=1 REPEAT_SETS="${2//,/ }"
+      [ -n "${REPEAT_SETS// /}" ] || { echo "validate_sim: --repeat-sets is empty" >&2; exit 2; }
+      shift 2 ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
     *) echo "validate_sim: unknown option $1" >&2; exit 2 ;;
   esac
@@ -99,7 +101,9 @@ for s in "${SET_LIST[@]}"; do  # every set checked before the first run: its nam
   bash "$ROOT/scripts/compare_fairness.sh" --dry-run --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
     ${SET_ARGS[@]+"${SET_ARGS[@]}"} >/dev/null
   r="$(real_of "$s")"
-  for f in "$r" $(repeated "$s" && echo "$r-rep"); do
+  fs=("$r")
+  if repeated "$s"; then fs+=("$r-rep"); fi
+  for f in "${fs[@]}"; do
     if [ -e "$f" ] && [ ! -f "$f/compare.txt" ]; then  # (a node's step log appends: a second run would mix in)
       echo "validate_sim: $f holds no finished comparison (no compare.txt): remove it or give another --real" >&2
       exit 2
@@ -109,7 +113,9 @@ done
 for s in "${SET_LIST[@]}"; do
   r="$(real_of "$s")"
   set_args "$s"
-  for f in "$r" $(repeated "$s" && echo "$r-rep"); do
+  fs=("$r")
+  if repeated "$s"; then fs+=("$r-rep"); fi
+  for f in "${fs[@]}"; do
     [ -f "$f/compare.txt" ] && continue  # made already (compare_fairness.sh writes it last)
     bash "$ROOT/scripts/compare_fairness.sh" --quick --step-log --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
       ${SET_ARGS[@]+"${SET_ARGS[@]}"} --out "$f" >&2

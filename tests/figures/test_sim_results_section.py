@@ -39,8 +39,8 @@ def test_the_sets_summary_shows_the_repeat_and_the_repeatable_share(tmp_path):
     kind = {"by_set": {"quick": {"memfair": [3, 4]}}, "held_out": [3, 4], "held_out_share": 0.75, "orders_same": 0,
             "orders_consistent": 0, "orders": []}
     (tmp_path / "validate" / "validate-sets.json").write_text(json.dumps({
-        "sets": ["quick"], "fitted": "fcfs", "bar": 0.85,
+        "sets": ["quick"], "fitted": "fcfs", "bar": 0.85, "repeat_sets": ["quick"],
         "kinds": {"spread": {**kind, "held_out_repeatable": [2, 3]}, "repeat": kind}}))
     text = "\n".join(render(tmp_path))
     assert "**held out: 3/4 = 75.0%**; where the testbed repeats itself 2/3 = 66.7%" in text
-    assert "*repeat*: each set's real runs made a second time" in text
+    assert "*repeat*: each set's real runs made a second time" in text and "in the sets run twice (quick)" in text

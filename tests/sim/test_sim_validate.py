@@ -137,19 +137,27 @@ def test_a_second_real_run_counts_the_figures_the_testbed_repeats(tmp_path):
     real = {("disagg", "fcfs"): ((100, 1000), (20, 200), 50.0), ("disagg", "memfair"): ((100, 400), (20, 100), 50.0)}
     # the repeat: memfair's TTFT p99 2x (not repeatable), everything else within its target
     rep = {("disagg", "fcfs"): ((110, 1100), (21, 210), 50.0), ("disagg", "memfair"): ((100, 800), (20, 100), 50.0)}
-    # the sim: memfair's TTFT p99 and ITL p50 off; one of them is where the testbed does not repeat
-    sim = {("disagg", "fcfs"): ((100, 1000), (20, 200), 50.0), ("disagg", "memfair"): ((100, 900), (30, 100), 50.0)}
+    # the sim: memfair's TTFT p99 and ITL p50 off, fcfs's TTFT p50 off; one is where the testbed does not repeat
+    sim = {("disagg", "fcfs"): ((200, 1000), (20, 200), 50.0), ("disagg", "memfair"): ((100, 900), (30, 100), 50.0)}
     r, p, s = (_write(tmp_path / n, runs) for n, runs in (("r", real), ("p", rep), ("s", sim)))
-    (out / "validate-grid.json").write_text(json.dumps(validate(r, s)))
+    for tag in ("", "load3-"):  # quick (the fit's set) and load3 both; only quick repeated
+        (out / f"validate-{tag}grid.json").write_text(json.dumps(validate(r, s)))
+        (out / f"validate-{tag}grid-mean.json").write_text(json.dumps(validate(r, s, also_real=[p])))
     (out / "validate-repeat.json").write_text(json.dumps(validate(r, p)))
-    doc = summarize(out, ["quick"], ["grid", "repeat"])
+    doc = summarize(out, ["quick", "load3"], ["grid", "grid-mean", "repeat"])
     g, rp = doc["kinds"]["grid"], doc["kinds"]["repeat"]
-    assert g["held_out"] == [2, 4] and rp["held_out"] == [3, 4]  # memfair alone is held out on the first set
-    # memfair's figures the repeat has on target: TTFT p50, ITL p50, ITL p99; the sim has 2 of those 3
+    # held out: quick memfair 2/4, load3 fcfs 3/4 and memfair 2/4
+    assert g["held_out"] == [7, 12] and rp["held_out"] == [3, 4] and doc["repeat_sets"] == ["quick"]
+    # in quick alone (load3 has no repeat), memfair's figures the repeat has on target: TTFT p50, ITL p50 and
+    # p99; the sim has 2 of those 3 (quick's fcfs is the fit's own: left out)
     assert g["held_out_repeatable"] == [2, 3] and "held_out_repeatable" not in rp
+    gm = doc["kinds"]["grid-mean"]
+    assert set(gm["by_set"]) == {"quick", "load3"} and gm["by_set"]["quick"]["memfair"] == [2, 4]
     text = sets_report(doc)
-    assert "calibration repeat: held out 3 of 4" in text and "the ceiling" in text
+    assert "the testbed repeat: held out 3 of 4 on target (75.0%)" in text and "the ceiling" in text
     assert "held out where the testbed repeats itself (quick): 2 of 3 (66.7%)" in text
+    # without the repeat asked for, a file left behind is not read
+    assert "held_out_repeatable" not in summarize(out, ["quick", "load3"], ["grid"])["kinds"]["grid"]
 
 
 def test_more_real_runs_make_the_reference_their_geometric_mean(tmp_path):
@@ -165,4 +173,4 @@ def test_more_real_runs_make_the_reference_their_geometric_mean(tmp_path):
     # sqrt(100 * 400) = 200: the simulated 200 is on the two runs' mean
     assert f_both["ttft_p50"]["real"] == pytest.approx(200.0) and f_both["ttft_p50"]["ok"]
     assert both["runs"][1]["classes"][0]["ttft_p99"]["real"] == pytest.approx(400.0)  # one run: its own figure
-    assert both["real_runs"] == 2 and alone["real_runs"] == 1
+    assert [r["real_runs"] for r in both["runs"]] == [2, 1] and [r["real_runs"] for r in alone["runs"]] == [1, 1]

@@ -41,7 +41,8 @@ def load_dir(path: str) -> dict[tuple[str, str], dict]:
 
 def mean_of(runs: list[dict]) -> dict:
     """One run's figures as the geometric mean of several real runs' (per class, over the runs
-    whose figure is there and positive): what compare_run and orderings read."""
+    whose figure is there and positive: a run without it, or with 0, leaves the others' mean):
+    what compare_run and orderings read. `real_runs`: how many runs it is the mean of."""
     per_class: dict[str, dict] = {}
     for klass in sorted({c for r in runs for c in r["summary"]["per_class"]}):
         out: dict = {}
@@ -50,7 +51,7 @@ def mean_of(runs: list[dict]) -> dict:
                         for k, q in FIGURES if k == key}
         out["output_tok_s"] = _gmean([(r["summary"]["per_class"].get(klass) or {}).get("output_tok_s") for r in runs])
         per_class[klass] = out
-    return {"meta": runs[0]["meta"], "summary": {"per_class": per_class}}
+    return {"meta": runs[0]["meta"], "summary": {"per_class": per_class}, "real_runs": len(runs)}
 
 
 def _gmean(xs: list) -> float | None:
@@ -121,8 +122,8 @@ def validate(real_dir: str, sim_dir: str, protected: str = "minnow", also_real: 
     pairs = sorted(set(real) & set(sim))
     if not pairs:
         raise CliError("pdtb sim validate: no (mode, policy) run is in both folders")
-    runs = [{"mode": m, "policy": p, "cost": sim[(m, p)]["meta"].get("cost"), "classes": compare_run(real[(m, p)], sim[(m, p)])}
-            for m, p in pairs]
+    runs = [{"mode": m, "policy": p, "cost": sim[(m, p)]["meta"].get("cost"), "real_runs": real[(m, p)].get("real_runs", 1),
+             "classes": compare_run(real[(m, p)], sim[(m, p)])} for m, p in pairs]
     order = orderings({k: real[k] for k in pairs}, {k: sim[k] for k in pairs}, protected)
     by_policy: dict[str, dict] = {}
     for r in runs:
@@ -131,7 +132,7 @@ def validate(real_dir: str, sim_dir: str, protected: str = "minnow", also_real: 
         got["on_target"] += sum(ok)
         got["checks"] += len(ok)
     checks = [ok for r in runs for ok in _checks(r)]
-    return {"runs": runs, "orderings": order, "targets": TARGETS, "by_policy": by_policy, "real_runs": 1 + len(also_real),
+    return {"runs": runs, "orderings": order, "targets": TARGETS, "by_policy": by_policy,
             "on_target": sum(checks), "checks": len(checks), "orderings_same": all(o["same"] for o in order),
             "orderings_consistent": all(o["consistent"] for o in order)}
 

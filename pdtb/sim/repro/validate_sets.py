@@ -37,11 +37,12 @@ def file_of(d: Path, sets: list[str], s: str, kind: str) -> Path:
 def summarize(d: str | Path, sets: list[str], kinds: list[str], fitted: str = "fcfs") -> dict:
     d = Path(d)
     out = {"sets": sets, "fitted": fitted, "bar": HELD_OUT_BAR, "kinds": {}}
-    repeat = {s: checks_of(json.loads(p.read_text())) for s in sets if (p := file_of(d, sets, s, REPEAT)).is_file()}
+    repeat = {s: checks_of(json.loads(p.read_text())) for s in sets
+              if REPEAT in kinds and (p := file_of(d, sets, s, REPEAT)).is_file()}  # (asked for: files stay behind)
     out["repeat_sets"] = list(repeat)
     for kind in kinds:
         per_set, held, held_n, orders = {}, 0, 0, []
-        rep_ok, rep_n = 0, 0  # held-out figures the repeat has on target, and the sim's count of them
+        rep_ok, rep_n = 0, 0  # of the held-out figures the repeat has on target: this kind's on target, all
         for s in sets:
             p = file_of(d, sets, s, kind)
             if not p.is_file():
@@ -75,9 +76,9 @@ def format_report(doc: dict) -> str:
     for kind, k in doc["kinds"].items():
         ok, n = k["held_out"]
         share = k["held_out_share"]
-        lines.append(f"calibration {kind}: held out {ok} of {n} on target"
-                     + (f" ({share:.1%}; bar {doc['bar']:.0%}: {'met' if share >= doc['bar'] else 'NOT met'})"
-                        if share is not None else "")
+        bar = "" if kind == REPEAT else f"; bar {doc['bar']:.0%}: {'met' if share >= doc['bar'] else 'NOT met'}"
+        lines.append(f"{'the testbed' if kind == REPEAT else 'calibration'} {kind}: held out {ok} of {n} on target"
+                     + (f" ({share:.1%}{bar})" if share is not None else "")
                      + f"; orders same {k['orders_same']}, same beyond ties {k['orders_consistent']} "
                        f"of {len(k['orders'])}"
                      + (" (a second real run against the first: the ceiling)" if kind == REPEAT else ""))
