@@ -75,7 +75,9 @@ def sets_part(doc: dict) -> list[str]:
     off = [f"- {kind}, {o['set']} {o['mode']} {o['figure']}: real {' < '.join(o['real'])}; sim {' < '.join(o['sim'])}"
            for kind, k in doc["kinds"].items() for o in k["orders"] if not o["consistent"]]
     return ["### Against the testbed, every workload", "",
-            f"`bash scripts/validate_sim.sh --sets \"{' '.join(sets)}\"`: each set the quick comparison on real "
+            f"`bash scripts/validate_sim.sh --sets \"{' '.join(sets)}\""
+            + (f" --repeat-sets \"{' '.join(doc['repeat_sets'])}\"" if "repeat" in doc["kinds"] else "")
+            + "`: each set the quick comparison on real "
             "clusters (quick: whale-minnow, minnows at 4/s; loadR: minnows at R/s, the frontier's quick loads; "
             "tenants: the multi-tenant workload), every policy in both modes, and the same runs simulated. Each "
             f"calibration is fitted to the {doc['fitted']} runs of {sets[0]} alone; every other run is held out. "

@@ -44,3 +44,4 @@ def test_the_sets_summary_shows_the_repeat_and_the_repeatable_share(tmp_path):
     text = "\n".join(render(tmp_path))
     assert "**held out: 3/4 = 75.0%**; where the testbed repeats itself 2/3 = 66.7%" in text
     assert "*repeat*: each set's real runs made a second time" in text and "in the sets run twice (quick)" in text
+    assert '--repeat-sets "quick"`' in text
