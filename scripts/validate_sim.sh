@@ -96,14 +96,13 @@ for s in ${REP_LIST[@]+"${REP_LIST[@]}"}; do
   [[ " ${SET_LIST[*]} " == *" $s "* ]] || { echo "validate_sim: --repeat-sets names $s, not one of --sets" >&2; exit 2; }
 done
 repeated() { [[ " ${REP_LIST[*]-} " == *" $1 "* ]]; }  # repeated SET: whether its real runs are made twice
+runs_of() { RUNS=("$(real_of "$1")"); if repeated "$1"; then RUNS+=("${RUNS[0]}-rep"); fi; }  # SET's real folders, in RUNS
 for s in "${SET_LIST[@]}"; do  # every set checked before the first run: its name, its flags, its folder
   set_args "$s"
   bash "$ROOT/scripts/compare_fairness.sh" --dry-run --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
     ${SET_ARGS[@]+"${SET_ARGS[@]}"} >/dev/null
-  r="$(real_of "$s")"
-  fs=("$r")
-  if repeated "$s"; then fs+=("$r-rep"); fi
-  for f in "${fs[@]}"; do
+  runs_of "$s"
+  for f in "${RUNS[@]}"; do
     if [ -e "$f" ] && [ ! -f "$f/compare.txt" ]; then  # (a node's step log appends: a second run would mix in)
       echo "validate_sim: $f holds no finished comparison (no compare.txt): remove it or give another --real" >&2
       exit 2
@@ -111,11 +110,9 @@ for s in "${SET_LIST[@]}"; do  # every set checked before the first run: its nam
   done
 done
 for s in "${SET_LIST[@]}"; do
-  r="$(real_of "$s")"
   set_args "$s"
-  fs=("$r")
-  if repeated "$s"; then fs+=("$r-rep"); fi
-  for f in "${fs[@]}"; do
+  runs_of "$s"
+  for f in "${RUNS[@]}"; do
     [ -f "$f/compare.txt" ] && continue  # made already (compare_fairness.sh writes it last)
     bash "$ROOT/scripts/compare_fairness.sh" --quick --step-log --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
       ${SET_ARGS[@]+"${SET_ARGS[@]}"} --out "$f" >&2

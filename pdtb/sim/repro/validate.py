@@ -46,9 +46,9 @@ def mean_of(runs: list[dict]) -> dict:
     per_class: dict[str, dict] = {}
     for klass in sorted({c for r in runs for c in r["summary"]["per_class"]}):
         out: dict = {}
-        for key in ("ttft_ms", "itl_ms"):
-            out[key] = {q: _gmean([((r["summary"]["per_class"].get(klass) or {}).get(key) or {}).get(q) for r in runs])
-                        for k, q in FIGURES if k == key}
+        for key, q in FIGURES:
+            out.setdefault(key, {})[q] = _gmean([((r["summary"]["per_class"].get(klass) or {}).get(key) or {}).get(q)
+                                                for r in runs])
         out["output_tok_s"] = _gmean([(r["summary"]["per_class"].get(klass) or {}).get("output_tok_s") for r in runs])
         per_class[klass] = out
     return {"meta": runs[0]["meta"], "summary": {"per_class": per_class}, "real_runs": len(runs)}
@@ -137,8 +137,13 @@ def validate(real_dir: str, sim_dir: str, protected: str = "minnow", also_real: 
             "orderings_consistent": all(o["consistent"] for o in order)}
 
 
+def checks(run: dict) -> dict[tuple[str, str], bool]:
+    """(class, figure) -> on target, for one run of a comparison."""
+    return {(c["class"], k): c[k]["ok"] for c in run["classes"] for k in c if isinstance(c[k], dict) and "ok" in c[k]}
+
+
 def _checks(run: dict) -> list[bool]:
-    return [c[k]["ok"] for c in run["classes"] for k in c if isinstance(c[k], dict) and "ok" in c[k]]
+    return list(checks(run).values())
 
 
 def _fmt(cell: dict) -> str:

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 from pdtb.common import CliError
+from pdtb.sim.repro.validate import checks
 
 HELD_OUT_BAR = 0.85  # of the held-out figures on target (the simulator's acceptance bar)
 REPEAT = "repeat"  # the kind of a second real run against the first
@@ -26,8 +27,7 @@ REPEAT = "repeat"  # the kind of a second real run against the first
 
 def checks_of(doc: dict) -> dict[tuple, bool]:
     """(mode, policy, class, figure) -> on target, for one `pdtb sim validate` file."""
-    return {(r["mode"], r["policy"], c["class"], k): c[k]["ok"] for r in doc["runs"] for c in r["classes"]
-            for k in c if isinstance(c[k], dict) and "ok" in c[k]}
+    return {(r["mode"], r["policy"], *key): ok for r in doc["runs"] for key, ok in checks(r).items()}
 
 
 def file_of(d: Path, sets: list[str], s: str, kind: str) -> Path:
@@ -40,6 +40,9 @@ def summarize(d: str | Path, sets: list[str], kinds: list[str], fitted: str = "f
     repeat = {s: checks_of(json.loads(p.read_text())) for s in sets
               if REPEAT in kinds and (p := file_of(d, sets, s, REPEAT)).is_file()}  # (asked for: files stay behind)
     out["repeat_sets"] = list(repeat)
+    def held_out(s: str, pol: str) -> bool:  # every run but the calibration's own
+        return s != sets[0] or pol != fitted
+
     for kind in kinds:
         per_set, held, held_n, orders = {}, 0, 0, []
         rep_ok, rep_n = 0, 0  # of the held-out figures the repeat has on target: this kind's on target, all
@@ -50,10 +53,10 @@ def summarize(d: str | Path, sets: list[str], kinds: list[str], fitted: str = "f
             doc = json.loads(p.read_text())
             per_set[s] = {pol: [v["on_target"], v["checks"]] for pol, v in doc["by_policy"].items()}
             for pol, (ok, n) in per_set[s].items():
-                if s != sets[0] or pol != fitted:
+                if held_out(s, pol):
                     held, held_n = held + ok, held_n + n
             for key, ok in checks_of(doc).items():
-                if repeat.get(s, {}).get(key) and (s != sets[0] or key[1] != fitted):
+                if repeat.get(s, {}).get(key) and held_out(s, key[1]):
                     rep_ok, rep_n = rep_ok + ok, rep_n + 1
             orders += [{"set": s, **{k: o[k] for k in ("mode", "figure", "real", "sim", "same")},
                         "consistent": o.get("consistent", o["same"]), "discordant": o.get("discordant", [])}
