@@ -17,13 +17,13 @@
 #   bash scripts/sim_results.sh --out DIR [--real DIR] [--sets LIST] [--skip-validate] [--skip-speed] [--repeat | --repeat-sets LIST] [--trace FILE]
 #                               [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
 #
-# --policies (default "fcfs memfair vtc mcsf priority") and --policy-arg serve the validation and the Azure hour,
+# --policies (default "fcfs memfair vtc mcsf priority memtime dlpm drr", every built-in) and --policy-arg serve the validation and the Azure hour,
 # as compare_fairness.sh takes them: each policy a NAME, module:Class, path/to/file.py:Class or
 # LABEL=REF, its settings by --policy-arg; checked before anything runs, a policy file's path
 # made absolute. The Azure hour's files are named azure-hour-LABEL.*.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" REAL="" SETS="quick load1.5 load3 load6 tenants" VALIDATE=1 SPEED=1 REPEAT=() POLICIES="fcfs memfair vtc mcsf priority" PITEMS=() TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
+OUT="" REAL="" SETS="quick load1.5 load3 load6 tenants" VALIDATE=1 SPEED=1 REPEAT=() POLICIES="fcfs memfair vtc mcsf priority memtime dlpm drr" PITEMS=() TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
