@@ -17,13 +17,14 @@
 #   bash scripts/sim_results.sh --out DIR [--real DIR] [--sets LIST] [--skip-validate] [--skip-speed] [--repeat | --repeat-sets LIST] [--trace FILE]
 #                               [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
 #
-# --policies (default "fcfs memfair vtc mcsf priority memtime dlpm drr", every built-in) and --policy-arg serve the validation and the Azure hour,
+# --policies (default every built-in policy, as fairness/registry.py lists them) and --policy-arg serve the validation and the Azure hour,
 # as compare_fairness.sh takes them: each policy a NAME, module:Class, path/to/file.py:Class or
 # LABEL=REF, its settings by --policy-arg; checked before anything runs, a policy file's path
 # made absolute. The Azure hour's files are named azure-hour-LABEL.*.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" REAL="" SETS="quick load1.5 load3 load6 tenants" VALIDATE=1 SPEED=1 REPEAT=() POLICIES="fcfs memfair vtc mcsf priority memtime dlpm drr" PITEMS=() TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
+unset POLICIES  # unset until --policies: the default is every built-in, listed once the env is up
+OUT="" REAL="" SETS="quick load1.5 load3 load6 tenants" VALIDATE=1 SPEED=1 REPEAT=() PITEMS=() TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
@@ -42,6 +43,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$OUT" ] || { echo "sim_results: --out DIR is required" >&2; exit 2; }
 source "$ROOT/scripts/_env.sh"
+POLICIES="${POLICIES-$(python -c "from fairness.registry import built_ins; print(' '.join(built_ins()))")}"
 source "$ROOT/scripts/_policy.sh"
 policy_table sim_results "$POLICIES" ${PITEMS[@]+"${PITEMS[@]}"}  # before the cd: a file's path is relative to here
 PARGS=()
