@@ -28,15 +28,19 @@
 #    ceiling of any simulator judged against one real run; --repeat-sets LIST repeats those sets
 #    alone; each calibration of a repeated set is also compared with the two real runs'
 #    geometric mean (DIR/validate-[SET-]KIND-mean.*, pdtb sim validate --also-real);
-# 2. calibration on this machine, two ways, each with the request path's latencies (router
-#    dispatch, the client's leg, the hand-off's fixed cost) fitted to the fcfs runs' requests:
+# 2. calibration on this machine, four ways, each with the request path's latencies (router
+#    dispatch and its cost per prompt token, the client's leg, the hand-off's fixed cost)
+#    fitted to the fcfs runs' requests, each mode's apart:
 #    grid: pdtb bench steps --grid fitted by pdtb sim calibrate, the node's own time per step
 #          (idle gaps between back-to-back steps) from the fcfs runs' step logs;
 #    logs: the same grid and every step the fcfs runs logged, in one fit: steps as they ran
-#          beside the router, the client and the other node on the same cores;
-#    spread: logs, each simulated step's time multiplied by a draw from its role's logged
-#          steps' measured / fitted time (pdtb sim calibrate --draw-step-spread), and each
-#          hand-off's fixed latency drawn from the fcfs runs' hand-offs (--draw-handoff);
+#          beside the router, the client and the other node on the same cores; each role's
+#          stretch beside the other node's steps fitted from the same logs (--contention:
+#          pdtb/sim/contention.py);
+#    spread: logs, each simulated step's time multiplied by a draw from what that stretch
+#          leaves of its role's logged steps' measured / fitted time, alone and beside busy
+#          neighbours apart (pdtb sim calibrate --draw-step-spread), and each hand-off's fixed
+#          latency drawn from the fcfs runs' hand-offs (--draw-handoff);
 #    each but cores with the decode loop's work per hand-off landed, fitted to the fcfs runs'
 #    step logs and stamps (pdtb/sim/landing_fit.py);
 #    the other policies' runs are used by neither: they are held out;
@@ -128,10 +132,10 @@ pdtb sim calibrate --steps "$OUT/steps.json" ${logs[@]+"${logs[@]}"} ${path[@]+"
   --out "$OUT/calibration-grid.json" >&2
 kinds=(grid)
 if [ "${#logs[@]}" -gt 0 ]; then
-  pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --label logs \
+  pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --contention --label logs \
     --out "$OUT/calibration-logs.json" >&2
-  pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --draw-step-spread \
-    --draw-handoff --label spread --out "$OUT/calibration-spread.json" >&2
+  pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --contention \
+    --draw-step-spread --draw-handoff --label spread --out "$OUT/calibration-spread.json" >&2
   kinds+=(logs spread)
 fi
 # cores: the grid without land_s (a landing's measured work holds the other processes' CPU at that

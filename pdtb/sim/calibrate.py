@@ -17,7 +17,9 @@ Calibration file (`pdtb sim calibrate --out`, `CalibratedCost.load`):
      "path": {"rpc_latency_s", "client_latency_s", "transfer_latency_s"} (fitted to real runs), "page_bytes", "coef_ms": {"c0", "rows", "ctx", "chunks", "tokens", "attn"},
      "node_overhead_s", "land_s" (the decode loop's work per hand-off landed, fitted to real runs:
      pdtb/sim/landing_fit.py; 0 when absent), "step_spread_quantiles": {role: [...]} (a step's
-     measured / fitted time by role, drawn per step; absent: none), "handoff_latency_quantiles_s"
+     measured / fitted time by role, drawn per step; absent: none), "step_contention": {role:
+     [a, b]} (a step's stretch a + b * u beside the other nodes' steps: pdtb/sim/contention.py;
+     absent: none), "handoff_latency_quantiles_s"
      (a hand-off's fixed latency at OVERHEAD_QS, drawn per hand-off instead of the transfer link's
      latency: pdtb/sim/path_fit.py; absent: none), "transfer": {"bytes_per_s", "latency_s"}, "tier_move": {...},
      "fit": {"samples", "r2", "max_rel_err", "sources": [...]}}
@@ -30,6 +32,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pdtb.sim import contention as neighbours
 from pdtb.sim.cost import LinkModel, StepShape
 from pdtb.sim.step_samples import OVERHEAD_QS, SampleError, StepSample
 
@@ -41,7 +44,8 @@ CPU_TRANSFER = LinkModel(2.42e9, 140e-6)
 CPU_TIER = LinkModel(2.5e9, 50e-6)
 TERMS = ("c0", "rows", "ctx", "chunks", "tokens", "attn")
 _OWN_KEYS = ("kind", "version", "page_bytes", "coef_ms", "node_overhead_s", "node_overhead_quantiles_s", "transfer",
-             "tier_move", "label", "land_s", "step_spread_quantiles", "handoff_latency_quantiles_s")
+             "tier_move", "label", "land_s", "step_spread_quantiles", "handoff_latency_quantiles_s",
+             "step_contention")
 HANDOFF_STREAM = 0x5EED_0FF5_AB1E_C0DE  # keeps the hand-offs' draws apart from the steps'
 
 
@@ -145,6 +149,9 @@ class CalibratedCost:
     # a hand-off's fixed latency at OVERHEAD_QS, drawn per hand-off instead of transfer.latency_s
     # (the real runs' first token to landing, less the decode node's steps and the bytes' time); () none
     handoff_q: tuple = ()
+    # per role, (a, b): each step's time is multiplied by a + b * u, u the other nodes' share of the
+    # last contention.WINDOW_S spent in steps (pdtb/sim/contention.py); {} none
+    contention: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.page_bytes < 1 or not self.node_overhead_s >= 0 or not self.land_s >= 0:
@@ -184,12 +191,14 @@ class CalibratedCost:
         the same (0 without the levels)."""
         return _draw(self.overhead_q, _unit(key)) if self.overhead_q else 0.0
 
-    def step_factor(self, role: str, key: int) -> float:
+    def step_factor(self, role: str, key: int, busy: float = 0.0) -> float:
         """How much longer than the fit the step `key` names takes on a node of `role`: a draw
         from that role's `spread_q` (its logged steps' measured over fitted time), by the key
-        alone, from a stream of its own (1.0 without levels for the role)."""
-        q = self.spread_q.get(role)
-        return _draw(q, _unit(~key & 0xFFFFFFFFFFFFFFFF)) if q else 1.0
+        alone, from a stream of its own (1.0 without levels for the role), times the role's
+        stretch with its neighbours `busy` (contention.neighbours_busy; 1.0 without one)."""
+        ab = self.contention.get(role)
+        q = self.spread_q.get(neighbours.spread_key(role, ab is not None, busy))
+        return (_draw(q, _unit(~key & 0xFFFFFFFFFFFFFFFF)) if q else 1.0) * (neighbours.factor(ab, busy) if ab else 1.0)
 
     def transfer_s(self, nbytes: int) -> float:
         return self.transfer.seconds(nbytes)
@@ -214,6 +223,7 @@ class CalibratedCost:
                 **({"land_s": self.land_s} if self.land_s else {}),
                 **({"step_spread_quantiles": {r: list(q) for r, q in self.spread_q.items()}} if self.spread_q else {}),
                 **({"handoff_latency_quantiles_s": list(self.handoff_q)} if self.handoff_q else {}),
+                **({"step_contention": {r: list(ab) for r, ab in self.contention.items()}} if self.contention else {}),
                 "transfer": asdict(self.transfer), "tier_move": asdict(self.tier), "label": self.label}
 
     @classmethod
@@ -226,7 +236,8 @@ class CalibratedCost:
             return cls(coef, int(doc["page_bytes"]), LinkModel(**doc["transfer"]), LinkModel(**doc["tier_move"]),
                        float(doc.get("node_overhead_s", 0.0)), str(doc.get("label", Path(where).stem)),
                        {k: v for k, v in doc.items() if k not in _OWN_KEYS}, q, float(doc.get("land_s", 0.0)),
-                       _spread(doc.get("step_spread_quantiles") or {}), hq)
+                       _spread(doc.get("step_spread_quantiles") or {}), hq,
+                       _contention(doc.get("step_contention") or {}))
         except (KeyError, TypeError, ValueError) as e:
             raise SampleError(f"{where}: bad calibration ({type(e).__name__}: {e})") from None
 
@@ -255,6 +266,21 @@ def _levels(doc: dict, key: str) -> tuple:
     return q
 
 
+def _contention(doc: dict) -> dict:
+    """`step_contention` checked: per role prefill, decode or colocated, [a, b], a > 0, b >= 0."""
+    if not isinstance(doc, dict):
+        raise ValueError("step_contention: an object of roles")
+    out = {}
+    for role, ab in doc.items():
+        ab = tuple(float(x) for x in ab)
+        if role not in ("prefill", "decode", "colocated") or len(ab) != 2 or not ab[0] > 0 or not ab[1] >= 0 \
+                or not all(math.isfinite(x) for x in ab):
+            raise ValueError(f"step_contention[{role!r}]: [a, b] with a > 0 and b >= 0, of a role prefill, "
+                             "decode or colocated")
+        out[role] = ab
+    return out
+
+
 def _spread(doc: dict) -> dict:
     """`step_spread_quantiles` checked: per role, len(OVERHEAD_QS) non-decreasing positive finite ratios."""
     if not isinstance(doc, dict):
@@ -262,9 +288,10 @@ def _spread(doc: dict) -> dict:
     out = {}
     for role, q in doc.items():
         q = tuple(float(x) for x in q)
-        if role not in ("prefill", "decode", "colocated") or len(q) != len(OVERHEAD_QS) or not q[0] > 0 or \
+        if role.removesuffix(neighbours.BESIDE) not in ("prefill", "decode", "colocated") or \
+                len(q) != len(OVERHEAD_QS) or not q[0] > 0 or \
                 not all(math.isfinite(x) for x in q) or any(b < a for a, b in zip(q, q[1:])):
             raise ValueError(f"step_spread_quantiles[{role!r}]: {len(OVERHEAD_QS)} non-decreasing positive ratios "
-                             "of a role prefill, decode or colocated")
+                             "of a role prefill, decode or colocated (or ROLE@busy)")
         out[role] = q
     return out

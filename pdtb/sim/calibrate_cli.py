@@ -3,7 +3,7 @@
     pdtb sim calibrate --steps FILE [--steps FILE ...] [--step-log FILE ...] --out FILE
                        [--fit all|steps|logs] [--page-bytes N] [--node-overhead-ms X] [--b2b-ms 5]
                        [--transfer-gb-per-s X] [--transfer-latency-us X] [--results FILE ...]
-                       [--draw-loop-gaps] [--draw-step-spread] [--draw-handoff]
+                       [--draw-loop-gaps] [--draw-step-spread] [--contention] [--draw-handoff]
                        [--tier-gb-per-s X] [--tier-latency-us X] [--label NAME] [--json]
 
 `--steps` takes `pdtb bench steps --grid --json` output, `--step-log` a node's `--step-log`
@@ -19,8 +19,10 @@ import argparse
 import json
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pdtb.common import CliError
+from pdtb.sim import contention
 from pdtb.sim.calibrate import CPU_TIER, CPU_TRANSFER, TERMS, CalibratedCost, fit
 from pdtb.sim.cost import LinkModel
 from pdtb.sim.landing_fit import fit_landing, landing_stamps, landings_in
@@ -49,6 +51,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help="each simulated step's time multiplied by a draw from its role's logged steps' measured / "
                          "fitted time (the step logs' file names say the role: steps-decode-0.jsonl), instead of "
                          "the fitted time alone")
+    ap.add_argument("--contention", action="store_true",
+                    help="each role's step stretch beside the run's other nodes' steps, fitted from step logs "
+                         "of whole runs (one folder's logs are one run's nodes: pdtb/sim/contention.py); with "
+                         "--draw-step-spread the spread is what the stretch leaves")
     ap.add_argument("--draw-handoff", action="store_true",
                     help="each simulated hand-off's fixed latency drawn from the --results runs' hand-offs "
                          "(first token to landing, less the decode node's steps and the bytes' time: "
@@ -90,6 +96,7 @@ class Inputs:
     windows: list = field(default_factory=list)  # the decode nodes' such gaps' windows
     by_role: dict = field(default_factory=dict)  # each role's logged samples
     spans: list = field(default_factory=list)  # the decode nodes' logged steps' (start, end)
+    logs: list = field(default_factory=list)  # (path, role, StepLogRead) of each --step-log, in order
 
 
 def _read(a: argparse.Namespace) -> Inputs:
@@ -112,6 +119,7 @@ def _read(a: argparse.Namespace) -> Inputs:
             got.spans += log.spans
         if role:
             got.by_role.setdefault(role, []).extend(log.samples)
+        got.logs.append((path, role, log))
         got.sources.append({"file": path, "kind": "step-log", "samples": len(log.samples),
                             "b2b_gaps": len(log.gaps_s), "fitted": a.fit != "steps"})
     return got
@@ -166,17 +174,44 @@ def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, objec
         busy = [(g, w, r) for g, w, r in busy if r != "decode" or not landings_in(w, stamps)]
     busy_s = [g for g, _, _ in busy]
     levels = tuple(overhead_quantiles(busy_s) or ()) if a.draw_loop_gaps and a.node_overhead_ms is None else ()
+    contention, stretch, us = _contention(a, got.logs, f) if a.contention else ({}, None, None)
     cost = CalibratedCost(f.coef, page_bytes, transfer,
                           _link(a.tier_gb_per_s, a.tier_latency_us, tier_default), overhead, label, meta, levels,
                           landing["land_s"] if landing else 0.0,
-                          _step_spread(a, got.by_role, f), handoff_q if a.draw_handoff else ())
+                          _step_spread(a, got.by_role, f, stretch, us), handoff_q if a.draw_handoff else (), contention)
     return cost, f
 
 
-def _step_spread(a: argparse.Namespace, by_role: dict, f) -> dict:
+def _contention(a: argparse.Namespace, logs: list, f) -> tuple[dict, dict, dict]:
+    """Each role's (a, b) beside its run's other nodes (pdtb/sim/contention.py), and per role
+    each logged sample's stretch under it and its neighbours' `u` (in `Inputs.by_role` order)."""
+    runs = contention.runs_of([p for p, _, _ in logs])
+    spans = {p: contention.Spans(log.spans) for p, _, log in logs}
+    points, us = {}, {}
+    for path, role, log in logs:
+        if not role:
+            continue
+        run = runs[str(Path(path).resolve().parent)]
+        others = [spans[o] for o in run if o != path]
+        u = [contention.neighbours_busy(others, t) for t in log.starts] if others else [0.0] * len(log.samples)
+        us.setdefault(role, []).extend(u)
+        points.setdefault(role, []).extend((x, s.ms / p, p) for x, s in zip(u, log.samples)
+                                           if (p := f.coef.ms(s.shape)) > 0)
+    fitted = {r: ab for r, pts in points.items() if (ab := contention.fit_role(pts))}
+    if not fitted:
+        raise CliError("--contention: no role has 100 logged steps beside another node of its run "
+                       "(give every node's step log of a run, from one folder)")
+    return fitted, {r: [contention.factor(fitted[r], x) for x in us[r]] for r in fitted}, us
+
+
+def _step_spread(a: argparse.Namespace, by_role: dict, f, stretch: dict | None = None, us: dict | None = None) -> dict:
+    """The roles' spreads; with --contention (`stretch`, `us`) each stretched role's apart alone
+    and beside busy neighbours (contention.spread_keys), each step weighing its fitted time."""
     if not a.draw_step_spread:
         return {}
-    got = step_spread(by_role, f.coef.ms)
+    if stretch:
+        by_role, stretch = contention.split_by_neighbours(by_role, stretch, us)
+    got = step_spread(by_role, f.coef.ms, stretch, by_time=bool(stretch))
     if not got:
         raise CliError("--draw-step-spread: no role has 100 logged steps in step logs named by it "
                        "(steps-decode-0.jsonl, steps-prefill-0.jsonl, steps-colocated-0.jsonl)")

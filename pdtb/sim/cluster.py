@@ -25,6 +25,7 @@ from pdtb.nodes.protocol import Earlier, GenerateRequest, NodeStats, Params, Tar
 from pdtb.router.config import NodeSpec
 from pdtb.router.fair_route import D2lpmRouter, RouteCandidate
 from pdtb.sim.client import SimClient
+from pdtb.sim.contention import WINDOW_S
 from pdtb.sim.cores import SharedCores
 from pdtb.router.dispatch import FALLBACKS
 from pdtb.router.node_state import NodeState, load_order, pick_most_free, pick_prefill
@@ -44,6 +45,7 @@ class ClusterShape:
     nodes: tuple[NodeShape, ...]
     rpc_latency_s: float = 1e-4  # one message between two processes (router <-> node, node <-> node)
     client_latency_s: float = 5e-4  # client <-> router, each way (HTTP, SSE)
+    dispatch_s_per_token: float = 0.0  # a new request's message to its node: this much longer per prompt token
     ping_interval_s: float = 0.5  # the router's view of the nodes is this old at most
     sample_interval_s: float = 0.5  # cluster samples (pages per tenant, top-5% share)
     tenant_tiers: dict = field(default_factory=dict)  # router --tenant-tier defaults
@@ -62,7 +64,7 @@ class ClusterShape:
         roles = {n.role for n in self.nodes}
         if not self.nodes or not ({"prefill", "decode"} <= roles or "colocated" in roles):
             raise ValueError("a cluster needs colocated nodes, or prefill and decode nodes")
-        if min(self.rpc_latency_s, self.client_latency_s) < 0 or self.ping_interval_s <= 0:
+        if min(self.rpc_latency_s, self.client_latency_s, self.dispatch_s_per_token) < 0 or self.ping_interval_s <= 0:
             raise ValueError("latencies must be >= 0 and the ping interval > 0")
         if self.host_cores < 0 or min(self.router_token_s, self.client_token_s) < 0:
             raise ValueError("host cores and per-token work must be >= 0")
@@ -214,7 +216,8 @@ class SimCluster:
         (decode or entry).pending_pages[rid] = self.spec.pages_for(prompt_len + 1)
         self.entry[rid], self.reqs[rid] = entry.node_id, req
         node = self.nodes[entry.node_id]
-        self.loop.after(self.shape.rpc_latency_s, node.deliver, node.on_generate, req)
+        self.loop.after(self.shape.rpc_latency_s + self.shape.dispatch_s_per_token * prompt_len, node.deliver,
+                        node.on_generate, req)
 
     def _prompt(self, i: int, s: RequestSpec) -> list[int]:
         """Request i's prompt: placeholders; with a prefix cache, its blocks' tokens as the client
@@ -322,6 +325,20 @@ class SimCluster:
     def on_adopted(self, node: SimDecode, seq) -> None:
         self.landed.add(seq.request_id)
         self.observer.on_adopted(node, seq)
+
+    def neighbours_busy(self, node) -> float:
+        """The other live nodes' seconds in steps over the last contention window, per second
+        (pdtb/sim/contention.py): a step in progress counts up to now."""
+        now = self.loop.now
+        start = now - WINDOW_S
+        got = 0.0
+        for n in self.nodes.values():
+            if n is node or n.dead:
+                continue
+            got += n.spans.within(start, now)
+            if n.busy:
+                got += max(0.0, now - max(n.busy_since, start))
+        return got / WINDOW_S
 
     def observe_step(self, node: SimNode, out, t0: float, t1: float) -> None:
         self.observer.on_step(node, out, t0, t1)

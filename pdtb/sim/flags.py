@@ -151,9 +151,11 @@ def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
             nodes = [NodeShape("prefill", a.prefill_kv_pages or default, 0, **common)] * a.prefill + \
                     [NodeShape("decode", a.decode_kv_pages or default, a.host_kv_pages, **common)] * a.decode
         path = getattr(cost, "path", None) or {}  # a calibration fitted to real runs' request path
+        path = {**path, **((path.get("modes") or {}).get(a.mode) or {})}  # this mode's, where fitted apart
         rpc = a.rpc_latency_ms / 1e3 if a.rpc_latency_ms is not None else path.get("rpc_latency_s", RPC_S)
         client = a.client_latency_ms / 1e3 if a.client_latency_ms is not None else path.get("client_latency_s", CLIENT_S)
-        return ClusterShape(tuple(nodes), rpc, client,
+        per_token = 0.0 if a.rpc_latency_ms is not None else path.get("dispatch_s_per_token", 0.0)
+        return ClusterShape(tuple(nodes), rpc, client, dispatch_s_per_token=per_token,
                             tenant_tiers=_tiers(a.tenant_tier), route=a.route, host_cores=a.host_cores,
                             router_token_s=a.router_token_us / 1e6, client_token_s=a.client_token_us / 1e6,
                             coast=not a.every_step, kills=tuple(Kill.parse(k) for k in a.kill),

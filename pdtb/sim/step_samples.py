@@ -60,6 +60,7 @@ class StepLogRead:
     busy_gaps_s: list[float] = field(default_factory=list)  # between two steps that both decoded, however long
     busy_windows: list[tuple[float, float]] = field(default_factory=list)  # those gaps' (start, end) times (s)
     spans: list[tuple[float, float]] = field(default_factory=list)  # every step's (start, end) time (s)
+    starts: list[float] = field(default_factory=list)  # each sample's step's start time (s), as `samples`
 
 
 def _count(value, what: str) -> int:
@@ -146,6 +147,7 @@ def read_step_log(path: str | Path, b2b_ms: float = 5.0) -> StepLogRead:
             raise SampleError(f"{path} line {i}: not a step-log record") from None
     steps.sort(key=lambda s: s.t)
     samples = [StepSample(s.shape, max(0.0, s.ms - s.moved_ms)) for s in steps if s.shape.tokens]
+    starts = [s.t for s in steps if s.shape.tokens]
     if not samples:
         raise SampleError(f"{path}: no steps that ran tokens")
     idle = [b.t - a.t - a.ms / 1e3 for a, b in zip(steps, steps[1:])]
@@ -157,7 +159,8 @@ def read_step_log(path: str | Path, b2b_ms: float = 5.0) -> StepLogRead:
              if a.shape.decode_rows and b.shape.decode_rows and g >= -2e-6]
     busy = [max(0.0, g) for g, _, _ in pairs]
     return StepLogRead(samples, b2b, [m for s in steps for m in s.moves], busy,
-                       [(a.t + a.ms / 1e3, b.t) for _, a, b in pairs], [(s.t, s.t + s.ms / 1e3) for s in steps])
+                       [(a.t + a.ms / 1e3, b.t) for _, a, b in pairs], [(s.t, s.t + s.ms / 1e3) for s in steps],
+                       starts)
 
 
 def node_overhead_s(gaps_s: list[float]) -> float | None:
@@ -195,14 +198,34 @@ def step_log_role(path: str | Path) -> str | None:
     return next((r for r in ROLES if f"-{r}-" in f"-{name}"), None)
 
 
-def step_spread(by_role: dict[str, list[StepSample]], fitted_ms) -> dict[str, tuple]:
+def step_spread(by_role: dict[str, list[StepSample]], fitted_ms, stretch: dict | None = None,
+                by_time: bool = False) -> dict[str, tuple]:
     """Per role with at least 100 logged steps: the quantiles at OVERHEAD_QS of each step's
     measured over fitted milliseconds (`fitted_ms(shape)`), the spread a simulated node of that
-    role draws each step's factor from (pdtb/sim/calibrate.py `step_factor`)."""
+    role draws each step's factor from (pdtb/sim/calibrate.py `step_factor`). `stretch`: per
+    role, each sample's stretch beside its neighbours (pdtb/sim/contention.py), taken out of its
+    ratio, since the simulator applies it apart. `by_time`: each step weighs its fitted time
+    in the quantiles, so that the steps that hold a role's time (its long prefill chunks) give
+    its spread, not the many short ones."""
     out = {}
     for role, samples in by_role.items():
-        ratios = [max(1e-3, s.ms / p) for s in samples if (p := fitted_ms(s.shape)) > 0]
-        q = overhead_quantiles(ratios)
+        div = (stretch or {}).get(role) or [1.0] * len(samples)
+        pts = [(max(1e-3, s.ms / p / k), p) for s, k in zip(samples, div) if (p := fitted_ms(s.shape)) > 0]
+        q = (weighted_quantiles(pts) if len(pts) >= 100 else None) if by_time else overhead_quantiles([r for r, _ in pts])
         if q:
             out[role] = tuple(q)
+    return out
+
+
+def weighted_quantiles(points: list[tuple[float, float]]) -> list[float]:
+    """(value, weight) points at OVERHEAD_QS, each level the first value whose cumulative weight
+    reaches it (level 0: the least value)."""
+    pts = sorted(points)
+    total = sum(w for _, w in pts)
+    out, acc, i = [], 0.0, 0
+    for q in OVERHEAD_QS:
+        while i < len(pts) - 1 and acc + pts[i][1] < q * total:
+            acc += pts[i][1]
+            i += 1
+        out.append(round(pts[i][0], 7))
     return out
