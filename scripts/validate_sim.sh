@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The simulator against the testbed on this machine: the quick fairness comparison (fcfs and
-# memfair, colocated and disaggregated) on real clusters, the simulator calibrated here, the
+# The simulator against the testbed on this machine: the quick fairness comparison (every
+# policy, colocated and disaggregated) on real clusters, the simulator calibrated here, the
 # same runs simulated, and the sim/real ratios per class (pdtb sim validate).
 #
 #   scripts/validate_sim.sh [--out DIR] [--real DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
 #                           [--sets "quick load1.5 load3 load6 tenants"] [--router-token-us US]
 #                           [--client-token-us US] [--skip-prefix] [--repeat | --repeat-sets LIST]
 #
-# --policies and --policy-arg are compare_fairness.sh's (default fcfs memfair): each policy a
+# --policies and --policy-arg are compare_fairness.sh's (default every built-in policy, as
+# fairness/registry.py lists them): each policy a
 # NAME, module:Class, path/to/file.py:Class or LABEL=REF, its settings by --policy-arg; checked
 # before anything runs. Real and simulated runs are paired by mode and label. With --real DIR,
 # give the policies and settings its runs had.
@@ -56,7 +57,8 @@
 #    DIR/validate-prefix-KIND.{txt,json}.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" REAL="" POLICIES="fcfs memfair" PARGS=() ROUTER_US=550 CLIENT_US=33 PREFIX=1 SETS=quick REPEAT=0 REPEAT_SETS=""
+unset POLICIES  # unset until --policies: the default is every built-in, listed once the env is up
+OUT="" REAL="" PARGS=() ROUTER_US=550 CLIENT_US=33 PREFIX=1 SETS=quick REPEAT=0 REPEAT_SETS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
@@ -76,6 +78,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 source "$ROOT/scripts/_env.sh"
+POLICIES="${POLICIES-$(python -c "from fairness.registry import built_ins; print(' '.join(built_ins()))")}"
 # the policies checked before the calibration and the runs (compare_fairness.sh names what is wrong)
 bash "$ROOT/scripts/compare_fairness.sh" --dry-run --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} >/dev/null
 OUT="${OUT:-$ROOT/results/validate-sim-$(date +%Y%m%d-%H%M%S)}"

@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from fairness.registry import built_ins
 from pdtb.common import CliError
 from pdtb.figures.sim_section import speed_table
 from pdtb.sim.repro.args import OneLineParser
@@ -69,7 +70,8 @@ def measure(trace: str, policy: str, slice_n: int, d: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = OneLineParser(prog="pdtb sim speed", description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", default=TRACE, help="the trace file (default: %(default)s)")
-    ap.add_argument("--policies", default="fcfs memfair vtc mcsf priority memtime dlpm drr")
+    ap.add_argument("--policies", default=" ".join(built_ins()),
+                    help="the policies timed (default: every built-in, as fairness/registry.py lists them)")
     ap.add_argument("--slice", type=int, default=5000, help="requests of the baseline run (default %(default)s)")
     ap.add_argument("--dir", help="keep the results files here (default: a temporary folder)")
     ap.add_argument("--json", action="store_true")
