@@ -34,7 +34,7 @@ from pathlib import Path
 
 from pdtb.sim import contention as neighbours
 from pdtb.sim.cost import LinkModel, StepShape
-from pdtb.sim.step_samples import OVERHEAD_QS, SampleError, StepSample
+from pdtb.sim.step_samples import OVERHEAD_QS, ROLES, SampleError, StepSample
 
 # This machine's byte-moving figures (2 cores, no GPU). A hand-off: `pdtb bench transport
 # --endpoint tcp` moves a large request's KV at 2.42 GB/s and 7,148 one-page requests/s (140 us
@@ -266,32 +266,31 @@ def _levels(doc: dict, key: str) -> tuple:
     return q
 
 
+def _per_role(doc, key: str, ok, want: str, name=lambda role: role) -> dict:
+    """`doc[key]` checked: an object of role -> numbers, each role's `name` one of step_samples.ROLES
+    and its numbers `ok`; else one ValueError naming the key, the role and what it `want`s."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"{key}: an object of roles")
+    out = {}
+    for role, v in doc.items():
+        v = tuple(float(x) for x in v)
+        if name(role) not in ROLES or not ok(v):
+            raise ValueError(f"{key}[{role!r}]: {want}")
+        out[role] = v
+    return out
+
+
 def _contention(doc: dict) -> dict:
     """`step_contention` checked: per role prefill, decode or colocated, [a, b], a > 0, b >= 0."""
-    if not isinstance(doc, dict):
-        raise ValueError("step_contention: an object of roles")
-    out = {}
-    for role, ab in doc.items():
-        ab = tuple(float(x) for x in ab)
-        if role not in ("prefill", "decode", "colocated") or len(ab) != 2 or not ab[0] > 0 or not ab[1] >= 0 \
-                or not all(math.isfinite(x) for x in ab):
-            raise ValueError(f"step_contention[{role!r}]: [a, b] with a > 0 and b >= 0, of a role prefill, "
-                             "decode or colocated")
-        out[role] = ab
-    return out
+    return _per_role(doc, "step_contention",
+                     lambda ab: len(ab) == 2 and ab[0] > 0 and ab[1] >= 0 and all(math.isfinite(x) for x in ab),
+                     "[a, b] with a > 0 and b >= 0, of a role prefill, decode or colocated")
 
 
 def _spread(doc: dict) -> dict:
     """`step_spread_quantiles` checked: per role, len(OVERHEAD_QS) non-decreasing positive finite ratios."""
-    if not isinstance(doc, dict):
-        raise ValueError("step_spread_quantiles: an object of roles")
-    out = {}
-    for role, q in doc.items():
-        q = tuple(float(x) for x in q)
-        if role.removesuffix(neighbours.BESIDE) not in ("prefill", "decode", "colocated") or \
-                len(q) != len(OVERHEAD_QS) or not q[0] > 0 or \
-                not all(math.isfinite(x) for x in q) or any(b < a for a, b in zip(q, q[1:])):
-            raise ValueError(f"step_spread_quantiles[{role!r}]: {len(OVERHEAD_QS)} non-decreasing positive ratios "
-                             "of a role prefill, decode or colocated (or ROLE@busy)")
-        out[role] = q
-    return out
+    return _per_role(doc, "step_spread_quantiles",
+                     lambda q: len(q) == len(OVERHEAD_QS) and q[0] > 0 and all(math.isfinite(x) for x in q)
+                     and not any(b < a for a, b in zip(q, q[1:])),
+                     f"{len(OVERHEAD_QS)} non-decreasing positive ratios of a role prefill, decode or colocated "
+                     "(or ROLE@busy)", name=lambda role: role.removesuffix(neighbours.BESIDE))

@@ -26,6 +26,7 @@ from pdtb.sim import contention
 from pdtb.sim.calibrate import CPU_TIER, CPU_TRANSFER, TERMS, CalibratedCost, fit
 from pdtb.sim.cost import LinkModel
 from pdtb.sim.landing_fit import fit_landing, landing_stamps, landings_in
+from pdtb.sim.path_fit import Cover
 from pdtb.sim.step_samples import (SampleError, node_overhead_s, overhead_quantiles, read_samples, read_step_log,
                                    step_log_role, step_spread, tier_link)
 
@@ -186,7 +187,7 @@ def _contention(a: argparse.Namespace, logs: list, f) -> tuple[dict, dict, dict]
     """Each role's (a, b) beside its run's other nodes (pdtb/sim/contention.py), and per role
     each logged sample's stretch under it and its neighbours' `u` (in `Inputs.by_role` order)."""
     runs = contention.runs_of([p for p, _, _ in logs])
-    spans = {p: contention.Spans(log.spans) for p, _, log in logs}
+    spans = {p: Cover(log.spans) for p, _, log in logs}
     points, us = {}, {}
     for path, role, log in logs:
         if not role:

@@ -27,9 +27,10 @@ Fitted from step logs grouped by run: the logs in one folder are one run's nodes
 """
 from __future__ import annotations
 
-import bisect
 import collections
 from pathlib import Path
+
+from pdtb.sim.path_fit import Cover
 
 WINDOW_S = 0.02  # how far back a step looks at its neighbours' steps
 MIN_SAMPLES = 100  # fewer logged steps beside a neighbour: no fit for the role
@@ -37,36 +38,7 @@ BUSY_U = 0.5  # a step with neighbours' u at or above this draws its spread from
 BESIDE = "@busy"  # suffix of a role's spread beside busy neighbours (step_spread_quantiles["prefill@busy"])
 
 
-class Spans:
-    """One node's steps as (start, end) spans in time order, asked how much of a window they cover."""
-
-    def __init__(self, spans: list[tuple[float, float]] = ()) -> None:
-        self.starts: list[float] = []
-        self.ends: list[float] = []
-        for a, b in sorted(spans):
-            self.add(a, b)
-
-    def add(self, start: float, end: float) -> None:
-        """A span that starts no earlier than the last one added (a node's next step)."""
-        self.starts.append(start)
-        self.ends.append(max(start, end))
-
-    def within(self, a: float, b: float) -> float:
-        """Seconds of [a, b] inside the spans."""
-        got, i = 0.0, max(0, bisect.bisect_right(self.starts, a) - 1)
-        while i < len(self.starts) and self.starts[i] < b:
-            got += max(0.0, min(b, self.ends[i]) - max(a, self.starts[i]))
-            i += 1
-        return got
-
-    def prune(self, before: float) -> None:
-        """Forget spans that ended before `before` (a simulated node keeps the last window's alone)."""
-        k = bisect.bisect_left(self.ends, before)
-        if k > 64:  # (amortised: a list slice per 64 spans, not per step)
-            del self.starts[:k], self.ends[:k]
-
-
-def neighbours_busy(others: list[Spans], t: float, window_s: float = WINDOW_S) -> float:
+def neighbours_busy(others: list[Cover], t: float, window_s: float = WINDOW_S) -> float:
     """`u` of a step that starts at `t`: the others' seconds in steps over [t - window, t] per second."""
     return sum(s.within(t - window_s, t) for s in others) / window_s
 

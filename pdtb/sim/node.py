@@ -26,8 +26,9 @@ from pdtb.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from pdtb.nodes.accounting import NodeAccounting
 from pdtb.nodes.node_metrics import NodeMetrics
 from pdtb.sim import coast as runs
-from pdtb.sim.contention import WINDOW_S, Spans
+from pdtb.sim.contention import WINDOW_S
 from pdtb.sim.cost import CostModel, StepShape
+from pdtb.sim.path_fit import Cover
 
 STALL_S = 0.01  # a real node's idle wait (node_base._wait_wake)
 TOKEN = 7  # the token every simulated step samples (requests run with ignore_eos to max_tokens)
@@ -91,7 +92,7 @@ class SimNode:
         self.spread = cost.step_factor if shape.role in (getattr(cost, "spread_q", None) or {}) or self.contends \
             else None  # (a role's spread beside busy neighbours is a stretched role's: contention.spread_key)
         # this node's steps of the last window, for its neighbours' stretch (any role of the cost has one)
-        self.spans = Spans() if neighbours else None
+        self.spans = Cover() if neighbours else None
         self.busy_since = 0.0  # when the step (or run of steps) in progress began
         self.loop_work_s = 0.0  # the loop's own work since the last step began (hand-offs landed), paid by the next
         self.last_out = None  # the last step's scheduler output (None: it ran nothing)

@@ -50,7 +50,7 @@ def fit_path(results: list[dict], bytes_per_s: float, steps: list[tuple[float, f
     if out is None:
         return None
     modes = {}
-    for mode in sorted({str((d.get("meta") or {}).get("mode")) for d in results} - {"None"}):
+    for mode in sorted({m for d in results if (m := (d.get("meta") or {}).get("mode"))}):
         got = _fit([d for d in results if (d.get("meta") or {}).get("mode") == mode], bytes_per_s, steps)
         if got:
             got.pop("transfer_latency_q", None)  # (drawn from every run's hand-offs)
@@ -115,22 +115,34 @@ def median_line(x: list[float], y: list[float], rounds: int = 50) -> tuple[float
 
 
 class Cover:
-    """The union of (start, end) spans, asked how much of a window it covers."""
+    """The union of (start, end) spans, asked how much of a window it covers. Built at once from
+    spans in any order (the decode nodes' logged steps), or span by span in time order (a
+    simulated node's steps, pdtb/sim/contention.py), keeping only a recent window if pruned."""
 
-    def __init__(self, spans: list[tuple[float, float]]) -> None:
-        merged: list[list[float]] = []
+    def __init__(self, spans: list[tuple[float, float]] = ()) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
         for a, b in sorted(spans):
-            if merged and a <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], b)
-            elif b > a:
-                merged.append([a, b])
-        self.starts = [a for a, _ in merged]
-        self.spans = merged
+            self.add(a, b)
+
+    def add(self, start: float, end: float) -> None:
+        """A span that starts no earlier than any before it; one that overlaps the last joins it."""
+        if self.starts and start <= self.ends[-1]:
+            self.ends[-1] = max(self.ends[-1], end)
+        elif end > start:
+            self.starts.append(start)
+            self.ends.append(end)
 
     def within(self, a: float, b: float) -> float:
         """Seconds of [a, b] inside the spans."""
         got, i = 0.0, max(0, bisect.bisect_right(self.starts, a) - 1)
-        while i < len(self.spans) and self.spans[i][0] < b:
-            got += max(0.0, min(b, self.spans[i][1]) - max(a, self.spans[i][0]))
+        while i < len(self.starts) and self.starts[i] < b:
+            got += max(0.0, min(b, self.ends[i]) - max(a, self.starts[i]))
             i += 1
         return got
+
+    def prune(self, before: float) -> None:
+        """Forget spans that ended before `before` (a simulated node keeps the last window's alone)."""
+        k = bisect.bisect_left(self.ends, before)
+        if k > 64:  # (amortised: a list slice per 64 spans, not per step)
+            del self.starts[:k], self.ends[:k]

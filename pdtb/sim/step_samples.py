@@ -211,15 +211,18 @@ def step_spread(by_role: dict[str, list[StepSample]], fitted_ms, stretch: dict |
     for role, samples in by_role.items():
         div = (stretch or {}).get(role) or [1.0] * len(samples)
         pts = [(max(1e-3, s.ms / p / k), p) for s, k in zip(samples, div) if (p := fitted_ms(s.shape)) > 0]
-        q = (weighted_quantiles(pts) if len(pts) >= 100 else None) if by_time else overhead_quantiles([r for r, _ in pts])
+        q = weighted_quantiles(pts) if by_time else overhead_quantiles([r for r, _ in pts])
         if q:
             out[role] = tuple(q)
     return out
 
 
-def weighted_quantiles(points: list[tuple[float, float]]) -> list[float]:
+def weighted_quantiles(points: list[tuple[float, float]], minimum: int = 100) -> list[float] | None:
     """(value, weight) points at OVERHEAD_QS, each level the first value whose cumulative weight
-    reaches it (level 0: the least value)."""
+    reaches it (level 0: the least value); None with fewer than `minimum` points, as
+    overhead_quantiles."""
+    if len(points) < minimum:
+        return None
     pts = sorted(points)
     total = sum(w for _, w in pts)
     out, acc, i = [], 0.0, 0

@@ -16,20 +16,21 @@ from pdtb.sim.cluster import ClusterShape, SimCluster
 from pdtb.sim.cost import StepShape
 from pdtb.sim.flags import page_spec
 from pdtb.sim.node import NodeShape
+from pdtb.sim.path_fit import Cover
 from pdtb.sim.step_samples import OVERHEAD_QS, SampleError
 
 COEF = Coefficients(c0=2.0, rows=0.5, chunks=1.5, tokens=0.03)  # ms
 
 
 def test_spans_cover_windows_and_neighbours_add_up():
-    s = contention.Spans([(0.0, 0.010), (0.015, 0.020)])
+    s = Cover([(0.0, 0.010), (0.015, 0.020)])
     assert s.within(0.0, 0.020) == pytest.approx(0.015)
     assert s.within(0.005, 0.016) == pytest.approx(0.006)
     assert s.within(0.030, 0.040) == 0.0
-    other = contention.Spans([(0.0, 0.020)])
+    other = Cover([(0.0, 0.020)])
     assert contention.neighbours_busy([s], 0.020) == pytest.approx(0.75)
     assert contention.neighbours_busy([s, other], 0.020) == pytest.approx(1.75)  # summed over the neighbours
-    many = contention.Spans()
+    many = Cover()
     for i in range(200):
         many.add(i * 0.01, i * 0.01 + 0.005)
     many.prune(1.5)
