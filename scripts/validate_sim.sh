@@ -40,8 +40,10 @@
 #          pdtb/sim/contention.py);
 #    spread: logs, each simulated step's time multiplied by a draw from what that stretch
 #          leaves of its role's logged steps' measured / fitted time, alone and beside busy
-#          neighbours apart (pdtb sim calibrate --draw-step-spread), and each hand-off's fixed
-#          latency drawn from the fcfs runs' hand-offs (--draw-handoff);
+#          neighbours apart (pdtb sim calibrate --draw-step-spread), each hand-off's fixed
+#          latency drawn from the fcfs runs' hand-offs (--draw-handoff), and each token's way
+#          to the client drawn by its place in the stream from the fcfs runs' tokens timed
+#          against their step logs (--draw-delivery: pdtb/sim/delivery.py);
 #    each but cores with the decode loop's work per hand-off landed, fitted to the fcfs runs'
 #    step logs and stamps (pdtb/sim/landing_fit.py);
 #    the other policies' runs are used by neither: they are held out;
@@ -138,7 +140,7 @@ if [ "${#logs[@]}" -gt 0 ]; then
   pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --contention --label logs \
     --out "$OUT/calibration-logs.json" >&2
   pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --contention \
-    --draw-step-spread --draw-handoff --label spread --out "$OUT/calibration-spread.json" >&2
+    --draw-step-spread --draw-handoff --draw-delivery --label spread --out "$OUT/calibration-spread.json" >&2
   kinds+=(logs spread)
 fi
 # cores: the grid without land_s (a landing's measured work holds the other processes' CPU at that

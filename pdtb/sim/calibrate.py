@@ -26,7 +26,6 @@ Calibration file (`pdtb sim calibrate --out`, `CalibratedCost.load`):
 """
 from __future__ import annotations
 
-import bisect
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -34,7 +33,7 @@ from pathlib import Path
 
 from pdtb.sim import contention as neighbours
 from pdtb.sim.cost import LinkModel, StepShape
-from pdtb.sim.step_samples import OVERHEAD_QS, ROLES, SampleError, StepSample
+from pdtb.sim.step_samples import OVERHEAD_QS, ROLES, SampleError, StepSample, draw, unit
 
 # This machine's byte-moving figures (2 cores, no GPU). A hand-off: `pdtb bench transport
 # --endpoint tcp` moves a large request's KV at 2.42 GB/s and 7,148 one-page requests/s (140 us
@@ -67,24 +66,6 @@ class Coefficients:
     def ms(self, s: StepShape) -> float:
         return (self.c0 + self.rows * s.decode_rows + self.ctx * s.decode_ctx + self.chunks * s.prefill_chunks
                 + self.tokens * s.prefill_tokens + self.attn * s.prefill_attn)
-
-
-def _unit(key: int) -> float:
-    """A number in [0, 1) that depends on `key` alone (splitmix64's finaliser)."""
-    z = (key + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
-
-
-def _draw(q, u: float) -> float:
-    """The value at level `u` of quantiles `q` taken at OVERHEAD_QS, linear between levels."""
-    levels = OVERHEAD_QS
-    i = bisect.bisect_right(levels, u) - 1
-    if i >= len(levels) - 1:
-        return q[-1]
-    w = (u - levels[i]) / (levels[i + 1] - levels[i])
-    return q[i] + (q[i + 1] - q[i]) * w
 
 
 def features(s: StepShape) -> list[float]:
@@ -189,7 +170,7 @@ class CalibratedCost:
         """The loop's gap before the step `key` names (a node's and its step number's): a draw
         from `overhead_q` that depends on the key alone, so every way of simulating a run draws
         the same (0 without the levels)."""
-        return _draw(self.overhead_q, _unit(key)) if self.overhead_q else 0.0
+        return draw(self.overhead_q, unit(key)) if self.overhead_q else 0.0
 
     def step_factor(self, role: str, key: int, busy: float = 0.0) -> float:
         """How much longer than the fit the step `key` names takes on a node of `role`: a draw
@@ -198,7 +179,7 @@ class CalibratedCost:
         stretch with its neighbours `busy` (contention.neighbours_busy; 1.0 without one)."""
         ab = self.contention.get(role)
         q = self.spread_q.get(neighbours.spread_key(role, ab is not None, busy))
-        return (_draw(q, _unit(~key & 0xFFFFFFFFFFFFFFFF)) if q else 1.0) * (neighbours.factor(ab, busy) if ab else 1.0)
+        return (draw(q, unit(~key & 0xFFFFFFFFFFFFFFFF)) if q else 1.0) * (neighbours.factor(ab, busy) if ab else 1.0)
 
     def transfer_s(self, nbytes: int) -> float:
         return self.transfer.seconds(nbytes)
@@ -210,7 +191,7 @@ class CalibratedCost:
         busy = self.transfer.seconds(nbytes)
         if not self.handoff_q:
             return busy, busy
-        return busy, nbytes / self.transfer.bytes_per_s + _draw(self.handoff_q, _unit(key ^ HANDOFF_STREAM))
+        return busy, nbytes / self.transfer.bytes_per_s + draw(self.handoff_q, unit(key ^ HANDOFF_STREAM))
 
     def tier_move_s(self, nbytes: int) -> float:
         return self.tier.seconds(nbytes)

@@ -4,6 +4,7 @@
                        [--fit all|steps|logs] [--page-bytes N] [--node-overhead-ms X] [--b2b-ms 5]
                        [--transfer-gb-per-s X] [--transfer-latency-us X] [--results FILE ...]
                        [--draw-loop-gaps] [--draw-step-spread] [--contention] [--draw-handoff]
+                       [--draw-delivery]
                        [--tier-gb-per-s X] [--tier-latency-us X] [--label NAME] [--json]
 
 `--steps` takes `pdtb bench steps --grid --json` output, `--step-log` a node's `--step-log`
@@ -25,6 +26,7 @@ from pdtb.common import CliError
 from pdtb.sim import contention
 from pdtb.sim.calibrate import CPU_TIER, CPU_TRANSFER, TERMS, CalibratedCost, fit
 from pdtb.sim.cost import LinkModel
+from pdtb.sim.delivery import MIN_TOKENS, fit_delivery
 from pdtb.sim.landing_fit import fit_landing, landing_stamps, landings_in
 from pdtb.sim.path_fit import Cover
 from pdtb.sim.step_samples import (SampleError, node_overhead_s, overhead_quantiles, read_samples, read_step_log,
@@ -60,6 +62,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help="each simulated hand-off's fixed latency drawn from the --results runs' hand-offs "
                          "(first token to landing, less the decode node's steps and the bytes' time: "
                          "pdtb/sim/path_fit.py), instead of their median")
+    ap.add_argument("--draw-delivery", action="store_true",
+                    help="each simulated token's delay to the client drawn from the --results runs' tokens, "
+                         "timed against their decode-side nodes' --step-log steps (pdtb/sim/delivery.py), "
+                         "above or below the fitted latencies, instead of those alone")
     ap.add_argument("--results", action="append", default=[],
                     help="a real run's results file (repeatable): the request path's latencies are fitted to its "
                          "requests' stamps (pdtb/sim/path_fit.py), the hand-off link's latency too unless given; "
@@ -161,6 +167,8 @@ def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, objec
     handoff_q = tuple((path or {}).pop("transfer_latency_q", None) or ())  # (the file keeps them once)
     if a.draw_handoff and not handoff_q:
         raise CliError("--draw-handoff: the --results runs hold fewer than 20 hand-offs to draw from")
+    if a.draw_delivery:
+        _delivery(path, docs, got.logs)
     stamps = landing_stamps(docs)
     landing = fit_landing(got.windows, stamps) if stamps and got.windows else None
     if path and "transfer_latency_s" in path and a.transfer_latency_us is None:
@@ -181,6 +189,21 @@ def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, objec
                           landing["land_s"] if landing else 0.0,
                           _step_spread(a, got.by_role, f, stretch, us), handoff_q if a.draw_handoff else (), contention)
     return cost, f
+
+
+def _delivery(path: dict | None, docs: list[dict], logs: list) -> None:
+    """Each token's delay to the client (pdtb/sim/delivery.py) into `path`: every run's, and each
+    mode's apart where the path has that mode."""
+    ends = [log.decode_ends for _, role, log in logs if role in ("colocated", "decode")]
+    got = fit_delivery([(d, ends) for d in docs]) if path else None
+    if got is None:
+        raise CliError("--draw-delivery: the --results runs and their decode-side --step-log files match fewer "
+                       f"than {MIN_TOKENS} first and {MIN_TOKENS} later tokens")
+    path["delivery"] = got
+    for mode, fitted in (path.get("modes") or {}).items():
+        mine = fit_delivery([(d, ends) for d in docs if (d.get("meta") or {}).get("mode") == mode])
+        if mine:
+            fitted["delivery"] = mine
 
 
 def _contention(a: argparse.Namespace, logs: list, f) -> tuple[dict, dict, dict]:

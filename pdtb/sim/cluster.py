@@ -27,6 +27,7 @@ from pdtb.router.fair_route import D2lpmRouter, RouteCandidate
 from pdtb.sim.client import SimClient
 from pdtb.sim.contention import WINDOW_S
 from pdtb.sim.cores import SharedCores
+from pdtb.sim.delivery import Delivery
 from pdtb.router.dispatch import FALLBACKS
 from pdtb.router.node_state import NodeState, load_order, pick_most_free, pick_prefill
 from pdtb.sim.cost import CostModel
@@ -59,6 +60,9 @@ class ClusterShape:
     health_timeout_s: float = 3.0  # router --health-timeout: silent this long, a node is lost
     recompute_retries: int = 2  # router --recompute-retries
     transfer_timeout_s: float = 30.0  # the transport's: a longer transfer fails with TIMEOUT
+    # each token's delay from its node to the client drawn token by token from these levels, and
+    # the client's leg up (pdtb/sim/delivery.py fit_delivery's); {} none: the fixed latencies
+    delivery: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         roles = {n.role for n in self.nodes}
@@ -97,6 +101,7 @@ class SimCluster:
         self._open = 0
         self.d2lpm = D2lpmRouter() if shape.route == "d2lpm" else None
         self._latency = shape.rpc_latency_s + shape.client_latency_s  # node -> router -> client
+        self.delivery = Delivery(shape.delivery) if shape.delivery else None
         self.faults = Faults(self, shape.kills, shape.health_timeout_s, shape.recompute_retries)
 
     # ---- run -----------------------------------------------------------------------------------
@@ -254,8 +259,8 @@ class SimCluster:
         rec = self.records.get(rid)
         if rec is None or rec.end_time is not None:
             return  # it failed while this token was on its way (or was recomputed): the client saw that already
-        t = round(self.loop.now + self._latency, 6)  # simulated: microseconds are exact enough
         times = rec.token_times
+        t = self._arrival(rid, self.loop.now, len(times), times[-1] if times else 0.0)
         times.append(t)
         if len(times) == 1:
             rec.first_token_time = t
@@ -264,6 +269,19 @@ class SimCluster:
         if finished:
             rec.status, rec.server_timing = OK, self.faults.timing(self.root[rid], timing or {})
             self._end(rid, t)
+
+    def _arrival(self, rid: str, t: float, k: int, last: float) -> float:
+        """When the client reads token `k` of attempt `rid` that left its node at `t`, `last` the
+        time it read the one before: the path's latencies, or with `delivery` a draw by the
+        request and `k`, never before the token before it (then both came in one read)."""
+        if self.delivery is None:
+            return round(t + self._latency, 6)  # simulated: microseconds are exact enough
+        i, s = self._specs[self.root[rid]]
+        return max(last, round(t + self.delivery.delay_s(i, k, s.prompt_len), 6))
+
+    def up_s(self, s: RequestSpec) -> float:
+        """The client's leg up with request `s`: the path's, or with `delivery` its fit's."""
+        return self.delivery.up(s.prompt_len) if self.delivery else self.shape.client_latency_s
 
     def on_tokens(self, node: SimNode, rids: list[str], times: list[float]) -> None:
         """Decode tokens of a run of steps (pdtb/sim/coast.py): each of `rids` one per step,
@@ -276,9 +294,13 @@ class SimCluster:
                 continue
             tt = rec.token_times
             n = len(tt)
-            tt.extend(arrive)
+            if self.delivery is None:
+                tt.extend(arrive)
+            else:
+                for t in times:
+                    tt.append(self._arrival(rid, t, len(tt), tt[-1] if tt else 0.0))
             if n == 0:
-                rec.first_token_time = arrive[0]
+                rec.first_token_time = tt[0]
             if n < 2 <= len(tt) and node.shape.role == "decode":
                 states = states or self.states[node.node_id]
                 states.pending_pages.pop(rid, None)

@@ -160,6 +160,7 @@ def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
                             router_token_s=a.router_token_us / 1e6, client_token_s=a.client_token_us / 1e6,
                             coast=not a.every_step, kills=tuple(Kill.parse(k) for k in a.kill),
                             health_timeout_s=a.health_timeout, recompute_retries=a.recompute_retries,
-                            transfer_timeout_s=a.transfer_timeout)
+                            transfer_timeout_s=a.transfer_timeout,
+                            delivery=path.get("delivery") or {})
     except ValueError as e:
         raise CliError(f"pdtb sim: {e}") from None

@@ -22,6 +22,7 @@
 """
 from __future__ import annotations
 
+import bisect
 import json
 import statistics
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ class StepLogRead:
     busy_windows: list[tuple[float, float]] = field(default_factory=list)  # those gaps' (start, end) times (s)
     spans: list[tuple[float, float]] = field(default_factory=list)  # every step's (start, end) time (s)
     starts: list[float] = field(default_factory=list)  # each sample's step's start time (s), as `samples`
+    decode_ends: list[float] = field(default_factory=list)  # the end (s) of every step that decoded, in order
 
 
 def _count(value, what: str) -> int:
@@ -160,7 +162,7 @@ def read_step_log(path: str | Path, b2b_ms: float = 5.0) -> StepLogRead:
     busy = [max(0.0, g) for g, _, _ in pairs]
     return StepLogRead(samples, b2b, [m for s in steps for m in s.moves], busy,
                        [(a.t + a.ms / 1e3, b.t) for _, a, b in pairs], [(s.t, s.t + s.ms / 1e3) for s in steps],
-                       starts)
+                       starts, [s.t + s.ms / 1e3 for s in steps if s.shape.decode_rows])
 
 
 def node_overhead_s(gaps_s: list[float]) -> float | None:
@@ -169,6 +171,25 @@ def node_overhead_s(gaps_s: list[float]) -> float | None:
 
 
 OVERHEAD_QS = tuple(i / 100 for i in range(100)) + (0.995, 0.999, 1.0)  # the levels kept of the loop's gaps
+
+
+def unit(key: int) -> float:
+    """A number in [0, 1) that depends on `key` alone (splitmix64's finaliser): a simulated draw
+    that every way of simulating a run makes the same, whatever the order of its events."""
+    z = (key + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
+
+
+def draw(q, u: float) -> float:
+    """The value at level `u` of quantiles `q` taken at OVERHEAD_QS, linear between levels."""
+    levels = OVERHEAD_QS
+    i = bisect.bisect_right(levels, u) - 1
+    if i >= len(levels) - 1:
+        return q[-1]
+    w = (u - levels[i]) / (levels[i + 1] - levels[i])
+    return q[i] + (q[i + 1] - q[i]) * w
 
 
 def overhead_quantiles(gaps_s: list[float], minimum: int = 100) -> list[float] | None:
