@@ -34,7 +34,9 @@
 #    fitted to the fcfs runs' requests, each mode's apart:
 #    grid: pdtb bench steps --grid fitted by pdtb sim calibrate, the node's own time per step
 #          (idle gaps between back-to-back steps) from the fcfs runs' step logs;
-#    logs: the same grid and every step the fcfs runs logged, in one fit: steps as they ran
+#    logs: the same grid, scaled to the logged steps' level (--scale-grid: this host's speed
+#          drifts by 10-25% over hours, and the grid is measured now, the runs maybe earlier),
+#          and every step the fcfs runs logged, in one fit: steps as they ran
 #          beside the router, the client and the other node on the same cores; each role's
 #          stretch beside the other node's steps fitted from the same logs (--contention:
 #          pdtb/sim/contention.py);
@@ -137,9 +139,9 @@ pdtb sim calibrate --steps "$OUT/steps.json" ${logs[@]+"${logs[@]}"} ${path[@]+"
   --out "$OUT/calibration-grid.json" >&2
 kinds=(grid)
 if [ "${#logs[@]}" -gt 0 ]; then
-  pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --contention --label logs \
+  pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --scale-grid --contention --label logs \
     --out "$OUT/calibration-logs.json" >&2
-  pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --contention \
+  pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --scale-grid --contention \
     --draw-step-spread --draw-handoff --draw-delivery --label spread --out "$OUT/calibration-spread.json" >&2
   kinds+=(logs spread)
 fi

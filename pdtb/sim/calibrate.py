@@ -14,7 +14,8 @@ Calibration file (`pdtb sim calibrate --out`, `CalibratedCost.load`):
 
     {"kind": "step-calibration", "version": 1, "command": ..., "device", "model", "threads",
      "dtype", "page_size", "machine" (the samples': accelerator, cpu, cores, versions),
-     "path": {"rpc_latency_s", "client_latency_s", "transfer_latency_s"} (fitted to real runs), "page_bytes", "coef_ms": {"c0", "rows", "ctx", "chunks", "tokens", "attn"},
+     "path": {"rpc_latency_s", "client_latency_s", "transfer_latency_s", "delivery" (each token's
+     way to the client: pdtb/sim/delivery.py), "modes"} (fitted to real runs), "page_bytes", "coef_ms": {"c0", "rows", "ctx", "chunks", "tokens", "attn"},
      "node_overhead_s", "land_s" (the decode loop's work per hand-off landed, fitted to real runs:
      pdtb/sim/landing_fit.py; 0 when absent), "step_spread_quantiles": {role: [...]} (a step's
      measured / fitted time by role, drawn per step; absent: none), "step_contention": {role:

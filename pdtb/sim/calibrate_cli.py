@@ -4,7 +4,7 @@
                        [--fit all|steps|logs] [--page-bytes N] [--node-overhead-ms X] [--b2b-ms 5]
                        [--transfer-gb-per-s X] [--transfer-latency-us X] [--results FILE ...]
                        [--draw-loop-gaps] [--draw-step-spread] [--contention] [--draw-handoff]
-                       [--draw-delivery]
+                       [--draw-delivery] [--scale-grid]
                        [--tier-gb-per-s X] [--tier-latency-us X] [--label NAME] [--json]
 
 `--steps` takes `pdtb bench steps --grid --json` output, `--step-log` a node's `--step-log`
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from pdtb.sim.cost import LinkModel
 from pdtb.sim.delivery import MIN_TOKENS, fit_delivery
 from pdtb.sim.landing_fit import fit_landing, landing_stamps, landings_in
 from pdtb.sim.path_fit import Cover
-from pdtb.sim.step_samples import (SampleError, node_overhead_s, overhead_quantiles, read_samples, read_step_log,
+from pdtb.sim.step_samples import (SampleError, StepSample, node_overhead_s, overhead_quantiles, read_samples, read_step_log,
                                    step_log_role, step_spread, tier_link)
 
 
@@ -66,6 +67,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help="each simulated token's delay to the client drawn from the --results runs' tokens, "
                          "timed against their decode-side nodes' --step-log steps (pdtb/sim/delivery.py), "
                          "above or below the fitted latencies, instead of those alone")
+    ap.add_argument("--scale-grid", action="store_true",
+                    help="with --fit all: the --steps files' samples scaled to the step logs' speed before the "
+                         "fit (the median logged step over what the grid alone fits for it), so a grid measured "
+                         "at another time than the logged runs, on a host whose speed drifts, keeps its shape "
+                         "and takes the runs' level")
     ap.add_argument("--results", action="append", default=[],
                     help="a real run's results file (repeatable): the request path's latencies are fitted to its "
                          "requests' stamps (pdtb/sim/path_fit.py), the hand-off link's latency too unless given; "
@@ -157,6 +163,8 @@ def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, objec
     got = _read(a)
     sources, busy = got.sources, got.busy
     page_bytes = _page_bytes(a, got.headers)
+    if a.scale_grid:
+        _scale_grid(a, got)
     f = fit(got.samples)
     overhead = a.node_overhead_ms / 1e3 if a.node_overhead_ms is not None else (node_overhead_s(got.gaps) or 0.0)
     tier_default = tier_link(got.moves, page_bytes) or CPU_TIER
@@ -189,6 +197,21 @@ def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, objec
                           landing["land_s"] if landing else 0.0,
                           _step_spread(a, got.by_role, f, stretch, us), handoff_q if a.draw_handoff else (), contention)
     return cost, f
+
+
+def _scale_grid(a: argparse.Namespace, got: Inputs) -> None:
+    """The grid's samples in `got.samples` times the step logs' median ratio to the grid's own
+    fit (recorded with the grid's sources as `scaled`)."""
+    grid = [s for path in a.steps for s in read_samples(path)[0]]
+    logged = got.samples[len(grid):]
+    if a.fit != "all" or not grid or not logged:
+        raise CliError("--scale-grid: takes --fit all with --steps and --step-log files")
+    own = fit(grid).coef
+    k = statistics.median(s.ms / m for s in logged if (m := own.ms(s.shape)) > 0)
+    got.samples = [StepSample(s.shape, s.ms * k) for s in grid] + logged
+    for src in got.sources:
+        if src["kind"] == "step-samples":
+            src["scaled"] = round(k, 6)
 
 
 def _delivery(path: dict | None, docs: list[dict], logs: list) -> None:

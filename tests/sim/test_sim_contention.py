@@ -184,3 +184,32 @@ def test_the_path_is_a_median_line_in_the_prompt_and_fitted_per_mode():
         assert shape.dispatch_s_per_token == m[mode]["dispatch_s_per_token"]
     flagged = cluster_shape(build_parser().parse_args(["--mode", "disagg", "--rpc-latency-ms", "2"]), cost)
     assert (flagged.rpc_latency_s, flagged.dispatch_s_per_token) == (0.002, 0.0)  # the flag is the whole dispatch
+
+
+def test_a_grid_measured_on_a_slower_host_is_scaled_to_the_logged_runs(tmp_path):
+    """The grid 1.3x the logged steps' COEF (the host's speed drifted between the two): with
+    --scale-grid the fit takes the grid's shape at the logs' level, COEF itself; without, the
+    grid's level pulls the fit off it."""
+    grid = json.loads(_grid(tmp_path).read_text())
+    for s in grid["samples"]:
+        s["ms"] = round(1.3 * s["ms"], 6)
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps(grid))
+    logs = _run_logs(tmp_path / "run")
+    got = {}
+    for flag in ([], ["--scale-grid"]):
+        out = tmp_path / f"cal{len(flag)}.json"
+        args = ["sim", "calibrate", "--steps", str(slow), "--fit", "all", "--out", str(out), *flag]
+        for log in logs[:1]:  # the decode node's: the logs' steps at COEF
+            args += ["--step-log", log]
+        r = run_pdtb(*args)
+        assert r.returncode == 0, r.stderr
+        got[bool(flag)] = CalibratedCost.load(out)
+    shape = StepShape(0, 0, 1, 64, 2080)  # a prefill chunk: the grid's alone, never logged
+    assert got[True].coef.ms(shape) == pytest.approx(COEF.ms(shape), rel=1e-3)
+    assert got[False].coef.ms(shape) > 1.2 * COEF.ms(shape)
+    (src,) = [s for s in got[True].meta["fit"]["sources"] if s["kind"] == "step-samples"]
+    assert src["scaled"] == pytest.approx(1 / 1.3, rel=1e-4)
+    r = run_pdtb("sim", "calibrate", "--steps", str(slow), "--fit", "steps", "--step-log", logs[0], "--scale-grid",
+                 "--out", str(tmp_path / "x.json"))
+    assert r.returncode != 0 and "--scale-grid: takes --fit all" in r.stderr
