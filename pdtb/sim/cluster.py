@@ -76,6 +76,8 @@ class ClusterShape:
             raise ValueError("the health and transfer timeouts must be > 0 and recompute retries >= 0")
         if self.route not in ("load", "d2lpm"):
             raise ValueError(f"route must be load or d2lpm, got {self.route!r}")
+        if self.delivery:
+            Delivery(self.delivery)  # a calibration's bad levels: its own error, before any run
 
 
 class SimCluster:

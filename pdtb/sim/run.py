@@ -197,6 +197,8 @@ def run_sweep(a: Namespace, weights: ServiceWeights) -> int:
 def main(argv: list[str]) -> int:
     a = build_parser().parse_args(argv)
     try:
+        if not a.workload:
+            raise ValueError("--workload is required (whale-minnow, multi-tenant or trace:FILE)")
         if a.concurrency_levels or a.dry_run or a.rescore:
             raise ValueError("--concurrency-levels, --dry-run and --rescore belong to the real client")
         if a.concurrency and (a.rates or a.until_knee):

@@ -82,6 +82,8 @@ def test_draws_depend_on_the_request_and_position_alone():
                 {**levels, "later": list(reversed([0.001 * q for q in OVERHEAD_QS]))}):
         with pytest.raises(ValueError, match="delivery"):
             delivery.Delivery(bad)
+        with pytest.raises(ValueError, match="delivery"):
+            ClusterShape((NodeShape("colocated", 8),), delivery=bad)
 
 
 def _one(levels: dict, prompt: int = 16):
