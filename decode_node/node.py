@@ -308,8 +308,10 @@ class DecodeNode(NodeBase):
         super().on_abort(request_id, reason)
 
     def idle(self) -> bool:
-        rx = self.receiver  # transfers landing, and migrations out, count as work
-        return super().idle() and (rx is None or not rx.num_reserved_pages) and not self.migrations.out
+        # transfers landing, landed and not yet adopted, and migrations out count as work: a drain
+        # that looked past a landed one would adopt it in abort_all only to fail it
+        rx = self.receiver
+        return super().idle() and (rx is None or not (rx.num_reserved_pages or rx.num_landed)) and not self.migrations.out
 
     def abort_all_paused(self, reason: str) -> None:
         """Requests paused mid-migration are in no scheduler queue: fail them too."""

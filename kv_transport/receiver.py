@@ -139,6 +139,12 @@ class ReceiverCore(EndpointCore):
     def num_reserved_pages(self) -> int:
         return sum(len(i.pages) for i in self._live.values())
 
+    @property
+    def num_landed(self) -> int:
+        """Transfers completed and not yet taken (`take_completed`): requests the node holds
+        committed pages for but has not adopted yet."""
+        return len(self._completed)
+
     # ---- serve loop -------------------------------------------------------------------------
     async def _serve(self) -> None:
         next_check = 0.0

@@ -309,7 +309,9 @@ def test_ragged_requests_and_metadata_arrive_intact():
             tids = [p.tx.send(e, m) for e, m in zip(exports, metas)]
             for tid in tids:
                 assert (await p.tx.wait(tid, 3.0)).state is TransferState.DONE
+            assert p.rx.num_landed == len(exports) and p.rx.num_reserved_pages == 0  # landed, not yet taken
             got = {r.request_id: r for r in p.rx.take_completed()}
+            assert p.rx.num_landed == 0
             for e, m in zip(exports, metas):
                 r = got[e.header.request_id]
                 assert torch.equal(p.dst.export_pages(r.pages), e.data)
