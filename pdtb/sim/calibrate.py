@@ -34,7 +34,7 @@ from pathlib import Path
 
 from pdtb.sim import contention as neighbours
 from pdtb.sim.cost import LinkModel, StepShape
-from pdtb.sim.step_samples import OVERHEAD_QS, ROLES, SampleError, StepSample, draw, unit
+from pdtb.sim.step_samples import OVERHEAD_QS, ROLES, SampleError, StepSample, draw, seconds_levels, unit
 
 # This machine's byte-moving figures (2 cores, no GPU). A hand-off: `pdtb bench transport
 # --endpoint tcp` moves a large request's KV at 2.42 GB/s and 7,148 one-page requests/s (140 us
@@ -241,11 +241,8 @@ class CalibratedCost:
 
 def _levels(doc: dict, key: str) -> tuple:
     """`doc[key]` checked: len(OVERHEAD_QS) non-decreasing non-negative finite seconds, or none."""
-    q = tuple(float(x) for x in doc.get(key) or ())
-    if q and (len(q) != len(OVERHEAD_QS) or any(b < a for a, b in zip(q, q[1:])) or q[0] < 0
-              or not all(math.isfinite(x) for x in q)):
-        raise ValueError(f"{key}: {len(OVERHEAD_QS)} non-decreasing seconds")
-    return q
+    q = doc.get(key)
+    return seconds_levels(q, key) if q else ()
 
 
 def _per_role(doc, key: str, ok, want: str, name=lambda role: role) -> dict:

@@ -100,7 +100,8 @@ def _link(gb_per_s: float | None, latency_us: float | None, default: LinkModel) 
 class Inputs:
     """What the input files give, for one calibration."""
 
-    samples: list = field(default_factory=list)  # the steps to fit
+    samples: list = field(default_factory=list)  # the steps to fit: the --steps files' first, then the logs'
+    grid: int = 0  # how many of `samples` the --steps files gave
     headers: list[dict] = field(default_factory=list)  # the --steps files' headers
     sources: list[dict] = field(default_factory=list)  # each file, as the calibration records it
     gaps: list[float] = field(default_factory=list)  # idle gaps between back-to-back steps (s)
@@ -116,7 +117,9 @@ def _read(a: argparse.Namespace) -> Inputs:
     got = Inputs()
     for path in a.steps:
         samples, head = read_samples(path)
-        got.samples += samples if a.fit in ("all", "steps") else []
+        if a.fit in ("all", "steps"):
+            got.samples += samples
+            got.grid += len(samples)
         got.headers.append(head)
         got.sources.append({"file": path, "kind": "step-samples", "samples": len(samples), "fitted": a.fit != "logs",
                             **{k: head[k] for k in ("device", "model", "threads", "dtype", "command") if k in head}})
@@ -202,8 +205,7 @@ def build(a: argparse.Namespace, argv: list[str]) -> tuple[CalibratedCost, objec
 def _scale_grid(a: argparse.Namespace, got: Inputs) -> None:
     """The grid's samples in `got.samples` times the step logs' median ratio to the grid's own
     fit (recorded with the grid's sources as `scaled`)."""
-    grid = [s for path in a.steps for s in read_samples(path)[0]]
-    logged = got.samples[len(grid):]
+    grid, logged = got.samples[:got.grid], got.samples[got.grid:]
     if a.fit != "all" or not grid or not logged:
         raise CliError("--scale-grid: takes --fit all with --steps and --step-log files")
     own = fit(grid).coef

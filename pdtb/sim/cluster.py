@@ -262,7 +262,7 @@ class SimCluster:
         if rec is None or rec.end_time is not None:
             return  # it failed while this token was on its way (or was recomputed): the client saw that already
         times = rec.token_times
-        t = self._arrival(rid, self.loop.now, len(times), times[-1] if times else 0.0)
+        t = self._arrival(rid, self.loop.now, times)
         times.append(t)
         if len(times) == 1:
             rec.first_token_time = t
@@ -272,14 +272,16 @@ class SimCluster:
             rec.status, rec.server_timing = OK, self.faults.timing(self.root[rid], timing or {})
             self._end(rid, t)
 
-    def _arrival(self, rid: str, t: float, k: int, last: float) -> float:
-        """When the client reads token `k` of attempt `rid` that left its node at `t`, `last` the
-        time it read the one before: the path's latencies, or with `delivery` a draw by the
-        request and `k`, never before the token before it (then both came in one read)."""
+    def _arrival(self, rid: str, t: float, times: list[float]) -> float:
+        """When the client reads the next token of attempt `rid`, which left its node at `t`,
+        `times` the client's times of its tokens so far: the path's latencies, or with `delivery`
+        a draw by the request and the token's place, never before the token before it (then both
+        came in one read)."""
         if self.delivery is None:
             return round(t + self._latency, 6)  # simulated: microseconds are exact enough
         i, s = self._specs[self.root[rid]]
-        return max(last, round(t + self.delivery.delay_s(i, k, s.prompt_len), 6))
+        got = round(t + self.delivery.delay_s(i, len(times), s.prompt_len), 6)
+        return max(times[-1], got) if times else got
 
     def up_s(self, s: RequestSpec) -> float:
         """The client's leg up with request `s`: the path's, or with `delivery` its fit's."""
@@ -288,19 +290,19 @@ class SimCluster:
     def on_tokens(self, node: SimNode, rids: list[str], times: list[float]) -> None:
         """Decode tokens of a run of steps (pdtb/sim/coast.py): each of `rids` one per step,
         the steps ending at `times`, none of them a request's last; as `_token_arrives` each."""
-        lat, states = self._latency, None
-        arrive = [round(t + lat, 6) for t in times]
+        states = None
+        arrive = [round(t + self._latency, 6) for t in times] if self.delivery is None else None
         for rid in rids:
             rec = self.records.get(rid)
             if rec is None or rec.end_time is not None:
                 continue
             tt = rec.token_times
             n = len(tt)
-            if self.delivery is None:
+            if arrive is not None:
                 tt.extend(arrive)
             else:
                 for t in times:
-                    tt.append(self._arrival(rid, t, len(tt), tt[-1] if tt else 0.0))
+                    tt.append(self._arrival(rid, t, tt))
             if n == 0:
                 rec.first_token_time = tt[0]
             if n < 2 <= len(tt) and node.shape.role == "decode":

@@ -42,7 +42,7 @@ import bisect
 import math
 
 from pdtb.sim.path_fit import median_line
-from pdtb.sim.step_samples import OVERHEAD_QS, draw, overhead_quantiles, unit
+from pdtb.sim.step_samples import draw, overhead_quantiles, seconds_levels, unit
 
 MATCH_S = 2e-4  # a request's last token and its k-th decoding step's end: this close, or left out
 POSITIONS = 8  # a stream's first tokens, each position drawn from levels of its own
@@ -107,11 +107,11 @@ class Delivery:
     """Each simulated token's delay from its node to the client, by its request and place."""
 
     def __init__(self, levels: dict) -> None:
-        self.later = _checked(levels.get("later"), "later")
+        self.later = seconds_levels(levels.get("later"), "delivery later")
         got = levels.get("positions") or []
         if not isinstance(got, list) or not got or got[0] is None:
             raise ValueError("delivery positions: the first token's levels, then each next position's or null")
-        self.positions = tuple(self.later if q is None else _checked(q, f"position {i}") for i, q in enumerate(got))
+        self.positions = tuple(self.later if q is None else seconds_levels(q, f"delivery position {i}") for i, q in enumerate(got))
         self.first_s_per_token, self.up_s, self.up_s_per_token = (
             float(levels.get(k, 0.0)) for k in ("first_s_per_token", "up_s", "up_s_per_token"))
         if not all(math.isfinite(x) and x >= 0 for x in (self.first_s_per_token, self.up_s, self.up_s_per_token)):
@@ -129,11 +129,3 @@ class Delivery:
         got = draw(q, unit(((request << 24) | token) ^ STREAM))
         return got + self.first_s_per_token * prompt_len if token == 0 else got
 
-
-def _checked(q, what: str) -> tuple:
-    """`q` as levels at OVERHEAD_QS of seconds, or ValueError."""
-    if not isinstance(q, (list, tuple)) or len(q) != len(OVERHEAD_QS) or \
-            not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in q) or \
-            any(b < a for a, b in zip(q, q[1:])):
-        raise ValueError(f"delivery {what}: {len(OVERHEAD_QS)} non-decreasing non-negative seconds")
-    return tuple(float(x) for x in q)

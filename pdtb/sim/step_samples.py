@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,6 +191,16 @@ def draw(q, u: float) -> float:
         return q[-1]
     w = (u - levels[i]) / (levels[i + 1] - levels[i])
     return q[i] + (q[i + 1] - q[i]) * w
+
+
+def seconds_levels(q, what: str) -> tuple[float, ...]:
+    """`q` checked as seconds at OVERHEAD_QS (what `draw` draws from): that many numbers,
+    non-negative, finite and non-decreasing; else one ValueError naming `what`."""
+    if not isinstance(q, (list, tuple)) or len(q) != len(OVERHEAD_QS) or \
+            not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in q) or \
+            any(b < a for a, b in zip(q, q[1:])):
+        raise ValueError(f"{what}: {len(OVERHEAD_QS)} non-decreasing non-negative seconds")
+    return tuple(float(x) for x in q)
 
 
 def overhead_quantiles(gaps_s: list[float], minimum: int = 100) -> list[float] | None:
