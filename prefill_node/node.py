@@ -206,8 +206,8 @@ class PrefillNode(NodeBase):
             out = lose_target(h, node_id, time.monotonic())
             if out is Outcome.MOVED:
                 self._moved(h, node_id, f"decode node {node_id} is down")
-            elif out is Outcome.FAILED:
-                self.fail(rid, f"decode node {node_id} {reason or 'stopped answering'}")
+            elif out is Outcome.FAILED:  # a lost node is no fault of the request: the router may recompute it
+                self.fail(rid, f"decode node {node_id} {reason or 'stopped answering'}", retry=True)
                 self._release(rid)
 
     def _release(self, rid: str) -> None:

@@ -309,11 +309,21 @@ class SimCluster:
                 states = states or self.states[node.node_id]
                 states.pending_pages.pop(rid, None)
 
-    def on_failed(self, rid: str, reason: str) -> None:
+    def on_failed(self, rid: str, reason: str, retry: bool = False) -> None:
+        """A node ended attempt `rid` with an error. `retry` (a node's error event marked so):
+        the router, one message later, recomputes it as for a lost node (pdtb/router/completions.py)."""
+        if retry:
+            self.loop.after(self.shape.rpc_latency_s, self._retried, rid, reason)
+            return
         rec = self.records.get(rid)
         if rec is not None and rec.end_time is None:
             rec.error = reason
             self._end(rid, self.loop.now + self.shape.rpc_latency_s + self.shape.client_latency_s)
+
+    def _retried(self, rid: str, reason: str) -> None:
+        rec = self.records.get(rid)
+        if rec is not None and rec.end_time is None and self.attempt.get(self.root[rid]) == rid:
+            self.faults.recompute(self.root[rid], rid, reason)
 
     def _end(self, rid: str, t: float) -> None:
         rec = self.records[rid]

@@ -12,7 +12,9 @@
          (pdtb/router/completions.py `_recompute`); a request whose decode node died before
          its hand-off, with a live fallback, is left to its prefill node;
        - a lost decode node: every prefill node moves hand-offs off it to their fallbacks, or
-         fails them (`NodeDown`, prefill_node/node.py `on_node_down`).
+         fails them marked retry, and the router recomputes them as above (`NodeDown`,
+         prefill_node/node.py `on_node_down`): the router's list of fallbacks may name a node
+         the prefill node has dropped already (a transfer to it failed).
 
 A transfer longer than `transfer_timeout_s` (the transport's, 30 s) fails with TIMEOUT: the
 receiver frees what it reserved and the prefill node moves the hand-off on, as a real one does.
@@ -90,13 +92,13 @@ class Faults:
                 continue  # its prefill node moves the hand-off to a fallback
             deps = [entry] if decode is None else ([decode] if handed else [entry, decode])
             if nid in deps:
-                self._recompute(root, rid, f"{role} node {nid} stopped answering")
+                self.recompute(root, rid, f"{role} node {nid} stopped answering")
         if role == "decode":
             for p in c.nodes.values():
                 if p.shape.role == "prefill" and self.alive(p.node_id):
                     c.loop.after(c.shape.rpc_latency_s, p.deliver, p.on_node_down, nid)
 
-    def _recompute(self, root: str, rid: str, why: str) -> None:
+    def recompute(self, root: str, rid: str, why: str) -> None:
         c = self.cluster
         rec = c.records[rid]
         done = len(rec.token_times)

@@ -252,8 +252,10 @@ class SimNode:
         if finished:
             self._forget(seq.request_id)
 
-    def fail(self, request_id: str, reason: str) -> None:
-        self.cluster.on_failed(request_id, reason)
+    def fail(self, request_id: str, reason: str, retry: bool = False) -> None:
+        """End a request with an error event; `retry`: no fault of the request's (the router
+        recomputes it elsewhere)."""
+        self.cluster.on_failed(request_id, reason, retry)
         self._forget(request_id)
 
     def _forget(self, request_id: str) -> None:

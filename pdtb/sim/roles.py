@@ -111,8 +111,9 @@ class SimPrefill(SimNode):
         out = transfer_ended(h, landed, code, self.loop.now)
         if out is Outcome.HELD:
             h.seq.timeline.start_wait("held", self.loop.now)
-        elif out is Outcome.FAILED:
-            self.fail(rid, f"KV transfer to the decode node failed: {code}: {reason}")
+        elif out is Outcome.FAILED:  # as prefill_node/node.py: the request's own fault is not retried
+            self.fail(rid, f"KV transfer to the decode node failed: {code}: {reason}",
+                      retry=code not in (FailCode.BAD_METADATA, FailCode.TOO_LARGE, FailCode.NO_PAGES))
         if out in (Outcome.LANDED, Outcome.FAILED):
             self.handoffs.pop(rid, None)
             self.pool.free(rid)
@@ -125,7 +126,7 @@ class SimPrefill(SimNode):
         for rid, h in list(self.handoffs.items()):
             # (an answer for a cancelled transfer is ignored: its transfer id is forgotten)
             if lose_target(h, node_id, self.loop.now) is Outcome.FAILED:
-                self.fail(rid, f"decode node {node_id} stopped answering")
+                self.fail(rid, f"decode node {node_id} stopped answering", retry=True)
                 self.handoffs.pop(rid, None)
                 self.pool.free(rid)
 

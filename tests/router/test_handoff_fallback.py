@@ -201,6 +201,7 @@ def test_node_down_cancels_the_transfer_and_moves_or_fails_the_hand_offs(llama_d
         assert notices(node) == [Z.node_id, Y.node_id] and node.handoffs["moves"].req.decode_node == Y.node_id
         errors = [ev for ev in node.events if ev.finish_reason == "error"]
         assert [ev.request_id for ev in errors] == ["stuck"] and "stopped answering" in errors[0].error
+        assert errors[0].retry  # the router sends it anew elsewhere, as for its own view of the loss
         await node.poll_io()
         assert len(node.senders.by_addr[Y.kv_addr].sent) == 1
         prefill(node)

@@ -80,13 +80,19 @@ def test_with_the_retries_spent_the_request_fails_with_the_reason():
     assert c.is_done()  # every request ended
 
 
-def test_a_transfer_past_the_timeout_moves_to_the_fallback_then_fails():
-    # 32 tokens of 64-byte pages = 128 bytes over 10 B/s: 12.8 s, past a 5 s timeout everywhere
+@pytest.mark.parametrize("retries", [0, 2])
+def test_a_transfer_past_the_timeout_moves_to_the_fallback_then_is_recomputed_then_fails(retries):
+    # 32 tokens of 64-byte pages = 128 bytes over 10 B/s: 12.8 s, past a 5 s timeout everywhere.
+    # A timeout is no fault of the request's: as the real prefill node marks it retry, the
+    # router recomputes it (prefill again, then a timeout per decode node) until its retries are spent
     nodes = [NodeShape("prefill", 256), NodeShape("decode", 256), NodeShape("decode", 256)]
-    c = _cluster(nodes, link=LinkModel(10.0), transfer_timeout_s=5.0)
+    c = _cluster(nodes, retries=retries, link=LinkModel(10.0), transfer_timeout_s=5.0)
     (rec,) = c.run([RequestSpec(0.01, "t", "x", 32, 4)])
     assert rec.status == "failed" and "timeout" in rec.error
-    assert rec.end_time == pytest.approx(0.01 + STEP + 10.0, abs=0.2)  # one timeout per decode node
+    assert "retries spent" in rec.error
+    assert c.faults.figures()["recomputes"] == retries
+    # each attempt: a prefill step, then one timeout per decode node
+    assert rec.end_time == pytest.approx(0.01 + (1 + retries) * (STEP + 10.0), abs=0.2)
     for n in c.nodes.values():
         assert n.pool.num_free == n.pool.num_pages and not n.pool.owners()
 
