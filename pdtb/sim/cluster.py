@@ -5,6 +5,11 @@ records. One `EventLoop` drives everything.
     answers (pdtb/router/registry.py: pick_prefill, pick_most_free, fallbacks, pending pages)
     --rpc latency--> entry node ... tokens --rpc + client latency--> the request's record
 
+With router costs (`router_request_s`, `router_token_s`) each router process is a server with a
+FIFO of CPU work (pdtb/sim/routers.py): a request is placed once its router has parsed it, a
+token goes on to the client once its router has relayed it. Without them the routers keep up
+and cost nothing (no queue at all: the same events as a cluster without routers to charge).
+
 KV payloads leave a prefill node one after another (its link is a FIFO: a transfer starts when
 the previous one has left), each taking `cost.transfer_s(bytes)`; a calibration that draws each
 hand-off's latency (`handoff_s`) lands it after its draw, the link busy for its own latency only.
@@ -35,6 +40,7 @@ from pdtb.sim.events import EventLoop
 from pdtb.sim.faults import Faults
 from pdtb.sim.node import TOKEN, VOCAB, NodeShape, SimNode
 from pdtb.sim.observe import Observer
+from pdtb.sim.routers import RouterCost, Routers
 from pdtb.sim.roles import SimColocated, SimDecode, SimPrefill
 
 ROLES = {"colocated": SimColocated, "prefill": SimPrefill, "decode": SimDecode}
@@ -52,7 +58,9 @@ class ClusterShape:
     tenant_tiers: dict = field(default_factory=dict)  # router --tenant-tier defaults
     route: str = "load"  # router --route: "load" or "d2lpm" (the router sees no node's cache: "cache" is load)
     host_cores: int = 0  # every process shares this many cores (pdtb/sim/cores.py); 0: each has its own
-    router_token_s: float = 0.0  # the router's CPU work per token it relays (with host_cores)
+    routers: int = 1  # router processes behind one port (pdtb/sim/routers.py)
+    router_request_s: float = 0.0  # a router's CPU work per request (parse, tokenize, dispatch)
+    router_token_s: float = 0.0  # a router's CPU work per token it relays
     client_token_s: float = 0.0  # the client's CPU work per token it parses (with host_cores)
     coast: bool = True  # runs of identical decode steps taken at once (pdtb/sim/coast.py); False: every step an event
     prefix_cache: bool = False  # prefill and colocated nodes cache prompt pages (prompts built from their blocks)
@@ -70,8 +78,10 @@ class ClusterShape:
             raise ValueError("a cluster needs colocated nodes, or prefill and decode nodes")
         if min(self.rpc_latency_s, self.client_latency_s, self.dispatch_s_per_token) < 0 or self.ping_interval_s <= 0:
             raise ValueError("latencies must be >= 0 and the ping interval > 0")
-        if self.host_cores < 0 or min(self.router_token_s, self.client_token_s) < 0:
-            raise ValueError("host cores and per-token work must be >= 0")
+        if self.host_cores < 0 or min(self.router_request_s, self.router_token_s, self.client_token_s) < 0:
+            raise ValueError("host cores and per-request and per-token work must be >= 0")
+        if self.routers < 1:
+            raise ValueError(f"routers must be at least 1, got {self.routers}")
         if self.health_timeout_s <= 0 or self.recompute_retries < 0 or self.transfer_timeout_s <= 0:
             raise ValueError("the health and transfer timeouts must be > 0 and recompute retries >= 0")
         if self.route not in ("load", "d2lpm"):
@@ -105,6 +115,16 @@ class SimCluster:
         self._latency = shape.rpc_latency_s + shape.client_latency_s  # node -> router -> client
         self.delivery = Delivery(shape.delivery) if shape.delivery else None
         self.faults = Faults(self, shape.kills, shape.health_timeout_s, shape.recompute_retries)
+        self.routers = self.charged_routers()  # None: the routers cost nothing
+        self._synced_at = -1.0  # when sync last brought every node up to the clock (charged routers)
+
+    def charged_routers(self) -> Routers | None:
+        """The routers as servers, where they have work to charge: their own costs, or on shared
+        cores the client's (a token reaches the client through its router's participant)."""
+        sh = self.shape
+        if not (sh.router_request_s or sh.router_token_s or (self.cores is not None and sh.client_token_s)):
+            return None
+        return Routers(RouterCost(sh.router_request_s, sh.router_token_s), sh.routers, self.loop, self.cores)
 
     # ---- run -----------------------------------------------------------------------------------
     def run(self, specs: list[RequestSpec], horizon_s: float | None = None, concurrency: int | None = None,
@@ -123,16 +143,32 @@ class SimCluster:
         if not self.loop.run(until=horizon_s) and any(n.coast is not None for n in self.nodes.values()):
             self.loop.now = horizon_s
             self.sync()  # the steps of runs in progress that ended by the horizon
+        if self.routers is not None:
+            self.routers.commit()  # (their tokens, where the routers relayed them by then)
         for rec in out:
             if rec.end_time is None:
                 cut_off(rec, self.loop.now)
         return out
 
     def sync(self) -> None:
-        """Every node as it stands now (a run of decode steps in progress brought up to date)."""
+        """Every node as it stands now (a run of decode steps in progress brought up to date);
+        then the routers serve what reached them by now (routers.py: in order of arrival)."""
         for n in self.nodes.values():
             if n.coast is not None:
                 n.sync()
+        if self.routers is not None:
+            self._synced_at = self.loop.now
+            self.routers.commit()
+
+    def _commit(self) -> None:
+        """The routers serve what reached them by now, every node's run brought up to now first
+        (a second sync at the same time would find nothing new: a run begun since ends later)."""
+        if self.routers.cores is not None:
+            return  # (shared cores serve each piece as it comes)
+        if self._synced_at == self.loop.now:
+            self.routers.commit()
+        else:
+            self.sync()
 
     def _ping(self) -> None:
         """The router's ping: every node's stats as it would answer now."""
@@ -186,7 +222,16 @@ class SimCluster:
         self._specs[rid] = (i, s)
         self.attempt[rid] = self.root[rid] = rid
         self.klass[rid] = s.klass
-        self._route(rid, s, self._prompt(i, s), s.output_len)
+        # (on shared cores a request without a cost of its own goes straight on: the shared-core
+        # runs charge the routers' tokens alone, fitted so, scripts/validate_sim.sh)
+        if self.routers is None or (self.cores is not None and not self.shape.router_request_s):
+            return self._route(rid, s, self._prompt(i, s), s.output_len)
+        self.routers.request(rid, self._dispatch, rid, s, self._prompt(i, s), s.output_len)
+        self._commit()
+
+    def _dispatch(self, rid: str, s: RequestSpec, prompt: list[int], max_tokens: int, t: float) -> None:
+        """Its router parsed request `rid` by `t` (now): it goes to a node."""
+        self._route(rid, s, prompt, max_tokens)
 
     def resubmit(self, root: str, old: str, rid: str, done: int, left: int) -> None:
         """Recompute a request whose node was lost (pdtb/sim/faults.py): attempt `rid`, its
@@ -249,20 +294,26 @@ class SimCluster:
 
     # ---- node -> router -> client ------------------------------------------------------------------
     def on_token(self, node: SimNode, rid: str, finished: bool, timing: dict | None) -> None:
-        """A token leaves `node`: relayed by the router, parsed by the client (on shared cores,
-        each after the CPU work it costs them, in order), then it counts."""
-        if self.cores is None or not (self.shape.router_token_s or self.shape.client_token_s):
-            return self._token_arrives(node, rid, finished, timing)
-        cores, shape = self.cores, self.shape
-        cores.run("router", shape.router_token_s, lambda: cores.run(
-            "client", shape.client_token_s, lambda: self._token_arrives(node, rid, finished, timing)))
+        """A token leaves `node`: relayed by its router, parsed by the client (on shared cores),
+        each after the CPU work it costs them, in order; then it counts."""
+        if self.routers is None:
+            return self._token_arrives(node, rid, finished, timing, self.loop.now)
+        fn = self._token_arrives if self.cores is None else self._client_parses
+        self.routers.token(self.root[rid], self.loop.now, fn, node, rid, finished, timing)
+        self._commit()
 
-    def _token_arrives(self, node: SimNode, rid: str, finished: bool, timing: dict | None) -> None:
+    def _client_parses(self, node: SimNode, rid: str, finished: bool, timing: dict | None, t: float) -> None:
+        """On shared cores: the client's work on a token its router relayed (now)."""
+        self.cores.run("client", self.shape.client_token_s,
+                       lambda: self._token_arrives(node, rid, finished, timing, self.loop.now))
+
+    def _token_arrives(self, node: SimNode, rid: str, finished: bool, timing: dict | None, t: float) -> None:
+        """A token of attempt `rid` relayed by its router at `t` (<= now) goes on to the client."""
         rec = self.records.get(rid)
         if rec is None or rec.end_time is not None:
             return  # it failed while this token was on its way (or was recomputed): the client saw that already
         times = rec.token_times
-        t = self._arrival(rid, self.loop.now, times)
+        t = self._arrival(rid, t, times)
         times.append(t)
         if len(times) == 1:
             rec.first_token_time = t
@@ -289,7 +340,13 @@ class SimCluster:
 
     def on_tokens(self, node: SimNode, rids: list[str], times: list[float]) -> None:
         """Decode tokens of a run of steps (pdtb/sim/coast.py): each of `rids` one per step,
-        the steps ending at `times`, none of them a request's last; as `_token_arrives` each."""
+        the steps ending at `times`, none of them a request's last; as `_token_arrives` each.
+        With charged routers each joins its router's queue at its time, served at the next
+        commit (routers.py: every node brought up to now first)."""
+        if self.routers is not None:
+            for rid in rids:
+                self.routers.tokens(self.root[rid], times, self._token_arrives, node, rid, False, None)
+            return
         states = None
         arrive = [round(t + self._latency, 6) for t in times] if self.delivery is None else None
         for rid in rids:

@@ -10,6 +10,7 @@ from pdtb.nodes.fairness_args import add_fairness_args, fairness_config, policy_
 from pdtb.sim.faults import Kill
 from pdtb.sim.cluster import ClusterShape
 from pdtb.sim.node import NodeShape
+from pdtb.sim.routers import DEFAULT_TARGET, RouterCost
 
 DEFAULT_CALIBRATION = "cpu-tiny-2core"  # shipped in pdtb/sim/calibrations
 
@@ -32,11 +33,24 @@ def add_sim_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--hold-timeout", type=float, default=120.0, help="prefill: s a deferred hand-off keeps retrying")
     g.add_argument("--tenant-tier", action="append", default=[], metavar="TENANT=TIER", help="router default tier")
     g.add_argument("--host-cores", type=int, default=0, metavar="N",
-                   help="every simulated process (nodes, router, client) shares N cores: steps and per-token "
+                   help="every simulated process (nodes, routers, client) shares N cores: steps and per-token "
                         "work stretch by the busy processes per core (pdtb/sim/cores.py; default 0: each "
                         "process has its own, as nodes on GPUs of their own)")
-    g.add_argument("--router-token-us", type=float, default=0.0,
-                   help="with --host-cores: the router's CPU microseconds per token it relays")
+    g.add_argument("--routers", type=int, default=1, metavar="N",
+                   help="router processes behind one port, a request to one of them by a hash of its id "
+                        "(pdtb/sim/routers.py)")
+    g.add_argument("--router-request-us", type=float, metavar="US",
+                   help="a router's CPU microseconds per request (parse, tokenize, dispatch): a busy router "
+                        "delays dispatch (default: the router section of --router-calibration, else of a "
+                        "--cost calibrated calibration, else 0)")
+    g.add_argument("--router-token-us", type=float, metavar="US",
+                   help="a router's CPU microseconds per token it relays: a busy router delays tokens "
+                        "(default as --router-request-us)")
+    g.add_argument("--router-calibration", metavar="NAME|PATH",
+                   help="take the routers' costs from this calibration's router section, whatever --cost")
+    g.add_argument("--router-target", type=float, default=DEFAULT_TARGET, metavar="SHARE",
+                   help="the busy share a router is kept under when counting the routers needed "
+                        f"(results and pdtb sim plan; default {DEFAULT_TARGET})")
     g.add_argument("--client-token-us", type=float, default=0.0,
                    help="with --host-cores: the client's CPU microseconds per token it parses")
     g.add_argument("--prefix-cache", choices=("on", "off"), default="on",
@@ -155,12 +169,35 @@ def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
         rpc = a.rpc_latency_ms / 1e3 if a.rpc_latency_ms is not None else path.get("rpc_latency_s", RPC_S)
         client = a.client_latency_ms / 1e3 if a.client_latency_ms is not None else path.get("client_latency_s", CLIENT_S)
         per_token = 0.0 if a.rpc_latency_ms is not None else path.get("dispatch_s_per_token", 0.0)
+        router = router_cost(a, cost)
+        if not 0 < a.router_target <= 1:
+            raise ValueError(f"--router-target must be in (0, 1], got {a.router_target:g}")
         return ClusterShape(tuple(nodes), rpc, client, dispatch_s_per_token=per_token,
                             tenant_tiers=_tiers(a.tenant_tier), route=a.route, host_cores=a.host_cores,
-                            router_token_s=a.router_token_us / 1e6, client_token_s=a.client_token_us / 1e6,
+                            routers=a.routers, router_request_s=router.request_s, router_token_s=router.token_s,
+                            client_token_s=a.client_token_us / 1e6,
                             coast=not a.every_step, kills=tuple(Kill.parse(k) for k in a.kill),
                             health_timeout_s=a.health_timeout, recompute_retries=a.recompute_retries,
                             transfer_timeout_s=a.transfer_timeout,
                             delivery=path.get("delivery") or {})
     except ValueError as e:
         raise CliError(f"pdtb sim: {e}") from None
+
+
+def router_cost(a: argparse.Namespace, cost) -> RouterCost:
+    """The routers' CPU costs: each flag given, else the router section of --router-calibration,
+    else of the calibration the cost model is (`--cost calibrated`), else none."""
+    where, section = "the calibration", (getattr(cost, "meta", None) or {}).get("router")
+    if a.router_calibration:
+        from pdtb.sim.calibrate import CalibratedCost
+
+        where, section = a.router_calibration, CalibratedCost.load(a.router_calibration).meta.get("router")
+        if section is None:
+            raise ValueError(f"--router-calibration {where}: no router section")
+    base = RouterCost.from_json(section, where) if section else RouterCost()
+    req, tok = a.router_request_us, a.router_token_us
+    if req is None and tok is None:
+        return base
+    given = " and ".join(f for f, v in (("--router-request-us", req), ("--router-token-us", tok)) if v is not None)
+    source = f"{base.measured_by}; {given} by flag" if base.measured_by and (req is None or tok is None) else ""
+    return RouterCost(base.request_s if req is None else req / 1e6, base.token_s if tok is None else tok / 1e6, source)

@@ -13,6 +13,13 @@ here). Each is a rate sweep (--until-knee always, from --rates, see pdtb/sim/pla
 the levels' --warmup-s, --span-s and --drain-s set what one costs, --max-levels and
 --knee-resolution how many there are.
 
+Routers: the router processes are counted with the nodes. Each candidate's best passing level
+streams so many tokens and takes so many requests a second; at the routers' costs
+(--router-request-us, --router-token-us, or a calibration's router section) that is so many CPU
+seconds a second, and the plan gives each candidate the routers that keep each one under
+--router-target busy (pdtb/sim/routers.py routers_needed). The levels simulate --routers of
+them (1 unless told), charged when the costs are given.
+
 Budgets: a node's device pool is the roofline's (pool_pages(): HBM after the weights), or
 --kv-pages. A smaller device share is not a candidate: in this model the HBM it would free buys
 nothing (no larger batch of activations, no other tenant on the GPU), so it could only admit
@@ -31,6 +38,7 @@ import json
 import os
 import time
 from argparse import Namespace
+from dataclasses import asdict
 
 from pdtb.client.serve import _csv, _unwritable
 from pdtb.figures.results import write_results
@@ -39,7 +47,7 @@ from pdtb.figures.sweep_figures import SloTable
 from pdtb.common import CliError
 from pdtb.sim.plan_search import Candidate, Outcome, candidates, search
 from pdtb.sim.run import build_parser as sim_parser
-from pdtb.sim.flags import build_cost, cluster_shape
+from pdtb.sim.flags import build_cost, cluster_shape, router_cost
 
 PLAN_VERSION = 1
 CHOSEN = ("mode", "prefill", "decode", "replicas")  # cluster flags the plan sets itself
@@ -116,6 +124,7 @@ def plan_doc(a: Namespace, cost, pools: dict, ranked: list[Outcome], wall_s: flo
             "workload": a.workload, "policy": a.policy, "slos": SloTable.parse(a.slo).to_json(),
             "target": a.target, "knee_on": a.knee_on, "page_bytes": cost.page_bytes,
             "device_kv_pages": pools, "best": ranked[0].candidate.label,
+            "router_cost": asdict(router_cost(a, cost)), "router_target": a.router_target,
             "wall_s": round(wall_s, 2), "options": opts, "candidates": [o.to_json() for o in ranked]}
 
 
@@ -130,16 +139,22 @@ def table(doc: dict, ranked: list[Outcome]) -> str:
     lines = [f"pdtb sim plan: {doc['gpus']} GPUs, {doc['cost']}, policy {doc['policy']}, device pages a node "
              f"{pools['decode']} (prefill {pools['prefill']}), target {doc['target']:g} {doc['knee_on']}",
              f"{'candidate':<22}{'GPUs':>5}{'host pages':>11}{'goodput/s':>11}{'per GPU':>9}"
-             f"{'knee bracket req/s':>21}{'levels':>7}{'wall s':>8}"]
+             f"{'knee bracket req/s':>21}{'routers':>8}{'levels':>7}{'wall s':>8}"]
     for o in ranked:
         c = o.candidate
         lines.append(f"{c.label:<22}{c.gpus:>5}{c.host_kv_pages:>11}{o.max_goodput_rps:>11.2f}"
-                     f"{o.per_gpu_rps:>9.3f}{_bracket(o):>21}{len(o.levels):>7}{o.wall_s:>8.1f}")
+                     f"{o.per_gpu_rps:>9.3f}{_bracket(o):>21}{o.routers.get('routers', 1):>8}{len(o.levels):>7}"
+                     f"{o.wall_s:>8.1f}")
     best = ranked[0]
     base = max((o for o in ranked if o.candidate.mode == "colocated"), key=lambda o: o.per_gpu_rps)
     vs = f"{best.per_gpu_rps / base.per_gpu_rps:.2f}x" if base.per_gpu_rps else "n/a"
     lines.append(f"best: {best.candidate.label}, {best.per_gpu_rps:.3f} req/s per GPU ({best.max_goodput_rps:.2f} "
                  f"on {best.candidate.gpus}); best colocated {base.candidate.label} {base.per_gpu_rps:.3f} ({vs})")
+    r, rc = best.routers, doc["router_cost"]
+    if r:
+        lines.append(f"routers: {r['routers']} for {r['tokens_per_s']:.0f} tokens and {r['requests_per_s']:.2f} "
+                     f"requests a second at {rc['token_s'] * 1e6:g} us a token and {rc['request_s'] * 1e6:g} us a request "
+                     f"({r['cpu_s_per_s']:.3f} CPU s a second, each router under {doc['router_target']:g} busy)")
     if open_ := [o.candidate.label for o in ranked if not o.bracketed]:
         lines.append(f"knee not bracketed (raise --max-levels or start --rates nearer): {', '.join(open_)}")
     lines.append(f"knees to within --knee-resolution {doc['options']['knee_resolution']:g}: closer candidates tie; "

@@ -6,6 +6,9 @@ the fairness policy and its flags running in every simulated node.
                                  each with every host-tier size in `hosts`
     evaluate(a, c, loads, ...)   one candidate's rate sweep (pdtb/sim/run.py's sweep, always
                                  --until-knee from `loads`), reduced to an `Outcome`
+    router_count(levels, ...)    the router processes it needs: its best passing level's requests
+                                 and tokens a second at the routers' costs, each router kept
+                                 under --router-target busy (pdtb/sim/routers.py)
     search(a, ...)               the baseline from --rates (default 1), then every other
                                  candidate from the baseline's knee load, so that most of them
                                  bracket their own knee in a few levels; ranked by goodput per GPU
@@ -27,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 
 from pdtb.figures import sweep_figures as sf
 from pdtb.figures.service import ServiceWeights
+from pdtb.sim.flags import router_cost
+from pdtb.sim.routers import RouterCost, routers_needed
 from pdtb.sim.run import sweep
 
 
@@ -88,6 +93,7 @@ class Outcome:
     knee_bracket_rps: list  # offered req/s of [that level, the failing one]; None where not found
     levels: list[dict] = field(default_factory=list)  # per level: load, offered, goodput, attainment
     wall_s: float = 0.0  # wall time of the sweep
+    routers: dict = field(default_factory=dict)  # router_count's: the router processes it needs, and why
 
     @property
     def per_gpu_rps(self) -> float:
@@ -103,7 +109,7 @@ class Outcome:
         return {"label": c.label, **asdict(c), "gpus": c.gpus, "max_goodput_rps": self.max_goodput_rps,
                 "per_gpu_rps": self.per_gpu_rps, "knee_load": self.knee_load,
                 "knee_bracket_rps": self.knee_bracket_rps, "bracketed": self.bracketed,
-                "wall_s": round(self.wall_s, 3), "levels": self.levels}
+                "wall_s": round(self.wall_s, 3), "routers": self.routers, "levels": self.levels}
 
 
 def goodput_of(derived: dict, knee_on: str) -> float:
@@ -123,14 +129,27 @@ def _level(lv: dict, target: float, knee_on: str) -> dict:
             "per_class_attainment": {k: g["attainment"] for k, g in lv["per_class"].items()}}
 
 
+def router_count(levels: list[dict], cost: RouterCost, target: float, knee_on: str, busy: float) -> dict:
+    """Router processes for the candidate's best level that attains `target` (else its first):
+    its offered requests and streamed tokens a second cost `cost.load_s` CPU seconds a second,
+    spread over routers each at most `busy` busy."""
+    ok = [lv for lv in levels if sf.passes(lv, target, knee_on)]
+    lv = max(ok, key=lambda lv: lv["overall"]["goodput_rps"]) if ok else min(levels, key=lambda lv: lv["load"])
+    o = lv["overall"]
+    load = cost.load_s(o["offered_rps"], o["output_tok_s"])
+    return {"routers": routers_needed(load, busy), "load": lv["load"], "requests_per_s": o["offered_rps"],
+            "tokens_per_s": o["output_tok_s"], "cpu_s_per_s": load, "target_busy_share": busy}
+
+
 def evaluate(a: Namespace, cand: Candidate, loads: list[float], weights: ServiceWeights, cost) -> Outcome:
     """`cand`'s rate sweep from `loads` until its knee is bracketed (or --max-levels)."""
     ns = Namespace(**{**vars(a), **cand.flags(), "rates": list(loads), "until_knee": True})
     t0 = time.perf_counter()
     doc = sweep(ns, weights, cost, quiet=True, keep_records=False)
     d = doc["derived"]
+    routers = router_count(doc["levels"], router_cost(ns, cost), a.target, a.knee_on, a.router_target)
     return Outcome(cand, goodput_of(d, a.knee_on), d["knee_load"], list(d["knee_bracket_rps"]),
-                   [_level(lv, a.target, a.knee_on) for lv in doc["levels"]], time.perf_counter() - t0)
+                   [_level(lv, a.target, a.knee_on) for lv in doc["levels"]], time.perf_counter() - t0, routers)
 
 
 def _report(o: Outcome, quiet: bool) -> Outcome:

@@ -29,7 +29,8 @@ from pdtb.figures.summary import summarize
 from pdtb.client.sweep import SWEEP_VERSION, build_parser as sweep_parser, level_specs
 from pdtb.common import CliError
 from pdtb.sim.cluster import SimCluster
-from pdtb.sim.flags import add_sim_args, build_cost, cluster_shape, context_of, page_spec
+from pdtb.sim.flags import add_sim_args, build_cost, cluster_shape, context_of, page_spec, router_cost
+from pdtb.sim.routers import router_figures
 
 
 def build_parser():
@@ -57,6 +58,9 @@ def simulate(a: Namespace, specs, cost=None) -> tuple[list, dict, SimCluster]:
                    steps_in_runs={nid: n.coasted for nid, n in cluster.nodes.items()},
                    busy_share={nid: round(n.busy_s / max(cluster.loop.now, 1e-9), 4) for nid, n in cluster.nodes.items()},
                    simulated_s=cluster.loop.now)
+    duration = max(((r.end_time or 0.0) for r in records), default=0.0)  # (the results' duration_s)
+    figures["routers"] = router_figures(cluster.routers, shape.routers, router_cost(a, cost), records,
+                                        duration, a.router_target)
     if cluster.shape.kills:
         figures["faults"] = cluster.faults.figures()
     prefix = cluster.prefix_figures()
@@ -138,6 +142,7 @@ def run_once(a: Namespace, weights: ServiceWeights) -> int:
     print(f"sim: {len(records)} requests, {duration:.1f} s simulated in {figures['wall_s']:.1f} s "
           f"({figures['events']} events); top-5% KV share of the pool {figures['top5_share_pool_mean']:.2f} mean, "
           f"{figures['top5_share_pool_max']:.2f} max; evictions per request {json.dumps(ev)}")
+    print(router_line(figures["routers"]))
     if figures.get("prefix"):
         p = figures["prefix"]
         print(f"prefix cache: hit rate {p['hit_rate'] or 0:.3f} of {p['query_tokens']} prompt tokens "
@@ -145,6 +150,18 @@ def run_once(a: Namespace, weights: ServiceWeights) -> int:
     if a.out:
         print(f"results: {a.out}")
     return 0
+
+
+def router_line(f: dict) -> str:
+    """The routers' figures in one line (pdtb/sim/routers.py router_figures)."""
+    busy = max(r["busy_share"] for r in f["per_router"])
+    wait = max((r["token_wait_ms"]["p99"] for r in f["per_router"] if "token_wait_ms" in r), default=0.0)
+    cost = (f"{f['request_s'] * 1e6:g} us a request, {f['token_s'] * 1e6:g} us a token"
+            if f["charged"] else "not charged")
+    return (f"routers: {f['routers']} ({cost}); streamed {f['streamed_tok_s_mean']:.0f} tok/s mean, "
+            f"{f['streamed_tok_s_peak_1s']} peak in 1 s; busiest router {busy:.3f} busy, token wait p99 "
+            f"{wait:.2f} ms; routers needed at {f['target_busy_share']:g} busy: {f['routers_needed']} "
+            f"({f['routers_needed_at_peak']} at the 1 s peak)")
 
 
 def sweep(a: Namespace, weights: ServiceWeights, cost=None, quiet: bool = False, keep_records: bool = True) -> dict:
