@@ -4,7 +4,7 @@
 #   scripts/launch_cluster.sh --mode disagg|colocated [--prefill N] [--decode M] [--colocated K]
 #       [--model DIR] [--policy NAME|module:Class|path/to/file.py:Class] [--policy-arg KEY=VALUE]...
 #       [--transport zmq|torch|shm|auto] [--dist-init-method URL]
-#       [--kv-pages N] [--host-kv-pages N]
+#       [--kv-pages N] [--host-kv-pages N] [--routers N]
 #       [--prefill-kv-pages N] [--page-size T] [--port P] [--run-dir DIR] [--host IFACE] [--hosts-file FILE]
 #       [--router-args "..."] [--prefill-args "..."] [--decode-args "..."] [--curve-dir DIR] [--timeout S]
 #       [--ray ADDRESS|auto [--ray-name NAME] [--node-resources ROLE=JSON]... [--router-resources JSON]
@@ -21,6 +21,14 @@
 # script with the reason (status 2). A policy file's relative path is made absolute here (nodes
 # run elsewhere: over ssh in the checkout, under Ray in a worker's directory); on other hosts
 # the file must be at that same path, as the model is.
+#
+# --routers N: N router processes behind the one port (SO_REUSEPORT: the kernel gives each
+# connection to one of them), router-I.{log,pid,argv}; router-0 binds --port (0: a free one),
+# the others join it. Each also serves a private admin address on loopback, written to
+# router-I.admin (an admin request for another router's request is forwarded there), and they
+# share router-metrics/ (prometheus_client's multiprocess mode: /metrics is their sum). Only
+# router-0 runs the pressure or fair rebalancer; every router moves its own requests off a
+# draining node. See "Several routers" in docs/cluster.md.
 #
 # Nodes bind ephemeral ports and report them ("NODE READY {json}" in their log), so two clusters
 # never collide; the router listens on --port (default 8000; 0 picks a free one). Logs and pid
@@ -53,7 +61,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-MODE=disagg NP=1 ND=1 NC=1 MODEL="" POLICY=fcfs TRANSPORT=zmq KV_PAGES=4096 HOST_KV_PAGES=0
+MODE=disagg NP=1 ND=1 NC=1 NR=1 MODEL="" POLICY=fcfs TRANSPORT=zmq KV_PAGES=4096 HOST_KV_PAGES=0
 CURVE_DIR="" PREFILL_KV_PAGES="" PAGE_SIZE=16 PORT=8000 RUN_DIR="" HOST=127.0.0.1 HOSTS_FILE="" TIMEOUT=180 ROUTER_ARGS=""
 PREFILL_ARGS="" DECODE_ARGS="" DIST_INIT="" RAY="" RAY_ARGS=() POLICY_ARGS=() RESTART=""
 EXTRA=()
@@ -87,6 +95,7 @@ while [ $# -gt 0 ]; do
     --decode-args) DECODE_ARGS="$2"; shift 2 ;;
     --curve-dir) CURVE_DIR="$(cd "$2" && pwd)"; shift 2 ;;
     --timeout) TIMEOUT="$2"; shift 2 ;;
+    --routers) NR="$2"; shift 2 ;;
     --ray) RAY="$2"; shift 2 ;;
     --ray-name) RAY_ARGS+=(--name "$2"); shift 2 ;;
     --node-resources|--router-resources|--placement) RAY_ARGS+=("$1" "$2"); shift 2 ;;
@@ -108,7 +117,7 @@ whole() {  # whole FLAG VALUE MIN [MAX]: a whole number in range, checked before
 if [ "$MODE" = disagg ]; then whole --prefill "$NP" 1; whole --decode "$ND" 1; else whole --colocated "$NC" 1; fi
 whole --kv-pages "$KV_PAGES" 1; whole --host-kv-pages "$HOST_KV_PAGES" 0; whole --page-size "$PAGE_SIZE" 1
 [ -z "$PREFILL_KV_PAGES" ] || whole --prefill-kv-pages "$PREFILL_KV_PAGES" 1
-whole --port "$PORT" 0 65535; whole --timeout "$TIMEOUT" 1
+whole --port "$PORT" 0 65535; whole --timeout "$TIMEOUT" 1; whole --routers "$NR" 1
 
 source "$ROOT/scripts/_env.sh"
 source "$ROOT/scripts/_policy.sh"
@@ -124,7 +133,7 @@ if [ -n "$RAY" ]; then  # Ray places and supervises: pdtb cluster up does the re
   args=(--ray "$RAY" --mode "$MODE" --prefill "$NP" --decode "$ND" --colocated "$NC" --policy "$POLICY"
         ${POLICY_ARGS[@]+"${POLICY_ARGS[@]}"}
         --transport "$TRANSPORT" --kv-pages "$KV_PAGES" --host-kv-pages "$HOST_KV_PAGES" --page-size "$PAGE_SIZE"
-        --port "$PORT" --timeout "$TIMEOUT" --router-args "$ROUTER_ARGS" --prefill-args "$PREFILL_ARGS"
+        --port "$PORT" --routers "$NR" --timeout "$TIMEOUT" --router-args "$ROUTER_ARGS" --prefill-args "$PREFILL_ARGS"
         --decode-args "$DECODE_ARGS" ${MODEL:+--model "$MODEL"} ${PREFILL_KV_PAGES:+--prefill-kv-pages "$PREFILL_KV_PAGES"}
         ${RUN_DIR:+--run-dir "$RUN_DIR"} ${CURVE_DIR:+--curve-dir "$CURVE_DIR"} ${RAY_ARGS[@]+"${RAY_ARGS[@]}"})
   exec pdtb cluster up "${args[@]}" -- ${EXTRA[@]+"${EXTRA[@]}"}
@@ -239,28 +248,44 @@ nodes_alive() {  # every node started here still runs (one that dies while the r
   done
 }
 
-RLOG="$RUN_DIR/router-0.log"
-: > "$RLOG"
-rm -f "$RUN_DIR/url"
 read -r -a router_extra <<< "$ROUTER_ARGS"
-RARGV=("$PDTB_BIN" router --model "$MODEL" --host "$HOST" --port "$PORT" "${NODE_ARGS[@]}"
-       ${router_extra[@]+"${router_extra[@]}"} ${CURVE_DIR:+--curve-dir "$CURVE_DIR"})
-printf '%s\0' "${RARGV[@]}" > "$RUN_DIR/router-0.argv"
-setsid "${RARGV[@]}" > "$RLOG" 2>&1 < /dev/null &
-echo $! > "$RUN_DIR/router-0.pid"
+rm -rf "$RUN_DIR/url" "$RUN_DIR/router-metrics" "$RUN_DIR"/router-*.admin
+start_router() {  # start_router INDEX PORT: router-INDEX on PORT (with --routers N > 1, beside the others)
+  local i="$1" fleet=()
+  [ "$NR" -eq 1 ] || fleet=(--reuse-port --router-index "$i" --routers "$NR" --peer-dir "$RUN_DIR"
+                            --metrics-dir "$RUN_DIR/router-metrics")
+  local argv=("$PDTB_BIN" router --model "$MODEL" --host "$HOST" --port "$2" "${NODE_ARGS[@]}"
+              ${router_extra[@]+"${router_extra[@]}"} ${CURVE_DIR:+--curve-dir "$CURVE_DIR"} ${fleet[@]+"${fleet[@]}"})
+  : > "$RUN_DIR/router-$i.log"
+  printf '%s\0' "${argv[@]}" > "$RUN_DIR/router-$i.argv"
+  setsid "${argv[@]}" > "$RUN_DIR/router-$i.log" 2>&1 < /dev/null &
+  echo $! > "$RUN_DIR/router-$i.pid"
+}
+router_alive() {  # router_alive INDEX WHAT: it still runs, and so does every node
+  kill -0 "$(cat "$RUN_DIR/router-$1.pid")" 2>/dev/null || fail "router exited $2 (router-$1)" "$RUN_DIR/router-$1.log"
+  nodes_alive
+}
+wait_listening() {  # wait_listening INDEX: until its log says it accepts connections
+  while ! grep -q 'router listening on ' "$RUN_DIR/router-$1.log" 2>/dev/null; do
+    router_alive "$1" "during start-up"
+    [ $SECONDS -lt $deadline ] || fail "router-$1 not listening after ${TIMEOUT}s" "$RUN_DIR/router-$1.log"
+    sleep 0.2
+  done
+}
 deadline=$(( SECONDS + TIMEOUT ))
-while ! grep -q 'router listening on ' "$RLOG" 2>/dev/null; do
-  kill -0 "$(cat "$RUN_DIR/router-0.pid")" 2>/dev/null || fail "router exited during start-up" "$RLOG"
-  nodes_alive
-  [ $SECONDS -lt $deadline ] || fail "router not listening after ${TIMEOUT}s" "$RLOG"
-  sleep 0.2
-done
-URL="$(grep -m1 -o 'http://[^ ]*' "$RLOG")"
-until python -c "import sys,urllib.request; sys.exit(0 if urllib.request.urlopen('$URL/health', timeout=2).status == 200 else 1)" 2>/dev/null; do
-  kill -0 "$(cat "$RUN_DIR/router-0.pid")" 2>/dev/null || fail "router exited before /health was 200" "$RLOG"
-  nodes_alive
-  [ $SECONDS -lt $deadline ] || fail "/health not 200 after ${TIMEOUT}s" "$RLOG"
-  sleep 0.3
+start_router 0 "$PORT"
+wait_listening 0
+URL="$(grep -m1 -o 'listening on http://[^ ]*' "$RUN_DIR/router-0.log" | sed 's/^listening on //')"
+for i in $(seq 1 $(( NR - 1 ))); do start_router "$i" "${URL##*:}"; done  # (they join router-0's port)
+for i in $(seq 1 $(( NR - 1 ))); do wait_listening "$i"; done
+for i in $(seq 0 $(( NR - 1 ))); do  # each router's own /health: at its admin address when there are several
+  own="$URL"
+  [ "$NR" -eq 1 ] || own="$(cat "$RUN_DIR/router-$i.admin")"
+  until python -c "import sys,urllib.request; sys.exit(0 if urllib.request.urlopen('$own/health', timeout=2).status == 200 else 1)" 2>/dev/null; do
+    router_alive "$i" "before /health was 200"
+    [ $SECONDS -lt $deadline ] || fail "router-$i: /health not 200 after ${TIMEOUT}s" "$RUN_DIR/router-$i.log"
+    sleep 0.3
+  done
 done
 echo "$URL" > "$RUN_DIR/url"
 if [ -n "$RESTART" ]; then

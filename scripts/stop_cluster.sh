@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Stop a cluster started by launch_cluster.sh: SIGTERM the router, prefill and colocated nodes,
-# and once they have exited the decode nodes (each drains what it has in flight); SIGKILL
-# whatever is left --timeout seconds (default 40) after its SIGTERM.
+# Stop a cluster started by launch_cluster.sh: SIGTERM the routers (every router-I of --routers N,
+# each finishing its own requests), prefill and colocated nodes, and once they have exited the
+# decode nodes (each drains what it has in flight); SIGKILL whatever is left --timeout seconds
+# (default 40) after its SIGTERM.
 # Leaves no process behind; removes the pid files. A cluster placed by Ray (its run dir has
 # ray.json) is stopped by pdtb cluster down: every actor and placement group goes.
 # With --node NAME (e.g. decode-1) only that node is stopped: a decode node drains, and the router

@@ -7,13 +7,16 @@ What it reads in the run dir (launch_cluster.sh writes it):
     ROLE-I.argv       its command line, NUL-separated
     ROLE-I.log        its log, with the NODE READY line (the node's addresses)
     ROLE-I.stopping   stop_cluster.sh --node ROLE-I: stopped on purpose, not restarted
-    url               the router's URL
+    url               the router's URL (the shared port of every router)
+    router-I.admin    with several routers (launch_cluster.sh --routers N): router I's private admin URL
 
 A process that exits is restarted with its own command line:
     a node    with node id ROLE-I~N (the router keeps the dead one apart, as the Ray launcher's
               replacements do), its log ROLE-I~N.log; once its NODE READY line is there it is
-              added to the router (POST /admin/nodes);
-    the router  on its port, with every live node's current address as its --node list.
+              added to every router (POST /admin/nodes, at each one's private admin address
+              when there are several: one request to the shared port reaches only one of them);
+    a router  on its port (beside the others with --reuse-port), with every live node's current
+              address as its --node list; a lost router's live gauges leave the summed /metrics.
 Every loss and restart is one JSON line in supervisor.jsonl. A node of a torch-transport
 cluster is not restarted: it cannot rejoin the process group every node joined at start-up.
 """
@@ -76,6 +79,11 @@ def restartable(role: str, argv: list[str]) -> bool:
     return role == "router" or "--dist-rank" not in argv
 
 
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of the first `flag VALUE` pair in `argv`, or None."""
+    return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag), None)
+
+
 def with_flag(argv: list[str], flag: str, value: str | None) -> list[str]:
     """`argv` with every `flag VALUE` pair removed and, unless value is None, one `flag value`
     appended (argparse keeps the last of a repeated flag; appended so that no other parsing
@@ -108,7 +116,7 @@ class Supervisor:
             if m.role != "router":
                 m.ctrl, m.ctrl_pid = (node_ready(run_dir / f"{name}.log") or {}).get("ctrl", ""), m.pid
             else:
-                self.api_key = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--api-key"), None)
+                self.api_key = flag_value(argv, "--api-key")
             self.members[name] = m
 
     def record(self, **entry) -> None:
@@ -138,6 +146,7 @@ class Supervisor:
                 self.record(name=m.name, event="stopped", pid=m.pid)
                 return
             self.record(name=m.name, event="lost", pid=m.pid)
+            self.forget_metrics(m)
             m.quick_exits = m.quick_exits + 1 if m.started and time.monotonic() - m.started < QUICK_EXIT_S else 0
             wait = min(BACKOFF_MAX_S, 2.0 ** (m.quick_exits - 1)) if m.quick_exits else 0.0
             log.warning("%s (pid %d) exited: restarting it%s", m.name, m.pid, f" in {wait:g} s" if wait else "")
@@ -216,8 +225,25 @@ class Supervisor:
             exited.cancel()
 
     def add_to_router(self, m: Member, old: str | None) -> None:
-        url = (self.run_dir / "url").read_text().strip()
-        add_replacement(url, m.role, m.ctrl, old, self.api_key)
+        """Add node `m`'s new process to every router, retiring `old` there."""
+        for router in sorted((r for r in self.members.values() if r.role == "router"), key=lambda r: r.name):
+            add_replacement(self.admin_url(router), m.role, m.ctrl, old, self.api_key)
+
+    def admin_url(self, router: Member):
+        """Where to reach `router` alone: a function of no arguments, read at each try (a
+        restarted router's admin address is a new one): its admin file with several routers
+        (a missing file raises OSError, retried: the router is starting), else the url file."""
+        path = self.run_dir / (f"{router.name}.admin" if "--peer-dir" in router.argv else "url")
+        return lambda: path.read_text().strip()
+
+    def forget_metrics(self, m: Member) -> None:
+        """A router that died without a word: its live gauges leave the summed /metrics (what
+        it did exit cleanly does itself: pdtb/router/main.py)."""
+        metrics_dir = flag_value(m.argv, "--metrics-dir")
+        if m.role == "router" and metrics_dir:
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(m.pid, metrics_dir)
 
 
 def pid_alive(pid: int) -> bool:

@@ -8,7 +8,8 @@ the processes as on one host (ZeroMQ, or NCCL/gloo), never through Ray.
 The `Supervisor` checks every member each second. A member whose actor died (its Ray node
 went away) or whose process exited is counted lost; with `restart` it starts a replacement of
 the same role in the same placement group (Ray moves the group's bundle to a node that still
-has the resources) and adds it to the router (`POST /admin/nodes`).
+has the resources) and adds it to every router (`POST /admin/nodes`, at each router's private
+admin address when there are several).
 """
 from __future__ import annotations
 
@@ -78,8 +79,11 @@ class Supervisor:
     """Watches the members of one cluster (see the module docstring)."""
 
     def __init__(self, cluster: str, namespace: str, router_url: str, restart: bool, start_timeout: float,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, admin_urls: list[str] | None = None) -> None:
         self.cluster, self.namespace, self.router_url = cluster, namespace, router_url
+        # every router's private admin address (several behind one port: one request to the
+        # port reaches one of them), else the router's URL
+        self.admin_urls = list(admin_urls) if admin_urls else [router_url]
         self.restart, self.start_timeout, self.api_key = restart, start_timeout, api_key
         self.members: dict[str, dict] = {}  # actor name -> {"role", "args", "pg", "bundle", "options"}
         self.lost: list[dict] = []  # {"name", "role", "at", "why", "replaced_by"}
@@ -142,4 +146,5 @@ class Supervisor:
         return new
 
     def _add_to_router(self, role: str, address: str, replaces: str) -> None:
-        add_replacement(self.router_url, role, address, replaces, self.api_key)
+        for url in self.admin_urls:
+            add_replacement(url, role, address, replaces, self.api_key)

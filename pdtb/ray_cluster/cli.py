@@ -52,6 +52,8 @@ def parse_up(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--host-kv-pages", type=int, default=0)
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--port", type=int, default=8000, help="router port (0: a free one)")
+    ap.add_argument("--routers", type=int, default=1, metavar="N",
+                    help="router processes behind the port (SO_REUSEPORT), all on one Ray node (default 1)")
     ap.add_argument("--router-args", default="", help="more router flags (split on spaces)")
     ap.add_argument("--prefill-args", default="", help="more flags for the prefill nodes (split on spaces)")
     ap.add_argument("--decode-args", default="", help="more flags for the decode nodes (split on spaces)")
@@ -61,8 +63,8 @@ def parse_up(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=180.0)
     a = ap.parse_args(argv)
     a.extra = extra
-    if min(a.prefill, a.decode, a.colocated) < 1:
-        ap.error("--prefill, --decode and --colocated want at least 1")
+    if min(a.prefill, a.decode, a.colocated, a.routers) < 1:
+        ap.error("--prefill, --decode, --colocated and --routers want at least 1")
     return a
 
 
@@ -109,7 +111,7 @@ def spec_of(a: argparse.Namespace):
     return ClusterSpec(address=a.ray, name=a.name or f"pdtb-{secrets.token_hex(3)}", counts=counts,
                        resources=resources, router_resources=_resources(a.router_resources), placement=a.placement,
                        restart_failed=a.restart_failed, node_args=node_args, router_args=router_args,
-                       timeout=a.timeout, api_key=a.api_key)
+                       timeout=a.timeout, api_key=a.api_key, routers=a.routers)
 
 
 def _target(argv: list[str], prog: str) -> tuple[str, str, argparse.Namespace]:

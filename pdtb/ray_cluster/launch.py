@@ -5,7 +5,7 @@
                     [--placement spread|pack] [--restart-failed] [--model DIR]
                     [--policy NAME|module:Class|file.py:Class] [--policy-arg KEY=VALUE ...]
                     [--transport zmq|shm|auto] [--kv-pages N] [--prefill-kv-pages N] [--host-kv-pages N]
-                    [--page-size T] [--port P] [--router-args "..."] [--run-dir DIR] [--timeout S]
+                    [--page-size T] [--port P] [--routers N] [--router-args "..."] [--run-dir DIR] [--timeout S]
                     [-- flags for every node]
     pdtb cluster down (--run-dir DIR | --ray ADDRESS --name NAME)
     pdtb cluster status (--run-dir DIR | --ray ADDRESS --name NAME) [--json]
@@ -13,7 +13,10 @@
 `up` makes one placement group per role, starts each node as a detached Ray actor in its
 bundle (the node binds its Ray node's address and reports its ports), then the router (an
 actor too, placed by `--router-resources`), given the addresses the node actors returned, and
-a supervisor actor. It prints `READY URL`; with `--run-dir` it also writes DIR/ray.json (the
+a supervisor actor. With `--routers N`, N router actors on the first one's Ray node share its
+port (SO_REUSEPORT; peer files and the summed metrics in a directory of that host's temp dir,
+pdtb/router/peers.py), and the supervisor adds a replacement node to each at its private admin
+address (it runs beside them). It prints `READY URL`; with `--run-dir` it also writes DIR/ray.json (the
 Ray address and the cluster's name, for `down`) and DIR/url. `down` stops the nodes (SIGTERM:
 they drain), then the router, kills every actor of the cluster and removes its placement
 groups. Every actor and group is named `NAME:...` in the namespace `pdtb`.
@@ -24,6 +27,9 @@ stops `up` before anything is placed). A policy file's path is made absolute; th
 """
 from __future__ import annotations
 
+import os
+import secrets
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -45,6 +51,17 @@ class ClusterSpec:
     router_args: list[str] = field(default_factory=list)
     timeout: float = 180.0
     api_key: str | None = None
+    routers: int = 1  # router processes behind the one port, all on the first one's Ray node
+
+
+def router_args(spec: ClusterSpec, index: int, port: int | None, peer_dir: str) -> list[str]:
+    """Router `index`'s flags: the spec's, and with several routers its place among them and
+    the port router 0 bound (argparse keeps the last --port)."""
+    if spec.routers == 1:
+        return list(spec.router_args)
+    return [*spec.router_args, "--reuse-port", "--router-index", str(index), "--routers", str(spec.routers),
+            "--peer-dir", peer_dir, "--metrics-dir", os.path.join(peer_dir, "metrics"),
+            *(["--port", str(port)] if port is not None else [])]
 
 
 def connect(address: str) -> None:
@@ -90,15 +107,20 @@ def up(spec: ClusterSpec) -> dict:
                            spec.timeout)
         infos = start_members(members, NAMESPACE, spec.timeout)
         nodes = [f"--node={m['role']}={infos[n]['ctrl']}" for n, m in members.items()]
+        peer_dir = os.path.join(tempfile.gettempdir(), f"pdtb-{spec.name}-{secrets.token_hex(4)}")  # (fresh metrics)
         router = ProcessActor.options(name=f"{spec.name}:router", namespace=NAMESPACE, lifetime="detached",
                                       num_cpus=0, resources=spec.router_resources).remote("router", f"{spec.name}:router")
-        rinfo = ray.get(router.start.remote([*nodes, *spec.router_args], spec.timeout), timeout=spec.timeout + 60)
+        rinfo = ray.get(router.start.remote([*nodes, *router_args(spec, 0, None, peer_dir)], spec.timeout),
+                        timeout=spec.timeout + 60)
         url = rinfo["url"]
-        _wait_health(url, spec.timeout)
         beside_router = NodeAffinitySchedulingStrategy(node_id=rinfo["ray_node"], soft=False)  # (not on a node it watches)
+        rinfos = [rinfo, *_more_routers(spec, nodes, int(url.rsplit(":", 1)[1]), peer_dir, beside_router)]
+        for r in rinfos:
+            _wait_health(r.get("admin_url", url), spec.timeout)
         sup = Supervisor.options(name=f"{spec.name}:supervisor", namespace=NAMESPACE, lifetime="detached",
                                  scheduling_strategy=beside_router).remote(
-            spec.name, NAMESPACE, url, spec.restart_failed, spec.timeout, spec.api_key)
+            spec.name, NAMESPACE, url, spec.restart_failed, spec.timeout, spec.api_key,
+            [r["admin_url"] for r in rinfos if "admin_url" in r])
         ray.get([sup.watch.remote(n, {**m, "ctrl": infos[n]["ctrl"]}) for n, m in members.items()], timeout=30)
     except BaseException as e:
         down(spec.address, spec.name)
@@ -106,7 +128,23 @@ def up(spec: ClusterSpec) -> dict:
             raise RuntimeError(f"cluster {spec.name} did not start: {e}") from None
         raise
     return {"name": spec.name, "address": spec.address, "url": url,
-            "members": [infos[n] for n in members] + [rinfo]}
+            "members": [infos[n] for n in members] + rinfos}
+
+
+def _more_routers(spec: ClusterSpec, nodes: list[str], port: int, peer_dir: str, beside) -> list[dict]:
+    """Routers 1..N-1, on router 0's Ray node (SO_REUSEPORT shares a port within one host), all
+    started at once; what each reported."""
+    import ray
+
+    from pdtb.ray_cluster.actors import ProcessActor
+
+    starts = []
+    for i in range(1, spec.routers):
+        name = f"{spec.name}:router-{i}"
+        actor = ProcessActor.options(name=name, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
+                                     scheduling_strategy=beside).remote("router", name)
+        starts.append(actor.start.remote([*nodes, *router_args(spec, i, port, peer_dir)], spec.timeout))
+    return ray.get(starts, timeout=spec.timeout + 60) if starts else []
 
 
 def _wait_health(url: str, timeout: float) -> None:

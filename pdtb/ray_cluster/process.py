@@ -23,6 +23,7 @@ from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 READY = {"router": re.compile(r"router listening on (http://\S+)")}
+ADMIN = re.compile(r"router admin on (http://\S+)")  # printed before the listening line, with --peer-dir
 NODE_READY = re.compile(r"^NODE READY (\{.*\})$", re.M)
 
 
@@ -47,7 +48,8 @@ class NodeProcess:
 
     def start(self, timeout: float) -> dict:
         """Start the process and wait until it says it is up: a node's NODE READY line (its
-        addresses), the router's listening line ({"url": ...}). RuntimeError with the log's tail
+        addresses), the router's listening line ({"url": ...}, and "admin_url": its private
+        admin address where it has one). RuntimeError with the log's tail
         if it exits or is silent for `timeout` seconds."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
@@ -71,8 +73,8 @@ class NodeProcess:
     def _ready(self) -> dict | None:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         if self.role in READY:
-            m = READY[self.role].search(text)
-            return {"url": m.group(1)} if m else None
+            m, admin = READY[self.role].search(text), ADMIN.search(text)
+            return None if m is None else {"url": m.group(1), **({"admin_url": admin.group(1)} if admin else {})}
         m = NODE_READY.search(text)
         return json.loads(m.group(1)) if m else None
 

@@ -5,7 +5,9 @@
          decoding on a decode node, is moving already, or the target cannot take it; 400 on a
          malformed body. `inject` makes one step of the protocol fail on purpose
          (pdtb/nodes/protocol.py MIGRATE_INJECT: fault-injection tests and chaos runs), only on a router
-         started with --allow-fault-injection (403 otherwise).
+         started with --allow-fault-injection (403 otherwise). With several routers behind one
+         port, a router that does not hold the request asks the others (pdtb/router/peers.py)
+         and answers with the one that does.
     POST /admin/drain {"node": NODE_ID}
          202 {"node", "draining": true}: the node refuses new work from now on; the router moves
          a decode node's requests to the others (pdtb/router/rebalance.py, in every --rebalance mode)
@@ -36,6 +38,7 @@ from aiohttp import web
 from pdtb.nodes.protocol import MIGRATE_INJECT as INJECT
 from pdtb.router.completions import STATE
 from pdtb.router.openai_api import ApiError, bad_request
+from pdtb.router.peers import PEERS, is_forwarded
 
 
 async def _body(request: web.Request, *keys: str) -> dict:
@@ -63,8 +66,16 @@ async def handle_migrate(request: web.Request) -> web.Response:
     if inject and not request.app[STATE].config.allow_fault_injection:
         raise ApiError(403, "fault injection is off (pdtb router --allow-fault-injection)", "invalid_request_error",
                        "forbidden", "inject")
+    registry, peers = request.app[STATE].registry, request.app[PEERS]
+    if not registry.owns(body["request_id"]):
+        if is_forwarded(request):  # the asking router tries the next one
+            raise ApiError(404, f"request {body['request_id']!r} is not this router's", "invalid_request_error",
+                           "not_found", "request_id")
+        answer = await peers.forward(request, body)  # another router dispatched it
+        if answer is not None:
+            return answer
     try:
-        m = request.app[STATE].registry.migrate(body["request_id"], body["to"], "admin", inject)
+        m = registry.migrate(body["request_id"], body["to"], "admin", inject)
     except ValueError as e:
         raise _conflict(str(e)) from None
     return web.json_response({"migration_id": m.migration_id, "request_id": m.request_id, "source": m.source,

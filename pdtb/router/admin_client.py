@@ -8,6 +8,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from typing import Callable
 
 RETIRE_WAIT_S = 60.0  # how long a replacement waits for the router to judge the node it replaces lost
 
@@ -20,17 +21,19 @@ def post(url: str, path: str, body: dict, api_key: str | None = None, timeout: f
         pass
 
 
-def add_replacement(url: str, role: str, address: str, replaces: str | None, api_key: str | None = None,
-                    wait_s: float = RETIRE_WAIT_S) -> None:
+def add_replacement(url: str | Callable[[], str], role: str, address: str, replaces: str | None,
+                    api_key: str | None = None, wait_s: float = RETIRE_WAIT_S) -> None:
     """Add the node at `address`, retiring `replaces` (so /health stops waiting for it) once
     the router has judged that one lost. A router that does not list `replaces` (restarted
     since) only adds it; one that lists `address` already (a restarted router given it) is
-    done; one that does not answer (restarting) is asked again. RuntimeError after `wait_s`."""
+    done; one that does not answer (restarting) is asked again. `url` may be a function, read
+    at each try (a restarted router's private admin address is a new one). RuntimeError after
+    `wait_s`."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            post(url, "/admin/nodes", {"role": role, "address": address, **({"replaces": replaces} if replaces else {})},
-                 api_key)
+            body = {"role": role, "address": address, **({"replaces": replaces} if replaces else {})}
+            post(url() if callable(url) else url, "/admin/nodes", body, api_key)
             return
         except urllib.error.HTTPError as e:
             text = e.read().decode(errors="replace")
@@ -43,7 +46,7 @@ def add_replacement(url: str, role: str, address: str, replaces: str | None, api
                 continue
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the router still lists {replaces} as answering: {text[:300]}") from None
-        except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out: a router restarting
+        except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out, no admin file: restarting
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the router did not answer /admin/nodes: {e!r}") from None
         time.sleep(0.5)  # (the router judges a silent node lost after its health timeout)

@@ -12,6 +12,10 @@
     POST /admin/migrate    {"request_id", "to"}: move a decoding request to decode node "to" (pdtb/router/admin.py)
     POST /admin/drain      {"node"}: the node takes no new work; a decode node's requests move away
     POST /admin/nodes      {"role", "address"}: a node joins (a replacement a supervisor started)
+    GET  /router           the process that answered: router_id, index among the routers behind the
+                           port, requests it dispatched, its private admin address (pdtb/router/peers.py)
+
+Every response carries X-Pdtb-Router: the router_id of the process that answered it.
 
 With an API key configured, /v1/* and /admin/* require `Authorization: Bearer <key>`; /health,
 /metrics and /cluster stay open. Every error is OpenAI-shaped: {"error": {"message", "type", "code", "param"}}.
@@ -28,6 +32,7 @@ from pdtb.router.admin import handle_add_node, handle_drain, handle_faults, hand
 from pdtb.router.completions import STATE, RouterState, handle_chat_completion, handle_completion
 from pdtb.router.config import RouterConfig, ServedModel
 from pdtb.router.metrics import RouterMetrics
+from pdtb.router.peers import PEERS, Peers, handle_router, stamp_router
 from pdtb.router.registry import NodeRegistry
 from pdtb.router.openai_api import ApiError
 
@@ -126,16 +131,23 @@ async def handle_cluster(request: web.Request) -> web.Response:
     return web.json_response(out)
 
 
+def make_registry(config: RouterConfig, on_fatal=None) -> NodeRegistry:
+    """The node registry `config` describes (this process's rebalance mode: RouterConfig.own_rebalance)."""
+    return NodeRegistry(config.nodes, ping_interval=config.ping_interval, health_timeout=config.health_timeout,
+                        hang_timeout=config.hang_timeout, default_page_size=config.default_page_size,
+                        route=config.route, rebalance=config.own_rebalance, on_fatal=on_fatal,
+                        curve_dir=config.curve_dir, num_routers=config.fleet.size)
+
+
 def build_app(config: RouterConfig, model: ServedModel, registry: NodeRegistry | None = None) -> web.Application:
     """The router application. The registry is started with the app and closed after the last
     in-flight request ended (aiohttp's cleanup runs after the handlers' shutdown grace)."""
-    registry = registry or NodeRegistry(config.nodes, ping_interval=config.ping_interval,
-                                        health_timeout=config.health_timeout, hang_timeout=config.hang_timeout,
-                                        default_page_size=config.default_page_size, route=config.route,
-                                        rebalance=config.rebalance, curve_dir=config.curve_dir)
+    registry = registry or make_registry(config)
     middlewares = [error_middleware] + ([auth_middleware(config.api_key)] if config.api_key else [])
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
-    app[STATE] = RouterState(config, model, registry, RouterMetrics())
+    app[STATE] = RouterState(config, model, registry, RouterMetrics(config.metrics_dir))
+    app[PEERS] = Peers(config.fleet, registry.router_id)
+    app.on_response_prepare.append(stamp_router)
 
     async def registry_ctx(app: web.Application):
         await registry.start()
@@ -154,6 +166,7 @@ def build_app(config: RouterConfig, model: ServedModel, registry: NodeRegistry |
     app.router.add_post("/admin/drain", handle_drain)
     app.router.add_post("/admin/nodes", handle_add_node)
     app.router.add_post("/admin/faults", handle_faults)
+    app.router.add_get("/router", handle_router)
     registry.book.on_end = app[STATE].metrics.observe_migration
     registry.on_downtime = app[STATE].metrics.migration_downtime.observe
     return app

@@ -32,6 +32,24 @@ class NodeSpec:
         return cls(role.strip(), address.strip())
 
 
+@dataclass(frozen=True)
+class Fleet:
+    """This router's place among the router processes behind one port (SO_REUSEPORT)."""
+
+    index: int = 0  # its place, 0..size-1: index 0 alone runs the pressure and fair rebalancer
+    size: int = 1  # router processes behind the port: each sees about 1/size of a client's requests
+    peer_dir: str | None = None  # where each publishes its private admin URL (router-I.admin) and reads the others'
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.size:
+            raise ValueError(f"router index {self.index} out of range for {self.size} router(s)")
+
+    @property
+    def admin_file(self) -> str | None:
+        """The file this router's private admin URL is written to (None: no peers to reach it)."""
+        return None if self.peer_dir is None else str(Path(self.peer_dir) / f"router-{self.index}.admin")
+
+
 def check_tenant_tiers(tiers: dict) -> None:
     """Refuse a `--tenant-tier` default that is not an SLO tier a request could name."""
     from pdtb.nodes.protocol import SLO_TIER_RE
@@ -72,6 +90,15 @@ class RouterConfig:
     route: str = "load"  # how the prefill/colocated node is chosen: "load", "cache" (pdtb/router/cache_route.py) or "d2lpm" (fair_route.py)
     rebalance: str = "off"  # live migration between decode nodes: "off" | "pressure" | "fair" (pdtb/router/rebalance.py)
     allow_fault_injection: bool = False  # /admin/migrate may name a fault to inject (tests, chaos runs)
+    reuse_port: bool = False  # bind the port with SO_REUSEPORT: several router processes share it
+    fleet: Fleet = field(default_factory=Fleet)  # the router processes behind the port (pdtb/router/peers.py)
+    metrics_dir: str | None = None  # prometheus_client's multiprocess directory: /metrics sums every router's
+
+    @property
+    def own_rebalance(self) -> str:
+        """The rebalance mode this process runs: the configured one on router 0; drains only on
+        the others, so that pressure and fair moves are planned once, as with one router."""
+        return self.rebalance if self.fleet.index == 0 else "off"
 
     def __post_init__(self) -> None:
         check_tenant_tiers(self.tenant_tiers)

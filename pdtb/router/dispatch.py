@@ -65,6 +65,7 @@ class Dispatch:
         pages_node = decode or entry
         pages_node.pending_pages[req.request_id] = self._pages_for(pages_node, len(req.prompt_token_ids) + 1)
         self._requests[req.request_id] = handle
+        self.num_submitted += 1
         return handle
 
     def largest_pool_tokens(self) -> int | None:
@@ -166,3 +167,8 @@ class Dispatch:
     @property
     def num_open_requests(self) -> int:
         return len(self._requests)
+
+    def owns(self, request_id: str) -> bool:
+        """Whether `request_id` is one of this router's open requests (another router behind
+        the same port answers for the rest)."""
+        return request_id in self._requests

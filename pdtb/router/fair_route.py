@@ -11,6 +11,11 @@ ends. Locality is followed only as far as the client has paid for it on that wor
 that keeps hitting one worker's cache spends its credit there and spills to the others, instead
 of piling onto one node while the rest idle. Each node runs its own policy (dlpm pairs with it).
 
+Several router processes behind one port (pdtb/router/peers.py) each keep their own credits and
+see about 1/N of a client's requests: each charges `charge_scale` = N times what a request costs,
+so that a client's credit on a worker runs out after the same share of the cluster's requests as
+with one router, and the deficit rounds come as often.
+
 Pure: no sockets, no clock. The registry (pdtb/router/registry.py) and the simulator's router
 (pdtb/sim/cluster.py) call the same object.
 """
@@ -35,6 +40,7 @@ class D2lpmRouter:
     quantum: float = 2048.0  # credit a client gains on every worker per deficit round
     input_weight: float = 1.0  # charge per uncached prompt token dispatched
     output_weight: float = 2.0  # charge per generated token
+    charge_scale: float = 1.0  # every charge times this: N with N routers, each seeing 1/N of the requests
     credit: dict[tuple[str, str], float] = field(default_factory=dict)  # (client, node id) -> credit
 
     def __post_init__(self) -> None:
@@ -44,6 +50,8 @@ class D2lpmRouter:
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a number >= 0, got {v!r}")
+        if not (self.charge_scale > 0 and math.isfinite(self.charge_scale)):
+            raise ValueError(f"charge_scale must be a positive number, got {self.charge_scale!r}")
 
     def choose(self, client: str, prompt_tokens: int, cands: Sequence[RouteCandidate]) -> int | None:
         """Index of the chosen candidate (charged for the prompt tokens it must prefill); None
@@ -60,11 +68,11 @@ class D2lpmRouter:
         best = min((i for i, x in enumerate(credits) if x > 0),
                    key=lambda i: (-cands[i].overlap_tokens, cands[i].tie, i))
         pick = cands[best]
-        self.credit[(client, pick.node_id)] = credits[best] - self.input_weight * max(
+        self.credit[(client, pick.node_id)] = credits[best] - self.charge_scale * self.input_weight * max(
             0, prompt_tokens - pick.overlap_tokens)
         return best
 
     def charge_output(self, client: str, node_id: str, tokens: int) -> None:
         """A request of `client` that `node_id` took generated `tokens` tokens."""
         key = (client, node_id)
-        self.credit[key] = self.credit.get(key, 0.0) - self.output_weight * tokens
+        self.credit[key] = self.credit.get(key, 0.0) - self.charge_scale * self.output_weight * tokens

@@ -4,11 +4,14 @@
                 [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [--api-key KEY]
                 [--request-timeout S] [--max-streams-per-tenant N] [--tenant-tier TENANT=TIER]...
                 [--route load|cache|d2lpm] [--rebalance off|pressure|fair]
+                [--reuse-port --router-index I --routers N --peer-dir DIR --metrics-dir DIR]
                 [--log-level LEVEL]
 
 Loads only the tokenizer and config of the model. Prints `router listening on http://HOST:PORT`
-once it accepts connections. SIGTERM/SIGINT: stop accepting, give in-flight requests
-`shutdown_timeout` seconds, abort the rest at their nodes, exit 0.
+once it accepts connections (with --peer-dir, `router admin on http://...` before it: its
+private admin address on loopback, also written to DIR/router-I.admin; pdtb/router/peers.py).
+SIGTERM/SIGINT: stop accepting, give in-flight requests `shutdown_timeout` seconds, abort the
+rest at their nodes, exit 0.
 
 Programmatic use (inside a running loop):
     runner, url = await start_router(config, load_served_model(model_dir))
@@ -20,38 +23,61 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
-from aiohttp import web
-
-from pdtb.router.app import build_app
 from pdtb.router.cache_route import ROUTES
-from pdtb.router.completions import STATE, drain
-from pdtb.router.config import NodeSpec, RouterConfig, ServedModel, load_served_model
-from pdtb.router.half_close import HalfCloseRunner
-from pdtb.router.registry import NodeRegistry
+from pdtb.router.config import Fleet, NodeSpec, RouterConfig, ServedModel, load_served_model
+
+# (the application's modules, which import prometheus_client, are imported once main() has set
+# PROMETHEUS_MULTIPROC_DIR from --metrics-dir: prometheus_client reads it at its import)
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from pdtb.router.registry import NodeRegistry
 
 log = logging.getLogger("pdtb.router")
 
 
 async def start_router(config: RouterConfig, model: ServedModel,
                        registry: NodeRegistry | None = None) -> tuple[web.AppRunner, str]:
-    """Start serving on config.host:config.port (0: ephemeral). Returns the runner (stop it with
-    `await runner.cleanup()`) and the base URL, e.g. http://127.0.0.1:8000."""
+    """Start serving on config.host:config.port (0: ephemeral; with config.reuse_port, beside
+    the other routers on that port) and, with a peer dir, on a private admin address on
+    loopback. Returns the runner (stop it with `await runner.cleanup()`) and the base URL,
+    e.g. http://127.0.0.1:8000."""
+    from aiohttp import web
+
+    from pdtb.router.app import build_app
+    from pdtb.router.half_close import HalfCloseRunner
+    from pdtb.router.peers import PEERS
+
     app = build_app(config, model, registry)
     runner = HalfCloseRunner(app, handler_cancellation=True, shutdown_timeout=config.shutdown_timeout,
                            access_log=logging.getLogger("aiohttp.access"))
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
     try:
-        await site.start()
+        await web.TCPSite(runner, config.host, config.port, reuse_port=config.reuse_port or None).start()
+        url = _url(runner.addresses[0])
+        if config.fleet.peer_dir is not None:
+            await web.TCPSite(runner, _loopback(config.host), 0).start()
+            app[PEERS].publish(_url(runner.addresses[-1]))
     except BaseException:
         await runner.cleanup()
         raise
-    host, port = runner.addresses[0][:2]
-    host = f"[{host}]" if ":" in host else host
-    return runner, f"http://{host}:{port}"
+    return runner, url
+
+
+def _url(address) -> str:
+    host, port = address[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _loopback(host: str) -> str:
+    """The loopback address of `host`'s family: a router's private admin address is for the
+    processes of its own host (its peers, its supervisor)."""
+    return "::1" if ":" in host else "127.0.0.1"
 
 
 async def serve(config: RouterConfig, model: ServedModel) -> int:
@@ -63,26 +89,36 @@ async def serve(config: RouterConfig, model: ServedModel) -> int:
         fatal.append(exc)
         stop.set()
 
-    registry = NodeRegistry(config.nodes, ping_interval=config.ping_interval,
-                            health_timeout=config.health_timeout, hang_timeout=config.hang_timeout,
-                            default_page_size=config.default_page_size, route=config.route,
-                            rebalance=config.rebalance, on_fatal=on_fatal, curve_dir=config.curve_dir)
+    from pdtb.router.app import make_registry
+    from pdtb.router.completions import STATE, drain
+    from pdtb.router.peers import PEERS
+
+    registry = make_registry(config, on_fatal)
     runner, url = await start_router(config, model, registry)
+    peers = runner.app[PEERS]
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if peers.admin_url:
+        print(f"router admin on {peers.admin_url}", flush=True)
     print(f"router listening on {url}", flush=True)
-    log.info("router %s serving %s over %d node(s)", registry.router_id, model.name, len(config.nodes))
+    log.info("router %s (%d of %d) serving %s over %d node(s)", registry.router_id, config.fleet.index,
+             config.fleet.size, model.name, len(config.nodes))
     try:
         await stop.wait()
     finally:
         log.info("router shutting down (grace %.1f s)", config.shutdown_timeout)
         for site in list(runner.sites):
             await site.stop()  # stop accepting connections
+        peers.unpublish()
         cancelled = await drain(runner.app[STATE], config.shutdown_timeout)
         if cancelled:
             log.warning("failed %d request(s) still running after the grace period (503)", cancelled)
         await asyncio.wait_for(runner.cleanup(), 10.0)
+        if config.metrics_dir is not None:  # its in-flight gauge leaves the sum; its counters stay
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(os.getpid(), config.metrics_dir)
     log.info("router stopped")
     return 1 if fatal else 0
 
@@ -129,6 +165,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="a node silent S seconds is down even while connected (hung, or its host died); "
                          "shorter silences over a live connection are long engine steps")
     ap.add_argument("--shutdown-timeout", type=float, default=10.0)
+    ap.add_argument("--reuse-port", action="store_true",
+                    help="bind --port with SO_REUSEPORT: several router processes share it, the kernel giving "
+                         "each connection to one of them (scripts/launch_cluster.sh --routers N)")
+    ap.add_argument("--router-index", type=int, default=0, metavar="I",
+                    help="this router's place among those behind the port (0: the one that runs the pressure "
+                         "and fair rebalancer; the others move requests off draining nodes only)")
+    ap.add_argument("--routers", type=int, default=1, metavar="N",
+                    help="router processes behind the port: each sees about 1/N of a client's requests "
+                         "(--route d2lpm charges N times)")
+    ap.add_argument("--peer-dir", metavar="DIR",
+                    help="serve a private admin address on loopback too, written to DIR/router-I.admin; "
+                         "admin requests for another router's requests go to the other routers' addresses there")
+    ap.add_argument("--metrics-dir", metavar="DIR",
+                    help="prometheus_client's multiprocess directory, shared by the routers behind the port: "
+                         "/metrics answers with the sum over them (empty it before the first router starts)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return ap.parse_args(argv)
 
@@ -142,6 +193,17 @@ def tenant_tiers(items: list[str]) -> dict[str, str]:
             raise ValueError(f"--tenant-tier wants TENANT=TIER, got {it!r}")
         out[tenant] = tier
     return out
+
+
+def multiprocess_metrics(path: str) -> None:
+    """Put prometheus_client in multiprocess mode over `path` (its documented switch: the
+    environment variable, read when prometheus_client is first imported). ValueError when it
+    was imported already in single-process mode."""
+    os.makedirs(path, exist_ok=True)
+    values = sys.modules.get("prometheus_client.values")
+    if values is not None and not getattr(values.ValueClass, "_multiprocess", True):
+        raise ValueError("--metrics-dir: prometheus_client was imported before the flag was read")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +224,11 @@ def main(argv: list[str] | None = None) -> int:
                               max_streams_per_tenant=a.max_streams_per_tenant,
                               shutdown_timeout=a.shutdown_timeout, health_timeout=a.health_timeout,
                               hang_timeout=a.hang_timeout, tenant_tiers=tenant_tiers(a.tenant_tier),
-                              route=a.route, rebalance=a.rebalance, allow_fault_injection=a.allow_fault_injection)
+                              route=a.route, rebalance=a.rebalance, allow_fault_injection=a.allow_fault_injection,
+                              reuse_port=a.reuse_port, fleet=Fleet(a.router_index, a.routers, a.peer_dir),
+                              metrics_dir=a.metrics_dir)
+        if a.metrics_dir is not None:
+            multiprocess_metrics(a.metrics_dir)
         model = load_served_model(resolve_model_arg(a.model), a.served_model_name, a.chat_template)
     except (ValueError, OSError, CliError) as e:
         return die(str(e))

@@ -1,8 +1,11 @@
-"""Prometheus metrics measured at the router, in a per-process CollectorRegistry."""
+"""Prometheus metrics measured at the router, in a per-process CollectorRegistry; with several
+routers behind one port, in prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR set
+before prometheus_client is imported: pdtb/router/main.py), where any router renders the sum."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.0)
@@ -17,7 +20,8 @@ class RouterMetrics:
     ITL: a batch of k tokens arriving `gap` seconds after the previous one counts k times gap/k.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, multiprocess_dir: str | None = None) -> None:
+        self.multiprocess_dir = multiprocess_dir  # render every router process's values, summed
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("pdtb_router_requests", "Completion requests by final status",
@@ -28,7 +32,8 @@ class RouterMetrics:
                              buckets=ITL_BUCKETS, registry=r)
         self.e2e = Histogram("pdtb_router_e2e_seconds", "Request latency, arrival to last token",
                              buckets=LATENCY_BUCKETS, registry=r)
-        self.in_flight = Gauge("pdtb_router_requests_in_flight", "Requests being served", registry=r)
+        self.in_flight = Gauge("pdtb_router_requests_in_flight", "Requests being served", registry=r,
+                               multiprocess_mode="livesum")
         self.prompt_tokens = Counter("pdtb_router_prompt_tokens", "Prompt tokens of accepted requests",
                                      registry=r)
         self.generation_tokens = Counter("pdtb_router_generation_tokens", "Tokens returned to clients",
@@ -66,4 +71,8 @@ class RouterMetrics:
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        summed = CollectorRegistry()
+        MultiProcessCollector(summed, path=self.multiprocess_dir)
+        return generate_latest(summed), CONTENT_TYPE_LATEST

@@ -70,7 +70,8 @@ class NodeRegistry(Dispatch, Following, RebalanceLoop):
     def __init__(self, specs: tuple[NodeSpec, ...] | list[NodeSpec], *, router_id: str | None = None,
                  ping_interval: float = 0.5, health_timeout: float = 3.0, hang_timeout: float | None = None,
                  default_page_size: int = 16, route: str = "load", rebalance: str = "off",
-                 on_fatal: Callable[[BaseException], None] | None = None, curve_dir: str | None = None) -> None:
+                 on_fatal: Callable[[BaseException], None] | None = None, curve_dir: str | None = None,
+                 num_routers: int = 1) -> None:
         self.curve_dir = curve_dir
         self.router_id = router_id or f"router-{os.getpid()}-{secrets.token_hex(4)}"
         self.nodes = [NodeState(s) for s in specs]
@@ -80,7 +81,9 @@ class NodeRegistry(Dispatch, Following, RebalanceLoop):
         if route not in ROUTES:
             raise ValueError(f"route must be one of {', '.join(ROUTES)}, got {route!r}")
         self.route = route
-        self.d2lpm = D2lpmRouter()  # route "d2lpm": per-(client, worker) credit (pdtb/router/fair_route.py)
+        # route "d2lpm": per-(client, worker) credit, this process's own (pdtb/router/fair_route.py);
+        # with several routers behind one port each sees 1/num_routers of a client's requests
+        self.d2lpm = D2lpmRouter(charge_scale=float(num_routers))
         if rebalance not in REBALANCE_MODES:
             raise ValueError(f"rebalance must be one of {', '.join(REBALANCE_MODES)}, got {rebalance!r}")
         self.rebalancer = Rebalancer(rebalance)
@@ -88,6 +91,7 @@ class NodeRegistry(Dispatch, Following, RebalanceLoop):
         self.on_downtime: Callable[[float], None] | None = None  # metrics: a migrated request's pause
         self._on_fatal = on_fatal
         self._requests: dict[str, RequestHandle] = {}
+        self.num_submitted = 0  # requests this process sent to a node (GET /router)
         self._node_back: list[asyncio.Future] = []  # node_back() waiters, woken when a node turns healthy
         self._ctx: zmq.asyncio.Context | None = None
         self._tasks: list[asyncio.Task] = []

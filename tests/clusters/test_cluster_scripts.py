@@ -24,6 +24,7 @@ def script(*args: str) -> subprocess.CompletedProcess:
     (["--port", "70000"], "--port must be between 0 and 65535, got 70000\n"),
     (["--kv-pages", "0"], "--kv-pages must be at least 1"),
     (["--port", "--run-dir", "x"], "--port needs a value"),
+    (["--routers", "0"], "--routers must be at least 1, got 0\n"),
 ])
 def test_a_bad_flag_value_is_refused_before_anything_starts(tmp_path, flags, says):
     res = script(LAUNCH, "--mode", "disagg", "--run-dir", str(tmp_path / "run"), *flags)

@@ -111,6 +111,36 @@ def test_ray_places_each_role_on_its_resource_and_serves_generates_tokens(ray_no
     assert_gone(rec)
 
 
+def test_two_routers_on_one_ray_node_share_the_port_and_both_serve(ray_nodes, llama_dir, hf_models, tmp_path):
+    """--routers 2: both router actors on the router's Ray node, one port; outputs through it
+    equal generate, each router dispatched some (new connections spread over the two), and the
+    stop leaves nothing behind."""
+    import urllib.request
+
+    c, nodes = ray_nodes
+    run_dir = tmp_path / "ray3"
+    url = launch(c, run_dir, llama_dir, "--prefill", "1", "--decode", "1", "--routers", "2")
+    try:
+        rec = json.loads((run_dir / "ray.json").read_text())
+        routers = [m for m in rec["members"] if m["role"] == "router"]
+        assert len(routers) == 2 and {m["ray_node"] for m in routers} == {nodes["head"].node_id}
+        assert {m["url"] for m in routers} == {url} and len({m["admin_url"] for m in routers}) == 2
+        prompts = [[3 + (5 * i + j) % 300 for j in range(8 + i)] for i in range(16)]
+        got = []
+        for p in prompts:  # (a new connection each: urllib keeps none)
+            req = urllib.request.Request(f"{url}/v1/completions", method="POST",
+                                         headers={"Content-Type": "application/json"}, data=json.dumps({"prompt": p, "max_tokens": 6, "temperature": 0,
+                                                          "ignore_eos": True, "return_token_ids": True}).encode())
+            with urllib.request.urlopen(req, timeout=60) as r:
+                got.append(json.loads(r.read())["choices"][0]["token_ids"])
+        assert got == [hf_greedy(hf_models["llama"], p, 6, ignore_eos=True) for p in prompts]
+        served = [get_json(f"{m['admin_url']}/router")["requests_submitted"] for m in routers]
+        assert sum(served) == len(prompts) and min(served) > 0, served
+    finally:
+        rec = stop(run_dir)
+    assert_gone(rec)
+
+
 def test_a_ray_node_removed_under_load_loses_no_request(ray_nodes, llama_dir, hf_models, tmp_path):
     """Two decode nodes spread over the two decode Ray nodes, --restart-failed; one Ray node is
     removed while requests stream: its node process goes with it, the router finds it down and

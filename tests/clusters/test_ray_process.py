@@ -73,3 +73,33 @@ def test_a_cluster_name_cannot_hold_the_separators_of_its_actors_names():
     for bad in ("a:b", "a~b", ""):
         with pytest.raises(CliError, match="--name"):
             spec_of(parse_up(["--ray", "auto", "--name", bad]))
+
+
+def test_routers_behind_one_port_get_their_place_and_router_0s_port():
+    """`pdtb cluster up --routers 3`: router 0 binds --port, the others join the port it bound,
+    each with its index, the count and the directory where they find each other; one router
+    gets the flags as given."""
+    from pdtb.ray_cluster.cli import parse_up, spec_of
+    from pdtb.ray_cluster.launch import router_args
+
+    from pdtb.router.main import parse_args
+
+    spec = spec_of(parse_up(["--ray", "auto", "--port", "0", "--routers", "3", "--router-args", "--route cache"]))
+    first, third = (parse_args(router_args(spec, i, port, "/tmp/peers")) for i, port in ((0, None), (2, 41234)))
+    assert (first.port, first.router_index, first.routers) == (0, 0, 3)
+    assert (third.port, third.router_index, third.routers) == (41234, 2, 3)
+    assert third.reuse_port and third.route == "cache" and third.peer_dir == "/tmp/peers"
+    assert third.metrics_dir == "/tmp/peers/metrics"
+    one = spec_of(parse_up(["--ray", "auto", "--port", "0"]))
+    assert router_args(one, 0, None, "/tmp/peers") == one.router_args and "--reuse-port" not in one.router_args
+
+
+def test_a_router_with_peers_reports_its_admin_address_too(tmp_path):
+    p = NodeProcess("router", ["--port", "0", "--host", "127.0.0.1", "--node", "colocated=tcp://127.0.0.1:9",
+                               "--reuse-port", "--peer-dir", str(tmp_path / "peers")], log_dir=str(tmp_path))
+    info = p.start(timeout=60)
+    try:
+        assert info["admin_url"] == (tmp_path / "peers" / "router-0.admin").read_text().strip() != info["url"]
+    finally:
+        p.stop(10)
+    assert not (tmp_path / "peers" / "router-0.admin").exists()

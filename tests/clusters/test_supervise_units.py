@@ -45,3 +45,29 @@ def test_node_ready_takes_the_last_ready_line(tmp_path):
     assert node_ready(log) is None
     log.write_text('NODE READY {"ctrl": "tcp://x:1"}\nboom\nNODE READY {"ctrl": "tcp://x:2"}\n')
     assert node_ready(log) == {"ctrl": "tcp://x:2"}
+
+
+def test_a_replacement_is_added_to_every_router_at_its_own_address(tmp_path, monkeypatch):
+    """With several routers behind one port (--peer-dir in their command lines) a replacement
+    node is added to each at its private admin address, read anew at each try (a restarted
+    router has a new one); a lone router is reached at the url file's address."""
+    import pdtb.local_cluster.supervise as supervise
+
+    (tmp_path / "url").write_text("http://127.0.0.1:8000\n")
+    for i in range(2):
+        write_member(tmp_path, f"router-{i}", ["pdtb", "router", "--reuse-port", "--peer-dir", str(tmp_path),
+                                               "--metrics-dir", str(tmp_path / "m")], DEAD_PID)
+        (tmp_path / f"router-{i}.admin").write_text(f"http://127.0.0.1:{9000 + i}\n")
+    write_member(tmp_path, "decode-0", ["pdtb", "decode", "--node-id", "decode-0"], DEAD_PID, {"ctrl": "tcp://x:2"})
+    asked = []
+    monkeypatch.setattr(supervise, "add_replacement",
+                        lambda url, role, addr, old, key: asked.append((url(), addr, old)))
+    sup = Supervisor(tmp_path)
+    sup.members["decode-0"].ctrl = "tcp://x:3"
+    (tmp_path / "router-1.admin").write_text("http://127.0.0.1:9100\n")  # router-1 restarted
+    sup.add_to_router(sup.members["decode-0"], "tcp://x:2")
+    assert asked == [("http://127.0.0.1:9000", "tcp://x:3", "tcp://x:2"),
+                     ("http://127.0.0.1:9100", "tcp://x:3", "tcp://x:2")]
+    lone = Supervisor.__new__(Supervisor)
+    lone.run_dir = tmp_path
+    assert lone.admin_url(supervise.Member("router-0", "router", ["pdtb", "router"]))() == "http://127.0.0.1:8000"
