@@ -304,11 +304,14 @@ def _checker(tp) -> Callable:
     if origin is list:
         (item,) = typing.get_args(tp)
         each = _checker(item)
+        exact = item if item in (int, str) else None  # lists of these pass whole when every item is one
 
         def check_list(value, name):
             if not isinstance(value, list):
                 raise ProtocolError(f"field {name!r} must be a list", name)
-            return [each(v, f"{name}[]") for v in value] if value else []
+            if exact is not None and all(type(v) is exact for v in value):  # (a bool is no int here)
+                return value
+            return [each(v, f"{name}[]") for v in value]
         return check_list
     if tp in (dict,) or origin is dict:
         args = typing.get_args(tp)
