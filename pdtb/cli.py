@@ -31,6 +31,8 @@ COMMANDS = (
     Command(("bench", "decode-kernel"), "pdtb.microbench.decode_kernel:main",
             "the Triton paged decode kernel's bandwidth by launch setting (GPU)"),
     Command(("bench", "controller"), "pdtb.microbench.controller:main", "per-step decision cost of each policy at 100 / 1k / 10k requests"),
+    Command(("bench", "router"), "pdtb.microbench.router:main",
+            "router CPU per request and per token, saturation against a minimal relay, added latency"),
     Command(("bench", "serve"), "pdtb.client.serve:main", "load-test client against an OpenAI-compatible endpoint"),
     Command(("bench", "sweep"), "pdtb.client.sweep:main", "a workload at a series of offered loads: attainment, goodput, knee"),
     Command(("bench", "migration"), "pdtb.client.downtime:main",

@@ -399,8 +399,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scorecard-command", default="bash scripts/scorecard.sh --quick")
     ap.add_argument("--sim-speed", help="pdtb sim speed --json output")
     ap.add_argument("--chaos", help="directory of pdtb chaos reports (scripts/chaos_results.sh's --out)")
+    ap.add_argument("--router-files", nargs="*", default=[], help="pdtb bench router --out files (scripts/router_results.sh)")
+    ap.add_argument("--router-commands", nargs="*", default=[], help="the commands that wrote them, in order")
     ap.add_argument("--section", choices=["migration", "transports", "ray", "gpu", "scorecard", "sim-speed", "sim",
-                                          "chaos"],
+                                          "chaos", "router"],
                     help="replace only this section of the existing --out (its own date and commit in its first "
                          "line), leaving the others as they are")
     ap.add_argument("--out", required=True)
@@ -441,6 +443,13 @@ def main(argv: list[str] | None = None) -> int:
 
         section = speed_section(json.loads(Path(a.sim_speed).read_text()), _stamp(_read(a.commit_file)))
         return _write_section(a.out, SPEED_HEADING, section, "simulator speed", before=None)  # after the simulator's
+    if a.section == "router":
+        if not a.router_files:
+            ap.error("--section router needs --router-files FILE...")
+        from pdtb.figures.router_section import ROUTER_HEADING, render as router_section
+
+        section = router_section(a.router_files, a.router_commands, _stamp(_read(a.commit_file)))
+        return _write_section(a.out, ROUTER_HEADING, section, "router")
     if a.section == "gpu":
         if not a.gpu:
             ap.error("--section gpu needs --gpu DIR")

@@ -55,6 +55,8 @@ class RouterState:
 
 STATE = web.AppKey("state", RouterState)
 log = logging.getLogger("pdtb.router")
+_TEXT_MARK = "\u0000pdtb-text\u0000"  # a chunk's text in middle_chunk: found once, as no id or model name holds NUL
+CHUNK_FRAMING = 16  # bytes HTTP/1.1 chunked encoding adds around a write (size line and CRLFs)
 FINAL_TIMING_S = 0.5  # how long a request ended by a stop string waits for its node's timeline
 MAX_RESUBMITS = 3  # a request refused before any work (a draining node) is sent elsewhere at most this often
 
@@ -96,6 +98,8 @@ class CompletionRun:
         self.first_token_at = self.last_token_at = 0.0  # time.monotonic() of the first and latest token
         self.status = "200"  # for the requests counter; "499": the client went away
         self.delivered = False  # a stream's last event ([DONE]) was written: whatever follows, it was served
+        self.transport = None  # the client's connection (asyncio transport), once the response is prepared
+        self._middle: tuple[bytes, bytes] | None = None  # a plain chunk's bytes around its text (middle_chunk)
 
     def submit(self) -> None:
         """Send the request to the chosen nodes. Raises ApiError(503) when none is available."""
@@ -355,6 +359,7 @@ class CompletionRun:
         beat = None
         try:
             await bounded(resp.prepare(request), self.state.config.request_timeout)
+            self.transport = request.transport
             if (eof := peer_eof(request)) is not None:
                 beat = asyncio.ensure_future(self._heartbeat(resp, eof))
             try:
@@ -398,6 +403,11 @@ class CompletionRun:
             async for p in gen:
                 if not (p.text or p.finish_reason or (rti and p.token_ids)):
                     continue
+                if not p.finish_reason and not rti:  # most chunks: the text is all that changes
+                    head, tail = self.middle_chunk()
+                    await self._write(resp, head + json.dumps(p.text, ensure_ascii=False).encode() + tail)
+                    first = False
+                    continue
                 if self.chat:
                     choice = chat_delta(p.text, p.finish_reason, p.token_ids if rti else None, p.stop_reason)
                 else:
@@ -415,11 +425,31 @@ class CompletionRun:
                                usage_key=self.req.include_usage,
                                object_name="chat.completion.chunk" if self.chat else "text_completion")
 
+    def middle_chunk(self) -> tuple[bytes, bytes]:
+        """The SSE bytes of a chunk that carries text alone (no finish, no token ids), before and
+        after its JSON-encoded text: json.dumps of the whole chunk, once per request, with a
+        marker where the text goes."""
+        if self._middle is None:
+            choice = chat_delta(_TEXT_MARK) if self.chat else choice_body(_TEXT_MARK, None)
+            raw = json.dumps(self._chunk(choice), ensure_ascii=False)
+            head, tail = raw.split(json.dumps(_TEXT_MARK, ensure_ascii=False))
+            self._middle = (b"data: " + head.encode(), tail.encode() + b"\n\n")
+        return self._middle
+
     async def _send(self, resp: web.StreamResponse, body: dict) -> None:
         await self._write(resp, b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n")
 
     async def _write(self, resp: web.StreamResponse, data: bytes) -> None:
-        await bounded(resp.write(data), self.state.config.request_timeout)
+        """One write, bounded by the request timeout. A write waits on the client only while its
+        connection's send buffer is above the high-water mark (the transport paused), so one
+        that leaves the buffer below it is awaited as it is, without the bounded wait's task and
+        timer: the common case, once per token."""
+        tr = self.transport
+        if tr is not None and not tr.is_closing() and \
+                tr.get_write_buffer_size() + len(data) + CHUNK_FRAMING < tr.get_write_buffer_limits()[1]:
+            await resp.write(data)
+        else:
+            await bounded(resp.write(data), self.state.config.request_timeout)
 
 
 def _retrieved(task: asyncio.Task) -> None:

@@ -77,6 +77,8 @@ class StopMatcher:
         """Add text; return what can be released. Sets `stopped` when a stop string matched."""
         if self.stopped:
             return ""
+        if not self._stops:  # nothing to hold back
+            return text
         self._pending += text
         hits = [(i, s) for i, s in ((self._pending.find(s), s) for s in self._stops) if i >= 0]
         if hits:

@@ -11,7 +11,6 @@ import zmq
 
 from pdtb.nodes.handoff import HandoffState
 from pdtb.nodes.protocol import AbortRequest, GenerateRequest, Target, TokenEvent, encode_message
-from pdtb.aio import bounded
 from pdtb.router.cache_route import CacheChoice, candidates_of, pick_by_cache, score_all
 from pdtb.router.fair_route import RouteCandidate
 from pdtb.router.node_state import NodeState, Placement, RequestFailed, RequestHandle, load_order, pick_most_free, pick_prefill
@@ -132,12 +131,12 @@ class Dispatch:
     async def next_event(self, handle: RequestHandle, timeout: float) -> TokenEvent:
         """The request's next event. Raises RequestFailed when it failed or nothing came in `timeout`."""
         try:
-            item = await bounded(handle.queue.get(), timeout)
+            item = await handle.queue.get(timeout)
         except asyncio.TimeoutError:
             raise RequestFailed(503, f"no response from the nodes for {timeout:g} s") from None
         if isinstance(item, RequestFailed):
             raise item
-        return item
+        return merge_queued(item, handle.queue)
 
     def abort(self, handle: RequestHandle, reason: str, final: bool = False) -> None:
         """Tell every node involved to drop the request (best effort, never blocks). With
@@ -172,3 +171,23 @@ class Dispatch:
         """Whether `request_id` is one of this router's open requests (another router behind
         the same port answers for the rest)."""
         return request_id in self._requests
+
+
+def plain(ev) -> bool:
+    """A TokenEvent of tokens alone: no error, no word to retry elsewhere."""
+    return isinstance(ev, TokenEvent) and not ev.error and not ev.retry and ev.finish_reason != "error"
+
+
+def merge_queued(ev: TokenEvent, queue) -> TokenEvent:
+    """`ev` with the plain events already queued behind it, as one: a handler that fell behind
+    its node sends one chunk for them instead of one each (vLLM's output collector merges the
+    same way). The merged event ends where the last one taken ends."""
+    if ev.finished or not plain(ev) or queue.empty():
+        return ev
+    ids = list(ev.token_ids)
+    while not queue.empty() and plain(queue.peek()):
+        nxt = queue.get_nowait()
+        ids += nxt.token_ids
+        if nxt.finished:
+            return TokenEvent(ev.request_id, ids, True, nxt.finish_reason, timing=nxt.timing)
+    return TokenEvent(ev.request_id, ids)

@@ -3,7 +3,6 @@ to it since, its connection), RequestHandle (one request's nodes, hand-off state
 load rules that pick a node (pick_prefill, pick_most_free, load_order) and RequestFailed."""
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 
 import zmq
@@ -13,6 +12,7 @@ from pdtb.nodes.handoff import HandoffState
 from pdtb.nodes.protocol import NodeStats, TokenEvent
 from pdtb.router.cache_route import CacheChoice, PrefixView
 from pdtb.router.config import NodeSpec
+from pdtb.router.event_queue import EventQueue
 from pdtb.router.migration import Migration
 
 
@@ -104,7 +104,7 @@ class RequestHandle:
     request_id: str
     entry: NodeState  # the node that got the GenerateRequest (prefill or colocated)
     decode: NodeState | None  # disaggregated: the chosen decode node
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    queue: EventQueue = field(default_factory=EventQueue)
     entry_started: bool = False  # the entry node has sent its first event
     handoff: HandoffState | None = None  # disaggregated: where the hand-off stands (pdtb/nodes/handoff.py)
     held: list[TokenEvent] = field(default_factory=list)  # decode events that overtook the first token

@@ -7,7 +7,7 @@
                for hang_timeout whatever the connection (hung, or its host died); a node down fails
                the requests that depend on it. A live node is silent while one long engine step
                runs (a 2,048-token prefill chunk took 1-6 s on 2 shared cores): that is not death.
-    reader     one Poller over all DEALERs; TokenBatch events -> the request's asyncio.Queue
+    reader     one Poller over all DEALERs; TokenBatch events -> the request's EventQueue (event_queue.py)
     submit     choose nodes (pick_* below), send GenerateRequest to the prefill/colocated node; with
                route "cache" the prefill/colocated node is scored by cached prefix against load
                (pdtb/router/cache_route.py) and the request's pages join that node's PrefixView
@@ -292,11 +292,14 @@ class NodeRegistry(Dispatch, Following, RebalanceLoop):
         from zmq.utils.monitor import parse_monitor_message
 
         poller = zmq.asyncio.Poller()
-        by_socket, by_monitor = {}, {}
+        by_socket, by_monitor, plain = {}, {}, {}
         while True:
             for node in self.nodes[len(by_socket):]:  # (nodes are only ever appended: add())
                 poller.register(node.socket, zmq.POLLIN)
                 by_socket[node.socket] = node
+                # a blocking-API view of the same socket: a NOBLOCK read through zmq.asyncio
+                # builds a future per frame, a tenth of the router's work per token
+                plain[node.socket] = zmq.Socket.shadow(node.socket.underlying)
                 if node.monitor is not None:
                     poller.register(node.monitor, zmq.POLLIN)
                     by_monitor[node.monitor] = node
@@ -312,12 +315,13 @@ class NodeRegistry(Dispatch, Following, RebalanceLoop):
                         if not node.connected:
                             node.dropped_at = time.monotonic()
                     continue
+                raw, node = plain[sock], by_socket[sock]
                 for _ in range(MAX_DRAIN):  # bounded, so one chatty node cannot starve the loop
-                    try:  # with NOBLOCK, zmq.asyncio returns an already completed future
-                        frame = sock.recv(zmq.NOBLOCK).result()
+                    try:
+                        frame = raw.recv(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    self._on_frame(by_socket[sock], frame)
+                    self._on_frame(node, frame)
 
     def _on_frame(self, node: NodeState, frame: bytes) -> None:
         try:
