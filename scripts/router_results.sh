@@ -28,12 +28,14 @@ git -C "$ROOT" rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true  # wha
 CMDS=()
 bench() {  # NAME ARGS...: one bench run into OUT/NAME.json, its command kept for the document
   local name="$1"; shift
-  CMDS+=("pdtb bench router $* ${QUICK[*]+${QUICK[*]}}")
+  CMDS+=("pdtb bench router$(printf ' %q' "$@") ${QUICK[*]+${QUICK[*]}}")
   echo "== ${CMDS[-1]}" >&2
   pdtb bench router "$@" ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/$name.json" >&2
 }
 bench colocated --mode colocated
 bench disagg --mode disagg --nodes 1 --only cost,saturation
+bench routers2 --mode colocated --routers 2 --only saturation
+bench interval4 --mode colocated --only cost --router-args "--stream-interval 4"
 RUN="$OUT/cluster"
 trap 'bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$RUN" >/dev/null 2>&1 || true' EXIT
 bash scripts/launch_cluster.sh --mode colocated --colocated 1 --policy fcfs --port 0 --run-dir "$RUN" >&2
@@ -43,4 +45,4 @@ pdtb bench router --target "$(cat "$RUN/url")" --target-pid "$(cat "$RUN/router-
   ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/real.json" >&2
 bash scripts/stop_cluster.sh --run-dir "$RUN" >&2
 python -m pdtb.figures.results_doc --section router --router-files "$OUT/colocated.json" "$OUT/disagg.json" \
-  "$OUT/real.json" --router-commands "${CMDS[@]}" --commit-file "$OUT/commit" --out "$DOC"
+  "$OUT/routers2.json" "$OUT/interval4.json" "$OUT/real.json" --router-commands "${CMDS[@]}" --commit-file "$OUT/commit" --out "$DOC"

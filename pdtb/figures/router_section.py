@@ -15,7 +15,8 @@ def _label(r: dict) -> str:
     if r.get("target", "").startswith("http"):
         return "real colocated cluster (tiny model)"
     label = f"scripted {r['mode']}, {r['nodes']} node(s) per role"
-    return label + (f", {r['routers']} routers" if r.get("routers", 1) > 1 else "")
+    label += f", {r['routers']} routers" if r.get("routers", 1) > 1 else ""
+    return label + (f", `{r['router_args']}`" if r.get("router_args") else "")
 
 
 def _f(x, digits: int = 1) -> str:
@@ -63,6 +64,12 @@ def render(paths: list[str], commands: list[str], stamp: str) -> list[str]:
                            f"CPU per token at saturation {v['cpu_per_tok_ratio']:.2f}x"
                            + (f", fitted CPU per token (20 ms steps) {v['fit_cpu_per_tok_ratio']:.2f}x"
                               if "fit_cpu_per_tok_ratio" in v else "") + ".")
+        for r in runs:
+            v = r.get("vs_one_router")
+            if v:
+                out += ["", f"{_label(r)}: {r['routers']} routers / one router at saturation, req/s "
+                        f"**{v['req_per_s_ratio']:.2f}x** (one load client, the nodes and the routers share this "
+                        f"machine's cores)."]
     lat = [(r, x) for r in runs for x in r.get("latency") or []]
     if lat:
         out += ["", "Added latency, open loop at fractions of the router's saturation req/s, 128 tokens each, nodes "

@@ -1,7 +1,7 @@
 """`pdtb bench router`: what one router process carries, against a minimal relay in the same run.
 
     pdtb bench router [--mode colocated|disagg] [--nodes 2] [--quick] [--only cost,variants,...]
-                      [--model DIR] [--out FILE.json] [--router-args "..."]
+                      [--routers N] [--model DIR] [--out FILE.json] [--router-args "..."]
 
 The real router (`pdtb router`, its own process) in front of scripted nodes (router_nodes.py,
 one process) that speak the real control protocol and step as engines do: one TokenBatch per
@@ -157,6 +157,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--mode", choices=("colocated", "disagg"), default="colocated")
     ap.add_argument("--nodes", type=int, default=2, help="colocated nodes (disagg: this many prefill and decode)")
     ap.add_argument("--model", help="checkpoint whose tokenizer the router serves (default: the embedded model)")
+    ap.add_argument("--routers", type=int, default=1, help="router processes behind one port (SO_REUSEPORT); "
+                    "with more than one, saturation is measured on one router too, as the ratio's baseline")
     ap.add_argument("--quick", action="store_true", help="a quarter of the requests of each phase")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, of {','.join(SECTIONS)}")
     ap.add_argument("--latency-s", type=float, default=10.0, help="seconds of arrivals per latency level")
@@ -169,8 +171,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if a.target and (a.target_pid is None or set(a.only.split(",")) - {"cost", "variants"}):
         ap.error("--target needs --target-pid and --only cost[,variants]")
     bad = set(a.only.split(",")) - set(SECTIONS)
-    if bad or a.nodes < 1 or a.latency_s <= 0:
-        ap.error(f"unknown sections {sorted(bad)}" if bad else "--nodes >= 1 and --latency-s > 0")
+    if bad or a.nodes < 1 or a.latency_s <= 0 or a.routers < 1:
+        ap.error(f"unknown sections {sorted(bad)}" if bad else "--nodes and --routers >= 1, --latency-s > 0")
     return a
 
 
@@ -191,10 +193,15 @@ def main(argv: list[str] | None = None) -> int:
         children = [nodes]
         try:
             routed = {r: addrs[r] for r in (("colocated",) if a.mode == "colocated" else ("prefill", "decode"))}
-            router, url = procs.start_router(tmpdir, model_dir, routed, a.router_args.split())
+            router, url = procs.start_routers(tmpdir, model_dir, routed, a.router_args.split(), a.routers)
             children.append(router)
             procs.wait_healthy(url)
-            result = bench(a, sections, nodes, router, url, addrs["colocated"], prompts, tmpdir, children)
+            one = None
+            if a.routers > 1 and "saturation" in sections:  # the baseline of the ratio, in the same run
+                one = procs.start_routers(tmpdir, model_dir, routed, a.router_args.split(), 1, "one-router")
+                children.append(one[0])
+                procs.wait_healthy(one[1])
+            result = bench(a, sections, nodes, router, url, addrs["colocated"], prompts, tmpdir, children, one)
             if "node_cpu_s" not in result:
                 result["node_cpu_s"] = procs.end_nodes(nodes, tmpdir).get("cpu_s")
         finally:
@@ -237,20 +244,24 @@ def against_cluster(a, sections: list[str], prompts: Prompts) -> int:
 RELAYED = ("cost", "saturation")  # sections run on the relay too, each phase right after the router's
 
 
-def bench(a, sections, nodes, router, url, relay_nodes, prompts, tmpdir, children) -> dict:
+def bench(a, sections, nodes, router, url, relay_nodes, prompts, tmpdir, children, one=None) -> dict:
     model = Path(tmpdir / "model").name
-    result: dict = {"mode": a.mode, "nodes": a.nodes, "quick": a.quick, "rows": []}
-    print(f"pdtb bench router: {a.mode}, {a.nodes} node(s) per role, router {url}", flush=True)
+    result: dict = {"mode": a.mode, "nodes": a.nodes, "routers": a.routers, "router_args": a.router_args,
+                    "quick": a.quick, "rows": []}
+    print(f"pdtb bench router: {a.mode}, {a.nodes} node(s) per role, {a.routers} router(s) at {url}", flush=True)
     targets = {"router": (router, url)}
     if set(RELAYED) & set(sections):
         relay, relay_url = procs.start_relay(tmpdir, relay_nodes)
         children.append(relay)
         targets["relay"] = (relay, relay_url)
+    if one is not None:
+        targets["one router"] = one
     for child, target_url in targets.values():
         run_phase(child, target_url, nodes, Phase("warm-up", 16, 16), prompts, model)
     for section in (s for s in sections if s != "latency"):
         for phase in phases(section, a.quick):
-            for name in targets if section in RELAYED else ("router",):
+            names = [t for t in targets if t != "one router" or section == "saturation"]
+            for name in names if section in RELAYED else ("router",):
                 row, _ = run_phase(*targets[name], nodes, phase, prompts, model)
                 print_row(name, row)
                 result["rows"].append({"target": name, "section": section, **row})
@@ -270,6 +281,10 @@ def bench(a, sections, nodes, router, url, relay_nodes, prompts, tmpdir, childre
             result["vs_relay"]["fit_cpu_per_tok_ratio"] = round(
                 f["router"]["cpu_us_per_token"] / max(f["relay"]["cpu_us_per_token"], 1e-9), 2)
         print("router/relay: " + ", ".join(f"{k} {v:.2f}x" for k, v in result["vs_relay"].items()), flush=True)
+        if "one router" in sat:
+            result["vs_one_router"] = {"req_per_s_ratio": round(r["req_per_s"] / max(sat["one router"]["req_per_s"], 1e-9), 3)}
+            print(f"{a.routers} routers / one router at saturation: req/s "
+                  f"{result['vs_one_router']['req_per_s_ratio']:.2f}x", flush=True)
     if "latency" in sections:
         result["latency"] = latency(a, result, router, url, nodes, prompts, model, tmpdir)
     return result

@@ -110,14 +110,38 @@ def end_nodes(nodes: Child, log_dir: Path, timeout: float = 30.0) -> dict:
         return json.load(f)
 
 
-def start_router(log_dir: Path, model_dir: str, nodes: dict[str, list[str]], extra: list[str]) -> tuple[Child, str]:
-    argv = [sys.executable, "-m", "pdtb", "router", "--model", model_dir, "--port", "0",
-            "--log-level", "warning", *extra]
+class Routers:
+    """Router processes behind one port: their CPU seconds summed."""
+
+    def __init__(self, children: list[Child]) -> None:
+        self.children = children
+
+    def cpu_s(self) -> float:
+        return sum(c.cpu_s() for c in self.children)
+
+    def stop(self) -> None:
+        for c in self.children:
+            c.stop()
+
+
+def start_routers(log_dir: Path, model_dir: str, nodes: dict[str, list[str]], extra: list[str], count: int = 1,
+                  name: str = "router") -> tuple[Routers, str]:
+    """`count` router processes on one ephemeral port (SO_REUSEPORT past the first)."""
+    base = [sys.executable, "-m", "pdtb", "router", "--model", model_dir, "--log-level", "warning", *extra]
     for role, addrs in nodes.items():
-        argv += [x for a in addrs for x in ("--node", f"{role}={a}")]
-    child = Child(argv, "router", log_dir)
-    url = child.lines_until("router listening on ")[-1].rsplit(" ", 1)[-1]
-    return child, url
+        base += [x for a in addrs for x in ("--node", f"{role}={a}")]
+    children, url, port = [], "", "0"
+    many = ["--reuse-port", "--routers", str(count)] if count > 1 else []
+    try:
+        for i in range(count):
+            argv = base + ["--port", port] + (many + ["--router-index", str(i)] if many else [])
+            children.append(Child(argv, f"{name}-{i}", log_dir))
+            url = children[-1].lines_until("router listening on ")[-1].rsplit(" ", 1)[-1]
+            port = url.rsplit(":", 1)[-1]
+    except BaseException:
+        Routers(children).stop()
+        raise
+    return Routers(children), url
 
 
 def start_relay(log_dir: Path, nodes: list[str]) -> tuple[Child, str]:

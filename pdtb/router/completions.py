@@ -100,6 +100,7 @@ class CompletionRun:
         self.delivered = False  # a stream's last event ([DONE]) was written: whatever follows, it was served
         self.transport = None  # the client's connection (asyncio transport), once the response is prepared
         self._middle: tuple[bytes, bytes] | None = None  # a plain chunk's bytes around its text (middle_chunk)
+        self._timing_sent: dict = {}  # the timeline the last chunk carried (the usage chunk repeats it)
 
     def submit(self) -> None:
         """Send the request to the chosen nodes. Raises ApiError(503) when none is available."""
@@ -395,29 +396,50 @@ class CompletionRun:
                 return  # (the stream's own next write fails the same way)
 
     async def _send_pieces(self, resp: web.StreamResponse) -> None:
-        rti, first, timing = self.req.return_token_ids, True, {}
+        """Every piece as a chunk, `stream_interval` tokens to a chunk after the first; a failure
+        sends the tokens held so far before its error event."""
+        rti, first = self.req.return_token_ids, True
         if self.chat:  # the role comes first, before any token (as vLLM and OpenAI send it)
             await self._send(resp, self._chunk(chat_delta("", role=True),
                                                extra={"prompt_token_ids": self.prompt_ids} if rti else None))
-        async with aclosing(self.pieces()) as gen:
-            async for p in gen:
-                if not (p.text or p.finish_reason or (rti and p.token_ids)):
-                    continue
-                if not p.finish_reason and not rti:  # most chunks: the text is all that changes
-                    head, tail = self.middle_chunk()
-                    await self._write(resp, head + json.dumps(p.text, ensure_ascii=False).encode() + tail)
-                    first = False
-                    continue
-                if self.chat:
-                    choice = chat_delta(p.text, p.finish_reason, p.token_ids if rti else None, p.stop_reason)
-                else:
-                    choice = choice_body(p.text, p.finish_reason, p.token_ids if rti else None,
-                                         self.prompt_ids if rti and first else None, stop_reason=p.stop_reason)
-                timing = p.timing if p.finish_reason else timing
-                await self._send(resp, self._chunk(choice, extra={"pdtb_timing": timing} if p.finish_reason else None))
-                first = False
+        interval, held = self.state.config.stream_interval, Piece("", [])
+        try:
+            async with aclosing(self.pieces()) as gen:
+                async for p in gen:
+                    if interval > 1 and not first:  # held until `interval` tokens, or the last piece
+                        p = Piece(held.text + p.text, held.token_ids + p.token_ids, p.finish_reason, p.timing,
+                                  p.stop_reason)
+                        held = Piece("", [])
+                        if not p.finish_reason and len(p.token_ids) < interval:
+                            held = p
+                            continue
+                    if await self._send_piece(resp, p, first):
+                        first = False
+        except RequestFailed:
+            if held.text or held.token_ids:
+                await self._send_piece(resp, held, first)
+            raise
         if self.req.include_usage:
-            await self._send(resp, self._chunk(None, usage=self._usage(), extra={"pdtb_timing": timing}))
+            await self._send(resp, self._chunk(None, usage=self._usage(), extra={"pdtb_timing": self._timing_sent}))
+
+    async def _send_piece(self, resp: web.StreamResponse, p: Piece, first: bool) -> bool:
+        """One piece as one chunk; False when it had nothing to send (an empty middle piece)."""
+        rti = self.req.return_token_ids
+        if not (p.text or p.finish_reason or (rti and p.token_ids)):
+            return False
+        if not p.finish_reason and not rti:  # most chunks: the text is all that changes
+            head, tail = self.middle_chunk()
+            await self._write(resp, head + json.dumps(p.text, ensure_ascii=False).encode() + tail)
+            return True
+        if self.chat:
+            choice = chat_delta(p.text, p.finish_reason, p.token_ids if rti else None, p.stop_reason)
+        else:
+            choice = choice_body(p.text, p.finish_reason, p.token_ids if rti else None,
+                                 self.prompt_ids if rti and first else None, stop_reason=p.stop_reason)
+        if p.finish_reason:
+            self._timing_sent = p.timing
+        await self._send(resp, self._chunk(choice, extra={"pdtb_timing": p.timing} if p.finish_reason else None))
+        return True
 
     def _chunk(self, choice: dict | None, usage: dict | None = None, extra: dict | None = None) -> dict:
         return completion_body(request_id=self.request_id, created=self.created, model=self.state.model.name,

@@ -165,6 +165,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="a node silent S seconds is down even while connected (hung, or its host died); "
                          "shorter silences over a live connection are long engine steps")
     ap.add_argument("--shutdown-timeout", type=float, default=10.0)
+    ap.add_argument("--stream-interval", type=int, default=1, metavar="N",
+                    help="tokens per streamed chunk (the first token and the last chunk go at once); as vLLM's "
+                         "--stream-interval: fewer writes per token, burstier gaps (default 1)")
     ap.add_argument("--reuse-port", action="store_true",
                     help="bind --port with SO_REUSEPORT: several router processes share it, the kernel giving "
                          "each connection to one of them (scripts/launch_cluster.sh --routers N)")
@@ -226,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                               hang_timeout=a.hang_timeout, tenant_tiers=tenant_tiers(a.tenant_tier),
                               route=a.route, rebalance=a.rebalance, allow_fault_injection=a.allow_fault_injection,
                               reuse_port=a.reuse_port, fleet=Fleet(a.router_index, a.routers, a.peer_dir),
-                              metrics_dir=a.metrics_dir)
+                              metrics_dir=a.metrics_dir, stream_interval=a.stream_interval)
         if a.metrics_dir is not None:
             multiprocess_metrics(a.metrics_dir)
         model = load_served_model(resolve_model_arg(a.model), a.served_model_name, a.chat_template)

@@ -115,3 +115,48 @@ def test_the_chunk_template_writes_the_bytes_json_dumps_writes(chat, include_usa
     choice = chat_delta(text) if chat else choice_body(text, None)
     want = b"data: " + json.dumps(run._chunk(choice), ensure_ascii=False).encode() + b"\n\n"
     assert head + json.dumps(text, ensure_ascii=False).encode() + tail == want
+
+
+@pytest.mark.parametrize("mode", ["colocated", "disagg"])
+def test_a_stream_interval_sends_that_many_tokens_a_chunk_and_the_same_output(served, tokens, mode):
+    from test_router_integration import PROMPT, cluster, reference, run
+
+    prompt_ids = served.tokenizer(PROMPT)["input_ids"]
+    ids, text = reference(served, tokens, prompt_ids, 11)
+    # one token an event, 20 ms apart; a handler behind its node merges queued events into one (so
+    # a chunk may hold more than the interval, never fewer but the last)
+    node_kw = {"colocated": {"batch_size": 1, "delay": 0.02}, "decode": {"batch_size": 1, "delay": 0.02}}
+
+    async def go():
+        async with cluster(served, tokens, mode=mode, node_kw=node_kw, stream_interval=4) as c:
+            chunks = [ch async for ch in await c.client().completions.create(
+                model="tiny", prompt=PROMPT, max_tokens=11, stream=True, extra_body={"return_token_ids": True})]
+            counts = [len(ch.choices[0].token_ids) for ch in chunks]
+            assert all(n >= 4 for n in counts[1:-1]) and counts[-1] >= 1  # [1, 4, 4, 2] unmerged
+            assert len(counts) <= 4
+            assert sum((ch.choices[0].token_ids for ch in chunks), []) == ids
+            assert "".join(ch.choices[0].text for ch in chunks) == text
+            assert chunks[-1].choices[0].finish_reason == "length"
+
+    run(go())
+
+
+@pytest.fixture(scope="module")
+def served(llama_dir):
+    from pdtb.router.config import load_served_model
+
+    return load_served_model(llama_dir, "tiny")
+
+
+@pytest.fixture(scope="module")
+def tokens(served):
+    from test_router_integration import TEXT
+
+    return served.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
+
+
+def test_a_stream_interval_below_one_is_refused():
+    from pdtb.router.config import NodeSpec, RouterConfig
+
+    with pytest.raises(ValueError, match="stream-interval"):
+        RouterConfig((NodeSpec("colocated", "tcp://127.0.0.1:1"),), stream_interval=0)
