@@ -41,7 +41,7 @@ trap 'bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$RUN" >/dev/null 2>&1 || t
 bash scripts/launch_cluster.sh --mode colocated --colocated 1 --policy fcfs --port 0 --run-dir "$RUN" >&2
 CMDS+=("bash scripts/launch_cluster.sh --mode colocated --colocated 1 --policy fcfs --port 0 --run-dir RUN; pdtb bench router --target URL --target-pid PID --only cost,variants ${QUICK[*]+${QUICK[*]}}")
 echo "== ${CMDS[-1]}" >&2
-pdtb bench router --target "$(cat "$RUN/url")" --target-pid "$(cat "$RUN/router-0.pid")" --only cost,variants \
+pdtb bench router --target "$(cat "$RUN/url")" --target-pid $(cat "$RUN"/router-*.pid) --only cost,variants \
   ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/real.json" >&2
 bash scripts/stop_cluster.sh --run-dir "$RUN" >&2
 python -m pdtb.figures.results_doc --section router --router-files "$OUT/colocated.json" "$OUT/disagg.json" \

@@ -166,7 +166,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--out", help="write every figure as JSON here")
     ap.add_argument("--target", metavar="URL", help="a running cluster's router instead of scripted nodes "
                     "(sections cost and variants; --model: the cluster's checkpoint)")
-    ap.add_argument("--target-pid", type=int, help="with --target: the router's process id (run-dir/router-0.pid)")
+    ap.add_argument("--target-pid", type=int, nargs="+", help="with --target: the router processes' ids "
+                    "(run-dir/router-*.pid), their CPU summed")
     a = ap.parse_args(argv)
     if a.target and (a.target_pid is None or set(a.only.split(",")) - {"cost", "variants"}):
         ap.error("--target needs --target-pid and --only cost[,variants]")
@@ -220,9 +221,9 @@ def against_cluster(a, sections: list[str], prompts: Prompts) -> int:
 
     with urllib.request.urlopen(f"{a.target}/v1/models", timeout=10) as r:
         card = json.load(r)["data"][0]
-    router = procs.Attached(psutil.Process(a.target_pid))
+    router = procs.Attached([psutil.Process(pid) for pid in a.target_pid])
     result: dict = {"target": a.target, "quick": a.quick, "rows": []}
-    print(f"pdtb bench router: the router at {a.target} (pid {a.target_pid}), real nodes", flush=True)
+    print(f"pdtb bench router: the router at {a.target} (pids {a.target_pid}), real nodes", flush=True)
     run_phase(router, a.target, None, Phase("warm-up", 8, 16), prompts, card["id"])
     for section in sections:
         for phase in phases(section, a.quick):
@@ -300,6 +301,8 @@ def latency(a, result, router, url, nodes, prompts, model, tmpdir) -> list[dict]
     levels, shots_by = [], {}
     for frac in (0.25, 0.5, 0.75):
         rate = frac * sat[0]["req_per_s"]
+        if rate <= 0:
+            raise SystemExit("the saturation phase finished no request: no load levels to measure latency at")
         phase = replace(base, name=f"load{int(frac * 100)}", rate=rate, step_ms=20.0,
                         count=max(20, int(rate * a.latency_s)))
         row, shots = run_phase(router, url, nodes, phase, prompts, model)

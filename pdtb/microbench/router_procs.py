@@ -53,6 +53,14 @@ class Child:
                 return lines
         raise RuntimeError(f"{self.name} not ready within {timeout:.0f} s (log: {self.stderr.name})")
 
+    def ready(self, line: str) -> list[str]:
+        """lines_until(line), the process stopped if it never comes."""
+        try:
+            return self.lines_until(line)
+        except BaseException:
+            self.stop()
+            raise
+
     def cpu_s(self) -> float:
         """The process's own CPU seconds so far (user + system)."""
         t = self.ps.cpu_times()
@@ -70,14 +78,13 @@ class Child:
 
 
 class Attached:
-    """A process this bench did not start (a cluster's router): its CPU time alone."""
+    """Processes this bench did not start (a cluster's routers): their CPU time, summed."""
 
-    def __init__(self, ps: psutil.Process) -> None:
+    def __init__(self, ps: list[psutil.Process]) -> None:
         self.ps = ps
 
     def cpu_s(self) -> float:
-        t = self.ps.cpu_times()
-        return t.user + t.system
+        return sum(t.user + t.system for t in (p.cpu_times() for p in self.ps))
 
 
 def start_nodes(log_dir: Path, tokens: list[int], colocated: int, prefill: int, decode: int,
@@ -88,7 +95,7 @@ def start_nodes(log_dir: Path, tokens: list[int], colocated: int, prefill: int, 
             "--tokens", ",".join(map(str, tokens)), "--log", str(log_dir / "node_log.json")]
     child = Child(argv, "nodes", log_dir, stdin=True)
     addrs: dict[str, list[str]] = {}
-    for line in child.lines_until("READY"):
+    for line in child.ready("READY"):
         if line.startswith("NODE "):
             _, role, addr = line.split()
             addrs.setdefault(role, []).append(addr)
@@ -136,7 +143,7 @@ def start_routers(log_dir: Path, model_dir: str, nodes: dict[str, list[str]], ex
         for i in range(count):
             argv = base + ["--port", port] + (many + ["--router-index", str(i)] if many else [])
             children.append(Child(argv, f"{name}-{i}", log_dir))
-            url = children[-1].lines_until("router listening on ")[-1].rsplit(" ", 1)[-1]
+            url = children[-1].ready("router listening on ")[-1].rsplit(" ", 1)[-1]
             port = url.rsplit(":", 1)[-1]
     except BaseException:
         Routers(children).stop()
@@ -147,7 +154,7 @@ def start_routers(log_dir: Path, model_dir: str, nodes: dict[str, list[str]], ex
 def start_relay(log_dir: Path, nodes: list[str]) -> tuple[Child, str]:
     argv = [sys.executable, "-m", "pdtb.microbench.sse_relay", *[x for a in nodes for x in ("--node", a)]]
     child = Child(argv, "relay", log_dir)
-    url = child.lines_until("relay listening on ")[-1].rsplit(" ", 1)[-1]
+    url = child.ready("relay listening on ")[-1].rsplit(" ", 1)[-1]
     return child, url
 
 

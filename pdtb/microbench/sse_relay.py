@@ -23,7 +23,7 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 
-from pdtb.nodes.protocol import GenerateRequest, Params, TokenBatch, decode_message, encode_message
+from pdtb.nodes.protocol import GenerateRequest, Params, ProtocolError, TokenBatch, decode_message, encode_message
 
 
 class Relay:
@@ -42,7 +42,10 @@ class Relay:
 
     async def reader(self, sock) -> None:
         while True:
-            msg = decode_message(await sock.recv())
+            try:
+                msg = decode_message(await sock.recv())
+            except ProtocolError:
+                continue  # (the scripted nodes send none; a bad frame is dropped, as the router drops it)
             if isinstance(msg, TokenBatch):
                 for ev in msg.events:
                     q = self.queues.get(ev.request_id)

@@ -31,7 +31,7 @@ from pdtb.aio import bounded
 from pdtb.router.chat_api import ChatPrompt, chat_choice, chat_delta, parse_chat_request
 from pdtb.router.config import RouterConfig, ServedModel
 from pdtb.router.detok import OutputText, TextDelta
-from pdtb.router.half_close import HEARTBEAT_S, peer_eof
+from pdtb.router.half_close import HEARTBEAT_S, peer_eof, write_cannot_wait
 from pdtb.router.metrics import RouterMetrics
 from pdtb.router.registry import NodeRegistry, RequestFailed, RequestHandle
 from pdtb.router.openai_api import (ApiError, CompletionRequest, check_lengths, choice_body, completion_body,
@@ -56,7 +56,6 @@ class RouterState:
 STATE = web.AppKey("state", RouterState)
 log = logging.getLogger("pdtb.router")
 _TEXT_MARK = "\u0000pdtb-text\u0000"  # a chunk's text in middle_chunk: found once, as no id or model name holds NUL
-CHUNK_FRAMING = 16  # bytes HTTP/1.1 chunked encoding adds around a write (size line and CRLFs)
 FINAL_TIMING_S = 0.5  # how long a request ended by a stop string waits for its node's timeline
 MAX_RESUBMITS = 3  # a request refused before any work (a draining node) is sent elsewhere at most this often
 
@@ -98,7 +97,7 @@ class CompletionRun:
         self.first_token_at = self.last_token_at = 0.0  # time.monotonic() of the first and latest token
         self.status = "200"  # for the requests counter; "499": the client went away
         self.delivered = False  # a stream's last event ([DONE]) was written: whatever follows, it was served
-        self.transport = None  # the client's connection (asyncio transport), once the response is prepared
+        self.request: web.Request | None = None  # the client's HTTP request, once its stream's response is prepared
         self._middle: tuple[bytes, bytes] | None = None  # a plain chunk's bytes around its text (middle_chunk)
         self._timing_sent: dict = {}  # the timeline the last chunk carried (the usage chunk repeats it)
 
@@ -187,7 +186,9 @@ class CompletionRun:
         try:
             while True:
                 try:
-                    ev = await registry.next_event(self.handle, self.state.config.request_timeout)
+                    # (with stop strings, one event at a time: the tokens after a match are not output)
+                    ev = await registry.next_event(self.handle, self.state.config.request_timeout,
+                                                   merge=not self.req.stop)
                 except RequestFailed as e:
                     if await self._recompute(e):
                         continue
@@ -360,7 +361,7 @@ class CompletionRun:
         beat = None
         try:
             await bounded(resp.prepare(request), self.state.config.request_timeout)
-            self.transport = request.transport
+            self.request = request
             if (eof := peer_eof(request)) is not None:
                 beat = asyncio.ensure_future(self._heartbeat(resp, eof))
             try:
@@ -462,13 +463,10 @@ class CompletionRun:
         await self._write(resp, b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n")
 
     async def _write(self, resp: web.StreamResponse, data: bytes) -> None:
-        """One write, bounded by the request timeout. A write waits on the client only while its
-        connection's send buffer is above the high-water mark (the transport paused), so one
-        that leaves the buffer below it is awaited as it is, without the bounded wait's task and
-        timer: the common case, once per token."""
-        tr = self.transport
-        if tr is not None and not tr.is_closing() and \
-                tr.get_write_buffer_size() + len(data) + CHUNK_FRAMING < tr.get_write_buffer_limits()[1]:
+        """One write, bounded by the request timeout; one that cannot wait on the client (the
+        common case, once per token) is awaited as it is, without the bounded wait's task and
+        timer (half_close.write_cannot_wait)."""
+        if self.request is not None and write_cannot_wait(self.request, len(data)):
             await resp.write(data)
         else:
             await bounded(resp.write(data), self.state.config.request_timeout)

@@ -128,15 +128,16 @@ class Dispatch:
         what = "colocated" if "colocated" in roles and not {"prefill", "decode"} <= roles else " or ".join(missing)
         raise RequestFailed(503, f"no healthy {what} node available")
 
-    async def next_event(self, handle: RequestHandle, timeout: float) -> TokenEvent:
-        """The request's next event. Raises RequestFailed when it failed or nothing came in `timeout`."""
+    async def next_event(self, handle: RequestHandle, timeout: float, merge: bool = True) -> TokenEvent:
+        """The request's next event, with the plain events queued behind it when `merge`
+        (merge_queued). Raises RequestFailed when it failed or nothing came in `timeout`."""
         try:
             item = await handle.queue.get(timeout)
         except asyncio.TimeoutError:
             raise RequestFailed(503, f"no response from the nodes for {timeout:g} s") from None
         if isinstance(item, RequestFailed):
             raise item
-        return merge_queued(item, handle.queue)
+        return merge_queued(item, handle.queue) if merge else item
 
     def abort(self, handle: RequestHandle, reason: str, final: bool = False) -> None:
         """Tell every node involved to drop the request (best effort, never blocks). With

@@ -11,7 +11,8 @@ stream, leading whitespace in an early-started JSON body (pdtb/router/completion
 aiohttp internals used here, and only here: the request handler's `eof_received`,
 `data_received`, `_handle_request`, `close()`, its queue of parsed requests (`_messages`,
 (message, body) pairs) and the future it waits on for the next (`_waiter`), the server's protocol factory (`__call__`, `_loop`, `_kwargs`) and the
-runner's `_make_server`. Checked on aiohttp 3.14.5 (tests/router/test_half_close.py).
+runner's `_make_server`; the protocol's `writing_paused` (`write_cannot_wait`). Checked on
+aiohttp 3.14.5 (tests/router/test_half_close.py, tests/router/test_router_stream_path.py).
 """
 from __future__ import annotations
 
@@ -21,6 +22,19 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 HEARTBEAT_S = 1.0  # a closed client is found within two of these once its input ended
+CHUNK_FRAMING = 16  # bytes HTTP/1.1 chunked encoding adds around a write (size line and CRLFs)
+
+
+def write_cannot_wait(request: web.Request, nbytes: int) -> bool:
+    """Whether a write of `nbytes` to `request`'s response completes without waiting on the
+    client. aiohttp's write waits only in its drain, and only while the connection is paused;
+    a paused connection resumes below the transport's low-water mark, so the buffer's size
+    alone does not tell: not paused, and these bytes leave the buffer under the high-water
+    mark (no pause begins with them)."""
+    proto, tr = request.protocol, request.transport
+    if proto is None or tr is None or tr.is_closing() or proto.writing_paused:
+        return False
+    return tr.get_write_buffer_size() + nbytes + CHUNK_FRAMING < tr.get_write_buffer_limits()[1]
 
 
 class _Handler(RequestHandler):

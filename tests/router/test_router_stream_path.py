@@ -160,3 +160,48 @@ def test_a_stream_interval_below_one_is_refused():
 
     with pytest.raises(ValueError, match="stream-interval"):
         RouterConfig((NodeSpec("colocated", "tcp://127.0.0.1:1"),), stream_interval=0)
+
+
+@async_test(timeout=30)
+async def test_a_write_to_a_paused_connection_is_bounded_by_the_request_timeout():
+    """A paused connection under its high-water mark (it resumes only at the low-water mark):
+    the write must take the bounded path and time out, not wait on the client for ever."""
+    import types
+
+    from aiohttp import web
+
+    outcome: dict = {}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        run = CompletionRun.__new__(CompletionRun)
+        run.state = types.SimpleNamespace(config=types.SimpleNamespace(request_timeout=0.2))
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        run.request = request
+        await run._write(resp, b"data: first\n\n")  # not paused: written at once
+        request.protocol.pause_writing()  # as the transport does past its high-water mark
+        assert request.transport.get_write_buffer_size() < request.transport.get_write_buffer_limits()[1]
+        try:
+            for _ in range(1000):  # aiohttp drains once about every 64 KiB written
+                await run._write(resp, b"data: " + b"x" * 1000 + b"\n\n")
+            outcome["result"] = "never waited"
+        except asyncio.TimeoutError:
+            outcome["result"] = "timed out"
+        request.protocol.resume_writing()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{runner.addresses[0][1]}/") as r:
+                await r.read()
+    finally:
+        await runner.cleanup()
+    assert outcome["result"] == "timed out"
