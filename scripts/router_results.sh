@@ -28,7 +28,11 @@ git -C "$ROOT" rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true  # wha
 CMDS=()
 bench() {  # NAME ARGS...: one bench run into OUT/NAME.json, its command kept for the document
   local name="$1"; shift
-  CMDS+=("pdtb bench router$(printf ' %q' "$@") ${QUICK[*]+${QUICK[*]}}")
+  local shown="" arg
+  for arg in "$@" ${QUICK[@]+"${QUICK[@]}"}; do  # (an argument with a space shown in quotes)
+    case "$arg" in *" "*) shown+=" \"$arg\"" ;; *) shown+=" $arg" ;; esac
+  done
+  CMDS+=("pdtb bench router$shown")
   echo "== ${CMDS[-1]}" >&2
   pdtb bench router "$@" ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/$name.json" >&2
 }
@@ -39,7 +43,7 @@ bench interval4 --mode colocated --only cost --router-args "--stream-interval 4"
 RUN="$OUT/cluster"
 trap 'bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$RUN" >/dev/null 2>&1 || true' EXIT
 bash scripts/launch_cluster.sh --mode colocated --colocated 1 --policy fcfs --port 0 --run-dir "$RUN" >&2
-CMDS+=("bash scripts/launch_cluster.sh --mode colocated --colocated 1 --policy fcfs --port 0 --run-dir RUN; pdtb bench router --target URL --target-pid PID --only cost,variants ${QUICK[*]+${QUICK[*]}}")
+CMDS+=("bash scripts/launch_cluster.sh --mode colocated --colocated 1 --policy fcfs --port 0 --run-dir RUN; pdtb bench router --target URL --target-pid PID --only cost,variants${QUICK[*]+ ${QUICK[*]}}")
 echo "== ${CMDS[-1]}" >&2
 pdtb bench router --target "$(cat "$RUN/url")" --target-pid $(cat "$RUN"/router-*.pid) --only cost,variants \
   ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/real.json" >&2

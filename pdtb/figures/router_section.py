@@ -40,6 +40,7 @@ def render(paths: list[str], commands: list[str], stamp: str) -> list[str]:
             if f:
                 out.append(f"| {_label(r)} | {target} | {_f(f['cpu_ms_per_request'], 3)} ms | "
                            f"{_f(f['cpu_us_per_token'])} us | {f['tokens_per_core_s']} |")
+    out += _targets(runs)
     variants = [(r, row) for r in runs for row in r["rows"] if row.get("section") == "variants"]
     if variants:
         out += ["", "| run | phase | prompt tokens | output tokens | CPU per request | CPU per streamed token |",
@@ -77,7 +78,23 @@ def render(paths: list[str], commands: list[str], stamp: str) -> list[str]:
                 "| run | load | req/s | added TTFT p50 / p99 | token delay p50 / p99 | added ITL p50 / p99 |",
                 "|---|---|---|---|---|---|"]
         for r, x in lat:
-            out.append(f"| {_label(r)} | {int(100 * x['fraction_of_saturation'])}% | {_f(x['req_per_s'])} | "
+            out.append(f"| {_label(r)} | {round(100 * x['fraction_of_saturation'])}% | {_f(x['req_per_s'])} | "
                        f"{_f(x['ttft_p50_ms'])} / {_f(x['ttft_p99_ms'])} ms | {_f(x['delay_p50_ms'])} / "
                        f"{_f(x['delay_p99_ms'])} ms | {_f(x['itl_p50_ms'])} / {_f(x['itl_p99_ms'])} ms |")
     return out + [""]
+
+
+def _targets(runs: list[dict]) -> list[str]:
+    """One router's targets against the first scripted run's fits: 1 ms per request, 25 us per
+    streamed token, and the relay's own CPU per token beside it (what Python and aiohttp cost
+    here before the router's work)."""
+    scripted = [r for r in runs if "mode" in r and (r.get("fit") or {}).get("relay")]
+    if not scripted:
+        return []
+    f = scripted[0]["fit"]
+    req, tok, relay = f["router"]["cpu_ms_per_request"], f["router"]["cpu_us_per_token"], f["relay"]["cpu_us_per_token"]
+    return ["", f"One router's targets, {_label(scripted[0])}: at most 1 ms of CPU per request, "
+            f"**{'met' if req <= 1.0 else 'not met'}** ({req:.3f} ms); at most 25 us per streamed token, "
+            f"**{'met' if tok <= 25.0 else 'not met'}** ({tok:.1f} us), where the relay itself takes "
+            f"{relay:.1f} us ({tok / relay:.2f}x)."]
+

@@ -17,8 +17,8 @@ Figures, each from the router process's own CPU time (psutil), so they hold on a
   can relay): req/s and streamed tokens/s, the router's and the relay's (sse_relay.py: no
   tokenization, no detokenization, the bound for Python and aiohttp on this machine), and
   their ratio;
-- latency: open loop at 25, 50 and 75% of the router's saturation req/s, nodes stepping every
-  20 ms: added TTFT, token delay and added ITL p50/p99 against the nodes' own send times
+- latency: open loop at 10, 25, 50 and 75% of the router's saturation req/s (--latency-levels),
+  nodes stepping every 20 ms: added TTFT, token delay and added ITL p50/p99 against the nodes' own send times
   (router_load.py).
 """
 from __future__ import annotations
@@ -162,6 +162,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="a quarter of the requests of each phase")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, of {','.join(SECTIONS)}")
     ap.add_argument("--latency-s", type=float, default=10.0, help="seconds of arrivals per latency level")
+    ap.add_argument("--latency-levels", default="0.1,0.25,0.5,0.75", help="the latency section's loads, as "
+                    "fractions of the router's saturation req/s")
     ap.add_argument("--router-args", default="", help="extra flags for `pdtb router`")
     ap.add_argument("--out", help="write every figure as JSON here")
     ap.add_argument("--target", metavar="URL", help="a running cluster's router instead of scripted nodes "
@@ -171,6 +173,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.target and (a.target_pid is None or set(a.only.split(",")) - {"cost", "variants"}):
         ap.error("--target needs --target-pid and --only cost[,variants]")
+    try:
+        a.levels = [float(x) for x in a.latency_levels.split(",")]
+    except ValueError:
+        ap.error(f"--latency-levels wants fractions, got {a.latency_levels!r}")
+    if not all(0 < x <= 1 for x in a.levels):
+        ap.error("--latency-levels: each level a fraction in (0, 1]")
     bad = set(a.only.split(",")) - set(SECTIONS)
     if bad or a.nodes < 1 or a.latency_s <= 0 or a.routers < 1:
         ap.error(f"unknown sections {sorted(bad)}" if bad else "--nodes and --routers >= 1, --latency-s > 0")
@@ -234,7 +242,8 @@ def against_cluster(a, sections: list[str], prompts: Prompts) -> int:
             result["rows"].append({"target": "router", "section": section, **row})
     cost = [r for r in result["rows"] if r["section"] == "cost"]
     if cost:
-        f = result["fit"] = {"router": fit(cost)}["router"]
+        result["fit"] = {"router": fit(cost)}
+        f = result["fit"]["router"]
         print(f"router CPU fit: {f['cpu_ms_per_request']:.3f} ms per request + {f['cpu_us_per_token']:.1f} us per "
               f"streamed token ({f['tokens_per_core_s']} streamed tokens per core-second)", flush=True)
     if a.out:
@@ -292,18 +301,18 @@ def bench(a, sections, nodes, router, url, relay_nodes, prompts, tmpdir, childre
 
 
 def latency(a, result, router, url, nodes, prompts, model, tmpdir) -> list[dict]:
-    """Open loop at 25/50/75% of the router's saturation req/s; the added latency of each level
+    """Open loop at fractions of the router's saturation req/s; the added latency of each level
     (the nodes' log is read at the end of the run: its process is ended for it, so this comes last)."""
     sat = [r for r in result["rows"] if r["section"] == "saturation" and r["target"] == "router"]
     if not sat:
         raise SystemExit("the latency section needs the saturation section's req/s (--only saturation,latency)")
     base = phases("saturation", a.quick)[0]
     levels, shots_by = [], {}
-    for frac in (0.25, 0.5, 0.75):
+    for frac in a.levels:
         rate = frac * sat[0]["req_per_s"]
         if rate <= 0:
             raise SystemExit("the saturation phase finished no request: no load levels to measure latency at")
-        phase = replace(base, name=f"load{int(frac * 100)}", rate=rate, step_ms=20.0,
+        phase = replace(base, name=f"load{round(frac * 100)}", rate=rate, step_ms=20.0,
                         count=max(20, int(rate * a.latency_s)))
         row, shots = run_phase(router, url, nodes, phase, prompts, model)
         print_row("router", row)
@@ -316,7 +325,7 @@ def latency(a, result, router, url, nodes, prompts, model, tmpdir) -> list[dict]
     for frac, rate, row in levels:
         lat = load.added_latency(shots_by[frac], log)
         out.append({"fraction_of_saturation": frac, "req_per_s": round(rate, 2), **lat})
-        print(f"router at {int(frac * 100)}% of saturation ({rate:.1f} req/s): added TTFT p50/p99 "
+        print(f"router at {round(frac * 100)}% of saturation ({rate:.1f} req/s): added TTFT p50/p99 "
               f"{lat['ttft_p50_ms']}/{lat['ttft_p99_ms']} ms, token delay p50/p99 {lat['delay_p50_ms']}/"
               f"{lat['delay_p99_ms']} ms, added ITL p50/p99 {lat['itl_p50_ms']}/{lat['itl_p99_ms']} ms", flush=True)
     return out

@@ -36,3 +36,6 @@ def test_the_section_shows_each_fit_the_relay_ratio_and_the_latency_levels(tmp_p
     assert "**1.50x**" in text and "fitted CPU per token (20 ms steps) 2.00x" in text
     assert "| chat16 | 24 | 16 | 1.500 ms | 93.8 us |" in text
     assert "| 50% | 12.0 | 1.0 / 4.0 ms | 0.5 / 2.5 ms | 0.0 / 1.5 ms |" in text
+    # 0.4 ms a request is under 1 ms; 100 us a token over 25, twice the relay's 50
+    assert "**met** (0.400 ms); at most 25 us per streamed token, **not met** (100.0 us)" in text
+    assert "the relay itself takes 50.0 us (2.00x)" in text
