@@ -28,7 +28,7 @@ class ScriptedRegistry:
         return SimpleNamespace(entry=SimpleNamespace(node_id="n0"), prefix_overlap_tokens=0, script=self.scripts.pop(0),
                                request_id=greq.request_id)
 
-    async def next_event(self, handle, timeout):
+    async def next_event(self, handle, timeout, merge=True):
         item = handle.script.pop(0)
         if isinstance(item, Exception):
             raise item
