@@ -5,21 +5,28 @@
 # cost phases again with disaggregated nodes and against a real colocated cluster of the tiny model.
 # Replaces the router's section of docs/results.md (its own date and commit).
 #
-#   scripts/router_results.sh [--quick] [--out DIR] [--doc FILE]
+#   scripts/router_results.sh [--quick] [--baseline REF] [--out DIR] [--doc FILE]
 #
 # --quick: a quarter of the requests of each phase.
+# --baseline REF: the real cluster's cost phases also on the router of git commit REF (a worktree in
+#   OUT, run with this checkout's environment: REF must have the same pyproject.toml and lock),
+#   two runs each, interleaved with this checkout's: the section gives their ratio.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-QUICK=() OUT="" DOC="$ROOT/docs/results.md"
+QUICK=() OUT="" DOC="$ROOT/docs/results.md" BASELINE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=(--quick); shift ;;
     --out) OUT="$2"; shift 2 ;;
+    --baseline) BASELINE="$2"; shift 2 ;;
     --doc) DOC="$2"; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "router_results: unknown option $1" >&2; exit 2 ;;
   esac
 done
+if [ -n "$BASELINE" ] && ! git -C "$ROOT" diff --quiet "$BASELINE" HEAD -- pyproject.toml requirements.lock; then
+  echo "router_results: --baseline $BASELINE has another pyproject.toml or lock than this checkout" >&2; exit 2
+fi
 source "$ROOT/scripts/_env.sh"
 cd "$ROOT"
 OUT="${OUT:-$ROOT/results/router-$(date +%Y%m%d-%H%M%S)}"
@@ -40,13 +47,36 @@ bench colocated --mode colocated
 bench disagg --mode disagg --nodes 1 --only cost,saturation
 bench routers2 --mode colocated --routers 2 --only saturation
 bench interval4 --mode colocated --only cost --router-args "--stream-interval 4"
-RUN="$OUT/cluster"
-trap 'bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$RUN" >/dev/null 2>&1 || true' EXIT
-bash scripts/launch_cluster.sh --mode colocated --colocated 1 --policy fcfs --port 0 --run-dir "$RUN" >&2
+real() {  # SRC LABEL NAME: a colocated cluster of SRC's code, the cost phases against its router
+  local src="$1" label="$2" name="$3" run="$OUT/cluster-$3"
+  RUNS+=("$run")
+  PYTHONPATH="$src${PYTHONPATH:+:$PYTHONPATH}" PDTB_VENV="${PDTB_VENV:-$VIRTUAL_ENV}" \
+    bash "$src/scripts/launch_cluster.sh" --mode colocated --colocated 1 \
+    --policy fcfs --port 0 --run-dir "$run" >&2
+  echo "== $label: pdtb bench router --target ... --only cost${VARIANTS}" >&2
+  # shellcheck disable=SC2046
+  pdtb bench router --target "$(cat "$run/url")" --target-pid $(cat "$run"/router-*.pid) --only "cost$VARIANTS" \
+    --label "$label" ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/$name.json" >&2
+  bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$run" >&2
+  FILES+=("$OUT/$name.json")
+}
+RUNS=() FILES=()
+trap 'for r in ${RUNS[@]+"${RUNS[@]}"}; do bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$r" >/dev/null 2>&1 || true; done' EXIT
 CMDS+=("bash scripts/launch_cluster.sh --mode colocated --colocated 1 --policy fcfs --port 0 --run-dir RUN; pdtb bench router --target URL --target-pid PID --only cost,variants${QUICK[*]+ ${QUICK[*]}}")
-echo "== ${CMDS[-1]}" >&2
-pdtb bench router --target "$(cat "$RUN/url")" --target-pid $(cat "$RUN"/router-*.pid) --only cost,variants \
-  ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/real.json" >&2
-bash scripts/stop_cluster.sh --run-dir "$RUN" >&2
+if [ -z "$BASELINE" ]; then
+  VARIANTS=",variants"; real "$ROOT" "" real
+else
+  git -C "$ROOT" worktree add --detach --force "$OUT/baseline-src" "$BASELINE" >&2
+  trap 'for r in ${RUNS[@]+"${RUNS[@]}"}; do bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$r" >/dev/null 2>&1 || true; done; git -C "$ROOT" worktree remove --force "$OUT/baseline-src" >/dev/null 2>&1 || true' EXIT
+  base="$(git -C "$ROOT" rev-parse --short "$BASELINE")" here="$(git -C "$ROOT" rev-parse --short HEAD)"
+  CMDS+=("the same against commit $base's router and this one's, interleaved (--baseline $BASELINE)")
+  VARIANTS=""
+  for i in 1 2; do
+    real "$OUT/baseline-src" "before: $base" "before-$i"
+    real "$ROOT" "after: $here" "after-$i"
+  done
+  VARIANTS=",variants"; real "$ROOT" "" real
+fi
 python -m pdtb.figures.results_doc --section router --router-files "$OUT/colocated.json" "$OUT/disagg.json" \
-  "$OUT/routers2.json" "$OUT/interval4.json" "$OUT/real.json" --router-commands "${CMDS[@]}" --commit-file "$OUT/commit" --out "$DOC"
+  "$OUT/routers2.json" "$OUT/interval4.json" "${FILES[@]}" --router-commands "${CMDS[@]}" --commit-file "$OUT/commit" \
+  --out "$DOC"

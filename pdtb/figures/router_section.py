@@ -12,6 +12,8 @@ ROUTER_HEADING = "## The router: CPU per request and per token, saturation, adde
 
 
 def _label(r: dict) -> str:
+    if r.get("label"):
+        return r["label"]
     if r.get("target", "").startswith("http"):
         return "real colocated cluster (tiny model)"
     label = f"scripted {r['mode']}, {r['nodes']} node(s) per role"
@@ -40,7 +42,7 @@ def render(paths: list[str], commands: list[str], stamp: str) -> list[str]:
             if f:
                 out.append(f"| {_label(r)} | {target} | {_f(f['cpu_ms_per_request'], 3)} ms | "
                            f"{_f(f['cpu_us_per_token'])} us | {f['tokens_per_core_s']} |")
-    out += _targets(runs)
+    out += _targets(runs) + _against_baseline(runs)
     variants = [(r, row) for r in runs for row in r["rows"] if row.get("section") == "variants"]
     if variants:
         out += ["", "| run | phase | prompt tokens | output tokens | CPU per request | CPU per streamed token |",
@@ -97,4 +99,23 @@ def _targets(runs: list[dict]) -> list[str]:
             f"**{'met' if req <= 1.0 else 'not met'}** ({req:.3f} ms); at most 25 us per streamed token, "
             f"**{'met' if tok <= 25.0 else 'not met'}** ({tok:.1f} us), where the relay itself takes "
             f"{relay:.1f} us ({tok / relay:.2f}x)."]
+
+
+def _against_baseline(runs: list[dict]) -> list[str]:
+    """Real-cluster runs labelled `before ...` and `after ...`, interleaved in one script run:
+    the per-token and per-request CPU of each side's median run, and their ratio."""
+    import statistics
+
+    sides = {}
+    for side in ("before", "after"):
+        fits = [r["fit"]["router"] for r in runs if r.get("label", "").startswith(side) and r.get("fit")]
+        if fits:
+            sides[side] = (statistics.median(f["cpu_ms_per_request"] for f in fits),
+                           statistics.median(f["cpu_us_per_token"] for f in fits), len(fits))
+    if len(sides) < 2:
+        return []
+    (bq, bt, n), (aq, at, _) = sides["before"], sides["after"]
+    return ["", f"The same real cluster's router before and after (the median of {n} runs each, interleaved): "
+            f"{bq:.3f} -> {aq:.3f} ms a request, {bt:.1f} -> {at:.1f} us a streamed token, "
+            f"**{bt / at:.2f}x** less CPU a token."]
 

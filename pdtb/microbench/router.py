@@ -166,6 +166,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     "fractions of the router's saturation req/s")
     ap.add_argument("--router-args", default="", help="extra flags for `pdtb router`")
     ap.add_argument("--out", help="write every figure as JSON here")
+    ap.add_argument("--label", default="", help="what this run is, for the results section (e.g. the commit measured)")
     ap.add_argument("--target", metavar="URL", help="a running cluster's router instead of scripted nodes "
                     "(sections cost and variants; --model: the cluster's checkpoint)")
     ap.add_argument("--target-pid", type=int, nargs="+", help="with --target: the router processes' ids "
@@ -230,7 +231,7 @@ def against_cluster(a, sections: list[str], prompts: Prompts) -> int:
     with urllib.request.urlopen(f"{a.target}/v1/models", timeout=10) as r:
         card = json.load(r)["data"][0]
     router = procs.Attached([psutil.Process(pid) for pid in a.target_pid])
-    result: dict = {"target": a.target, "quick": a.quick, "rows": []}
+    result: dict = {"target": a.target, "label": a.label, "quick": a.quick, "rows": []}
     print(f"pdtb bench router: the router at {a.target} (pids {a.target_pid}), real nodes", flush=True)
     run_phase(router, a.target, None, Phase("warm-up", 8, 16), prompts, card["id"])
     for section in sections:
@@ -257,7 +258,7 @@ RELAYED = ("cost", "saturation")  # sections run on the relay too, each phase ri
 def bench(a, sections, nodes, router, url, relay_nodes, prompts, tmpdir, children, one=None) -> dict:
     model = Path(tmpdir / "model").name
     result: dict = {"mode": a.mode, "nodes": a.nodes, "routers": a.routers, "router_args": a.router_args,
-                    "quick": a.quick, "rows": []}
+                    "label": a.label, "quick": a.quick, "rows": []}
     print(f"pdtb bench router: {a.mode}, {a.nodes} node(s) per role, {a.routers} router(s) at {url}", flush=True)
     targets = {"router": (router, url)}
     if set(RELAYED) & set(sections):
