@@ -39,3 +39,19 @@ def test_the_section_shows_each_fit_the_relay_ratio_and_the_latency_levels(tmp_p
     # 0.4 ms a request is under 1 ms; 100 us a token over 25, twice the relay's 50
     assert "**met** (0.400 ms); at most 25 us per streamed token, **not met** (100.0 us)" in text
     assert "the relay itself takes 50.0 us (2.00x)" in text
+
+
+def test_before_and_after_runs_give_the_median_of_each_and_their_ratio(tmp_path):
+    paths = []
+    for i, (label, req, tok) in enumerate([("before: a", 0.5, 300.0), ("after: b", 0.4, 100.0),
+                                           ("before: a", 0.7, 340.0), ("after: b", 0.6, 140.0),
+                                           ("before: a", 0.6, 320.0), ("after: b", 0.5, 120.0)]):
+        doc = {"target": "http://x", "label": label, "quick": False, "rows": [],
+               "fit": {"router": {"cpu_ms_per_request": req, "cpu_us_per_token": tok, "tokens_per_core_s": 1}}}
+        (tmp_path / f"{i}.json").write_text(json.dumps(doc))
+        paths.append(str(tmp_path / f"{i}.json"))
+    text = "\n".join(render(paths, [], "_"))
+    # medians: before 0.6 ms and 320 us, after 0.5 ms and 120 us: 320 / 120 = 2.67
+    assert "(the median of 3 runs each, interleaved): 0.600 -> 0.500 ms a request, 320.0 -> 120.0 us" in text
+    assert "**2.67x** less CPU a token" in text
+    assert "| before: a | router | 0.500 ms | 300.0 us | 1 |" in text
