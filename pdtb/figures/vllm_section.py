@@ -23,12 +23,15 @@ def render(run_dir: str, stamp: str) -> list[str]:
                 f"tokens each, one thread each, vLLM {o['vllm']}: outputs identical **{o['identical']}/{o['prompts']}**; "
                 f"the project's paged engine {o['project_tok_s']} tok/s, vLLM {o['vllm_tok_s']} tok/s: "
                 f"**{o['ratio']:.2f}x** (median of {len(o['project_s'])} alternating runs).", ""]
-    serve = sorted(glob.glob(os.path.join(run_dir, "serve", "*.json")))
-    if serve:
-        rows = with_ratios(rows_of(serve, "minnow", "whale"), "vllm")
+    rounds = sorted(glob.glob(os.path.join(run_dir, "serve", "round-*")), key=lambda d: int(d.rsplit("-", 1)[1]))
+    if rounds:
         out += ["Serving, the quick fairness comparison's whale-minnow workload (`compare_fairness.sh --quick`), "
                 "colocated: vLLM's OpenAI server with its default scheduler against the project's node under each "
                 "policy; 224 blocks of 32 = 448 pages of 16 of device KV and 512 batched tokens a step on both "
                 "sides, one thread each; the project's node also has its 512-page host tier. Ratios against vLLM "
-                "in the same run.", "", *markdown_table(rows, "minnow", "vllm", "whale"), ""]
+                "in the same round; each round vLLM first, then every policy.", ""]
+    for d in rounds:
+        serve = sorted(glob.glob(os.path.join(d, "*.json")))
+        rows = with_ratios(rows_of(serve, "minnow", "whale"), "vllm")
+        out += [f"Round {d.rsplit('-', 1)[1]}:", "", *markdown_table(rows, "minnow", "vllm", "whale"), ""]
     return out
