@@ -242,7 +242,7 @@ def run_bench(args: argparse.Namespace) -> int:
            "memcpy_gbps": sig(mem), "ratio_vs_raw_zmq": sig(gbps / raw_best),
            "ratio_paired_median": sig(paired),
            "small_pages_per_s": sig(res["small_pages_per_s"], 1),
-           "export_gbps": round(export), "gather_gbps": sig(gather)}
+           "export_gbps": sig(export), "gather_gbps": sig(gather)}
     if args.json:
         print(json.dumps(out))
     else:
