@@ -14,6 +14,7 @@ from pdtb.router.dispatch import merge_queued
 from pdtb.router.event_queue import EventQueue
 from pdtb.router.openai_api import choice_body
 from tests.async_case import async_test
+from tests.router.test_router_integration import PROMPT, cluster, reference, run, served, tokens  # noqa: F401 (fixtures)
 
 
 @async_test(timeout=10)
@@ -119,8 +120,6 @@ def test_the_chunk_template_writes_the_bytes_json_dumps_writes(chat, include_usa
 
 @pytest.mark.parametrize("mode", ["colocated", "disagg"])
 def test_a_stream_interval_sends_that_many_tokens_a_chunk_and_the_same_output(served, tokens, mode):
-    from test_router_integration import PROMPT, cluster, reference, run
-
     prompt_ids = served.tokenizer(PROMPT)["input_ids"]
     ids, text = reference(served, tokens, prompt_ids, 11)
     # one token an event, 20 ms apart; a handler behind its node merges queued events into one (so
@@ -139,20 +138,6 @@ def test_a_stream_interval_sends_that_many_tokens_a_chunk_and_the_same_output(se
             assert chunks[-1].choices[0].finish_reason == "length"
 
     run(go())
-
-
-@pytest.fixture(scope="module")
-def served(llama_dir):
-    from pdtb.router.config import load_served_model
-
-    return load_served_model(llama_dir, "tiny")
-
-
-@pytest.fixture(scope="module")
-def tokens(served):
-    from test_router_integration import TEXT
-
-    return served.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
 
 
 def test_a_stream_interval_below_one_is_refused():
