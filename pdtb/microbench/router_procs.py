@@ -6,7 +6,6 @@ deadline, and stopped (SIGTERM, then SIGKILL) when the bench ends, whatever way 
 from __future__ import annotations
 
 import json
-import os
 import queue
 import shutil
 import signal
@@ -187,7 +186,3 @@ def wait_healthy(url: str, timeout: float = START_TIMEOUT_S) -> None:
             pass
         time.sleep(0.1)  # (start-up poll of another process: no event to wait on)
     raise RuntimeError(f"router at {url} not healthy within {timeout:.0f} s")
-
-
-def pid_alive(child: Child) -> bool:
-    return child.proc.poll() is None and os.path.exists(f"/proc/{child.proc.pid}")
