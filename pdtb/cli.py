@@ -79,15 +79,17 @@ def find(argv: list[str]) -> tuple[Command, list[str]] | None:
 
 
 def model_init(argv: list[str]) -> int:
-    from pdtb.engine.tiny_model import ARCHS, DEFAULT_SEED, init_tiny_model
+    from pdtb.engine.tiny_model import ARCHS, DEFAULT_SEED, SIZES, init_tiny_model
 
     ap = argparse.ArgumentParser(prog="pdtb model init")
     ap.add_argument("--out", required=True, help="directory to write")
     ap.add_argument("--arch", choices=ARCHS, default="llama")
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    ap.add_argument("--size", choices=tuple(SIZES), default="tiny",
+                    help="tiny: the embedded model (head size 32); head64: 12M parameters, head size 64")
     a = ap.parse_args(argv)
-    path = init_tiny_model(a.out, a.arch, a.seed)
-    print(f"wrote {a.arch} tiny model to {path}")
+    path = init_tiny_model(a.out, a.arch, a.seed, a.size)
+    print(f"wrote {a.arch} {a.size} model to {path}")
     return 0
 
 

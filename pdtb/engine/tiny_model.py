@@ -17,6 +17,15 @@ ARCHS = ("llama", "qwen2", "mistral")
 DEFAULT_ARCH = "llama"
 DEFAULT_SEED = 0
 DEFAULT_VOCAB = 512
+# Model sizes `pdtb model init --size` writes. "tiny" is the embedded model (head size 32, the
+# least vLLM's CPU attention takes); "head64" is a 12M-parameter model of the head size most
+# released checkpoints have, for comparisons whose kernels treat head sizes differently.
+SIZES = {
+    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2),
+    "head64": dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=8, num_attention_heads=6,
+                   num_key_value_heads=2),
+}
 MAX_POSITIONS = 4096
 
 _CORPUS = """\
@@ -68,12 +77,11 @@ def _train_tokenizer(vocab_size: int):
                                    eos_token="<|eos|>", pad_token="<|pad|>")
 
 
-def _config(arch: str, vocab_size: int, tokenizer):
+def _config(arch: str, vocab_size: int, tokenizer, size: str = "tiny"):
     import transformers
 
     common = dict(
-        vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_POSITIONS,
+        vocab_size=vocab_size, **SIZES[size], max_position_embeddings=MAX_POSITIONS,
         initializer_range=0.2, tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id)
@@ -86,8 +94,9 @@ def _config(arch: str, vocab_size: int, tokenizer):
     raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHS}")
 
 
-def init_tiny_model(out_dir: str | Path, arch: str = DEFAULT_ARCH, seed: int = DEFAULT_SEED) -> Path:
-    """Write a tiny checkpoint (config, safetensors weights, tokenizer) into `out_dir`."""
+def init_tiny_model(out_dir: str | Path, arch: str = DEFAULT_ARCH, seed: int = DEFAULT_SEED,
+                    size: str = "tiny") -> Path:
+    """Write a small checkpoint (config, safetensors weights, tokenizer) of one of SIZES into `out_dir`."""
     import torch
     import transformers
     from transformers.utils import logging as hf_logging
@@ -96,17 +105,19 @@ def init_tiny_model(out_dir: str | Path, arch: str = DEFAULT_ARCH, seed: int = D
     hf_logging.disable_progress_bar()
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHS}")
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; choose one of {tuple(SIZES)}")
     out = Path(out_dir)
     tokenizer = _train_tokenizer(DEFAULT_VOCAB)
     tokenizer.chat_template = CHAT_TEMPLATE
     vocab = len(tokenizer)
-    config = _config(arch, vocab, tokenizer)
+    config = _config(arch, vocab, tokenizer, size)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / "pdtb.json").write_text(json.dumps({"embedded": True, "arch": arch, "seed": seed}))
+    (out / "pdtb.json").write_text(json.dumps({"embedded": size == "tiny", "arch": arch, "seed": seed, "size": size}))
     record_tokenizer_class(out)  # lets the router skip transformers (and torch) when that is exact
     return out
 

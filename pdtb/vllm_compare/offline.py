@@ -2,7 +2,7 @@
 thread each; identical outputs and the tokens/s ratio, measured in one run.
 
     python -m pdtb.vllm_compare.offline --vllm-python .venv-vllm/bin/python [--model DIR]
-        [--prompts 32] [--max-tokens 128] [--reps 2] [--out FILE.json]
+        [--prompts 32] [--prompt-len 48:80] [--max-tokens 128] [--reps 2] [--out FILE.json]
 
 The vLLM side runs in vLLM's own environment (vllm_offline.py, a child process); the project's
 paged engine runs here with one torch thread. The reps of the two alternate (vLLM's process is
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", help="checkpoint (default: the embedded model)")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--prompt-len", default="48:80", metavar="LO:HI", help="prompt lengths, drawn uniformly")
     ap.add_argument("--kv-tokens", type=int, default=12800, help="KV budget in tokens, the same on both sides")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=2)
@@ -77,13 +78,20 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.kv_tokens % BLOCK or a.kv_tokens % 16:
         ap.error(f"--kv-tokens must be a multiple of {BLOCK}")
+    try:
+        lo, hi = (int(x) for x in a.prompt_len.split(":"))
+        assert 1 <= lo <= hi
+    except (ValueError, AssertionError):
+        ap.error(f"--prompt-len takes LO:HI with 1 <= LO <= HI, not {a.prompt_len!r}")
     from pdtb.engine.model_info import read_model_info, resolve_model_arg
     from pdtb.engine.tokenizer import load_tokenizer
 
     model_dir = resolve_model_arg(a.model)
     info, tok = read_model_info(model_dir), load_tokenizer(model_dir)
     special = set(info.eos_token_ids) | {t for t in (getattr(tok, "bos_token_id", None), tok.eos_token_id) if t is not None}
-    prompts = make_prompts(info.vocab_size, special, a.prompts, a.seed)
+    if hi + a.max_tokens > info.max_model_len:
+        ap.error(f"--prompt-len {a.prompt_len} plus --max-tokens {a.max_tokens} exceeds the model's {info.max_model_len}")
+    prompts = make_prompts(info.vocab_size, special, a.prompts, a.seed, lo, hi)
     job = {"model": model_dir, "prompts": prompts, "max_tokens": a.max_tokens, "kv_blocks": a.kv_tokens // BLOCK,
            "block_size": BLOCK, "max_num_batched_tokens": a.max_num_batched_tokens,
            "max_model_len": info.max_model_len, "reps": 1}
@@ -97,12 +105,13 @@ def main(argv: list[str] | None = None) -> int:
             ours_s.append(s)
     n = sum(len(x) for x in ours)
     same = sum(1 for x, y in zip(ours, theirs) if x == y)
-    result = {"model": model_dir, "vllm": version, "prompts": len(prompts), "max_tokens": a.max_tokens,
+    result = {"model": model_dir, "vllm": version, "prompts": len(prompts), "prompt_len": [lo, hi],
+              "max_tokens": a.max_tokens,
               "identical": same, "project_tok_s": round(n / statistics.median(ours_s), 1),
               "vllm_tok_s": round(sum(len(x) for x in theirs) / statistics.median(theirs_s), 1),
               "project_s": ours_s, "vllm_s": theirs_s}
     result["ratio"] = round(result["project_tok_s"] / result["vllm_tok_s"], 3)
-    print(f"offline, {Path(model_dir).name}: greedy outputs identical {same}/{len(prompts)}; "
+    print(f"offline, {Path(model_dir).name}, prompts of {lo}-{hi} tokens: greedy outputs identical {same}/{len(prompts)}; "
           f"project {result['project_tok_s']} tok/s, vLLM {version} {result['vllm_tok_s']} tok/s: "
           f"**{result['ratio']:.2f}x** (median of {a.reps}, one thread each)")
     if a.out:
