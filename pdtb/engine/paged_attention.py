@@ -21,7 +21,8 @@ the forward's `**kwargs` (`pdtb_meta`). Per layer it does two things:
   or masked); otherwise
   a decode group is a slice of the flat rows (one query each; two matmuls or SDPA), a prefill
   group pads its queries into `[B_g, heads, q_max_g, head_dim]` and runs SDPA with a
-  per-sequence causal mask. The runner orders the flat tokens so that the groups are
+  per-sequence causal mask, and a prompt's first chunk alone runs SDPA with `is_causal`
+  (the runner groups prefill rows of like sizes: runner.prefill_groups). The runner orders the flat tokens so that the groups are
   consecutive runs of them (decode buckets first, then prefill rows), so the outputs are
   simply concatenated.
 
@@ -56,6 +57,9 @@ class AttnGroup:
     span: tuple[int, int] | None = None  # decode group: its flat rows [start, end)
     q_gather: torch.Tensor | None = None  # prefill: [B_g, q_max] flat token index of each padded query slot
     pad_index: torch.Tensor | None = None  # prefill: [n_g] padded slot (b * q_max + j) of each of its tokens
+    # a prompt's first chunk alone (flat rows `span`): its tokens attend causally to its first
+    # `causal` keys, SDPA's is_causal with no mask; 0: not such a group
+    causal: int = 0
     # decode rows read in place by the C kernel (StepMetadata.kernel), no gather, no padding:
     pages: torch.Tensor | None = None  # the rows' page tables back to back
     page_start: torch.Tensor | None = None  # [B_g] offset of each row's table in `pages`
@@ -64,6 +68,8 @@ class AttnGroup:
 
     @property
     def num_rows(self) -> int:
+        if self.causal:
+            return 1
         return self.span[1] - self.span[0] if self.span is not None else self.q_gather.shape[0]
 
 
@@ -150,6 +156,17 @@ def _group_attention(q_flat, k, v, g: AttnGroup, scaling) -> torch.Tensor:
     return out[g.pad_index]
 
 
+def _causal_attention(q_flat, k, v, n: int, scaling) -> torch.Tensor:
+    """A first chunk of `n` tokens (positions 0..n-1) over its own keys: q_flat [n, heads, hd],
+    k/v [1, kv_heads, >= n, hd] -> [n, heads, hd]."""
+    q = q_flat.transpose(0, 1).unsqueeze(0)  # [1, heads, n, hd]
+    k, v = k[:, :, :n], v[:, :, :n]
+    if k.dtype != q.dtype:
+        k, v = k.to(q.dtype), v.to(q.dtype)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=k.shape[1] != q.shape[1])
+    return out[0].transpose(0, 1)
+
+
 def _kernel_attention(kernel, q_flat, k_pool, v_pool, g: AttnGroup, scaling) -> torch.Tensor:
     """Decode rows [span) through the C kernel, straight from the pool's pages."""
     q = q_flat[g.span[0]:g.span[1]]
@@ -219,6 +236,7 @@ def attend(m: StepMetadata, q_flat: torch.Tensor, kv: list, scaling) -> torch.Te
     [T, heads, hd]. Groups are contiguous runs of flat tokens, in flat order (decode spans,
     then prefill rows), so their outputs are concatenated."""
     outs = [_kernel_attention(m.kernel, q_flat, k, v, g, scaling) if g.lens is not None
+            else _causal_attention(q_flat[g.span[0]:g.span[1]], k, v, g.causal, scaling) if g.causal
             else _decode_attention(q_flat[g.span[0]:g.span[1]], k, v, g.attn_mask, scaling) if g.span is not None
             else _group_attention(q_flat, k, v, g, scaling) for g, (k, v) in zip(m.groups, kv)]
     return outs[0] if len(outs) == 1 else torch.cat(outs)

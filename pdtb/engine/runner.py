@@ -30,6 +30,43 @@ class BatchChunk:
     wants_logits: bool  # True when this chunk ends at the sequence's last token
 
 
+# Prefill rows share an attention call only while padding them to one shape (queries to the
+# longest chunk, keys to the longest context) costs at most PAD_SLACK times their own work: one
+# 2,000-token chunk beside five 100-token ones would otherwise pad all six to 2,000 x 2,000.
+PAD_SLACK = 1.5
+# A prompt's first chunk of at least this many tokens is an attention call of its own, causal
+# without a mask (SDPA's is_causal skips the upper triangle a mask only zeroes: 2x fewer
+# operations, and bit-identical outputs, measured on the CPU); smaller ones batch with others.
+CAUSAL_ALONE = 64
+
+
+def prefill_groups(lens: np.ndarray, starts: np.ndarray, npages: np.ndarray) -> list[np.ndarray]:
+    """The prefill rows' attention groups, as index arrays into the given rows: rows ordered
+    by context and chunk size, consecutive ones sharing a group while PAD_SLACK holds; a long
+    first chunk (CAUSAL_ALONE) alone. Concatenated, the groups are every row once."""
+    n = len(lens)
+    if n <= 1:
+        return [np.arange(n)] if n else []
+    keys = npages  # (pages: the padded key length is max_pages * page_size)
+    alone = (starts == 0) & (lens >= CAUSAL_ALONE)
+    groups = [np.array([i]) for i in np.flatnonzero(alone)]
+    rest = np.flatnonzero(~alone)
+    rest = rest[np.lexsort((lens[rest], keys[rest]))]
+    cur: list[int] = []
+    work = q_max = k_max = 0
+    for i in rest:
+        q, k = int(lens[i]), int(keys[i])
+        nq, nk, nw = max(q_max, q), max(k_max, k), work + q * k
+        if cur and (len(cur) + 1) * nq * nk > PAD_SLACK * nw:
+            groups.append(np.array(cur))
+            cur, work, nq, nk, nw = [], 0, q, k, q * k
+        cur.append(int(i))
+        work, q_max, k_max = nw, nq, nk
+    if cur:
+        groups.append(np.array(cur))
+    return groups
+
+
 class ModelRunner:
     """Owns the model and the device tier's KV tensor; runs one step at a time."""
 
@@ -79,6 +116,8 @@ class ModelRunner:
             parts.append(rows)
             plans.append(plan)
         prefill = np.flatnonzero(~decode)
+        pf_groups = prefill_groups(lens[prefill], starts[prefill], npages[prefill])
+        prefill = prefill[np.concatenate(pf_groups)] if pf_groups else prefill
         perm = np.concatenate([*parts, prefill]) if parts else prefill  # step index of each flat row
         lens, starts, npages = lens[perm], starts[perm], npages[perm]
         total, max_pages = int(lens.sum()), int(npages.max())
@@ -98,8 +137,10 @@ class ModelRunner:
             groups.append(self._decode_group(first, pos[first:first + n], plan, npages[first:first + n],
                                              block_tables[first:first + n]))
             first += n
-        if len(prefill):
-            groups.append(self._prefill_group(np.arange(first, b), lens, cu_start, pos, npages, block_tables))
+        for members in pf_groups:  # prefill rows: flat rows [first, b), group after group
+            n = len(members)
+            groups.append(self._prefill_group(np.arange(first, first + n), lens, cu_start, pos, npages, block_tables))
+            first += n
         want = np.fromiter((c.wants_logits for c in chunks), bool, b)
         at = np.empty(b, np.int64)
         at[perm] = np.arange(b)  # flat row of each chunk
@@ -214,11 +255,15 @@ class ModelRunner:
                          span=(first, first + len(g_pos)))
 
     def _prefill_group(self, rows, lens, cu_start, pos, npages, block_tables) -> AttnGroup:
-        """Attention metadata for the prefill rows `rows` (flat rows, the step's last ones)."""
+        """Attention metadata for the prefill rows `rows` (consecutive flat rows)."""
         ps = self.page_size
         max_pages = int(npages[rows].max())
         g_lens, g_start = lens[rows], cu_start[rows]
         q_max = int(g_lens.max())
+        t = self._t
+        if len(rows) == 1 and pos[g_start[0]] == 0:  # a prompt's first chunk alone: causal, no mask
+            return AttnGroup(t(block_tables[rows, :max_pages].reshape(-1)), max_pages, None,
+                             span=(int(g_start[0]), int(g_start[0]) + q_max), causal=q_max)
         j = np.arange(q_max)
         q_gather = g_start[:, None] + np.minimum(j[None, :], (g_lens - 1)[:, None])  # [B_g, q_max]
         valid = j[None, :] < g_lens[:, None]
@@ -228,7 +273,6 @@ class ModelRunner:
         allowed = np.arange(keys)[None, None, :] <= q_pos[:, :, None]  # [B_g, q_max, L]
         mask = np.where(allowed, np.float32(0), np.float32("-inf"))
         mask = np.repeat(mask[:, None], self.groups, axis=1).reshape(len(rows), 1, self.groups * q_max, keys)
-        t = self._t
         return AttnGroup(t(block_tables[rows, :max_pages].reshape(-1)), max_pages,
                          torch.from_numpy(mask).to(device=self.device, dtype=self.kv.dtype),
                          q_gather=t(q_gather), pad_index=t(pad_index))
