@@ -25,7 +25,7 @@ import aiohttp
 from pdtb.client.prefix import prompt_ids
 from pdtb.figures.records import CUT_OFF, OK, RequestRecord, RequestSpec
 from pdtb.figures.samples import cluster_sample
-from pdtb.client.sse import SSEParser, count_tokens, error_message, usage_tokens
+from pdtb.client.sse import SSEParser, cached_tokens, count_tokens, error_message, usage_tokens
 from pdtb.figures.summary import pct
 
 
@@ -145,6 +145,8 @@ async def _read_stream(resp: aiohttp.ClientResponse, rec: RequestRecord, clock) 
             rec.token_times.extend([now] * count_tokens(obj))
             rec.output_tokens = usage_tokens(obj) or rec.output_tokens
             rec.prompt_tokens = usage_tokens(obj, "prompt_tokens") or rec.prompt_tokens  # chat: what the template made
+            if (cached := cached_tokens(obj)) is not None:
+                rec.cached_tokens = cached
             rec.server_timing = obj.get("pdtb_timing") or rec.server_timing
         rec.parse_s += time.perf_counter() - t
     return False

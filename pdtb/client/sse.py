@@ -59,6 +59,15 @@ def usage_tokens(chunk: dict, key: str = "completion_tokens") -> int | None:
     return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
 
 
+def cached_tokens(chunk: dict) -> int | None:
+    """`usage.prompt_tokens_details.cached_tokens` (prompt tokens served from the server's prefix
+    cache) of a chunk that carries it, else None (vLLM sends it only with
+    --enable-prompt-tokens-details)."""
+    usage = chunk.get("usage")
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    return usage_tokens({"usage": details}, "cached_tokens") if isinstance(details, dict) else None
+
+
 def error_message(chunk: dict) -> str | None:
     """The message of an OpenAI-shaped error object, if the chunk is one."""
     err = chunk.get("error")

@@ -38,7 +38,7 @@ def _copy(x):
 
 _JSON_ORDER = ("tenant", "class", "prompt_tokens", "output_tokens", "send_time", "first_token_time",
                "token_times", "end_time", "status", "error", "server_timing",
-               "requested_output_tokens", "scheduled_time", "priority", "parse_s")
+               "requested_output_tokens", "scheduled_time", "priority", "parse_s", "cached_tokens")
 
 
 @dataclass
@@ -61,6 +61,9 @@ class RequestRecord:
     server_timing: dict = field(default_factory=dict)  # the router's `pdtb_timing`
     priority: int | None = None
     parse_s: float = 0.0  # client time spent parsing this request's stream
+    # prompt tokens the server served from its prefix cache (usage.prompt_tokens_details.cached_tokens);
+    # None: the server did not say
+    cached_tokens: int | None = None
 
     def to_json(self) -> dict:
         """The results file's request object: the stable keys first, then the extras."""

@@ -352,6 +352,10 @@ class NodeBase:
     # ---- events to the router -----------------------------------------------------------------
     def emit(self, seq: Sequence, tokens: list[int], finished: bool = False) -> None:
         ev = TokenEvent(seq.request_id, tokens, finished)
+        if seq.num_output_tokens == len(tokens):  # its first output: this node computed its prompt
+            # the first prefill's hit (the scheduler sets it once): a recompute after preemption
+            # finds its own pages again, which is no saving of the client's prompt (-1: cache off)
+            ev.cached_tokens = max(seq.num_cached_tokens, 0)
         if finished:
             ev.finish_reason = "stop" if seq.status == SeqStatus.FINISHED_STOPPED else "length"
             ev.timing = self.acct.final_timing(seq)

@@ -204,6 +204,10 @@ class TokenEvent:
     error: str | None = None  # why it failed, when finish_reason == "error"
     timing: dict = field(default_factory=dict)  # server timeline (final event), seconds
     retry: bool = False  # failed before any work (a draining node refused it): another node may take it
+    # prompt tokens whose KV the request's first prefill took from the prefix cache (not computed);
+    # set on the event with its first output token, which the node that computed the prompt sends
+    # (prefill or colocated, never decode): the router reads it there, with no hand-off field
+    cached_tokens: int = 0
 
 
 @dataclass

@@ -94,6 +94,10 @@ class CompletionRun:
         self.resubmits = 0  # times a node refused it before any work and it was sent elsewhere
         self.recomputed_at = 0.0  # time.monotonic() of the last recompute's submission
         self.tokens_before = 0  # tokens streamed before the last recompute
+        # prompt tokens served from the prefix cache (usage.prompt_tokens_details.cached_tokens): the
+        # figure on the event with the first output token; a recompute after a node loss prefills
+        # the prompt and the streamed tokens anew, and its hit is not what the client's prompt cost
+        self.cached_tokens = 0
         self.first_token_at = self.last_token_at = 0.0  # time.monotonic() of the first and latest token
         self.status = "200"  # for the requests counter; "499": the client went away
         self.delivered = False  # a stream's last event ([DONE]) was written: whatever follows, it was served
@@ -205,6 +209,8 @@ class CompletionRun:
                     reason = f"failed on a node: {ev.error or 'no reason given'}"
                     raise RequestFailed(500, f"request {reason}")
                 now = time.monotonic()
+                if ev.token_ids and not self.output_ids:
+                    self.cached_tokens = ev.cached_tokens
                 last = self._observe(ev, now, last)
                 ids = ev.token_ids
                 if ev.finished and ids and ev.finish_reason == "stop" and ids[-1] in self.req.stop_token_ids:
@@ -292,7 +298,7 @@ class CompletionRun:
         return len(self.output_ids)
 
     def _usage(self) -> dict:
-        return usage_body(len(self.prompt_ids), self.num_output_tokens)
+        return usage_body(len(self.prompt_ids), self.num_output_tokens, self.cached_tokens)
 
     async def json_response(self, request: web.Request) -> web.StreamResponse:
         """Collect the whole output into one `text_completion` response. A client whose input

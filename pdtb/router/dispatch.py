@@ -182,13 +182,15 @@ def plain(ev) -> bool:
 def merge_queued(ev: TokenEvent, queue) -> TokenEvent:
     """`ev` with the plain events already queued behind it, as one: a handler that fell behind
     its node sends one chunk for them instead of one each (vLLM's output collector merges the
-    same way). The merged event ends where the last one taken ends."""
+    same way). The merged event ends where the last one taken ends; its `cached_tokens` is the
+    largest taken (only the event with a request's first output token sets one)."""
     if ev.finished or not plain(ev) or queue.empty():
         return ev
-    ids = list(ev.token_ids)
+    ids, cached = list(ev.token_ids), ev.cached_tokens
     while not queue.empty() and plain(queue.peek()):
         nxt = queue.get_nowait()
         ids += nxt.token_ids
+        cached = max(cached, nxt.cached_tokens)
         if nxt.finished:
-            return TokenEvent(ev.request_id, ids, True, nxt.finish_reason, timing=nxt.timing)
-    return TokenEvent(ev.request_id, ids)
+            return TokenEvent(ev.request_id, ids, True, nxt.finish_reason, timing=nxt.timing, cached_tokens=cached)
+    return TokenEvent(ev.request_id, ids, cached_tokens=cached)

@@ -287,6 +287,11 @@ def choice_body(text: str, finish_reason: str | None, token_ids: list[int] | Non
     return c
 
 
-def usage_body(num_prompt_tokens: int, num_completion_tokens: int) -> dict:
+def usage_body(num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int = 0) -> dict:
+    """`usage`. `prompt_tokens_details.cached_tokens`: prompt tokens whose KV came from the
+    prefix cache (not computed for this request). vLLM sends the object only with
+    --enable-prompt-tokens-details (else null); the nodes always know the figure, so it is
+    always here, 0 with the cache off."""
     return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_completion_tokens,
-            "total_tokens": num_prompt_tokens + num_completion_tokens}
+            "total_tokens": num_prompt_tokens + num_completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": num_cached_tokens}}

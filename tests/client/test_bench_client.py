@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from app_thread import app_in_thread, start
 from pdtb.client.serve import main
-from pdtb.figures.records import RequestSpec
+from pdtb.figures.records import RequestRecord, RequestSpec
 from pdtb.client.load import RunConfig, request_body, run
 from pdtb.client.sse import SSEParser, count_tokens
 from pdtb.figures.summary import summarize
@@ -55,7 +55,10 @@ def make_app(first_s: float, itl_s: float, state: dict | None = None, hold: int 
                 if i < n - 1:
                     await asyncio.sleep(itl_s)
             if n and (body.get("stream_options") or {}).get("include_usage"):
-                usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n, "total_tokens": n}
+                usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n, "total_tokens": n,
+                         # half the prompt served from a prefix cache; "plain": vLLM without the details flag
+                         "prompt_tokens_details": None if body["user"] == "plain" else
+                         {"cached_tokens": len(body["prompt"]) // 2}}
                 await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
         finally:
@@ -105,6 +108,16 @@ def test_measured_ttft_and_itl_match_injected_delays():
     assert over["dispatch_lag_ms"]["p50"] < 15 and over["parse_us_per_token"]["p50"] < 2000
     assert [r.scheduled_time for r in res.records] == pytest.approx([0.05 * i for i in range(6)])
     assert res.samples and res.samples[0]["nodes"][1]["tenant_pages"] == {"whale": 50, "minnow": 10}
+
+
+def test_the_servers_cached_prompt_tokens_are_recorded_per_request():
+    specs = [RequestSpec(0.0, "t", "c", 16, 2), RequestSpec(0.0, "plain", "c", 16, 2)]
+    res = run_against(make_app(0.01, 0.01), specs, sample_interval=0)
+    assert [(r.status, r.cached_tokens) for r in res.records] == [("ok", 8), ("ok", None)]
+    back = [RequestRecord.from_json(json.loads(json.dumps(r.to_json()))) for r in res.records]
+    assert [r.cached_tokens for r in back] == [8, None]
+    old = {k: v for k, v in res.records[0].to_json().items() if k != "cached_tokens"}  # a file from before the field
+    assert RequestRecord.from_json(old).cached_tokens is None
 
 
 def test_without_token_ids_the_output_count_comes_from_usage():

@@ -147,6 +147,19 @@ def test_stream_chunks_carry_a_null_usage_when_usage_was_asked_for():
     assert completion_body(**kw, usage_key=True)["usage"] is None
 
 
+def test_usage_reports_cached_prompt_tokens_as_vllm_and_the_openai_client_read_them():
+    from openai.types import CompletionUsage
+
+    from pdtb.router.openai_api import usage_body
+
+    # vLLM's usage with --enable-prompt-tokens-details (its streamed chunk drops the null fields)
+    assert usage_body(70, 4, 64) == {"prompt_tokens": 70, "completion_tokens": 4, "total_tokens": 74,
+                                     "prompt_tokens_details": {"cached_tokens": 64}}
+    assert usage_body(5, 1)["prompt_tokens_details"] == {"cached_tokens": 0}  # always there, 0 without a hit
+    usage = CompletionUsage.model_validate(json.loads(json.dumps(usage_body(70, 4, 64))))
+    assert usage.prompt_tokens_details.cached_tokens == 64 and usage.total_tokens == 74
+
+
 def test_unknown_model_is_404():
     err = error_of({"model": "gpt-4", "prompt": "x"})
     assert (err.status, err.code, err.param) == (404, "model_not_found", "model")

@@ -76,6 +76,16 @@ def test_queued_plain_events_merge_into_one_ending_where_the_last_ends():
     assert q.empty()
 
 
+@pytest.mark.parametrize("finished", [False, True])
+def test_a_merged_event_keeps_the_cache_hit_of_the_first_output_token(finished):
+    """Only the event with a request's first output token carries `cached_tokens`; merged with
+    the events behind it (or behind a tokenless one) the figure stays."""
+    q = queue_of(ev([2], cached_tokens=32), ev([3], finished))
+    assert merge_queued(ev([], cached_tokens=0), q).cached_tokens == 32
+    q = queue_of(ev([2]), ev([3], finished))
+    assert merge_queued(ev([1], cached_tokens=48), q).cached_tokens == 48
+
+
 def test_merging_stops_before_an_error_or_a_retry_and_never_passes_a_final_event():
     retry = TokenEvent("r", [], True, "error", "draining", retry=True)
     q = queue_of(ev([2]), retry, ev([9]))
