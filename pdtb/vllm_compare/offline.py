@@ -41,8 +41,10 @@ def run_project(model_dir: str, prompts: list[list[int]], max_tokens: int, kv_to
     from pdtb.engine.sequence import SamplingParams
 
     torch.set_num_threads(1)
+    # (no prefix cache on either side: the warm-up and every rep run the same prompts, and a
+    # cache would time lookups instead of prefills)
     engine = LLMEngine(EngineConfig(model_dir, page_size=16, num_pages=kv_tokens // 16,
-                                    max_num_batched_tokens=max_batched))
+                                    max_num_batched_tokens=max_batched, prefix_cache=False))
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     engine.generate(prompts[:4], params)
     t0 = time.perf_counter()

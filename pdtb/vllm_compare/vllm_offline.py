@@ -7,7 +7,8 @@ JOB: {"model": DIR, "prompts": [[ids...], ...], "max_tokens": N, "kv_blocks": N,
       "max_num_batched_tokens": N, "reps": N}
 OUT: {"token_ids": [[ids...], ...], "seconds": [rep, ...], "output_tokens": N, "vllm": VERSION}
 Greedy, end-of-sequence ignored, so every prompt gives max_tokens tokens; the first rep warms
-up (its time kept apart).
+up (its time kept apart). No prefix caching: every rep runs the same prompts, and a cache
+would time its lookups instead of the prefills.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def main(job_path: str, out_path: str) -> int:
 
     llm = LLM(model=job["model"], dtype="float32", block_size=job.get("block_size", 32),
               num_gpu_blocks_override=job["kv_blocks"], max_num_batched_tokens=job["max_num_batched_tokens"],
-              max_model_len=job["max_model_len"], seed=0)
+              max_model_len=job["max_model_len"], seed=0, enable_prefix_caching=False)
     params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True)
     prompts = [{"prompt_token_ids": p} for p in job["prompts"]]
     seconds, outs = [], None
