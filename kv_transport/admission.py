@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from kv_transport.wire import KVTransferHeader
     from pdtb.engine.page_pool import PagePool
 
 
@@ -83,5 +82,3 @@ class Admission:
 
 
 _ACCEPT = Admission(Verdict.ACCEPT)
-
-AdmitFn = Callable[["KVTransferHeader"], Admission]

@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from kv_transport.admission import AdmitFn
 from kv_transport.base import TransportError
 from kv_transport.config import TransportConfig
 from kv_transport.receiver import ReceiverCore
 from kv_transport.sender import SenderCore
 from kv_transport.wire_check import frame_view
+from kv_transport.wire import AdmitFn
 from pdtb.engine.kv_spec import KVSpec
 from pdtb.engine.page_pool import PagePool
 

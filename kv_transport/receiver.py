@@ -27,13 +27,13 @@ import time
 from dataclasses import dataclass, field
 
 from kv_transport import checksum
-from kv_transport.admission import AdmitFn, FailCode, Verdict
+from kv_transport.admission import FailCode, Verdict
 from kv_transport.base import ReceivedTransfer, TransferState, TransferStatus
 from kv_transport.config import TransportConfig
 from kv_transport.endpoint_core import EndpointCore
 from kv_transport.malloc_tuning import keep_freed_memory
 from kv_transport.page_writer import PageWriter, WritePlan
-from kv_transport.wire import (STREAMED, Ack, Cancel, Credit, KVChunk, KVTransferHeader, Nack,
+from kv_transport.wire import (STREAMED, Ack, AdmitFn, Cancel, Credit, KVChunk, KVTransferHeader, Nack,
                                TransferBatch, WireError, decode, encode)
 from pdtb.engine.page_pool import PagePool, PoolError
 

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 import zmq
 
 from kv_transport import checksum
-from kv_transport.admission import AdmitFn, FailCode
+from kv_transport.admission import FailCode
 from kv_transport.config import TransportConfig
 from kv_transport.local_link import LinkError, LinkListener
 from kv_transport.receiver import _Inbound
 from kv_transport.shm_common import MESSAGES_PER_PIECE, _next, NUM_SLOTS, piece_rows, _recv_now, S, _sent, _split
 from kv_transport.shm_read import SOURCE_IDLE_S, Reading, Sources, read_piece
 from kv_transport.shm_slots import WriteSlots
-from kv_transport.wire import Ack, Commit, Grant
+from kv_transport.wire import Ack, AdmitFn, Commit, Grant
 from kv_transport.zmq_backend import ZmqReceiver
 from pdtb.engine.page_pool import PagePool
 from pdtb.engine.shared_memory import SharedMemoryError, boot_id

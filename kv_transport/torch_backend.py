@@ -36,12 +36,12 @@ import torch
 import torch.distributed as dist
 
 from kv_transport import checksum, torch_ranks
-from kv_transport.admission import AdmitFn, FailCode
+from kv_transport.admission import FailCode
 from kv_transport.base import TransferState, TransportError
 from kv_transport.config import TransportConfig
 from pdtb.aio import bounded
 from kv_transport.sender import to_host
-from kv_transport.wire import Ack, Credit
+from kv_transport.wire import Ack, AdmitFn, Credit
 from kv_transport.zmq_backend import ZmqReceiver, ZmqSender
 from pdtb.engine.kv_spec import KVSpec
 from pdtb.engine.page_pool import PagePool

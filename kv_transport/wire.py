@@ -16,12 +16,12 @@ import dataclasses
 import enum
 import functools
 from dataclasses import dataclass, field
-from typing import ClassVar, Union
+from typing import Callable, ClassVar, Union
 
 import msgpack
 import numpy as np
 
-from kv_transport.admission import FailCode
+from kv_transport.admission import Admission, FailCode
 from kv_transport.wire_check import (Fields, WireChecksumError, WireError, WireFieldError,
                                      WireLimits, WireSizeError, WireVersionError, frame_view)
 
@@ -488,3 +488,8 @@ _ALLOWED = {t: frozenset(field_names(cls)) | {"t", "v"} for t, cls in (
     (MsgType.HEADER, KVTransferHeader), (MsgType.BATCH, TransferBatch), (MsgType.CHUNK, KVChunk),
     (MsgType.CREDIT, Credit), (MsgType.ACK, Ack), (MsgType.NACK, Nack), (MsgType.CANCEL, Cancel),
     (MsgType.GRANT, Grant), (MsgType.COMMIT, Commit))}
+
+
+# A node's admission check of a transfer header (kv_transport/admission.py has the answers; it
+# is named here, beside the header, so that admission.py needs nothing of the wire format).
+AdmitFn = Callable[[KVTransferHeader], Admission]

@@ -19,12 +19,12 @@ import os
 import zmq
 import zmq.asyncio
 
-from kv_transport.admission import AdmitFn
 from kv_transport.base import TransportError
 from kv_transport.config import TransportConfig
 from pdtb.aio import bounded
 from kv_transport.receiver import ReceiverCore
 from kv_transport.sender import SenderCore
+from kv_transport.wire import AdmitFn
 from pdtb.engine.kv_spec import KVSpec
 from pdtb.engine.page_pool import PagePool
 
