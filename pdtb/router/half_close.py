@@ -12,14 +12,41 @@ aiohttp internals used here, and only here: the request handler's `eof_received`
 `data_received`, `_handle_request`, `close()`, its queue of parsed requests (`_messages`,
 (message, body) pairs) and the future it waits on for the next (`_waiter`), the server's protocol factory (`__call__`, `_loop`, `_kwargs`) and the
 runner's `_make_server`; the protocol's `writing_paused` (`write_cannot_wait`). Checked on
-aiohttp 3.14.5 (tests/router/test_half_close.py, tests/router/test_router_stream_path.py).
+aiohttp 3.14.5 (tests/router/test_half_close.py, tests/router/test_router_stream_path.py). On
+another minor version (`CHECKED`) `make_runner` gives aiohttp's own runner, which answers no
+half-closed client, and says so once; `write_cannot_wait` then always says a write may wait.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import aiohttp
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
+
+log = logging.getLogger(__name__)
+
+CHECKED = ((3, 14),)  # aiohttp minor versions whose internals this file was checked on (3.14.5)
+
+
+def supported(version: str | None = None) -> bool:
+    """Whether this aiohttp's internals are the ones this file was checked on."""
+    try:
+        major, minor = (int(x) for x in (version or aiohttp.__version__).split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) in CHECKED
+
+
+def make_runner(app: web.Application, version: str | None = None, **kwargs) -> web.AppRunner:
+    """HalfCloseRunner on a checked aiohttp, else aiohttp's own AppRunner (logged once)."""
+    if supported(version):
+        return HalfCloseRunner(app, **kwargs)
+    log.warning("aiohttp %s is not among the versions the router's half-close support was checked on "
+                "(%s): a client that half-closes its connection gets no answer", version or aiohttp.__version__,
+                ", ".join(f"{a}.{b}" for a, b in CHECKED))
+    return web.AppRunner(app, **kwargs)
 
 HEARTBEAT_S = 1.0  # a closed client is found within two of these once its input ended
 CHUNK_FRAMING = 16  # bytes HTTP/1.1 chunked encoding adds around a write (size line and CRLFs)
@@ -32,7 +59,7 @@ def write_cannot_wait(request: web.Request, nbytes: int) -> bool:
     alone does not tell: not paused, and these bytes leave the buffer under the high-water
     mark (no pause begins with them)."""
     proto, tr = request.protocol, request.transport
-    if proto is None or tr is None or tr.is_closing() or proto.writing_paused:
+    if proto is None or tr is None or tr.is_closing() or getattr(proto, "writing_paused", True):
         return False
     return tr.get_write_buffer_size() + nbytes + CHUNK_FRAMING < tr.get_write_buffer_limits()[1]
 

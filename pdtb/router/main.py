@@ -50,12 +50,12 @@ async def start_router(config: RouterConfig, model: ServedModel,
     from aiohttp import web
 
     from pdtb.router.app import build_app
-    from pdtb.router.half_close import HalfCloseRunner
+    from pdtb.router.half_close import make_runner
     from pdtb.router.peers import PEERS
 
     app = build_app(config, model, registry)
-    runner = HalfCloseRunner(app, handler_cancellation=True, shutdown_timeout=config.shutdown_timeout,
-                           access_log=logging.getLogger("aiohttp.access"))
+    runner = make_runner(app, handler_cancellation=True, shutdown_timeout=config.shutdown_timeout,
+                         access_log=logging.getLogger("aiohttp.access"))
     await runner.setup()
     try:
         await web.TCPSite(runner, config.host, config.port, reuse_port=config.reuse_port or None).start()

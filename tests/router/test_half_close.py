@@ -75,3 +75,21 @@ def test_a_socket_shutdown_is_what_the_test_client_does():
         assert b.recv(1) == b""
         b.sendall(b"still open")
         assert a.recv(16) == b"still open"
+
+
+def test_the_installed_aiohttp_is_one_the_internals_were_checked_on():
+    from pdtb.router import half_close
+
+    # a new aiohttp minor version: check half_close.py's internals on it, then add it to CHECKED
+    assert half_close.supported(), f"aiohttp {__import__('aiohttp').__version__} not in {half_close.CHECKED}"
+
+
+def test_an_unchecked_aiohttp_gets_its_own_runner_and_a_warning(caplog):
+    from pdtb.router import half_close
+
+    assert not half_close.supported("3.9.5") and not half_close.supported("4.0.0") and not half_close.supported("dev")
+    app = web.Application()
+    with caplog.at_level("WARNING", logger="pdtb.router.half_close"):
+        runner = half_close.make_runner(app, version="3.9.5")
+    assert type(runner) is web.AppRunner and "3.9.5" in caplog.text
+    assert type(half_close.make_runner(web.Application())) is HalfCloseRunner
