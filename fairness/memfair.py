@@ -28,7 +28,10 @@ its weighted share of both whenever someone else wants theirs.
   prompts first, whoever's they are. A 2K prompt does not queue behind a 128K one, its
   owner's or another's; the 128K prompt keeps prefilling at its owner's floor at least, and
   with all the step the small ones leave. Decode rows always step, so a long request's
-  inter-token time is its own size's cost, not a leftover.
+  inter-token time is its own size's cost, not a leftover. The step's time is shared too: beside
+  another owner's decode rows, the prompts' chunks may add at most what those rows cost alone
+  (STEP_STRETCH, priced by the node's own fit of its steps, `SchedState.step_s`), so a minnow's
+  step stays an ordinary one; a chunk gets at least a page whatever the price.
 - Victims, when a row cannot grow: the most over-share owner's request; demoted, the largest
   footprint; dropped for recompute, the one with the least computed work.
 - No starvation. A request waiting `starve_after_s` for device pages is let in whatever its
@@ -51,6 +54,7 @@ from fairness.memfair_settings import MemFairSettings
 from fairness.owners import owner_name
 from fairness.quotas import entitlements, water_fill
 from pdtb.engine.sched_policy import SchedState
+from pdtb.engine.step_shape import StepShape
 from pdtb.engine.sequence import Sequence
 
 
@@ -61,6 +65,10 @@ RECLAIM_TRIES = 16  # waiting requests per step that may look for borrowers to d
 # keeps owners of small prompts that fill the node from starving the others.
 PREFILL_FLOOR = 0.25
 SIZE_MEMORY = 8  # an owner's typical request size: the mean of about its last this many requests
+# A step that carries another owner's decode rows costs at most this many times what the decode
+# rows cost alone: the prompts' chunks take at most as much of the step's time as the rows that
+# wait on it (a 510-token chunk at offset 1,500 made a 5 ms step 80 ms on the CPU).
+STEP_STRETCH = 2.0
 
 
 class MemFairPolicy(BasePolicy):
@@ -90,6 +98,8 @@ class MemFairPolicy(BasePolicy):
         self._parked_ids: set[str] = set()  # candidates in the host tier at the last look
         self._starved: tuple[str, int] = ("", 0)  # the longest-starving candidate and the pages it needs now
         self._pending: tuple[str, int] = ("", 0)  # the candidate chunk_limit last sized, and its chunk
+        self._decode: dict[str, tuple[int, int]] = {}  # owner -> (decode rows, their context) this step
+        self._added = (0, 0, 0)  # prefill chunks, tokens, query-key pairs given out this step
 
     @property
     def ent(self) -> dict[str, float]:
@@ -363,13 +373,19 @@ class MemFairPolicy(BasePolicy):
         running ones with tokens left and the waiting ones that fit the free pages."""
         prompts: list[tuple[str, Sequence, int]] = []  # (owner, request, tokens it wants)
         decode_rows = 0
+        decode: dict[str, tuple[int, int]] = {}
+        own = self.owner
         for s in rows:
             n = len(s.token_ids)  # (num_uncomputed_tokens and num_output_tokens, inline: every row, every step)
             left = n - s.num_computed_tokens
             if left > 1 or n == s.num_prompt_tokens:
-                prompts.append((self.owner(s), s, left))
+                prompts.append((own(s), s, left))
             else:
                 decode_rows += 1
+                o = own(s)
+                r, c = decode.get(o, (0, 0))
+                decode[o] = (r + 1, c + n)
+        self._decode, self._added = decode, (0, 0, 0)
         free = state.device_free - len(rows)
         for c in self.candidates:
             if c.num_computed_tokens:
@@ -406,13 +422,41 @@ class MemFairPolicy(BasePolicy):
         self._allot = allot
 
     def chunk_limit(self, seq, budget, state):
-        """A prompt's chunk is at most its part of this step (a token if it has none)."""
+        """A prompt's chunk is at most its part of this step (a token if it has none), and at
+        most what keeps the step within STEP_STRETCH of the other owners' decode rows."""
         if not self._allot:
-            return budget
+            return self._within_step_time(seq, min(budget, seq.num_uncomputed_tokens), state)
         n = max(1, min(budget, seq.num_uncomputed_tokens, self._allot.get(seq.request_id, 0)))  # the scheduler's chunk
         if seq.request_id not in self._running_ids:
             self._pending = (seq.request_id, n)  # a candidate: let in by may_admit only with a part of the step
-        return n
+        return self._within_step_time(seq, n, state)
+
+    def _within_step_time(self, seq, n: int, state) -> int:
+        """The largest chunk up to `n` tokens that, with the chunks given out before it this
+        step, keeps the step within STEP_STRETCH times the cost of its decode rows alone, when
+        another owner has decode rows in it; at least a page (or `n`, if less)."""
+        price = state.step_s
+        owner = self.owner(seq)
+        if price is None or n <= 0 or not any(o != owner for o in self._decode):
+            return n
+        rows = sum(r for r, _ in self._decode.values())
+        ctx = sum(c for _, c in self._decode.values())
+        alone = price(StepShape(rows, ctx))
+        chunks, tokens, pairs = self._added
+        start = seq.num_computed_tokens
+
+        def cost(k: int) -> float:
+            return price(StepShape(rows, ctx, chunks + 1, tokens + k, pairs + k * start + k * (k + 1) // 2))
+
+        k, limit = n, STEP_STRETCH * alone
+        if cost(n) > limit:
+            lo, hi = min(n, state.page_size), n  # cost(lo) may be over the limit: a page is the least
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if cost(mid) <= limit else (lo, mid - 1)
+            k = lo
+        self._added = (chunks + 1, tokens + k, pairs + k * start + k * (k + 1) // 2)
+        return k
 
     def choose_victim(self, candidates, requester, state):
         """The most over-share owner gives pages back: demoted, its largest footprint (no work

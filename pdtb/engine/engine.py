@@ -21,6 +21,8 @@ from pdtb.engine.runner import BatchChunk, ModelRunner
 from pdtb.engine.sampler import sample
 from pdtb.engine.scheduler import Scheduler, SchedulerOutput
 from pdtb.engine.sequence import SamplingParams, Sequence, SeqStatus
+from pdtb.engine.step_cost import StepCostFit
+from pdtb.engine.step_shape import StepShape
 
 
 @dataclass
@@ -79,6 +81,7 @@ class LLMEngine:
                                   shared=config.shared_kv and on_cpu) if config.host_kv_pages else None
         self.scheduler = Scheduler(config.scheduler_config(info.max_model_len), self.pool, policy=policy,
                                    host_pool=self.host_pool)
+        self.step_cost = self.scheduler.step_cost = StepCostFit()  # what this node's steps cost (policies read it)
         if config.prefix_cache:
             self.scheduler.prefix_ns = prefix_namespace(model, config.dtype)
         kernel = self._decode_kernel(config)
@@ -130,10 +133,12 @@ class LLMEngine:
 
     # ---- one step ---------------------------------------------------------------------------
     def step(self) -> list[StepEvent]:
+        t0 = time.perf_counter()
         out = self.scheduler.schedule()
         self.last_output = out
         if not out.chunks:
             return []
+        shape = StepShape.of(out.chunks)  # (before the sequences advance)
         pages_of = self.pool.pages_of
         batch = [BatchChunk(c.seq.request_id, c.seq.token_ids[c.seq.num_computed_tokens:c.seq.num_computed_tokens + c.num_new_tokens],
                             c.seq.num_computed_tokens, pages_of(c.seq.request_id), c.wants_logits)
@@ -145,7 +150,10 @@ class LLMEngine:
             c.seq.num_computed_tokens += c.num_new_tokens
             register(c.seq)
         tokens = sample(logits, [s.params for s in sampling], [s.params.first_index + s.num_output_tokens for s in sampling])
-        return [self._append(seq, tok) for seq, tok in zip(sampling, tokens)]
+        events = [self._append(seq, tok) for seq, tok in zip(sampling, tokens)]
+        if not (out.moves or out.preempted):  # (copies and recomputes are not in the shape)
+            self.step_cost.observe(shape, time.perf_counter() - t0)
+        return events
 
     def _append(self, seq: Sequence, token: int) -> StepEvent:
         return append_token(self.scheduler, seq, token, self.info.eos_token_ids)

@@ -34,6 +34,9 @@ class SchedState:
     # with a prefix cache: cached_pages(seq) -> leading pages of a waiting request's prompt this
     # node holds (what admitting it would not prefill); None: no prefix cache
     cached_pages: Callable[[Sequence], int] | None = None
+    # step_s(StepShape) -> seconds a step of that shape takes on this node (its own fit of the
+    # steps it ran, engine/step_cost.py; the simulator's cost model); None: not known yet
+    step_s: Callable | None = None
 
     @property
     def charge(self) -> dict:

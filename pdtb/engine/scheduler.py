@@ -102,6 +102,9 @@ class Scheduler:
         self._state_key: tuple | None = None  # pool versions of the cached snapshot
         self._state: SchedState | None = None
         self._now = 0.0
+        # the price of a step (step_s(StepShape) -> seconds, and `ready`): the engine's own fit
+        # (step_cost.py), the simulator's cost model; policies see it as SchedState.step_s
+        self.step_cost = None
         self.prefix_ns: str | None = None  # prefix cache namespace (prefix_hash.py); None: off
         self.prefix = PrefixCounters()
 
@@ -161,7 +164,9 @@ class Scheduler:
                                      self.config.max_num_batched_tokens,
                                      *((self.pool.charged_counts(), self.pool.exclusive_counts())
                                        if self.pool.num_shared else (None, None)),
-                                     cached_pages=self._cached_pages if self.prefix_ns is not None else None)
+                                     cached_pages=self._cached_pages if self.prefix_ns is not None else None,
+                                     step_s=self.step_cost.step_s if self.step_cost is not None
+                                     and getattr(self.step_cost, "ready", True) else None)
         return self._state
 
     def snapshot(self, now: float) -> SchedState:

@@ -70,6 +70,7 @@ class SimNode:
         self.scheduler = Scheduler(SchedulerConfig(shape.max_num_seqs, shape.max_num_batched_tokens,
                                                    shape.max_model_len), self.pool, policy=self.policy,
                                    host_pool=self.host_pool, clock=loop)
+        self.scheduler.step_cost = cost  # policies price a step by the model this run's steps take
         self.engine = self  # NodeAccounting and the nodes' validation read engine.pool, .scheduler, .info
         self.info = SimpleNamespace(vocab_size=VOCAB)
         self.metrics = NodeMetrics(shape.role, node_id)
