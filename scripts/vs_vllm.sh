@@ -80,9 +80,9 @@ WLS[quick]="--workload whale-minnow --whales 6 --whale-prompt 1024 --whale-outpu
   --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 20 --seed 0 --slo ttft_ms=500 --slo tpot_ms=100
   --context-whales 16 --context-whale-prompt 1984 --context-whale-output 64 --context-whale-start 4
   --context-whale-interval 0.5"
-WLS[overload]="--workload whale-minnow --duration 60 --time-scale 0.1 --whales 6 --whale-prompt 1024 --whale-output 512
-  --whale-start 1 --whale-interval 10 --context-whales 12 --context-whale-prompt 1984 --context-whale-output 64
-  --context-whale-start 3 --context-whale-interval 4 --minnow-rate 4 --minnow-prompt 24 --minnow-output 8 --seed 0
+WLS[overload]="--workload whale-minnow --duration 6 --whales 6 --whale-prompt 1024 --whale-output 512 --whale-start 0.1
+  --whale-interval 1 --context-whales 12 --context-whale-prompt 1984 --context-whale-output 64 --context-whale-start 0.3
+  --context-whale-interval 0.5 --minnow-rate 40 --minnow-prompt 24 --minnow-output 8 --seed 0
   --whale-tenants w0,w1 --minnow-tenants m0,m1,m2,m3 --slo ttft_ms=500 --slo tpot_ms=100"
 for w in $WORKLOADS; do
   [ -n "${WLS[$w]:-}" ] || { echo "vs_vllm: unknown workload $w (quick, overload)" >&2; exit 2; }

@@ -189,6 +189,13 @@ def parse_slos(items: list[str]) -> dict[str, float]:
 
 def build_workload(a: argparse.Namespace) -> tuple[list[wl.RequestSpec], dict]:
     """The request list and what describes it in meta (trace scaling included)."""
+    if not a.workload.startswith("trace:"):  # (a trace flag on a generated workload would be ignored)
+        given = [flag for flag, v, unset in (("--time-scale", a.time_scale, 1.0), ("--length-scale", a.length_scale, 1.0),
+                                             ("--max-context", a.max_context, None),
+                                             ("--block-tokens", getattr(a, "block_tokens", None), None)) if v != unset]
+        if given:
+            raise ValueError(f"{', '.join(given)}: trace replay only; the {a.workload} workload takes its own rates "
+                             f"and lengths")
     if a.workload == "whale-minnow":
         cfg = wl.WhaleMinnowConfig(a.whales, a.whale_prompt, a.whale_output, a.whale_start, a.minnow_rate,
                                    a.minnow_prompt, a.minnow_output, a.duration or 30.0, a.whale_tenants,

@@ -232,6 +232,14 @@ def test_counts_and_scales_must_be_positive(flag, value, capsys):
     assert e.value.code == 2 and "above 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("workload", ["multi-tenant", "whale-minnow"])
+@pytest.mark.parametrize("flag,value", [("--time-scale", "0.1"), ("--length-scale", "0.5"), ("--max-context", "512"),
+                                        ("--block-tokens", "16")])
+def test_a_trace_flag_on_a_generated_workload_is_refused_not_ignored(workload, flag, value, capsys):
+    assert main(["--workload", workload, "--dry-run", "--duration", "1", flag, value]) == 2
+    assert f"{flag}: trace replay only" in capsys.readouterr().err
+
+
 def test_serve_refuses_an_unwritable_out_and_explains_a_dead_url(capsys, tmp_path):
     """--out is checked before any request is sent (a bad path found afterwards loses the results
     of a whole run), and a server that cannot be reached gets one readable line, not aiohttp's repr."""
