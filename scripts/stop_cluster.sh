@@ -43,6 +43,13 @@ ours() {  # ours PID: the process was started by launch_cluster.sh for this run 
   tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | grep -qxF "PDTB_RUN_DIR=$RUN_DIR_P"
 }
 pids=()
+gone_or_wait() {  # PID...: wait (at most 5 s) until each is gone or a zombie: a SIGKILLed process
+  local pid deadline=$(( SECONDS + 5 ))  # takes a moment to go, and whoever checks next must not see it
+  for pid in "$@"; do
+    while kill -0 "$pid" 2>/dev/null && [ "$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null || echo Z)" != Z ] \
+          && [ $SECONDS -lt $deadline ]; do sleep 0.05; done
+  done
+}
 term_and_wait() {  # role...: SIGTERM their processes, wait (up to --timeout) until they exit
   local role f pid phase=() deadline=$(( SECONDS + TIMEOUT ))
   for role in "$@"; do
@@ -67,6 +74,7 @@ term_and_wait() {  # role...: SIGTERM their processes, wait (up to --timeout) un
     if kill -0 "$pid" 2>/dev/null; then
       echo "stop_cluster: pid $pid did not exit within ${TIMEOUT}s of its SIGTERM, killing" >&2
       kill -KILL "$pid" 2>/dev/null || true
+      gone_or_wait "$pid"
     fi
   done
 }
@@ -86,5 +94,6 @@ term_and_wait decode
 for pid in ${pids[@]+"${pids[@]}"}; do
   kill -KILL -- "-$pid" 2>/dev/null || true  # anything it started (its process group)
 done
+gone_or_wait ${pids[@]+"${pids[@]}"}
 rm -f "$RUN_DIR"/*.pid
 echo "stopped ${#pids[@]} process(es) in $RUN_DIR"
