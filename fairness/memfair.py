@@ -100,6 +100,7 @@ class MemFairPolicy(BasePolicy):
         self._pending: tuple[str, int] = ("", 0)  # the candidate chunk_limit last sized, and its chunk
         self._decode: dict[str, tuple[int, int]] = {}  # owner -> (decode rows, their context) this step
         self._added = (0, 0, 0)  # prefill chunks, tokens, query-key pairs given out this step
+        self._decode_total = (0, 0)  # all owners' decode rows and their context this step
 
     @property
     def ent(self) -> dict[str, float]:
@@ -386,6 +387,7 @@ class MemFairPolicy(BasePolicy):
                 r, c = decode.get(o, (0, 0))
                 decode[o] = (r + 1, c + n)
         self._decode, self._added = decode, (0, 0, 0)
+        self._decode_total = (sum(r for r, _ in decode.values()), sum(c for _, c in decode.values()))
         free = state.device_free - len(rows)
         for c in self.candidates:
             if c.num_computed_tokens:
@@ -439,8 +441,7 @@ class MemFairPolicy(BasePolicy):
         owner = self.owner(seq)
         if price is None or n <= 0 or not any(o != owner for o in self._decode):
             return n
-        rows = sum(r for r, _ in self._decode.values())
-        ctx = sum(c for _, c in self._decode.values())
+        rows, ctx = self._decode_total
         alone = price(StepShape(rows, ctx))
         chunks, tokens, pairs = self._added
         start = seq.num_computed_tokens

@@ -57,19 +57,14 @@ class StepCostFit:
 
 
 def solve_nonnegative(xtx: np.ndarray, xty: np.ndarray) -> np.ndarray:
-    """The least-squares coefficients from the normal equations, each at least 0: a feature whose
-    coefficient comes out negative is dropped and the rest solved again (at most 5 rounds)."""
-    keep = np.ones(len(xty), bool)
-    coef = np.zeros(len(xty))
-    for _ in range(len(xty)):
-        a = xtx[np.ix_(keep, keep)]
-        a = a + np.eye(len(a)) * (RIDGE + RIDGE * np.trace(a))
-        w = np.linalg.solve(a, xty[keep])
-        coef[:] = 0.0
-        coef[keep] = w
-        if (w >= 0).all():
-            break
-        keep[np.flatnonzero(keep)[w < 0]] = False
-        if not keep.any():
-            break
-    return np.maximum(coef, 0.0)
+    """The least-squares coefficients from the normal equations, each at least 0: scipy's nnls
+    (as the simulator's calibration fits the same features, pdtb/sim/calibrate.py) on the
+    Cholesky factor, since |L^T w - L^-1 xty|^2 = w'(xtx)w - 2 w'xty + const."""
+    from scipy.linalg import cho_factor, solve_triangular
+    from scipy.optimize import nnls
+
+    a = xtx + np.eye(len(xty)) * (RIDGE + RIDGE * np.trace(xtx))
+    low, _ = cho_factor(a, lower=True)
+    low = np.tril(low)
+    coef, _ = nnls(low.T, solve_triangular(low, xty, lower=True))
+    return coef
