@@ -34,6 +34,9 @@ class EngineConfig:
     # on a GPU with Triton: the model's RMSNorm modules run as one fused kernel each
     # (fused_norm.py) instead of transformers' seven or eight elementwise kernels
     fused_norm: bool = True
+    # on the CPU: Llama-family decoder layers run as one plain function over their weights
+    # (lean_forward.py), the same arithmetic without transformers' per-layer wrappers
+    lean_forward: bool = True
     # prefix cache: full pages shared by requests whose prompts start the same way
     # (page_pool.py); `charge`: how a shared page counts against quotas (page_pool.CHARGES)
     prefix_cache: bool = True

@@ -93,6 +93,11 @@ class LLMEngine:
             self.fused_norms = fuse_norms(model)
         hf_compat.check_model(model, self.pool.kv, config.page_size, kernel)
         self.runner = ModelRunner(model, self.pool.kv, config.page_size, config.device, kernel=kernel)
+        if config.lean_forward and on_cpu:
+            from pdtb.engine import lean_forward
+
+            if lean_forward.unsupported(model) is None:
+                self.runner.lean = lean_forward.LeanForward(model)
         if config.cuda_graphs and triton_gpu:
             from pdtb.engine.cuda_graphs import DecodeGraphs
 

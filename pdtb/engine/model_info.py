@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pdtb.common import CliError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 class ModelLoadError(ValueError):

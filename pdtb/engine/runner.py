@@ -80,6 +80,7 @@ class ModelRunner:
         self.device = torch.device(device)
         self.kernel = kernel  # cpu_kernel / triton_decode DecodeKernel: decode rows read their pages in place
         self.graphs = None  # cuda_graphs.DecodeGraphs: decode steps replayed from CUDA graphs
+        self.lean = None  # lean_forward.LeanForward: the model's layers without transformers' wrappers
         self.read_cache = ReadCaches(kv.shape[0], kv.shape[4], kv.shape[5], kv.dtype, self.device) \
             if self.device.type == "cpu" and kernel is None else None
 
@@ -292,13 +293,13 @@ class ModelRunner:
             elif logits_idx.numel() == 0:
                 logits_idx = torch.tensor([ids.shape[1] - 1], device=self.device)  # lm_head on one row only
                 keep_none = True
-            # No cache object: the attention function reads and writes the pool (paged_attention)
-            out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=logits_idx,
-                             pdtb_meta=meta)
+            if self.lean is not None:
+                logits = self.lean(ids, pos, meta, logits_idx)
+            else:  # no cache object: the attention function reads and writes the pool (paged_attention)
+                logits = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=logits_idx,
+                                    pdtb_meta=meta).logits[0]
         except BaseException:
             if self.read_cache is not None:
                 self.read_cache.invalidate()  # its rows' `covered` counted this step's appends
             raise
-        if keep_none:
-            return out.logits[0, :0].float()
-        return out.logits[0].float()
+        return logits[:0].float() if keep_none else logits.float()

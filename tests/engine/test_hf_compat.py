@@ -28,7 +28,8 @@ def test_forward_gets_no_cache_object_of_ours(model_dirs, arch):
     is the step metadata, which offers no cache protocol."""
     from transformers import Cache
 
-    engine = make_engine(model_dirs[arch], page_size=7, max_num_batched_tokens=48)
+    # (transformers' forward, as with lean_forward off or a model the lean forward does not take)
+    engine = make_engine(model_dirs[arch], page_size=7, max_num_batched_tokens=48, lean_forward=False)
     seen = []
 
     def inspect(module, args, kwargs):
