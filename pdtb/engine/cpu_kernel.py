@@ -1,7 +1,8 @@
 """The project's C helpers for the CPU (csrc/*.c): built at first use, called via ctypes.
 
 - csrc/paged_decode.c: decode attention straight over the paged pool (`load()`);
-- csrc/copy_rows.c: a transfer's landing copy and checksum in one pass (`row_copier()`).
+- csrc/copy_rows.c: a transfer's landing copy and checksum in one pass (`row_copier()`);
+- csrc/rms_norm.c: RMSNorm with the residual add before it (`rms_norm()`, lean_forward.py).
 
 The C files need nothing but a C compiler: no torch headers, no Python headers, so a build
 takes about a second. It is compiled with the system compiler (`$CC`, else cc, gcc or clang)
@@ -185,3 +186,29 @@ def row_copier() -> RowCopier | None:
     """The landing copy, or None (see `library`)."""
     lib = library()
     return None if lib is None else RowCopier(lib)
+
+
+class RmsNorm:
+    """`pdtb_add_rms_norm_f32`: `out = rms_norm(x) * w`, after `x += add` in place when `add`
+    is given (see the C file). Float32, contiguous rows."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fn = lib.pdtb_add_rms_norm_f32
+        self._fn.restype = None
+        self._fn.argtypes = [_P, _P, _P, _P, _I, _I, ctypes.c_float]
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, eps: float, add: torch.Tensor | None = None) -> torch.Tensor:
+        dim = x.shape[-1]
+        if not (x.dtype == w.dtype == torch.float32 and x.is_contiguous() and w.is_contiguous() and w.numel() == dim
+                and (add is None or (add.dtype == torch.float32 and add.is_contiguous() and add.shape == x.shape))):
+            raise ValueError("rms_norm kernel: float32 contiguous rows, a weight of the row's size")
+        out = torch.empty_like(x)
+        self._fn(x.data_ptr(), None if add is None else add.data_ptr(), w.data_ptr(), out.data_ptr(),
+                 x.numel() // dim, dim, eps)
+        return out
+
+
+def rms_norm() -> RmsNorm | None:
+    """The RMSNorm helper, or None (see `library`)."""
+    lib = library()
+    return None if lib is None else RmsNorm(lib)

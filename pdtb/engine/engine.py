@@ -97,7 +97,9 @@ class LLMEngine:
             from pdtb.engine import lean_forward
 
             if lean_forward.unsupported(model) is None:
-                self.runner.lean = lean_forward.LeanForward(model)
+                from pdtb.engine import cpu_kernel
+
+                self.runner.lean = lean_forward.LeanForward(model, norm=cpu_kernel.rms_norm())
         if config.cuda_graphs and triton_gpu:
             from pdtb.engine.cuda_graphs import DecodeGraphs
 

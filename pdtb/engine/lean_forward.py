@@ -13,8 +13,11 @@ op for op, straight from the modules' parameters:
 
 with the engine's paged attention (read_pages, attend) where transformers would call the
 registered attention function. cos and sin come from the model's own `rotary_emb` module, so
-every RoPE scaling transformers knows is kept. RMSNorm in float32 is `F.rms_norm` (the same
-result as transformers' pow-mean-rsqrt sequence); other dtypes take transformers' own sequence.
+every RoPE scaling transformers knows is kept. RMSNorm in float32 is the C helper
+(csrc/rms_norm.c, with the residual add before it: one call instead of about eleven tensor
+ops; its sum of squares in double may move the last bit) or, without a C compiler,
+`F.rms_norm` (the same result as transformers' pow-mean-rsqrt sequence); other dtypes take
+transformers' own sequence.
 
 Only the decoder classes in LAYERS, whose forward is exactly the above, run here; any other
 model (or `EngineConfig.lean_forward=False`) runs through transformers' forward. Checked
@@ -62,12 +65,13 @@ class LeanForward:
     """`model`'s forward over the paged pool: `(ids [1, T], positions [1, T], metadata,
     rows) -> logits [len(rows), vocab]` (rows: a tensor of flat rows, or 0 for every row)."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, norm=None) -> None:
         why = unsupported(model)
         if why:
             raise ValueError(f"lean forward: {why}")
         inner, cfg = model.model, model.config
         self.embed, self.rotary = inner.embed_tokens.weight, inner.rotary_emb
+        self.norm = norm  # cpu_kernel.RmsNorm (float32): a norm and the residual add before it in one call
         self.final = (inner.norm.weight, inner.norm.variance_epsilon)
         self.lm_head = (model.lm_head.weight, model.lm_head.bias)
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -95,8 +99,9 @@ class LeanForward:
         # are the same floats, so q and k match transformers' apply_rotary_pos_emb bit for bit
         sin = sin[0, :, None, :].to(x.dtype)
         sin = torch.cat((-sin[..., :half], sin[..., half:]), -1)
+        mlp = None  # the last layer's MLP output, added to the residual stream with the next norm
         for i, (n1, q_p, k_p, v_p, o_p, scale, qk_norm, n2, g_p, u_p, d_p) in enumerate(self.layers):
-            h = _rms(x, *n1)
+            x, h = self._add_rms(x, mlp, n1)
             q = F.linear(h, *q_p).view(n, -1, hd)
             k = F.linear(h, *k_p).view(n, -1, hd)
             v = F.linear(h, *v_p).view(n, -1, hd)
@@ -106,9 +111,17 @@ class LeanForward:
             k = (k * cos).add_(k.roll(half, -1).mul_(sin))
             meta.layers_run.append(i)
             kv = read_pages(meta, i, k.transpose(0, 1)[None], v.transpose(0, 1)[None])
-            x = x + F.linear(attend(meta, q, kv, scale).reshape(n, -1), *o_p)
-            h = _rms(x, *n2)
-            x = x + F.linear(F.silu(F.linear(h, *g_p)).mul_(F.linear(h, *u_p)), *d_p)
+            o = F.linear(attend(meta, q, kv, scale).reshape(n, -1), *o_p)
+            x, h = self._add_rms(x, o, n2)
+            mlp = F.linear(F.silu(F.linear(h, *g_p)).mul_(F.linear(h, *u_p)), *d_p)
         if not isinstance(rows, int):
-            x = x[rows]
-        return F.linear(_rms(x, *self.final), *self.lm_head)
+            x, mlp = x[rows], mlp[rows]
+        return F.linear(self._add_rms(x, mlp, self.final)[1], *self.lm_head)
+
+    def _add_rms(self, x: torch.Tensor, add: torch.Tensor | None, norm) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + add, rms_norm(x + add)); x is this forward's own tensor, updated in place."""
+        if self.norm is not None and x.dtype == torch.float32:
+            return x, self.norm(x, *norm, add=add)
+        if add is not None:
+            x = x + add
+        return x, _rms(x, *norm)

@@ -1,6 +1,7 @@
 """The C paged decode kernel against a float64 reference computed row by row from the pages,
 over the shapes it specialises (head_dim 32/64/128/256) and the generic one, GQA groups, page
-sizes and thread counts; its build cache and its fallback."""
+sizes and thread counts; its build cache and its fallback. The RMSNorm helper against a float64
+reference."""
 from __future__ import annotations
 
 import numpy as np
@@ -148,3 +149,27 @@ def test_a_compiler_error_names_the_compiler(tmp_path, monkeypatch):
     with pytest.raises(cpu_kernel.KernelBuildError, match="failed"):
         cpu_kernel.build(tmp_path)
     assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob(".*tmp*"))  # nothing half-written
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 384), (7, 100), (0, 64), (32, 4096)])
+def test_rms_norm_matches_reference(rows, dim):
+    norm = cpu_kernel.rms_norm()
+    gen = torch.Generator().manual_seed(rows * 1000 + dim)
+    x, add = (torch.randn(rows, dim, generator=gen) * 3 for _ in range(2))
+    w = torch.randn(dim, generator=gen)
+    summed = x.double() + add.double()
+    want = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    got = norm(x, w, 1e-6, add=add)
+    assert torch.equal(x, (summed.float()))  # the residual add, in place, exact in float32
+    torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(norm(x, w, 1e-6), torch.nn.functional.rms_norm(x, (dim,), w, 1e-6), rtol=2e-6, atol=2e-6)
+
+
+def test_rms_norm_refuses_what_it_cannot_read():
+    norm = cpu_kernel.rms_norm()
+    with pytest.raises(ValueError, match="float32"):
+        norm(torch.zeros(2, 8, dtype=torch.float64), torch.ones(8, dtype=torch.float64), 1e-6)
+    with pytest.raises(ValueError, match="float32"):
+        norm(torch.zeros(8, 2).t(), torch.ones(8), 1e-6)
+    with pytest.raises(ValueError, match="float32"):
+        norm(torch.zeros(2, 8), torch.ones(8), 1e-6, add=torch.zeros(2, 4))

@@ -65,7 +65,7 @@ def test_every_step_matches_transformers_forward(arch_dirs, arch, attention):
     assert {n > 4 for *_, n in steps} == {True, False}  # prefill chunks and decode-only steps
     for lean, ref, layers, ref_layers, _ in steps:
         assert layers == ref_layers == list(range(engine.model.config.num_hidden_layers))
-        torch.testing.assert_close(lean, ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(lean, ref, rtol=1e-4, atol=1e-4)  # (the C RMSNorm sums in double)
 
 
 @pytest.mark.parametrize("arch", ["qwen3"])
