@@ -10,20 +10,15 @@
 # and skips, saying why, the faults that would leave a role empty. Then the router killed under 32
 # streams (pdtb chaos --router-drill 32). Reports: DIR/TRANSPORT.json, DIR/drill.json; exit 1
 # if any had a violation.
+#
+# --out DIR: the reports and runs (default results/chaos-DATE); --duration S: each transport's
+# campaign (default 1200); --seed N (default 1); --transports: which, in order (default all
+# three); --doc FILE: the document whose section is rewritten (default docs/results.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="" DURATION=1200 SEED=1 TRANSPORTS="zmq shm torch" DOC="$ROOT/docs/results.md"
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --out) OUT="$2"; shift 2 ;;
-    --duration) DURATION="$2"; shift 2 ;;
-    --seed) SEED="$2"; shift 2 ;;
-    --transports) TRANSPORTS="$2"; shift 2 ;;
-    --doc) DOC="$2"; shift 2 ;;
-    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
-    *) echo "chaos_results: unknown option $1" >&2; exit 2 ;;
-  esac
-done
+source "$ROOT/scripts/_opts.sh"
+opts_parse "--out=OUT --duration=DURATION --seed=SEED --transports=TRANSPORTS --doc=DOC" -- "$@"
 source "$ROOT/scripts/_env.sh"
 OUT="${OUT:-$ROOT/results/chaos-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"

@@ -16,19 +16,15 @@
 #
 # Writes DIR/NAME.json per run (and NAME.migrations.json: /cluster/migrations at its end) and
 # DIR/migration.md (pdtb.figures.migration_report); prints the tables.
+#
+# --quick: seeds 1 2 of the minnow arrivals instead of 1 2 3, and 20 s of trace instead of 25;
+# --out DIR (default results/migration-DATE); --model DIR (default the embedded tiny model);
+# --only: the experiments to run, in order (default both).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUICK=0 OUT="" MODEL="" ONLY="downtime rebalance"
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --quick) QUICK=1; shift ;;
-    --out) OUT="$2"; shift 2 ;;
-    --model) MODEL="$2"; shift 2 ;;
-    --only) ONLY="$2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
-    *) echo "migration_results: unknown option $1" >&2; exit 2 ;;
-  esac
-done
+source "$ROOT/scripts/_opts.sh"
+opts_parse "--quick=QUICK:1 --out=OUT --model=MODEL --only=ONLY" -- "$@"
 source "$ROOT/scripts/_env.sh"
 OUT="${OUT:-$ROOT/results/migration-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"

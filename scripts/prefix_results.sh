@@ -15,19 +15,15 @@
 #           (pages held, shared and charged per tenant, minnow TTFT p99, fair-share index)
 #
 # Writes DIR/NAME.json per run and DIR/prefix.md (pdtb.figures.prefix_report); prints the ratios.
+#
+# --quick: route with 16 tenants instead of 24, the conversation excerpt with the cache on only,
+# charge for 15 s instead of 30; --out DIR (default results/prefix-DATE); --model DIR (default
+# the embedded tiny model); --only: the experiments to run, in order (default all three).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUICK=0 OUT="" MODEL="" ONLY="trace route charge"
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --quick) QUICK=1; shift ;;
-    --out) OUT="$2"; shift 2 ;;
-    --model) MODEL="$2"; shift 2 ;;
-    --only) ONLY="$2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
-    *) echo "prefix_results: unknown option $1" >&2; exit 2 ;;
-  esac
-done
+source "$ROOT/scripts/_opts.sh"
+opts_parse "--quick=QUICK:1 --out=OUT --model=MODEL --only=ONLY" -- "$@"
 source "$ROOT/scripts/_env.sh"
 OUT="${OUT:-$ROOT/results/prefix-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"

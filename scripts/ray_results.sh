@@ -5,16 +5,13 @@
 # says about multi-host runs. Replaces the "Clusters placed by Ray" section of docs/results.md.
 #
 #   scripts/ray_results.sh [--doc FILE]
+#
+# --doc FILE: the document whose section is replaced (default docs/results.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DOC="$ROOT/docs/results.md"
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --doc) DOC="$2"; shift 2 ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
-    *) echo "ray_results: unknown option $1" >&2; exit 2 ;;
-  esac
-done
+source "$ROOT/scripts/_opts.sh"
+opts_parse "--doc=DOC" -- "$@"
 source "$ROOT/scripts/_env.sh"
 cd "$ROOT"
 OUT="$(mktemp -d)"

@@ -11,19 +11,13 @@
 # --baseline REF: the real cluster's cost phases also on the router of git commit REF (a worktree in
 #   OUT, run with this checkout's environment: REF must have the same pyproject.toml and lock),
 #   two runs each, interleaved with this checkout's: the section gives their ratio.
+# --out DIR: the bench files (default results/router-DATE).
+# --doc FILE: the document whose section is replaced (default docs/results.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUICK=() OUT="" DOC="$ROOT/docs/results.md" BASELINE=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --quick) QUICK=(--quick); shift ;;
-    --out) OUT="$2"; shift 2 ;;
-    --baseline) BASELINE="$2"; shift 2 ;;
-    --doc) DOC="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-    *) echo "router_results: unknown option $1" >&2; exit 2 ;;
-  esac
-done
+source "$ROOT/scripts/_opts.sh"
+opts_parse "--quick=QUICK:(--quick) --out=OUT --baseline=BASELINE --doc=DOC" -- "$@"
 if [ -n "$BASELINE" ] && ! git -C "$ROOT" diff --quiet "$BASELINE" HEAD -- pyproject.toml requirements.lock; then
   echo "router_results: --baseline $BASELINE has another pyproject.toml or lock than this checkout" >&2; exit 2
 fi

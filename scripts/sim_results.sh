@@ -21,26 +21,19 @@
 # as compare_fairness.sh takes them: each policy a NAME, module:Class, path/to/file.py:Class or
 # LABEL=REF, its settings by --policy-arg; checked before anything runs, a policy file's path
 # made absolute. The Azure hour's files are named azure-hour-LABEL.*.
+# --skip-validate, --skip-speed: the validation, the speed run left out. --trace FILE: the Azure
+# conversation trace (default ../shared/traces/azure_llm_conv_2023.csv from the project root;
+# without it the Azure hour and the speed run are left out).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 unset POLICIES  # unset until --policies: the default is every built-in, listed once the env is up
-OUT="" REAL="" SETS="quick load1.5 load3 load6 tenants" VALIDATE=1 SPEED=1 REPEAT=() PITEMS=() TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --out) OUT="$2"; shift 2 ;;
-    --real) REAL="$2"; shift 2 ;;
-    --sets) SETS="$2"; shift 2 ;;
-    --skip-validate) VALIDATE=0; shift ;;
-    --skip-speed) SPEED=0; shift ;;
-    --repeat) REPEAT=(--repeat); shift ;;
-    --repeat-sets) REPEAT=(--repeat-sets "$2"); shift 2 ;;
-    --policies) POLICIES="$2"; shift 2 ;;
-    --policy-arg) PITEMS+=("$2"); shift 2 ;;
-    --trace) TRACE="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2 ;;
-    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
-    *) echo "sim_results: unknown option $1" >&2; exit 2 ;;
-  esac
-done
+OUT="" REAL="" SETS="quick load1.5 load3 load6 tenants" VALIDATE=1 SPEED=1 REPEAT=() PITEMS=() TRACE_ARG="" TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
+source "$ROOT/scripts/_opts.sh"
+opts_parse "--out=OUT --real=REAL --sets=SETS --skip-validate=VALIDATE:0 --skip-speed=SPEED:0 --repeat=REPEAT:(--repeat)
+  --repeat-sets=REPEAT(--repeat-sets) --policies=POLICIES --policy-arg=PITEMS+ --trace=TRACE_ARG" -- "$@"
+if [ -n "$TRACE_ARG" ]; then  # relative to where the script was called from, not to ROOT
+  TRACE="$(cd "$(dirname "$TRACE_ARG")" && pwd)/$(basename "$TRACE_ARG")"
+fi
 [ -n "$OUT" ] || { echo "sim_results: --out DIR is required" >&2; exit 2; }
 source "$ROOT/scripts/_env.sh"
 POLICIES="${POLICIES-$(python -c "from fairness.registry import built_ins; print(' '.join(built_ins()))")}"

@@ -9,18 +9,13 @@
 #   scripts/transport_results.sh [--quick] [--out DIR] [--doc FILE]
 #
 # --quick: 5 reps of each size instead of 10; the fairness runs are the quick ones either way.
+# --out DIR: the bench files and verdicts (default results/transports-DATE).
+# --doc FILE: the document whose section is replaced (default docs/results.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REPS=10 OUT="" DOC="$ROOT/docs/results.md"
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --quick) REPS=5; shift ;;
-    --out) OUT="$2"; shift 2 ;;
-    --doc) DOC="$2"; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
-    *) echo "transport_results: unknown option $1" >&2; exit 2 ;;
-  esac
-done
+source "$ROOT/scripts/_opts.sh"
+opts_parse "--quick=REPS:5 --out=OUT --doc=DOC" -- "$@"
 source "$ROOT/scripts/_env.sh"
 OUT="${OUT:-$ROOT/results/transports-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
