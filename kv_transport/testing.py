@@ -1,8 +1,11 @@
-"""Helpers shared by the transport tests and the benchmark: pools of random pages, exports,
-and a bench_peer child process with bounded reads and a kill that always runs.
+"""Helpers shared by the transport tests and the benchmark: pools of random pages, exports, a
+started receiver linked to a sender, and a bench_peer child process with bounded reads and a kill
+that always runs.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from kv_transport import TransportConfig, make_receiver, make_sender
 from pdtb.engine.kv_export import KVExport, export_request
 from pdtb.engine.kv_spec import KVSpec
 from pdtb.engine.page_pool import PagePool
@@ -38,6 +42,21 @@ def make_export(pool: PagePool, request_id: str, num_pages: int, tail: int = 0) 
     if pool.allocate(request_id, num_pages) is None:
         raise RuntimeError(f"pool cannot hold {num_pages} more pages")
     return export_request(pool, request_id, num_pages * pool.spec.page_size - tail)
+
+
+@contextlib.asynccontextmanager
+async def linked(config: TransportConfig, dst: PagePool, **sender):
+    """A started receiver into `dst` and a sender to it, of config's backend, both closed on the
+    way out; `sender`: the sender's config fields that differ from config's (faults=...)."""
+    rx = make_receiver(config, dst)
+    await rx.start()
+    tx = make_sender(dataclasses.replace(config, endpoint=rx.endpoint, **sender), TINY_SPEC)
+    await tx.start()
+    try:
+        yield tx, rx
+    finally:
+        await tx.close()
+        await rx.close()
 
 
 def staged(tx, export: KVExport) -> KVExport:

@@ -57,14 +57,19 @@ def generate(directory: str | Path) -> Path:
     return d
 
 
+def _own_pair(sock: zmq.Socket, public: bytes, secret: bytes | None, side: str, verb: str) -> None:
+    """Give a socket its own CURVE key pair; `side`'s secret key must have been loaded."""
+    if secret is None:
+        raise SecurityError(f"the {side} secret key is needed to {verb} a secured socket")
+    sock.curve_secretkey = secret
+    sock.curve_publickey = public
+
+
 def secure_server(sock: zmq.Socket, keys: CurveKeys | None) -> None:
     """Make a binding socket a CURVE server (call before bind)."""
     if keys is None:
         return
-    if keys.server_secret is None:
-        raise SecurityError("the server secret key is needed to bind a secured socket")
-    sock.curve_secretkey = keys.server_secret
-    sock.curve_publickey = keys.server_public
+    _own_pair(sock, keys.server_public, keys.server_secret, "server", "bind")
     sock.curve_server = True
 
 
@@ -72,10 +77,7 @@ def secure_client(sock: zmq.Socket, keys: CurveKeys | None) -> None:
     """Make a connecting socket a CURVE client of the server key (call before connect)."""
     if keys is None:
         return
-    if keys.client_secret is None:
-        raise SecurityError("the client secret key is needed to connect a secured socket")
-    sock.curve_secretkey = keys.client_secret
-    sock.curve_publickey = keys.client_public
+    _own_pair(sock, keys.client_public, keys.client_secret, "client", "connect")
     sock.curve_serverkey = keys.server_public
 
 

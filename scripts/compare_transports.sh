@@ -22,21 +22,12 @@
 # the first run; results are named by each policy's label).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-QUICK=() OUT="" TRANSPORTS="zmq shm torch" POLICIES="fcfs memfair" SEED=0 LIVE=1 LOCKSTEP=1 PARGS=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --quick) QUICK=(--quick); shift ;;
-    --out) OUT="$2"; shift 2 ;;
-    --transports) TRANSPORTS="$2"; shift 2 ;;
-    --policies) POLICIES="$2"; shift 2 ;;
-    --policy-arg) PARGS+=(--policy-arg "$2"); shift 2 ;;
-    --seed) SEED="$2"; shift 2 ;;
-    --no-live) LIVE=0; shift ;;
-    --no-lockstep) LOCKSTEP=0; shift ;;
-    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
-    *) echo "compare_transports: unknown option $1" >&2; exit 2 ;;
-  esac
-done
+QUICK=() OUT="" TRANSPORTS="zmq shm torch" POLICIES="fcfs memfair" SEED=0 LIVE=1 LOCKSTEP=1 PITEMS=()
+source "$ROOT/scripts/_opts.sh"
+opts_parse "--quick=QUICK:(--quick) --out=OUT --transports=TRANSPORTS --policies=POLICIES --policy-arg=PITEMS+ --seed=SEED
+  --no-live=LIVE:0 --no-lockstep=LOCKSTEP:0" -- "$@"
+PARGS=()
+for kv in ${PITEMS[@]+"${PITEMS[@]}"}; do PARGS+=(--policy-arg "$kv"); done
 source "$ROOT/scripts/_env.sh"
 read -r -a TS <<< "$TRANSPORTS"
 [ "${#TS[@]}" -gt 0 ] || { echo "compare_transports: --transports names none" >&2; exit 2; }

@@ -31,22 +31,9 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUICK=0 OUT="" POINTS="" RATES="" KNEE=0 SPAN="" WARM="" SPLITS=default SEED=0 MODEL=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --quick) QUICK=1; shift ;;
-    --out) OUT="$2"; shift 2 ;;
-    --points) POINTS="$2"; shift 2 ;;
-    --rates) RATES="$2"; shift 2 ;;
-    --until-knee) KNEE=1; shift ;;
-    --span) SPAN="$2"; shift 2 ;;
-    --warmup) WARM="$2"; shift 2 ;;
-    --splits) SPLITS="$2"; shift 2 ;;
-    --seed) SEED="$2"; shift 2 ;;
-    --model) MODEL="$2"; shift 2 ;;
-    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
-    *) echo "frontier: unknown option $1" >&2; exit 2 ;;
-  esac
-done
+source "$ROOT/scripts/_opts.sh"
+opts_parse "--quick=QUICK:1 --out=OUT --points=POINTS --rates=RATES --until-knee=KNEE:1 --span=SPAN --warmup=WARM
+  --splits=SPLITS --seed=SEED --model=MODEL" -- "$@"
 source "$ROOT/scripts/_env.sh"
 source "$ROOT/scripts/_policy.sh"
 

@@ -24,19 +24,9 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="" DEVICE=cuda COMPARE=1 BENCH=1 TESTS=1 GRID=0 TRANSPORT=1
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --out) OUT="$2"; shift 2 ;;
-    --device) DEVICE="$2"; shift 2 ;;
-    --skip-compare) COMPARE=0; shift ;;
-    --skip-bench) BENCH=0; shift ;;
-    --skip-transport) TRANSPORT=0; shift ;;
-    --skip-tests) TESTS=0; shift ;;
-    --steps-grid) GRID=1; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
-    *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
-  esac
-done
+source "$ROOT/scripts/_opts.sh"
+opts_parse "--out=OUT --device=DEVICE --skip-compare=COMPARE:0 --skip-bench=BENCH:0 --skip-transport=TRANSPORT:0
+  --skip-tests=TESTS:0 --steps-grid=GRID:1" -- "$@"
 source "$ROOT/scripts/_env.sh" || exit 1
 set +e  # _env.sh sets -e: here a failing step must not stop the others
 OUT="${OUT:-$ROOT/results/gpu-check-$(date +%Y%m%d-%H%M%S)}"

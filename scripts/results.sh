@@ -28,25 +28,15 @@
 #                           [--doc docs/results.md]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-QUICK=(--quick) POLICIES="fcfs memfair vtc mcsf priority" SIM_POLICIES=() PITEMS=() OUT="" BENCH=1 FRONTIER=1 SIM=1 PREFIX=1 MIGRATION=1 TRANSPORTS=1 RAY=1 DOC="$ROOT/docs/results.md"
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --full) QUICK=(); shift ;;
-    --policies) POLICIES="$2"; SIM_POLICIES=(--policies); shift 2 ;;
-    --policy-arg) PITEMS+=("$2"); shift 2 ;;
-    --out) OUT="$2"; shift 2 ;;
-    --skip-bench) BENCH=0; shift ;;
-    --skip-frontier) FRONTIER=0; shift ;;
-    --skip-sim) SIM=0; shift ;;
-    --skip-transports) TRANSPORTS=0; shift ;;
-    --skip-ray) RAY=0; shift ;;
-    --skip-prefix) PREFIX=0; shift ;;
-    --skip-migration) MIGRATION=0; shift ;;
-    --doc) DOC="$2"; shift 2 ;;
-    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
-    *) echo "results.sh: unknown option $1" >&2; exit 2 ;;
-  esac
-done
+unset POLICIES  # unset until --policies: sim_results.sh is handed the list only when one is given
+QUICK=(--quick) PITEMS=() OUT="" BENCH=1 FRONTIER=1 SIM=1 PREFIX=1 MIGRATION=1 TRANSPORTS=1 RAY=1 DOC="$ROOT/docs/results.md"
+source "$ROOT/scripts/_opts.sh"
+opts_parse "--full=QUICK:() --policies=POLICIES --policy-arg=PITEMS+ --out=OUT --skip-bench=BENCH:0
+  --skip-frontier=FRONTIER:0 --skip-sim=SIM:0 --skip-transports=TRANSPORTS:0 --skip-ray=RAY:0 --skip-prefix=PREFIX:0
+  --skip-migration=MIGRATION:0 --doc=DOC" -- "$@"
+SIM_POLICIES=()
+[ -z "${POLICIES+set}" ] || SIM_POLICIES=(--policies)
+POLICIES="${POLICIES-fcfs memfair vtc mcsf priority}"
 source "$ROOT/scripts/_env.sh"
 source "$ROOT/scripts/_policy.sh"
 policy_table results.sh "$POLICIES" ${PITEMS[@]+"${PITEMS[@]}"}  # before the cd: a file's path is relative to here
@@ -62,11 +52,14 @@ echo "== $FAIR_CMD" >&2
 bash scripts/compare_fairness.sh ${QUICK[@]+"${QUICK[@]}"} --step-log --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
   --out "$OUT/fair" >&2
 args=(--fair "$OUT/fair" --fair-command "$FAIR_CMD")
+run_part() {  # run_part NAME SCRIPT: scripts/SCRIPT, quick unless --full, into OUT/NAME; its results_doc flags into args
+  local cmd="bash scripts/$2${QUICK[*]+ ${QUICK[*]}}"
+  echo "== $cmd" >&2
+  bash "scripts/$2" ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/$1" >&2
+  args+=("--$1" "$OUT/$1" "--$1-command" "$cmd")
+}
 if [ "$FRONTIER" = 1 ]; then
-  FRONT_CMD="bash scripts/frontier.sh${QUICK[*]+ ${QUICK[*]}}"
-  echo "== $FRONT_CMD" >&2
-  bash scripts/frontier.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/frontier" >&2
-  args+=(--frontier "$OUT/frontier" --frontier-command "$FRONT_CMD")
+  run_part frontier frontier.sh
 fi
 if [ "$BENCH" = 1 ]; then
   echo "== pdtb bench engine --batch 32" >&2
@@ -78,16 +71,10 @@ if [ "$BENCH" = 1 ]; then
   args+=(--engine "$OUT/engine.json" --transport "$OUT/transport-ipc.json" "$OUT/transport-tcp.json")
 fi
 if [ "$PREFIX" = 1 ]; then
-  PREFIX_CMD="bash scripts/prefix_results.sh${QUICK[*]+ ${QUICK[*]}}"
-  echo "== $PREFIX_CMD" >&2
-  bash scripts/prefix_results.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/prefix" >&2
-  args+=(--prefix "$OUT/prefix" --prefix-command "$PREFIX_CMD")
+  run_part prefix prefix_results.sh
 fi
 if [ "$MIGRATION" = 1 ]; then
-  MIGRATION_CMD="bash scripts/migration_results.sh${QUICK[*]+ ${QUICK[*]}}"
-  echo "== $MIGRATION_CMD" >&2
-  bash scripts/migration_results.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/migration" >&2
-  args+=(--migration "$OUT/migration" --migration-command "$MIGRATION_CMD")
+  run_part migration migration_results.sh
 fi
 if [ "$SIM" = 1 ]; then
   echo "== bash scripts/sim_results.sh" >&2

@@ -12,17 +12,8 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BASE="" HEAD_REV=HEAD LOCKSTEP=0 POLICIES="fcfs memfair vtc mcsf priority" OUT=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --base) BASE="$2"; shift 2 ;;
-    --head) HEAD_REV="$2"; shift 2 ;;
-    --lockstep) LOCKSTEP=1; shift ;;
-    --policies) POLICIES="$2"; shift 2 ;;
-    --out) OUT="$2"; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
-    *) echo "same_decisions: unknown option $1" >&2; exit 2 ;;
-  esac
-done
+source "$ROOT/scripts/_opts.sh"
+opts_parse "--base=BASE --head=HEAD_REV --lockstep=LOCKSTEP:1 --policies=POLICIES --out=OUT" -- "$@"
 [ -n "$BASE" ] || { echo "same_decisions: --base REV is required" >&2; exit 2; }
 source "$ROOT/scripts/_env.sh"
 PY="$(command -v python)"  # this checkout's environment runs both trees, each from its own code

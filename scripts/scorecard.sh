@@ -30,18 +30,8 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="" QUICK=0 REAL=1 REPEATS=0 POLICIES="fcfs memfair vtc memtime dlpm drr mcsf priority" PITEMS=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --out) OUT="$2"; shift 2 ;;
-    --quick) QUICK=1; shift ;;
-    --skip-real) REAL=0; shift ;;
-    --repeats) REPEATS="$2"; shift 2 ;;
-    --policies) POLICIES="$2"; shift 2 ;;
-    --policy-arg) PITEMS+=("$2"); shift 2 ;;
-    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
-    *) echo "scorecard: unknown option $1" >&2; exit 2 ;;
-  esac
-done
+source "$ROOT/scripts/_opts.sh"
+opts_parse "--out=OUT --quick=QUICK:1 --skip-real=REAL:0 --repeats=REPEATS --policies=POLICIES --policy-arg=PITEMS+" -- "$@"
 [[ "$REPEATS" =~ ^[0-9]+$ ]] || { echo "scorecard: --repeats wants a whole number, got '$REPEATS'" >&2; exit 2; }
 source "$ROOT/scripts/_env.sh"
 source "$ROOT/scripts/_policy.sh"

@@ -62,25 +62,19 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 unset POLICIES  # unset until --policies: the default is every built-in, listed once the env is up
-OUT="" REAL="" PARGS=() ROUTER_US=550 CLIENT_US=33 PREFIX=1 SETS=quick REPEAT=0 REPEAT_SETS=""
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --out) OUT="$2"; shift 2 ;;
-    --real) REAL="$2"; shift 2 ;;
-    --policies) POLICIES="$2"; shift 2 ;;
-    --policy-arg) PARGS+=(--policy-arg "$2"); shift 2 ;;
-    --sets) SETS="$2"; shift 2 ;;
-    --router-token-us) ROUTER_US="$2"; shift 2 ;;
-    --client-token-us) CLIENT_US="$2"; shift 2 ;;
-    --skip-prefix) PREFIX=0; shift ;;
-    --repeat) REPEAT=1 REPEAT_SETS=""; shift ;;
-    --repeat-sets) REPEAT=1 REPEAT_SETS="${2//,/ }"
-      [ -n "${REPEAT_SETS// /}" ] || { echo "validate_sim: --repeat-sets is empty" >&2; exit 2; }
-      shift 2 ;;
-    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
-    *) echo "validate_sim: unknown option $1" >&2; exit 2 ;;
-  esac
-done
+OUT="" REAL="" PITEMS=() ROUTER_US=550 CLIENT_US=33 PREFIX=1 SETS=quick REPEAT_OPT=()
+source "$ROOT/scripts/_opts.sh"
+opts_parse "--out=OUT --real=REAL --policies=POLICIES --policy-arg=PITEMS+ --sets=SETS --router-token-us=ROUTER_US
+  --client-token-us=CLIENT_US --skip-prefix=PREFIX:0 --repeat=REPEAT_OPT:(--repeat)
+  --repeat-sets=REPEAT_OPT(--repeat-sets)" -- "$@"
+REPEAT=0 REPEAT_SETS=""  # REPEAT_SETS empty: every set (--repeat); else --repeat-sets LIST, the later one given wins
+if [ "${#REPEAT_OPT[@]}" -gt 0 ]; then
+  REPEAT=1 REPEAT_SETS="${REPEAT_OPT[1]-}"
+  REPEAT_SETS="${REPEAT_SETS//,/ }"
+  [ "${REPEAT_OPT[0]}" = --repeat ] || [ -n "${REPEAT_SETS// /}" ] || { echo "validate_sim: --repeat-sets is empty" >&2; exit 2; }
+fi
+PARGS=()
+for kv in ${PITEMS[@]+"${PITEMS[@]}"}; do PARGS+=(--policy-arg "$kv"); done
 source "$ROOT/scripts/_env.sh"
 POLICIES="${POLICIES-$(python -c "from fairness.registry import built_ins; print(' '.join(built_ins()))")}"
 # the policies checked before the calibration and the runs (compare_fairness.sh names what is wrong)

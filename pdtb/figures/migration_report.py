@@ -12,6 +12,8 @@ import json
 import re
 from pathlib import Path
 
+from pdtb.figures.results import print_markdown
+
 MODES = ("off", "pressure", "fair")
 
 
@@ -113,10 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dir")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
-    text = "\n".join(report(Path(a.dir)))
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    print_markdown(report(Path(a.dir)), a.out)
     return 0
 
 

@@ -10,6 +10,8 @@ import argparse
 import json
 from pathlib import Path
 
+from pdtb.figures.results import print_markdown
+
 
 def _load(d: Path, name: str) -> dict | None:
     p = d / f"{name}.json"
@@ -127,10 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if not lines:
         print(f"no prefix results in {a.dir}")
         return 1
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text + "\n")
+    print_markdown(lines, a.out)
     return 0
 
 

@@ -118,6 +118,14 @@ def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
+def print_markdown(lines: list[str], out: str | None) -> None:
+    """Print a report's markdown lines; with `out`, write them there too (one file, newline-ended)."""
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")
+
+
 def fmt(v, digits: int = 1) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 

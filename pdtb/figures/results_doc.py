@@ -373,6 +373,17 @@ def _stamp(commit: str) -> str:
     return f"on {now}, commit {commit or 'unknown'}"
 
 
+# --section NAME: the option (and what it takes) the section is drawn from
+SECTION_NEEDS = {"migration": "--migration DIR", "transports": "--shm FILE...", "ray": "--ray-junit FILE",
+                 "gpu": "--gpu DIR", "scorecard": "--scorecard DIR", "sim-speed": "--sim-speed FILE", "sim": "--sim DIR",
+                 "chaos": "--chaos DIR", "router": "--router-files FILE...", "vllm": "--vllm DIR"}
+
+
+def _run_stamp(commit_file: str | None, run_dir: str | None = None) -> str:
+    """The stamp of a section: the commit in --commit-file, else the one its run wrote in run_dir."""
+    return _stamp(_read(commit_file) or (_read(str(Path(run_dir) / "commit")) if run_dir else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pdtb.figures.results_doc", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -402,89 +413,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--router-files", nargs="*", default=[], help="pdtb bench router --out files (scripts/router_results.sh)")
     ap.add_argument("--router-commands", nargs="*", default=[], help="the commands that wrote them, in order")
     ap.add_argument("--vllm", help="directory of a scripts/vs_vllm.sh run (its --out)")
-    ap.add_argument("--section", choices=["migration", "transports", "ray", "gpu", "scorecard", "sim-speed", "sim",
-                                          "chaos", "router", "vllm"],
+    ap.add_argument("--section", choices=list(SECTION_NEEDS),
                     help="replace only this section of the existing --out (its own date and commit in its first "
                          "line), leaving the others as they are")
     ap.add_argument("--out", required=True)
     ap.add_argument("--readme", help="also replace the headline block of this README")
     a = ap.parse_args(argv)
-    if a.section == "scorecard":
-        if not a.scorecard:
-            ap.error("--section scorecard needs --scorecard DIR")
-        from pdtb.figures.scorecard import SCORECARD_HEADING, results_section
-
-        stamp = _stamp(_read(a.commit_file) or _read(str(Path(a.scorecard) / "commit")))
-        return _write_section(a.out, SCORECARD_HEADING, results_section(a.scorecard, a.scorecard_command, stamp),
-                              "scorecard", before="## Fairness at saturation")
-    if a.section == "chaos":
-        if not a.chaos:
-            ap.error("--section chaos needs --chaos DIR")
-        from pdtb.figures.chaos_section import CHAOS_HEADING, render as chaos_section
-
-        stamp = _stamp(_read(a.commit_file) or _read(str(Path(a.chaos) / "commit")))
-        return _write_section(a.out, CHAOS_HEADING, chaos_section(a.chaos, stamp), "fault campaign",
-                              before="## Clusters placed by Ray")
-    if a.section == "sim":
-        if not a.sim:
-            ap.error("--section sim needs --sim DIR")
-        from pdtb.figures.sim_section import SIM_HEADING, SPEED_HEADING, render as sim_section, speed_section
-
-        stamp = _stamp(_read(a.commit_file) or _read(str(Path(a.sim) / "commit")))
-        _write_section(a.out, SIM_HEADING, sim_section(a.sim, stamp), "simulator", before=None)
-        speed = Path(a.sim) / "speed.json"
-        if speed.is_file():
-            _write_section(a.out, SPEED_HEADING, speed_section(json.loads(speed.read_text()), stamp), "simulator speed",
-                           before=None)
-        return 0
-    if a.section == "sim-speed":
-        if not a.sim_speed:
-            ap.error("--section sim-speed needs --sim-speed FILE")
-        from pdtb.figures.sim_section import SPEED_HEADING, speed_section
-
-        section = speed_section(json.loads(Path(a.sim_speed).read_text()), _stamp(_read(a.commit_file)))
-        return _write_section(a.out, SPEED_HEADING, section, "simulator speed", before=None)  # after the simulator's
-    if a.section == "vllm":
-        if not a.vllm:
-            ap.error("--section vllm needs --vllm DIR")
-        from pdtb.figures.vllm_section import VLLM_HEADING, render as vllm_section
-
-        stamp = _stamp(_read(a.commit_file) or _read(str(Path(a.vllm) / "commit")))
-        return _write_section(a.out, VLLM_HEADING, vllm_section(a.vllm, stamp), "vLLM")
-    if a.section == "router":
-        if not a.router_files:
-            ap.error("--section router needs --router-files FILE...")
-        from pdtb.figures.router_section import ROUTER_HEADING, render as router_section
-
-        section = router_section(a.router_files, a.router_commands, _stamp(_read(a.commit_file)))
-        return _write_section(a.out, ROUTER_HEADING, section, "router")
-    if a.section == "gpu":
-        if not a.gpu:
-            ap.error("--section gpu needs --gpu DIR")
-        from pdtb.figures.gpu_section import GPU_HEADING, gpu_section
-
-        stamp = _stamp(_read(a.commit_file) or _read(str(Path(a.gpu) / "commit")))
-        return _write_section(a.out, GPU_HEADING, gpu_section(a.gpu, stamp), "GPU")
-    if a.section == "ray":
-        if not a.ray_junit:
-            ap.error("--section ray needs --ray-junit FILE")
-        section = ray_section(a.ray_junit, a.ray_seconds, _stamp(_read(a.commit_file)))
-        return _write_section(a.out, RAY_HEADING, section, "Ray")
-    if a.section == "transports":
-        if not a.shm:
-            ap.error("--section transports needs --shm FILE...")
-        shm = [json.loads(Path(f).read_text()) for f in a.shm]
-        link = json.loads(Path(a.link).read_text()) if a.link else None
-        section = transports_section(shm, a.admissions, _stamp(_read(a.commit_file)), link)
-        return _write_section(a.out, TRANSPORTS_HEADING, section, "transports", before="## Prefix caching")
-    if a.section == "migration":
-        if not a.migration:
-            ap.error("--section migration needs --migration DIR")
-        measured = _read(str(Path(a.migration) / "commit"))  # written by the run; else this checkout's
-        stamp = _stamp(measured or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                                  cwd=Path(__file__).resolve().parents[2]).stdout.strip())
-        return _write_section(a.out, MIGRATION_HEADING, migration_section(a.migration, a.migration_command, stamp),
-                              "migration")
+    if a.section:
+        need = SECTION_NEEDS[a.section]
+        if not getattr(a, need.split()[0][2:].replace("-", "_")):
+            ap.error(f"--section {a.section} needs {need}")
+        return _replace_one_section(a)
     run = Run.load(a, Path(__file__).resolve().parents[2])
     images = None
     if a.frontier:  # the frontier's plots go next to the document, under img/
@@ -506,6 +445,62 @@ def main(argv: list[str] | None = None) -> int:
         readme.write_text(replace_block(readme.read_text(), headline(run, stamp)))
         print(f"updated the headline in {a.readme}")
     return 0
+
+
+def _replace_one_section(a: argparse.Namespace) -> int:
+    """--section: replace that section of the document at a.out, the others left as they are."""
+    if a.section == "scorecard":
+        from pdtb.figures.scorecard import SCORECARD_HEADING, results_section
+
+        section = results_section(a.scorecard, a.scorecard_command, _run_stamp(a.commit_file, a.scorecard))
+        return _write_section(a.out, SCORECARD_HEADING, section, "scorecard", before="## Fairness at saturation")
+    if a.section == "chaos":
+        from pdtb.figures.chaos_section import CHAOS_HEADING, render as chaos_section
+
+        return _write_section(a.out, CHAOS_HEADING, chaos_section(a.chaos, _run_stamp(a.commit_file, a.chaos)),
+                              "fault campaign", before="## Clusters placed by Ray")
+    if a.section == "sim":
+        from pdtb.figures.sim_section import SIM_HEADING, SPEED_HEADING, render as sim_section, speed_section
+
+        stamp = _run_stamp(a.commit_file, a.sim)
+        _write_section(a.out, SIM_HEADING, sim_section(a.sim, stamp), "simulator", before=None)
+        speed = Path(a.sim) / "speed.json"
+        if speed.is_file():
+            _write_section(a.out, SPEED_HEADING, speed_section(json.loads(speed.read_text()), stamp), "simulator speed",
+                           before=None)
+        return 0
+    if a.section == "sim-speed":
+        from pdtb.figures.sim_section import SPEED_HEADING, speed_section
+
+        section = speed_section(json.loads(Path(a.sim_speed).read_text()), _run_stamp(a.commit_file))
+        return _write_section(a.out, SPEED_HEADING, section, "simulator speed", before=None)  # after the simulator's
+    if a.section == "vllm":
+        from pdtb.figures.vllm_section import VLLM_HEADING, render as vllm_section
+
+        return _write_section(a.out, VLLM_HEADING, vllm_section(a.vllm, _run_stamp(a.commit_file, a.vllm)), "vLLM")
+    if a.section == "router":
+        from pdtb.figures.router_section import ROUTER_HEADING, render as router_section
+
+        section = router_section(a.router_files, a.router_commands, _run_stamp(a.commit_file))
+        return _write_section(a.out, ROUTER_HEADING, section, "router")
+    if a.section == "gpu":
+        from pdtb.figures.gpu_section import GPU_HEADING, gpu_section
+
+        return _write_section(a.out, GPU_HEADING, gpu_section(a.gpu, _run_stamp(a.commit_file, a.gpu)), "GPU")
+    if a.section == "ray":
+        section = ray_section(a.ray_junit, a.ray_seconds, _run_stamp(a.commit_file))
+        return _write_section(a.out, RAY_HEADING, section, "Ray")
+    if a.section == "transports":
+        shm = [json.loads(Path(f).read_text()) for f in a.shm]
+        link = json.loads(Path(a.link).read_text()) if a.link else None
+        section = transports_section(shm, a.admissions, _run_stamp(a.commit_file), link)
+        return _write_section(a.out, TRANSPORTS_HEADING, section, "transports", before="## Prefix caching")
+    # the one left, migration: its stamp's commit is the run's own, else this checkout's
+    measured = _read(str(Path(a.migration) / "commit"))
+    stamp = _stamp(measured or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                              cwd=Path(__file__).resolve().parents[2]).stdout.strip())
+    return _write_section(a.out, MIGRATION_HEADING, migration_section(a.migration, a.migration_command, stamp),
+                          "migration")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""scripts/_opts.sh, the option parser the *_results.sh scripts share: on a throwaway script
+"""scripts/_opts.sh, the option parser the scripts share: on a throwaway script
 (values, flags, arrays, help, refusals), then each script's own refusal and help, none of which
 starts any work."""
 from __future__ import annotations
@@ -11,7 +11,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OPTS = ROOT / "scripts" / "_opts.sh"
-SCRIPTS = ("chaos", "migration", "prefix", "ray", "router", "sim", "transport")
+SCRIPTS = ("chaos_results", "migration_results", "prefix_results", "ray_results", "router_results", "sim_results",
+           "transport_results", "compare_transports", "frontier", "gpu_check", "results", "same_decisions",
+           "scorecard", "validate_sim")
 
 THROWAWAY = """#!/usr/bin/env bash
 # A throwaway for the option parser.
@@ -99,15 +101,15 @@ def test_a_bad_spec_is_refused(tmp_path):
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_each_script_refuses_an_unknown_option_by_its_name(tmp_path, name):
-    res = bash(str(ROOT / "scripts" / f"{name}_results.sh"), "--bogus", cwd=tmp_path)
-    assert (res.returncode, res.stderr, res.stdout) == (2, f"{name}_results: unknown option --bogus\n", "")
+    res = bash(str(ROOT / "scripts" / f"{name}.sh"), "--bogus", cwd=tmp_path)
+    assert (res.returncode, res.stderr, res.stdout) == (2, f"{name}: unknown option --bogus\n", "")
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_each_script_help_names_every_option_it_takes(tmp_path, name):
-    path = ROOT / "scripts" / f"{name}_results.sh"
+    path = ROOT / "scripts" / f"{name}.sh"
     spec = re.search(r'opts_parse "([^"]*)" --', path.read_text()).group(1)
     res = bash(str(path), "--help", cwd=tmp_path)
     assert res.returncode == 0 and res.stderr == "" and "set -euo" not in res.stdout
     missing = [opt for opt in re.findall(r"(--[\w-]+)=", spec) if opt not in res.stdout]
-    assert missing == [], f"{name}_results.sh --help leaves out {missing}"
+    assert missing == [], f"{name}.sh --help leaves out {missing}"

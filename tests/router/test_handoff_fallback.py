@@ -83,6 +83,15 @@ def hand_off(node, rid: str, fallbacks=(Y,)) -> None:
     assert rid in node.handoffs
 
 
+async def refused_by_x(node, code: FailCode, reason: str, fallbacks=(Y,)) -> None:
+    """Hand request "r" off to X with `fallbacks`, then fail X's transfer with `code` as its
+    receiver would; the node has seen the failure when this returns."""
+    hand_off(node, "r", fallbacks)
+    await node.poll_io()
+    node.senders.by_addr[X.kv_addr].end(TransferState.FAILED, code, reason)
+    await node.poll_io()
+
+
 def notices(node) -> list[str]:
     """The decode nodes the router was told of (moves), in order; deliveries left out."""
     return [n.decode_node for n in node.notices if not n.delivered]
@@ -101,10 +110,8 @@ def test_a_refusal_for_good_moves_the_hand_off_to_the_next_decode_node(llama_dir
     node = prefill_node(llama_dir)
 
     async def go():
-        hand_off(node, "r")
-        await node.poll_io()
-        node.senders.by_addr[X.kv_addr].end(TransferState.FAILED, FailCode.DRAINING, "receiver: the decode node is shutting down")
-        await node.poll_io()  # the refusal is seen: the hand-off moves to Y and starts there at once
+        await refused_by_x(node, FailCode.DRAINING, "receiver: the decode node is shutting down")
+        # the hand-off has moved to Y and started there at once
         assert notices(node) == [Y.node_id] and node.handoffs["r"].req.decode_kv_addr == Y.kv_addr
         assert len(node.senders.by_addr[Y.kv_addr].sent) == 1
         node.senders.by_addr[Y.kv_addr].end(TransferState.DONE)
@@ -121,10 +128,7 @@ def test_without_a_fallback_a_refusal_still_fails_the_request(llama_dir):
     node = prefill_node(llama_dir)
 
     async def go():
-        hand_off(node, "r", fallbacks=())
-        await node.poll_io()
-        node.senders.by_addr[X.kv_addr].end(TransferState.FAILED, FailCode.DRAINING, "receiver: the decode node is shutting down")
-        await node.poll_io()
+        await refused_by_x(node, FailCode.DRAINING, "receiver: the decode node is shutting down", fallbacks=())
         errors = [ev for ev in node.events if ev.finish_reason == "error"]
         assert len(errors) == 1 and "draining" in errors[0].error and not notices(node)
         assert errors[0].retry  # the router may send it anew elsewhere
@@ -142,10 +146,7 @@ def test_a_failed_hand_off_may_be_recomputed_unless_the_request_is_at_fault(llam
     node = prefill_node(llama_dir)
 
     async def go():
-        hand_off(node, "r", fallbacks=())
-        await node.poll_io()
-        node.senders.by_addr[X.kv_addr].end(TransferState.FAILED, code, "receiver: why")
-        await node.poll_io()
+        await refused_by_x(node, code, "receiver: why", fallbacks=())
         (err,) = [ev for ev in node.events if ev.finish_reason == "error"]
         assert err.retry is retry and "r" not in node.handoffs
 
@@ -156,10 +157,7 @@ def test_bad_metadata_fails_at_once_rather_than_trying_another_node(llama_dir):
     node = prefill_node(llama_dir)
 
     async def go():
-        hand_off(node, "r")
-        await node.poll_io()
-        node.senders.by_addr[X.kv_addr].end(TransferState.FAILED, FailCode.BAD_METADATA, "receiver: request metadata digest")
-        await node.poll_io()
+        await refused_by_x(node, FailCode.BAD_METADATA, "receiver: request metadata digest")
         assert not notices(node) and [ev.finish_reason for ev in node.events if ev.finished] == ["error"]
         assert not node.senders.by_addr[Y.kv_addr].sent
 
@@ -170,10 +168,7 @@ def test_a_full_decode_node_passes_the_turn_to_the_next_and_backs_off_only_after
     node = prefill_node(llama_dir)
 
     async def go():
-        hand_off(node, "r", fallbacks=(Y, Z))
-        await node.poll_io()
-        node.senders.by_addr[X.kv_addr].end(TransferState.FAILED, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free")
-        await node.poll_io()
+        await refused_by_x(node, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free", fallbacks=(Y, Z))
         assert notices(node) == [Y.node_id] and len(node.senders.by_addr[Y.kv_addr].sent) == 1  # no wait in between
         node.senders.by_addr[Y.kv_addr].end(TransferState.FAILED, FailCode.NO_PAGES, "receiver: need 3 pages, 0 free")
         await node.poll_io()

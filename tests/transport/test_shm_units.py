@@ -3,7 +3,6 @@ and the fallback to chunks where the receiver's pool cannot be mapped."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import os
 import struct
@@ -15,7 +14,7 @@ import torch
 from chaos_util import until
 from kv_transport import TransferState, TransportConfig, make_receiver, make_sender
 from kv_transport.shm_slots import SlotGuard, WriteSlots
-from kv_transport.testing import TINY_SPEC, make_export, make_pool
+from kv_transport.testing import TINY_SPEC, linked, make_export, make_pool
 from kv_transport.wire import Commit, Grant, WireError, WireLimits, decode, encode
 from pdtb.engine.page_pool import PagePool
 from pdtb.engine.shared_memory import Locator, SharedBuffer, SharedMemoryError, boot_id, open_buffer
@@ -125,20 +124,6 @@ def test_grant_and_commit_round_trip_and_reject_bad_fields():
 def shm_config(tmp_path, backend: str = "shm") -> TransportConfig:
     return TransportConfig(backend=backend, endpoint=f"ipc://{tmp_path}/rx.sock", chunk_bytes=2 * PAGE,
                            inline_max_bytes=PAGE // 2, transfer_timeout_s=5.0, tick_s=0.01)
-
-
-@contextlib.asynccontextmanager
-async def linked(config: TransportConfig, dst: PagePool):
-    """A started receiver into `dst` and a sender to it, both closed on the way out."""
-    rx = make_receiver(config, dst)
-    await rx.start()
-    tx = make_sender(dataclasses.replace(config, endpoint=rx.endpoint), TINY_SPEC)
-    await tx.start()
-    try:
-        yield tx, rx
-    finally:
-        await tx.close()
-        await rx.close()
 
 
 def run(coro) -> None:

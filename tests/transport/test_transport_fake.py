@@ -31,6 +31,11 @@ def make_config(faults: FaultConfig = FaultConfig(), **kw) -> TransportConfig:
     return dataclasses.replace(base, **kw)
 
 
+def slow_chunks(delay_s: float) -> FaultConfig:
+    """Every chunk delayed by delay_s: a chunked transfer stays under way long enough to act on."""
+    return FaultConfig(delay_prob=1, delay_s=delay_s, kinds=("chunk",))
+
+
 def run(coro, limit: float = 20.0):
     """Every test coroutine runs under a hard bound."""
     return asyncio.run(asyncio.wait_for(coro, limit))
@@ -60,6 +65,13 @@ class Pair:
     def export(self, num_pages: int, tail: int = 3):
         self._n += 1
         return make_export(self.src, f"req-{self._n}", num_pages, tail)
+
+    async def send_until_reserved(self, num_pages: int) -> int:
+        """Send a transfer of num_pages and wait (bounded) until the receiver has reserved them all;
+        the transfer's id."""
+        tid = self.tx.send(self.export(num_pages))
+        await wait_until(lambda: self.dst.state_counts()["reserved"] == num_pages)
+        return tid
 
     async def transfer(self, num_pages: int, meta: TransferMeta | None = None):
         export = self.export(num_pages)
@@ -215,11 +227,9 @@ def test_admit_policy_refusal():
 
 
 def test_sender_cancel_frees_receiver_pages():
-    slow = FaultConfig(delay_prob=1, delay_s=0.1, kinds=("chunk",))
     async def body():
-        async with Pair(tx_faults=slow) as p:
-            tid = p.tx.send(p.export(9))
-            await wait_until(lambda: p.dst.state_counts()["reserved"] == 9)
+        async with Pair(tx_faults=slow_chunks(0.1)) as p:
+            tid = await p.send_until_reserved(9)
             p.tx.cancel(tid, "request aborted")
             assert p.tx.poll(tid).state is TransferState.FAILED
             await p.settle()
@@ -229,9 +239,8 @@ def test_sender_cancel_frees_receiver_pages():
 
 
 def test_receiver_cancel_fails_sender():
-    slow = FaultConfig(delay_prob=1, delay_s=0.1, kinds=("chunk",))
     async def body():
-        async with Pair(tx_faults=slow) as p:
+        async with Pair(tx_faults=slow_chunks(0.1)) as p:
             tid = p.tx.send(p.export(9))
             await wait_until(lambda: p.rx.poll(tid) is not None)
             p.rx.cancel(tid, "decode aborted the request")
@@ -242,12 +251,10 @@ def test_receiver_cancel_fails_sender():
 
 
 def test_close_mid_transfer_frees_everything():
-    slow = FaultConfig(delay_prob=1, delay_s=0.1, kinds=("chunk",))
     async def body():
-        p = Pair(tx_faults=slow)
+        p = Pair(tx_faults=slow_chunks(0.1))
         await p.__aenter__()
-        tid = p.tx.send(p.export(9))
-        await wait_until(lambda: p.dst.state_counts()["reserved"] == 9)
+        tid = await p.send_until_reserved(9)
         await p.rx.close()
         p.assert_clean()
         status = await p.tx.wait(tid, 2.0)
@@ -258,11 +265,9 @@ def test_close_mid_transfer_frees_everything():
 
 # ---- lifetime and flow control --------------------------------------------------------------
 def test_pages_stay_reserved_until_done():
-    slow = FaultConfig(delay_prob=1, delay_s=0.05, kinds=("chunk",))
     async def body():
-        async with Pair(tx_faults=slow, rx_pages=20) as p:
-            tid = p.tx.send(p.export(9))
-            await wait_until(lambda: p.dst.state_counts()["reserved"] == 9)
+        async with Pair(tx_faults=slow_chunks(0.05), rx_pages=20) as p:
+            tid = await p.send_until_reserved(9)
             inflight = set(p.rx.poll(tid) and p.dst.pages_of(p.tx.poll(tid).request_id))
             assert p.dst.allocate("other", 12) is None  # reserved pages are not handed out
             other = p.dst.allocate("other", 11)
@@ -407,12 +412,10 @@ def test_a_second_transfer_for_a_request_that_still_holds_pages_is_refused():
 def test_close_refuses_new_transfers_on_both_sides():
     """Headers arriving while the receiver closes are refused, not reserved and forgotten; a
     sender that is closing refuses send() instead of leaving a transfer that never ends."""
-    slow = FaultConfig(delay_prob=1, delay_s=0.05, kinds=("chunk",))
     async def body():
-        p = Pair(tx_faults=slow)
+        p = Pair(tx_faults=slow_chunks(0.05))
         await p.__aenter__()
-        tid = p.tx.send(p.export(9))
-        await wait_until(lambda: p.dst.state_counts()["reserved"] == 9)
+        tid = await p.send_until_reserved(9)
         closing = asyncio.ensure_future(p.rx.close())
         await asyncio.sleep(0)
         late = p.tx.send(p.export(3))  # reaches the receiver while it flushes its NACKs

@@ -3,15 +3,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 
 import pytest
 import torch
 
 from kv_transport import FaultConfig, TransferState, TransportConfig
-from kv_transport.testing import TINY_SPEC, make_export, make_pool
-from kv_transport.zmq_backend import ZmqReceiver, ZmqSender
+from kv_transport.testing import TINY_SPEC, linked, make_export, make_pool
+from kv_transport.zmq_backend import ZmqReceiver
 
 PAGE = TINY_SPEC.bytes_per_page
 
@@ -45,12 +44,7 @@ def test_zmq_fault_then_recovery(faults, reason, tmp_path):
     src, dst = make_pool(64, seed=5), make_pool(64)
 
     async def body():
-        rx = ZmqReceiver(config, dst)
-        await rx.start()
-        tx = ZmqSender(dataclasses.replace(config, endpoint=rx.endpoint, faults=faults),
-                       TINY_SPEC)
-        await tx.start()
-        try:
+        async with linked(config, dst, faults=faults) as (tx, rx):
             pages = 1 if "header" in faults.kinds and faults.truncate_prob else 9
             t0 = time.monotonic()
             status = await tx.wait(tx.send(make_export(src, "bad", pages)), 3.0)
@@ -67,9 +61,6 @@ def test_zmq_fault_then_recovery(faults, reason, tmp_path):
             got = await rx.next_completed(2.0)
             assert got.request_id == "good"
             assert torch.equal(dst.export_pages(got.pages), good.data)
-        finally:
-            await tx.close()
-            await rx.close()
     asyncio.run(asyncio.wait_for(body(), 20))
 
 
@@ -87,11 +78,7 @@ def test_a_message_from_another_connection_is_discarded(tmp_path, kind):
     slow = FaultConfig(delay_prob=1, delay_s=0.03, kinds=("chunk",))
 
     async def body():
-        rx = ZmqReceiver(config, dst)
-        await rx.start()
-        tx = ZmqSender(dataclasses.replace(config, endpoint=rx.endpoint, faults=slow), TINY_SPEC)
-        await tx.start()
-        try:
+        async with linked(config, dst, faults=slow) as (tx, rx):
             with stranger(rx.endpoint) as other:
                 export = make_export(src, "victim", 12)
                 tid = tx.send(export)
@@ -103,9 +90,6 @@ def test_a_message_from_another_connection_is_discarded(tmp_path, kind):
             assert status.state is TransferState.DONE, status.reason
             got = await rx.next_completed(2.0)
             assert torch.equal(dst.export_pages(got.pages), export.data)
-        finally:
-            await tx.close()
-            await rx.close()
     asyncio.run(asyncio.wait_for(body(), 20))
 
 
@@ -182,11 +166,7 @@ def test_a_peer_that_never_reads_its_nacks_holds_only_its_own_replies(tmp_path):
     src, dst = make_pool(32, seed=3), make_pool(64)
 
     async def body():
-        rx = ZmqReceiver(config, dst)
-        await rx.start()
-        tx = ZmqSender(dataclasses.replace(config, endpoint=rx.endpoint), TINY_SPEC)
-        await tx.start()
-        try:
+        async with linked(config, dst) as (tx, rx):
             with stranger(rx.endpoint) as deaf:
                 deaf.setsockopt(zmq.RCVHWM, 1)
                 deadline = time.monotonic() + 15
@@ -205,7 +185,4 @@ def test_a_peer_that_never_reads_its_nacks_holds_only_its_own_replies(tmp_path):
                 assert status.state is TransferState.DONE, status
                 got = await rx.next_completed(2.0)
                 assert torch.equal(dst.export_pages(got.pages), export.data)
-        finally:
-            await tx.close()
-            await rx.close()
     asyncio.run(asyncio.wait_for(body(), 40))
