@@ -89,7 +89,9 @@ class Policy(Protocol):
         tail is evicted first under pressure."""
 
     def pick_victim(self, candidates: list[Sequence], requester: Sequence, state: SchedState) -> Sequence:
-        """Which of `candidates` (never empty) gives up its device pages so `requester` can grow."""
+        """Which of `candidates` (never empty) gives up its device pages so `requester` can grow;
+        None, when `requester` is still prefilling, has its chunk wait for pages this step (keeping
+        its own) instead of taking anyone's."""
 
     def admission_order(self, candidates: list[Sequence], state: SchedState) -> list[Sequence]:
         """The order in which parked and waiting requests get device pages."""

@@ -33,7 +33,10 @@ its weighted share of both whenever someone else wants theirs.
   (STEP_STRETCH, priced by the node's own fit of its steps, `SchedState.step_s`), so a minnow's
   step stays an ordinary one; a chunk gets at least a page whatever the price.
 - Victims, when a row cannot grow: the most over-share owner's request; demoted, the largest
-  footprint; dropped for recompute, the one with the least computed work.
+  footprint; dropped for recompute, the one with the least computed work. A prompt's next
+  chunk drops nobody's work: where no one can be demoted it waits for pages (while someone
+  decodes and it is not the oldest request), since a chunk can wait and lost work cannot
+  come back.
 - No starvation. A request waiting `starve_after_s` for device pages is let in whatever its
   quota, first in line, and while it waits nobody else takes the pages it needs: it gets in
   as pages free up. Nobody is demoted for it (a demotion is only ever for a request within
@@ -468,4 +471,13 @@ class MemFairPolicy(BasePolicy):
         demotable = [s for s in mine if self._demotable(s, state)]
         if demotable:
             return eviction.footprint(demotable, state, self.over, self.owner)
+        if self._chunk_waits(requester):
+            return None
         return min(mine, key=lambda s: (s.num_computed_tokens, -s.arrival_time))
+
+    def _chunk_waits(self, requester) -> bool:
+        """A prompt's next chunk waits for pages rather than drop another request's computed work,
+        while some running request decodes (its pages come free as it ends) and the requester is
+        not the oldest running one (which always goes on: BasePolicy.spare_oldest)."""
+        oldest = min(self.running, key=lambda s: (s.arrival_time, s.request_id), default=requester)
+        return requester.in_prefill and requester is not oldest and any(not s.in_prefill for s in self.running)

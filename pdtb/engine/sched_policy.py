@@ -61,7 +61,8 @@ class SchedPolicy(Protocol):
         """Quota check for giving `seq` `need_pages` more device pages."""
 
     def pick_victim(self, candidates: list[Sequence], requester: Sequence, state: SchedState) -> Sequence:
-        """Which running request loses its device pages so `requester` can grow."""
+        """Which running request loses its device pages so `requester` can grow; None, for a
+        requester still prefilling, has it wait for pages this step instead."""
 
     def chunk_limit(self, seq: Sequence, budget: int, state: SchedState) -> int:
         """Tokens a prefill chunk (a newly admitted prompt's first, or a later one) may take of the step's remaining budget."""

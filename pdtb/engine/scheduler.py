@@ -333,6 +333,8 @@ class Scheduler:
                 # turns redoing each other's prefill for as long as a hand-off waited.
                 return False
             victim = self.policy.pick_victim(candidates, seq, self.state())
+            if victim is None:  # (only for a prompt's chunk) it waits for pages, keeping its own
+                return False
             self.evict(victim, out)
             if victim is seq:
                 return False

@@ -80,6 +80,9 @@ class Guarded:
 
     def pick_victim(self, candidates, requester, state):
         out = self._call("pick_victim", candidates, requester, state)
+        if out is None and requester.in_prefill:  # a prompt's chunk waits
+            self.trace.append(("victim", state.step, None))
+            return None
         if out not in candidates:
             self._bad(f"pick_victim answered {getattr(out, 'request_id', out)!r}: must be one of its candidates")
             out = candidates[-1]
