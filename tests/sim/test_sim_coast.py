@@ -59,7 +59,7 @@ def _logged(cls: type) -> type:
 
         def pick_victim(self, candidates, requester, state):
             out = super().pick_victim(candidates, requester, state)
-            LOG.append(("pick_victim", state.step, state.now, _ids(candidates), out.request_id))
+            LOG.append(("pick_victim", state.step, state.now, _ids(candidates), getattr(out, "request_id", None)))
             return out
 
         def chunk_limit(self, seq, budget, state):
