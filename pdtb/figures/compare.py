@@ -1,10 +1,11 @@
 """`pdtb compare RESULTS.json ...`: one line per run with the headline fairness figures, and
 ratios against the baseline policy of the same mode measured in the same run of the script;
-then, when the runs have a `--cost-class` (default whale), what that class paid: its TTFT p50
-and TPOT p50.
+then, when the runs have a `--cost-class` (default whale), what that class paid: its TTFT p50,
+TPOT p50 and end-to-end p50 (with its ratio to the baseline).
 
     mode  policy  minnow TTFT p99 (x fcfs)  minnow ITL p99 (x fcfs)  output tok/s (x fcfs)  failed
           fair-share worst (the fair-share Jain index's worst window)  whale TTFT p50  whale TPOT p50
+          whale E2E p50 (x fcfs)
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def rows_of(paths: list[str], klass: str, cost_class: str | None = None) -> list
                      "tok_s": s["overall"]["output_tok_s"], "failed": s["overall"]["failed"],
                      "share_jain_min": s.get("fairness", {}).get("share_jain_min"),
                      "cost_ttft_p50_ms": w["ttft_ms"]["p50"] if w else None,
-                     "cost_tpot_p50_ms": w["tpot_ms"]["p50"] if w else None})
+                     "cost_tpot_p50_ms": w["tpot_ms"]["p50"] if w else None,
+                     "cost_e2e_p50_ms": w["e2e_ms"]["p50"] if w and "e2e_ms" in w else None})
     return rows
 
 
@@ -42,8 +44,8 @@ def with_ratios(rows: list[dict], baseline: str) -> list[dict]:
             base[r["mode"]] = r
     for r in rows:
         b = base.get(r["mode"])
-        for k in ("ttft_p99_ms", "itl_p99_ms", "tok_s"):
-            ok = b is not None and b[k] and r[k] is not None
+        for k in ("ttft_p99_ms", "itl_p99_ms", "tok_s", "cost_e2e_p50_ms"):
+            ok = b is not None and b.get(k) and r.get(k) is not None
             r[f"{k}_ratio"] = r[k] / b[k] if ok else None
     return rows
 
@@ -63,7 +65,8 @@ def markdown_table(rows: list[dict], klass: str, baseline: str, cost_class: str 
     head = ["mode", "policy", f"{klass} TTFT p99 (ms)", f"x {baseline}", f"{klass} ITL p99 (ms)", f"x {baseline}",
             "output tok/s", f"x {baseline}", "failed", "fair-share worst"]
     if costs:
-        head += [f"{cost_class} TTFT p50 (ms)", f"{cost_class} TPOT p50 (ms)"]
+        head += [f"{cost_class} TTFT p50 (ms)", f"{cost_class} TPOT p50 (ms)", f"{cost_class} E2E p50 (ms)",
+                 f"x {baseline}"]
 
     def ratio(v):
         return "-" if v is None else (f"**{v:.2f}**" if v < 1 else f"{v:.2f}")
@@ -74,7 +77,8 @@ def markdown_table(rows: list[dict], klass: str, baseline: str, cost_class: str 
                  _f(r["itl_p99_ms"]), ratio(r["itl_p99_ms_ratio"]), _f(r["tok_s"]), _f(r["tok_s_ratio"], 2),
                  str(r["failed"]), _f(r["share_jain_min"], 3)]
         if costs:
-            cells += [_f(r["cost_ttft_p50_ms"], 0), _f(r["cost_tpot_p50_ms"])]
+            cells += [_f(r["cost_ttft_p50_ms"], 0), _f(r["cost_tpot_p50_ms"]), _f(r.get("cost_e2e_p50_ms"), 0),
+                      _f(r.get("cost_e2e_p50_ms_ratio"), 2)]
         out.append("| " + " | ".join(cells) + " |")
     return out
 
@@ -102,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'mode':10} {'policy':9} {a.klass + ' TTFT p99 ms':>18} {'x' + a.baseline:>7} "
           f"{a.klass + ' ITL p99 ms':>17} {'x' + a.baseline:>7} {'output tok/s':>12} {'x' + a.baseline:>7} {'failed':>6}"
           f" {'fair-share worst':>16}"
-          f"{'  ' + a.cost_class + ' TTFT p50 ms' if costs else ''}{'  ' + a.cost_class + ' TPOT p50 ms' if costs else ''}")
+          f"{'  ' + a.cost_class + ' TTFT p50 ms' if costs else ''}{'  ' + a.cost_class + ' TPOT p50 ms' if costs else ''}"
+          f"{'  ' + a.cost_class + ' E2E p50 ms' if costs else ''}{'  x' + a.baseline if costs else ''}")
     labels = [(r["mode"], r["policy"]) for r in rows]
     for r in ordered(rows, a.baseline):
         twin = labels.count((r["mode"], r["policy"])) > 1  # same labels: say which file it is
@@ -110,5 +115,6 @@ def main(argv: list[str] | None = None) -> int:
               f"{_f(r['itl_p99_ms']):>17} {_f(r['itl_p99_ms_ratio'], 2):>7} {_f(r['tok_s']):>12} "
               f"{_f(r['tok_s_ratio'], 2):>7} {r['failed']:>6} {_f(r['share_jain_min'], 3):>16}"
               + (f"  {_f(r['cost_ttft_p50_ms']):>{len(a.cost_class) + 12}}  {_f(r['cost_tpot_p50_ms']):>{len(a.cost_class) + 12}}"
+                 f"  {_f(r['cost_e2e_p50_ms']):>{len(a.cost_class) + 11}}  {_f(r['cost_e2e_p50_ms_ratio'], 2):>{len(a.baseline) + 3}}"
                  if costs else "") + (f"  ({r['file']})" if twin else ""))
     return 0

@@ -69,11 +69,15 @@ def test_compare_ratios_and_what_the_whales_paid(tmp_path, capsys):
     assert rows["fcfs"]["cost_ttft_p50_ms"] == pytest.approx(50.0)
     assert rows["memfair"]["cost_ttft_p50_ms"] == pytest.approx(20.0)
     assert rows["memfair"]["cost_tpot_p50_ms"] == pytest.approx(20.0)  # tokens 20 ms apart
+    # whale E2E: its TTFT plus two token gaps of 20 ms: 90 ms under fcfs, 60 under memfair
+    assert rows["memfair"]["cost_e2e_p50_ms"] == pytest.approx(60.0)
+    assert rows["memfair"]["cost_e2e_p50_ms_ratio"] == pytest.approx(60 / 90)
     assert rows["fcfs"]["share_jain_min"] is not None
     assert compare([str(a), str(b)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "whale TTFT p50 ms" in lines[0] and "whale TPOT p50 ms" in lines[0] and "fair-share worst" in lines[0]
-    assert lines[2].split()[:2] == ["disagg", "memfair"] and lines[2].split()[-2:] == ["20.0", "20.0"]
+    assert lines[2].split()[:2] == ["disagg", "memfair"] and lines[2].split()[-4:] == ["20.0", "20.0", "60.0", "0.67"]
+    assert "whale E2E p50 ms" in lines[0]
     assert compare([str(a), "--cost-class", "none"]) == 0
     assert "TPOT" not in capsys.readouterr().out
 
