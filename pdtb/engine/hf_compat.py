@@ -12,6 +12,10 @@ probe (a prefill, then a decode row) on a scratch pool when an engine starts, an
 way a model class falls short of the above (a modeling call the engine cannot serve, layers
 that skip the registered attention) into one `UnsupportedModel` line naming the installed
 transformers and the range the project supports, instead of an error from inside modeling code.
+
+On the CPU the Llama-family classes then run through lean_forward.py instead: the same
+arithmetic over the modules' own weights, checked against their transformers forward (the
+path the probe takes, and every other model's).
 """
 from __future__ import annotations
 
