@@ -59,6 +59,25 @@ def make_prompts(lengths, vocab: int = 512, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
 
 
+# Logits this close are a tie in float32: the same prefix computed with other matmul shapes (a
+# recomputed stream's prefill against generate's one row a step) may order them either way.
+TIE = 1e-4
+
+
+def assert_greedy_matches(model, prompt: list[int], got: list[int], max_new_tokens: int) -> None:
+    """`got` is transformers' greedy output (end-of-sequence ignored), or follows it up to a
+    token where the two candidates' logits are within TIE; past a tie the continuations differ."""
+    ref = hf_greedy(model, prompt, max_new_tokens, ignore_eos=True)
+    if got == ref:
+        return
+    i = next((k for k, (a, b) in enumerate(zip(got, ref)) if a != b), None)
+    assert i is not None, f"{len(got)} tokens against generate's {len(ref)}"
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ref[:i]], device=model.device)).logits[0, -1].float()
+    gap = (logits[ref[i]] - logits[got[i]]).item()
+    assert gap <= TIE, f"token {i}: {got[i]} against generate's {ref[i]}, logits {gap:.2e} apart (not a tie)"
+
+
 def hf_greedy(model, prompt: list[int], max_new_tokens: int, ignore_eos: bool = False) -> list[int]:
     """transformers.generate, one prompt at a time, on the model's device: the independent reference."""
     # ignore_eos: keep going past an end-of-sequence token, as the engine does, rather than

@@ -62,7 +62,7 @@ def model_info_from_config(cfg: dict, model_dir: str, where: str) -> ModelInfo:
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     max_len = cfg.get("max_position_embeddings", 2048)
-    if mtype in ("mistral", "qwen2") and cfg.get("sliding_window") and cfg.get("use_sliding_window", True):
+    if mtype in ("mistral", "qwen2", "qwen3") and cfg.get("sliding_window") and cfg.get("use_sliding_window", True):
         max_len = min(max_len, cfg["sliding_window"])  # paged attention here is full attention
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))

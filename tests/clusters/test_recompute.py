@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from cluster_util import get_json, launched, wait_until
-from conftest import hf_greedy
+from conftest import assert_greedy_matches
 from pdtb.nodes.protocol import TokenEvent
 from pdtb.router.registry import RequestFailed
 
@@ -128,7 +128,7 @@ def test_decode_node_killed_under_40_greedy_streams(llama_dir, hf_models, tmp_pa
         outs = asyncio.run(go())
         assert all(o.ok for o in outs), [o for o in outs if not o.ok][:3]
         for p, o in zip(prompts, outs):
-            assert o.token_ids == hf_greedy(hf_models["llama"], p, 48, ignore_eos=True)
+            assert_greedy_matches(hf_models["llama"], p, o.token_ids, 48)  # (a recompute may break a tie)
         recomputed = [o.timing for o in outs if "recomputed" in o.timing]
         assert recomputed
         for t in recomputed:  # (the router measured `earlier` just before it sent the last attempt)
