@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 
 from kv_transport import TransferMeta, TransferState
-from kv_transport.admission import FailCode
+from kv_transport.fail_codes import FailCode
 from pdtb.engine.kv_export import export_request
 from pdtb.engine.sequence import Sequence, SeqStatus
 from pdtb.nodes.node_base import to_params

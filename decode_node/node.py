@@ -38,7 +38,8 @@ from decode_node.migration import INJECT, STAGE_SUFFIX, Migrations
 from decode_node.placement import Inherited, place
 from kv_transport import ReceivedTransfer, TransferMeta, TransportConfig, make_receiver
 from pdtb.nodes.kv_senders import KVSenders
-from kv_transport.admission import Admission, FailCode, Verdict
+from kv_transport.admission import Admission, Verdict
+from kv_transport.fail_codes import FailCode
 from pdtb.engine.engine import StepEvent
 from pdtb.engine.prefix_hash import page_hashes
 from pdtb.engine.sequence import Sequence

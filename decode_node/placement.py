@@ -1,4 +1,7 @@
-"""Where an inherited request's KV goes, decided from its transfer header alone: the decode
+"""Header-time placement of an inherited request (too large, the policy's place, park or defer),
+shared by the decode node and the simulator.
+
+Where an inherited request's KV goes, decided from its transfer header alone: the decode
 node's admission rule, shared by the node (`DecodeNode._admit`) and the simulator (pdtb/sim).
 
     never fits the device tier at prompt + max_tokens -> REFUSE too_large
@@ -10,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fairness.interface import Arrival, Placement
-from kv_transport.admission import Admission, FailCode
+from kv_transport.admission import Admission
+from kv_transport.fail_codes import FailCode
 
 
 @dataclass(frozen=True)

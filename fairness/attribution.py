@@ -1,4 +1,6 @@
-"""SLO attribution: every request's timeline (pdtb.engine.timeline.Timeline) broken into
+"""Request timeline components and SLO-miss attribution.
+
+SLO attribution: every request's timeline (pdtb.engine.timeline.Timeline) broken into
 causes, and each miss blamed on one.
 
 TTFT = dispatch + queue + prefill + recompute and parked before the first token. The decode phase (TPOT) = transfer + held + parked +

@@ -4,16 +4,18 @@ Public API (see base.py for the interface, README.md for the wire format and bac
 
     make_sender(config, spec, **kw) -> KVSender      make_receiver(config, pool, **kw) -> KVReceiver
     TransportConfig, FaultConfig, TransferMeta, TransferState, TransferStatus, ReceivedTransfer
-    Admission, Verdict, FailCode (admission.py: what the receiving node answers, why a transfer failed)
+    Admission, Verdict (admission.py: what the receiving node answers to a transfer header)
+    FailCode (fail_codes.py: why a transfer failed)
 """
 from __future__ import annotations
 
 import importlib
 
-from kv_transport.admission import Admission, FailCode, Verdict
+from kv_transport.admission import Admission, Verdict
 from kv_transport.base import (KVReceiver, KVSender, ReceivedTransfer, TransferMeta,
                                TransferState, TransferStatus, TransportError)
 from kv_transport.config import FaultConfig, TransportConfig
+from kv_transport.fail_codes import FailCode
 from pdtb.engine.kv_spec import KVSpec
 from pdtb.engine.page_pool import PagePool
 

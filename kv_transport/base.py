@@ -29,7 +29,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from kv_transport.admission import FailCode
+from kv_transport.fail_codes import FailCode
 from pdtb.engine.kv_export import KVExport
 
 if TYPE_CHECKING:

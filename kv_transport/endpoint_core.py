@@ -1,4 +1,6 @@
-"""What a sender and a receiver share: limits, bounded history, fault-aware sends, task
+"""What sender and receiver share: limits, history, fault-aware sends.
+
+What a sender and a receiver share: limits, bounded history, fault-aware sends, task
 supervision, and the contract between the cores and the backends built on them.
 
 Every hook runs on the endpoint's one asyncio loop (the node's loop), so it may read and change

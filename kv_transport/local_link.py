@@ -1,4 +1,7 @@
-"""Control messages between two processes of one host over a Unix stream socket read by the
+"""The local link: framed control messages over an abstract Unix socket read by the event loop,
+bound to a ZeroMQ peer by a ticket from a Grant.
+
+Control messages between two processes of one host over a Unix stream socket read by the
 event loop itself (the shm backend's control path once a peer has a grant).
 
 Why: ZeroMQ passes every message through an I/O thread at each end, so one message can wake

@@ -1,4 +1,6 @@
-"""Keep freed ZeroMQ receive buffers mapped (glibc), so they are not page-faulted in again.
+"""Allocator settings for large receive buffers.
+
+Keep freed ZeroMQ receive buffers mapped (glibc), so they are not page-faulted in again.
 
 libzmq's I/O thread mallocs one buffer per received message (4 MiB per chunk). With a few
 chunks in flight, freeing them grows the top of that thread's heap past glibc's trim

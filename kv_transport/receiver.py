@@ -27,10 +27,11 @@ import time
 from dataclasses import dataclass, field
 
 from kv_transport import checksum
-from kv_transport.admission import FailCode, Verdict
+from kv_transport.admission import Verdict
 from kv_transport.base import ReceivedTransfer, TransferState, TransferStatus
 from kv_transport.config import TransportConfig
 from kv_transport.endpoint_core import EndpointCore
+from kv_transport.fail_codes import FailCode
 from kv_transport.malloc_tuning import keep_freed_memory
 from kv_transport.page_writer import PageWriter, WritePlan
 from kv_transport.wire import (STREAMED, Ack, AdmitFn, Cancel, Credit, KVChunk, KVTransferHeader, Nack,

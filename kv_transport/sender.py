@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 import torch
 
 from kv_transport import checksum
-from kv_transport.admission import FailCode
 from kv_transport.base import TransferMeta, TransferState, TransferStatus, TransportError
 from kv_transport.config import TransportConfig
 from kv_transport.endpoint_core import EndpointCore
+from kv_transport.fail_codes import FailCode
 from kv_transport.wire import (STREAMED, Ack, Cancel, Credit, KVChunk, KVTransferHeader, Nack,
                                TransferBatch, WireError, decode, encode)
 from pdtb.engine.kv_export import SUM_BLOCK_BYTES, KVExport

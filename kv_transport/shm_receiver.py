@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import zmq
 
 from kv_transport import checksum
-from kv_transport.admission import FailCode
 from kv_transport.config import TransportConfig
+from kv_transport.fail_codes import FailCode
 from kv_transport.local_link import LinkError, LinkListener
 from kv_transport.receiver import _Inbound
 from kv_transport.shm_common import MESSAGES_PER_PIECE, _next, NUM_SLOTS, piece_rows, _recv_now, S, _sent, _split

@@ -12,9 +12,9 @@ import torch
 import zmq
 
 from kv_transport import checksum
-from kv_transport.admission import FailCode
 from kv_transport.base import TransferState
 from kv_transport.config import TransportConfig
+from kv_transport.fail_codes import FailCode
 from kv_transport.local_link import LinkClient, LinkError
 from kv_transport.page_writer import PageWriter, WritePlan
 from kv_transport.sender import _Outbound, to_host

@@ -1,4 +1,7 @@
-"""Helpers shared by the transport tests and the benchmark: pools of random pages, exports, a
+"""Pools of random pages, exports and a started receiver linked to a sender, for tests and the
+benchmark.
+
+Helpers shared by the transport tests and the benchmark: pools of random pages, exports, a
 started receiver linked to a sender, and a bench_peer child process with bounded reads and a kill
 that always runs.
 """

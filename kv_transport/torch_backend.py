@@ -1,4 +1,6 @@
-"""torch.distributed backend: headers and control over ZeroMQ, payloads by point-to-point
+"""torch.distributed payloads (gloo on CPU, NCCL on GPU), control over ZeroMQ.
+
+torch.distributed backend: headers and control over ZeroMQ, payloads by point-to-point
 send/recv (gloo for CPU pools, NCCL for CUDA pools: the same code, chosen by device).
 
     sender                               receiver (ROUTER, as in zmq_backend)
@@ -36,9 +38,9 @@ import torch
 import torch.distributed as dist
 
 from kv_transport import checksum, torch_ranks
-from kv_transport.admission import FailCode
 from kv_transport.base import TransferState, TransportError
 from kv_transport.config import TransportConfig
+from kv_transport.fail_codes import FailCode
 from pdtb.aio import bounded
 from kv_transport.sender import to_host
 from kv_transport.wire import Ack, AdmitFn, Credit

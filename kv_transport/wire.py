@@ -21,7 +21,8 @@ from typing import Callable, ClassVar, Union
 import msgpack
 import numpy as np
 
-from kv_transport.admission import Admission, FailCode
+from kv_transport.admission import Admission
+from kv_transport.fail_codes import FailCode
 from kv_transport.wire_check import (Fields, WireChecksumError, WireError, WireFieldError,
                                      WireLimits, WireSizeError, WireVersionError, frame_view)
 
@@ -156,7 +157,7 @@ class Nack:
 
     MSG_TYPE: ClassVar[MsgType] = MsgType.NACK
     transfer_id: str
-    code: FailCode  # why (kv_transport/admission.py); travels as its value
+    code: FailCode  # why (kv_transport/fail_codes.py); travels as its value
     reason: str  # human-readable detail
 
 

@@ -1,3 +1,4 @@
+"""`python -m pdtb`: the `pdtb` command run as a module."""
 import sys
 
 from pdtb.cli import main

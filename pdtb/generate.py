@@ -1,4 +1,6 @@
-"""`pdtb generate`: offline batched generation on one paged engine, its requests admitted and
+"""`pdtb generate` and shared engine flags.
+
+`pdtb generate`: offline batched generation on one paged engine, its requests admitted and
 evicted by a fairness policy (`--policy`, `--policy-arg`: pdtb/nodes/fairness_args.py) as a
 node's are."""
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from kv_transport.admission import FailCode
+from kv_transport.fail_codes import FailCode
 from pdtb.engine.sequence import Sequence
 from pdtb.nodes.handoff import HandoffEvent, HandoffState, advance
 from pdtb.nodes.protocol import GenerateRequest, Target

@@ -1,4 +1,6 @@
-"""Prefill-side scheduling policy: the cluster's fairness policy for *order*, with two rules
+"""Prefill-side admission order (FIFO that does not block on held requests).
+
+Prefill-side scheduling policy: the cluster's fairness policy for *order*, with two rules
 of the prefill node's own.
 
 - A prompt starts only when its whole prompt fits the pool: a whale admitted chunk by chunk

@@ -1,4 +1,7 @@
-"""What a prefill node believes each decode node holds in its prefix cache: the page hashes
+"""What a prefill node believes each decode node caches (the pages a hand-off leaves out; a
+`cache_miss` clears it).
+
+What a prefill node believes each decode node holds in its prefix cache: the page hashes
 of the hand-offs that landed there, most recent last, bounded per node.
 
 The belief only decides which leading pages a hand-off leaves out. A decode node that no

@@ -1,4 +1,7 @@
-"""`pdtb chaos`: a fault campaign against a cluster under a steady greedy load of several
+"""`pdtb chaos`: launch or attach, plan, load and faults, the quiet check, processes left, the
+report.
+
+`pdtb chaos`: a fault campaign against a cluster under a steady greedy load of several
 tenants, checked by an independent checker (pdtb/chaos/checker.py).
 
     pdtb chaos --duration S --seed N [--faults LIST] [--every MIN,MAX]

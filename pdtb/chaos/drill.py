@@ -1,4 +1,7 @@
-"""The router-kill drill (`pdtb chaos --router-drill N`): N greedy streams in flight, the router
+"""`pdtb chaos --router-drill N`: streams in flight, the router killed; seconds until every node
+is empty and until the router is back; its completions against generate.
+
+The router-kill drill (`pdtb chaos --router-drill N`): N greedy streams in flight, the router
 killed (SIGKILL), then how long until every node holds no page (read from the nodes' own /stats:
 the router is gone), how long the supervisor takes to bring the router back, and whether the
 restarted router's completions equal transformers.generate's."""

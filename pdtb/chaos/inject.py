@@ -1,4 +1,6 @@
-"""Carrying out a campaign's faults against a cluster that launch_cluster.sh started with
+"""Carrying out a fault: signals by pid file, `/admin/migrate`, `/admin/faults`; pauses ended.
+
+Carrying out a campaign's faults against a cluster that launch_cluster.sh started with
 --restart-failed (its run dir names every process; its supervisor restarts what exits) and a
 router started with --allow-fault-injection (transfer faults, migrations)."""
 from __future__ import annotations

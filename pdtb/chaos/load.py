@@ -1,4 +1,7 @@
-"""The campaign's steady load: several tenants, each with a few workers sending greedy streaming
+"""The steady greedy load of several tenants over a seeded prompt pool; each request's timeline;
+client cuts.
+
+The campaign's steady load: several tenants, each with a few workers sending greedy streaming
 completions one after another (prompts from a fixed pool, so that the checker's reference is
 computed once per prompt). Every request keeps its timeline.
 

@@ -1,4 +1,7 @@
-"""The fault schedule of a campaign: kinds, and times and targets drawn from the seed alone, so
+"""The fault kinds and the schedule drawn from a seed (a shuffled round of every kind, targets by
+role).
+
+The fault schedule of a campaign: kinds, and times and targets drawn from the seed alone, so
 that a run is replayed by its seed (the plan is printed and written in the report).
 
     kind             what happens                                          target

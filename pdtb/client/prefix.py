@@ -1,4 +1,7 @@
-"""Shared prompt prefixes: prompts built from blocks that recur across requests, and the prefix
+"""Shared prompt blocks (trace `hash_ids`, tenants' system prompts), ideal and achieved prefix hit
+rates.
+
+Shared prompt prefixes: prompts built from blocks that recur across requests, and the prefix
 cache hit rates of a run.
 
 A RequestSpec with `blocks` (ids) and `block_len` (tokens per block) has the prompt

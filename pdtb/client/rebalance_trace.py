@@ -1,4 +1,7 @@
-"""`python -m pdtb.client.rebalance_trace OUT [--seed N]`: the trace of the rebalancing experiment
+"""The rebalancing experiment's trace: a batch request, three long-output whales the router places
+on one node, minnows.
+
+`python -m pdtb.client.rebalance_trace OUT [--seed N]`: the trace of the rebalancing experiment
 (scripts/migration_results.sh), in the JSON-lines trace format `pdtb bench serve --workload trace:`
 replays (pdtb/client/traces.py).
 

@@ -1,4 +1,6 @@
-"""`python -m pdtb.client.soak`: the checks of a soak run against a running cluster (scripts/soak.sh).
+"""The soak checker (two phases, RSS and pages after each).
+
+`python -m pdtb.client.soak`: the checks of a soak run against a running cluster (scripts/soak.sh).
 
   python -m pdtb.client.soak --url URL --run-dir DIR [--requests 10000] [--concurrency 8]
       [--warmup 1000] [--rss-tolerance 0.10] [--seed 0] [--quiet]

@@ -1,4 +1,6 @@
-"""Incremental server-sent-events parsing and token counting for `/v1/completions` and
+"""Incremental SSE parsing, token counting (completions and chat chunks), `usage`.
+
+Incremental server-sent-events parsing and token counting for `/v1/completions` and
 `/v1/chat/completions` chunks.
 
 The parser takes bytes as they come off the socket (any split, `\\n` or `\\r\\n` line ends) and

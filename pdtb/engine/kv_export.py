@@ -1,4 +1,6 @@
-"""Export one request's pages as a contiguous buffer plus a small typed header, and import it.
+"""`KVExportHeader`/`KVExport`: one request's pages as contiguous buffer + header.
+
+Export one request's pages as a contiguous buffer plus a small typed header, and import it.
 
 This is the unit the transport moves: `KVExport.header` travels as msgpack, `KVExport.data`
 as raw bytes. Layout of `data` (see KVSpec):

@@ -1,4 +1,7 @@
-"""A node's own price of a step, fitted online from the steps it ran:
+"""The node's own price of a step: an online least-squares fit of its steps' seconds on their
+shapes, every coefficient at least 0 (`SchedState.step_s`).
+
+A node's own price of a step, fitted online from the steps it ran:
 
     seconds ~ a + b * decode_rows + c * decode_ctx + d * prefill_tokens + e * prefill_attn
 

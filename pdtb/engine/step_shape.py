@@ -1,4 +1,7 @@
-"""What one engine step carries, reduced to what costs time (`StepShape`): the seam between a
+"""`StepShape`: what a step carries, reduced to what costs time (decode rows and context, prompt
+tokens and query-key pairs).
+
+What one engine step carries, reduced to what costs time (`StepShape`): the seam between a
 step's scheduled chunks and a model of its seconds (the simulator's cost models, pdtb/sim/cost.py;
 a node's own fit of its steps, step_cost.py)."""
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""A request's timeline: wall-clock stamps (time.time()) set by whoever handles it, open
+"""`Timeline`: a request's stamps, open waits and accumulated waits (typed; travels in the
+hand-off).
+
+A request's timeline: wall-clock stamps (time.time()) set by whoever handles it, open
 waits, and accumulated waits. It travels with the KV hand-off (protocol.HandoffMeta) and
 ends in the final event's `pdtb_timing`; fairness.attribution breaks it into SLO causes.
 

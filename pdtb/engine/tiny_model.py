@@ -1,4 +1,7 @@
-"""The embedded default model: a tiny decoder-only LM with seeded random weights and a
+"""The embedded default model: local BPE tokenizer, seeded random weights; records its tokenizer
+class.
+
+The embedded default model: a tiny decoder-only LM with seeded random weights and a
 byte-level BPE tokenizer trained locally, saved as a standard HuggingFace checkpoint.
 
 Nothing is downloaded: the tokenizer is trained on a small built-in corpus, the weights are

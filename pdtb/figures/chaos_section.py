@@ -1,4 +1,6 @@
-"""docs/results.md's fault-campaign section, from `pdtb chaos` reports (scripts/chaos_results.sh)."""
+"""docs/results.md's fault-campaign section from `pdtb chaos` reports.
+
+docs/results.md's fault-campaign section, from `pdtb chaos` reports (scripts/chaos_results.sh)."""
 from __future__ import annotations
 
 import json

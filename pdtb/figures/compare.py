@@ -1,4 +1,7 @@
-"""`pdtb compare RESULTS.json ...`: one line per run with the headline fairness figures, and
+"""`pdtb compare [--markdown]`: per-run figures with ratios vs the baseline policy, and what the
+whale class paid (TTFT, TPOT p50).
+
+`pdtb compare RESULTS.json ...`: one line per run with the headline fairness figures, and
 ratios against the baseline policy of the same mode measured in the same run of the script;
 then, when the runs have a `--cost-class` (default whale), what that class paid: its TTFT p50,
 TPOT p50 and end-to-end p50 (with its ratio to the baseline).

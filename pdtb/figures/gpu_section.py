@@ -1,4 +1,6 @@
-"""The "On a GPU" section of docs/results.md, rendered from one `scripts/gpu_check.sh --out DIR`
+"""The "On a GPU" section of `docs/results.md` from one `scripts/gpu_check.sh --out DIR` run.
+
+The "On a GPU" section of docs/results.md, rendered from one `scripts/gpu_check.sh --out DIR`
 run: the GPU tests' outcome, the engine against `generate`, the decode roofline of a
 Llama-3-8B shape and the decode kernel's launch settings.
 

@@ -1,4 +1,6 @@
-"""`python -m pdtb.figures.migration_report DIR`: the live-migration figures of scripts/migration_results.sh.
+"""The tables of `scripts/migration_results.sh` (and `results_doc --section migration`).
+
+`python -m pdtb.figures.migration_report DIR`: the live-migration figures of scripts/migration_results.sh.
 
 Reads DIR/downtime-{precopy,stopcopy}.json (`pdtb bench migration`) and DIR/rebalance-{off,pressure,fair}[-sN].json
 (`pdtb bench serve`, whale-minnow on 1 prefill + 2 decode nodes), whichever exist; prints one

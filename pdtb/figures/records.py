@@ -1,4 +1,6 @@
-"""The two dataclasses at the client's seams: what to send (RequestSpec) and what happened
+"""`RequestSpec` (what to send), `RequestRecord` (what happened).
+
+The two dataclasses at the client's seams: what to send (RequestSpec) and what happened
 (RequestRecord). Times are seconds since the run's start."""
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""`python -m pdtb.figures.results_doc`: write docs/results.md from the result files of one
+"""Renders `docs/results.md` from one `scripts/results.sh` run, stamped with date, commit and
+machine.
+
+`python -m pdtb.figures.results_doc`: write docs/results.md from the result files of one
 `scripts/results.sh` run. Every table is rendered from those files, stamped with the date,
 the commit and the machine; the file is replaced whole.
 

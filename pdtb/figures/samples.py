@@ -1,4 +1,6 @@
-"""Server-side samples taken during a run (pdtb/client/load.py reads `/cluster`), and the series the plots need.
+"""Server-side samples and their series.
+
+Server-side samples taken during a run (pdtb/client/load.py reads `/cluster`), and the series the plots need.
 
 A sample is {"t": s since the run's start, "nodes": [{"role", "id", "pages_total", "pages_free",
 "host_pages_total", "host_pages_free", "running", "waiting", "tenant_pages": {tenant: pages},

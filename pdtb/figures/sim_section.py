@@ -1,4 +1,7 @@
-"""The simulator's sections of docs/results.md, from the files `scripts/sim_results.sh` writes:
+"""The simulator's section of docs/results.md (validation, reproductions, the Azure hour, the
+roofline grid).
+
+The simulator's sections of docs/results.md, from the files `scripts/sim_results.sh` writes:
 validate/validate-{grid,logs,spread,cores}.json and validate-sets.json, repro-{mcsf,vtc,essay}.json, azure-hour-POLICY.json
 (+ .wall_s, .command), roofline-h200.json and speed.json (its own section). A file that is
 absent leaves its part out."""

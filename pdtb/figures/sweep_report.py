@@ -1,4 +1,6 @@
-"""`pdtb report` for sweep files: a table per sweep and two plots (attainment against load, one
+"""`pdtb report` of sweep files: a table per sweep, attainment and goodput against load.
+
+`pdtb report` for sweep files: a table per sweep and two plots (attainment against load, one
 line per class and a panel per sweep; goodput against load, one line per sweep)."""
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The section of docs/results.md that sets the project beside vLLM (scripts/vs_vllm.sh's --out).
+"""The "Beside vLLM" section of `docs/results.md` from a `scripts/vs_vllm.sh` run.
+
+The section of docs/results.md that sets the project beside vLLM (scripts/vs_vllm.sh's --out).
 
     python -m pdtb.figures.results_doc --section vllm --vllm DIR --out docs/results.md
 """

@@ -1,4 +1,6 @@
-"""`pdtb bench controller`: per-step decision cost of each policy at 100, 1,000 and 10,000
+"""`pdtb bench controller`.
+
+`pdtb bench controller`: per-step decision cost of each policy at 100, 1,000 and 10,000
 resident requests, with the scheduler driven by a fake forward pass (no model), so only the
 controller's and scheduler's own work is timed. Beside the n resident requests, `--waiting`
 times n more wait for device pages (default 0.5: n/2 prompts), so that admission order, quota

@@ -1,4 +1,7 @@
-"""Round trips of a small control message between two processes of this host: through pyzmq's
+"""`python -m pdtb.microbench.link`: a control round trip through pyzmq's asyncio sockets against
+the local link.
+
+Round trips of a small control message between two processes of this host: through pyzmq's
 asyncio sockets (DEALER -> ROUTER over ipc, what the zmq backend sends its control on) and
 through a local link (local_link.py, what the shm backend switches to). Same message, same
 event loop (uvloop), one echoing child process each (started as `--echo zmq|link`).

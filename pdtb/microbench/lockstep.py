@@ -1,4 +1,7 @@
-"""`pdtb bench lockstep`: a seeded workload's hand-offs into a real decode node over one KV
+"""`pdtb bench lockstep`: a workload's hand-offs into a real `DecodeNode` over one transport, in a
+fixed order of events on a virtual clock (verdicts, counts, token digest, pools checked empty).
+
+`pdtb bench lockstep`: a seeded workload's hand-offs into a real decode node over one KV
 transport, in a fixed order of events, so that two transports' admission decisions can differ
 only by what the transports do with them.
 
@@ -44,7 +47,7 @@ from dataclasses import dataclass, field
 
 from decode_node.node import DecodeNode
 from fairness import policy_info
-from kv_transport.admission import FailCode
+from kv_transport.fail_codes import FailCode
 from pdtb.engine.sequence import Sequence
 from pdtb.nodes.control import EventSink
 from pdtb.nodes.handoff import HandoffEvent

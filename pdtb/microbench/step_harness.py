@@ -1,4 +1,6 @@
-"""The harness a measured step runs in: the engine it runs on and the clock it is timed by
+"""The engine a measured step runs on and the clock that times it (steps and the grid).
+
+The harness a measured step runs in: the engine it runs on and the clock it is timed by
 (`pdtb bench steps`, steps.py, and its grid, step_grid.py)."""
 from __future__ import annotations
 

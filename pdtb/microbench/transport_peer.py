@@ -167,7 +167,8 @@ async def run_transport(args: argparse.Namespace) -> None:
 
 def verdicts(host: PagePool):
     """An admission function that answers by the request id's first word (process tests)."""
-    from kv_transport.admission import Admission, FailCode
+    from kv_transport.admission import Admission
+    from kv_transport.fail_codes import FailCode
 
     def admit(header) -> Admission:
         kind = header.request_id.split("-", 1)[0]

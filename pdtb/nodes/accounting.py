@@ -1,4 +1,6 @@
-"""Per-node bookkeeping of the fairness controller's effects: tier moves stamped on request
+"""Tier-move stamps, KV metering, SLO attribution, per-tenant pages and metrics.
+
+Per-node bookkeeping of the fairness controller's effects: tier moves stamped on request
 timelines, KV bandwidth metering, SLO attribution, per-tenant pages for /cluster and metrics."""
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The hand-off of a request's KV from a prefill node to a decode node: one state machine,
+"""The hand-off state machine (bound, sending, held, moved, delivered, failed), applied by the
+prefill node and the router.
+
+The hand-off of a request's KV from a prefill node to a decode node: one state machine,
 applied by the prefill node (which moves the KV) and the router (which follows from notices).
 
     BOUND ──send──▶ SENDING ──landed──▶ DELIVERED            (final: the decode node holds it)

@@ -1,4 +1,6 @@
-"""The request state a KV hand-off carries (prefill -> decode), sealed with an end-to-end digest.
+"""The end-to-end digest sealing a KV hand-off's request metadata.
+
+The request state a KV hand-off carries (prefill -> decode), sealed with an end-to-end digest.
 
 The transport checksums the payload bytes, not the header's metadata. A flipped byte there (a
 router id, the first token, max_tokens) can still decode cleanly and would send the request's

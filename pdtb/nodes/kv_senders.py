@@ -1,4 +1,7 @@
-"""A node's KV senders, one per destination address, started on first use: the prefill node's
+"""`KVSenders`: one started KV sender per destination address (the prefill node's hand-offs, a
+decode node's migrations).
+
+A node's KV senders, one per destination address, started on first use: the prefill node's
 hand-offs and a decode node's live migrations go through the same kind of pool."""
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""What every node process shares: config, engine, control socket, metrics, the step loop,
+"""`NodeConfig`, `NodeBase`: step loop, stats, events, SIGTERM drain, KV transport settings.
+
+What every node process shares: config, engine, control socket, metrics, the step loop,
 stats for the router, and a graceful drain on SIGTERM.
 
 Loop (one asyncio loop per process): the control task receives router messages between

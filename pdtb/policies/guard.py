@@ -1,4 +1,6 @@
-"""A policy seen only through the declared interface (fairness/interface.py), every answer
+"""A policy seen through the interface alone, every answer checked and traced.
+
+A policy seen only through the declared interface (fairness/interface.py), every answer
 checked as it is given. The conformance run hands the scheduler and the placement rule this
 wrapper instead of the policy, so a policy that works here uses nothing else.
 

@@ -1,4 +1,7 @@
-"""The conformance run: a policy driven through the real scheduler and the decode node's
+"""The conformance run: two decode nodes on the real scheduler and placement, arrivals, aborts,
+prefix sharing, a node lost.
+
+The conformance run: a policy driven through the real scheduler and the decode node's
 placement rule (decode_node/placement.py), with a fake clock, a fake forward pass and no
 processes, under memory pressure.
 

@@ -1,4 +1,7 @@
-"""One pd-testbed process (a node or the router) started and watched by whatever hosts it: a
+"""A pd-testbed process with a log, its READY line, SIGTERM then SIGKILL, and the parent-death
+signal so it never outlives its actor.
+
+One pd-testbed process (a node or the router) started and watched by whatever hosts it: a
 Ray actor (pdtb/ray_cluster/actors.py) or a test. Plain Python, no Ray.
 
 The process is a child of its host with the parent-death signal set to SIGKILL, so it never

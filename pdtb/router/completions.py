@@ -1,4 +1,6 @@
-"""One completion request's path through the router (/v1/completions and /v1/chat/completions).
+"""One request's path: submit, stream/JSON, abort on disconnect, drain.
+
+One completion request's path through the router (/v1/completions and /v1/chat/completions).
 
     body -> parse/validate -> [chat: render the template] -> tokenize -> check lengths
          -> tenant slot (429) -> submit (503)

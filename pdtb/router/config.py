@@ -1,4 +1,6 @@
-"""Router configuration and the served model (tokenizer plus the limits requests are checked against)."""
+"""`RouterConfig`, `NodeSpec`, `ServedModel` (tokenizer + limits).
+
+Router configuration and the served model (tokenizer plus the limits requests are checked against)."""
 from __future__ import annotations
 
 import logging

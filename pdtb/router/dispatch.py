@@ -1,4 +1,7 @@
-"""Dispatch: where a request goes (placement by load, cached prefix or D2LPM credit, fallbacks) and
+"""Placing a request (load, cached prefix or D²LPM credit; fallback decode nodes), sending it, its
+events to the caller, abort and release.
+
+Dispatch: where a request goes (placement by load, cached prefix or D2LPM credit, fallbacks) and
 sending it, its events to the caller, abort and release. Part of NodeRegistry (registry.py)."""
 from __future__ import annotations
 

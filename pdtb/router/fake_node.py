@@ -1,4 +1,6 @@
-"""A scripted stand-in for a prefill, decode or colocated node, speaking the real control protocol.
+"""Scripted fake nodes on the real control protocol (tests, demos).
+
+A scripted stand-in for a prefill, decode or colocated node, speaking the real control protocol.
 
 For router tests and demos without a model: it binds a zmq ROUTER, answers Ping with NodeStats,
 and answers GenerateRequest with deterministic tokens (`expected_output`) in several TokenBatch

@@ -1,4 +1,7 @@
-"""Following a request between nodes: hand-off notices (BOUND, MOVED, DELIVERED), a decode node that
+"""Following a request between nodes: hand-off notices, adoption by a decode node, live migration's
+switch of holder, drains.
+
+Following a request between nodes: hand-off notices (BOUND, MOVED, DELIVERED), a decode node that
 adopted it, live migrations (pdtb/router/migration.py), drains. Part of NodeRegistry (registry.py)."""
 from __future__ import annotations
 

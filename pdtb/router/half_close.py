@@ -1,4 +1,6 @@
-"""A client that half-closes its connection (shuts its sending side once its request is out) is
+"""The HTTP runner that answers a client that half-closed (aiohttp internals, in this file only).
+
+A client that half-closes its connection (shuts its sending side once its request is out) is
 answered. aiohttp takes the end of a client's input for a disconnect and closes the connection,
 answering nothing; this runner's connections keep their sending side open instead, answer the
 requests they received, then close.

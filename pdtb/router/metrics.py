@@ -1,4 +1,6 @@
-"""Prometheus metrics measured at the router, in a per-process CollectorRegistry; with several
+"""Router Prometheus metrics.
+
+Prometheus metrics measured at the router, in a per-process CollectorRegistry; with several
 routers behind one port, in prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR set
 before prometheus_client is imported: pdtb/router/main.py), where any router renders the sum."""
 from __future__ import annotations

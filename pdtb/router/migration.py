@@ -1,4 +1,7 @@
-"""The router's side of live migration between decode nodes: what it asked for, what became of
+"""`Migration`, `MigrationBook`: migrations in flight and done, as `/cluster/migrations` shows
+them.
+
+The router's side of live migration between decode nodes: what it asked for, what became of
 it, and whose token events a request takes while it moves (decode_node/migration.py has the
 nodes' side).
 

@@ -1,4 +1,7 @@
-"""What the router holds per node and per request: NodeState (a node's last stats, what was sent
+"""`NodeState` and `RequestHandle` (what the router holds per node and per request), the load rules
+`pick_prefill`, `pick_most_free`, `load_order`, `RequestFailed`.
+
+What the router holds per node and per request: NodeState (a node's last stats, what was sent
 to it since, its connection), RequestHandle (one request's nodes, hand-off state and queue), the
 load rules that pick a node (pick_prefill, pick_most_free, load_order) and RequestFailed."""
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""A request's prompt as token ids: token ids as given, a text tokenized, or a conversation
+"""A request's prompt as token ids: ids, text, or a conversation rendered then tokenized (long ones
+in a thread).
+
+A request's prompt as token ids: token ids as given, a text tokenized, or a conversation
 rendered by the model's chat template and then tokenized.
 
 A text that cannot fit the context is refused before tokenizing, long texts are tokenized in a

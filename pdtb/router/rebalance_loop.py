@@ -1,4 +1,6 @@
-"""The rebalance loop: decode nodes' reports into DecodeView rows for the rebalancer
+"""Each second, the decode nodes' reports into the rebalancer's views and its moves started.
+
+The rebalance loop: decode nodes' reports into DecodeView rows for the rebalancer
 (pdtb/router/rebalance.py), and its moves started. Part of NodeRegistry (registry.py)."""
 from __future__ import annotations
 

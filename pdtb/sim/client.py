@@ -1,4 +1,7 @@
-"""The simulated load client, sending as pdtb/client/load.py does:
+"""`SimClient`: the load client's sending (open loop, closed loop of N, at most M in flight) and
+each request's record.
+
+The simulated load client, sending as pdtb/client/load.py does:
 
     open loop:            each request at its spec's send time
     closed loop (N):      N requests in flight, the next sent when one ends at the client

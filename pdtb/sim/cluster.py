@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pdtb.figures.records import OK, RequestRecord, RequestSpec
 from pdtb.client.load import cut_off
 from pdtb.client.prefix import PROMPT_ROLES, prompt_ids
-from kv_transport.admission import FailCode
+from kv_transport.fail_codes import FailCode
 from pdtb.engine.kv_spec import KVSpec
 from pdtb.nodes.node_base import queued_tokens
 from pdtb.nodes.protocol import Earlier, GenerateRequest, NodeStats, Params, Target

@@ -1,4 +1,6 @@
-"""The simulator's clock and event queue: callbacks at simulated times, run in time order
+"""The event loop and clock (time order, ties in scheduling order).
+
+The simulator's clock and event queue: callbacks at simulated times, run in time order
 (ties in the order they were scheduled, so a run is deterministic)."""
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""From `pdtb sim`'s flags to a cost model, a page geometry and a cluster shape: the flags of
+"""The command's cluster, node, fairness and cost flags to a `ClusterShape`, a page geometry and a
+cost model.
+
+From `pdtb sim`'s flags to a cost model, a page geometry and a cluster shape: the flags of
 the nodes (page budgets, limits, every fairness flag) and of the deployment being modelled."""
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The decode loop's own work for each hand-off that lands, read from real runs: a decode node's
+"""The decode loop's own work per hand-off landed (`land_s`), from a real decode node's gaps
+between steps against the runs' landing stamps.
+
+The decode loop's own work for each hand-off that lands, read from real runs: a decode node's
 step log (the gaps between two steps that both decoded, `StepLogRead.busy_windows`) against the
 results files' hand-offs (each request's `transfer_end` stamp, taken where the node adopts it,
 between two steps; wall clock, every process on one host).

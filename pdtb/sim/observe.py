@@ -1,4 +1,7 @@
-"""What a simulated run sees that a real run cannot see cheaply: every tier move by request
+"""What only a simulation sees: tier moves per class, the top 5%'s share of KV over time, pages per
+tenant samples.
+
+What a simulated run sees that a real run cannot see cheaply: every tier move by request
 class, the share of KV pages held by the longest 5% of requests over time, and pages per
 tenant at every sample (the same sample shape as the client's `/cluster` samples).
 

@@ -1,4 +1,7 @@
-"""The placement search behind `pdtb sim plan`: which prefill:decode split of N GPUs, and which
+"""The placement search: candidates (colocated x N/T, every P+D = N/T, each host-tier size), one
+`sweep()` to the knee each, ranked by goodput per GPU.
+
+The placement search behind `pdtb sim plan`: which prefill:decode split of N GPUs, and which
 host-tier budget per node, gives the most goodput per GPU (DistServe's question, OSDI'24), with
 the fairness policy and its flags running in every simulated node.
 

@@ -1,4 +1,7 @@
-"""The three simulated roles over `SimNode`: what each does with a step's tokens and between
+"""Colocated, prefill and decode by the nodes' own rules (`accept_request`,
+`decode_node/placement.py`, `prefill_node/handoff.py`).
+
+The three simulated roles over `SimNode`: what each does with a step's tokens and between
 steps, by the same rules as the real nodes.
 
     colocated: GenerateRequest -> accept_request (pdtb/colocated/node.py) -> steps -> tokens
@@ -15,7 +18,8 @@ from __future__ import annotations
 import copy
 
 from decode_node.placement import Inherited, place
-from kv_transport.admission import FailCode, Verdict
+from kv_transport.admission import Verdict
+from kv_transport.fail_codes import FailCode
 from pdtb.colocated.node import accept_request
 from pdtb.engine.sequence import Sequence
 from pdtb.nodes.handoff import HandoffEvent

@@ -1,4 +1,7 @@
-"""Offline, side by side with vLLM: the same checkpoint, prompts and KV budget, greedy, one
+"""Offline beside vLLM: seeded prompts, the paged engine and vLLM alternating, identical greedy
+outputs and the tokens/s ratio.
+
+Offline, side by side with vLLM: the same checkpoint, prompts and KV budget, greedy, one
 thread each; identical outputs and the tokens/s ratio, measured in one run.
 
     python -m pdtb.vllm_compare.offline --vllm-python .venv-vllm/bin/python [--model DIR]

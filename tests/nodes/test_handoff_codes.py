@@ -9,7 +9,8 @@ import msgpack
 import pytest
 
 from kv_transport import TransferMeta, TransferState, TransportConfig
-from kv_transport.admission import REFUSALS, Admission, FailCode, Verdict
+from kv_transport.admission import REFUSALS, Admission, Verdict
+from kv_transport.fail_codes import FailCode
 from kv_transport.testing import TINY_SPEC, make_export, make_pool
 from kv_transport.wire import WIRE_VERSION, MsgType, WireError, WireLimits, decode
 from kv_transport.zmq_backend import ZmqReceiver, ZmqSender

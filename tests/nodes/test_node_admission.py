@@ -17,7 +17,8 @@ from pdtb.colocated.node import validate_prompt
 from conftest import make_engine
 from decode_node.placement import Inherited, never_fits
 from kv_transport import FaultConfig, TransferMeta, TransferState, TransportConfig
-from kv_transport.admission import Admission, FailCode
+from kv_transport.admission import Admission
+from kv_transport.fail_codes import FailCode
 from kv_transport.fake import FakeNetwork, FakeReceiver, FakeSender
 from kv_transport.testing import TINY_SPEC, make_export, make_pool
 from pdtb.common import CliError

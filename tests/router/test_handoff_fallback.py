@@ -11,7 +11,7 @@ import pytest
 
 from pdtb.nodes.protocol import GenerateRequest, HandoffNotice, NodeDown, NodeStats, Params, Target, TokenEvent
 from kv_transport import TransferState
-from kv_transport.admission import FailCode
+from kv_transport.fail_codes import FailCode
 from pdtb.router.config import NodeSpec
 
 from async_case import async_test

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kv_transport import TransferMeta, TransferState
-from kv_transport.admission import FailCode
+from kv_transport.fail_codes import FailCode
 from kv_transport.fake import FakeNetwork, FakeReceiver, FakeSender
 from kv_transport.testing import TINY_SPEC, make_pool
 from kv_transport.wire import decode, encode

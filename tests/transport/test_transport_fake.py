@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from kv_transport import FaultConfig, TransferMeta, TransferState, TransportConfig
-from kv_transport.admission import Admission, FailCode
+from kv_transport.admission import Admission
+from kv_transport.fail_codes import FailCode
 from kv_transport.fake import FakeNetwork, FakeReceiver, FakeSender
 from kv_transport.testing import TINY_SPEC, make_export, make_pool
 

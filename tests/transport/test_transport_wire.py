@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kv_transport.admission import FailCode
+from kv_transport.fail_codes import FailCode
 from kv_transport.testing import TINY_SPEC
 from kv_transport.wire import (WIRE_VERSION, Ack, Cancel, Credit, KVChunk, KVTransferHeader, Nack,
                                TransferBatch, WireError, WireFieldError, WireLimits,

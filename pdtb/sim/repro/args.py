@@ -1,4 +1,7 @@
-"""What the `pdtb sim reproduce` commands share on their command line: argparse that fails in
+"""What the reproductions share on the command line: one-line argparse errors, a config from the
+flags.
+
+What the `pdtb sim reproduce` commands share on their command line: argparse that fails in
 one line, and a config dataclass built from the parsed flags (besides --json)."""
 from __future__ import annotations
 

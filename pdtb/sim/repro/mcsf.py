@@ -1,4 +1,7 @@
-"""`pdtb sim reproduce mcsf`: MC-SF's total latency against the hindsight optimum on small
+"""`pdtb sim reproduce mcsf [--json]`: MC-SF's total latency against the hindsight optimum on small
+synthetic instances (arXiv 2502.07115), ratios beside the paper's.
+
+`pdtb sim reproduce mcsf`: MC-SF's total latency against the hindsight optimum on small
 synthetic instances, the synthetic experiment of Jaillet et al., "Online Scheduling for LLM
 Inference with KV Cache Constraints", arXiv 2502.07115 (mean ratio about 1.005 with every
 request at time 0, about 1.047 with arrivals over time).

@@ -1,4 +1,7 @@
-"""MC-SF on the project's own code: the real `Scheduler`, the registered `mcsf` policy
+"""MC-SF on the real Scheduler, `fairness/mcsf.py` and a one-token-page PagePool, one step per
+round on a fake clock.
+
+MC-SF on the project's own code: the real `Scheduler`, the registered `mcsf` policy
 (`fairness/mcsf.py`, built by `fairness.make_policy` as the nodes build it) and a real
 `PagePool`, stepped on a fake clock, one scheduler step per round of the paper's model
 (`mcsf_hindsight.py`), with a fake forward pass.

@@ -1,4 +1,7 @@
-"""`pdtb sim validate-sets DIR`: the simulator against the testbed over several workloads, per
+"""`pdtb sim validate-sets DIR`: the validation over several workload sets per calibration, the
+held-out count and the orders.
+
+`pdtb sim validate-sets DIR`: the simulator against the testbed over several workloads, per
 calibration, from the `pdtb sim validate` files `scripts/validate_sim.sh` wrote in DIR
 (validate-KIND.json for the first set, validate-SET-KIND.json for the others).
 

@@ -1,4 +1,7 @@
-"""`pdtb sim reproduce vtc`: the synthetic two-client experiment of Sheng et al., "Fairness in
+"""`pdtb sim reproduce vtc [--json]`: VTC vs fcfs with two backlogged clients (Sheng et al.,
+OSDI'24), the accumulated service difference against the paper's bound and the artifact's figures.
+
+`pdtb sim reproduce vtc`: the synthetic two-client experiment of Sheng et al., "Fairness in
 Serving Large Language Models" (OSDI'24, arXiv 2401.00588; artifact Ying1123/VTC-artifact,
 suite "overload": two clients sending 256+256-token requests at 1.5 and 3 per second).
 
