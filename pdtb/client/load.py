@@ -97,7 +97,10 @@ def request_body(cfg: RunConfig, index: int, spec: RequestSpec) -> bytes:
         prompt = {"prompt": ids}
     body = {**prompt, "max_tokens": spec.output_len, "temperature": cfg.temperature, "stream": True,
             "stream_options": {"include_usage": True}, "user": spec.tenant, "ignore_eos": True,
-            "return_token_ids": cfg.return_token_ids}
+            "return_token_ids": cfg.return_token_ids,
+            # vLLM does not carry `user` to its scheduler; vllm_xargs reach it (SamplingParams.extra_args),
+            # where pdtb.integrations.vllm reads the tenant. The project's router ignores the field.
+            "vllm_xargs": {"tenant": spec.tenant}}
     if cfg.model:
         body["model"] = cfg.model
     if spec.priority is not None:

@@ -1,0 +1,225 @@
+"""One engine step as a project policy sees it, engine-agnostic: the policy's questions in the
+interface's order (fairness/interface.py), every answer checked by `pdtb.policies.guard`, and a
+policy that raises costing only its step (the engine's own order), counted and logged once.
+
+Per step, the engine adapter (pdtb/integrations/vllm.py) calls:
+
+    begin(running, waiting, state)   reclaim -> step_order -> pick_victim (as many as the
+                                     step's foreseen page shortfall needs): the running order
+                                     to hand the engine, the victims at its tail
+    admission(...)                   admission_order -> may_admit per candidate that fits,
+                                     asked lazily as the engine's admission scan reaches it
+    end(chunks, state)               on_step
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from pdtb.engine.sched_policy import SchedState
+from pdtb.engine.sequence import Sequence
+from pdtb.policies.guard import Guarded, PolicyRaised
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepPlan:
+    """What the policy decided of the running requests at a step's start."""
+
+    order: list[Sequence]  # running requests in stepping order; the engine evicts from the tail
+    reclaimed: list[Sequence] = field(default_factory=list)  # to evict before the step (reclaim)
+
+
+def pages_for(num_tokens: int, page_size: int) -> int:
+    return -(-num_tokens // page_size)
+
+
+def first_chunk_pages(seq: Sequence, state: SchedState) -> int:
+    """Device pages `seq` needs for its next chunk (one token decoding, else as much of its
+    uncomputed tokens as the step's budget carries), beyond those it holds."""
+    n = 1 if seq.num_uncomputed_tokens == 1 else min(seq.num_uncomputed_tokens, state.token_budget)
+    return max(0, pages_for(seq.num_computed_tokens + n, state.page_size) - state.pages.get(seq.request_id, 0))
+
+
+def shortfall(order: list[Sequence], state: SchedState) -> tuple[int, Sequence | None]:
+    """(pages the rows' next chunks lack beyond the free ones, the first row that lacks one),
+    the rows served in `order` until the step's token budget is spent."""
+    budget, need, first = state.token_budget, 0, None
+    for s in order:
+        if budget <= 0:
+            break
+        pages = first_chunk_pages(s, state)
+        budget -= 1 if s.num_uncomputed_tokens == 1 else min(s.num_uncomputed_tokens, budget)
+        if pages and first is None and need + pages > state.device_free:
+            first = s
+        need += pages
+    return need - state.device_free, first
+
+
+class FairStep:
+    """A policy driven one engine step at a time; `errors` counts the steps' raised calls."""
+
+    def __init__(self, policy, logger: logging.Logger = log) -> None:
+        self.inner = policy  # the policy itself, asked only through `policy`
+        self.violations: list[str] = []  # illegal answers, replaced by the default (guard.py)
+        self.policy = Guarded(policy, deque(maxlen=0), self.violations)  # (no trace is kept)
+        self.errors = 0  # calls of the policy that raised; each cost its step the policy's order
+        self.last_error = ""
+        self.log = logger
+        self.views: dict[str, Sequence] = {}  # request id -> the policy's view of it
+        self.steps = 0  # steps begun (SchedState.step)
+
+    def failed(self, e: PolicyRaised) -> None:
+        """Count a raised call; the first is logged with its traceback, the rest only counted."""
+        self.errors += 1
+        self.last_error = str(e)
+        if self.errors == 1:
+            self.log.error("policy %s: %s; this step falls back to the engine's own order (further "
+                           "errors are counted, not logged: FairScheduler.policy_errors)", self.policy.name, e,
+                           exc_info=e.__cause__)
+
+    def forget_missing(self, live: set[str] | dict) -> None:
+        """Forget the views of requests the engine no longer has (ended or aborted)."""
+        for rid in [r for r in self.views if r not in live]:
+            del self.views[rid]
+            try:
+                self.policy.forget(rid)
+            except PolicyRaised as e:
+                self.failed(e)
+
+    def begin(self, running: list[Sequence], waiting: list[Sequence], state: SchedState) -> StepPlan | None:
+        """Reclaim, step order and the victims for the foreseen shortfall; None: the policy
+        raised, the step keeps the engine's order."""
+        self.steps += 1
+        try:
+            reclaimed = self.policy.reclaim(running, waiting, state)
+            gone = {s.request_id for s in reclaimed}
+            rows = [s for s in running if s.request_id not in gone]
+            stepping = self.policy.step_order(list(rows), state)
+            chosen = {id(s) for s in stepping}
+            # rows the order leaves out still step here: an engine step has no seat to sit out
+            order = stepping + [s for s in rows if id(s) not in chosen]
+            victims = self._victims(order, state)
+        except PolicyRaised as e:
+            self.failed(e)
+            return None
+        if victims:
+            out = {id(v) for v in victims}
+            order = [s for s in order if id(s) not in out] + victims[::-1]
+        return StepPlan(order, reclaimed)
+
+    def _victims(self, order: list[Sequence], state: SchedState) -> list[Sequence]:
+        """The rows the policy gives up, first first, until the shortfall foreseen at the step's
+        start is met: asked as the first row that lacks pages would ask, among every row."""
+        lack, requester = shortfall(order, state)
+        victims: list[Sequence] = []
+        candidates = list(order)
+        while lack > 0 and requester is not None and len(candidates) > 1:
+            v = self.policy.pick_victim(candidates, requester, state)
+            if v is None:
+                break  # the requester's chunk waits for pages (the engine's order decides the rest)
+            victims.append(v)
+            candidates.remove(v)
+            if v is requester:
+                break
+            lack -= state.pages.get(v.request_id, 0) + first_chunk_pages(v, state)
+        return victims
+
+    def admission(self, view_of: Callable, live_state: Callable[[], SchedState],
+                  idle: Callable[[], bool], excluded: set[str]) -> "Admission":
+        return Admission(self, view_of, live_state, idle, excluded)
+
+    def end(self, chunks: list, state: SchedState) -> None:
+        """Tell the policy what the step served (a list of pdtb.engine.scheduler.ScheduledChunk)."""
+        try:
+            self.policy.on_step(chunks, state)
+        except PolicyRaised as e:
+            self.failed(e)
+
+
+_UNSET = object()
+
+
+class Admission:
+    """One step's admission scan over an engine's waiting queue: its head is the first request
+    in the policy's order that fits the free pages and that the policy admits (or any that fits
+    while nothing runs: a quota delays a request, never strands it). A strict-order policy's
+    scan stops at the first that does not; another's passes over it. Each candidate is asked
+    once a step, when the scan reaches it, with the pages free at that moment."""
+
+    def __init__(self, step: FairStep, view_of: Callable, live_state: Callable[[], SchedState],
+                 idle: Callable[[], bool], excluded: set[str]) -> None:
+        self.step, self.view_of, self.live_state, self.idle = step, view_of, live_state, idle
+        self.excluded = excluded  # request ids evicted at this step's start: not back in it
+        self.order: list | None = None  # the queue's requests in the policy's order
+        self.cursor = 0
+        self.gone: set[int] = set()  # id() of requests the engine took off the queue this step
+        self.fallback = False  # the policy raised: the engine's own order for the rest of the step
+        self._head = _UNSET
+
+    def head(self, items) -> object | None:
+        """The request the engine's scan should take next from `items` (the queue, in its own
+        order), or None: nothing more is admitted this step."""
+        if self._head is _UNSET:
+            self._head = self._find(items)
+        return self._head
+
+    def _find(self, items) -> object | None:
+        if not self.fallback:
+            if self.order is None:
+                self.order = self._ordered(items)
+            found = None if self.fallback else self._next()
+            if not self.fallback:
+                return found
+        return next(iter(items), None)
+
+    def popped(self, item) -> None:
+        """The engine took `item` (the head) off the queue: admitted, or set aside this step."""
+        self.gone.add(id(item))
+        self._head = _UNSET
+
+    def _ordered(self, items) -> list:
+        pairs = [(self.view_of(r), r) for r in items if r.request_id not in self.excluded]
+        by_view = {id(v): r for v, r in pairs}
+        try:
+            views = self.step.policy.admission_order([v for v, _ in pairs], self.live_state())
+        except PolicyRaised as e:
+            self.step.failed(e)
+            self.fallback = True
+            return []
+        return [by_view[id(v)] for v in views]
+
+    def _next(self) -> object | None:
+        strict = self.step.policy.strict_order
+        while self.cursor < len(self.order):
+            item = self.order[self.cursor]
+            if id(item) in self.gone:
+                self.cursor += 1
+                continue
+            try:
+                ok = self._admits(self.view_of(item))
+            except PolicyRaised as e:
+                self.step.failed(e)
+                self.fallback = True
+                return None
+            if ok:
+                return item
+            if strict:
+                return None  # nothing overtakes the head
+            self.cursor += 1
+        return None
+
+    def _admits(self, seq: Sequence) -> bool:
+        state = self.live_state()
+        need = first_chunk_pages(seq, state)
+        if need > state.device_free:
+            return False
+        return self.step.policy.may_admit(seq, need, state) or self.idle()
+
+
+def with_free(state: SchedState, device_free: int) -> SchedState:
+    """`state` with `device_free` free pages (an admission scan's later candidates see fewer)."""
+    return state if state.device_free == device_free else replace(state, device_free=device_free)
