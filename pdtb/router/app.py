@@ -168,5 +168,5 @@ def build_app(config: RouterConfig, model: ServedModel, registry: NodeRegistry |
     app.router.add_post("/admin/faults", handle_faults)
     app.router.add_get("/router", handle_router)
     registry.book.on_end = app[STATE].metrics.observe_migration
-    registry.on_downtime = app[STATE].metrics.migration_downtime.observe
+    registry.follower.on_downtime = app[STATE].metrics.migration_downtime.observe
     return app

@@ -118,22 +118,3 @@ def choose_by_cache(candidates: Sequence[CacheCandidate], prompt_ids: Sequence[i
     """The candidate with the lowest cost (module docstring); None when there are none."""
     scores = score_all(candidates, prompt_ids)
     return min(scores, key=lambda sc: (sc.cost, candidates[sc.index].tie, sc.index), default=None)
-
-
-def candidates_of(nodes: list) -> list[CacheCandidate]:
-    """The router's prefill or colocated nodes (NodeState, pdtb/router/registry.py) as scoring sees
-    them; equal costs fall to the load policy's order: pick_prefill's (prefill nodes) or
-    pick_most_free's (colocated)."""
-    cands = []
-    for n in nodes:
-        s = n.stats
-        tie = (s.running + s.waiting,) if n.spec.role == "prefill" else (-n.free_pages_estimate(),)
-        cands.append(CacheCandidate(n.queued_tokens_estimate(), tie, s.page_size, s.prefix_ns, n.prefix_view))
-    return cands
-
-
-def pick_by_cache(nodes: list, prompt_ids: Sequence[int]) -> tuple[object | None, CacheChoice | None]:
-    """Among the router's available prefill or colocated nodes, the one of least cost and its
-    score; (None, None) when there are none."""
-    choice = choose_by_cache(candidates_of(nodes), prompt_ids)
-    return (None, None) if choice is None else (nodes[choice.index], choice)

@@ -16,8 +16,9 @@ see about 1/N of a client's requests: each charges `charge_scale` = N times what
 so that a client's credit on a worker runs out after the same share of the cluster's requests as
 with one router, and the deficit rounds come as often.
 
-Pure: no sockets, no clock. The registry (pdtb/router/registry.py) and the simulator's router
-(pdtb/sim/cluster.py) call the same object.
+Pure: no sockets, no clock. The router's placement (pdtb/router/placement.py) asks `pick`, which
+writes nothing, and its dispatcher writes the credit the choice costs; the simulator's router
+(pdtb/sim/cluster.py) calls `choose`, which does both.
 """
 from __future__ import annotations
 
@@ -33,6 +34,14 @@ class RouteCandidate:
     node_id: str
     overlap_tokens: int  # prompt tokens the router believes the worker holds cached
     tie: tuple  # the load rule's order among equal overlaps, lower first
+
+
+@dataclass(frozen=True)
+class D2lpmPick:
+    """One D²LPM decision before it is charged."""
+
+    index: int  # position of the chosen candidate
+    credit: dict[tuple[str, str], float]  # (client, node id) -> its credit once charged for this request
 
 
 @dataclass
@@ -56,21 +65,30 @@ class D2lpmRouter:
     def choose(self, client: str, prompt_tokens: int, cands: Sequence[RouteCandidate]) -> int | None:
         """Index of the chosen candidate (charged for the prompt tokens it must prefill); None
         when there are none."""
+        pick = self.pick(client, prompt_tokens, cands)
+        if pick is None:
+            return None
+        self.credit.update(pick.credit)
+        return pick.index
+
+    def pick(self, client: str, prompt_tokens: int, cands: Sequence[RouteCandidate]) -> D2lpmPick | None:
+        """`choose`'s answer and the credits it writes, with nothing written; None when there
+        are no candidates."""
         if not cands:
             return None
         credits = [self.credit.get((client, c.node_id), 0.0) for c in cands]
+        writes = {}
         top = max(credits)
         if top <= 0:
             rounds = math.floor(-top / self.quantum) + 1
             credits = [x + rounds * self.quantum for x in credits]
-            for c, x in zip(cands, credits):
-                self.credit[(client, c.node_id)] = x
+            writes = {(client, c.node_id): x for c, x in zip(cands, credits)}
         best = min((i for i, x in enumerate(credits) if x > 0),
                    key=lambda i: (-cands[i].overlap_tokens, cands[i].tie, i))
-        pick = cands[best]
-        self.credit[(client, pick.node_id)] = credits[best] - self.charge_scale * self.input_weight * max(
-            0, prompt_tokens - pick.overlap_tokens)
-        return best
+        chosen = cands[best]
+        writes[(client, chosen.node_id)] = credits[best] - self.charge_scale * self.input_weight * max(
+            0, prompt_tokens - chosen.overlap_tokens)
+        return D2lpmPick(best, writes)
 
     def charge_output(self, client: str, node_id: str, tokens: int) -> None:
         """A request of `client` that `node_id` took generated `tokens` tokens."""

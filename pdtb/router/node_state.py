@@ -3,7 +3,8 @@
 
 What the router holds per node and per request: NodeState (a node's last stats, what was sent
 to it since, its connection), RequestHandle (one request's nodes, hand-off state and queue), the
-load rules that pick a node (pick_prefill, pick_most_free, load_order) and RequestFailed."""
+load rules that pick among NodeStates (pick_prefill, pick_most_free, load_order: the simulator's
+router; the router places by pdtb/router/placement.py's snapshot) and RequestFailed."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ import zmq.asyncio
 
 from pdtb.nodes.handoff import HandoffState
 from pdtb.nodes.protocol import NodeStats, TokenEvent
-from pdtb.router.cache_route import CacheChoice, PrefixView
+from pdtb.router.cache_route import PrefixView
 from pdtb.router.config import NodeSpec
 from pdtb.router.event_queue import EventQueue
 from pdtb.router.migration import Migration
@@ -91,15 +92,6 @@ def pick_most_free(nodes: list[NodeState]) -> NodeState | None:
     return max(nodes, key=lambda n: n.free_pages_estimate(), default=None)
 
 
-@dataclass
-class Placement:
-    """Where one request goes."""
-
-    entry: NodeState  # gets the GenerateRequest (prefill or colocated)
-    decode: NodeState | None  # disaggregated: the decode node
-    cached: CacheChoice | None = None  # route "cache": the entry's score, overlap and the prompt's page hashes
-
-
 @dataclass(eq=False)
 class RequestHandle:
     """One in-flight request as the registry tracks it."""
@@ -121,6 +113,11 @@ class RequestHandle:
     def handed_off(self) -> bool:
         """The decode node holds it: the prefill node is no longer needed."""
         return self.handoff is HandoffState.DELIVERED
+
+    def put(self, event: TokenEvent) -> None:
+        """`event` to the request's caller, its tokens counted."""
+        self.tokens += len(event.token_ids)
+        self.queue.put_nowait(event)
 
     def depends_on(self) -> list[NodeState]:
         if self.decode is None:

@@ -2,7 +2,7 @@
 records. One `EventLoop` drives everything.
 
     client (pdtb/sim/client.py) --client latency--> router: placement on the nodes' last ping
-    answers (pdtb/router/registry.py: pick_prefill, pick_most_free, fallbacks, pending pages)
+    answers (pdtb/router/node_state.py: pick_prefill, pick_most_free; placement.py: fallbacks, pending pages)
     --rpc latency--> entry node ... tokens --rpc + client latency--> the request's record
 
 With router costs (`router_request_s`, `router_token_s`) each router process is a server with a

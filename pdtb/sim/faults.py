@@ -4,7 +4,7 @@
     messages to it are dropped, a transfer it was sending never lands (the receiver frees
     the pages it reserved), its pages are lost with it
     -> the router's ping loop finds it silent for more than `health_timeout_s` (the router's
-       --health-timeout, 3 s) and marks it lost (pdtb/router/registry.py `_node_lost`):
+       --health-timeout, 3 s) and marks it lost (pdtb/router/following.py `Follower.node_lost`):
        - no request is routed to it any more;
        - every open request that depends on it (its colocated or prefill node until its KV was
          handed off, its decode node) is recomputed: sent anew, its prompt followed by the tokens

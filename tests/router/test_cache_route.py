@@ -34,7 +34,7 @@ def make_registry(roles, route, sent=None) -> NodeRegistry:
     now = time.monotonic()
     for i, n in enumerate(reg.nodes):
         n.stats, n.last_seen = make_stats(f"n{i}", n.spec.role), now
-    reg._send = lambda node, msg: sent.append(node) is None if sent is not None else True
+    reg.node_set.send = lambda node, msg: sent.append(node) is None if sent is not None else True
     return reg
 
 
@@ -106,10 +106,10 @@ def test_a_new_stats_message_refreshes_the_view_and_a_bad_summary_cannot_break_r
     reg = make_registry(["colocated", "colocated"], "cache")
     a, b = reg.nodes
     hashes = page_hashes(PREFIX, PAGE, NS)
-    reg._on_frame(b, encode_message(make_stats("n1", "colocated", hashes[:4])))
+    reg.node_set.on_frame(b, encode_message(make_stats("n1", "colocated", hashes[:4])))
     assert reg.submit(make_request(1, PREFIX)).entry is b
-    reg._on_frame(a, encode_message(make_stats("n0", "colocated", [2 ** 64 - 1, 0])))  # matches nothing
-    reg._on_frame(b, encode_message(make_stats("n1", "colocated", hashes[:4])))  # b's next report: r1 prefilled
+    reg.node_set.on_frame(a, encode_message(make_stats("n0", "colocated", [2 ** 64 - 1, 0])))  # matches nothing
+    reg.node_set.on_frame(b, encode_message(make_stats("n1", "colocated", hashes[:4])))  # b's next report: r1 prefilled
     handle = reg.submit(make_request(2, PREFIX))
     assert handle.entry is b and handle.prefix_overlap_tokens == len(PREFIX)  # r1's insert: all 8 pages
 

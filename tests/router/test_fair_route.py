@@ -55,8 +55,8 @@ def test_the_registry_follows_a_prefix_until_the_client_has_paid_for_it_there():
     sent = []
     reg = make_registry(["prefill", "prefill", "decode"], "d2lpm", sent)
     a, b, _ = reg.nodes
-    reg._on_frame(b, encode_message(make_stats("n1", "prefill", page_hashes(PREFIX, PAGE, NS))))
-    reg.d2lpm = D2lpmRouter(quantum=100)
+    reg.node_set.on_frame(b, encode_message(make_stats("n1", "prefill", page_hashes(PREFIX, PAGE, NS))))
+    reg.dispatch.d2lpm = D2lpmRouter(quantum=100)
     reg.d2lpm.credit = {("t", a.node_id): 10.0, ("t", b.node_id): 20.0}
 
     def submit(i, tenant):

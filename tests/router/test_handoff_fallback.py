@@ -233,19 +233,19 @@ def drain(handle) -> list[TokenEvent]:
 async def test_the_router_names_fallbacks_and_follows_a_move():
     reg, p, a, b = registry()
     sent = []
-    reg._send = lambda node, msg: sent.append((node, msg)) or True
+    reg.node_set.send = lambda node, msg: sent.append((node, msg)) or True
     req = GenerateRequest("r", [5] * 20, Params(max_tokens=4))
     handle = reg.submit(req)
     assert handle.decode is a and req.fallbacks == [Target("b", "tcp://127.0.0.1:23")]
     assert "r" in a.pending_pages
-    reg._on_event(p, TokenEvent("r", [7]))
-    reg._on_notice(p, HandoffNotice("r", "b"))  # p moved it
+    reg.follower.on_event(p, TokenEvent("r", [7]))
+    reg.follower.on_notice(p, HandoffNotice("r", "b"))  # p moved it
     assert handle.decode is b and not handle.handed_off and "r" in b.pending_pages and not a.pending_pages
-    reg._on_notice(b, HandoffNotice("r", "b", delivered=True))  # b adopted it
-    reg._on_event(b, TokenEvent("r", [8]))
+    reg.follower.on_notice(b, HandoffNotice("r", "b", delivered=True))  # b adopted it
+    reg.follower.on_event(b, TokenEvent("r", [8]))
     assert handle.handed_off and [e.token_ids for e in drain(handle)] == [[7], [8]]
     # a has it too (a transfer that timed out at p but landed): told to drop it
-    reg._on_event(a, TokenEvent("r", [9]))
+    reg.follower.on_event(a, TokenEvent("r", [9]))
     assert not drain(handle) and [(n, type(m).__name__) for n, m in sent[1:]] == [(a, "AbortRequest")]
 
 
@@ -257,11 +257,11 @@ async def test_a_decode_node_that_adopted_the_request_holds_it_before_any_notice
     to drop its hand-off."""
     reg, p, a, b = registry()
     sent = []
-    reg._send = lambda node, msg: sent.append((node, msg)) or True
+    reg.node_set.send = lambda node, msg: sent.append((node, msg)) or True
     handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
-    reg._on_event(p, TokenEvent("r", [7]))
-    reg._on_event(b, TokenEvent("r", [8]))
-    reg._on_event(b, TokenEvent("r", [9], finished=True, finish_reason="length"))
+    reg.follower.on_event(p, TokenEvent("r", [7]))
+    reg.follower.on_event(b, TokenEvent("r", [8]))
+    reg.follower.on_event(b, TokenEvent("r", [9], finished=True, finish_reason="length"))
     assert handle.decode is b and handle.handed_off
     assert [e.token_ids for e in drain(handle)] == [[7], [8], [9]]
     assert [(n, m.request_id) for n, m in sent[1:]] == [(p, "r")]  # p drops its hand-off
@@ -273,13 +273,13 @@ async def test_a_delivered_hand_off_depends_on_its_decode_node_alone():
     the request, so a NodeDown cannot move it; it must fail now, not at the request timeout
     (600 s)."""
     reg, p, a, b = registry()
-    reg._send = lambda node, msg: True
+    reg.node_set.send = lambda node, msg: True
     handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
-    reg._on_event(p, TokenEvent("r", [7]))
-    reg._on_notice(p, HandoffNotice("r", "a", delivered=True))
+    reg.follower.on_event(p, TokenEvent("r", [7]))
+    reg.follower.on_notice(p, HandoffNotice("r", "a", delivered=True))
     assert handle.handed_off and handle.decode is a
     drain(handle)
-    reg._fail_dependents(a)
+    reg.follower.fail_dependents(a)
     with pytest.raises(Exception, match="stopped answering"):
         raise handle.queue.get_nowait()
 
@@ -290,7 +290,7 @@ async def test_an_abort_reaches_every_decode_node_that_may_hold_the_request():
     abort too (it decoded to max_tokens for nobody)."""
     reg, p, a, b = registry()
     sent = []
-    reg._send = lambda node, msg: sent.append((node, msg)) or True
+    reg.node_set.send = lambda node, msg: sent.append((node, msg)) or True
     handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
     reg.abort(handle, "client disconnected")
     assert {n.node_id for n, m in sent[1:] if type(m).__name__ == "AbortRequest"} == {"p", "a", "b"}
@@ -299,13 +299,13 @@ async def test_an_abort_reaches_every_decode_node_that_may_hold_the_request():
 @async_test
 async def test_a_dead_decode_node_fails_only_requests_without_a_way_out():
     reg, p, a, b = registry()
-    reg._send = lambda node, msg: True
+    reg.node_set.send = lambda node, msg: True
     moving = reg.submit(GenerateRequest("moving", [5] * 20, Params(max_tokens=4)))
     b.last_seen = None  # b is down too: nothing left to move to
     stuck = reg.submit(GenerateRequest("stuck", [5] * 20, Params(max_tokens=4)))
     b.last_seen = time.monotonic()
     assert moving.fallbacks == ["a", "b"] and stuck.fallbacks == []
-    reg._fail_dependents(a)
+    reg.follower.fail_dependents(a)
     assert moving.queue.empty()  # its prefill node moves it (NodeDown)
     with pytest.raises(Exception, match="stopped answering"):
         raise stuck.queue.get_nowait()
@@ -321,7 +321,7 @@ async def test_a_move_names_the_node_that_answers_to_the_id_not_the_one_it_repla
 
     reg, p, a, b = registry()
     sent = []
-    reg._send = lambda node, msg: sent.append((node, msg)) or True
+    reg.node_set.send = lambda node, msg: sent.append((node, msg)) or True
     a.last_seen = time.monotonic() - 60  # a is down
     a2 = NodeState(NodeSpec("decode", "tcp://127.0.0.1:4"))  # as NodeRegistry.add lists it (no sockets here)
     reg.nodes.append(a2)
@@ -329,10 +329,10 @@ async def test_a_move_names_the_node_that_answers_to_the_id_not_the_one_it_repla
     assert reg.by_id("a") is a2 and reg.decode_node("a") is a2
     handle = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
     assert handle.decode is a2  # the most free pages, beside b
-    reg._on_event(p, TokenEvent("r", [7]))
-    reg._on_notice(p, HandoffNotice("r", "a", delivered=True))
+    reg.follower.on_event(p, TokenEvent("r", [7]))
+    reg.follower.on_notice(p, HandoffNotice("r", "a", delivered=True))
     assert handle.decode is a2 and handle.handed_off
-    reg._on_event(a2, TokenEvent("r", [8], finished=True, finish_reason="length"))
+    reg.follower.on_event(a2, TokenEvent("r", [8], finished=True, finish_reason="length"))
     assert [e.token_ids for e in drain(handle)] == [[7], [8]]
     assert not [m for _, m in sent[1:] if type(m).__name__ == "AbortRequest"]
 
@@ -342,19 +342,19 @@ async def test_a_hand_off_to_a_node_judged_down_fails_the_request_at_once():
     """The router judges a node down once (when it stops answering); a notice that the request
     went there after that judgement fails it now, not at the request timeout (600 s)."""
     reg, p, a, b = registry()
-    reg._send = lambda node, msg: True
+    reg.node_set.send = lambda node, msg: True
     moved = reg.submit(GenerateRequest("moved", [5] * 20, Params(max_tokens=4)))
     stays = reg.submit(GenerateRequest("stays", [5] * 20, Params(max_tokens=4)))
     assert moved.decode is a and stays.decode is a
     b.last_seen = time.monotonic() - 60  # silent, not judged yet (the router's loop stalled): no verdict
-    reg._on_notice(p, HandoffNotice("moved", "b"))
+    reg.follower.on_notice(p, HandoffNotice("moved", "b"))
     assert moved.decode is b and moved.queue.empty()
     b.lost = True  # judged now
-    reg._on_notice(p, HandoffNotice("moved", "b", delivered=True))
+    reg.follower.on_notice(p, HandoffNotice("moved", "b", delivered=True))
     with pytest.raises(Exception, match="decode node b took the request but stopped answering"):
         raise moved.queue.get_nowait()
     a.lost = True
-    reg._on_notice(p, HandoffNotice("stays", "a", delivered=True))  # delivered where it was sent
+    reg.follower.on_notice(p, HandoffNotice("stays", "a", delivered=True))  # delivered where it was sent
     assert stays.handed_off and stays.queue.qsize() == 1
 
 
@@ -365,13 +365,13 @@ async def test_a_prefill_node_s_retry_is_moot_once_a_decode_node_holds_the_reque
     passed on (it would recompute the request while b serves it); before any decode node holds
     it, the same failure reaches the request."""
     reg, p, a, b = registry()
-    reg._send = lambda node, msg: True
+    reg.node_set.send = lambda node, msg: True
     held = reg.submit(GenerateRequest("r", [5] * 20, Params(max_tokens=4)))
-    reg._on_event(p, TokenEvent("r", [7]))
-    reg._on_event(b, TokenEvent("r", [8]))  # b adopted it
-    reg._on_event(p, TokenEvent("r", [], True, "error", "KV transfer to the decode node failed: timeout", retry=True))
+    reg.follower.on_event(p, TokenEvent("r", [7]))
+    reg.follower.on_event(b, TokenEvent("r", [8]))  # b adopted it
+    reg.follower.on_event(p, TokenEvent("r", [], True, "error", "KV transfer to the decode node failed: timeout", retry=True))
     assert held.handed_off and [e.token_ids for e in drain(held)] == [[7], [8]]
     fresh = reg.submit(GenerateRequest("s", [5] * 20, Params(max_tokens=4)))
-    reg._on_event(p, TokenEvent("s", [7]))
-    reg._on_event(p, TokenEvent("s", [], True, "error", "KV transfer to the decode node failed: timeout", retry=True))
+    reg.follower.on_event(p, TokenEvent("s", [7]))
+    reg.follower.on_event(p, TokenEvent("s", [], True, "error", "KV transfer to the decode node failed: timeout", retry=True))
     assert [e.retry for e in drain(fresh)] == [False, True]

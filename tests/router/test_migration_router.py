@@ -23,10 +23,10 @@ def make_registry():
         node.stats = NodeStats(nid, role, 0, 100, 100, kv_addr=f"tcp://kv-{nid}")
         node.last_seen = now
     sent = []
-    reg._send = lambda node, msg: sent.append((node.node_id, msg)) or True
+    reg.node_set.send = lambda node, msg: sent.append((node.node_id, msg)) or True
     p0, d0, d1 = reg.nodes
     handle = RequestHandle("r1", p0, d0, handoff=HandoffState.DELIVERED, entry_started=True)
-    reg._requests["r1"] = handle
+    reg.dispatch.requests["r1"] = handle
     return reg, handle, sent, (p0, d0, d1)
 
 
@@ -36,11 +36,11 @@ def tokens(node_id, *ids, finished=False):
 
 def feed(reg, node, batch):
     for n in batch.notices:
-        reg._on_notice(node, n)
+        reg.follower.on_notice(node, n)
     for e in batch.events:
-        reg._on_event(node, e)
+        reg.follower.on_event(node, e)
     for r in batch.migrations:
-        reg._on_migration_report(node, r)
+        reg.follower.on_migration_report(node, r)
 
 
 def drained(handle) -> list[int]:
@@ -122,7 +122,7 @@ def test_the_sources_confirmation_alone_switches_the_request():
     feed(reg, d1, notice("d1", m.migration_id, 1))
     feed(reg, d1, tokens("d1", 2))
     assert drained(handle) == [1, 2] and not any(isinstance(msg, AbortRequest) for _, msg in sent)
-    reg._fail_dependents(d1)  # now it depends on the target alone
+    reg.follower.fail_dependents(d1)  # now it depends on the target alone
     assert isinstance(handle.queue.get_nowait(), RequestFailed)
 
 
@@ -130,7 +130,7 @@ def test_a_source_that_dies_before_its_last_tokens_came_fails_the_request_for_re
     reg, handle, sent, (p0, d0, d1) = make_registry()
     m = reg.migrate("r1", "d1")
     feed(reg, d1, notice("d1", m.migration_id, 3))  # the router has 0 of the 3 tokens
-    reg._fail_dependents(d0)
+    reg.follower.fail_dependents(d0)
     item = handle.queue.get_nowait()
     assert isinstance(item, RequestFailed) and item.node_lost
 
@@ -159,11 +159,11 @@ def test_the_rebalance_views_list_only_requests_the_router_can_move():
     reg, handle, sent, (p0, d0, d1) = make_registry()
     d0.stats.extra = {"requests": [["r1", "alice", 40], ["unknown", "bob", 9], "garbage"],
                       "tenant_waiting": {"bob": 2}}
-    views = {v.node_id: v for v in reg._decode_views(time.monotonic())}
+    views = {v.node_id: v for v in reg.rebalance.decode_views(time.monotonic())}
     assert [r.request_id for r in views["d0"].requests] == ["r1"] and views["d0"].tenant_waiting == {"bob": 2}
     reg.drain("d0")
-    assert reg._decode_views(time.monotonic())[0].draining
-    moves = reg.rebalancer.plan(list(reg._decode_views(time.monotonic())), time.monotonic())
+    assert reg.rebalance.decode_views(time.monotonic())[0].draining
+    moves = reg.rebalancer.plan(list(reg.rebalance.decode_views(time.monotonic())), time.monotonic())
     assert [(mv.request_id, mv.source, mv.target, mv.reason) for mv in moves] == [("r1", "d0", "d1", "drain")]
 
 
@@ -171,6 +171,6 @@ def test_a_source_lost_ends_its_migrations_in_the_book():
     reg, handle, sent, (p0, d0, d1) = make_registry()
     m = reg.migrate("r1", "d1")
     feed(reg, d1, notice("d1", m.migration_id, 0))  # the target took it, then the source died
-    reg._node_lost(d0, "stopped answering")
+    reg.follower.node_lost(d0, "stopped answering")
     done = reg.book.summary(time.monotonic())["done"][0]
     assert done["state"] == "done" and "after the target took" in done["outcome"] and not reg.book.in_flight

@@ -442,7 +442,7 @@ def test_a_request_to_recompute_waits_for_a_node_to_come_back(served, tokens, no
                         c.nodes["colocated"].cfg.delay = 30.0  # hung
                         reg = c.state.registry
                         if node_wait:
-                            await wait_until(lambda: reg._node_back, 10, what="the request to wait for a node")
+                            await wait_until(lambda: reg.node_set.waiters, 10, what="the request to wait for a node")
                             async with s.post(c.url + "/admin/nodes", json={"role": "colocated", "address": addr}):
                                 pass
                         events = await read_sse(resp)
@@ -648,10 +648,10 @@ async def test_a_silent_node_fails_its_requests_with_why():
     crashed.stats = NodeStats("a", "colocated", 0, 100, 100)
     drained.stats = NodeStats("b", "colocated", 0, 100, 100, draining=True)
     for rid, node in (("r1", crashed), ("r2", drained), ("r3", drained)):
-        reg._requests[rid] = RequestHandle(rid, node, None)
-    reg._fail_dependents(crashed)
-    reg._fail_dependents(drained)
-    why = {rid: str(h.queue.get_nowait()) for rid, h in reg._requests.items()}
+        reg.dispatch.requests[rid] = RequestHandle(rid, node, None)
+    reg.follower.fail_dependents(crashed)
+    reg.follower.fail_dependents(drained)
+    why = {rid: str(h.queue.get_nowait()) for rid, h in reg.dispatch.requests.items()}
     assert "stopped answering" in why["r1"] and "shut down" not in why["r1"]
     assert all("shut down" in why[r] for r in ("r2", "r3"))
 
@@ -688,7 +688,7 @@ def test_a_node_that_cannot_take_a_request_is_skipped_for_another():
         n.last_seen = now
     dead, alive = reg.nodes[0], reg.nodes[1]  # the dead one is the idler: it would be chosen first
     sent = []
-    reg._send = lambda node, msg: node is not dead and not sent.append(node)
+    reg.node_set.send = lambda node, msg: node is not dead and not sent.append(node)
 
     def req(i):
         return GenerateRequest(f"r{i}", [5, 6, 7], Params(4))
@@ -696,7 +696,7 @@ def test_a_node_that_cannot_take_a_request_is_skipped_for_another():
     assert reg.submit(req(2)).entry is alive and sent == [alive, alive]  # not even tried again
     dead.last_seen = _time.monotonic() + 1  # it answered a ping: back in the running
     alive.last_seen = dead.last_seen
-    reg._send = lambda node, msg: False  # nobody takes it now
+    reg.node_set.send = lambda node, msg: False  # nobody takes it now
     with pytest.raises(RequestFailed) as info:
         reg.submit(req(3))
     assert info.value.status == 503
@@ -854,11 +854,11 @@ async def test_a_node_restarted_within_the_health_timeout_fails_the_dead_process
 
     reg = NodeRegistry([NodeSpec("colocated", "tcp://127.0.0.1:1")])
     (node,) = reg.nodes
-    reg._on_frame(node, encode_message(NodeStats("c0", "colocated", 1, 100, 100, incarnation="aaaa")))
-    handle = reg._requests["r1"] = RequestHandle("r1", node, None)
-    reg._on_frame(node, encode_message(NodeStats("c0", "colocated", 2, 100, 90, incarnation="aaaa")))
+    reg.node_set.on_frame(node, encode_message(NodeStats("c0", "colocated", 1, 100, 100, incarnation="aaaa")))
+    handle = reg.dispatch.requests["r1"] = RequestHandle("r1", node, None)
+    reg.node_set.on_frame(node, encode_message(NodeStats("c0", "colocated", 2, 100, 90, incarnation="aaaa")))
     assert handle.queue.empty()  # the same process
-    reg._on_frame(node, encode_message(NodeStats("c0", "colocated", 3, 100, 100, incarnation="bbbb")))
+    reg.node_set.on_frame(node, encode_message(NodeStats("c0", "colocated", 3, 100, 100, incarnation="bbbb")))
     assert "restarted" in str(handle.queue.get_nowait())
     assert reg.is_healthy(node, _time.monotonic())  # the new process serves
 

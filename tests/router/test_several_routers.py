@@ -88,7 +88,7 @@ def test_a_summary_reaches_every_router_and_a_placement_stays_with_its_router():
     b = make_registry(["prefill", "prefill", "decode"], "cache", b_sent)
     frame = encode_message(make_stats("n1", "prefill", page_hashes(PREFIX, PAGE, NS)))
     for reg in (a, b):
-        reg._on_frame(reg.nodes[1], frame)  # n1's summary: it holds PREFIX
+        reg.node_set.on_frame(reg.nodes[1], frame)  # n1's summary: it holds PREFIX
     a.submit(make_request(0, PREFIX + [3] * 8))
     b.submit(make_request(1, PREFIX + [4] * 8))
     assert a_sent == [a.nodes[1]] and b_sent == [b.nodes[1]]
@@ -96,7 +96,7 @@ def test_a_summary_reaches_every_router_and_a_placement_stays_with_its_router():
     a.submit(make_request(2, fresh + [1]))
     assert a_sent[-1] is a.nodes[0] and len(a.nodes[0].prefix_view.recent) == 8
     assert len(b.nodes[0].prefix_view) == 0  # b knows of it once n0's summary says so
-    b._on_frame(b.nodes[0], encode_message(make_stats("n0", "prefill", page_hashes(fresh, PAGE, NS))))
+    b.node_set.on_frame(b.nodes[0], encode_message(make_stats("n0", "prefill", page_hashes(fresh, PAGE, NS))))
     b.submit(make_request(3, fresh + [2]))
     assert b_sent[-1] is b.nodes[0]
 
@@ -108,8 +108,8 @@ def test_every_router_sends_the_nodes_the_same_cluster_views():
               for i, tp in enumerate(({"x": 30, "y": 5}, {"x": 2, "z": 40}))]
     for reg in regs:
         for node, frame in zip(reg.nodes, frames):
-            reg._on_frame(node, frame)
-    views = [reg._cluster_views() for reg in regs]
+            reg.node_set.on_frame(node, frame)
+    views = [reg.node_set.cluster_views() for reg in regs]
     assert views[0] == views[1] and views[0]["n0"].other_pages == 1000 and views[0]["n1"].elsewhere == {"x": 30, "y": 5}
 
 
@@ -149,7 +149,7 @@ async def test_a_migration_asked_of_the_wrong_router_is_answered_by_the_one_that
             runners.append((await start_router(config, model))[0])
         holder = runners[0].app[STATE].registry
         p0, d0 = holder.nodes
-        holder._requests["r1"] = RequestHandle("r1", p0, d0, handoff=HandoffState.BOUND)  # not handed off yet
+        holder.dispatch.requests["r1"] = RequestHandle("r1", p0, d0, handoff=HandoffState.BOUND)  # not handed off yet
         admin = [(tmp_path / f"router-{i}.admin").read_text().strip() for i in range(2)]
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as s:
             async def migrate(url, rid, headers=None):
