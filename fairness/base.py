@@ -145,10 +145,14 @@ class BasePolicy:
         footprint). With it the oldest always finishes, and then the next oldest."""
         if len(candidates) < 2 or not self.running:
             return candidates
-        oldest = min(self.running, key=lambda s: (s.arrival_time, s.request_id))
+        oldest = self.oldest_running()
         if oldest not in candidates or self._demotable(oldest, state):
             return candidates
         return [c for c in candidates if c is not oldest]
+
+    def oldest_running(self) -> Sequence | None:
+        """The running request every policy lets go on (spare_oldest): the first to arrive."""
+        return min(self.running, key=lambda s: (s.arrival_time, s.request_id), default=None)
 
     @staticmethod
     def _demotable(seq: Sequence, state: SchedState) -> bool:

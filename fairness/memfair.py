@@ -12,10 +12,15 @@ its weighted share of both whenever someone else wants theirs.
   cluster-wide: what it may claim here is its share of all the pools less what it holds on
   the others (fairness/cluster.py), so a tenant spread over four nodes does not get four.
 - Admission. Candidates of the owners furthest below their share first; nothing waits behind
-  a request that does not fit. An owner may go beyond its share (borrow) only while no other
-  owner waits with a request within its own share, and only leaving free the pages of one
-  typical request (its recent requests' mean size) of each other owner with unused share, so
-  that its next request does not have to take pages back from the borrower.
+  a request that does not fit. A prompt is within its owner's share when all of it is (it is
+  let in by its first chunk, but the rest follows). An owner may go beyond its share (borrow)
+  only while no other owner waits with a request within its own share, and only leaving free
+  the pages the running prompts and its own still take, and one typical request's pages (its
+  recent requests' mean size) of each other owner with unused share, so that its next request
+  does not have to take pages back from the borrower. Growth is admission too: a borrower's
+  prompt does not grow into the free pages that requests within their owners' shares, or the
+  longest-starving request, wait for (a step grows its running rows before it admits anyone);
+  it sits the step out instead, unless it is the oldest running request.
 - Reclaim. When a request within its owner's share waits and cannot fit, requests of owners
   beyond their share are demoted to the host tier (never preempted: a share is not worth
   lost work), the most over-share owner and largest footprint first, and only when that
@@ -28,10 +33,12 @@ its weighted share of both whenever someone else wants theirs.
   prompts first, whoever's they are. A 2K prompt does not queue behind a 128K one, its
   owner's or another's; the 128K prompt keeps prefilling at its owner's floor at least, and
   with all the step the small ones leave. Decode rows always step, so a long request's
-  inter-token time is its own size's cost, not a leftover. The step's time is shared too: beside
-  another owner's decode rows, the prompts' chunks may add at most what those rows cost alone
-  (STEP_STRETCH, priced by the node's own fit of its steps, `SchedState.step_s`), so a minnow's
-  step stays an ordinary one; a chunk gets at least a page whatever the price.
+  inter-token time is its own size's cost, not a leftover. The step's time is bounded too: beside
+  another owner's decode rows, the prompts' chunks make the step at most an ordinary one, what
+  the same rows cost beside a budget of fresh prompt tokens (priced by the node's own fit of its
+  steps, `SchedState.step_s`): a chunk deep into a long prompt, whose attention reads all the
+  tokens before it, is cut to that price, so a minnow's inter-token time stays what any step of
+  the node costs; a chunk gets at least a page whatever the price.
 - Victims, when a row cannot grow: the most over-share owner's request; demoted, the largest
   footprint; dropped for recompute, the one with the least computed work. A prompt's next
   chunk drops nobody's work: where no one can be demoted it waits for pages (while someone
@@ -68,10 +75,6 @@ RECLAIM_TRIES = 16  # waiting requests per step that may look for borrowers to d
 # keeps owners of small prompts that fill the node from starving the others.
 PREFILL_FLOOR = 0.25
 SIZE_MEMORY = 8  # an owner's typical request size: the mean of about its last this many requests
-# A step that carries another owner's decode rows costs at most this many times what the decode
-# rows cost alone: the prompts' chunks take at most as much of the step's time as the rows that
-# wait on it (a 510-token chunk at offset 1,500 made a 5 ms step 80 ms on the CPU).
-STEP_STRETCH = 2.0
 
 
 class MemFairPolicy(BasePolicy):
@@ -90,6 +93,9 @@ class MemFairPolicy(BasePolicy):
         self._moved: dict[str, float] = {}  # request -> state.now it last changed tiers (promoted, demoted)
         self._size: dict[str, float] = {}  # owner -> mean pages of its recent requests
         self._within: dict[str, int] = {}  # owner -> waiting requests within its share (this step)
+        self._within_pages: dict[str, int] = {}  # owner -> device pages those requests need now
+        self._cap: dict[str, int] = {}  # borrower's prompt -> tokens its chunk may take (this step)
+        self._growth = 0  # device pages the running prompts take before their prompts are in (this step)
         self._allot: dict[str, int] = {}  # prompt -> tokens it may take this step (empty: no split)
         self._running_ids: set[str] = set()
         self._owners: dict[str, str] = {}  # request -> its quota owner
@@ -133,12 +139,15 @@ class MemFairPolicy(BasePolicy):
         own = self.owner
         held = self.live_held(state)
         use: dict[str, int] = {}  # usage (quotas.usage) and the owners with work, in one pass
-        charge, ids, known = state.charge, set(), self._owners
+        charge, ids, known, pages, ps, growth = state.charge, set(), self._owners, state.pages, state.page_size, 0
         for s in running:
             rid = s.request_id
             o = known.get(rid) or own(s)
             use[o] = use.get(o, 0) + charge.get(rid, 0)
             ids.add(rid)
+            if s.num_computed_tokens < s.num_prompt_tokens:
+                growth += max(0, -(-s.num_prompt_tokens // ps) - pages.get(rid, 0))
+        self._growth = growth
         owners = set(use)
         for o, n in self.incoming_pages(state).items():
             use[o] = use.get(o, 0) + n
@@ -158,7 +167,7 @@ class MemFairPolicy(BasePolicy):
         self._running_ids = ids
         self._parked_ids = {c.request_id for c in candidates if state.host_pages.get(c.request_id)} \
             if state.host_pages else set()
-        since, within, needs = {}, {}, {}
+        since, within, needs, within_pages = {}, {}, {}, {}
         starved, oldest = None, state.now - self.settings.starve_after_s
         for c in candidates:
             rid = c.request_id
@@ -169,13 +178,15 @@ class MemFairPolicy(BasePolicy):
             need = needs[rid] = self._need_now(c, state)
             if self.use.get(o, 0) + need <= self.shares.get(o, 0):
                 within[o] = within.get(o, 0) + 1
+                within_pages[o] = within_pages.get(o, 0) + need
             if t <= oldest and (starved is None or (t, rid) < (oldest, starved.request_id)):
                 oldest, starved = t, c  # the longest waiter past starve_after_s: free pages are kept for it
         for h in self.fresh_held(state):
             o = own(h)
             if self.use.get(o, 0) + h.num_pages <= self.shares.get(o, 0):
                 within[o] = within.get(o, 0) + 1
-        self._since, self._within, self._needs = since, within, needs
+                within_pages[o] = within_pages.get(o, 0) + h.num_pages
+        self._since, self._within, self._needs, self._within_pages = since, within, needs, within_pages
         self._starved = (starved.request_id, needs[starved.request_id]) if starved is not None else ("", 0)
         if self._moved:
             horizon = state.now - self.settings.starve_after_s
@@ -291,17 +302,19 @@ class MemFairPolicy(BasePolicy):
 
     def _keeps_room_for_the_starved(self, rid: str, owner: str, need: int, state: SchedState) -> bool:
         """Taking `need` pages leaves the longest-starving request's need free, or is that
-        request, or is within its owner's share while the starving one fits beside every other
-        owner's share: it gets in as pages free up, without anyone demoted for it. A request
-        bigger than that room waits for everyone else's admissions to stop, whatever their share."""
+        request, or is within its owner's share while the starving one fits beside what the
+        other owners hold within their shares: it gets in as the borrowers' pages free up (their
+        prompts do not grow into them: `_yield_to_waiters`), without anyone demoted for it. When
+        the owners within their shares hold too much for it, everyone else's admissions stop."""
         starved, want = self._starved
         if not starved or rid == starved or state.device_free - need - len(self.running) >= want:
             return True
         if self.use.get(owner, 0) + need > self.shares.get(owner, 0):
             return False  # a borrower waits for the starving request
         so = self._owners.get(starved)
-        room = state.device_total - sum(e for o, e in self.shares.items() if o != so)
-        return want <= room
+        kept = sum(min(self.use.get(o, 0) + (need if o == owner else 0), e)
+                   for o, e in self.shares.items() if o != so)
+        return want <= state.device_total - kept
 
     def may_admit(self, seq, need_pages, state):
         if not super().may_admit(seq, need_pages, state):
@@ -315,7 +328,8 @@ class MemFairPolicy(BasePolicy):
             if self._held_down(seq.request_id, state) and \
                     self.use.get(owner, 0) + need_pages > self.shares.get(owner, 0):
                 return False  # demoted lately as a borrower: it does not borrow straight back
-            if not self._quota_ok(owner, need_pages, state):
+            rest = -(-seq.num_prompt_tokens // state.page_size) - state.pages.get(seq.request_id, 0) - need_pages
+            if not self._quota_ok(owner, need_pages, state, max(0, rest)):
                 return False
         self.use[owner] = self.use.get(owner, 0) + need_pages
         return True
@@ -339,13 +353,13 @@ class MemFairPolicy(BasePolicy):
             return Placement.DEVICE
         return self.park_or_defer(arrival, state)
 
-    def _quota_ok(self, owner: str, need: int, state: SchedState) -> bool:
+    def _quota_ok(self, owner: str, need: int, state: SchedState, prompt: int = 0) -> bool:
         """May `owner` take `need` more device pages? Usage counts the pages reserved for the
         owner's arrivals still landing, and an owner new to this step gets its share carved out
         as if it had been there."""
         ent = self.shares if owner in self.shares else \
             entitlements(set(self.shares) | {owner}, self.cfg, state.device_total)
-        if self.use.get(owner, 0) + need <= ent.get(owner, 0):
+        if self.use.get(owner, 0) + need + prompt <= ent.get(owner, 0):
             return True
         if self.static:
             return False  # static shares: nobody borrows another owner's share, idle or not
@@ -354,7 +368,7 @@ class MemFairPolicy(BasePolicy):
         # its next request does not have to demote the borrower (a ping-pong between tiers).
         if any(n and o != owner for o, n in self._within.items()):
             return False
-        reserve = 0.0
+        reserve = float(self._growth + prompt)  # the pages the running prompts, and its own, still take
         for o, e in ent.items():
             if o != owner:
                 reserve += min(max(0.0, e - self.use.get(o, 0)), self._size.get(o, 0.0))
@@ -362,7 +376,7 @@ class MemFairPolicy(BasePolicy):
 
     # ---- the step ---------------------------------------------------------------------------------
     def step_order(self, running, state):
-        rows = super().step_order(running, state)
+        rows = self._yield_to_waiters(super().step_order(running, state), state)
         self._split_prefill(rows, state)
         # Under-share owners first, the tail (evicted first under pressure) the most over; within
         # each, decode rows before prompts, so that a prompt's chunk never takes their token.
@@ -371,6 +385,38 @@ class MemFairPolicy(BasePolicy):
             return rows  # decode rows only, nobody borrowing: nothing to reorder
         own = self.owner
         return sorted(rows, key=lambda s: (own(s) in borrowing, s.in_prefill, s.arrival_time))
+
+    def _yield_to_waiters(self, rows: list[Sequence], state: SchedState) -> list[Sequence]:
+        """A borrower's prompt does not grow into the free pages that requests within their
+        owners' shares wait for (admission comes after the running rows' growth in a step, so
+        without this a borrower's chunks take each page as it frees): beyond its own share's
+        room, its chunk takes what its pages hold and what the waiters leave free, and the
+        prompt sits the step out when that is nothing. The oldest running request always goes
+        on (BasePolicy.spare_oldest), and decode rows always step."""
+        self._cap = {}
+        want = self._starved[1]
+        waiting = sum(self._within_pages.values()) + want
+        if not waiting:
+            return rows
+        ps, oldest, out = state.page_size, self.oldest_running(), []
+        free = state.device_free - len(rows)  # a page per row for its next token comes first
+        for s in rows:
+            left = len(s.token_ids) - s.num_computed_tokens
+            if (left <= 1 and len(s.token_ids) != s.num_prompt_tokens) or s is oldest:
+                out.append(s)
+                continue
+            o = self.owner(s)
+            others = waiting - self._within_pages.get(o, 0)  # (the starving request's need whoever's it is)
+            held = state.pages.get(s.request_id, 0)
+            room = max(0, int(self.shares.get(o, 0) - self.use.get(o, 0)), free - others)
+            tokens = min(left, state.token_budget, held * ps - s.num_computed_tokens + room * ps)
+            if others and tokens <= 0:
+                continue  # it waits this step, keeping its pages
+            if others:
+                self._cap[s.request_id] = tokens
+            free -= max(0, -(-(s.num_computed_tokens + tokens) // ps) - held)
+            out.append(s)
+        return out
 
     def _split_prefill(self, rows: list[Sequence], state: SchedState) -> None:
         """This step's prefill tokens per prompt (see the module doc). The prompts are the
@@ -427,8 +473,10 @@ class MemFairPolicy(BasePolicy):
         self._allot = allot
 
     def chunk_limit(self, seq, budget, state):
-        """A prompt's chunk is at most its part of this step (a token if it has none), and at
-        most what keeps the step within STEP_STRETCH of the other owners' decode rows."""
+        """A prompt's chunk is at most its part of this step (a token if it has none), at most
+        what its owner may grow into (`_yield_to_waiters`), and at most what keeps the step an
+        ordinary one beside the other owners' decode rows."""
+        budget = min(budget, self._cap.get(seq.request_id, budget))
         if not self._allot:
             return self._within_step_time(seq, min(budget, seq.num_uncomputed_tokens), state)
         n = max(1, min(budget, seq.num_uncomputed_tokens, self._allot.get(seq.request_id, 0)))  # the scheduler's chunk
@@ -438,21 +486,22 @@ class MemFairPolicy(BasePolicy):
 
     def _within_step_time(self, seq, n: int, state) -> int:
         """The largest chunk up to `n` tokens that, with the chunks given out before it this
-        step, keeps the step within STEP_STRETCH times the cost of its decode rows alone, when
-        another owner has decode rows in it; at least a page (or `n`, if less)."""
+        step, keeps the step's price within an ordinary step's, its decode rows beside the token
+        budget's worth of fresh prompt tokens (a 510-token chunk at offset 1,500 made a 5 ms step
+        80 ms on the CPU), when another owner has decode rows in it; at least a page (or `n`)."""
         price = state.step_s
         owner = self.owner(seq)
         if price is None or n <= 0 or not any(o != owner for o in self._decode):
             return n
         rows, ctx = self._decode_total
-        alone = price(StepShape(rows, ctx))
         chunks, tokens, pairs = self._added
         start = seq.num_computed_tokens
 
         def cost(k: int) -> float:
             return price(StepShape(rows, ctx, chunks + 1, tokens + k, pairs + k * start + k * (k + 1) // 2))
 
-        k, limit = n, STEP_STRETCH * alone
+        t = max(1, state.token_budget - rows)  # an ordinary step: the budget's fresh tokens beside the rows
+        k, limit = n, price(StepShape(rows, ctx, 1, t, t * (t + 1) // 2))
         if cost(n) > limit:
             lo, hi = min(n, state.page_size), n  # cost(lo) may be over the limit: a page is the least
             while lo < hi:
@@ -479,5 +528,5 @@ class MemFairPolicy(BasePolicy):
         """A prompt's next chunk waits for pages rather than drop another request's computed work,
         while some running request decodes (its pages come free as it ends) and the requester is
         not the oldest running one (which always goes on: BasePolicy.spare_oldest)."""
-        oldest = min(self.running, key=lambda s: (s.arrival_time, s.request_id), default=requester)
-        return requester.in_prefill and requester is not oldest and any(not s.in_prefill for s in self.running)
+        return requester.in_prefill and requester is not self.oldest_running() \
+            and any(not s.in_prefill for s in self.running)

@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 
 from fairness import POLICIES, FairnessConfig, Placement, eviction, make_policy
 from fairness.mcsf import McsfPolicy, feasible
-from fairness.memfair import MemFairPolicy
 from fairness.memfair_settings import MemFairSettings
 from fairness.priority import PriorityPolicy, PrioritySettings
 from fairness.vtc import VtcPolicy
@@ -374,8 +373,8 @@ def test_memfair_prompt_chunk_waits_rather_than_drop_computed_work():
                                                    host_free=8)) is not None  # demotable: no work lost
 
 
-def _redone_prompt_tokens(pages: int, budget: int, tenants: str) -> int:
-    sched = make_scheduler(make_policy("memfair"), num_pages=pages, budget=budget)
+def _redone_prompt_tokens(policy: str, pages: int, budget: int, tenants: str) -> int:
+    sched = make_scheduler(make_policy(policy), num_pages=pages, budget=budget)
     reqs = [make_request(40, 6, tenant=t, arrival=float(i)) for i, t in enumerate(tenants)]
     for r in reqs:
         sched.add(r)
@@ -391,14 +390,15 @@ def _redone_prompt_tokens(pages: int, budget: int, tenants: str) -> int:
     return prefilled - sum(r.num_prompt_tokens for r in reqs)
 
 
-def test_memfair_prompt_chunks_that_wait_save_recomputes(monkeypatch):
-    """A pool too small for everyone at once and no host tier: prompt chunks that wait instead
-    of dropping others' work redo fewer prompt tokens (44 against 129 here: the decode rows that
-    cannot grow still drop the least work), and every request still ends."""
-    waiting = _redone_prompt_tokens(16, 8, "wmwmwm")
-    monkeypatch.setattr(MemFairPolicy, "_chunk_waits", lambda self, requester: False)
-    dropping = _redone_prompt_tokens(16, 8, "wmwmwm")
-    assert waiting < dropping / 2
+def test_memfair_admits_no_more_than_the_prompts_growth_leaves_room_for():
+    """A pool too small for everyone at once and no host tier: fcfs admits prompts by their first
+    chunk and drops one for recompute when the running prompts grow into each other (40 prompt
+    tokens redone here); memfair counts what the running prompts, and the candidate's own, still
+    take before a borrower is let in, and a borrower's prompt does not grow into the pages a
+    request within its share waits for: nothing is redone, and every request still ends."""
+    assert _redone_prompt_tokens("fcfs", 16, 8, "wmwmwm") == 40
+    assert _redone_prompt_tokens("memfair", 16, 8, "wmwmwm") == 0
+    assert _redone_prompt_tokens("memfair", 16, 8, "wwwwww") == 0
 
 
 def test_vtc_idle_time_is_not_banked_when_everyone_returns_at_once():

@@ -1,25 +1,28 @@
-"""memfair's share of the step's time: beside another owner's decode rows a prompt's chunk adds
-at most what those rows cost alone (STEP_STRETCH), priced by SchedState.step_s; and the node's
-own fit of its steps (engine/step_cost.py) that gives the price."""
+"""memfair's bound on the step's time: beside another owner's decode rows a prompt's chunk keeps
+the step within an ordinary one (the same rows beside the budget's worth of fresh prompt
+tokens), priced by SchedState.step_s; and the node's own fit of its steps (engine/step_cost.py)
+that gives the price."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fairness.memfair import STEP_STRETCH, MemFairPolicy
+import math
+
+from fairness.memfair import MemFairPolicy
 from pdtb.engine.step_cost import MIN_STEPS, StepCostFit
 from pdtb.engine.step_shape import StepShape
 from sched_sim import apply_step, make_request, make_scheduler, sim_step
 
 
 class Price:
-    """5 ms a step, 0.1 ms a decode row, 0.1 ms a prompt token: a chunk of k tokens beside n
-    decode rows may take k <= 50 + n (the rows alone cost 5 + 0.1 n ms)."""
+    """5 ms a step, 0.1 ms a decode row, 0.1 ms a prompt token, 1 us a query-key pair of the
+    prompts' attention."""
 
     ready = True
 
     def step_s(self, shape: StepShape) -> float:
-        return 5e-3 + 1e-4 * shape.decode_rows + 1e-4 * shape.prefill_tokens
+        return 5e-3 + 1e-4 * shape.decode_rows + 1e-4 * shape.prefill_tokens + 1e-6 * shape.prefill_attn
 
 
 def whale_chunks(price, minnows: int, same_owner: bool = False) -> list[int]:
@@ -42,10 +45,19 @@ def whale_chunks(price, minnows: int, same_owner: bool = False) -> list[int]:
     return chunks
 
 
-def test_a_chunk_beside_anothers_decode_rows_keeps_the_step_within_the_stretch():
+def test_a_chunk_deep_into_its_prompt_keeps_the_step_an_ordinary_one():
     chunks = whale_chunks(Price(), minnows=4)
-    limit = round((STEP_STRETCH - 1) * (5e-3 + 4e-4) / 1e-4)  # 54 tokens
-    assert max(chunks) <= limit and chunks[0] == limit and sum(chunks) == 1200
+    # The ordinary step: 4 rows beside 508 fresh tokens, 0.1 ms * 508 + 1 us * 508 * 509 / 2 =
+    # 180.1 ms over the rows. From offset 0 the whale's first chunk is all of that; from offset
+    # 508, k tokens cost 0.1 ms k + 1 us (508 k + k (k + 1) / 2): at most 246 of them.
+    extra = 1e-4 * 508 + 1e-6 * 508 * 509 / 2
+    a, b = 0.5e-6, 1e-4 + 1e-6 * 508.5
+    second = math.floor((-b + math.sqrt(b * b + 4 * a * extra)) / (2 * a))
+    assert second == 246 and chunks[:2] == [508, second] and sum(chunks) == 1200
+    start = 0
+    for k in chunks:  # and no later chunk makes its step dearer than the ordinary one
+        assert 1e-4 * k + 1e-6 * (k * start + k * (k + 1) / 2) <= extra + 1e-12
+        start += k
 
 
 def test_no_other_owner_decoding_no_limit():
@@ -57,10 +69,11 @@ def test_unpriced_no_limit_and_a_page_at_least():
     assert whale_chunks(None, minnows=4)[0] == 508
 
     class Dear(Price):
-        def step_s(self, shape):
-            return 5e-3 + 1.0 * shape.prefill_tokens  # any prompt token is dearer than the step
+        def step_s(self, shape):  # priced by the chunks' mean offset: past the ordinary step's, any chunk is dearer
+            return 5e-3 + shape.prefill_attn / max(1, shape.prefill_tokens)
 
-    assert set(whale_chunks(Dear(), minnows=4)) == {4}  # a page (of 4 tokens here) a step: the prompt still moves
+    chunks = whale_chunks(Dear(), minnows=4)  # from offset 0 the budget, then a page (of 4 tokens here) a step
+    assert chunks[0] == 508 and set(chunks[1:]) == {4}  # the prompt still moves
 
 
 def test_the_fit_finds_the_coefficients_of_its_steps():

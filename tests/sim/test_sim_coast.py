@@ -132,7 +132,9 @@ def test_runs_of_decode_steps_decide_as_every_step(monkeypatch, name, shape):
     assert a == b
     assert all(r.status == "ok" for r in taken.records.values())
     evictions = a["moves"][0]
-    if name in ("fcfs", "memfair"):  # the pools are small enough that requests change tiers
+    # the pools are small enough that requests change tiers (memfair's colocated admission, which
+    # counts what the running prompts still take, moves none there)
+    if name == "fcfs" or (name, shape) == ("memfair", "disagg"):
         assert sum(n for per in evictions.values() for n in per.values()) > 0, evictions
 
 
