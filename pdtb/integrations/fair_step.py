@@ -31,6 +31,7 @@ class StepPlan:
 
     order: list[Sequence]  # running requests in stepping order; the engine evicts from the tail
     reclaimed: list[Sequence] = field(default_factory=list)  # to evict before the step (reclaim)
+    sitting: list[Sequence] = field(default_factory=list)  # running, left out of the step by the policy
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:
@@ -100,16 +101,14 @@ class FairStep:
             rows = [s for s in running if s.request_id not in gone]
             stepping = self.policy.step_order(list(rows), state)
             chosen = {id(s) for s in stepping}
-            # rows the order leaves out still step here: an engine step has no seat to sit out
-            order = stepping + [s for s in rows if id(s) not in chosen]
-            victims = self._victims(order, state)
+            sitting = [s for s in rows if id(s) not in chosen]  # they keep their pages, and may be victims
+            victims = self._victims(stepping + sitting, state)
         except PolicyRaised as e:
             self.failed(e)
             return None
-        if victims:
-            out = {id(v) for v in victims}
-            order = [s for s in order if id(s) not in out] + victims[::-1]
-        return StepPlan(order, reclaimed)
+        out = {id(v) for v in victims}
+        order = [s for s in stepping if id(s) not in out] + victims[::-1]
+        return StepPlan(order, reclaimed, [s for s in sitting if id(s) not in out])
 
     def _victims(self, order: list[Sequence], state: SchedState) -> list[Sequence]:
         """The rows the policy gives up, first first, until the shortfall foreseen at the step's
@@ -129,8 +128,8 @@ class FairStep:
         return victims
 
     def admission(self, view_of: Callable, live_state: Callable[[], SchedState],
-                  idle: Callable[[], bool], excluded: set[str]) -> "Admission":
-        return Admission(self, view_of, live_state, idle, excluded)
+                  idle: Callable[[], bool], excluded: set[str], seat: Callable[[], bool] = lambda: True) -> "Admission":
+        return Admission(self, view_of, live_state, idle, excluded, seat)
 
     def end(self, chunks: list, state: SchedState) -> None:
         """Tell the policy what the step served (a list of pdtb.engine.scheduler.ScheduledChunk)."""
@@ -151,8 +150,9 @@ class Admission:
     once a step, when the scan reaches it, with the pages free at that moment."""
 
     def __init__(self, step: FairStep, view_of: Callable, live_state: Callable[[], SchedState],
-                 idle: Callable[[], bool], excluded: set[str]) -> None:
+                 idle: Callable[[], bool], excluded: set[str], seat: Callable[[], bool] = lambda: True) -> None:
         self.step, self.view_of, self.live_state, self.idle = step, view_of, live_state, idle
+        self.seat = seat  # False: every slot is taken, the rows sitting this step out included
         self.excluded = excluded  # request ids evicted at this step's start: not back in it
         self.order: list | None = None  # the queue's requests in the policy's order
         self.cursor = 0
@@ -164,7 +164,7 @@ class Admission:
         """The request the engine's scan should take next from `items` (the queue, in its own
         order), or None: nothing more is admitted this step."""
         if self._head is _UNSET:
-            self._head = self._find(items)
+            self._head = self._find(items) if self.seat() else None
         return self._head
 
     def _find(self, items) -> object | None:

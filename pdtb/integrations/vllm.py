@@ -61,17 +61,23 @@ class FairScheduler(vi.Scheduler):
         state = self._state = self._snapshot(running, self.fair.steps + 1)
         plan = self.fair.begin(running, waiting, state)
         excluded: set[str] = set()
+        sitting: list = []
         if plan is not None:
             for v in plan.reclaimed:
                 vi.preempt(self, live[v.request_id])
                 excluded.add(v.request_id)
+            # rows the policy leaves out sit the step out, keeping their blocks: vLLM's path for
+            # a running request its token budget does not reach
+            sitting = [live[v.request_id] for v in plan.sitting]
             vi.set_running(self, [live[v.request_id] for v in plan.order])
-            self.queue.admission = self.fair.admission(self._view_of, self._live_state,
-                                                       lambda: not vi.running(self), excluded)
+            self.queue.admission = self.fair.admission(
+                self._view_of, self._live_state, lambda: not vi.running(self) and not sitting, excluded,
+                lambda: len(vi.running(self)) + len(sitting) < vi.max_running(self))
         try:
             out = super().schedule(*args, **kwargs)
         finally:
             self.queue.admission = None
+            vi.rejoin(self, sitting)
         after = self._snapshot([self._view(r, True) for r in vi.running(self)], self.fair.steps)
         self.fair.end(self._chunks(out, live), after)
         return out

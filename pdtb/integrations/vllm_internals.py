@@ -17,7 +17,7 @@ from pdtb.integrations.policy_env import check_version, request_labels
 CHECKED_VERSIONS = ("0.32.0",)
 
 __all__ = ["Scheduler", "PolicyQueue", "CHECKED_VERSIONS", "check_vllm", "install_queue", "pool", "free_blocks",
-           "blocks_held", "sync_view", "running", "set_running", "live_requests", "preempt", "scheduled",
+           "blocks_held", "sync_view", "running", "set_running", "rejoin", "max_running", "live_requests", "preempt", "scheduled",
            "token_budget", "logger"]
 
 
@@ -114,6 +114,17 @@ def set_running(scheduler: Scheduler, order: list) -> None:
     """Reorder the running list: vLLM steps it in this order and, out of blocks, preempts its
     tail first (`self.running.pop()` under the FCFS scheduling policy)."""
     scheduler.running[:] = order
+
+
+def rejoin(scheduler: Scheduler, requests: list) -> None:
+    """Put back at the running list's tail the requests that sat a step out (set_running left
+    them out; their blocks stayed theirs)."""
+    scheduler.running.extend(requests)
+
+
+def max_running(scheduler: Scheduler) -> int:
+    """Requests the scheduler admits into its running list at most (its model runner's slots)."""
+    return scheduler.max_num_active_reqs
 
 
 def live_requests(scheduler: Scheduler) -> dict:

@@ -192,3 +192,19 @@ def test_the_victims_of_a_foreseen_shortfall_go_to_the_tail():
     plan = FairStep(Newest()).begin(rows, [], state(2, pages))
     assert [s.request_id for s in plan.order] == ["a1", "a2", "b1"]  # b1 is vLLM's first victim
     assert FairStep(BasePolicy()).begin(rows, [], state(32, pages)).order == rows  # no shortfall: as given
+
+
+class LeavesOutB(BasePolicy):
+    """Steps tenant b's rows only when nobody else has any."""
+
+    def step_order(self, running, st):
+        rows = super().step_order(running, st)
+        return [s for s in rows if s.tenant != "b"] or rows
+
+
+def test_rows_the_order_leaves_out_sit_the_step_out():
+    rows = [seq("a1", "a", prompt=40, computed=32, t=1), seq("b1", "b", prompt=40, computed=32, t=2)]
+    plan = FairStep(LeavesOutB()).begin(rows, [], state(32, {"a1": 3, "b1": 3}))
+    assert [s.request_id for s in plan.order] == ["a1"] and [s.request_id for s in plan.sitting] == ["b1"]
+    plan = FairStep(LeavesOutB()).begin(rows[1:], [], state(32, {"b1": 3}))
+    assert [s.request_id for s in plan.order] == ["b1"] and plan.sitting == []
