@@ -17,8 +17,8 @@ from pdtb.integrations.policy_env import check_version, request_labels
 CHECKED_VERSIONS = ("0.32.0",)
 
 __all__ = ["Scheduler", "PolicyQueue", "CHECKED_VERSIONS", "check_vllm", "install_queue", "pool", "free_blocks",
-           "blocks_held", "sync_view", "running", "set_running", "rejoin", "max_running", "live_requests", "preempt", "scheduled",
-           "token_budget", "logger"]
+           "blocks_held", "sync_view", "running", "set_running", "rejoin", "max_running", "live_requests", "preempt",
+           "scheduled", "token_budget", "logger"]
 
 
 def logger() -> logging.Logger:
