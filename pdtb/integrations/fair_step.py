@@ -5,8 +5,10 @@ policy that raises costing only its step (the engine's own order), counted and l
 Per step, the engine adapter (pdtb/integrations/vllm.py) calls:
 
     begin(running, waiting, state)   reclaim -> step_order -> pick_victim (as many as the
-                                     step's foreseen page shortfall needs): the running order
-                                     to hand the engine, the victims at its tail
+                                     step's foreseen page shortfall needs) -> chunk_limit per
+                                     running prompt: the running order to hand the engine, the
+                                     victims at its tail, the rows sitting the step out, and
+                                     the step's bound on a prompt chunk
     admission(...)                   admission_order -> may_admit per candidate that fits,
                                      asked lazily as the engine's admission scan reaches it
     end(chunks, state)               on_step
@@ -32,6 +34,7 @@ class StepPlan:
     order: list[Sequence]  # running requests in stepping order; the engine evicts from the tail
     reclaimed: list[Sequence] = field(default_factory=list)  # to evict before the step (reclaim)
     sitting: list[Sequence] = field(default_factory=list)  # running, left out of the step by the policy
+    chunk_cap: int | None = None  # the longest prompt chunk the policy gives a running prompt (None: none runs)
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:
@@ -103,12 +106,31 @@ class FairStep:
             chosen = {id(s) for s in stepping}
             sitting = [s for s in rows if id(s) not in chosen]  # they keep their pages, and may be victims
             victims = self._victims(stepping + sitting, state)
+            out = {id(v) for v in victims}
+            order = [s for s in stepping if id(s) not in out] + victims[::-1]
+            cap = self._chunk_cap(order, state)
         except PolicyRaised as e:
             self.failed(e)
             return None
-        out = {id(v) for v in victims}
-        order = [s for s in stepping if id(s) not in out] + victims[::-1]
-        return StepPlan(order, reclaimed, [s for s in sitting if id(s) not in out])
+        return StepPlan(order, reclaimed, [s for s in sitting if id(s) not in out], cap)
+
+    def _chunk_cap(self, order: list[Sequence], state: SchedState) -> int | None:
+        """The step's prefill split as an engine with one chunk bound for every request can take
+        it: `chunk_limit` asked of each running prompt in step order, with what the rows before
+        it leave of the budget, and the largest answer the bound (a whale's part of the step
+        caps its chunk; the small prompts' parts are under it)."""
+        budget, cap = state.token_budget, None
+        for s in order:
+            if budget <= 0:
+                break
+            left = s.num_uncomputed_tokens
+            if left <= 1:
+                budget -= 1
+                continue
+            n = min(left, budget, self.policy.chunk_limit(s, budget, state))
+            cap = n if cap is None else max(cap, n)
+            budget -= n
+        return cap
 
     def _victims(self, order: list[Sequence], state: SchedState) -> list[Sequence]:
         """The rows the policy gives up, first first, until the shortfall foreseen at the step's

@@ -73,11 +73,15 @@ class FairScheduler(vi.Scheduler):
             self.queue.admission = self.fair.admission(
                 self._view_of, self._live_state, lambda: not vi.running(self) and not sitting, excluded,
                 lambda: len(vi.running(self)) + len(sitting) < vi.max_running(self))
+        cap = vi.chunk_cap(self)
+        if plan is not None and plan.chunk_cap is not None:
+            vi.set_chunk_cap(self, plan.chunk_cap)
         try:
             out = super().schedule(*args, **kwargs)
         finally:
             self.queue.admission = None
             vi.rejoin(self, sitting)
+            vi.set_chunk_cap(self, cap)
         after = self._snapshot([self._view(r, True) for r in vi.running(self)], self.fair.steps)
         self.fair.end(self._chunks(out, live), after)
         return out

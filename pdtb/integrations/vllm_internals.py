@@ -18,7 +18,7 @@ CHECKED_VERSIONS = ("0.32.0",)
 
 __all__ = ["Scheduler", "PolicyQueue", "CHECKED_VERSIONS", "check_vllm", "install_queue", "pool", "free_blocks",
            "blocks_held", "sync_view", "running", "set_running", "rejoin", "max_running", "live_requests", "preempt",
-           "scheduled", "token_budget", "logger"]
+           "scheduled", "token_budget", "logger", "chunk_cap", "set_chunk_cap"]
 
 
 def logger() -> logging.Logger:
@@ -125,6 +125,17 @@ def rejoin(scheduler: Scheduler, requests: list) -> None:
 def max_running(scheduler: Scheduler) -> int:
     """Requests the scheduler admits into its running list at most (its model runner's slots)."""
     return scheduler.max_num_active_reqs
+
+
+def chunk_cap(scheduler: Scheduler) -> int:
+    """The longest prefill chunk vLLM schedules for any request this step (0: the budget's)."""
+    return scheduler.scheduler_config.long_prefill_token_threshold
+
+
+def set_chunk_cap(scheduler: Scheduler, tokens: int) -> None:
+    """vLLM reads `long_prefill_token_threshold` from its scheduler config at every step: set for
+    one step, it bounds every chunk of that step (running prompts' and admitted ones')."""
+    scheduler.scheduler_config.long_prefill_token_threshold = tokens
 
 
 def live_requests(scheduler: Scheduler) -> dict:

@@ -20,7 +20,7 @@ import pytest
 
 from chaos_util import prompt
 from cluster_util import alive, get_json, kill9, launched, router_healthy, vocab_of, wait_until
-from conftest import hf_greedy
+from conftest import assert_greedy_matches, hf_greedy
 from pdtb.client.sse import SSEParser
 from pdtb.router.peers import ROUTER_HEADER
 
@@ -153,7 +153,7 @@ def test_a_migration_asked_of_the_other_router_is_forwarded_to_the_one_holding_t
     async def scenario():
         async with fresh_connections() as http:
             routed = Routed()
-            task = asyncio.ensure_future(stream(http, url, p, 300, routed))
+            task = asyncio.ensure_future(stream(http, url, p, 1000, routed))
             await asyncio.wait_for(routed.started.wait(), END_S)
             source = await asyncio.to_thread(wait_until, lambda: holder_of(url, routed.request_id), 10,
                                              what="the request listed by its decode node")
@@ -166,10 +166,13 @@ def test_a_migration_asked_of_the_other_router_is_forwarded_to_the_one_holding_t
 
     routed, (status, body), target = asyncio.run(scenario())
     assert status == 202 and body["target"] == target, body
-    assert routed.ok and routed.token_ids == hf_greedy(hf_models["llama"], p, 300, ignore_eos=True)
+    assert routed.ok
+    assert_greedy_matches(hf_models["llama"], p, routed.token_ids, 1000)  # (a tie may fall either way past the move)
     owner = by_id[routed.router]
-    wait_until(lambda: any(m["request_id"] == routed.request_id and m["state"] == "done"
-                           for m in get_json(f"{owner}/cluster/migrations")["done"]), 10, what="the migration done")
+    # 1,000 tokens leave the move time to finish before the request does, on a loaded machine too
+    ended = wait_until(lambda: [m for m in get_json(f"{owner}/cluster/migrations")["done"]
+                                if m["request_id"] == routed.request_id], 10, what="the migration ended")
+    assert ended[0]["state"] == "done", ended
     other = next(a for rid, a in by_id.items() if rid != routed.router)
     assert router_info(other)["forwarded"] == {"/admin/migrate": 1}
 

@@ -208,3 +208,20 @@ def test_rows_the_order_leaves_out_sit_the_step_out():
     assert [s.request_id for s in plan.order] == ["a1"] and [s.request_id for s in plan.sitting] == ["b1"]
     plan = FairStep(LeavesOutB()).begin(rows[1:], [], state(32, {"b1": 3}))
     assert [s.request_id for s in plan.order] == ["b1"] and plan.sitting == []
+
+
+class Split(BasePolicy):
+    """A running prompt of tenant w takes 40 tokens of the step; any other, what it asks."""
+
+    def chunk_limit(self, seq, budget, st):
+        return 40 if seq.tenant == "w" else budget
+
+
+def test_the_step_bounds_a_prompt_chunk_by_the_largest_part_the_policy_gives():
+    whale, minnow = seq("w1", "w", prompt=400, computed=32, t=1), seq("m1", "m", prompt=24, computed=0, t=2)
+    decoding = seq("d1", "d", prompt=8, computed=8, t=0)
+    decoding.token_ids.append(5)
+    st = state(64, {"w1": 2, "m1": 0, "d1": 1})
+    assert FairStep(Split()).begin([decoding, whale], [], st).chunk_cap == 40  # the whale's part
+    assert FairStep(Split()).begin([decoding, whale, minnow], [], st).chunk_cap == 40  # the minnow's 24 is under it
+    assert FairStep(Split()).begin([decoding], [], st).chunk_cap is None  # no prompt runs: the engine's own
