@@ -401,10 +401,10 @@ class MemFairPolicy(BasePolicy):
         ps, oldest, out = state.page_size, self.oldest_running(), []
         free = state.device_free - len(rows)  # a page per row for its next token comes first
         for s in rows:
-            left = len(s.token_ids) - s.num_computed_tokens
-            if (left <= 1 and len(s.token_ids) != s.num_prompt_tokens) or s is oldest:
+            if not s.in_prefill or s is oldest:
                 out.append(s)
                 continue
+            left = s.num_uncomputed_tokens
             o = self.owner(s)
             others = waiting - self._within_pages.get(o, 0)  # (the starving request's need whoever's it is)
             held = state.pages.get(s.request_id, 0)
