@@ -5,15 +5,18 @@
 # file of one is compared with the other's, field by field, leaving out what names the run
 # (options, wall time, policy_info). Exit 0 when every file is the same.
 #
-#   scripts/same_decisions.sh --base REV [--head REV] [--lockstep] [--policies LIST] [--out DIR]
+#   scripts/same_decisions.sh --base REV [--head REV | --head-tree DIR] [--lockstep] [--policies LIST] [--out DIR]
+#
+# --head-tree DIR runs the head side in DIR as it stands (a checkout with uncommitted changes,
+# e.g. `--head-tree .`), not in a worktree of a revision.
 #
 # For a change meant to move code, not decisions: both runs are deterministic (the simulator's
 # clock and lockstep's fixed order of events), so any difference is a changed decision.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BASE="" HEAD_REV=HEAD LOCKSTEP=0 POLICIES="fcfs memfair vtc mcsf priority" OUT=""
+BASE="" HEAD_REV=HEAD HEAD_TREE="" LOCKSTEP=0 POLICIES="fcfs memfair vtc mcsf priority" OUT=""
 source "$ROOT/scripts/_opts.sh"
-opts_parse "--base=BASE --head=HEAD_REV --lockstep=LOCKSTEP:1 --policies=POLICIES --out=OUT" -- "$@"
+opts_parse "--base=BASE --head=HEAD_REV --head-tree=HEAD_TREE --lockstep=LOCKSTEP:1 --policies=POLICIES --out=OUT" -- "$@"
 [ -n "$BASE" ] || { echo "same_decisions: --base REV is required" >&2; exit 2; }
 source "$ROOT/scripts/_env.sh"
 PY="$(command -v python)"  # this checkout's environment runs both trees, each from its own code
@@ -24,11 +27,17 @@ trees=()
 cleanup() { for t in ${trees[@]+"${trees[@]}"}; do git -C "$ROOT" worktree remove --force "$t" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
-run_at() {  # run_at REV NAME: the comparisons at REV, into OUT/NAME-{sim,lockstep}
-  local rev="$1" name="$2" tree="$OUT/tree-$2"
-  git -C "$ROOT" worktree add --detach "$tree" "$rev" >/dev/null 2>&1
-  trees+=("$tree")
-  echo "== $name: $(git -C "$tree" log --oneline -1)" >&2
+run_at() {  # run_at REV NAME [DIR]: the comparisons at REV (or in DIR as it stands), into OUT/NAME-{sim,lockstep}
+  local rev="$1" name="$2" tree="${3:-}"
+  if [ -n "$tree" ]; then
+    tree="$(cd "$tree" && pwd)"
+    echo "== $name: $tree as it stands" >&2
+  else
+    tree="$OUT/tree-$2"
+    git -C "$ROOT" worktree add --detach "$tree" "$rev" >/dev/null 2>&1
+    trees+=("$tree")
+    echo "== $name: $(git -C "$tree" log --oneline -1)" >&2
+  fi
   (cd "$tree" && PDTB_SYSTEM_PYTHON=1 PYTHON="$PY" bash scripts/compare_fairness.sh --quick --sim \
      --policies "$POLICIES" --out "$OUT/$name-sim" >/dev/null 2>&1)
   if [ "$LOCKSTEP" = 1 ]; then
@@ -38,7 +47,7 @@ run_at() {  # run_at REV NAME: the comparisons at REV, into OUT/NAME-{sim,lockst
 }
 
 run_at "$BASE" base
-run_at "$HEAD_REV" head
+run_at "$HEAD_REV" head "$HEAD_TREE"
 python - "$OUT" <<'PY'
 import glob
 import json
