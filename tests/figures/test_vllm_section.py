@@ -57,3 +57,23 @@ def test_the_section_gives_each_workloads_rounds_with_ratios_to_vllm(tmp_path):
     assert WORKLOADS["overload"] in text
     memfair = [line for line in text.splitlines() if line.startswith("| colocated") and "memfair" in line]
     assert len(memfair) == 2 and all("0.05" in line and "0.95" in line for line in memfair), memfair
+
+
+def test_a_swept_workload_shows_each_rounds_frontier_against_vllm(tmp_path):
+    from pdtb.figures.vllm_section import render
+
+    d = tmp_path / "serve" / "frontier" / "round-1" / "frontier"
+    d.mkdir(parents=True)
+
+    def pt(label, goodput, tok, ttft, top):
+        return {"label": label, "mode": "colocated", "policy": label, "max_goodput_rps": goodput,
+                "saturation_tok_s": tok, "saturation_total_tok_s": 2 * tok, "knee_rps": goodput, "at_load": 3,
+                "ttft_p99_ms": ttft, "itl_p99_ms": 30.0, "attainment": 0.9, "goodput_at_top": top}
+    (d / "frontier.json").write_text(json.dumps({
+        "points": [pt("vllm", 4.0, 300.0, 900.0, False), pt("memfair", 6.0, 330.0, 90.0, True)],
+        "pareto": [False, True], "knee": None, "x": "saturation_tok_s"}))
+    text = "\n".join(render(str(tmp_path), "_now_"))
+    assert "**frontier**" in text and "x vllm" in text
+    row = next(line for line in text.splitlines() if "| memfair |" in line)
+    # goodput 6/4 (a bound: the top level still attained), saturation 330/300
+    assert "| >= 6.00 | 1.50 | 330.0 | 1.10 |" in row, row
