@@ -66,7 +66,9 @@ def shortfall(order: list[Sequence], state: SchedState) -> tuple[int, Sequence |
 class FairStep:
     """A policy driven one engine step at a time; `errors` counts the steps' raised calls."""
 
-    def __init__(self, policy, logger: logging.Logger = log) -> None:
+    def __init__(self, policy, logger: logging.Logger = log, metrics=None) -> None:
+        self.metrics = metrics  # a PolicyMetrics (pdtb/integrations/policy_metrics.py), or None
+        self._bad_seen = 0  # illegal answers already counted in `metrics`
         self.inner = policy  # the policy itself, asked only through `policy`
         self.violations: list[str] = []  # illegal answers, replaced by the default (guard.py)
         self.policy = Guarded(policy, deque(maxlen=0), self.violations)  # (no trace is kept)
@@ -80,6 +82,8 @@ class FairStep:
         """Count a raised call; the first is logged with its traceback, the rest only counted."""
         self.errors += 1
         self.last_error = str(e)
+        if self.metrics is not None:
+            self.metrics.raised()
         if self.errors == 1:
             self.log.error("policy %s: %s; this step falls back to the engine's own order (further "
                            "errors are counted, not logged: FairScheduler.policy_errors)", self.policy.name, e,
@@ -154,11 +158,16 @@ class FairStep:
         return Admission(self, view_of, live_state, idle, excluded, seat)
 
     def end(self, chunks: list, state: SchedState) -> None:
-        """Tell the policy what the step served (a list of pdtb.engine.scheduler.ScheduledChunk)."""
+        """Tell the policy what the step served (a list of pdtb.engine.scheduler.ScheduledChunk);
+        count the step's illegal answers."""
         try:
             self.policy.on_step(chunks, state)
         except PolicyRaised as e:
             self.failed(e)
+        bad = self.policy.bad_answers
+        if self.metrics is not None and bad > self._bad_seen:
+            self.metrics.violated(bad - self._bad_seen)
+        self._bad_seen = bad
 
 
 _UNSET = object()

@@ -10,6 +10,8 @@ out of blocks, preempts its tail, where the victims the policy picks for the for
 go), and, as vLLM's admission scan reaches them, the waiting requests' order and quotas (the
 waiting queue is a PolicyQueue whose head is the policy's). After it, the policy is told what
 the step served. vLLM's internals are touched only through pdtb/integrations/vllm_internals.py.
+With PDTB_METRICS_PORT set, the policy's raised calls and illegal answers are Prometheus
+counters served from this process (pdtb/integrations/policy_metrics.py).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pdtb.engine.scheduler import ScheduledChunk
 from pdtb.integrations import vllm_internals as vi
 from pdtb.integrations.fair_step import FairStep, with_free
 from pdtb.integrations.policy_env import build_policy, policy_spec
+from pdtb.integrations.policy_metrics import PolicyMetrics
 
 log = vi.logger()
 
@@ -35,7 +38,8 @@ class FairScheduler(vi.Scheduler):
         self.policy_spec = policy_spec(os.environ)
         policy = build_policy(self.policy_spec)
         super().__init__(vllm_config, *args, **kwargs)
-        self.fair = FairStep(policy, log)
+        self.metrics = PolicyMetrics(self.policy_spec.name, os.environ, log)
+        self.fair = FairStep(policy, log, self.metrics)
         self.queue = vi.install_queue(self)
         self.clock = time.time  # the clock vLLM stamps a request's arrival_time with
         self._state: SchedState | None = None

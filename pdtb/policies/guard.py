@@ -32,6 +32,7 @@ class Guarded:
         self.name = str(getattr(inner, "name", "?"))
         self.strict_order = bool(getattr(inner, "strict_order", True))
         self.answers = 0
+        self.bad_answers = 0  # illegal answers, every one (violations keeps the first 50)
 
     def _call(self, method: str, *args):
         try:
@@ -42,6 +43,7 @@ class Guarded:
         return out
 
     def _bad(self, what: str) -> None:
+        self.bad_answers += 1
         if len(self.violations) < 50:
             self.violations.append(what)
 

@@ -181,6 +181,44 @@ def test_a_policy_that_raises_costs_its_step_the_order_only(caplog):
     assert len([r for r in caplog.records if "falls back" in r.getMessage()]) == 1
 
 
+class Dropper(BasePolicy):
+    """Answers an admission order that leaves a candidate out: illegal, replaced by the default."""
+
+    def admission_order(self, candidates, st):
+        return candidates[1:]
+
+
+def test_raised_calls_and_illegal_answers_are_prometheus_counters_on_loopback():
+    import urllib.request
+
+    from pdtb.integrations.policy_metrics import PORT_ENV, PolicyMetrics
+
+    views = {s.request_id: s for s in (seq("r1"), seq("r2"))}
+    m = PolicyMetrics("boom", {PORT_ENV: "0"})
+    try:
+        assert m.server.server_address[0] == "127.0.0.1" and m.port
+        step = FairStep(Boom(), metrics=m)
+        scan(step, [Req("r1"), Req("r2")], views, state(32))
+        scan(step, [Req("r1")], views, state(32))
+        bad = FairStep(Dropper(), metrics=m)
+        for _ in range(3):  # one illegal answer a step, each counted when the step ends
+            assert scan(bad, [Req("r1"), Req("r2")], views, state(32)) == ["r1", "r2"]
+            bad.end([], state(32))
+        text = urllib.request.urlopen(f"http://127.0.0.1:{m.port}/metrics", timeout=10).read().decode()
+    finally:
+        m.close()
+    assert 'pdtb_policy_errors_total{policy="boom"} 2.0' in text
+    assert 'pdtb_policy_violations_total{policy="boom"} 3.0' in text
+
+
+def test_no_port_serves_nothing_and_a_bad_port_is_refused():
+    from pdtb.integrations.policy_metrics import PORT_ENV, PolicyMetrics
+
+    assert PolicyMetrics("p", {}).server is None
+    with pytest.raises(ValueError, match="PDTB_METRICS_PORT='x'"):
+        PolicyMetrics("p", {PORT_ENV: "x"})
+
+
 def test_the_victims_of_a_foreseen_shortfall_go_to_the_tail():
     rows = [seq("a1", "a", prompt=40, computed=32, t=1), seq("b1", "b", prompt=40, computed=32, t=2),
             seq("a2", "a", prompt=40, computed=32, t=3)]

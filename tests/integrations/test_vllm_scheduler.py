@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import textwrap
 
@@ -20,12 +21,13 @@ TIMEOUT_S = 400  # the whole vLLM process: its imports, seven engines, about 60 
 
 # vLLM's side, run by .venv-vllm's python (no pytest there): JOB.json -> OUT.json
 DRIVER = textwrap.dedent('''
-    import json, os, sys
+    import json, os, sys, urllib.request
 
     def run(job, case):
         from vllm import LLM, SamplingParams
         os.environ.pop("PDTB_POLICY", None)
         os.environ.pop("PDTB_POLICY_ARGS", None)
+        os.environ.pop("PDTB_METRICS_PORT", None)
         os.environ.update(case.get("env", {}))
         try:
             llm = LLM(model=job["model"], dtype="float32", block_size=32, num_gpu_blocks_override=job["blocks"],
@@ -39,10 +41,13 @@ DRIVER = textwrap.dedent('''
         sched = llm.llm_engine.engine_core.engine_core.scheduler
         preempted = sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
         probe = getattr(getattr(sched, "fair", None) and sched.fair.inner, "probe", None)
+        port = getattr(getattr(sched, "metrics", None), "port", None)
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode() \
+            if port else None
         out = {"scheduler": type(sched).__name__, "tokens": [list(o.outputs[0].token_ids) for o in outs],
                "finished": [o.finished for o in outs], "preemptions": preempted,
                "errors": getattr(sched, "policy_errors", None), "violations": getattr(sched, "policy_violations", None),
-               "probe": probe}
+               "probe": probe, "metrics": metrics}
         llm.llm_engine.engine_core.shutdown()
         return out
 
@@ -164,7 +169,7 @@ def results(tmp_path_factory):
         "lps": {"scheduler_cls": fair, "env": {"PDTB_POLICY": f"{d}/lps.py:LeastPageSeconds",
                                                "PDTB_POLICY_ARGS": "half_life_s=5"}},
         "cap": {"scheduler_cls": fair, "env": {"PDTB_POLICY": f"{d}/cap.py:Cap", "PDTB_POLICY_ARGS": "max_pages=6"}},
-        "boom": {"scheduler_cls": fair, "env": {"PDTB_POLICY": f"{d}/boom.py:Boom"}},
+        "boom": {"scheduler_cls": fair, "env": {"PDTB_POLICY": f"{d}/boom.py:Boom", "PDTB_METRICS_PORT": "0"}},
         "bad-args": {"scheduler_cls": fair, "env": {"PDTB_POLICY": "memfair", "PDTB_POLICY_ARGS": "starve=1"}},
     }
     # eight prompts of 40-208 tokens, two tenants, 48 tokens each: 1,376 tokens in 24 blocks of 32 (767 usable)
@@ -207,6 +212,9 @@ def test_a_policy_that_raises_falls_back_and_is_counted(results):
     got = out["boom"]
     assert got["errors"] > 1 and all(got["finished"]) and got["tokens"] == out["vllm"]["tokens"]
     assert log.count("falls back to the engine's own order") == 1
+    # the count is a Prometheus counter, served by the scheduler's process on PDTB_METRICS_PORT
+    counted = re.search(r'^pdtb_policy_errors_total\{policy="[^"]+"\} (\d+)\.0$', got["metrics"], re.M)
+    assert counted and int(counted.group(1)) == got["errors"]
 
 
 def test_bad_settings_stop_the_start_up(results):
