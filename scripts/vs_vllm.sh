@@ -87,9 +87,11 @@ PAGE=16 TOTAL=448 HOST=512 BUDGET=512 BLOCK=32
 #   sixteen long-context ones, minnows at 4/s, 20 s;
 # overload: the frontier's 10 s period (frontier.sh: a 1024+512 whale, two 1984+64 ones, minnows
 #   of four tenants at 4/s) ten times as fast for 6 s, past every policy's knee there;
-# frontier: the frontier's sweep (frontier.sh --quick: that period at 1.5, 3 and 6 times its rate,
-#   2 s warm-up and 8 s measured each); the minnows' latency is read at 3. Its priority classes
-#   are left out: vLLM's default scheduler refuses a request with a priority.
+# frontier: the frontier's sweep of that period (as frontier.sh --quick: 2 s warm-up and 8 s
+#   measured at each level) at 3, 6 and 12 times its rate: one node with one thread has its knee
+#   between 6 and 12 (frontier.sh's levels, 1.5-6, are all under it); the minnows' latency is
+#   read at 6. Its priority classes are left out: vLLM's default scheduler refuses a request
+#   with a priority.
 declare -A WLS SWEEPS
 WLS[quick]="--workload whale-minnow --whales 6 --whale-prompt 1024 --whale-output 1024 --whale-start 1 --whale-interval 0.5
   --minnow-prompt 24 --minnow-output 8 --minnow-rate 4 --duration 20 --seed 0 --slo ttft_ms=500 --slo tpot_ms=100
@@ -104,8 +106,8 @@ WLS[frontier]="--workload whale-minnow --duration 10 --whales 1 --whale-prompt 1
   --context-whale-interval 4 --minnow-rate 4 --minnow-prompt 24 --minnow-output 8 --seed 0
   --whale-tenants w0,w1 --minnow-tenants m0,m1,m2,m3
   --slo ttft_ms=500 --slo tpot_ms=100 --slo whale:ttft_ms=30000 --slo whale:tpot_ms=500"
-SWEEPS[frontier]="--rates 1.5,3,6 --span-s 8 --warmup-s 2 --sample-interval 1"
-AT_LOAD=3
+SWEEPS[frontier]="--rates 3,6,12 --span-s 8 --warmup-s 2 --sample-interval 1"
+AT_LOAD=6
 for w in $WORKLOADS; do
   [ -n "${WLS[$w]:-}" ] || { echo "vs_vllm: unknown workload $w (quick, overload, frontier)" >&2; exit 2; }
 done

@@ -21,10 +21,10 @@ WORKLOADS = {
              "sixteen 1984+64 ones from 4 s, minnows (24+8) at 4/s for 20 s",
     "overload": "the frontier's 10 s period (`frontier.sh`: a 1024+512 whale, two 1984+64 ones, minnows of four "
                 "tenants at 4/s) ten times as fast for 6 s, past every policy's knee",
-    "frontier": "the frontier's sweep (`frontier.sh --quick`): that 10 s period at 1.5, 3 and 6 times its rate, "
+    "frontier": "the frontier's sweep (as `frontier.sh --quick`): that 10 s period at 3, 6 and 12 times its rate, "
                 "2 s warm-up and 8 s measured at each; max goodput is the highest load at which every class attains "
                 "its SLOs (minnows 500 ms TTFT and 100 ms TPOT, whales 30 s and 500 ms) for 90% of its requests; "
-                "the minnows' latency is read at load 3",
+                "the minnows' latency is read at load 6",
 }
 
 
