@@ -130,7 +130,7 @@ bench() {  # DIR NAME URL [CLIENT FLAGS...]: the workload (WL) once, or its swee
 serve_vllm() {  # DIR NAME [POLICY]: one run of the workload (WL) against a fresh vLLM server, labelled NAME;
   # with POLICY, vLLM's scheduler is the project's FairScheduler running that policy
   local dir="$1" name="$2" policy="${3:-}" port sched=() penv=()
-  [ -z "$policy" ] || { sched=(--scheduler-cls pdtb.integrations.vllm.FairScheduler); penv=(PDTB_POLICY="$policy"); }
+  [ -z "$policy" ] || { sched=(--scheduler-cls pdtb.integrations.vllm.FairScheduler); penv=(PDTB_POLICY="$policy" PDTB_STEP_LOG="$dir/steps-$name.jsonl"); }
   port="$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
   echo "== vLLM's OpenAI server${policy:+ with FairScheduler, $policy}:" \
     "$(( TOTAL * PAGE / BLOCK )) blocks of $BLOCK, $BUDGET batched tokens" >&2

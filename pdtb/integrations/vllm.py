@@ -24,6 +24,7 @@ from pdtb.integrations import vllm_internals as vi
 from pdtb.integrations.fair_step import FairStep, with_free
 from pdtb.integrations.policy_env import build_policy, policy_spec
 from pdtb.integrations.policy_metrics import PolicyMetrics
+from pdtb.integrations.step_log import StepLog
 
 log = vi.logger()
 
@@ -44,6 +45,7 @@ class FairScheduler(vi.Scheduler):
         self.clock = time.time  # the clock vLLM stamps a request's arrival_time with
         self._state: SchedState | None = None
         self._tenants: set[str] = set()  # tenants seen (each logged once, when first seen)
+        self.step_log = StepLog.open(os.environ)
         spec = self.policy_spec
         log.info("pd-testbed policy %s (%s), settings %s", spec.name, spec.source, dict(spec.args) or "default")
 
@@ -80,6 +82,7 @@ class FairScheduler(vi.Scheduler):
         cap = vi.chunk_cap(self)
         if plan is not None and plan.chunk_cap is not None:
             vi.set_chunk_cap(self, plan.chunk_cap)
+        t0 = time.perf_counter()
         try:
             out = super().schedule(*args, **kwargs)
         finally:
@@ -87,7 +90,11 @@ class FairScheduler(vi.Scheduler):
             vi.rejoin(self, sitting)
             vi.set_chunk_cap(self, cap)
         after = self._snapshot([self._view(r, True) for r in vi.running(self)], self.fair.steps)
-        self.fair.end(self._chunks(out, live), after)
+        chunks = self._chunks(out, live)
+        self.fair.end(chunks, after)
+        if self.step_log is not None:
+            self.step_log.write(self.fair.steps, chunks, len(self.queue), len(sitting),
+                                plan.chunk_cap if plan is not None else None, time.perf_counter() - t0)
         return out
 
     # ---- the policy's view ------------------------------------------------------------------------

@@ -219,6 +219,23 @@ def test_no_port_serves_nothing_and_a_bad_port_is_refused():
         PolicyMetrics("p", {PORT_ENV: "x"})
 
 
+def test_the_step_log_counts_prompt_chunks_and_decode_rows(tmp_path):
+    import json
+
+    from pdtb.engine.scheduler import ScheduledChunk
+    from pdtb.integrations.step_log import STEP_LOG_ENV, StepLog
+
+    assert StepLog.open({}) is None
+    log = StepLog.open({STEP_LOG_ENV: str(tmp_path / "steps.jsonl")})
+    prompt, deep, decoding = seq("p", prompt=40), seq("q", prompt=300, computed=256), seq("d", prompt=40, computed=45)
+    log.write(7, [ScheduledChunk(prompt, 40), ScheduledChunk(deep, 44), ScheduledChunk(decoding, 1)], waiting=3,
+              sitting=1, chunk_cap=44, sched_s=0.0025, now=12.5)
+    log.close()
+    line = json.loads((tmp_path / "steps.jsonl").read_text())
+    assert line == {"t": 12.5, "step": 7, "prefill_tokens": 84, "prefill_rows": 2, "decode_rows": 1, "waiting": 3,
+                    "sitting": 1, "chunk_cap": 44, "sched_ms": 2.5}
+
+
 def test_the_victims_of_a_foreseen_shortfall_go_to_the_tail():
     rows = [seq("a1", "a", prompt=40, computed=32, t=1), seq("b1", "b", prompt=40, computed=32, t=2),
             seq("a2", "a", prompt=40, computed=32, t=3)]

@@ -1,0 +1,41 @@
+"""A step log of a policy run inside another engine's scheduler (PDTB_STEP_LOG=FILE): one JSON
+line per step with what it served, for finding where a policy's time and throughput go.
+
+Each line: `t` (the wall clock at the step's scheduling), `step`, `prefill_tokens` and
+`prefill_rows` (prompt chunks), `decode_rows`, `waiting` (queued after the step's admission),
+`sitting` (running rows the policy left out), `chunk_cap` (the step's bound on a prompt chunk,
+null: none), `sched_ms` (the scheduler's own time, the policy's included).
+"""
+from __future__ import annotations
+
+import json
+import time
+
+STEP_LOG_ENV = "PDTB_STEP_LOG"
+
+
+class StepLog:
+    """Appends a step's line to a file, line-buffered (a crash loses no finished step)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.f = open(path, "a", buffering=1)
+
+    @classmethod
+    def open(cls, environ) -> "StepLog | None":
+        path = (environ.get(STEP_LOG_ENV) or "").strip()
+        return cls(path) if path else None
+
+    def write(self, step: int, chunks: list, waiting: int, sitting: int, chunk_cap: int | None, sched_s: float,
+              now: float | None = None) -> dict:
+        """`chunks`: the step's ScheduledChunks (a view and its token count)."""
+        prefill = [c for c in chunks if c.seq.num_computed_tokens < c.seq.num_prompt_tokens]
+        line = {"t": round(time.time() if now is None else now, 6), "step": step,
+                "prefill_tokens": sum(c.num_new_tokens for c in prefill), "prefill_rows": len(prefill),
+                "decode_rows": len(chunks) - len(prefill), "waiting": waiting, "sitting": sitting,
+                "chunk_cap": chunk_cap, "sched_ms": round(sched_s * 1000, 3)}
+        self.f.write(json.dumps(line) + "\n")
+        return line
+
+    def close(self) -> None:
+        self.f.close()
