@@ -59,6 +59,8 @@ COMMANDS = (
     Command(("colocated",), "pdtb.node_cli:main", "start a colocated node", role=True),
     Command(("router",), "pdtb.router.main:main", "start the HTTP router"),
     Command(("demo",), "pdtb.demo:main", "send a few streaming requests to a running router"),
+    Command(("top",), "pdtb.client.top:main", "URL: a live view of a running cluster: pages per node and tenant "
+            "against each share,\ninherited pages, queues, tier moves per second, recent TTFT and ITL per tenant"),
     Command(("keys",), "pdtb.cli:keys", "write ZeroMQ CURVE keys for --curve-dir (encrypted, authenticated sockets)"),
 )
 

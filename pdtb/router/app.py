@@ -9,6 +9,8 @@
                            migrations in flight from or to it, and what the node reports in `extra`
                            (among it `policy_info`: the policy it runs, {name, source, settings})
     GET  /cluster/migrations   live migrations in flight and the last ones done, with bytes and downtime
+    GET  /cluster/latency  each tenant's TTFT and ITL at this router process over the last minute
+                           (n, mean, p50, p90, p99 seconds; pdtb/router/tenant_latency.py)
     POST /admin/migrate    {"request_id", "to"}: move a decoding request to decode node "to" (pdtb/router/admin.py)
     POST /admin/drain      {"node"}: the node takes no new work; a decode node's requests move away
     POST /admin/nodes      {"role", "address"}: a node joins (a replacement a supervisor started)
@@ -18,7 +20,7 @@
 Every response carries X-Pdtb-Router: the router_id of the process that answered it.
 
 With an API key configured, /v1/* and /admin/* require `Authorization: Bearer <key>`; /health,
-/metrics and /cluster stay open. Every error is OpenAI-shaped: {"error": {"message", "type", "code", "param"}}.
+/metrics and /cluster* stay open. Every error is OpenAI-shaped: {"error": {"message", "type", "code", "param"}}.
 """
 from __future__ import annotations
 
@@ -29,12 +31,14 @@ import time
 from aiohttp import web
 
 from pdtb.router.admin import handle_add_node, handle_drain, handle_faults, handle_migrate, handle_migrations
+from pdtb.router.cluster_metrics import ClusterCollector
 from pdtb.router.completions import STATE, RouterState, handle_chat_completion, handle_completion
 from pdtb.router.config import RouterConfig, ServedModel
 from pdtb.router.metrics import RouterMetrics
 from pdtb.router.peers import PEERS, Peers, handle_router, stamp_router
 from pdtb.router.registry import NodeRegistry
 from pdtb.router.openai_api import ApiError
+from pdtb.router.tenant_latency import HORIZON_S
 
 log = logging.getLogger("pdtb.router")
 
@@ -131,6 +135,19 @@ async def handle_cluster(request: web.Request) -> web.Response:
     return web.json_response(out)
 
 
+async def handle_latency(request: web.Request) -> web.Response:
+    """GET /cluster/latency: {"window_s", "tenants": {tenant: {"ttft": figures, "itl": figures}}}."""
+    tenants = request.app[STATE].metrics.tenants.summary(time.monotonic())
+    return web.json_response({"window_s": HORIZON_S, "tenants": tenants})
+
+
+def node_reports(registry: NodeRegistry) -> list[tuple[str, str, dict]]:
+    """(role, node id, NodeStats.extra) of each healthy node that has reported."""
+    now = time.monotonic()
+    return [(n.spec.role, n.node_id, n.stats.extra) for n in registry.nodes
+            if n.stats is not None and not n.retired and registry.is_healthy(n, now)]
+
+
 def make_registry(config: RouterConfig, on_fatal=None) -> NodeRegistry:
     """The node registry `config` describes (this process's rebalance mode: RouterConfig.own_rebalance)."""
     return NodeRegistry(config.nodes, ping_interval=config.ping_interval, health_timeout=config.health_timeout,
@@ -146,6 +163,7 @@ def build_app(config: RouterConfig, model: ServedModel, registry: NodeRegistry |
     middlewares = [error_middleware] + ([auth_middleware(config.api_key)] if config.api_key else [])
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[STATE] = RouterState(config, model, registry, RouterMetrics(config.metrics_dir))
+    app[STATE].metrics.attach_cluster(ClusterCollector(lambda: node_reports(registry)))
     app[PEERS] = Peers(config.fleet, registry.router_id)
     app.on_response_prepare.append(stamp_router)
 
@@ -162,6 +180,7 @@ def build_app(config: RouterConfig, model: ServedModel, registry: NodeRegistry |
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_get("/cluster", handle_cluster)
     app.router.add_get("/cluster/migrations", handle_migrations)
+    app.router.add_get("/cluster/latency", handle_latency)
     app.router.add_post("/admin/migrate", handle_migrate)
     app.router.add_post("/admin/drain", handle_drain)
     app.router.add_post("/admin/nodes", handle_add_node)

@@ -101,6 +101,7 @@ class CompletionRun:
         # the prompt and the streamed tokens anew, and its hit is not what the client's prompt cost
         self.cached_tokens = 0
         self.first_token_at = self.last_token_at = 0.0  # time.monotonic() of the first and latest token
+        self.latency = state.metrics.tenants.of(req.tenant)  # its tenant's TTFT/ITL series
         self.status = "200"  # for the requests counter; "499": the client went away
         self.delivered = False  # a stream's last event ([DONE]) was written: whatever follows, it was served
         self.request: web.Request | None = None  # the client's HTTP request, once its stream's response is prepared
@@ -292,6 +293,9 @@ class CompletionRun:
             self.first_token_at = now
         if last is None:
             self.state.metrics.ttft.observe(now - self.arrival)
+            self.latency.first_token(now - self.arrival, now)
+        else:
+            self.latency.tokens(len(ev.token_ids), now - last, now)
         self.state.metrics.observe_tokens(len(ev.token_ids), None if last is None else now - last)
         return now
 

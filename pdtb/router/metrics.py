@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from pdtb.router.tenant_latency import TenantLatency
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.0)
 
@@ -20,6 +22,7 @@ class RouterMetrics:
     stream that failed after its 200 went out counts under the status of its error event (e.g.
     "503" when its node stopped answering): the client got that error, in the stream.
     ITL: a batch of k tokens arriving `gap` seconds after the previous one counts k times gap/k.
+    The same TTFT and ITL by tenant: `tenants` (pdtb/router/tenant_latency.py).
     """
 
     def __init__(self, multiprocess_dir: str | None = None) -> None:
@@ -53,6 +56,18 @@ class RouterMetrics:
         self.prefix_overlap_tokens = Counter("pdtb_router_prefix_overlap_tokens",
                                              "Prompt tokens of routed requests believed cached at their node",
                                              ["node"], registry=r)
+        self.tenant_ttft = Histogram("pdtb_router_tenant_ttft_seconds", "Time to first token at the router, "
+                                     "by tenant", ["tenant"], buckets=LATENCY_BUCKETS, registry=r)
+        self.tenant_itl = Histogram("pdtb_router_tenant_itl_seconds", "Inter-token latency at the router, by tenant",
+                                    ["tenant"], buckets=ITL_BUCKETS, registry=r)
+        self.tenants = TenantLatency(self.tenant_ttft, self.tenant_itl)
+        self._cluster = None  # a collector of the nodes' own reports (attach_cluster)
+
+    def attach_cluster(self, collector) -> None:
+        """Render `collector`'s families too (pdtb/router/cluster_metrics.py): they come from this
+        process's view of the nodes, not from anything summed over the routers."""
+        self._cluster = collector
+        self.registry.register(collector)
 
     def observe_migration(self, m) -> None:
         """A live migration ended (pdtb/router/migration.py)."""
@@ -77,4 +92,6 @@ class RouterMetrics:
             return generate_latest(self.registry), CONTENT_TYPE_LATEST
         summed = CollectorRegistry()
         MultiProcessCollector(summed, path=self.multiprocess_dir)
+        if self._cluster is not None:
+            summed.register(self._cluster)
         return generate_latest(summed), CONTENT_TYPE_LATEST
