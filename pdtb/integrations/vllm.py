@@ -93,8 +93,9 @@ class FairScheduler(vi.Scheduler):
         chunks = self._chunks(out, live)
         self.fair.end(chunks, after)
         if self.step_log is not None:
+            gone = [self.fair.views[r] for r in vi.preempted(out) if r in self.fair.views]
             self.step_log.write(self.fair.steps, chunks, len(self.queue), len(sitting),
-                                plan.chunk_cap if plan is not None else None, time.perf_counter() - t0)
+                                plan.chunk_cap if plan is not None else None, time.perf_counter() - t0, gone)
         return out
 
     # ---- the policy's view ------------------------------------------------------------------------

@@ -154,6 +154,11 @@ def scheduled(output) -> dict[str, int]:
     return output.num_scheduled_tokens
 
 
+def preempted(output) -> set[str]:
+    """Request ids a SchedulerOutput preempted this step (their blocks freed, to recompute)."""
+    return set(output.preempted_req_ids or ())
+
+
 def sync_view(view: Sequence | None, request, is_running: bool) -> Sequence:
     """The policy's view of a vLLM request (a pdtb Sequence), made once and kept current: its
     token ids are the request's own list (read-only), its tenant and SLO tier from
