@@ -13,7 +13,9 @@
 #     (scripts/transport_results.sh, after the document is written: it replaces its section);
 #   - clusters placed by Ray, and where they ran (scripts/ray_results.sh, the same way);
 #   - the simulator (scripts/sim_results.sh): validated against the comparison's real runs,
-#     the reproductions, one hour of the Azure trace on 8 GPUs, the H200 grid against the roofline.
+#     the reproductions, one hour of the Azure trace on 8 GPUs, the H200 grid against the roofline
+#     (the validation, the reproductions and the roofline on their own page, docs/sim-validation.md
+#     beside the document; a summary of them in it).
 # About 40 minutes on a 2-core machine (the frontier: 10). The run's files stay in OUT
 # (results/docs-*); the frontier's plots are copied next to the document (docs/img).
 #

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# The simulator's figures for docs/results.md, each from one command whose output lands in OUT:
+# The simulator's figures, each from one command whose output lands in OUT; written by
+# `python -m pdtb.figures.results_doc --section sim --sim OUT --out docs/results.md` (results.sh: its --sim):
+# the validation against the testbed, the reproductions and the roofline on their own page,
+# docs/sim-validation.md beside results.md, summarised in results.md with the rest.
 #   - validation against the testbed: scripts/validate_sim.sh over the workload sets --sets
 #     (default "quick load1.5 load3 load6 tenants"; with --real DIR: real runs of
 #     compare_fairness.sh --quick already made, e.g. by results.sh, for the first set, and

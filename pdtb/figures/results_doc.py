@@ -3,11 +3,16 @@ machine.
 
 `python -m pdtb.figures.results_doc`: write docs/results.md from the result files of one
 `scripts/results.sh` run. Every table is rendered from those files, stamped with the date,
-the commit and the machine; the file is replaced whole.
+the commit and the machine; the file is replaced whole. `--section NAME` replaces one section in
+place (its own date and commit). Every write passes the document through condense.py (its long
+tables in their dense form) and headline.py (the opening summary, drawn from the document's own
+tables, and the same lines in the README's headline block); the simulator's validation goes to
+sim-validation.md beside the document.
 
     python -m pdtb.figures.results_doc --fair DIR [--engine E.json] [--transport T.json ...]
                                      [--fair-command CMD] [--frontier DIR --frontier-command CMD]
-                                     --out docs/results.md
+                                     [--sim DIR] --out docs/results.md [--readme README.md]
+    python -m pdtb.figures.results_doc --section summary --out docs/results.md
 """
 from __future__ import annotations
 
@@ -100,7 +105,7 @@ def frontier_section(sweeps: list[dict], front: dict, command: str, images: str 
            "ends.", "",
            *frontier.table(points, front["pareto"], front["knee"], "minnow"), ""]
     if images:
-        out += [f"![frontier]({images}/frontier.png)", "", f"![attainment against load]({images}/attainment.png)", ""]
+        out += [f"![frontier]({images}/frontier.png) ![attainment against load]({images}/attainment.png)", ""]
     loads = sorted({lv["load"] for d in sweeps for lv in d["levels"]})
     out += ["Per level: offered → goodput req/s (attainment minnow / whale).", "",
             "| point | " + " | ".join(f"load {x:g}" for x in loads) + " |", "|---|" + "---|" * len(loads)]
@@ -151,47 +156,6 @@ def transport_section(results: list[dict]) -> list[str]:
 
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-
-
-def headline(run: Run, stamp: str) -> list[str]:
-    """The README's short form: memfair against fcfs per mode, the engine and transport ratios."""
-    out = [f"Headline of the run of {stamp} (all rows and columns: docs/results.md).", ""]
-    rows = run.fair_rows
-    if rows is not None:
-        out += [f"`{run.fair_command}`: memfair against fcfs, minnow class", "",
-                "| mode | minnow TTFT p99 | minnow ITL p99 | output tok/s | failed (fcfs, memfair) |",
-                "|---|---|---|---|---|"]
-        for mode in sorted({r["mode"] for r in rows if r["mode"]}):
-            base = next((r for r in rows if r["mode"] == mode and r["policy"] == "fcfs"), None)
-            mf = next((r for r in rows if r["mode"] == mode and r["policy"] == "memfair"), None)
-            if base and mf:
-                out.append(f"| {mode} | {_x(mf['ttft_p99_ms_ratio'])} | {_x(mf['itl_p99_ms_ratio'])} "
-                           f"| {_x(mf['tok_s_ratio'])} | {base['failed']}, {mf['failed']} |")
-        out.append("")
-    if run.frontier_points:
-        from pdtb.figures import frontier
-
-        points = run.frontier_points["points"]
-        for mode in sorted({p["mode"] for p in points}):
-            base = next((p for p in points if p["mode"] == mode and p["label"] == "fcfs"), None)
-            mf = next((p for p in points if p["mode"] == mode and p["label"] == "memfair"), None)
-            if base and mf:
-                ratio = frontier.ratio_text(mf["max_goodput_rps"], base["max_goodput_rps"])
-                out.append(f"- `{run.frontier_command}`, {mode}: memfair's max goodput with every class at 90% "
-                           f"attainment {mf['max_goodput_rps']:.2f} req/s against fcfs's {base['max_goodput_rps']:.2f} "
-                           f"(**{ratio}** x fcfs); saturation {frontier.ratio_text(mf['saturation_tok_s'], base['saturation_tok_s'])} x fcfs.")
-    if run.engine:
-        r = run.engine
-        out.append(f"- `pdtb bench engine --batch {r['batch']}`: paged engine **{r['ratio']:.2f}x** "
-                   f"`transformers.generate`'s tokens/s (median of pairs {r['ratio_paired_median']:.2f}x).")
-    for r in run.transports:
-        out.append(f"- `pdtb bench transport --endpoint {r['endpoint']}`: {r['gbps']:.2f} GB/s, "
-                   f"**{r['ratio_vs_raw_zmq']:.2f}x** raw pyzmq on the same chunks.")
-    return out
-
-
-def _x(v) -> str:
-    return "-" if v is None else f"{v:.2f}x"
 
 
 def replace_block(text: str, block: list[str]) -> str:
@@ -362,12 +326,40 @@ def _read(path: str | None) -> str:
     return Path(path).read_text().strip() if path and Path(path).exists() else ""
 
 
-def _write_section(path: str, heading: str, section: list[str], what: str, **kw) -> int:
-    """Replace (or insert) one section of the document at `path`, the others left as they are."""
+def write_doc(path: str | Path, text: str, readme: str | None = None) -> None:
+    """Write the document in its dense form (condense.py) with its summary drawn from its own tables,
+    and the same summary into the README's headline block: `readme`, or the README.md one folder above
+    the document's where it has the block ("" for none)."""
+    from pdtb.figures.condense import condense
+    from pdtb.figures.headline import readme_block, with_summary
+
+    text = with_summary(condense(text))
     out = Path(path)
-    out.write_text(replace_section(out.read_text(), heading, section, **kw))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    target = Path(readme) if readme else None if readme == "" else out.resolve().parent.parent / "README.md"
+    block = readme_block(text)
+    if target and block and target.is_file() and BEGIN in target.read_text():
+        target.write_text(replace_block(target.read_text(), block))
+        print(f"updated the headline in {target}")
+
+
+def _write_section(path: str, heading: str, section: list[str], what: str, readme: str | None = None, **kw) -> int:
+    """Replace (or insert) one section of the document at `path`, the others left as they are."""
+    write_doc(path, replace_section(Path(path).read_text(), heading, section, **kw), readme)
     print(f"replaced the {what} section of {path}")
     return 0
+
+
+def write_validation_page(doc: str | Path, sim_dir: str, stamp: str | None) -> None:
+    """The simulator's validation page, beside the document."""
+    from pdtb.figures.sim_section import VALIDATION_PAGE, validation_page
+
+    page = validation_page(sim_dir, stamp)
+    if page:
+        path = Path(doc).parent / VALIDATION_PAGE
+        path.write_text("\n".join(page).rstrip("\n") + "\n")
+        print(f"wrote {path}")
 
 
 def _stamp(commit: str) -> str:
@@ -379,7 +371,8 @@ def _stamp(commit: str) -> str:
 # --section NAME: the option (and what it takes) the section is drawn from
 SECTION_NEEDS = {"migration": "--migration DIR", "transports": "--shm FILE...", "ray": "--ray-junit FILE",
                  "gpu": "--gpu DIR", "scorecard": "--scorecard DIR", "sim-speed": "--sim-speed FILE", "sim": "--sim DIR",
-                 "chaos": "--chaos DIR", "router": "--router-files FILE...", "vllm": "--vllm DIR"}
+                 "chaos": "--chaos DIR", "router": "--router-files FILE...", "vllm": "--vllm DIR",
+                 "summary": ""}  # summary: the opening summary (and the README's block) from the document as it is
 
 
 def _run_stamp(commit_file: str | None, run_dir: str | None = None) -> str:
@@ -420,11 +413,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="replace only this section of the existing --out (its own date and commit in its first "
                          "line), leaving the others as they are")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--readme", help="also replace the headline block of this README")
+    ap.add_argument("--readme", help="the README whose headline block is replaced with the document's summary "
+                                     "(default: README.md one folder above --out, where it has the block; '' for none)")
     a = ap.parse_args(argv)
     if a.section:
         need = SECTION_NEEDS[a.section]
-        if not getattr(a, need.split()[0][2:].replace("-", "_")):
+        if need and not getattr(a, need.split()[0][2:].replace("-", "_")):
             ap.error(f"--section {a.section} needs {need}")
         return _replace_one_section(a)
     run = Run.load(a, Path(__file__).resolve().parents[2])
@@ -439,70 +433,74 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copyfile(src, img / src.name)
         images = "img"
     text = render(run, images, a.sim, a.prefix, a.prefix_command, a.migration, a.migration_command)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(text)
+    write_doc(a.out, text, a.readme)
     print(f"wrote {a.out}")
-    if a.readme:
-        stamp = f"{datetime.date.today().isoformat()}, commit {run.commit}"
-        readme = Path(a.readme)
-        readme.write_text(replace_block(readme.read_text(), headline(run, stamp)))
-        print(f"updated the headline in {a.readme}")
+    if a.sim:
+        write_validation_page(a.out, a.sim, None)
     return 0
 
 
 def _replace_one_section(a: argparse.Namespace) -> int:
     """--section: replace that section of the document at a.out, the others left as they are."""
+    def write(heading: str, section: list[str], what: str, **kw) -> int:
+        return _write_section(a.out, heading, section, what, a.readme, **kw)
+
     if a.section == "scorecard":
         from pdtb.figures.scorecard import SCORECARD_HEADING, results_section
 
         section = results_section(a.scorecard, a.scorecard_command, _run_stamp(a.commit_file, a.scorecard))
-        return _write_section(a.out, SCORECARD_HEADING, section, "scorecard", before="## Fairness at saturation")
+        return write(SCORECARD_HEADING, section, "scorecard", before="## Fairness at saturation")
     if a.section == "chaos":
         from pdtb.figures.chaos_section import CHAOS_HEADING, render as chaos_section
 
-        return _write_section(a.out, CHAOS_HEADING, chaos_section(a.chaos, _run_stamp(a.commit_file, a.chaos)),
+        return write(CHAOS_HEADING, chaos_section(a.chaos, _run_stamp(a.commit_file, a.chaos)),
                               "fault campaign", before="## Clusters placed by Ray")
+    if a.section == "summary":
+        write_doc(a.out, Path(a.out).read_text(), a.readme)
+        print(f"rewrote the summary of {a.out}")
+        return 0
     if a.section == "sim":
         from pdtb.figures.sim_section import SIM_HEADING, SPEED_HEADING, render as sim_section, speed_section
 
         stamp = _run_stamp(a.commit_file, a.sim)
-        _write_section(a.out, SIM_HEADING, sim_section(a.sim, stamp), "simulator", before=None)
+        write_validation_page(a.out, a.sim, stamp)
+        write(SIM_HEADING, sim_section(a.sim, stamp), "simulator", before=None)
         speed = Path(a.sim) / "speed.json"
         if speed.is_file():
-            _write_section(a.out, SPEED_HEADING, speed_section(json.loads(speed.read_text()), stamp), "simulator speed",
+            write(SPEED_HEADING, speed_section(json.loads(speed.read_text()), stamp), "simulator speed",
                            before=None)
         return 0
     if a.section == "sim-speed":
         from pdtb.figures.sim_section import SPEED_HEADING, speed_section
 
         section = speed_section(json.loads(Path(a.sim_speed).read_text()), _run_stamp(a.commit_file))
-        return _write_section(a.out, SPEED_HEADING, section, "simulator speed", before=None)  # after the simulator's
+        return write(SPEED_HEADING, section, "simulator speed", before=None)  # after the simulator's
     if a.section == "vllm":
         from pdtb.figures.vllm_section import VLLM_HEADING, render as vllm_section
 
-        return _write_section(a.out, VLLM_HEADING, vllm_section(a.vllm, _run_stamp(a.commit_file, a.vllm)), "vLLM")
+        return write(VLLM_HEADING, vllm_section(a.vllm, _run_stamp(a.commit_file, a.vllm)), "vLLM")
     if a.section == "router":
         from pdtb.figures.router_section import ROUTER_HEADING, render as router_section
 
         section = router_section(a.router_files, a.router_commands, _run_stamp(a.commit_file))
-        return _write_section(a.out, ROUTER_HEADING, section, "router")
+        return write(ROUTER_HEADING, section, "router")
     if a.section == "gpu":
         from pdtb.figures.gpu_section import GPU_HEADING, gpu_section
 
-        return _write_section(a.out, GPU_HEADING, gpu_section(a.gpu, _run_stamp(a.commit_file, a.gpu)), "GPU")
+        return write(GPU_HEADING, gpu_section(a.gpu, _run_stamp(a.commit_file, a.gpu)), "GPU")
     if a.section == "ray":
         section = ray_section(a.ray_junit, a.ray_seconds, _run_stamp(a.commit_file))
-        return _write_section(a.out, RAY_HEADING, section, "Ray")
+        return write(RAY_HEADING, section, "Ray")
     if a.section == "transports":
         shm = [json.loads(Path(f).read_text()) for f in a.shm]
         link = json.loads(Path(a.link).read_text()) if a.link else None
         section = transports_section(shm, a.admissions, _run_stamp(a.commit_file), link)
-        return _write_section(a.out, TRANSPORTS_HEADING, section, "transports", before="## Prefix caching")
+        return write(TRANSPORTS_HEADING, section, "transports", before="## Prefix caching")
     # the one left, migration: its stamp's commit is the run's own, else this checkout's
     measured = _read(str(Path(a.migration) / "commit"))
     stamp = _stamp(measured or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                               cwd=Path(__file__).resolve().parents[2]).stdout.strip())
-    return _write_section(a.out, MIGRATION_HEADING, migration_section(a.migration, a.migration_command, stamp),
+    return write(MIGRATION_HEADING, migration_section(a.migration, a.migration_command, stamp),
                           "migration")
 
 

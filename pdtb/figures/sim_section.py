@@ -1,13 +1,15 @@
-"""The simulator's section of docs/results.md (validation, reproductions, the Azure hour, the
-roofline grid).
+"""The simulator's part of docs/results.md, and its validation page docs/sim-validation.md.
 
-The simulator's sections of docs/results.md, from the files `scripts/sim_results.sh` writes:
-validate/validate-{grid,logs,spread,cores}.json and validate-sets.json, repro-{mcsf,vtc,essay}.json, azure-hour-POLICY.json
-(+ .wall_s, .command), roofline-h200.json and speed.json (its own section). A file that is
-absent leaves its part out."""
+From the files `scripts/sim_results.sh` writes: validate/validate-{grid,logs,spread,cores}.json,
+validate-sets.json and validate-prefix-KIND.json, repro-{mcsf,vtc}.json and roofline-h200.json go to
+the validation page (the simulator against the testbed, the papers it reproduces and the roofline),
+summarised in at most ten lines of results.md drawn from the page's own tables; repro-essay.json and
+azure-hour-POLICY.json (+ .wall_s, .command) stay in results.md, and speed.json is a section of its
+own. A file that is absent leaves its part out."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from pdtb.figures.results import fmt, md_table
@@ -190,28 +192,119 @@ def roofline_part(d: dict) -> list[str]:
 
 
 SIM_HEADING = "## The simulator (`pdtb sim`)"
+VALIDATION_PAGE = "sim-validation.md"  # beside results.md
+VALIDATION_TITLE = "# The simulator checked: against the testbed, the papers it reproduces, the roofline"
+KINDS = ("grid", "logs", "spread", "cores")
 
 
-def render(d: str | Path, stamp: str | None = None) -> list[str]:
-    d = Path(d)
-    out = [SIM_HEADING, ""] + ([f"`bash scripts/sim_results.sh` ({stamp}).", ""] if stamp else [])
+def validation_parts(d: Path) -> list[str]:
+    """The comparisons of the validation page, each under a "### " heading."""
+    out = []
     sets = _load(d / "validate", "validate-sets.json")
     if sets:
         out += sets_part(sets)
-    for kind in ("grid", "logs", "spread", "cores"):
+    for kind in KINDS:
         v = _load(d / "validate", f"validate-{kind}.json")
         if v:
             out += validation_part(v, kind)
-    pv = {k: x for k in ("grid", "logs", "spread", "cores") if (x := _load(d / "validate", f"validate-prefix-{k}.json"))}
+    pv = {k: x for k in KINDS if (x := _load(d / "validate", f"validate-prefix-{k}.json"))}
     if pv:
         out += prefix_validation_part(pv)
-    m = _load(d, "repro-mcsf.json")
-    if m:
-        out += mcsf_part(m)
-    for name, part in (("vtc", vtc_part), ("essay", essay_part)):
+    for name, part in (("mcsf", mcsf_part), ("vtc", vtc_part)):
         x = _load(d, f"repro-{name}.json")
         if x:
             out += part(x)
+    r = _load(d, "roofline-h200.json")
+    if r:
+        out += roofline_part(r)
+    return out
+
+
+def as_page(parts: list[str], stamp: str | None = None) -> list[str]:
+    """The validation page: a title, where it comes from, and the parts with their headings one level up."""
+    if not parts:
+        return []
+    when = f" ({stamp})" if stamp else ""
+    return [VALIDATION_TITLE, "", f"`bash scripts/sim_results.sh`{when}; summarised in "
+            "[results.md](results.md#the-simulator-pdtb-sim), which holds the simulator's other figures.", "",
+            *(x[1:] if x.startswith("### ") else x for x in parts)]
+
+
+def validation_page(d: str | Path, stamp: str | None = None) -> list[str]:
+    return as_page(validation_parts(Path(d)), stamp)
+
+
+def validation_summary(page: list[str]) -> list[str]:
+    """At most ten lines for results.md from the validation page's own tables ([] for an empty page)."""
+    from pdtb.figures.mdtables import blocks, table
+
+    if not page:
+        return []
+    tables = [t for b in blocks(page) if (t := table(b))]
+    kinds = {}  # calibration -> (held out on target, where the testbed repeats itself, orders beyond ties)
+    for head, rows in tables:
+        if head[:2] == ["calibration", "policy"]:
+            for r in rows:
+                m = re.match(r"\*\*held out: (.+?)\*\*(?:; where the testbed repeats itself (.+))?$", r[1])
+                if m and not r[0].endswith("-mean"):
+                    ties = re.search(r"beyond ties (\d+ of \d+)", r[-1])
+                    kinds[r[0]] = (m.group(1), m.group(2) or "-", ties.group(1) if ties else "-")
+    if not kinds:  # no sets: each calibration's own quick comparison
+        for i, line in enumerate(page):
+            m = re.match(r"## Against the testbed: (\w+) calibration", line)
+            got = m and re.search(r"On target: (\d+) of (\d+)", "\n".join(page[i:i + 3]))
+            if got:
+                kinds[m.group(1)] = (f"{got.group(1)}/{got.group(2)}", "-", "-")
+    out = [f"Checked against the testbed, the papers it reproduces and the roofline: "
+           f"[{VALIDATION_PAGE}]({VALIDATION_PAGE}).", ""]
+    if kinds:
+        out[0] += " Figures of held-out runs on target (p50 within 15%, p99 within 30%), per calibration:"
+        rows = [[name, *(v[k] for v in kinds.values())] for k, name in
+                enumerate(("held out on target", "where the testbed repeats itself", "orders the same beyond ties"))]
+        out += md_table(["calibration", *kinds], [r for r in rows if set(r[1:]) != {"-"}])
+        out.append("")
+    notes = _other_checks(tables)
+    return out + ([notes, ""] if notes else [])
+
+
+def _other_checks(tables: list[tuple[list[str], list[list[str]]]]) -> str:
+    """One sentence on prefix sharing, the reproductions and the roofline, from their tables."""
+    out = []
+    for head, rows in tables:
+        if head[:2] == ["calibration", "trace"]:
+            hits = sum("(off)" not in r[3] for r in rows)
+            ttft = sum("(off)" not in r[4] for r in rows)
+            out.append(f"prefix sharing, hit rate within 2 points in {hits} of {len(rows)} and TTFT p50 within 15% "
+                       f"in {ttft} of {len(rows)}")
+        by = {r[0]: r for r in rows}
+        if head == ["figure", "this run", "paper"] and "mean MC-SF / optimum" in by:
+            r = by["mean MC-SF / optimum"]
+            out.append(f"MC-SF at {r[1]} of the hindsight optimum on average (paper {r[2]})")
+        if head == ["figure", "this run", "paper"] and "VTC max difference (the artifact's measure)" in by:
+            r, b = by["VTC max difference (the artifact's measure)"], by.get("bound 2 max(w_in L_in, w_out M)")
+            out.append(f"VTC's largest service difference {r[1]} (paper {r[2]})"
+                       + (f" within the bound {b[1]}" if b else ""))
+        if head[:3] == ["steps", "n", "measured / roofline (geometric mean)"]:
+            out.append("H200 steps at " + ", ".join(f"{r[2]}x ({r[0]})" for r in rows) + " the roofline's time")
+    return (out[0][0].upper() + "; ".join(out)[1:] + ".") if out else ""
+
+
+def with_stamp(summary: list[str], stamp: str | None) -> list[str]:
+    """The summary's first paragraph opened with the command and its stamp."""
+    line = f"`bash scripts/sim_results.sh` ({stamp})." if stamp else ""
+    if not summary:
+        return [line, ""] if line else []
+    return [f"{line} {summary[0]}".strip(), *summary[1:]]
+
+
+def render(d: str | Path, stamp: str | None = None) -> list[str]:
+    """results.md's simulator section: the validation page's summary, the mission's claims at scale, the
+    Azure hour."""
+    d = Path(d)
+    out = [SIM_HEADING, "", *with_stamp(validation_summary(validation_page(d, stamp)), stamp)]
+    x = _load(d, "repro-essay.json")
+    if x:
+        out += essay_part(x)
     runs = []
     for path in sorted(d.glob("azure-hour-*.json")):  # one per policy sim_results.sh ran
         pol = path.stem[len("azure-hour-"):]
@@ -222,9 +315,6 @@ def render(d: str | Path, stamp: str | None = None) -> list[str]:
             runs.append((az, text["wall_s"], text["command"]))
     if runs:
         out += azure_part(runs)
-    r = _load(d, "roofline-h200.json")
-    if r:
-        out += roofline_part(r)
     return out
 
 

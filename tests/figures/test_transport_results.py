@@ -94,8 +94,10 @@ def test_the_transports_section_is_replaced_in_place(tmp_path):
     assert "every request's verdicts, every count and the generated tokens equal zmq's" in text
     assert "a virtual clock of 20 ms per engine step" in text
     assert text.index("In lockstep") < text.index("Live (real clusters") < text.index("## Prefix caching")
-    live = text[text.index("Live (real clusters"):]
-    assert "memfair   vs zmq: every count: zmq-again: differs, shm: same" in live
+    # the two listings as one table: a column a policy where every transport agreed (lockstep), else a
+    # column a transport (live: zmq-again accepted 3 where zmq and shm accepted 4)
+    assert "| verdict | lockstep memfair (zmq, shm) | live memfair zmq | live memfair zmq-again | live memfair shm |" \
+        in text and "| accept | 1 | 4 | 3 | 4 |" in text
     assert "over ipc 400 us (300)" in text and "local link" in text and "**4.00x**" in text
     assert results_doc(args) == 0 and doc.read_text().count(TRANSPORTS_HEADING) == 1
 
