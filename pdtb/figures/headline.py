@@ -89,19 +89,24 @@ def frontier(lines: list[str], commit: str) -> str | None:
 
 
 def vllm(lines: list[str], commit: str) -> str | None:
-    offline, ttft = [], []
+    offline, ttft, tok = [], [], []
     for head, rows in _tables(lines):
         if "identical outputs" in head and "ratio" in head:
             offline += [(_plain(r[head.index("ratio")]), _plain(r[head.index("identical outputs")])) for r in rows]
-        if "minnow TTFT p99 (ms)" in head and head[head.index("minnow TTFT p99 (ms)") + 1:][:1] == ["x vllm"]:
-            j = head.index("minnow TTFT p99 (ms)") + 1
-            ttft += [float(x) for r in rows if "memfair" in r[:2] and re.fullmatch(r"[\d.]+", x := _plain(r[j]))]
+        if "minnow TTFT p99 (x vLLM)" in head and "system" in head:  # (pdtb/figures/vllm_section.py)
+            j, k = head.index("minnow TTFT p99 (x vLLM)"), head.index("system")
+            t = head.index("output tok/s (x vLLM)") if "output tok/s (x vLLM)" in head else None
+            for r in rows:
+                if r[k] == "memfair":
+                    ttft += [float(x) for x in _plain(r[j]).split(" / ") if re.fullmatch(r"[\d.]+", x)]
+                    tok += [float(x) for x in _plain(r[t]).split(" / ") if t is not None and re.fullmatch(r"[\d.]+", x)]
     parts = []
     if offline:
         parts.append(f"offline {', '.join(f'**{r}**' for r, _ in offline)} its tokens/s, outputs identical in "
                      f"{', '.join(i for _, i in offline)}")
     if ttft:
-        parts.append(f"serving, memfair's minnow TTFT p99 {min(ttft):.2f}x to {max(ttft):.2f}x vLLM's")
+        parts.append(f"serving, memfair's minnow TTFT p99 {min(ttft):.2f}x to {max(ttft):.2f}x vLLM's"
+                     + (f", its output tok/s {min(tok):.2f}x to {max(tok):.2f}x" if tok else ""))
     if not parts:
         return None
     return f"- Beside vLLM's CPU build, same checkpoint and budgets: {'; '.join(parts)} (commit {commit})."

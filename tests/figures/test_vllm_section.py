@@ -44,36 +44,40 @@ def _result(policy: str, ttft: float, tok_s: float) -> dict:
             "summary": {"per_class": {"minnow": lat, "whale": lat}, "overall": {"output_tok_s": tok_s, "failed": 0}}}
 
 
-def test_the_section_gives_each_workloads_rounds_with_ratios_to_vllm(tmp_path):
+def test_the_section_gives_each_workloads_rounds_side_by_side_as_ratios_to_vllm(tmp_path):
     from pdtb.figures.vllm_section import WORKLOADS, render
 
     for w, ttft in (("overload", 4000.0), ("quick", 1000.0)):
-        d = tmp_path / "serve" / w / "round-1"
-        d.mkdir(parents=True)
-        (d / "colocated-vllm.json").write_text(json.dumps(_result("vllm", ttft, 400.0)))
-        (d / "colocated-memfair.json").write_text(json.dumps(_result("memfair", ttft / 20, 380.0)))
+        for rnd, tok in ((1, 400.0), (2, 500.0)):
+            d = tmp_path / "serve" / w / f"round-{rnd}"
+            d.mkdir(parents=True)
+            (d / "colocated-vllm.json").write_text(json.dumps(_result("vllm", ttft * rnd, tok)))
+            (d / "colocated-memfair.json").write_text(json.dumps(_result("memfair", ttft / 20, tok * 0.95)))
     text = "\n".join(render(str(tmp_path), "_now_"))
     assert text.index("**quick**") < text.index("**overload**")  # the workloads in the script's order
     assert WORKLOADS["overload"] in text
-    memfair = [line for line in text.splitlines() if line.startswith("| colocated") and "memfair" in line]
-    assert len(memfair) == 2 and all("0.05" in line and "0.95" in line for line in memfair), memfair
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in text.splitlines() if line.startswith("| ")}
+    # vLLM's own figures; memfair's as ratios to vLLM's of the same round: 1/20, then 1/40
+    assert "| 1000 / 2000 ms |" in rows[("quick", "vllm")] and "| 400.0 / 500.0 tok/s |" in rows[("quick", "vllm")]
+    assert "| 0.05 / 0.03 |" in rows[("quick", "memfair")] and "| 0.95 / 0.95 |" in rows[("quick", "memfair")]
+    assert "| 0.05 / 0.03 |" in rows[("overload", "memfair")]
 
 
 def test_a_swept_workload_shows_each_rounds_frontier_against_vllm(tmp_path):
     from pdtb.figures.vllm_section import render
 
-    d = tmp_path / "serve" / "frontier" / "round-1" / "frontier"
-    d.mkdir(parents=True)
-
     def pt(label, goodput, tok, ttft, top):
         return {"label": label, "mode": "colocated", "policy": label, "max_goodput_rps": goodput,
                 "saturation_tok_s": tok, "saturation_total_tok_s": 2 * tok, "knee_rps": goodput, "at_load": 3,
                 "ttft_p99_ms": ttft, "itl_p99_ms": 30.0, "attainment": 0.9, "goodput_at_top": top}
-    (d / "frontier.json").write_text(json.dumps({
-        "points": [pt("vllm", 4.0, 300.0, 900.0, False), pt("memfair", 6.0, 330.0, 90.0, True)],
-        "pareto": [False, True], "knee": None, "x": "saturation_tok_s"}))
+    for rnd, tok in ((1, 330.0), (2, 360.0)):
+        d = tmp_path / "serve" / "frontier" / f"round-{rnd}" / "frontier"
+        d.mkdir(parents=True)
+        (d / "frontier.json").write_text(json.dumps({
+            "points": [pt("vllm", 4.0, 300.0, 900.0, False), pt("memfair", 6.0, tok, 90.0, True)],
+            "pareto": [False, True], "knee": None, "x": "saturation_tok_s"}))
     text = "\n".join(render(str(tmp_path), "_now_"))
-    assert "**frontier**" in text and "x vllm" in text
-    row = next(line for line in text.splitlines() if "| memfair |" in line)
-    # goodput 6/4 (a bound: the top level still attained), saturation 330/300
-    assert "| >= 6.00 | 1.50 | 330.0 | 1.10 |" in row, row
+    assert "**frontier**" in text
+    row = next(line for line in text.splitlines() if line.startswith("| memfair |"))
+    # goodput 6/4 (a bound: the top level still attained), saturation 330/300 and 360/300
+    assert "| >= 6.00 / >= 6.00 | 1.50 / 1.50 | 330.0 / 360.0 | 1.10 / 1.20 |" in row, row
