@@ -5,11 +5,20 @@ scheduler call nothing else on it, and change none of its state: what a policy r
 changes itself, told through these methods. `fairness.base.BasePolicy` answers every method
 with first-come first-served defaults, so a policy overrides only what it changes.
 
-Call order within one scheduler step:
+Call order within one scheduler step (pdtb/engine/scheduler.py; tests/fairness/test_call_order.py):
 
     reclaim (begins the step: a policy refreshes its per-step view here)
-      -> step_order -> pick_victim (zero or more) -> admission_order
-      -> may_admit (per candidate that fits) -> chunk_limit (per chunk) -> on_step
+      -> step_order
+      -> per running row, in that order: chunk_limit (a prompt's chunk), then pick_victim
+         (zero or more, while the row's chunk lacks free pages)
+      -> admission_order
+      -> per candidate, in that order: chunk_limit (a prompt's chunk of more than a token),
+         then may_admit (when the pages of that chunk are free)
+      -> on_step
+
+A candidate's chunk is sized before it is asked in: `may_admit` is asked for the pages of the
+chunk `chunk_limit` just gave it. Another engine's adapter (pdtb/integrations/fair_step.py) asks
+in the same order, chunk_limit only of the running prompts.
 
 Between steps, on a decode node (and in the simulator's), for each inherited request offered
 from the prefill side: refresh -> place_arrival. `forget` when a request is no longer this
