@@ -80,15 +80,18 @@ class BasePolicy:
 
     def _bw_take(self, tenant: str, nbytes: int, state: SchedState) -> bool:
         """Reserve `nbytes` of `tenant`'s bucket for this step; False if it does not fit."""
+        if not self._bw_fits(tenant, nbytes, state):
+            return False
+        self._bw_left[tenant] -= nbytes
+        return True
+
+    def _bw_fits(self, tenant: str, nbytes: int, state: SchedState) -> bool:
+        """Whether `nbytes` fit `tenant`'s bucket this step (its level is read once a step)."""
         burst = self.cfg.tenant_bw_cap * self.cfg.bw_window_s
         left = self._bw_left.get(tenant)
         if left is None:
-            left = self._bw_level(tenant, state)
-        if nbytes <= left or (nbytes > burst and left >= burst):
-            self._bw_left[tenant] = left - nbytes
-            return True
-        self._bw_left[tenant] = left
-        return False
+            left = self._bw_left[tenant] = self._bw_level(tenant, state)
+        return nbytes <= left or (nbytes > burst and left >= burst)
 
     def _bw_level(self, tenant: str, state: SchedState) -> float:
         """The tenant's bucket now: refilled at the cap since it was last charged, at most a window."""
@@ -106,15 +109,26 @@ class BasePolicy:
         # Watermark: leave a page per running request for its next token, so that admitting
         # one request does not force an eviction on the very next step (admit/evict thrash).
         headroom = len(self.running) + self._reserved(seq, state)
-        if seq.num_preemptions and not seq.num_computed_tokens:
-            # A recompute starts only when its whole context fits: admitted chunk by chunk, it
-            # would be the first victim again before its prefill ends, and the work is lost.
-            need_pages = max(need_pages, -(-(seq.num_tokens + 1) // state.page_size))
+        need_pages = self._admit_pages(seq, need_pages, state)
         if need_pages + headroom > state.device_free:
             return False
         if self.cfg.tenant_bw_cap is not None:  # its first step reads its pages too
-            return self._bw_take(seq.tenant, (state.pages.get(seq.request_id, 0) + need_pages) * state.page_bytes, state)
+            return self._bw_fits(seq.tenant, (state.pages.get(seq.request_id, 0) + need_pages) * state.page_bytes, state)
         return True
+
+    def admitted(self, seq: Sequence, need_pages: int, state: SchedState) -> None:
+        """With a bandwidth cap, the admitted request's first read is charged to its tenant."""
+        if self.cfg.tenant_bw_cap is not None:
+            need_pages = self._admit_pages(seq, need_pages, state)
+            self._bw_left[seq.tenant] -= (state.pages.get(seq.request_id, 0) + need_pages) * state.page_bytes
+
+    @staticmethod
+    def _admit_pages(seq: Sequence, need_pages: int, state: SchedState) -> int:
+        """A recompute starts only when its whole context fits: admitted chunk by chunk, it would
+        be the first victim again before its prefill ends, and the work is lost."""
+        if seq.num_preemptions and not seq.num_computed_tokens:
+            return max(need_pages, -(-(seq.num_tokens + 1) // state.page_size))
+        return need_pages
 
     def pick_victim(self, candidates: list[Sequence], requester: Sequence, state: SchedState) -> Sequence:
         candidates = self.spare_oldest(candidates, state)

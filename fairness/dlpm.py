@@ -61,11 +61,9 @@ class DlpmPolicy(BasePolicy):
             self._after[pick.request_id] = dict(deficit)
         return out + rest
 
-    def may_admit(self, seq, need_pages, state):
-        if not super().may_admit(seq, need_pages, state):
-            return False
+    def admitted(self, seq, need_pages, state):
+        super().admitted(seq, need_pages, state)
         self.deficit = self._after.pop(seq.request_id, self.deficit)  # admitted: the play up to it is real
-        return True
 
     def on_step(self, chunks, state) -> None:
         super().on_step(chunks, state)

@@ -75,8 +75,6 @@ class DrrPolicy(BasePolicy):
                 deficit.pop(c, None)
         return out
 
-    def may_admit(self, seq, need_pages, state):
-        if not super().may_admit(seq, need_pages, state):
-            return False
+    def admitted(self, seq, need_pages, state):
+        super().admitted(seq, need_pages, state)
         self.ring = self._after.pop(seq.request_id, self.ring)  # admitted: the play up to it is real
-        return True

@@ -13,7 +13,7 @@ Call order within one scheduler step (pdtb/engine/scheduler.py; tests/fairness/t
          (zero or more, while the row's chunk lacks free pages)
       -> admission_order
       -> per candidate, in that order: chunk_limit (a prompt's chunk of more than a token),
-         then may_admit (when the pages of that chunk are free)
+         then may_admit (when the pages of that chunk are free), then admitted after a yes
       -> on_step
 
 A candidate's chunk is sized before it is asked in: `may_admit` is asked for the pages of the
@@ -24,7 +24,9 @@ Between steps, on a decode node (and in the simulator's), for each inherited req
 from the prefill side: refresh -> place_arrival. `forget` when a request is no longer this
 node's concern (it ended, was aborted, or an arrival it was holding went elsewhere).
 
-One method is optional: `on_steps(chunks, state, starts)`. The simulator takes runs of identical
+Two methods are optional. `admitted(seq, need_pages, state)`: told right after a yes of
+`may_admit` (which has no side effect), so that what a policy books for an admission it books
+there. `on_steps(chunks, state, starts)`: the simulator takes runs of identical
 decode steps at once (pdtb/sim/coast.py) only for a policy that has it: every running row
 decoding one token a step, nothing waiting, parked or held, no page changing tier. In those
 steps the policy is not asked (it would reclaim nothing, step every row and admit no one); it
@@ -108,6 +110,10 @@ class Policy(Protocol):
     def may_admit(self, seq: Sequence, need_pages: int, state: SchedState) -> bool:
         """May `seq` take `need_pages` more device pages now? (They are free: the scheduler checked.)"""
 
+    def admitted(self, seq: Sequence, need_pages: int, state: SchedState) -> None:
+        """`seq` took `need_pages` device pages on a yes of `may_admit` (which has no side effect:
+        what a policy books for an admission, it books here)."""
+
     def chunk_limit(self, seq: Sequence, budget: int, state: SchedState) -> int:
         """Tokens a prefill chunk of `seq` may take of the step's remaining `budget`."""
 
@@ -132,6 +138,6 @@ class Policy(Protocol):
 # The methods a policy class must have; a class lacking one is refused when it is loaded.
 REQUIRED_METHODS = ("refresh", "reclaim", "step_order", "pick_victim", "admission_order", "may_admit",
                     "chunk_limit", "on_step", "place_arrival", "waiting_arrivals", "forget", "quotas")
-OPTIONAL_METHODS = ("on_steps",)  # see the module doc
+OPTIONAL_METHODS = ("on_steps", "admitted")  # see the module doc; BasePolicy has both
 REQUIRED_ATTRIBUTES = ("name", "strict_order")
 OPTIONAL_ATTRIBUTES = ("cluster",)  # set by a node of several when the policy has it (see the module doc)

@@ -89,11 +89,15 @@ class McsfPolicy(BasePolicy):
         if not feasible(self.planned + [item], state.device_total, state.page_size):
             self._blocked = True
             return False
-        if self.cfg.tenant_bw_cap is not None and not self._bw_take(
+        if self.cfg.tenant_bw_cap is not None and not self._bw_fits(
                 seq.tenant, (state.pages.get(seq.request_id, 0) + need_pages) * state.page_bytes, state):
-            return False  # its first step reads its pages too (BasePolicy.may_admit's charge)
-        self.planned.append(item)
+            return False  # its first step reads its pages too (charged by `admitted`)
         return True
+
+    def admitted(self, seq, need_pages, state):
+        self.planned.append((seq.num_tokens, self.predictor(seq)))
+        if self.cfg.tenant_bw_cap is not None:
+            self._bw_left[seq.tenant] -= (state.pages.get(seq.request_id, 0) + need_pages) * state.page_bytes
 
     def _place(self, arrival, queued, state):
         """An arrival goes to the device tier only if the plan stays feasible with it (its

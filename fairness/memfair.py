@@ -142,16 +142,9 @@ class MemFairPolicy(BasePolicy):
         first, over, own = self.view.starved, self.view.over, self.owner
         return sorted(candidates, key=lambda s: (s.request_id != first, over.get(own(s), 0.0), s.arrival_time))
 
-    def may_admit(self, seq, need_pages, state):
-        """Asked after `chunk_limit` sized the candidate's chunk (the scheduler's order). A yes is an
-        admission (the pages fit: the scheduler checked) that no later call reports, so it grants the
-        pages to the owner until the next view; `_admits` is the question itself."""
-        ok = self._admits(seq, need_pages, state)
-        if ok:
-            self._granted.append((self.owner(seq), need_pages))
-        return ok
-
-    def _admits(self, seq: Sequence, need: int, state: SchedState) -> bool:
+    def may_admit(self, seq, need, state):
+        """Asked after `chunk_limit` sized the candidate's chunk (the scheduler's order); no side
+        effect: a yes is booked by `admitted`."""
         if not super().may_admit(seq, need, state):
             return False
         rid, owner = seq.request_id, self.owner(seq)
@@ -183,6 +176,11 @@ class MemFairPolicy(BasePolicy):
             self._granted.append((owner, pages))
             return Placement.DEVICE
         return self.park_or_defer(arrival, state)
+
+    def admitted(self, seq, need_pages, state):
+        """The pages granted to the owner until the next view (the scheduler checked they fit)."""
+        super().admitted(seq, need_pages, state)
+        self._granted.append((self.owner(seq), need_pages))
 
     def _keeps_room(self, rid: str, owner: str, need: int, use: dict, state: SchedState) -> bool:
         return rules.keeps_room_for_starved(self.view, rid, owner, need, use, state.device_free - len(self.running),

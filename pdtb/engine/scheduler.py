@@ -239,8 +239,13 @@ class Scheduler:
             # Work conservation: with nothing running, the first candidate that fits runs
             # whatever the quotas say, so a quota can delay a request but never strand it.
             idle = not self.running
-            if need + self.pool.num_revived(hit) > self.pool.num_free \
-                    or not (self.policy.may_admit(seq, need, self.state()) or idle):
+            yes, st = False, None
+            if need + self.pool.num_revived(hit) <= self.pool.num_free:
+                st = self.state()
+                yes = self.policy.may_admit(seq, need, st)
+                if yes and hasattr(self.policy, "admitted"):  # (optional: BasePolicy has it)
+                    self.policy.admitted(seq, need, st)
+            if st is None or not (yes or idle):
                 if hit:
                     seq.num_computed_tokens = 0
                 if self.policy.strict_order:

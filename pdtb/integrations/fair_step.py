@@ -248,7 +248,10 @@ class Admission:
         need = first_chunk_pages(seq, state)
         if need > state.device_free:
             return False
-        return self.step.policy.may_admit(seq, need, state) or self.idle()
+        if self.step.policy.may_admit(seq, need, state):
+            self.step.policy.admitted(seq, need, state)
+            return True
+        return self.idle()
 
 
 def with_free(state: SchedState, device_free: int) -> SchedState:

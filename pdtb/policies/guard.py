@@ -82,6 +82,10 @@ class Guarded:
         self.trace.append(("admit", state.step, seq.request_id, out))
         return out
 
+    def admitted(self, seq, need_pages, state) -> None:
+        if hasattr(self._inner, "admitted"):  # (optional: BasePolicy has it)
+            self._call("admitted", seq, need_pages, state)
+
     def pick_victim(self, candidates, requester, state):
         out = self._call("pick_victim", candidates, requester, state)
         if out is None and requester.in_prefill:  # a prompt's chunk waits

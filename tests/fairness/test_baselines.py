@@ -33,7 +33,9 @@ def test_drr_resumes_the_rounds_where_admission_stopped():
             for r, n, p, a in (("0a", 150, 0, 0.0), ("0b", 50, 0, 1.0), ("1a", 60, 1, 2.0), ("1b", 60, 1, 3.0),
                                ("1c", 60, 1, 4.0))}
     pol.admission_order(list(reqs.values()), state())
-    assert pol.may_admit(reqs["1a"], 1, state()) and pol.may_admit(reqs["0a"], 1, state())
+    for rid in ("1a", "0a"):  # as the scheduler asks: may_admit (no side effect), then admitted on a yes
+        assert pol.may_admit(reqs[rid], 1, state())
+        pol.admitted(reqs[rid], 1, state())
     assert pol.ring == Ring((0, 1), ((0, 50), (1, 40)), True)
     rest = pol.admission_order([reqs["0b"], reqs["1b"], reqs["1c"]], state())
     assert [s.request_id for s in rest] == ["0b", "1b", "1c"]
@@ -95,7 +97,9 @@ def test_dlpm_admits_within_deficits_longest_prefix_first():
     st = dlpm_state({"b2": 2})
     assert [s.request_id for s in pol.admission_order(reqs, st)] == ["b2", "a1", "b1", "a2"]
     # b2 and a1 admitted: their charges are committed, the rest is not
-    assert pol.may_admit(reqs[3], 1, st) and pol.may_admit(reqs[0], 1, st)
+    for s in (reqs[3], reqs[0]):  # as the scheduler asks: may_admit, then admitted on a yes
+        assert pol.may_admit(s, 1, st)
+        pol.admitted(s, 1, st)
     assert pol.deficit == {"a": 0.0, "b": 18.0}
 
 

@@ -1,12 +1,12 @@
 """The order in which the real Scheduler asks a policy its questions within one step, as
 fairness/interface.py and docs/policies.md state it: reclaim, step_order, per running row its
-chunk_limit then any pick_victim, admission_order, per candidate its chunk_limit then may_admit,
-on_step. memfair sizes a candidate's chunk before it is asked to admit it, so this order is part
+chunk_limit then any pick_victim, admission_order, per candidate its chunk_limit then may_admit
+(and admitted after a yes), on_step. memfair sizes a candidate's chunk before it is asked to admit it, so this order is part
 of its rules."""
 from __future__ import annotations
 
 from fairness import BasePolicy
-from fairness.interface import REQUIRED_METHODS
+from fairness.interface import OPTIONAL_METHODS, REQUIRED_METHODS
 from sched_sim import make_request, make_scheduler
 
 
@@ -20,12 +20,12 @@ class Recording:
         self.log: list[tuple[str, str | None]] = []
 
     def __getattr__(self, method):
-        if method not in REQUIRED_METHODS:
+        if method not in (*REQUIRED_METHODS, *OPTIONAL_METHODS) or method == "on_steps":
             raise AttributeError(method)
         call = getattr(self.inner, method)
 
         def logged(*args):
-            rid = args[0].request_id if method in ("chunk_limit", "may_admit") else \
+            rid = args[0].request_id if method in ("chunk_limit", "may_admit", "admitted") else \
                 args[1].request_id if method == "pick_victim" else None
             self.log.append((method, rid))
             return call(*args)
@@ -52,9 +52,10 @@ def test_a_step_asks_in_the_documented_order():
     out = sched.schedule()
     # p's chunk (16 tokens: 6 pages, 4 more than it has) lacks pages: a victim is asked for (p
     # itself: d, the oldest, is spared) and p goes back to waiting, not to be admitted again this
-    # step; d decodes; w's 4-token chunk is sized, then w is asked in (a page of the 5 free), and
-    # the step is told what it served
+    # step; d decodes; w's 4-token chunk is sized, then w is asked in (a page of the 5 free) and
+    # told it is in, and the step is told what it served
     assert pol.log == [("reclaim", None), ("step_order", None), ("chunk_limit", "p"), ("pick_victim", "p"),
-                       ("admission_order", None), ("chunk_limit", "w"), ("may_admit", "w"), ("on_step", None)]
+                       ("admission_order", None), ("chunk_limit", "w"), ("may_admit", "w"), ("admitted", "w"),
+                       ("on_step", None)]
     assert [(c.seq.request_id, c.num_new_tokens) for c in out.chunks] == [("d", 1), ("w", 4)]
     assert [s.request_id for s in out.preempted] == ["p"]

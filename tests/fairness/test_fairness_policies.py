@@ -194,8 +194,10 @@ def test_mcsf_admits_the_brute_force_prefix(running, waiting, total):
     admitted = 0
     for c, r in waiting:
         seq = make_request(c, r)
-        if not pol.may_admit(seq, 0, state(device_total=total, device_free=total)):
+        st = state(device_total=total, device_free=total)
+        if not pol.may_admit(seq, 0, st):
             break
+        pol.admitted(seq, 0, st)
         admitted += 1
     assert admitted == brute_force_prefix(running, waiting, total, ps)
 

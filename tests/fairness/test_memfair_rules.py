@@ -256,3 +256,23 @@ def test_the_victim_is_the_most_over_share_owners_largest_demotable_else_its_lea
     assert rules.choose_victim([a1, a2, b1], over, owner_of, st, always, lambda: False) is a2  # largest footprint
     assert rules.choose_victim([a1, a2, b1], over, owner_of, st, never, lambda: False) is a1  # least computed
     assert rules.choose_victim([a1, a2, b1], over, owner_of, st, never, lambda: True) is None  # the chunk waits
+
+
+def test_may_admit_has_no_side_effect_and_admitted_books_the_pages():
+    """Asked twice, memfair answers the same and its view of the owner's use is unchanged;
+    `admitted` books the pages, so the next ask sees them."""
+    from fairness.memfair import MemFairPolicy
+    from sched_sim import make_request, make_scheduler
+
+    pol = MemFairPolicy()
+    sched = make_scheduler(pol, num_pages=64, budget=64)
+    seq = make_request(8, 4, tenant="a", arrival=0.0, rid="a1")
+    sched.add(seq)
+    st = sched.state()
+    pol.reclaim([], [seq], st)
+    before = dict(pol._use())
+    assert pol.may_admit(seq, 2, st) == pol.may_admit(seq, 2, st) is True
+    assert pol._use() == before
+    pol.admitted(seq, 2, st)
+    owner = pol.owner(seq)
+    assert pol._use().get(owner, 0) == before.get(owner, 0) + 2
