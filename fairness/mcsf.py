@@ -89,15 +89,14 @@ class McsfPolicy(BasePolicy):
         if not feasible(self.planned + [item], state.device_total, state.page_size):
             self._blocked = True
             return False
-        if self.cfg.tenant_bw_cap is not None and not self._bw_fits(
-                seq.tenant, (state.pages.get(seq.request_id, 0) + need_pages) * state.page_bytes, state):
+        if self.bw is not None and not self.bw.fits(seq.tenant, self.bw.first_read(seq, need_pages, state), state):
             return False  # its first step reads its pages too (charged by `admitted`)
         return True
 
     def admitted(self, seq, need_pages, state):
         self.planned.append((seq.num_tokens, self.predictor(seq)))
-        if self.cfg.tenant_bw_cap is not None:
-            self._bw_left[seq.tenant] -= (state.pages.get(seq.request_id, 0) + need_pages) * state.page_bytes
+        if self.bw is not None:
+            self.bw.left[seq.tenant] -= self.bw.first_read(seq, need_pages, state)
 
     def _place(self, arrival, queued, state):
         """An arrival goes to the device tier only if the plan stays feasible with it (its

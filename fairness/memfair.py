@@ -243,6 +243,6 @@ class MemFairPolicy(BasePolicy):
     def _chunk_waits(self, requester) -> bool:
         """A prompt's next chunk waits for pages rather than drop another request's computed work,
         while some running request decodes (its pages come free as it ends) and the requester is
-        not the oldest running one (which always goes on: BasePolicy.spare_oldest)."""
+        not the oldest running one (which always goes on: eviction.spare_oldest)."""
         return requester.in_prefill and requester is not self.oldest_running() \
             and any(not s.in_prefill for s in self.running)
