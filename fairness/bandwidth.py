@@ -36,11 +36,15 @@ class BandwidthBucket:
         """Bytes an admitted request's first step reads: its pages and the `need_pages` it takes."""
         return (state.pages.get(seq.request_id, 0) + need_pages) * state.page_bytes
 
+    def spend(self, tenant: str, nbytes: int) -> None:
+        """Charge `nbytes` to this step's allowance (after `fits` read the tenant's level)."""
+        self.left[tenant] -= nbytes
+
     def take(self, tenant: str, nbytes: int, state: SchedState) -> bool:
         """Reserve `nbytes` of `tenant`'s bucket for this step; False if it does not fit."""
         if not self.fits(tenant, nbytes, state):
             return False
-        self.left[tenant] -= nbytes
+        self.spend(tenant, nbytes)
         return True
 
     def now(self, tenant: str, state: SchedState) -> float:

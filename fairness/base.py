@@ -77,7 +77,7 @@ class BasePolicy:
         """With a bandwidth cap, the admitted request's first read is charged to its tenant."""
         if self.bw is not None:
             need_pages = eviction.recompute_pages(seq, need_pages, state)
-            self.bw.left[seq.tenant] -= self.bw.first_read(seq, need_pages, state)
+            self.bw.spend(seq.tenant, self.bw.first_read(seq, need_pages, state))
 
     def pick_victim(self, candidates: list[Sequence], requester: Sequence, state: SchedState) -> Sequence:
         candidates = eviction.spare_oldest(candidates, self.running, state)

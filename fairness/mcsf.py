@@ -96,7 +96,7 @@ class McsfPolicy(BasePolicy):
     def admitted(self, seq, need_pages, state):
         self.planned.append((seq.num_tokens, self.predictor(seq)))
         if self.bw is not None:
-            self.bw.left[seq.tenant] -= self.bw.first_read(seq, need_pages, state)
+            self.bw.spend(seq.tenant, self.bw.first_read(seq, need_pages, state))
 
     def _place(self, arrival, queued, state):
         """An arrival goes to the device tier only if the plan stays feasible with it (its
