@@ -4,7 +4,7 @@
 #   scripts/compare_fairness.sh [--quick] [--out DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
 #                               [--modes "colocated disagg"] [--model DIR] [--seed N] [--device cpu|cuda[:N]] [--step-log]
 #                               [--node-args "ARGS"] [--context-whales N] [--minnow-rate R] [--workload whale-minnow|tenants]
-#                               [--transport zmq|torch|shm|auto]
+#                               [--transport zmq|torch|shm|auto] [--decode-policy REF]
 #                               [--sim [--calibration FILE] [--sim-args "ARGS"]] [--lockstep [--step-ms MS]] [--dry-run]
 #
 # --policies (spaces or commas; default fcfs memfair vtc mcsf priority, --quick fcfs memfair):
@@ -43,6 +43,9 @@
 # --node-args passes more flags to every node of every policy (split on spaces, no quoting),
 # e.g. "--quota-by request"; a policy's own settings go by --policy-arg.
 # --transport picks the disaggregated clusters' KV transport (default zmq).
+# --decode-policy REF runs the decode node of every disaggregated cluster under REF at its
+# defaults, the prefill node under the run's policy: with fcfs, a cluster whose decode side
+# re-admits nothing of its own (colocated runs are refused with it).
 # --sim runs every configuration through the simulator (pdtb sim, calibrated cost model: FILE
 # from `pdtb sim calibrate`, default the shipped one) with exactly the same workload and node
 # flags, instead of real clusters; scripts/validate_sim.sh compares the two. --sim-args passes
@@ -55,7 +58,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUICK=0 OUT="" POLICIES="" MODES="colocated disagg" MODEL="" SEED=0 DEVICE=cpu STEPLOG=0 NODE_ARGS="" CTX=""
-SIM=0 CALIBRATION="" SIM_ARGS="" TRANSPORT=zmq LOCKSTEP=0 STEP_MS=20 PARGS=() DRY=0 MRATE=4 WORKLOAD=whale-minnow CTX_SET=""
+DECODE_POLICY="" SIM=0 CALIBRATION="" SIM_ARGS="" TRANSPORT=zmq LOCKSTEP=0 STEP_MS=20 PARGS=() DRY=0 MRATE=4 WORKLOAD=whale-minnow CTX_SET=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
@@ -76,6 +79,7 @@ while [ $# -gt 0 ]; do
     --calibration) CALIBRATION="$2"; shift 2 ;;
     --sim-args) SIM_ARGS="$2"; shift 2 ;;
     --transport) TRANSPORT="$2"; shift 2 ;;
+    --decode-policy) DECODE_POLICY="$2"; shift 2 ;;
     --lockstep) LOCKSTEP=1; shift ;;
     --step-ms) STEP_MS="$2"; shift 2 ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 0 ;;
@@ -140,7 +144,7 @@ OUT="$(cd "$OUT" && pwd)"  # nodes may run elsewhere: --step-log paths must be a
 sim_one() {  # sim_one MODE LABEL: the same flags through the simulator (POLICY_FLAGS: the policy's)
   local mode="$1" pol="$2" pages=()
   if [ "$mode" = colocated ]; then pages=(--kv-pages "$TOTAL"); else
-    pages=(--prefill-kv-pages "$PREFILL" --decode-kv-pages "$(( TOTAL - PREFILL ))"); fi
+    pages=(--prefill-kv-pages "$PREFILL" --decode-kv-pages "$(( TOTAL - PREFILL ))" ${DECODE_POLICY:+--decode-policy "$DECODE_POLICY"}); fi
   echo "== $mode / $pol simulated: device pages ${pages[*]}, host $HOST" >&2
   pdtb sim "${WL[@]}" --mode "$mode" "${POLICY_FLAGS[@]}" "${pages[@]}" --host-kv-pages "$HOST" --page-size "$PAGE" \
     --max-num-batched-tokens "$BUDGET" "${NODE_SLO[@]}" --cost calibrated ${CALIBRATION:+--calibration "$CALIBRATION"} \
@@ -154,7 +158,7 @@ lockstep_one() {  # lockstep_one MODE LABEL: the decode node's flags, in lockste
   pdtb bench lockstep "${WL[@]}" --step-ms "$STEP_MS" --label-policy "$pol" --out "$OUT/disagg-$pol.json" -- \
     --model "$MODEL" "${POLICY_FLAGS[@]}" --transport "$TRANSPORT" --kv-pages "$(( TOTAL - PREFILL ))" \
     --host-kv-pages "$HOST" --page-size "$PAGE" --torch-threads 1 --max-num-batched-tokens "$BUDGET" \
-    --device "$DEVICE" "${NODE_SLO[@]}" ${NODE_ARGV[@]+"${NODE_ARGV[@]}"}
+    --device "$DEVICE" "${NODE_SLO[@]}" ${NODE_ARGV[@]+"${NODE_ARGV[@]}"} ${DECODE_POLICY:+--policy "$DECODE_POLICY"}
 }
 
 run_one() {  # run_one MODE LABEL (POLICY_FLAGS: the policy's --policy and --policy-arg flags)
@@ -164,7 +168,9 @@ run_one() {  # run_one MODE LABEL (POLICY_FLAGS: the policy's --policy and --pol
   if [ "$mode" = colocated ]; then
     pages="$TOTAL"; extra=(-- --torch-threads 1 --max-num-batched-tokens "$BUDGET" --device "$DEVICE")
   else
-    pages=$(( TOTAL - PREFILL )); extra=(--prefill-kv-pages "$PREFILL" --transport "$TRANSPORT" -- --max-num-batched-tokens "$BUDGET" --device "$DEVICE")
+    pages=$(( TOTAL - PREFILL )); extra=(--prefill-kv-pages "$PREFILL" --transport "$TRANSPORT"
+                                         ${DECODE_POLICY:+--decode-args "--policy $DECODE_POLICY"}
+                                         -- --max-num-batched-tokens "$BUDGET" --device "$DEVICE")
   fi
   extra+=("${NODE_SLO[@]}")
   [ "$STEPLOG" = 0 ] || extra+=(--step-log "$rd/steps-{node}.jsonl")
@@ -181,6 +187,10 @@ run_one() {  # run_one MODE LABEL (POLICY_FLAGS: the policy's --policy and --pol
   return $rc
 }
 
+if [ -n "$DECODE_POLICY" ]; then
+  [ "$MODES" = disagg ] || { echo "compare_fairness: --decode-policy is for the disaggregated mode only (--modes disagg)" >&2; exit 2; }
+  DECODE_POLICY="$(policy_check compare_fairness "$DECODE_POLICY")"
+fi
 if [ "$LOCKSTEP" = 1 ] && [ "$MODES" != disagg ]; then
   echo "compare_fairness: --lockstep runs the disaggregated mode only (--modes disagg)" >&2; exit 2
 fi

@@ -20,7 +20,7 @@
 # 5. with --steps-grid: pdtb bench steps --grid on the GPU, the tiny model (float32) and a
 #    Llama-3-8B shape with random weights (bfloat16), samples for pdtb sim calibrate.
 # Writes DIR/<step>.log and DIR/<step>.json; prints one line per step. The figures go into
-# docs/results.md with: python -m pdtb.figures.results_doc --section gpu --gpu DIR --out docs/results.md
+# docs/gpu-results.md with: python -m pdtb.figures.results_doc --section gpu --gpu DIR --out docs/results.md
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="" DEVICE=cuda COMPARE=1 BENCH=1 TESTS=1 GRID=0 TRANSPORT=1

@@ -1,44 +1,58 @@
 #!/usr/bin/env bash
-# Run the experiments behind docs/results.md and write it anew (date, commit and machine in its
-# stamp; nothing of an earlier run is kept):
-#   - the fairness comparison, colocated and disaggregated, policy by policy
+# Run every experiment behind docs/results.md and docs/findings.md at this checkout's commit, and
+# write both anew, with the README's headline block (date, commit and machine in the stamp;
+# nothing of an earlier run is kept, every section is measured here and now):
+#   - the fairness comparison, colocated and disaggregated, every built-in policy
 #     (compare_fairness.sh --quick, or the full run with --full);
 #   - load sweeps and the fairness-throughput frontier (frontier.sh --quick, or the full run);
 #   - the paged engine against transformers.generate (pdtb bench engine);
 #   - the KV transport against raw pyzmq, ipc and tcp (pdtb bench transport);
 #   - prefix caching on real clusters (scripts/prefix_results.sh --quick, or the full run);
-#   - live migration between decode nodes: downtime, and rebalancing whales and minnows
-#     (scripts/migration_results.sh --quick, or the full run);
-#   - KV transports on one host: one-sided writes, admission verdicts per transport
-#     (scripts/transport_results.sh, after the document is written: it replaces its section);
-#   - clusters placed by Ray, and where they ran (scripts/ray_results.sh, the same way);
-#   - the simulator (scripts/sim_results.sh): validated against the comparison's real runs,
-#     the reproductions, one hour of the Azure trace on 8 GPUs, the H200 grid against the roofline
-#     (the validation, the reproductions and the roofline on their own page, docs/sim-validation.md
-#     beside the document; a summary of them in it).
-# About 40 minutes on a 2-core machine (the frontier: 10). The run's files stay in OUT
-# (results/docs-*); the frontier's plots are copied next to the document (docs/img).
+#   - live migration between decode nodes (scripts/migration_results.sh --quick, or the full run);
+#   - the simulator (scripts/sim_results.sh): validated against the comparison's real runs, the
+#     reproductions, one hour of the Azure trace, how fast it runs (the validation on its own
+#     page, docs/sim-validation.md, a summary of it in the document);
+#   - the scorecard (scripts/scorecard.sh --quick, its real quick scenario the comparison's runs,
+#     --repeats more of fcfs and memfair for the run-to-run spread: 1, or 3 with --full);
+#   - the experiments of the findings (scripts/findings.sh), then docs/findings.md and its plots;
+#   - fault campaigns (scripts/chaos_results.sh: 60 s per transport, 1200 s with --full);
+#   - the router's CPU per request and per token (scripts/router_results.sh --quick, or the full run);
+#   - KV transports on one host (scripts/transport_results.sh) and clusters placed by Ray
+#     (scripts/ray_results.sh);
+#   - with --vllm, the project beside vLLM's CPU build (scripts/vs_vllm.sh: its quick and
+#     overload workloads, one round, or every workload in two rounds with --full; --vllm-venv DIR
+#     names vLLM's environment, default .venv-vllm, built when absent).
+# The GPU figures are not measured here: scripts/gpu_check.sh writes them, at their own commit, to
+# docs/gpu-results.md. About 45 minutes on a 2-core machine with --quick (the default), 3 hours
+# with --full. The run's files stay in OUT (results/docs-*); the plots go next to the document
+# (docs/img).
 #
 # --policies and --policy-arg go to compare_fairness.sh: each policy a NAME, module:Class,
 # path/to/file.py:Class or LABEL=REF, a setting of its own by --policy-arg [LABEL:]KEY=VALUE
 # (repeatable); they are checked before the first run, and a policy file's path made absolute.
 #
-#   bash scripts/results.sh [--full] [--policies "fcfs memfair vtc mcsf priority"]
-#                           [--policy-arg [LABEL:]KEY=VALUE]... [--out DIR]
+#   bash scripts/results.sh [--full] [--policies "fcfs memfair vtc ..."] [--policy-arg [LABEL:]KEY=VALUE]...
+#                           [--out DIR] [--repeats N] [--vllm] [--vllm-venv DIR]
 #                           [--skip-bench] [--skip-frontier] [--skip-prefix] [--skip-migration] [--skip-sim]
-#                           [--skip-transports] [--skip-ray]
-#                           [--doc docs/results.md]
+#                           [--skip-scorecard] [--skip-findings] [--skip-chaos] [--skip-router]
+#                           [--skip-transports] [--skip-ray] [--doc docs/results.md]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 unset POLICIES  # unset until --policies: sim_results.sh is handed the list only when one is given
 QUICK=(--quick) PITEMS=() OUT="" BENCH=1 FRONTIER=1 SIM=1 PREFIX=1 MIGRATION=1 TRANSPORTS=1 RAY=1 DOC="$ROOT/docs/results.md"
+SCORECARD=1 FINDINGS=1 CHAOS=1 ROUTER=1 VLLM=0 VVENV="" REPEATS=""
 source "$ROOT/scripts/_opts.sh"
 opts_parse "--full=QUICK:() --policies=POLICIES --policy-arg=PITEMS+ --out=OUT --skip-bench=BENCH:0
   --skip-frontier=FRONTIER:0 --skip-sim=SIM:0 --skip-transports=TRANSPORTS:0 --skip-ray=RAY:0 --skip-prefix=PREFIX:0
-  --skip-migration=MIGRATION:0 --doc=DOC" -- "$@"
+  --skip-migration=MIGRATION:0 --doc=DOC --skip-scorecard=SCORECARD:0 --skip-findings=FINDINGS:0 --skip-chaos=CHAOS:0
+  --skip-router=ROUTER:0 --vllm=VLLM:1 --vllm-venv=VVENV --repeats=REPEATS" -- "$@"
+[ -n "$REPEATS" ] || { [ "${#QUICK[@]}" = 0 ] && REPEATS=3 || REPEATS=1; }
+[[ "$REPEATS" =~ ^[0-9]+$ ]] || { echo "results: --repeats wants a whole number, got '$REPEATS'" >&2; exit 2; }
+[ -z "$VVENV" ] || VVENV="$(cd "$(dirname "$VVENV")" && pwd)/$(basename "$VVENV")"
+DOC="$(cd "$(dirname "$DOC")" && pwd)/$(basename "$DOC")"
 SIM_POLICIES=()
 [ -z "${POLICIES+set}" ] || SIM_POLICIES=(--policies)
-POLICIES="${POLICIES-fcfs memfair vtc mcsf priority}"
+POLICIES="${POLICIES-fcfs memfair vtc memtime dlpm drr mcsf priority}"
 source "$ROOT/scripts/_env.sh"
 source "$ROOT/scripts/_policy.sh"
 policy_table results.sh "$POLICIES" ${PITEMS[@]+"${PITEMS[@]}"}  # before the cd: a file's path is relative to here
@@ -48,6 +62,9 @@ for kv in ${PITEMS[@]+"${PITEMS[@]}"}; do PARGS+=(--policy-arg "$kv"); done
 cd "$ROOT"
 OUT="${OUT:-$ROOT/results/docs-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+git rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true
+rc=0  # a part that reports a failure (a chaos violation) still leaves its section written; the exit says so
 FAIR_CMD="bash scripts/compare_fairness.sh ${QUICK[*]+${QUICK[*]} }--step-log --policies \"$POLICIES\""
 [ "${#PARGS[@]}" = 0 ] || FAIR_CMD+="$(printf ' %q' "${PARGS[@]}")"
 echo "== $FAIR_CMD" >&2
@@ -89,7 +106,39 @@ if [ "$SIM" = 1 ]; then
     ${PARGS[@]+"${PARGS[@]}"} >&2
   args+=(--sim "$OUT/sim")
 fi
-python -m pdtb.figures.results_doc "${args[@]}" --out "$DOC" --readme "$ROOT/README.md"
+python -m pdtb.figures.results_doc "${args[@]}" --commit-file "$OUT/commit" --out "$DOC" --readme "$ROOT/README.md"
+section() {  # section NAME ARGS...: replace one section of the document, stamped with this run's commit
+  python -m pdtb.figures.results_doc --section "$@" --commit-file "$OUT/commit" --out "$DOC" --readme "$ROOT/README.md" >&2
+}
+if [ "$SCORECARD" = 1 ]; then
+  cmd="bash scripts/scorecard.sh --quick --repeats $REPEATS --policies \"$POLICIES\" (the real quick scenario: the comparison's runs)"
+  echo "== $cmd" >&2
+  if [ "${#QUICK[@]}" != 0 ]; then  # the comparison's quick runs are the scorecard's real quick scenario
+    bash scripts/scorecard.sh --quick --repeats "$REPEATS" --real-quick "$OUT/fair" --policies "$POLICIES" \
+      ${PARGS[@]+"${PARGS[@]}"} --out "$OUT/scorecard" >&2
+  else  # (a full comparison is not the quick scenario: the scorecard runs its own, and its frontier)
+    cmd="bash scripts/scorecard.sh --repeats $REPEATS --policies \"$POLICIES\""
+    bash scripts/scorecard.sh --repeats "$REPEATS" --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
+      --out "$OUT/scorecard" >&2
+  fi
+  section scorecard --scorecard "$OUT/scorecard" --scorecard-command "$cmd"
+fi
+if [ "$CHAOS" = 1 ]; then
+  secs=60
+  [ "${#QUICK[@]}" != 0 ] || secs=1200
+  echo "== bash scripts/chaos_results.sh --duration $secs" >&2
+  bash scripts/chaos_results.sh --duration "$secs" --out "$OUT/chaos" --doc "$DOC" >&2 || rc=1
+fi
+if [ "$ROUTER" = 1 ]; then
+  echo "== bash scripts/router_results.sh${QUICK[*]+ ${QUICK[*]}}" >&2
+  bash scripts/router_results.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/router" --doc "$DOC" >&2
+fi
+if [ "$VLLM" = 1 ]; then
+  vargs=(--workloads "quick overload" --rounds 1 --reps 1)
+  [ "${#QUICK[@]}" != 0 ] || vargs=()
+  echo "== bash scripts/vs_vllm.sh ${vargs[*]}" >&2
+  bash scripts/vs_vllm.sh ${vargs[@]+"${vargs[@]}"} ${VVENV:+--venv "$VVENV"} --out "$OUT/vllm" --doc "$DOC" >&2
+fi
 if [ "$TRANSPORTS" = 1 ]; then
   echo "== bash scripts/transport_results.sh" >&2
   bash scripts/transport_results.sh --out "$OUT/transports" --doc "$DOC" >&2
@@ -98,3 +147,11 @@ if [ "$RAY" = 1 ]; then
   echo "== bash scripts/ray_results.sh" >&2
   bash scripts/ray_results.sh --doc "$DOC" >&2
 fi
+if [ "$FINDINGS" = 1 ]; then
+  echo "== bash scripts/findings.sh" >&2
+  bash scripts/findings.sh --out "$OUT/findings" >&2
+  python -m pdtb.figures.findings --runs "$OUT" --out "$(dirname "$DOC")/findings.md" --results "$DOC" \
+    --stamp "on $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(cat "$OUT/commit")"
+fi
+section summary
+exit "$rc"

@@ -17,21 +17,26 @@
 # whales among forty minnows in memory, so the largest 5% are whales (sim-essay-top5.json).
 #
 #   bash scripts/scorecard.sh [--quick] [--out DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
-#                             [--skip-real] [--repeats N]
+#                             [--skip-real] [--repeats N] [--real-quick DIR]
 #
 # --policies: as compare_fairness.sh takes them (NAME, module:Class, file.py:Class, LABEL=REF;
 # default: every built-in policy). --quick leaves out the frontier (scenario 2): about 15 minutes
 # on 2 cores. --skip-real leaves out scenarios 1 and 2 (the simulator's only: about 3 minutes).
 # --repeats N runs the real quick comparison of fcfs and memfair N more times (DIR/repeats/rK,
 # about 2 minutes each): the run-to-run noise a real figure is read against.
+# --real-quick DIR takes scenario 1 from a compare_fairness.sh --quick run already made (its --out,
+# e.g. results.sh's fair/) instead of running it: the policies it holds, and its fcfs and memfair
+# runs as the first repeat (DIR/repeats/r0).
 # Writes DIR/SCENARIO/LABEL.json, DIR/scorecard.md and DIR/scorecard.json; then
 #   python -m pdtb.figures.results_doc --section scorecard --scorecard DIR --out docs/results.md
 # puts the tables in docs/results.md.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" QUICK=0 REAL=1 REPEATS=0 POLICIES="fcfs memfair vtc memtime dlpm drr mcsf priority" PITEMS=()
+OUT="" QUICK=0 REAL=1 REPEATS=0 REAL_QUICK="" POLICIES="fcfs memfair vtc memtime dlpm drr mcsf priority" PITEMS=()
 source "$ROOT/scripts/_opts.sh"
-opts_parse "--out=OUT --quick=QUICK:1 --skip-real=REAL:0 --repeats=REPEATS --policies=POLICIES --policy-arg=PITEMS+" -- "$@"
+opts_parse "--out=OUT --quick=QUICK:1 --skip-real=REAL:0 --repeats=REPEATS --policies=POLICIES --policy-arg=PITEMS+
+  --real-quick=REAL_QUICK" -- "$@"
+[ -z "$REAL_QUICK" ] || REAL_QUICK="$(cd "$REAL_QUICK" && pwd)" || { echo "scorecard: no folder $REAL_QUICK" >&2; exit 2; }
 [[ "$REPEATS" =~ ^[0-9]+$ ]] || { echo "scorecard: --repeats wants a whole number, got '$REPEATS'" >&2; exit 2; }
 source "$ROOT/scripts/_env.sh"
 source "$ROOT/scripts/_policy.sh"
@@ -83,12 +88,19 @@ echo "== pdtb sim reproduce essay, 5% whales in memory" >&2
 pdtb sim reproduce essay --minnow-rate 4 --whale-interval 5 --whales 5 --json > "$OUT/sim-essay-top5.json"
 
 if [ "$REAL" = 1 ]; then
-  bash scripts/compare_fairness.sh --quick --policies "$(policy_list)" ${PARGS[@]+"${PARGS[@]}"} \
-    --out "$OUT/raw/quick" >&2
+  RAW="$OUT/raw/quick"
+  if [ -n "$REAL_QUICK" ]; then
+    RAW="$REAL_QUICK"
+    mkdir -p "$OUT/repeats/r0"
+    cp "$RAW"/*-fcfs.json "$RAW"/*-memfair.json "$OUT/repeats/r0/"
+  else
+    bash scripts/compare_fairness.sh --quick --policies "$(policy_list)" ${PARGS[@]+"${PARGS[@]}"} \
+      --out "$RAW" >&2
+  fi
   for mode in colocated disagg; do
     mkdir -p "$OUT/real-quick-$mode"
     for pol in "${POLICY_LABELS[@]}"; do
-      cp "$OUT/raw/quick/$mode-$pol.json" "$OUT/real-quick-$mode/$pol.json"
+      [ ! -f "$RAW/$mode-$pol.json" ] || cp "$RAW/$mode-$pol.json" "$OUT/real-quick-$mode/$pol.json"
     done
   done
   for k in $(seq 1 "$REPEATS"); do

@@ -114,3 +114,11 @@ def gpu_section(d: str, stamp: str) -> list[str]:
                 f"replayed {kern['reps']} times (mean), as the engine runs it.", "",
                 *kernel_rows(kern), ""]
     return out
+
+
+def gpu_page(d: str, stamp: str) -> str:
+    """docs/gpu-results.md: the section as a page of its own."""
+    body = gpu_section(d, stamp)
+    return "\n".join(["# On a GPU", "", "Written by `PDTB_SYSTEM_PYTHON=1 bash scripts/gpu_check.sh` on a machine with a "
+                      "GPU; scripts/results.sh, which writes [results.md](results.md), runs where there may be none. "
+                      "What the check runs: [gpu.md](gpu.md).", "", *body[2:]]).rstrip("\n") + "\n"

@@ -285,6 +285,9 @@ def replace_section(text: str, heading: str, section: list[str], before: str | N
     return "\n".join(lines[:i] + section + lines[j:]) + "\n"
 
 
+GPU_PAGE = "gpu-results.md"  # the GPU check's figures (scripts/gpu_check.sh), beside the document
+
+
 def render(run: Run, images: str | None = None, sim_dir: str | None = None, prefix_dir: str | None = None,
            prefix_command: str = "bash scripts/prefix_results.sh --quick", migration_dir: str | None = None,
            migration_command: str = "bash scripts/migration_results.sh --quick") -> str:
@@ -310,6 +313,9 @@ def render(run: Run, images: str | None = None, sim_dir: str | None = None, pref
                   "model; every ratio is between runs of the same invocation.", "", *prefix_report(Path(prefix_dir))]
     if migration_dir:
         lines += migration_section(migration_dir, migration_command)
+    lines += ["## On a GPU", "", "Not measured by this run: `PDTB_SYSTEM_PYTHON=1 bash scripts/gpu_check.sh` measures "
+              f"on a machine with a GPU and writes its figures, with their own date and commit, to [{GPU_PAGE}]({GPU_PAGE}).",
+              ""]
     if sim_dir:
         from pdtb.figures.sim_section import render as sim_section
 
@@ -484,10 +490,13 @@ def _replace_one_section(a: argparse.Namespace) -> int:
 
         section = router_section(a.router_files, a.router_commands, _run_stamp(a.commit_file))
         return write(ROUTER_HEADING, section, "router")
-    if a.section == "gpu":
-        from pdtb.figures.gpu_section import GPU_HEADING, gpu_section
+    if a.section == "gpu":  # a page of its own beside the document: results.sh measures where there is no GPU
+        from pdtb.figures.gpu_section import gpu_page
 
-        return write(GPU_HEADING, gpu_section(a.gpu, _run_stamp(a.commit_file, a.gpu)), "GPU")
+        page = Path(a.out).parent / GPU_PAGE
+        page.write_text(gpu_page(a.gpu, _run_stamp(a.commit_file, a.gpu)))
+        print(f"wrote {page}")
+        return 0
     if a.section == "ray":
         section = ray_section(a.ray_junit, a.ray_seconds, _run_stamp(a.commit_file))
         return write(RAY_HEADING, section, "Ray")

@@ -4,7 +4,8 @@ Server-side samples taken during a run (pdtb/client/load.py reads `/cluster`), a
 
 A sample is {"t": s since the run's start, "nodes": [{"role", "id", "pages_total", "pages_free",
 "host_pages_total", "host_pages_free", "running", "waiting", "tenant_pages": {tenant: pages},
-"tenant_pages_charged": {tenant: pages}, "tenant_pages_shared": {tenant: pages}, "kv_bytes_sent",
+"tenant_pages_charged": {tenant: pages}, "tenant_pages_shared": {tenant: pages}, "tenant_host_pages":
+{tenant: pages}, "quota": {tenant: device pages of its share}, "kv_bytes_sent",
 "kv_bytes_not_sent", "admissions"}]}; each tenant map is {} unless the node reports it in `extra` (pages
 charged and shared under the prefix cache's charge rule), the byte counters (prefill nodes'
 hand-off payloads, and the bytes left out because the decode node had them cached) None;
@@ -25,7 +26,7 @@ def cluster_sample(t: float, nodes: list[dict]) -> dict:
         pages = {} if n.get("stale") else (n.get("extra") or {}).get("tenant_pages") or {}
         row["tenant_pages"] = {str(k): v for k, v in pages.items()} if isinstance(pages, dict) else {}
         extra = n.get("extra") or {}
-        for key in ("tenant_pages_charged", "tenant_pages_shared"):
+        for key in ("tenant_pages_charged", "tenant_pages_shared", "tenant_host_pages", "quota"):
             m = extra.get(key)
             row[key] = {str(k): v for k, v in m.items()} if isinstance(m, dict) else {}
         for key in ("kv_bytes_sent", "kv_bytes_not_sent"):

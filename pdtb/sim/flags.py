@@ -27,6 +27,9 @@ def add_sim_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-pages", type=int, help="device pages per node (default: the roofline's pool, else 4096)")
     g.add_argument("--prefill-kv-pages", type=int, help="device pages per prefill node (default --kv-pages)")
     g.add_argument("--decode-kv-pages", type=int, help="device pages per decode node (default --kv-pages)")
+    g.add_argument("--decode-policy", metavar="NAME|module:Class|file.py:Class",
+                   help="the decode nodes' policy at its defaults (default --policy with its settings): e.g. "
+                        "fcfs, for a cluster whose decode side re-admits nothing of its own")
     g.add_argument("--host-kv-pages", type=int, default=0, help="host-tier pages per decode/colocated node")
     g.add_argument("--page-size", type=int, default=16)
     g.add_argument("--max-num-seqs", type=int, default=256)
@@ -149,6 +152,15 @@ def context_of(a: argparse.Namespace) -> int:
     return 4096
 
 
+def decode_policy(a: argparse.Namespace, common: dict) -> dict:
+    """The decode nodes' settings: --decode-policy at its defaults where given, else the common ones."""
+    if not getattr(a, "decode_policy", None):
+        return common
+    if a.mode == "colocated":
+        raise CliError("pdtb sim: --decode-policy is for --mode disagg (a colocated node has no decode side)")
+    return {**common, "policy": a.decode_policy, "policy_args": {}}
+
+
 def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
     """The nodes and the router's settings the flags describe."""
     default = a.kv_pages or (cost.pool_pages() if hasattr(cost, "pool_pages") else 4096)
@@ -157,6 +169,7 @@ def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
     common = dict(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                   max_model_len=context_of(a), policy=a.policy, policy_args=policy_args(a), fairness=fairness_config(a),
                   hold_timeout_s=a.hold_timeout)
+    decoding = decode_policy(a, common)
     try:
         if a.mode == "colocated":
             if a.replicas < 1:
@@ -166,7 +179,8 @@ def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
             if a.prefill < 1 or a.decode < 1:
                 raise ValueError("--prefill and --decode must be at least 1")
             nodes = [NodeShape("prefill", a.prefill_kv_pages or default, 0, **common)] * a.prefill + \
-                    [NodeShape("decode", a.decode_kv_pages or default, a.host_kv_pages, **common)] * a.decode
+                    [NodeShape("decode", a.decode_kv_pages or default, a.host_kv_pages,
+                               **decoding)] * a.decode
         path = getattr(cost, "path", None) or {}  # a calibration fitted to real runs' request path
         path = {**path, **((path.get("modes") or {}).get(a.mode) or {})}  # this mode's, where fitted apart
         rpc = a.rpc_latency_ms / 1e3 if a.rpc_latency_ms is not None else path.get("rpc_latency_s", RPC_S)

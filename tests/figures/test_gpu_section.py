@@ -1,5 +1,5 @@
-"""The "On a GPU" section of docs/results.md (pdtb/figures/gpu_section.py), rendered from the
-files of a gpu_check run made by hand here, figures checked by hand."""
+"""docs/gpu-results.md, the GPU check's page beside docs/results.md (pdtb/figures/gpu_section.py),
+rendered from the files of a gpu_check run made by hand here, figures checked by hand."""
 from __future__ import annotations
 
 import json
@@ -28,18 +28,19 @@ def gpu_run(d, tests_line="45 passed, 1 skipped in 112.52s"):
     return d
 
 
-def test_gpu_section_replaces_its_own_section(tmp_path):
+def test_gpu_page_is_written_beside_the_document_and_leaves_it_alone(tmp_path):
     doc = tmp_path / "results.md"
-    doc.write_text("# Results\n\n## Other\nkept\n\n## The simulator (`pdtb sim`)\nsim\n")
+    doc.write_text("# Results\n\n## Other\nkept\n")
     assert results_doc(["--section", "gpu", "--gpu", str(gpu_run(tmp_path / "g")), "--out", str(doc)]) == 0
-    text = doc.read_text()
-    assert "## Other\nkept" in text and text.index("## On a GPU") < text.index("## The simulator")
+    assert doc.read_text() == "# Results\n\n## Other\nkept\n"
+    text = (tmp_path / "gpu-results.md").read_text()
+    assert text.startswith("# On a GPU\n") and "(results.md)" in text
     assert "commit abc1234" in text and "45 passed, 1 skipped" in text and "NVIDIA H200" in text
     assert "| bfloat16, CUDA graphs | 5000 | 1000 | **5.00x** | 4.50x | 0.50 |" in text
     # 24,000 MB over the measured 4,000 GB/s is 6 ms: 0.60 of the 10 ms step
     assert "| 64 | 10.00 | 5.00 | **0.50** | 0.60 | 30.00 |" in text
     assert "| 64 | 268.4 | 4000 | 1800 | 64 keys, 4 warps, 3 stages, 1 span(s) | 1900 |" in text
-    # a second run replaces the section, it does not add one
+    # a second run replaces the page
     assert results_doc(["--section", "gpu", "--gpu", str(gpu_run(tmp_path / "h", "3 failed")), "--out", str(doc)]) == 0
-    text = doc.read_text()
-    assert text.count("## On a GPU") == 1 and "3 failed" in text and "45 passed" not in text
+    text = (tmp_path / "gpu-results.md").read_text()
+    assert text.count("# On a GPU") == 1 and "3 failed" in text and "45 passed" not in text

@@ -71,3 +71,18 @@ def test_a_missing_workload_or_bad_delivery_levels_fail_in_one_line(capsys, tmp_
     assert main(["sim", *SMALL, "--cost", "calibrated", "--calibration", str(cal)]) != 0
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "delivery later" in err, err
+
+
+def test_decode_policy_runs_the_decode_nodes_under_their_own_policy(tmp_path, capsys):
+    """--decode-policy: the prefill node keeps --policy with its settings, the decode node runs the
+    other at its defaults, and the samples carry each node's shares; a colocated run refuses it."""
+    path = tmp_path / "d.json"
+    assert main(["sim", *SMALL, "--mode", "disagg", "--policy", "memfair", "--policy-arg", "starve_after_s=3",
+                 "--decode-policy", "fcfs", "--kv-pages", "256", "--cost", "calibrated", "--out", str(path)]) == 0
+    nodes = load_results(path)["meta"]["policy_info"]["nodes"]
+    pre = next(v for k, v in nodes.items() if k.startswith("prefill"))
+    dec = next(v for k, v in nodes.items() if k.startswith("decode"))
+    assert pre["name"] == "memfair" and pre["settings"]["starve_after_s"] == 3.0
+    assert dec == {"name": "fcfs", "source": "built in", "settings": {}}
+    assert main(["sim", *SMALL, "--mode", "colocated", "--decode-policy", "fcfs"]) != 0
+    assert "--decode-policy is for --mode disagg" in capsys.readouterr().err
