@@ -18,11 +18,11 @@
 # the node flags as --policy-arg KEY=VALUE. Every point is checked (its mode, its policy with
 # the node flags' settings) before the first runs; the results name a reference's policy by
 # its class (meta.policy; meta.policy_info has the reference).
-# Without --points, in both modes: fcfs, memfair, and memfair with quotas per request, per
-# priority class, per SLO tier, and static shares; the full run adds vtc, mcsf, priority and
+# Without --points, in both modes: fcfs, memfair, and memfair with quotas per request and static
+# shares; the full run adds quotas per priority class and per SLO tier, vtc, mcsf, priority and
 # memfair's knobs, and the page splits 128 and 224 (the prefill node must hold the longest
 # prompt: 1984 tokens are 124 pages).
-# --quick: loads 1.5,3,6 with 2 s warm-up and 8 s measured (about 10 minutes on 2 cores);
+# --quick: loads 1.5,3,6 with 2 s warm-up and 8 s measured (about 7 minutes on 2 cores);
 # otherwise 1.5,3,6,9 with 5 s and 20 s. Minnow latencies on the frontier are read at the
 # second load. --splits also sweeps the disaggregated cluster's prefill:decode page split under
 # memfair and fcfs (one point per PREFILL value, same TOTAL).
@@ -61,17 +61,18 @@ else
 fi
 AT_LOAD="${RATES#*,}" AT_LOAD="${AT_LOAD%%,*}"  # the minnows' latency is read at the second level
 
-# Granularities and share modes in both modes (quick); the full run adds the other policies.
+# Quotas per tenant and per request, static shares, in both modes (quick); the full run adds the
+# quotas per priority and per SLO tier and the other policies.
 POINTS_TEXT=""
 for mode in colocated disagg; do
   POINTS_TEXT+="fcfs $mode fcfs
 memfair $mode memfair
 memfair-request $mode memfair --quota-by request
-memfair-priority $mode memfair --quota-by priority
-memfair-tier $mode memfair --quota-by slo-tier
 memfair-static $mode memfair --policy-arg quota_shares=static
 "
-  [ "$QUICK" = 1 ] || POINTS_TEXT+="vtc $mode vtc
+  [ "$QUICK" = 1 ] || POINTS_TEXT+="memfair-priority $mode memfair --quota-by priority
+memfair-tier $mode memfair --quota-by slo-tier
+vtc $mode vtc
 memtime $mode memtime
 dlpm $mode dlpm
 drr $mode drr

@@ -9,13 +9,13 @@
 #   - the KV transport against raw pyzmq, ipc and tcp (pdtb bench transport);
 #   - prefix caching on real clusters (scripts/prefix_results.sh --quick, or the full run);
 #   - live migration between decode nodes (scripts/migration_results.sh --quick, or the full run);
-#   - the simulator (scripts/sim_results.sh): validated against the comparison's real runs, the
-#     reproductions, one hour of the Azure trace, how fast it runs (the validation on its own
-#     page, docs/sim-validation.md, a summary of it in the document);
+#   - the simulator (scripts/sim_results.sh, --quick unless --full): validated against the
+#     comparison's real runs, the reproductions, one hour of the Azure trace, how fast it runs (the
+#     validation on its own page, docs/sim-validation.md, a summary of it in the document);
 #   - the scorecard (scripts/scorecard.sh --quick, its real quick scenario the comparison's runs,
 #     --repeats more of fcfs and memfair for the run-to-run spread: 1, or 3 with --full);
 #   - the experiments of the findings (scripts/findings.sh), then docs/findings.md and its plots;
-#   - fault campaigns (scripts/chaos_results.sh: 60 s per transport, 1200 s with --full);
+#   - fault campaigns (scripts/chaos_results.sh: 30 s per transport, 1200 s with --full);
 #   - the router's CPU per request and per token (scripts/router_results.sh --quick, or the full run);
 #   - KV transports on one host (scripts/transport_results.sh) and clusters placed by Ray
 #     (scripts/ray_results.sh);
@@ -102,7 +102,7 @@ if [ "$SIM" = 1 ]; then
   # the validation simulates the settings the real runs had (and their policies, when given;
   # by default sim_results.sh's own: the five built-in ones of the comparison)
   [ "${#SIM_POLICIES[@]}" = 0 ] || SIM_POLICIES+=("$POLICIES")
-  bash scripts/sim_results.sh --out "$OUT/sim" ${real[@]+"${real[@]}"} ${SIM_POLICIES[@]+"${SIM_POLICIES[@]}"} \
+  bash scripts/sim_results.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/sim" ${real[@]+"${real[@]}"} ${SIM_POLICIES[@]+"${SIM_POLICIES[@]}"} \
     ${PARGS[@]+"${PARGS[@]}"} >&2
   args+=(--sim "$OUT/sim")
 fi
@@ -124,7 +124,7 @@ if [ "$SCORECARD" = 1 ]; then
   section scorecard --scorecard "$OUT/scorecard" --scorecard-command "$cmd"
 fi
 if [ "$CHAOS" = 1 ]; then
-  secs=60
+  secs=30
   [ "${#QUICK[@]}" != 0 ] || secs=1200
   echo "== bash scripts/chaos_results.sh --duration $secs" >&2
   bash scripts/chaos_results.sh --duration "$secs" --out "$OUT/chaos" --doc "$DOC" >&2 || rc=1

@@ -17,7 +17,7 @@
 #     policy, against one event per step on a slice of it (pdtb sim speed);
 #   - the H200 step grid (shipped samples) against the roofline: pdtb sim roofline.
 #
-#   bash scripts/sim_results.sh --out DIR [--real DIR] [--sets LIST] [--skip-validate] [--skip-speed] [--repeat | --repeat-sets LIST] [--trace FILE]
+#   bash scripts/sim_results.sh --out DIR [--quick] [--real DIR] [--sets LIST] [--skip-validate] [--skip-speed] [--repeat | --repeat-sets LIST] [--trace FILE]
 #                               [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
 #
 # --policies (default every built-in policy, as fairness/registry.py lists them) and --policy-arg serve the validation and the Azure hour,
@@ -26,18 +26,22 @@
 # made absolute. The Azure hour's files are named azure-hour-LABEL.*.
 # --skip-validate, --skip-speed: the validation, the speed run left out. --trace FILE: the Azure
 # conversation trace (default ../shared/traces/azure_llm_conv_2023.csv from the project root;
-# without it the Azure hour and the speed run are left out).
+# without it the Azure hour and the speed run are left out). --quick: the validation's first set
+# alone (unless --sets), the Azure hour and the speed run with fcfs and memfair only (of the policies).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 unset POLICIES  # unset until --policies: the default is every built-in, listed once the env is up
-OUT="" REAL="" SETS="quick load1.5 load3 load6 tenants" VALIDATE=1 SPEED=1 REPEAT=() PITEMS=() TRACE_ARG="" TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
+OUT="" REAL="" SETS="" QUICK=0 VALIDATE=1 SPEED=1 REPEAT=() PITEMS=() TRACE_ARG="" TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
 source "$ROOT/scripts/_opts.sh"
-opts_parse "--out=OUT --real=REAL --sets=SETS --skip-validate=VALIDATE:0 --skip-speed=SPEED:0 --repeat=REPEAT:(--repeat)
+opts_parse "--out=OUT --quick=QUICK:1 --real=REAL --sets=SETS --skip-validate=VALIDATE:0 --skip-speed=SPEED:0 --repeat=REPEAT:(--repeat)
   --repeat-sets=REPEAT(--repeat-sets) --policies=POLICIES --policy-arg=PITEMS+ --trace=TRACE_ARG" -- "$@"
 if [ -n "$TRACE_ARG" ]; then  # relative to where the script was called from, not to ROOT
   TRACE="$(cd "$(dirname "$TRACE_ARG")" && pwd)/$(basename "$TRACE_ARG")"
 fi
 [ -n "$OUT" ] || { echo "sim_results: --out DIR is required" >&2; exit 2; }
+[ -n "$SETS" ] || { [ "$QUICK" = 1 ] && SETS=quick || SETS="quick load1.5 load3 load6 tenants"; }
+SPEED_POLICIES=()
+[ "$QUICK" = 0 ] || SPEED_POLICIES=(--policies "fcfs memfair")
 source "$ROOT/scripts/_env.sh"
 POLICIES="${POLICIES-$(python -c "from fairness.registry import built_ins; print(' '.join(built_ins()))")}"
 source "$ROOT/scripts/_policy.sh"
@@ -58,6 +62,7 @@ done
 if [ -f "$TRACE" ]; then
   for i in "${!POLICY_LABELS[@]}"; do
     pol="${POLICY_LABELS[$i]}"
+    [ "$QUICK" = 0 ] || [ "$pol" = fcfs ] || [ "$pol" = memfair ] || continue
     policy_flags "$i"
     [ "$pol" = "${POLICY_REFS[$i]}" ] || POLICY_FLAGS+=(--label-policy "$pol")  # (a name labels itself)
     AZ=(pdtb sim --workload "trace:$TRACE" --mode disagg --prefill 1 --decode 1 --cost roofline --gpu h100-sxm
@@ -75,7 +80,7 @@ else
 fi
 if [ -f "$TRACE" ] && [ "$SPEED" = 1 ]; then
   echo "== pdtb sim speed --json" >&2
-  pdtb sim speed --trace "$TRACE" --json > "$OUT/speed.json"
+  pdtb sim speed --trace "$TRACE" ${SPEED_POLICIES[@]+"${SPEED_POLICIES[@]}"} --json > "$OUT/speed.json"
 fi
 pdtb sim roofline --steps pdtb/sim/calibrations/samples/h200-llama-3-8b-bf16.json --gpu h200 \
   --model-config llama-3-8b --json > "$OUT/roofline-h200.json"

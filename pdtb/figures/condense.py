@@ -124,8 +124,10 @@ def scorecard(bs: list[Block]) -> list[Block]:
         figs = list(dict.fromkeys(r[1] for r in rs))
         by = {(r[0], r[1]): r for r in rs}
         modes = list(dict.fromkeys(r[0] for r in rs))
+        def cell(r: list[str]) -> str:  # ratios (fcfs's spread), marked where they leave that spread
+            return f"{r[2]} ({r[3]})" + (" **beyond noise**" if len(r) > 4 and r[4] == "beyond noise" else "")
         keep[i] = md([f"mode: {head[2]} (fcfs's own largest / smallest)", *figs],
-                     [[m, *(f"{by[m, f][2]} ({by[m, f][3]})" if (m, f) in by else "-" for f in figs)] for m in modes])
+                     [[m, *(cell(by[m, f]) if (m, f) in by else "-" for f in figs)] for m in modes])
     return lead_ins(transpose_claims(keep))
 
 

@@ -142,14 +142,16 @@ def claims_hbm_evictions(r: Runs, img: Path) -> list[list[str]]:
     pts = [{"rate": d["config"]["minnow_rate"], "top5": d["top5"], "evictions": d["evictions"]} for d in r.claims]
     fp.claims_by_load(pts, img / "findings-claims.png")
     rows = ["| minnows/s | top 5%: share of HBM mean / max | share of KV in use | requests in memory | "
-            "minnow evictions per request, fcfs: with / without whales (ratio) | memfair: with / without |",
-            "|---|---|---|---|---|---|"]
+            "minnow evictions per request, fcfs: with / without whales (ratio) | memfair: with / without | "
+            "memfair / fcfs, minnow TTFT p99 / ITL p99 |", "|---|---|---|---|---|---|---|"]
     for p, d in zip(pts, r.claims):
         ev = p["evictions"]
         rows.append(f"| {p['rate']:g} | {_pct(p['top5']['pool_mean'])} / {_pct(p['top5']['pool_max'])} | "
                     f"{_pct(p['top5']['used_mean'])} | {p['top5']['requests_in_pool_mean']:.0f} | "
                     f"{ev['fcfs']['with_whales']:.3f} / {ev['fcfs']['alone']:.3f} ({_x(ev['fcfs']['ratio'])}) | "
-                    f"{ev['memfair']['with_whales']:.3f} / {ev['memfair']['alone']:.3f} |")
+                    f"{ev['memfair']['with_whales']:.3f} / {ev['memfair']['alone']:.3f} | "
+                    f"{_x((d.get('memfair_over_fcfs') or {}).get('minnow_ttft_p99'))} / "
+                    f"{_x((d.get('memfair_over_fcfs') or {}).get('minnow_itl_p99'))} |")
     t5 = r.top5
     means = [p["top5"]["pool_mean"] for p in pts]
     maxes = [p["top5"]["pool_max"] for p in pts]
@@ -178,9 +180,9 @@ def claims_hbm_evictions(r: Runs, img: Path) -> list[list[str]]:
     mem = [(p["rate"], p["evictions"]["memfair"]["with_whales"], p["evictions"]["fcfs"]["with_whales"]) for p in pts]
     worse = [(x, m, f) for x, m, f in mem if m > 2 * f and m > 0.05]
     if worse:
-        ev.append("memfair does not lower this figure: it moves minnows to the host tier to keep the whales' "
-                  "share, " + ", ".join(f"{m:.2f} moves per minnow against fcfs's {f:.2f} at {x:g}/s"
-                                        for x, m, f in worse) + "; its gain is in the steps (below), not here.")
+        ev.append("memfair does not lower this figure, it raises it: "
+                  + ", ".join(f"{m:.2f} moves per minnow against fcfs's {f:.2f} at {x:g}/s" for x, m, f in worse)
+                  + " (demotions to the host tier and preemptions together).")
     cmd = "pdtb sim reproduce essay --minnow-rate R --json"
     return [_section("The top 5% of requests hold about 80% of HBM", hbm, rows, "findings-claims.png", cmd),
             _section("Whales raise minnow evictions 2-4x", ev or ["No run evicted a minnow."], rows, "findings-claims.png",
@@ -244,9 +246,11 @@ def _quota_answer(groups: dict, variants: dict) -> list[str]:
         best = min(scored, key=lambda t: t[1])
         worst = max(scored, key=lambda t: t[1])
         spread = worst[1] / best[1] if best[1] else None
-        lines.append(f"{g.split(' (')[0]}: {best[0]} gives the minnows' lowest TTFT p99 ({_x(best[1])} fcfs's), "
-                     f"{worst[0]} the highest ({_x(worst[1])})"
-                     + (f", a spread of {spread:.1f}x" if spread else "")
+        head = (f"{g.split(' (')[0]}: every variant within 10% of the others, minnow TTFT p99 {_x(best[1])} to "
+                f"{_x(worst[1])} fcfs's" if spread is not None and spread < 1.1 else
+                f"{g.split(' (')[0]}: {best[0]} gives the minnows' lowest TTFT p99 ({_x(best[1])} fcfs's), "
+                f"{worst[0]} the highest ({_x(worst[1])})" + (f", a spread of {spread:.1f}x" if spread else ""))
+        lines.append(head
                      + (f"; output tok/s {min(t[2] for t in scored if t[2]):.2f}x to {max(t[2] for t in scored if t[2]):.2f}x"
                         if any(t[2] for t in scored) else "") + ".")
     if not lines:
@@ -279,8 +283,22 @@ def frontier_question(r: Runs, img: Path, vllm_line: str | None) -> list[str]:
         name = "findings-frontier.png"
     runs = [c for c in r.cards if c["kind"] == "run"]
     on = sum(1 for c in runs if any(x["label"] == "memfair" and x["pareto"] for x in c["rows"]))
-    answer = [f"memfair is on the fairness-throughput front in {on} of {len(runs)} scenarios: it buys the minnows' "
-              "tail without giving up output tokens where the front is measured."]
+    kept = [c for c in runs if any(x["label"] == "memfair" and (x["ratio"].get("out_tok_s") or 0) >= 0.95
+                                   for x in c["rows"])]
+    crowded = [c["name"] for c in runs if sum(x["pareto"] for x in c["rows"]) >= len(c["rows"]) - 1 > 1]
+    answer = [f"memfair is on the fairness-throughput front in {on} of {len(runs)} scenarios, and keeps at least 0.95x "
+              f"fcfs's output tok/s in {len(kept)} of them."]
+    if crowded:
+        answer.append(f"The front separates little in {', '.join(crowded)}: nearly every policy is on it, each "
+                      "trading one figure for another (the minnows' tail, the whales' E2E, throughput).")
+    scale = [(d["config"]["minnow_rate"], d["memfair_over_fcfs"]["minnow_ttft_p99"]) for d in r.claims
+             if d.get("memfair_over_fcfs")]
+    if scale:
+        lost = [f"{x:g}/s" for x, v in scale if v > 1.0]
+        answer.append("Its gain depends on load: in the essay's setting memfair's minnow TTFT p99 is "
+                      + ", ".join(f"{v:.2f}x fcfs's at {x:g} minnows/s" for x, v in scale)
+                      + (f"; at {', '.join(lost)} it is worse than fcfs, a case the policy does not yet win."
+                         if lost else "."))
     if near_all:
         by = {}
         for sc, p in near_all:

@@ -51,7 +51,7 @@ def _commit(lines: list[str], default: str) -> str:
 
 # one function a line: the section's lines and the commit it was measured on in, the line out (None: left out)
 
-def fairness(lines: list[str], commit: str) -> str | None:
+def fairness(lines: list[str], commit: str, noise: list[str] = ()) -> str | None:
     for head, rows in _tables(lines):
         mf = next((r for r in rows if r[0] == "memfair"), None)
         if head[0] == "policy" and mf and any("minnow TTFT p99" in h for h in head):
@@ -63,8 +63,37 @@ def fairness(lines: list[str], commit: str) -> str | None:
                 return " / ".join(f"**{v}**" if bold else v for v in vals)
             return (f"- Quick comparison (`compare_fairness.sh --quick`), memfair against fcfs, {' / '.join(modes)}: "
                     f"minnow TTFT p99 {ratios('minnow TTFT p99', True)}, minnow ITL p99 {ratios('minnow ITL p99')}, "
-                    f"output tok/s {ratios('output tok/s')} (commit {commit}).")
+                    f"output tok/s {ratios('output tok/s')}{spread(noise, modes)} (commit {commit}).")
     return None
+
+
+def spread(noise: list[str], modes: list[str]) -> str:
+    """The run-to-run range of memfair's ratios in the scorecard's repeats, per mode, and which leave
+    fcfs's own spread ("" without the repeats' table)."""
+    for head, rows in _tables(noise):
+        if head and head[0].startswith("mode: memfair / fcfs, each repeat"):
+            by = {r[0]: r for r in rows}
+            parts, beyond = [], []
+            for fig in ("minnow TTFT p99 ms", "minnow ITL p99 ms", "out tok/s"):
+                if fig not in head:
+                    continue
+                k = head.index(fig)
+                cells = []
+                for m in modes:
+                    if m not in by:
+                        continue
+                    vals = [float(x) for x in re.findall(r"([\d.]+)x", by[m][k].split("(")[0])]
+                    if vals:
+                        cells.append(f"{min(vals):.2f}-{max(vals):.2f}x")
+                    if "beyond noise" in by[m][k]:
+                        beyond.append(f"{fig.replace(' ms', '')} {m}")
+                if cells:
+                    parts.append(f"{fig.replace(' ms', '')} {' / '.join(cells)}")
+            n = max((len(re.findall(r"[\d.]+x", r[1].split("(")[0])) for r in rows), default=0)
+            if parts:
+                return (f"; over {n} runs {', '.join(parts)}, beyond fcfs's own run-to-run spread: "
+                        f"{', '.join(beyond) or 'none'}")
+    return ""
 
 
 def frontier(lines: list[str], commit: str) -> str | None:
@@ -211,7 +240,8 @@ def summary(text: str, link: str | None = None) -> list[str]:
         lines = _section(secs, start)
         return lines, _commit(lines, top)
     items: list[Callable[[], str | None]] = [
-        lambda: fairness(*sec("## Fairness: colocated")), lambda: frontier(*sec("## Fairness at saturation")),
+        lambda: fairness(*sec("## Fairness: colocated"), _section(secs, "## Scorecard")),
+        lambda: frontier(*sec("## Fairness at saturation")),
         lambda: vllm(*sec("## Beside vLLM")),
         lambda: engine(*sec("## Paged engine"), *sec("## On a GPU")),
         lambda: transports(*sec("## KV transport against raw pyzmq"), *sec("## KV transports on one host")),

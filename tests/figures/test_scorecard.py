@@ -134,6 +134,14 @@ def test_repeats_give_each_ratio_and_fcfs_own_spread(tmp_path):
         (d / "colocated-fcfs.json").write_text(json.dumps(doc([whale(f_end)], tok_s=f_tok)))
         (d / "colocated-memfair.json").write_text(json.dumps(doc([whale(m_end)], tok_s=m_tok)))
     rows = {r.split(" | ")[1]: r for r in sc.repeats_table(tmp_path)[2:]}
-    assert rows["out tok/s"] == "| colocated | out tok/s | 0.50x, 1.50x | 2.00x |"
-    assert rows["whale E2E p50 ms"] == "| colocated | whale E2E p50 ms | 2.00x, 1.00x | 1.50x |"
+    assert rows["out tok/s"] == "| colocated | out tok/s | 0.50x, 1.50x | 2.00x | within noise |"
+    assert rows["whale E2E p50 ms"] == "| colocated | whale E2E p50 ms | 2.00x, 1.00x | 1.50x | within noise |"
     assert sc.repeats_table(tmp_path / "none") == []
+
+
+def test_a_difference_is_beyond_noise_only_when_every_repeat_leaves_fcfs_own_spread():
+    assert sc.noise_verdict([0.04, 0.06, 0.04], 1.64) == "beyond noise"  # all below 1/1.64 = 0.61
+    assert sc.noise_verdict([2.5, 1.9], 1.8) == "beyond noise"
+    assert sc.noise_verdict([0.85, 1.20], 1.26) == "within noise"
+    assert sc.noise_verdict([0.5, 0.7], 1.5) == "within noise"  # 0.7 > 1/1.5 = 0.67
+    assert sc.noise_verdict([], 1.5) == "-" and sc.noise_verdict([0.5], None) == "-"
