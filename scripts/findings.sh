@@ -13,12 +13,15 @@
 #     5 whales every 5 s among 4 minnows/s, so that the largest 5% in memory are whales (top5.json).
 # About a minute and a half of simulation and one real run (about 40 s) on 2 cores.
 #
-#   bash scripts/findings.sh --out DIR [--skip-real]
+#   bash scripts/findings.sh --out DIR [--skip-real | --skip-sim]
+#
+# --skip-sim leaves out the simulated runs, --skip-real the real one (results.sh runs the
+# simulated ones beside the scorecard's, the real one alone: a real run shares its cores with nothing).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" REAL=1
+OUT="" REAL=1 SIM=1
 source "$ROOT/scripts/_opts.sh"
-opts_parse "--out=OUT --skip-real=REAL:0" -- "$@"
+opts_parse "--out=OUT --skip-real=REAL:0 --skip-sim=SIM:0" -- "$@"
 [ -n "$OUT" ] || { echo "findings: --out DIR is required" >&2; exit 2; }
 source "$ROOT/scripts/_env.sh"
 mkdir -p "$OUT"
@@ -35,6 +38,7 @@ ESSAY=(--workload whale-minnow --prefill 1 --decode 1 --cost roofline --gpu h100
 VARIANTS=("fcfs|--policy fcfs" "memfair|--policy memfair" "memfair-request|--policy memfair --quota-by request"
           "memfair-priority|--policy memfair --quota-by priority" "memfair-tier|--policy memfair --quota-by slo-tier"
           "memfair-static|--policy memfair --policy-arg quota_shares=static")
+sims() {
 for mode in colocated disagg; do
   mkdir -p "$OUT/quota-$mode"
   runs=("${VARIANTS[@]}")
@@ -64,6 +68,8 @@ for rate in 8 14 20 26; do
 done
 echo "== pdtb sim reproduce essay, 5% whales in memory" >&2
 pdtb sim reproduce essay --minnow-rate 4 --whale-interval 5 --whales 5 --json > "$OUT/claims/top5.json"
+}
+[ "$SIM" = 0 ] || sims
 
 if [ "$REAL" = 1 ]; then
   bash scripts/compare_fairness.sh --quick --modes disagg --policies "memfair-fcfs-decode=memfair" \

@@ -48,7 +48,8 @@ opts_parse "--full=QUICK:() --policies=POLICIES --policy-arg=PITEMS+ --out=OUT -
   --skip-router=ROUTER:0 --vllm=VLLM:1 --vllm-venv=VVENV --repeats=REPEATS" -- "$@"
 [ -n "$REPEATS" ] || { [ "${#QUICK[@]}" = 0 ] && REPEATS=3 || REPEATS=1; }
 [[ "$REPEATS" =~ ^[0-9]+$ ]] || { echo "results: --repeats wants a whole number, got '$REPEATS'" >&2; exit 2; }
-[ -z "$VVENV" ] || VVENV="$(cd "$(dirname "$VVENV")" && pwd)/$(basename "$VVENV")"
+[ -z "$VVENV" ] || { d="$(cd "$(dirname "$VVENV")" && pwd)" && VVENV="$d/$(basename "$VVENV")"; }
+mkdir -p "$(dirname "$DOC")"
 DOC="$(cd "$(dirname "$DOC")" && pwd)/$(basename "$DOC")"
 SIM_POLICIES=()
 [ -z "${POLICIES+set}" ] || SIM_POLICIES=(--policies)
@@ -110,17 +111,33 @@ python -m pdtb.figures.results_doc "${args[@]}" --commit-file "$OUT/commit" --ou
 section() {  # section NAME ARGS...: replace one section of the document, stamped with this run's commit
   python -m pdtb.figures.results_doc --section "$@" --commit-file "$OUT/commit" --out "$DOC" --readme "$ROOT/README.md" >&2
 }
-if [ "$SCORECARD" = 1 ]; then
+# The simulated parts of the scorecard and of the findings side by side (a simulation's figures do
+# not depend on its wall time), then their real runs one at a time.
+if [ "${#QUICK[@]}" != 0 ] && [ "$SCORECARD" = 1 ]; then
+  SC_REAL=(--quick --skip-sim --real-quick "$OUT/fair")
   cmd="bash scripts/scorecard.sh --quick --repeats $REPEATS --policies \"$POLICIES\" (the real quick scenario: the comparison's runs)"
+else  # (a full comparison is not the quick scenario: the scorecard runs its own, and its frontier)
+  SC_REAL=(--skip-sim)
+  cmd="bash scripts/scorecard.sh --repeats $REPEATS --policies \"$POLICIES\""
+fi
+pids=()
+if [ "$SCORECARD" = 1 ]; then
   echo "== $cmd" >&2
-  if [ "${#QUICK[@]}" != 0 ]; then  # the comparison's quick runs are the scorecard's real quick scenario
-    bash scripts/scorecard.sh --quick --repeats "$REPEATS" --real-quick "$OUT/fair" --policies "$POLICIES" \
-      ${PARGS[@]+"${PARGS[@]}"} --out "$OUT/scorecard" >&2
-  else  # (a full comparison is not the quick scenario: the scorecard runs its own, and its frontier)
-    cmd="bash scripts/scorecard.sh --repeats $REPEATS --policies \"$POLICIES\""
-    bash scripts/scorecard.sh --repeats "$REPEATS" --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
-      --out "$OUT/scorecard" >&2
-  fi
+  bash scripts/scorecard.sh --skip-real --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} --out "$OUT/scorecard" \
+    > "$OUT/scorecard-sim.log" 2>&1 &
+  pids+=($!)
+fi
+if [ "$FINDINGS" = 1 ]; then
+  echo "== bash scripts/findings.sh --skip-real" >&2
+  bash scripts/findings.sh --skip-real --out "$OUT/findings" > "$OUT/findings-sim.log" 2>&1 &
+  pids+=($!)
+fi
+for p in ${pids[@]+"${pids[@]}"}; do
+  wait "$p" || { echo "results: a simulated part failed (its log: $OUT/scorecard-sim.log, $OUT/findings-sim.log)" >&2; exit 1; }
+done
+if [ "$SCORECARD" = 1 ]; then
+  bash scripts/scorecard.sh "${SC_REAL[@]}" --repeats "$REPEATS" --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
+    --out "$OUT/scorecard" >&2
   section scorecard --scorecard "$OUT/scorecard" --scorecard-command "$cmd"
 fi
 if [ "$CHAOS" = 1 ]; then
@@ -148,8 +165,8 @@ if [ "$RAY" = 1 ]; then
   bash scripts/ray_results.sh --doc "$DOC" >&2
 fi
 if [ "$FINDINGS" = 1 ]; then
-  echo "== bash scripts/findings.sh" >&2
-  bash scripts/findings.sh --out "$OUT/findings" >&2
+  echo "== bash scripts/findings.sh --skip-sim" >&2
+  bash scripts/findings.sh --skip-sim --out "$OUT/findings" >&2
   python -m pdtb.figures.findings --runs "$OUT" --out "$(dirname "$DOC")/findings.md" --results "$DOC" \
     --stamp "on $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(cat "$OUT/commit")"
 fi

@@ -17,11 +17,12 @@
 # whales among forty minnows in memory, so the largest 5% are whales (sim-essay-top5.json).
 #
 #   bash scripts/scorecard.sh [--quick] [--out DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
-#                             [--skip-real] [--repeats N] [--real-quick DIR]
+#                             [--skip-real | --skip-sim] [--repeats N] [--real-quick DIR]
 #
 # --policies: as compare_fairness.sh takes them (NAME, module:Class, file.py:Class, LABEL=REF;
 # default: every built-in policy). --quick leaves out the frontier (scenario 2): about 15 minutes
-# on 2 cores. --skip-real leaves out scenarios 1 and 2 (the simulator's only: about 3 minutes).
+# on 2 cores. --skip-real leaves out scenarios 1 and 2 (the simulator's only: about 3 minutes);
+# --skip-sim the simulated ones (a second call into the same DIR adds the real ones to them).
 # --repeats N runs the real quick comparison of fcfs and memfair N more times (DIR/repeats/rK,
 # about 2 minutes each): the run-to-run noise a real figure is read against.
 # --real-quick DIR takes scenario 1 from a compare_fairness.sh --quick run already made (its --out,
@@ -32,9 +33,9 @@
 # puts the tables in docs/results.md.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="" QUICK=0 REAL=1 REPEATS=0 REAL_QUICK="" POLICIES="fcfs memfair vtc memtime dlpm drr mcsf priority" PITEMS=()
+OUT="" QUICK=0 REAL=1 SIMS=1 REPEATS=0 REAL_QUICK="" POLICIES="fcfs memfair vtc memtime dlpm drr mcsf priority" PITEMS=()
 source "$ROOT/scripts/_opts.sh"
-opts_parse "--out=OUT --quick=QUICK:1 --skip-real=REAL:0 --repeats=REPEATS --policies=POLICIES --policy-arg=PITEMS+
+opts_parse "--out=OUT --quick=QUICK:1 --skip-real=REAL:0 --skip-sim=SIMS:0 --repeats=REPEATS --policies=POLICIES --policy-arg=PITEMS+
   --real-quick=REAL_QUICK" -- "$@"
 [ -z "$REAL_QUICK" ] || REAL_QUICK="$(cd "$REAL_QUICK" && pwd)" || { echo "scorecard: no folder $REAL_QUICK" >&2; exit 2; }
 [[ "$REPEATS" =~ ^[0-9]+$ ]] || { echo "scorecard: --repeats wants a whole number, got '$REPEATS'" >&2; exit 2; }
@@ -63,6 +64,7 @@ sim_one() {  # sim_one SCENARIO INDEX ARGS...: one policy through one simulated 
     --out "$OUT/$sc/${POLICY_LABELS[$i]}.json" > /dev/null
 }
 
+if [ "$SIMS" = 1 ]; then
 python -m pdtb.client.scorecard_data prefix-tenants "$DATA/mooncake_conversation_excerpt.jsonl" \
   "$OUT/mooncake-tenants.jsonl" --tenants 4
 for i in "${!POLICY_LABELS[@]}"; do
@@ -86,6 +88,7 @@ if [[ " $POLICIES " == *" dlpm "* ]]; then  # D2LPM: dlpm on every node, the rou
 fi
 echo "== pdtb sim reproduce essay, 5% whales in memory" >&2
 pdtb sim reproduce essay --minnow-rate 4 --whale-interval 5 --whales 5 --json > "$OUT/sim-essay-top5.json"
+fi
 
 if [ "$REAL" = 1 ]; then
   RAW="$OUT/raw/quick"

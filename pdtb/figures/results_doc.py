@@ -297,7 +297,7 @@ def render(run: Run, images: str | None = None, sim_dir: str | None = None, pref
              f"Machine: {machine()}.  ",
              "Rerunning the script replaces this file. Absolute figures are noisy on shared machines; "
              "every ratio is taken within one run. How the workloads are built and why: "
-             "[method.md](method.md).", ""]
+             "[method.md](method.md); what the figures answer: [findings.md](findings.md), written by the same run.", ""]
     if run.fair_rows is not None:
         lines += fairness_section(run.fair_rows, run.fair_command)
     if run.frontier:
