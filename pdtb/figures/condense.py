@@ -126,7 +126,7 @@ def scorecard(bs: list[Block]) -> list[Block]:
         modes = list(dict.fromkeys(r[0] for r in rs))
         def cell(r: list[str]) -> str:  # ratios (fcfs's spread), marked where they leave that spread
             return f"{r[2]} ({r[3]})" + (" **beyond noise**" if len(r) > 4 and r[4] == "beyond noise" else "")
-        keep[i] = md([f"mode: {head[2]} (fcfs's own largest / smallest)", *figs],
+        keep[i] = md([f"mode: {head[2]} (own spread, the larger of the two)", *figs],
                      [[m, *(cell(by[m, f]) if (m, f) in by else "-" for f in figs)] for m in modes])
     return lead_ins(transpose_claims(keep))
 

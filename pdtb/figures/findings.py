@@ -78,6 +78,14 @@ class Runs:
         self.claims = sorted((d for f in sorted((root / "findings" / "claims").glob("rate-*.json"))
                               if (d := _load(f))), key=lambda d: d["config"]["minnow_rate"])
         self.top5 = _load(root / "findings" / "claims" / "top5.json")
+        self.noise = None  # the largest run-to-run spread of the quick comparison's minnow TTFT p99 (scorecard repeats)
+        if sc.is_dir():
+            from pdtb.figures.scorecard import repeats_table
+
+            for row in repeats_table(sc)[2:]:
+                cells = [c.strip() for c in row.strip("|").split("|")]
+                if cells[1] == "minnow TTFT p99 ms" and cells[3].endswith("x"):
+                    self.noise = max(self.noise or 0.0, float(cells[3][:-1]))
         self.sweeps = {}
         from pdtb.figures.frontier import point
 
@@ -125,6 +133,9 @@ def claim_64x(r: Runs, img: Path) -> list[str]:
               f"yet under fcfs they hold {_pct(fcfs.get('colocated'))} of the colocated node's device KV on "
               f"average and {_pct(fcfs.get('disagg'))} of the decode node's;"
               f" under memfair {_pct(mem.get('colocated'))} and {_pct(mem.get('disagg'))}."]
+    if all(mem.get(m) is not None and fcfs.get(m) is not None and mem[m] >= fcfs[m] - 0.05 for m in fcfs):
+        answer.append("memfair does not take that memory from the whales: it changes who waits and who is moved, "
+                      "not who holds the pool (the minnows' share is small either way; their cost is time).")
     panels = {f"{m} / {p}": r.fair[m][p] for m in MODES for p in ("fcfs", "memfair") if p in r.fair[m]}
     name = None
     if panels:
@@ -185,8 +196,8 @@ def claims_hbm_evictions(r: Runs, img: Path) -> list[list[str]]:
                   + " (demotions to the host tier and preemptions together).")
     cmd = "pdtb sim reproduce essay --minnow-rate R --json"
     return [_section("The top 5% of requests hold about 80% of HBM", hbm, rows, "findings-claims.png", cmd),
-            _section("Whales raise minnow evictions 2-4x", ev or ["No run evicted a minnow."], rows, "findings-claims.png",
-                     cmd)]
+            _section("Whales raise minnow evictions 2-4x", ev or ["No run evicted a minnow."],
+                     ["The figures: the table of the section above."], "findings-claims.png", cmd)]
 
 
 def _variant_row(card: dict | None, label: str) -> dict:
@@ -229,13 +240,13 @@ def quota_questions(r: Runs, img: Path) -> list[list[str]]:
                 groups[f"H100 {m} (essay setting, x fcfs)"] = h100
         if groups:
             fp.variant_bars(groups, img / fname, keys)
-        answer = _quota_answer(groups, variants)
+        answer = _quota_answer(groups, variants, r.noise)
         out.append(_section(title, answer, rows, fname if groups else None,
                             "bash scripts/frontier.sh --quick; bash scripts/findings.sh --out DIR"))
     return out
 
 
-def _quota_answer(groups: dict, variants: dict) -> list[str]:
+def _quota_answer(groups: dict, variants: dict, noise: float | None = None) -> list[str]:
     """Which variant gave the minnows the lowest tail, setting by setting, and what it cost."""
     lines = []
     for g, vs in groups.items():
@@ -255,8 +266,10 @@ def _quota_answer(groups: dict, variants: dict) -> list[str]:
                         if any(t[2] for t in scored) else "") + ".")
     if not lines:
         return ["No run of this part."]
-    return lines + ["Every variant is read beside fcfs in the same run; the CPU figures carry the run-to-run "
-                    "spread of the scorecard's repeats (results.md), within which a difference is noise."]
+    tail = "Every variant is read beside fcfs in the same run; a CPU figure is one sweep per point"
+    tail += (f", and the quick comparison's minnow TTFT p99 moves by up to {noise:.2f}x between runs (results.md, the "
+             "scorecard's repeats): a CPU difference below that is noise." if noise else ".")
+    return lines + [tail]
 
 
 def frontier_question(r: Runs, img: Path, vllm_line: str | None) -> list[str]:
@@ -347,8 +360,8 @@ def disagg_question(r: Runs, img: Path) -> list[str]:
     if fc and fd:
         answer.append(f"Inheriting pages hurts a decode pool that does not re-admit them: under fcfs the minnows' ITL "
                       f"p99 is {_ms(fd['minnow_itl_p99'])} disaggregated against {_ms(fc['minnow_itl_p99'])} "
-                      f"colocated on the CPU cluster, since the decode node takes every hand-off it is sent and "
-                      f"then has to move its own requests out to fit the whales it inherited.")
+                      f"colocated on the CPU cluster: the decode node, which took no part in admitting the whales, "
+                      f"holds their pages while the minnows handed to it wait (its pages over time: the plot below).")
     nd, md = (run_figures(r.nodecode) if r.nodecode else None), r.figs["disagg"].get("memfair")
     if nd and md and fd:
         answer.append(f"Fair admission at the prefill side alone does not fix it: memfair prefill with fcfs decode gives "

@@ -91,7 +91,7 @@ def spread(noise: list[str], modes: list[str]) -> str:
                     parts.append(f"{fig.replace(' ms', '')} {' / '.join(cells)}")
             n = max((len(re.findall(r"[\d.]+x", r[1].split("(")[0])) for r in rows), default=0)
             if parts:
-                return (f"; over {n} runs {', '.join(parts)}, beyond fcfs's own run-to-run spread: "
+                return (f"; over {n} runs {', '.join(parts)}, beyond the run-to-run spread: "
                         f"{', '.join(beyond) or 'none'}")
     return ""
 

@@ -126,7 +126,8 @@ def test_scorecard_script_runs_the_simulated_scenarios(tmp_path):
 
 def test_repeats_give_each_ratio_and_fcfs_own_spread(tmp_path):
     """Two repeats, colocated only. Output tok/s: fcfs 10 then 20 (spread 2.00x), memfair 5 then
-    30 (0.50x, 1.50x). Whale E2E (sent 0, ended 4 s or 2 s): memfair/fcfs 4000/2000 = 2.00x, then 1.00x."""
+    30 (0.50x, 1.50x; its own spread 6.00x). Whale E2E (sent 0, ended 2 s or 3 s for fcfs, 4 s or 3 s
+    for memfair): 4000/2000 = 2.00x, then 1.00x; spreads 1.50x and 1.33x."""
     whale = lambda end: req("whale", 0.0, 1.0, [1.0, end])  # noqa: E731
     for k, (f_tok, m_tok, f_end, m_end) in enumerate([(10.0, 5.0, 2.0, 4.0), (20.0, 30.0, 3.0, 3.0)], 1):
         d = tmp_path / "repeats" / f"r{k}"
@@ -134,7 +135,7 @@ def test_repeats_give_each_ratio_and_fcfs_own_spread(tmp_path):
         (d / "colocated-fcfs.json").write_text(json.dumps(doc([whale(f_end)], tok_s=f_tok)))
         (d / "colocated-memfair.json").write_text(json.dumps(doc([whale(m_end)], tok_s=m_tok)))
     rows = {r.split(" | ")[1]: r for r in sc.repeats_table(tmp_path)[2:]}
-    assert rows["out tok/s"] == "| colocated | out tok/s | 0.50x, 1.50x | 2.00x | within noise |"
+    assert rows["out tok/s"] == "| colocated | out tok/s | 0.50x, 1.50x | 6.00x | within noise |"
     assert rows["whale E2E p50 ms"] == "| colocated | whale E2E p50 ms | 2.00x, 1.00x | 1.50x | within noise |"
     assert sc.repeats_table(tmp_path / "none") == []
 
