@@ -27,12 +27,16 @@
 # with --full. The run's files stay in OUT (results/docs-*); the plots go next to the document
 # (docs/img).
 #
+# --reuse DIR takes the parts that a run of the same code already made in DIR (its --out, e.g. a
+# run cut short) instead of running them again: the comparison, the frontier, the engine and
+# transport benches, prefix caching, migration; the rest runs anew.
+#
 # --policies and --policy-arg go to compare_fairness.sh: each policy a NAME, module:Class,
 # path/to/file.py:Class or LABEL=REF, a setting of its own by --policy-arg [LABEL:]KEY=VALUE
 # (repeatable); they are checked before the first run, and a policy file's path made absolute.
 #
 #   bash scripts/results.sh [--full] [--policies "fcfs memfair vtc ..."] [--policy-arg [LABEL:]KEY=VALUE]...
-#                           [--out DIR] [--repeats N] [--vllm] [--vllm-venv DIR]
+#                           [--out DIR] [--repeats N] [--vllm] [--vllm-venv DIR] [--reuse DIR]
 #                           [--skip-bench] [--skip-frontier] [--skip-prefix] [--skip-migration] [--skip-sim]
 #                           [--skip-scorecard] [--skip-findings] [--skip-chaos] [--skip-router]
 #                           [--skip-transports] [--skip-ray] [--doc docs/results.md]
@@ -40,12 +44,13 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 unset POLICIES  # unset until --policies: sim_results.sh is handed the list only when one is given
 QUICK=(--quick) PITEMS=() OUT="" BENCH=1 FRONTIER=1 SIM=1 PREFIX=1 MIGRATION=1 TRANSPORTS=1 RAY=1 DOC="$ROOT/docs/results.md"
-SCORECARD=1 FINDINGS=1 CHAOS=1 ROUTER=1 VLLM=0 VVENV="" REPEATS=""
+SCORECARD=1 FINDINGS=1 CHAOS=1 ROUTER=1 VLLM=0 VVENV="" REPEATS="" REUSE=""
 source "$ROOT/scripts/_opts.sh"
 opts_parse "--full=QUICK:() --policies=POLICIES --policy-arg=PITEMS+ --out=OUT --skip-bench=BENCH:0
   --skip-frontier=FRONTIER:0 --skip-sim=SIM:0 --skip-transports=TRANSPORTS:0 --skip-ray=RAY:0 --skip-prefix=PREFIX:0
   --skip-migration=MIGRATION:0 --doc=DOC --skip-scorecard=SCORECARD:0 --skip-findings=FINDINGS:0 --skip-chaos=CHAOS:0
-  --skip-router=ROUTER:0 --vllm=VLLM:1 --vllm-venv=VVENV --repeats=REPEATS" -- "$@"
+  --skip-router=ROUTER:0 --vllm=VLLM:1 --vllm-venv=VVENV --repeats=REPEATS --reuse=REUSE" -- "$@"
+[ -z "$REUSE" ] || REUSE="$(cd "$REUSE" && pwd)" || { echo "results: no folder $REUSE" >&2; exit 2; }
 [ -n "$REPEATS" ] || { [ "${#QUICK[@]}" = 0 ] && REPEATS=3 || REPEATS=1; }
 [[ "$REPEATS" =~ ^[0-9]+$ ]] || { echo "results: --repeats wants a whole number, got '$REPEATS'" >&2; exit 2; }
 [ -z "$VVENV" ] || { d="$(cd "$(dirname "$VVENV")" && pwd)" && VVENV="$d/$(basename "$VVENV")"; }
@@ -66,28 +71,37 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 git rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true
 rc=0  # a part that reports a failure (a chaos violation) still leaves its section written; the exit says so
+reuse() {  # reuse NAME...: with --reuse DIR holding every NAME, each copied into OUT (and true)
+  [ -n "$REUSE" ] || return 1
+  local n
+  for n in "$@"; do [ -e "$REUSE/$n" ] || return 1; done
+  for n in "$@"; do cp -r "$REUSE/$n" "$OUT/"; done
+  echo "== reused from $REUSE: $*" >&2
+}
 FAIR_CMD="bash scripts/compare_fairness.sh ${QUICK[*]+${QUICK[*]} }--step-log --policies \"$POLICIES\""
 [ "${#PARGS[@]}" = 0 ] || FAIR_CMD+="$(printf ' %q' "${PARGS[@]}")"
 echo "== $FAIR_CMD" >&2
-bash scripts/compare_fairness.sh ${QUICK[@]+"${QUICK[@]}"} --step-log --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
-  --out "$OUT/fair" >&2
+reuse fair || bash scripts/compare_fairness.sh ${QUICK[@]+"${QUICK[@]}"} --step-log --policies "$POLICIES" \
+  ${PARGS[@]+"${PARGS[@]}"} --out "$OUT/fair" >&2
 args=(--fair "$OUT/fair" --fair-command "$FAIR_CMD")
 run_part() {  # run_part NAME SCRIPT: scripts/SCRIPT, quick unless --full, into OUT/NAME; its results_doc flags into args
   local cmd="bash scripts/$2${QUICK[*]+ ${QUICK[*]}}"
   echo "== $cmd" >&2
-  bash "scripts/$2" ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/$1" >&2
+  reuse "$1" || bash "scripts/$2" ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/$1" >&2
   args+=("--$1" "$OUT/$1" "--$1-command" "$cmd")
 }
 if [ "$FRONTIER" = 1 ]; then
   run_part frontier frontier.sh
 fi
 if [ "$BENCH" = 1 ]; then
-  echo "== pdtb bench engine --batch 32" >&2
-  pdtb bench engine --batch 32 --json > "$OUT/engine.json"
-  for ep in ipc tcp; do
-    echo "== pdtb bench transport --endpoint $ep" >&2
-    pdtb bench transport --endpoint "$ep" --json > "$OUT/transport-$ep.json"
-  done
+  if ! reuse engine.json transport-ipc.json transport-tcp.json; then
+    echo "== pdtb bench engine --batch 32" >&2
+    pdtb bench engine --batch 32 --json > "$OUT/engine.json"
+    for ep in ipc tcp; do
+      echo "== pdtb bench transport --endpoint $ep" >&2
+      pdtb bench transport --endpoint "$ep" --json > "$OUT/transport-$ep.json"
+    done
+  fi
   args+=(--engine "$OUT/engine.json" --transport "$OUT/transport-ipc.json" "$OUT/transport-tcp.json")
 fi
 if [ "$PREFIX" = 1 ]; then

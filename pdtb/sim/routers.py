@@ -97,7 +97,7 @@ class Waits:
 
         def q(p: float) -> float:
             i = max(0, math.ceil(p * n) - 1)
-            return 0.0 if i < self.zeros else rest[i - self.zeros] * 1e3
+            return 0.0 if i < self.zeros or not rest else rest[i - self.zeros] * 1e3
 
         return {"p50": round(q(0.50), 4), "p99": round(q(0.99), 4), "max": round(rest[-1] * 1e3, 4) if rest else 0.0,
                 "pieces": n}

@@ -254,3 +254,14 @@ def test_the_plan_gives_each_candidate_its_routers(capsys):
         assert r["routers"] == ceil(r["cpu_s_per_s"] / 0.7)
     # 1P+1D passes at 5.5 requests and about 150 tokens a second: 0.75 CPU s a second, two routers
     assert {c["label"]: c["routers"]["routers"] for c in doc["candidates"]}["1P+1D"] == 2
+
+
+def test_waits_with_no_piece_are_zero_not_an_error():
+    """A router that carried no piece (every request of a run on other routers) reports zeros."""
+    from pdtb.sim.routers import Waits
+
+    assert Waits().quantiles_ms() == {"p50": 0.0, "p99": 0.0, "max": 0.0, "pieces": 0}
+    w = Waits()
+    w.add(0.0)
+    w.add(0.002)
+    assert w.quantiles_ms() == {"p50": 0.0, "p99": 2.0, "max": 2.0, "pieces": 2}
