@@ -74,7 +74,7 @@ class Observer:
             rows.append({"role": n.shape.role, "id": nid, "pages_total": n.pool.num_pages, "pages_free": n.pool.num_free,
                          "host_pages_total": host.num_pages if host else 0, "host_pages_free": host.num_free if host else 0,
                          "running": len(n.scheduler.running), "waiting": len(n.scheduler.waiting) + len(n.scheduler.parked),
-                         "extra": {"tenant_pages": dict(tenants), "quota": quota_of(n.policy)}})
+                         "extra": {"tenant_pages": dict(tenants)}})
             if n.shape.role != "prefill":
                 footprints += [p for p in held.values() if p]
                 total += n.pool.num_pages
@@ -104,10 +104,3 @@ class Observer:
             "top5_share_pool_max": max((s[2] for s in busy), default=0.0),
             "top5_series": [[round(t, 3), round(u, 4), round(p, 4), n] for t, u, p, n in self.top5],
         }
-
-
-def quota_of(policy) -> dict:
-    """Each tenant's device share in pages as the policy states it ({} for a policy without shares)."""
-    quotas = policy.quotas() if callable(getattr(policy, "quotas", None)) else None
-    by_name = getattr(quotas, "by_name", None) or {}
-    return {str(t): round(v, 1) for t, v in by_name.items()}
