@@ -9,8 +9,8 @@
 #     12,800 pages (200K tokens: one whale and the minnows), where the inherited pages overflow it;
 #   - OUT/nodecode: the real disaggregated cluster of compare_fairness.sh --quick with memfair on
 #     the prefill node and fcfs on the decode node (its other runs are results.sh's fair/);
-#   - OUT/claims: pdtb sim reproduce essay at 8, 14, 20 and 26 minnows/s (rate-R.json), and with
-#     5 whales every 5 s among 4 minnows/s, so that the largest 5% in memory are whales (top5.json).
+#   - OUT/claims: pdtb sim reproduce essay at 8, 14, 20 and 26 minnows/s (rate-R.json); the setting
+#     where the largest 5% in memory are whales is the scorecard's (its sim-essay-top5.json).
 # About a minute and a half of simulation and one real run (about 40 s) on 2 cores.
 #
 #   bash scripts/findings.sh --out DIR [--skip-real | --skip-sim]
@@ -66,8 +66,6 @@ for rate in 8 14 20 26; do
   echo "== pdtb sim reproduce essay --minnow-rate $rate" >&2
   pdtb sim reproduce essay --minnow-rate "$rate" --json > "$OUT/claims/rate-$rate.json"
 done
-echo "== pdtb sim reproduce essay, 5% whales in memory" >&2
-pdtb sim reproduce essay --minnow-rate 4 --whale-interval 5 --whales 5 --json > "$OUT/claims/top5.json"
 }
 [ "$SIM" = 0 ] || sims
 

@@ -10,7 +10,8 @@ frontier/ (frontier.sh --quick), scorecard/ (scorecard.sh with the real quick ru
 findings/quota-MODE/ (the essay's setting at H100 scale: fcfs and memfair at each quota
 granularity, static shares, and in disagg memfair with fcfs decode nodes), findings/nodecode/
 (the real disaggregated cluster with memfair prefill and fcfs decode nodes), findings/claims/
-(pdtb sim reproduce essay across the minnows' load). A part that is absent leaves its figures out.
+(pdtb sim reproduce essay across the minnows' load; the setting with 5% whales in memory is the
+scorecard's sim-essay-top5.json). A part that is absent leaves its figures out.
 """
 from __future__ import annotations
 
@@ -65,11 +66,11 @@ class Runs:
         tight = root / "findings" / "decode-tight"
         self.tight = scenario(tight) if tight.is_dir() else None
         self.moves = {}  # (folder, label) -> a simulated run's minnow preemptions and demotions per minnow
-        for f in sorted((root / "findings").glob("*/*.json")):
-            sim = ((_load(f) or {}).get("meta") or {}).get("sim") or {}
-            ev, n = (sim.get("evictions") or {}).get("minnow"), None
+        for f in sorted(f for d in ("quota-colocated", "quota-disagg", "decode-tight")
+                        for f in (root / "findings" / d).glob("*.json")):
+            doc = _load(f) or {}
+            ev = (((doc.get("meta") or {}).get("sim") or {}).get("evictions") or {}).get("minnow")
             if ev is not None:
-                doc = _load(f)
                 n = sum(1 for q in doc["requests"] if q.get("class") == "minnow")
                 self.moves[(f.parent.name, f.stem)] = (ev.get("preempt", 0) + ev.get("demote", 0)) / max(n, 1)
         sc = root / "scorecard"
@@ -77,7 +78,7 @@ class Runs:
             if sc.is_dir() else []
         self.claims = sorted((d for f in sorted((root / "findings" / "claims").glob("rate-*.json"))
                               if (d := _load(f))), key=lambda d: d["config"]["minnow_rate"])
-        self.top5 = _load(root / "findings" / "claims" / "top5.json")
+        self.top5 = _load(sc / "sim-essay-top5.json")  # (the scorecard's run of the 5%-whales setting)
         self.noise = None  # the largest run-to-run spread of the quick comparison's minnow TTFT p99 (scorecard repeats)
         if sc.is_dir():
             from pdtb.figures.scorecard import repeats_table
