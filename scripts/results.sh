@@ -27,6 +27,13 @@
 # with --full. The run's files stay in OUT (results/docs-*); the plots go next to the document
 # (docs/img).
 #
+# The simulations whose figures do not depend on wall time (the scorecard's and the findings'
+# simulated scenarios, and with --quick the simulator's validation) run beside the real clusters,
+# in the background at the idle scheduling class (chrt --idle: a runnable real process always
+# takes the CPU first; nice 19 where chrt is missing), with their logs in OUT/lane-*.log. They
+# are stopped (SIGSTOP) while a part that times the machine itself runs: the engine, transport
+# and step benches, the simulator's own speed and the Azure hour's wall time.
+#
 # --reuse DIR takes the parts that a run of the same code already made in DIR (its --out, e.g. a
 # run cut short) instead of running them again: the comparison, the frontier, the engine and
 # transport benches, prefix caching, migration; the rest runs anew.
@@ -71,6 +78,42 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 git rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true
 rc=0  # a part that reports a failure (a chaos violation) still leaves its section written; the exit says so
+IDLE=(nice -n 19)
+chrt --idle 0 true 2>/dev/null && IDLE=(chrt --idle 0)
+LANES=() LANE_NAMES=()
+lane() {  # lane NAME CMD...: CMD in the background, at the idle class, in a process group of its own
+  local name="$1"
+  shift
+  echo "== in the background ($name, log OUT/lane-$name.log): $*" >&2
+  setsid "${IDLE[@]}" "$@" > "$OUT/lane-$name.log" 2>&1 &
+  LANES+=("$!") LANE_NAMES+=("$name")
+}
+lanes_signal() {  # lanes_signal SIG: to every lane's process group
+  local p
+  for p in ${LANES[@]+"${LANES[@]}"}; do kill "-$1" -- "-$p" 2>/dev/null || true; done
+}
+timed() {  # timed CMD...: CMD alone on the machine, the lanes stopped meanwhile
+  lanes_signal STOP
+  local r=0
+  "$@" || r=$?
+  lanes_signal CONT
+  return "$r"
+}
+lane_wait() {  # lane_wait NAME: until that lane ends; a failed lane ends the run
+  local i
+  for i in "${!LANE_NAMES[@]}"; do
+    [ "${LANE_NAMES[$i]}" = "$1" ] || continue
+    wait "${LANES[$i]}" || { echo "results: the background part $1 failed (its log: $OUT/lane-$1.log)" >&2; exit 1; }
+  done
+}
+trap 'lanes_signal TERM; lanes_signal CONT' EXIT  # (a run cut short leaves no simulation behind)
+# the simulated parts start now, beside everything real
+if [ "$SCORECARD" = 1 ]; then
+  lane scorecard bash scripts/scorecard.sh --skip-real --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} --out "$OUT/scorecard"
+fi
+if [ "$FINDINGS" = 1 ]; then
+  lane findings bash scripts/findings.sh --skip-real --out "$OUT/findings"
+fi
 reuse() {  # reuse NAME...: with --reuse DIR holding every NAME, each copied into OUT (and true)
   [ -n "$REUSE" ] || return 1
   local n
@@ -96,10 +139,10 @@ fi
 if [ "$BENCH" = 1 ]; then
   if ! reuse engine.json transport-ipc.json transport-tcp.json; then
     echo "== pdtb bench engine --batch 32" >&2
-    pdtb bench engine --batch 32 --json > "$OUT/engine.json"
+    timed pdtb bench engine --batch 32 --json > "$OUT/engine.json"
     for ep in ipc tcp; do
       echo "== pdtb bench transport --endpoint $ep" >&2
-      pdtb bench transport --endpoint "$ep" --json > "$OUT/transport-$ep.json"
+      timed pdtb bench transport --endpoint "$ep" --json > "$OUT/transport-$ep.json"
     done
   fi
   args+=(--engine "$OUT/engine.json" --transport "$OUT/transport-ipc.json" "$OUT/transport-tcp.json")
@@ -110,49 +153,35 @@ fi
 if [ "$MIGRATION" = 1 ]; then
   run_part migration migration_results.sh
 fi
-if [ "$SIM" = 1 ]; then
-  echo "== bash scripts/sim_results.sh" >&2
-  real=()  # the quick comparison's real runs serve the validation (a full run has other flags)
-  [ "${#QUICK[@]}" = 0 ] || real=(--real "$OUT/fair")
-  # the validation simulates the settings the real runs had (and their policies, when given;
-  # by default sim_results.sh's own: the five built-in ones of the comparison)
-  [ "${#SIM_POLICIES[@]}" = 0 ] || SIM_POLICIES+=("$POLICIES")
-  bash scripts/sim_results.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/sim" ${real[@]+"${real[@]}"} ${SIM_POLICIES[@]+"${SIM_POLICIES[@]}"} \
-    ${PARGS[@]+"${PARGS[@]}"} >&2
-  args+=(--sim "$OUT/sim")
-fi
 python -m pdtb.figures.results_doc "${args[@]}" --commit-file "$OUT/commit" --out "$DOC" --readme "$ROOT/README.md"
 section() {  # section NAME ARGS...: replace one section of the document, stamped with this run's commit
   python -m pdtb.figures.results_doc --section "$@" --commit-file "$OUT/commit" --out "$DOC" --readme "$ROOT/README.md" >&2
 }
-# The simulated parts of the scorecard and of the findings side by side (a simulation's figures do
-# not depend on its wall time), then their real runs one at a time.
+SIM_ARGS=(${QUICK[@]+"${QUICK[@]}"} --out "$OUT/sim")
+# the validation simulates the settings the real runs had (and their policies, when given;
+# by default sim_results.sh's own: the five built-in ones of the comparison)
+[ "${#SIM_POLICIES[@]}" = 0 ] || SIM_ARGS+=("${SIM_POLICIES[@]}" "$POLICIES")
+SIM_ARGS+=(${PARGS[@]+"${PARGS[@]}"})
+if [ "$SIM" = 1 ]; then
+  echo "== bash scripts/sim_results.sh${QUICK[*]+ ${QUICK[*]}}: the validation" >&2
+  if [ "${#QUICK[@]}" != 0 ]; then
+    # the quick comparison's real runs serve the validation, and prefix caching's runs its prefix
+    # part; the step grid is measured now, alone, and the rest simulated in the background
+    echo "== pdtb bench steps --grid" >&2
+    timed pdtb bench steps --grid --json > "$OUT/steps.json"
+    vargs=(--real "$OUT/fair" --steps "$OUT/steps.json")
+    [ ! -f "$OUT/prefix/conversation-on.json" ] || vargs+=(--prefix-real "$OUT/prefix")
+    lane validate bash scripts/sim_results.sh "${SIM_ARGS[@]}" --validate-only "${vargs[@]}"
+  else  # (a full run's validation runs real clusters of its own: in the foreground)
+    bash scripts/sim_results.sh "${SIM_ARGS[@]}" --validate-only >&2
+  fi
+fi
 if [ "${#QUICK[@]}" != 0 ] && [ "$SCORECARD" = 1 ]; then
   SC_REAL=(--quick --skip-sim --real-quick "$OUT/fair")
-  cmd="bash scripts/scorecard.sh --quick --repeats $REPEATS --policies \"$POLICIES\" (the real quick scenario: the comparison's runs)"
+  sc_cmd="bash scripts/scorecard.sh --quick --repeats $REPEATS --policies \"$POLICIES\" (the real quick scenario: the comparison's runs)"
 else  # (a full comparison is not the quick scenario: the scorecard runs its own, and its frontier)
   SC_REAL=(--skip-sim)
-  cmd="bash scripts/scorecard.sh --repeats $REPEATS --policies \"$POLICIES\""
-fi
-pids=()
-if [ "$SCORECARD" = 1 ]; then
-  echo "== $cmd" >&2
-  bash scripts/scorecard.sh --skip-real --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} --out "$OUT/scorecard" \
-    > "$OUT/scorecard-sim.log" 2>&1 &
-  pids+=($!)
-fi
-if [ "$FINDINGS" = 1 ]; then
-  echo "== bash scripts/findings.sh --skip-real" >&2
-  bash scripts/findings.sh --skip-real --out "$OUT/findings" > "$OUT/findings-sim.log" 2>&1 &
-  pids+=($!)
-fi
-for p in ${pids[@]+"${pids[@]}"}; do
-  wait "$p" || { echo "results: a simulated part failed (its log: $OUT/scorecard-sim.log, $OUT/findings-sim.log)" >&2; exit 1; }
-done
-if [ "$SCORECARD" = 1 ]; then
-  bash scripts/scorecard.sh "${SC_REAL[@]}" --repeats "$REPEATS" --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
-    --out "$OUT/scorecard" >&2
-  section scorecard --scorecard "$OUT/scorecard" --scorecard-command "$cmd"
+  sc_cmd="bash scripts/scorecard.sh --repeats $REPEATS --policies \"$POLICIES\""
 fi
 if [ "$CHAOS" = 1 ]; then
   secs=30
@@ -172,7 +201,7 @@ if [ "$VLLM" = 1 ]; then
 fi
 if [ "$TRANSPORTS" = 1 ]; then
   echo "== bash scripts/transport_results.sh" >&2
-  bash scripts/transport_results.sh --out "$OUT/transports" --doc "$DOC" >&2
+  bash scripts/transport_results.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/transports" --doc "$DOC" >&2
 fi
 if [ "$RAY" = 1 ]; then
   echo "== bash scripts/ray_results.sh" >&2
@@ -181,6 +210,24 @@ fi
 if [ "$FINDINGS" = 1 ]; then
   echo "== bash scripts/findings.sh --skip-sim" >&2
   bash scripts/findings.sh --skip-sim --out "$OUT/findings" >&2
+fi
+if [ "$SIM" = 1 ]; then  # the reproductions, the Azure hour and the simulator's speed: timed, so alone
+  echo "== bash scripts/sim_results.sh${QUICK[*]+ ${QUICK[*]}} --skip-validate" >&2
+  timed bash scripts/sim_results.sh "${SIM_ARGS[@]}" --skip-validate >&2
+fi
+if [ "$SCORECARD" = 1 ]; then
+  lane_wait scorecard
+  echo "== $sc_cmd" >&2
+  bash scripts/scorecard.sh "${SC_REAL[@]}" --repeats "$REPEATS" --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
+    --out "$OUT/scorecard" >&2
+  section scorecard --scorecard "$OUT/scorecard" --scorecard-command "$sc_cmd"
+fi
+if [ "$SIM" = 1 ]; then
+  lane_wait validate
+  section sim --sim "$OUT/sim"
+fi
+if [ "$FINDINGS" = 1 ]; then
+  lane_wait findings
   python -m pdtb.figures.findings --runs "$OUT" --out "$(dirname "$DOC")/findings.md" --results "$DOC" \
     --stamp "on $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(cat "$OUT/commit")"
 fi

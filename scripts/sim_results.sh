@@ -17,31 +17,40 @@
 #     policy, against one event per step on a slice of it (pdtb sim speed);
 #   - the H200 step grid (shipped samples) against the roofline: pdtb sim roofline.
 #
-#   bash scripts/sim_results.sh --out DIR [--quick] [--real DIR] [--sets LIST] [--skip-validate] [--skip-speed] [--repeat | --repeat-sets LIST] [--trace FILE]
+#   bash scripts/sim_results.sh --out DIR [--quick] [--real DIR] [--sets LIST] [--skip-validate | --validate-only] [--skip-speed]
+#                               [--repeat | --repeat-sets LIST] [--trace FILE] [--steps FILE] [--prefix-real DIR]
 #                               [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
 #
 # --policies (default every built-in policy, as fairness/registry.py lists them) and --policy-arg serve the validation and the Azure hour,
 # as compare_fairness.sh takes them: each policy a NAME, module:Class, path/to/file.py:Class or
 # LABEL=REF, its settings by --policy-arg; checked before anything runs, a policy file's path
 # made absolute. The Azure hour's files are named azure-hour-LABEL.*.
-# --skip-validate, --skip-speed: the validation, the speed run left out. --trace FILE: the Azure
+# --skip-validate, --skip-speed: the validation, the speed run left out; --validate-only: the
+# validation alone (results.sh runs it apart from the timed parts). --steps FILE and
+# --prefix-real DIR are validate_sim.sh's: the step grid and the real prefix runs made already. --trace FILE: the Azure
 # conversation trace (default ../shared/traces/azure_llm_conv_2023.csv from the project root;
 # without it the Azure hour and the speed run are left out). --quick: the validation's first set
-# alone (unless --sets), the Azure hour and the speed run with fcfs and memfair only (of the policies).
+# alone (unless --sets), the Azure hour with fcfs and memfair only (of the policies), the speed
+# run with memfair only.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 unset POLICIES  # unset until --policies: the default is every built-in, listed once the env is up
-OUT="" REAL="" SETS="" QUICK=0 VALIDATE=1 SPEED=1 REPEAT=() PITEMS=() TRACE_ARG="" TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
+OUT="" REAL="" SETS="" QUICK=0 VALIDATE=1 SPEED=1 VONLY=0 STEPS="" PREAL="" REPEAT=() PITEMS=() TRACE_ARG="" TRACE="../shared/traces/azure_llm_conv_2023.csv"  # from the project root
 source "$ROOT/scripts/_opts.sh"
 opts_parse "--out=OUT --quick=QUICK:1 --real=REAL --sets=SETS --skip-validate=VALIDATE:0 --skip-speed=SPEED:0 --repeat=REPEAT:(--repeat)
-  --repeat-sets=REPEAT(--repeat-sets) --policies=POLICIES --policy-arg=PITEMS+ --trace=TRACE_ARG" -- "$@"
+  --repeat-sets=REPEAT(--repeat-sets) --policies=POLICIES --policy-arg=PITEMS+ --trace=TRACE_ARG --validate-only=VONLY:1
+  --steps=STEPS --prefix-real=PREAL" -- "$@"
+[ "$VONLY" = 0 ] || [ "$VALIDATE" = 1 ] || { echo "sim_results: --validate-only and --skip-validate exclude each other" >&2; exit 2; }
+for v in STEPS PREAL REAL; do  # relative to where the script was called from, not to ROOT
+  [ -z "${!v}" ] || [[ "${!v}" = /* ]] || printf -v "$v" '%s' "$PWD/${!v}"
+done
 if [ -n "$TRACE_ARG" ]; then  # relative to where the script was called from, not to ROOT
   TRACE="$(cd "$(dirname "$TRACE_ARG")" && pwd)/$(basename "$TRACE_ARG")"
 fi
 [ -n "$OUT" ] || { echo "sim_results: --out DIR is required" >&2; exit 2; }
 [ -n "$SETS" ] || { [ "$QUICK" = 1 ] && SETS=quick || SETS="quick load1.5 load3 load6 tenants"; }
 SPEED_POLICIES=()
-[ "$QUICK" = 0 ] || SPEED_POLICIES=(--policies "fcfs memfair")
+[ "$QUICK" = 0 ] || SPEED_POLICIES=(--policies memfair)
 source "$ROOT/scripts/_env.sh"
 POLICIES="${POLICIES-$(python -c "from fairness.registry import built_ins; print(' '.join(built_ins()))")}"
 source "$ROOT/scripts/_policy.sh"
@@ -53,8 +62,9 @@ mkdir -p "$OUT"
 git rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true
 if [ "$VALIDATE" = 1 ]; then
   bash scripts/validate_sim.sh --out "$OUT/validate" ${REAL:+--real "$REAL"} --sets "$SETS" ${REPEAT[@]+"${REPEAT[@]}"} \
-    --policies "$(policy_list)" ${PARGS[@]+"${PARGS[@]}"} >&2
+    --policies "$(policy_list)" ${PARGS[@]+"${PARGS[@]}"} ${STEPS:+--steps "$STEPS"} ${PREAL:+--prefix-real "$PREAL"} >&2
 fi
+[ "$VONLY" = 0 ] || exit 0
 for r in mcsf vtc essay; do
   echo "== pdtb sim reproduce $r" >&2
   pdtb sim reproduce "$r" --json > "$OUT/repro-$r.json"

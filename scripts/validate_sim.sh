@@ -6,6 +6,11 @@
 #   scripts/validate_sim.sh [--out DIR] [--real DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
 #                           [--sets "quick load1.5 load3 load6 tenants"] [--router-token-us US]
 #                           [--client-token-us US] [--skip-prefix] [--repeat | --repeat-sets LIST]
+#                           [--steps FILE] [--prefix-real DIR]
+#
+# --steps FILE: a `pdtb bench steps --grid --json` output measured on this machine already (else
+# measured here, step 2); --prefix-real DIR: step 5's real runs, a prefix_results.sh --quick
+# folder (else REAL/prefix, else made here).
 #
 # --policies and --policy-arg are compare_fairness.sh's (default every built-in policy, as
 # fairness/registry.py lists them): each policy a
@@ -62,11 +67,14 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 unset POLICIES  # unset until --policies: the default is every built-in, listed once the env is up
-OUT="" REAL="" PITEMS=() ROUTER_US=550 CLIENT_US=33 PREFIX=1 SETS=quick REPEAT_OPT=()
+OUT="" REAL="" PITEMS=() ROUTER_US=550 CLIENT_US=33 PREFIX=1 SETS=quick REPEAT_OPT=() STEPS="" PREAL_ARG=""
 source "$ROOT/scripts/_opts.sh"
 opts_parse "--out=OUT --real=REAL --policies=POLICIES --policy-arg=PITEMS+ --sets=SETS --router-token-us=ROUTER_US
   --client-token-us=CLIENT_US --skip-prefix=PREFIX:0 --repeat=REPEAT_OPT:(--repeat)
-  --repeat-sets=REPEAT_OPT(--repeat-sets)" -- "$@"
+  --repeat-sets=REPEAT_OPT(--repeat-sets) --steps=STEPS --prefix-real=PREAL_ARG" -- "$@"
+[ -z "$STEPS" ] || [ -f "$STEPS" ] || { echo "validate_sim: no --steps file $STEPS" >&2; exit 2; }
+[ -z "$PREAL_ARG" ] || [ -f "$PREAL_ARG/conversation-on.json" ] \
+  || { echo "validate_sim: --prefix-real $PREAL_ARG holds no conversation-on.json (prefix_results.sh --quick)" >&2; exit 2; }
 REPEAT=0 REPEAT_SETS=""  # REPEAT_SETS empty: every set (--repeat); else --repeat-sets LIST, the later one given wins
 if [ "${#REPEAT_OPT[@]}" -gt 0 ]; then
   REPEAT=1 REPEAT_SETS="${REPEAT_OPT[1]-}"
@@ -124,8 +132,12 @@ for s in "${SET_LIST[@]}"; do
   done
 done
 REAL="$BASE"
-echo "== calibrating the step cost on this machine (pdtb bench steps --grid)" >&2
-pdtb bench steps --grid --json > "$OUT/steps.json"
+if [ -n "$STEPS" ]; then
+  cp "$STEPS" "$OUT/steps.json"
+else
+  echo "== calibrating the step cost on this machine (pdtb bench steps --grid)" >&2
+  pdtb bench steps --grid --json > "$OUT/steps.json"
+fi
 logs=() path=()
 for f in "$REAL"/run-*-fcfs/steps-*.jsonl; do [ -f "$f" ] && logs+=(--step-log "$f"); done
 for f in "$REAL"/*-fcfs.json; do [ -f "$f" ] && path+=(--results "$f"); done  # the request path, fcfs's runs only
@@ -178,7 +190,7 @@ fi
 pdtb sim validate-sets "$OUT" --sets "$SETS" --kinds "${set_kinds[*]}" --fitted fcfs --out "$OUT/validate-sets.json" \
   | tee "$OUT/validate-sets.txt"
 [ "$PREFIX" = 1 ] || exit 0
-PREAL="$REAL/prefix"
+PREAL="${PREAL_ARG:-$REAL/prefix}"
 if [ ! -f "$PREAL/conversation-on.json" ]; then
   PREAL="$OUT/prefix-real"
   bash "$ROOT/scripts/prefix_results.sh" --quick --only trace --out "$PREAL" >&2
