@@ -273,6 +273,28 @@ def _quota_answer(groups: dict, variants: dict, noise: float | None = None) -> l
     return lines + [tail]
 
 
+def _past_capacity(claims: list[dict]) -> list[str]:
+    """Where memfair's minnow tail loses to fcfs's in the essay reproduction: how far past capacity
+    the node is there (fcfs's minnow TTFT p99 with whales against the minnows alone), and what
+    memfair changes below the tail (the median TTFT, the ITL p99)."""
+    out = []
+    for d in claims:
+        mo, runs = d.get("memfair_over_fcfs") or {}, d.get("runs") or {}
+        f, a, m = runs.get("fcfs") or {}, runs.get("fcfs_alone") or {}, runs.get("memfair") or {}
+        need = (mo.get("minnow_ttft_p99"), f.get("minnow_ttft_p99_ms"), a.get("minnow_ttft_p99_ms"),
+                f.get("minnow_ttft_p50_ms"), m.get("minnow_ttft_p50_ms"))
+        if None in need or need[0] <= 1.0 or not need[3]:
+            continue
+        out.append(f"At {d['config']['minnow_rate']:g} minnows/s the node is past its capacity with the whales: "
+                   f"fcfs's minnow TTFT p99 is {_ms(need[1])} against {_ms(need[2])} with the minnows alone, the "
+                   "backlog of whale prefill that every order must serve; memfair moves the minnows ahead of it "
+                   f"(TTFT p50 {need[4] / need[3]:.2f}x fcfs's"
+                   + (f", ITL p99 {mo['minnow_itl_p99']:.2f}x" if mo.get("minnow_itl_p99") is not None else "")
+                   + ") but not the last of them.")
+        break  # (the lowest such load: the others read the same way)
+    return out
+
+
 def frontier_question(r: Runs, img: Path, vllm_line: str | None) -> list[str]:
     rows = ["| scenario | on the Pareto front | memfair: minnow TTFT p99 / tok/s x fcfs | "
             f"within {CLOSE}x of memfair's minnow TTFT p99, at >= 0.95x its tok/s |", "|---|---|---|---|"]
@@ -313,6 +335,7 @@ def frontier_question(r: Runs, img: Path, vllm_line: str | None) -> list[str]:
                       + ", ".join(f"{v:.2f}x fcfs's at {x:g} minnows/s" for x, v in scale)
                       + (f"; at {', '.join(lost)} it is worse than fcfs, a case the policy does not yet win."
                          if lost else "."))
+        answer += _past_capacity(r.claims)
     if near_all:
         by = {}
         for sc, p in near_all:

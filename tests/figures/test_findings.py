@@ -90,3 +90,21 @@ def test_the_findings_page_answers_every_question_with_a_plot_and_a_command_at_t
         assert "Reproduce: `" in s and re.search(r"\d", s.split("\n\n")[1]), s.splitlines()[0]
     commit = re.search(r"commit ([0-9a-f]{7,40})", page).group(1)
     assert f"commit {commit}" in results.split("\n\n")[1]
+
+
+def test_a_load_where_memfair_loses_the_tail_is_read_against_capacity():
+    from pdtb.figures.findings import _past_capacity
+
+    def claim(rate, over, fcfs_p99, alone_p99, fcfs_p50, memfair_p50):
+        return {"config": {"minnow_rate": rate}, "memfair_over_fcfs": {"minnow_ttft_p99": over, "minnow_itl_p99": 0.35},
+                "runs": {"fcfs": {"minnow_ttft_p99_ms": fcfs_p99, "minnow_ttft_p50_ms": fcfs_p50},
+                         "fcfs_alone": {"minnow_ttft_p99_ms": alone_p99},
+                         "memfair": {"minnow_ttft_p50_ms": memfair_p50}}}
+
+    assert _past_capacity([claim(8, 0.17, 900.0, 150.0, 80.0, 60.0)]) == []  # memfair wins the tail: nothing to read
+    lines = _past_capacity([claim(8, 0.17, 900.0, 150.0, 80.0, 60.0), claim(14, 1.16, 25_000.0, 175.0, 13_500.0, 5_400.0),
+                            claim(20, 1.05, 40_000.0, 300.0, 20_000.0, 9_000.0)])
+    assert len(lines) == 1  # the lowest losing load only
+    # 5,400 / 13,500 = 0.40 by hand
+    assert "At 14 minnows/s" in lines[0] and "25,000 ms against 175 ms" in lines[0]
+    assert "TTFT p50 0.40x fcfs's, ITL p99 0.35x" in lines[0]
