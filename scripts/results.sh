@@ -27,12 +27,14 @@
 # with --full. The run's files stay in OUT (results/docs-*); the plots go next to the document
 # (docs/img).
 #
-# The simulations whose figures do not depend on wall time (the scorecard's and the findings'
-# simulated scenarios, and with --quick the simulator's validation) run beside the real clusters,
-# in the background at the idle scheduling class (chrt --idle: a runnable real process always
-# takes the CPU first; nice 19 where chrt is missing), with their logs in OUT/lane-*.log. They
-# are stopped (SIGSTOP) while a part that times the machine itself runs: the engine, transport
-# and step benches, the simulator's own speed and the Azure hour's wall time.
+# The simulations run beside the real clusters, in the background at the idle scheduling class
+# (chrt --idle: a runnable real process always takes the CPU first; nice 19 where chrt is
+# missing), with their logs in OUT/lane-*.log: their figures are in simulated time, and the
+# simulator's own speed is counted in its processes' CPU seconds, not in wall time. They are
+# the scorecard's and the findings' scenarios, the simulator's reproductions, Azure hour and
+# speed run, and with --quick its validation (a full run's validation runs real clusters of its
+# own, in the foreground). They are stopped (SIGSTOP) while a bench that times the machine
+# itself runs: the engine, the transport, the step grid.
 #
 # --reuse DIR takes the parts that a run of the same code already made in DIR (its --out, e.g. a
 # run cut short) instead of running them again: the comparison, the frontier, the engine and
@@ -114,6 +116,14 @@ fi
 if [ "$FINDINGS" = 1 ]; then
   lane findings bash scripts/findings.sh --skip-real --out "$OUT/findings"
 fi
+SIM_ARGS=(${QUICK[@]+"${QUICK[@]}"} --out "$OUT/sim")
+# the validation simulates the settings the real runs had (and their policies, when given;
+# by default sim_results.sh's own: the five built-in ones of the comparison)
+[ "${#SIM_POLICIES[@]}" = 0 ] || SIM_ARGS+=("${SIM_POLICIES[@]}" "$POLICIES")
+SIM_ARGS+=(${PARGS[@]+"${PARGS[@]}"})
+if [ "$SIM" = 1 ]; then  # the reproductions, the Azure hour and the simulator's speed
+  lane sim bash scripts/sim_results.sh "${SIM_ARGS[@]}" --skip-validate
+fi
 reuse() {  # reuse NAME...: with --reuse DIR holding every NAME, each copied into OUT (and true)
   [ -n "$REUSE" ] || return 1
   local n
@@ -157,11 +167,6 @@ python -m pdtb.figures.results_doc "${args[@]}" --commit-file "$OUT/commit" --ou
 section() {  # section NAME ARGS...: replace one section of the document, stamped with this run's commit
   python -m pdtb.figures.results_doc --section "$@" --commit-file "$OUT/commit" --out "$DOC" --readme "$ROOT/README.md" >&2
 }
-SIM_ARGS=(${QUICK[@]+"${QUICK[@]}"} --out "$OUT/sim")
-# the validation simulates the settings the real runs had (and their policies, when given;
-# by default sim_results.sh's own: the five built-in ones of the comparison)
-[ "${#SIM_POLICIES[@]}" = 0 ] || SIM_ARGS+=("${SIM_POLICIES[@]}" "$POLICIES")
-SIM_ARGS+=(${PARGS[@]+"${PARGS[@]}"})
 if [ "$SIM" = 1 ]; then
   echo "== bash scripts/sim_results.sh${QUICK[*]+ ${QUICK[*]}}: the validation" >&2
   if [ "${#QUICK[@]}" != 0 ]; then
@@ -211,10 +216,6 @@ if [ "$FINDINGS" = 1 ]; then
   echo "== bash scripts/findings.sh --skip-sim" >&2
   bash scripts/findings.sh --skip-sim --out "$OUT/findings" >&2
 fi
-if [ "$SIM" = 1 ]; then  # the reproductions, the Azure hour and the simulator's speed: timed, so alone
-  echo "== bash scripts/sim_results.sh${QUICK[*]+ ${QUICK[*]}} --skip-validate" >&2
-  timed bash scripts/sim_results.sh "${SIM_ARGS[@]}" --skip-validate >&2
-fi
 if [ "$SCORECARD" = 1 ]; then
   lane_wait scorecard
   echo "== $sc_cmd" >&2
@@ -223,6 +224,7 @@ if [ "$SCORECARD" = 1 ]; then
   section scorecard --scorecard "$OUT/scorecard" --scorecard-command "$sc_cmd"
 fi
 if [ "$SIM" = 1 ]; then
+  lane_wait sim
   lane_wait validate
   section sim --sim "$OUT/sim"
 fi

@@ -11,8 +11,8 @@
 #     DIR-SET-rep), the testbed against itself;
 #   - the reproductions: pdtb sim reproduce mcsf|vtc|essay --json;
 #   - one hour of the Azure conversation trace on an 8-GPU disaggregated shape (Llama-3-70B,
-#     tensor parallel 4, one prefill and one decode node on H100s), each policy timed, with
-#     their pdtb report;
+#     tensor parallel 4, one prefill and one decode node on H100s), each policy's CPU seconds
+#     counted, with their pdtb report;
 #   - how fast the simulator runs: the Azure hour on 4P+4D Llama-3-8B under every built-in
 #     policy, against one event per step on a slice of it (pdtb sim speed);
 #   - the H200 step grid (shipped samples) against the roofline: pdtb sim roofline.
@@ -78,10 +78,15 @@ if [ -f "$TRACE" ]; then
     AZ=(pdtb sim --workload "trace:$TRACE" --mode disagg --prefill 1 --decode 1 --cost roofline --gpu h100-sxm
         --model-config llama-3-70b --tp 4 "${POLICY_FLAGS[@]}" --slo ttft_ms=2000 --slo tpot_ms=100)
     echo "== ${AZ[*]}" >&2
-    t0=$(date +%s.%N)
-    "${AZ[@]}" --out "$OUT/azure-hour-$pol.json" > "$OUT/azure-hour-$pol.txt"
-    python -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 1))" "$t0" "$(date +%s.%N)" \
-      > "$OUT/azure-hour-$pol.wall_s"
+    # the command's CPU seconds, its own (what the run costs, whatever else the machine runs)
+    python - "$OUT/azure-hour-$pol.cpu_s" "$OUT/azure-hour-$pol.txt" "${AZ[@]}" --out "$OUT/azure-hour-$pol.json" <<'PY'
+import resource, subprocess, sys
+with open(sys.argv[2], "w") as out:
+    rc = subprocess.run(sys.argv[3:], stdout=out).returncode
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+open(sys.argv[1], "w").write(f"{r.ru_utime + r.ru_stime:.1f}\n")
+sys.exit(rc)
+PY
     echo "${AZ[*]} --out azure-hour-$pol.json" > "$OUT/azure-hour-$pol.command"
   done
   pdtb report "$OUT"/azure-hour-*.json --out "$OUT/azure-report" >/dev/null

@@ -4,7 +4,7 @@ From the files `scripts/sim_results.sh` writes: validate/validate-{grid,logs,spr
 validate-sets.json and validate-prefix-KIND.json, repro-{mcsf,vtc}.json and roofline-h200.json go to
 the validation page (the simulator against the testbed, the papers it reproduces and the roofline),
 summarised in at most ten lines of results.md drawn from the page's own tables; repro-essay.json and
-azure-hour-POLICY.json (+ .wall_s, .command) stay in results.md, and speed.json is a section of its
+azure-hour-POLICY.json (+ .cpu_s, .command) stay in results.md, and speed.json is a section of its
 own. A file that is absent leaves its part out."""
 from __future__ import annotations
 
@@ -165,17 +165,19 @@ def essay_part(d: dict) -> list[str]:
 
 
 def azure_part(runs: list[tuple[dict, str | None, str | None]]) -> list[str]:
-    """One row per policy: (results, whole-command seconds, command)."""
+    """One row per policy: (results, whole-command CPU seconds, command)."""
     rows = []
-    for res, wall, _ in runs:
+    for res, cpu, _ in runs:
         s, sim = res["summary"]["overall"], res["meta"]["sim"]
-        rows.append([res["meta"].get("policy") or "?", str(s["count"]), fmt(sim["simulated_s"], 0), fmt(sim["wall_s"], 1),
-                     wall or "?", fmt(s["ttft_ms"]["p50"]), fmt(s["ttft_ms"]["p99"]), fmt(s["itl_ms"]["p50"]),
+        rows.append([res["meta"].get("policy") or "?", str(s["count"]), fmt(sim["simulated_s"], 0),
+                     fmt(sim.get("cpu_s", sim["wall_s"]), 1),
+                     cpu or "?", fmt(s["ttft_ms"]["p50"]), fmt(s["ttft_ms"]["p99"]), fmt(s["itl_ms"]["p50"]),
                      fmt(s["itl_ms"]["p99"]), fmt(s["output_tok_s"]), str(s["failed"]),
                      f"{fmt(sim['top5_share_pool_mean'], 3)} / {fmt(sim['top5_share_pool_max'], 3)}"])
     return ["### One hour of the Azure conversation trace, 8 GPUs", "",
             f"`{runs[0][2] or 'pdtb sim ...'}` (and the same with each other policy). Simulation: the event "
-            "loop's wall time; command: the whole command, summary and results file included.", "",
+            "loop's CPU time; command: the whole command's, summary and results file included (CPU seconds of the "
+            "processes themselves: what a run costs, whatever else the machine runs meanwhile).", "",
             *md_table(["policy", "requests", "simulated s", "simulation s", "command s", "TTFT p50 ms", "TTFT p99 ms",
                        "ITL p50 ms", "ITL p99 ms", "out tok/s", "failed", "top-5% pool share mean / max"], rows), ""]
 
@@ -311,8 +313,8 @@ def render(d: str | Path, stamp: str | None = None) -> list[str]:
         az = _load(d, path.name)
         if az:
             text = {ext: (d / f"azure-hour-{pol}.{ext}").read_text().strip()
-                    if (d / f"azure-hour-{pol}.{ext}").is_file() else None for ext in ("wall_s", "command")}
-            runs.append((az, text["wall_s"], text["command"]))
+                    if (d / f"azure-hour-{pol}.{ext}").is_file() else None for ext in ("cpu_s", "command")}
+            runs.append((az, text["cpu_s"], text["command"]))
     if runs:
         out += azure_part(runs)
     return out
@@ -329,8 +331,9 @@ def speed_section(d: dict, stamp: str | None = None) -> list[str]:
     return [SPEED_HEADING, "",
             f"`pdtb sim speed --json`{f' ({stamp})' if stamp else ''}: `pdtb sim --workload trace:{d['trace']} "
             f"{d['shape']} --policy P`, an hour of the trace ({hour.get('simulated_s', '?')} s simulated), each "
-            "policy in a process of its own. *command s*: the whole command (start, workload, simulation, summary, "
-            "results file); *simulation s*: the event loop alone. The baseline is measured in the same command: "
+            "policy in a process of its own. Seconds are CPU seconds of the process itself (what a run costs, "
+            "whatever else the machine runs meanwhile). *command s*: the whole command (start, workload, simulation, "
+            "summary, results file); *simulation s*: the event loop alone. The baseline is measured in the same command: "
             f"the trace's first {n} requests with one event per engine step (`--every-step`) against runs of "
             "identical decode steps taken at once (pdtb/sim/coast.py); *identical*: the two results files hold the "
             "same requests, token times and samples. The bound is the events that can change a decision: "

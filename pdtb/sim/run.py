@@ -50,10 +50,10 @@ def simulate(a: Namespace, specs, cost=None) -> tuple[list, dict, SimCluster]:
         cluster = SimCluster(shape, page_spec(cost.page_bytes, a.page_size), cost)
     except ValueError as e:  # (a --kill of a node the shape does not have)
         raise CliError(f"pdtb sim: {e}") from None
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     records = cluster.run(specs, a.horizon_s, a.concurrency, a.max_concurrency)
     figures = cluster.observer.summary(records)
-    figures.update(wall_s=round(time.perf_counter() - t0, 3), events=cluster.loop.num_events,
+    figures.update(wall_s=round(time.perf_counter() - t0, 3), cpu_s=round(time.process_time() - c0, 3), events=cluster.loop.num_events,
                    steps={nid: n.num_steps for nid, n in cluster.nodes.items()},
                    steps_in_runs={nid: n.coasted for nid, n in cluster.nodes.items()},
                    busy_share={nid: round(n.busy_s / max(cluster.loop.now, 1e-9), 4) for nid, n in cluster.nodes.items()},

@@ -25,5 +25,7 @@ def test_speed_measures_the_hour_and_the_slice_both_ways(tmp_path, capsys):
         assert s["identical"] and s["every_step"]["steps_in_runs"] == 0 and s["runs"]["steps_in_runs"] > 0
         assert s["every_step"]["steps"] == s["runs"]["steps"]
         assert s["every_step"]["events"] > s["runs"]["events"]
+        # CPU seconds of the process itself: the event loop's are part of the whole command's
+        assert 0 < h["simulation_s"] <= h["command_s"] and 0 < s["runs"]["simulation_s"] <= s["runs"]["command_s"]
     lines = speed_section(doc)
     assert lines[0] == SPEED_HEADING and any(ln.startswith("| vtc |") and ln.endswith("| yes |") for ln in lines)

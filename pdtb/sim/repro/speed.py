@@ -7,10 +7,13 @@ For each policy, two measurements, each a whole `pdtb sim` command in a process 
   4P+4D Llama-3-8B H100 cluster, runs of decode steps taken at once (the default);
 - **the baseline**: the trace's first `--slice` requests both ways, runs taken at once and
   `--every-step`. The two results files must hold the same requests, token times and samples
-  (`identical`), and the ratio of their event loops' wall times is the speed-up.
+  (`identical`), and the ratio of their event loops' CPU times is the speed-up.
+
+Times are CPU seconds of the processes themselves (wall seconds are kept beside them in the
+JSON): what a run costs, whatever else the machine runs meanwhile.
 
 The bound a simulator of this kind meets is the events that can change a decision: `events`
-and `steps` are printed beside the wall times (steps per second of simulation is how far
+and `steps` are printed beside the times (steps per second of simulation is how far
 above one event per step a run got).
 
   pdtb sim speed [--trace FILE] [--policies "fcfs memfair ..."] [--slice N] [--dir D] [--json]
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -35,16 +39,23 @@ SHAPE = ["--mode", "disagg", "--prefill", "4", "--decode", "4", "--cost", "roofl
          "--model-config", "llama-3-8b"]
 
 
+def _children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def _sim(args: list[str], out: Path) -> dict:
-    """One `pdtb sim` command: its results file's meta.sim and the whole command's seconds."""
+    """One `pdtb sim` command: its results file's meta.sim and the whole command's seconds, CPU
+    (the process's own, which other work on the machine does not stretch) and wall."""
     cmd = [sys.executable, "-m", "pdtb", "sim", *args, "--quiet", "--out", str(out)]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _children_cpu_s()
     p = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _children_cpu_s() - c0
     if p.returncode:
         raise CliError(f"pdtb sim speed: {' '.join(cmd[2:])} failed: {p.stderr.strip()[-400:]}")
     sim = json.loads(out.read_text())["meta"]["sim"]
-    return {"command_s": round(wall, 1), "simulation_s": sim["wall_s"], "events": sim["events"],
+    return {"command_s": round(cpu, 1), "command_wall_s": round(wall, 1), "simulation_s": sim["cpu_s"],
+            "simulation_wall_s": sim["wall_s"], "events": sim["events"],
             "steps": sum(sim["steps"].values()), "steps_in_runs": sum(sim.get("steps_in_runs", {}).values()),
             "simulated_s": round(sim["simulated_s"], 1)}
 
