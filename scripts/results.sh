@@ -101,6 +101,11 @@ timed() {  # timed CMD...: CMD alone on the machine, the lanes stopped meanwhile
   lanes_signal CONT
   return "$r"
 }
+lanes_running() {  # whether any lane has work left
+  local p
+  for p in ${LANES[@]+"${LANES[@]}"}; do kill -0 "$p" 2>/dev/null && return 0; done
+  return 1
+}
 lane_wait() {  # lane_wait NAME: until that lane ends; a failed lane ends the run
   local i
   for i in "${!LANE_NAMES[@]}"; do
@@ -156,6 +161,11 @@ if [ "$BENCH" = 1 ]; then
     done
   fi
   args+=(--engine "$OUT/engine.json" --transport "$OUT/transport-ipc.json" "$OUT/transport-tcp.json")
+  if lanes_running; then  # what the background costs a foreground process: the engine bench again, beside it
+    echo "== pdtb bench engine --batch 32, the background simulations running" >&2
+    pdtb bench engine --batch 32 --json > "$OUT/engine-beside.json"
+    args+=(--engine-beside "$OUT/engine-beside.json")
+  fi
 fi
 if [ "$PREFIX" = 1 ]; then
   run_part prefix prefix_results.sh

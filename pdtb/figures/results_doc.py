@@ -58,6 +58,7 @@ class Run:
     frontier: list[dict] | None = None  # sweep files of a frontier.sh run
     frontier_points: dict | None = None  # its frontier/frontier.json (pdtb frontier)
     frontier_command: str = ""
+    engine_beside: dict | None = None  # the same bench with results.sh's background simulations running
 
     @classmethod
     def load(cls, a: argparse.Namespace, root: Path) -> "Run":
@@ -72,7 +73,7 @@ class Run:
             front = json.loads((Path(a.frontier) / "frontier" / "frontier.json").read_text())
         return cls(rows, a.fair_command, json.loads(Path(a.engine).read_text()) if a.engine else None,
                    [json.loads(Path(p).read_text()) for p in a.transport], commit(root), sweeps, front,
-                   a.frontier_command)
+                   a.frontier_command, json.loads(Path(a.engine_beside).read_text()) if a.engine_beside else None)
 
 
 def fairness_section(rows: list[dict], command: str) -> list[str]:
@@ -127,10 +128,15 @@ def _f(v) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-def engine_section(r: dict) -> list[str]:
+def engine_section(r: dict, beside: dict | None = None) -> list[str]:
     from pdtb.figures.results import decode_path_label
 
     how = decode_path_label(r)
+    cost = [] if not beside else [
+        f"The same bench with the run's background simulations beside it (the idle scheduling class, "
+        f"scripts/results.sh): paged engine {beside['paged_tok_s']:.0f} tok/s, "
+        f"**{beside['paged_tok_s'] / r['paged_tok_s']:.2f}x** of its rate alone: what they cost a process "
+        "of the real clusters that run beside them.", ""]
     return ["## Paged engine against `transformers.generate`", "",
             f"`pdtb bench engine --batch {r['batch']} --prompt-len {r['prompt_len']} "
             f"--max-tokens {r['max_tokens']} --json` ({r['device']}, {r['dtype']}, {r['torch_threads']} torch "
@@ -138,7 +144,7 @@ def engine_section(r: dict) -> list[str]:
             "| paged engine tok/s | generate (padded batch) tok/s | ratio (best/best) | ratio (median of pairs) "
             "| median decode step (ms) |", "|---|---|---|---|---|",
             f"| {r['paged_tok_s']:.0f} | {r['hf_padded_tok_s']:.0f} | **{r['ratio']:.2f}x** | "
-            f"{r['ratio_paired_median']:.2f}x | {r['step_ms_median']:.2f} |", ""]
+            f"{r['ratio_paired_median']:.2f}x | {r['step_ms_median']:.2f} |", "", *cost]
 
 
 def transport_section(results: list[dict]) -> list[str]:
@@ -303,7 +309,7 @@ def render(run: Run, images: str | None = None, sim_dir: str | None = None, pref
     if run.frontier:
         lines += frontier_section(run.frontier, run.frontier_points, run.frontier_command, images)
     if run.engine:
-        lines += engine_section(run.engine)
+        lines += engine_section(run.engine, run.engine_beside)
     if run.transports:
         lines += transport_section(run.transports)
     if prefix_dir:
@@ -393,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fair-command", default="bash scripts/compare_fairness.sh --quick",
                     help="the command that produced --fair (printed above its table)")
     ap.add_argument("--engine", help="pdtb bench engine --json output")
+    ap.add_argument("--engine-beside", help="the same bench run beside results.sh's background simulations")
     ap.add_argument("--transport", nargs="*", default=[], help="pdtb bench transport --json outputs")
     ap.add_argument("--frontier", help="directory of scripts/frontier.sh sweep files (its --out)")
     ap.add_argument("--frontier-command", default="bash scripts/frontier.sh --quick")

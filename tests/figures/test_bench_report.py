@@ -129,7 +129,13 @@ def test_results_doc_tables_are_what_compare_prints(tmp_path, capsys):
         if "| memfair |" in line:
             assert all(c in row for c in re.findall(r"\d[\d.]*", line.split("| memfair |")[1]))
     assert row.startswith("| memfair | 20.0 (**0.40**) | 20.0 (1.00) | 33.3 (1.08) |") and row.count("(**0.40**)") == 2
-    assert "**1.30x**" in text
+    assert "**1.30x**" in text and "background simulations" not in text
+    # the same bench beside the background: 2,340 / 2,600 tok/s = 0.90x by hand
+    beside = tmp_path / "engine-beside.json"
+    beside.write_text(json.dumps({**json.loads(engine.read_text()), "paged_tok_s": 2340.0}))
+    assert results_doc(["--fair", str(fair), "--engine", str(engine), "--engine-beside", str(beside), "--out", str(doc),
+                        "--readme", str(readme)]) == 0
+    assert "paged engine 2340 tok/s, **0.90x** of its rate alone" in doc.read_text()
     head = readme.read_text()
     assert "old figures" not in head and head.endswith(f"{END}\ntail\n")
     assert "minnow TTFT p99 **0.40x** / **0.40x**" in head and "**1.30x**" in head
