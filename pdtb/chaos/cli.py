@@ -151,29 +151,53 @@ async def sample_rss(run_dir: pathlib.Path, t0: float, stop: asyncio.Event, out:
             pass
 
 
-def quiet(url: str, run_dir: pathlib.Path) -> dict:
-    """Wait (bounded) until the router is healthy and every node it lists healthy holds no page
-    and runs and queues nothing; what was seen last."""
+def _health(url: str) -> dict:
+    """The router's /health body, a 503's included (the nodes it misses)."""
+    from pdtb.chaos.inject import http_json
+
+    try:
+        return http_json(f"{url}/health", timeout=5)
+    except urllib.error.HTTPError as e:
+        try:
+            return json.loads(e.read() or b"{}")
+        except ValueError:
+            return {"error": f"HTTP {e.code}"}
+    except (OSError, ValueError) as e:
+        return {"error": str(e)}
+
+
+def healthy_but_ended(health: dict, cluster: list[dict], ended: set[str]) -> bool:
+    """The router is healthy, or every node it misses is one the campaign ended on purpose and
+    that does not come back (a torch-transport node cannot rejoin its group: docs/faults.md)."""
+    if health.get("status") == "ok":
+        return True
+    if health.get("status") != "unhealthy" or not health.get("missing"):
+        return False
+    gone = {n["address"] for n in cluster if n["id"].split("~")[0] in ended}
+    return all(m.get("address") in gone for m in health["missing"])
+
+
+def quiet(url: str, run_dir: pathlib.Path, ended: set[str] = frozenset()) -> dict:
+    """Wait (bounded) until the router is healthy, but for the nodes in `ended` (ended on purpose
+    and not restarted), and every node it lists healthy holds no page and runs and queues
+    nothing; what was seen last."""
     from pdtb.chaos.checker import holds_nothing
     from pdtb.chaos.inject import http_json
 
     t = time.monotonic()
     last: list = []
+    health: dict = {}
     while time.monotonic() - t < QUIET_S:
+        health = _health(url)
         try:
-            healthy = http_json(f"{url}/health", timeout=5).get("status") == "ok"
-            last = [n for n in http_json(f"{url}/cluster") if n["healthy"]]
+            cluster = http_json(f"{url}/cluster")
         except (OSError, ValueError):
-            healthy, last = False, []
-        if healthy and holds_nothing(last):
-            return {"quiet": True, "seconds": round(time.monotonic() - t, 1), "nodes": [n["id"] for n in last]}
+            cluster = []
+        last = [n for n in cluster if n["healthy"]]
+        if healthy_but_ended(health, cluster, ended) and holds_nothing(last):
+            return {"quiet": True, "seconds": round(time.monotonic() - t, 1), "nodes": [n["id"] for n in last],
+                    **({"ended": sorted(ended)} if ended else {})}
         time.sleep(0.5)
-    try:
-        health = http_json(f"{url}/health")
-    except urllib.error.HTTPError as e:  # (503: the nodes it waits for)
-        health = json.loads(e.read() or b"{}")
-    except (OSError, ValueError) as e:
-        health = {"error": str(e)}
     return {"quiet": False, "health": health, "nodes": [
         {k: n[k] for k in ("id", "pages_free", "pages_total", "host_pages_free", "host_pages_total", "running",
                            "waiting")} for n in last]}
@@ -199,7 +223,8 @@ async def campaign(a, url: str, run_dir: pathlib.Path, faults, prompts) -> dict:
         await asyncio.wait_for(asyncio.gather(*tasks), END_S + RETRY_FOR_S + 10)
     finally:
         inj.resume_all()
-    return {"requests": load.requests, "faults": inj.log, "router_kills": inj.router_kills, "rss": rss}
+    return {"requests": load.requests, "faults": inj.log, "router_kills": inj.router_kills, "rss": rss,
+            "ended": set(inj.ended)}
 
 
 def router_drill(a, argv: list[str], url: str, run_dir: pathlib.Path) -> int:
@@ -253,7 +278,7 @@ def main(argv: list[str]) -> int:
         prompts = prompt_pool(a.seed, vocab, a.prompts, a.prompt_len)
         got = asyncio.run(campaign(a, url, run_dir, faults, prompts))
         print("chaos: waiting for the cluster to go quiet", flush=True)
-        calm = quiet(url, run_dir)
+        calm = quiet(url, run_dir, got["ended"])
     finally:
         stopped = stop(run_dir) if a.launch is not None else ""
     left = left_behind(run_dir) if a.launch is not None else []

@@ -93,3 +93,20 @@ def test_only_the_cluster_s_own_processes_are_signalled(tmp_path):
         child.stdin.close()
         child.wait(timeout=30)
     assert not ours(child.pid, tmp_path)  # gone
+
+
+def test_a_node_ended_on_purpose_that_does_not_come_back_leaves_the_cluster_quiet_but_no_other():
+    from pdtb.chaos.cli import healthy_but_ended
+
+    cluster = [{"id": "decode-0", "address": "tcp://127.0.0.1:1", "healthy": True},
+               {"id": "decode-1", "address": "tcp://127.0.0.1:2", "healthy": False},
+               {"id": "prefill-0~1", "address": "tcp://127.0.0.1:3", "healthy": False}]
+    missing = lambda *a: {"status": "unhealthy", "missing": [{"role": "decode", "address": x} for x in a]}
+    assert healthy_but_ended({"status": "ok", "nodes": 3}, cluster, set())
+    assert healthy_but_ended(missing("tcp://127.0.0.1:2"), cluster, {"decode-1"})
+    assert healthy_but_ended(missing("tcp://127.0.0.1:3"), cluster, {"prefill-0"})  # a restarted id, NAME~N
+    assert not healthy_but_ended(missing("tcp://127.0.0.1:2"), cluster, set())  # not ended on purpose
+    assert not healthy_but_ended(missing("tcp://127.0.0.1:2", "tcp://127.0.0.1:1"), cluster, {"decode-1"})
+    assert not healthy_but_ended({"status": "unhealthy", "missing": []}, cluster, {"decode-1"})
+    assert not healthy_but_ended({"error": "connection refused"}, cluster, {"decode-1"})
+    assert not healthy_but_ended({"status": "shutting down"}, cluster, {"decode-1"})
