@@ -15,9 +15,9 @@
 #   - the scorecard (scripts/scorecard.sh --quick, its real quick scenario the comparison's runs,
 #     --repeats more of fcfs and memfair for the run-to-run spread: 1, or 3 with --full);
 #   - the experiments of the findings (scripts/findings.sh), then docs/findings.md and its plots;
-#   - fault campaigns (scripts/chaos_results.sh: 30 s per transport, 1200 s with --full);
+#   - fault campaigns (scripts/chaos_results.sh: 30 s over zmq and torch, 1200 s over every transport with --full);
 #   - the router's CPU per request and per token (scripts/router_results.sh --quick, or the full run);
-#   - KV transports on one host (scripts/transport_results.sh) and clusters placed by Ray
+#   - KV transports on one host (scripts/transport_results.sh, --quick unless --full) and clusters placed by Ray
 #     (scripts/ray_results.sh);
 #   - with --vllm, the project beside vLLM's CPU build (scripts/vs_vllm.sh: its quick and
 #     overload workloads, one round, or every workload in two rounds with --full; --vllm-venv DIR
@@ -199,10 +199,12 @@ else  # (a full comparison is not the quick scenario: the scorecard runs its own
   sc_cmd="bash scripts/scorecard.sh --repeats $REPEATS --policies \"$POLICIES\""
 fi
 if [ "$CHAOS" = 1 ]; then
-  secs=30
-  [ "${#QUICK[@]}" != 0 ] || secs=1200
-  echo "== bash scripts/chaos_results.sh --duration $secs" >&2
-  bash scripts/chaos_results.sh --duration "$secs" --out "$OUT/chaos" --doc "$DOC" >&2 || rc=1
+  # quick: 30 s over zmq and torch (shm's control path is zmq's, and its KV path is checked by
+  # the transports' lockstep runs); full: 1200 s over each transport
+  secs=30 cts="zmq torch"
+  [ "${#QUICK[@]}" != 0 ] || secs=1200 cts="zmq shm torch"
+  echo "== bash scripts/chaos_results.sh --duration $secs --transports \"$cts\"" >&2
+  bash scripts/chaos_results.sh --duration "$secs" --transports "$cts" --out "$OUT/chaos" --doc "$DOC" >&2 || rc=1
 fi
 if [ "$ROUTER" = 1 ]; then
   echo "== bash scripts/router_results.sh${QUICK[*]+ ${QUICK[*]}}" >&2

@@ -8,8 +8,8 @@
 #
 #   scripts/transport_results.sh [--quick] [--out DIR] [--doc FILE]
 #
-# --quick: 5 reps of each size instead of 10, and memfair's runs alone (fcfs's too without it);
-# the fairness runs are the quick ones either way.
+# --quick: 5 reps of each size instead of 10, memfair's runs alone (fcfs's too without it), and
+# the lockstep runs alone (no live runs); the fairness runs are the quick ones either way.
 # --out DIR: the bench files and verdicts (default results/transports-DATE).
 # --doc FILE: the document whose section is replaced (default docs/results.md).
 set -euo pipefail
@@ -18,7 +18,8 @@ QUICK=0 OUT="" DOC="$ROOT/docs/results.md"
 source "$ROOT/scripts/_opts.sh"
 opts_parse "--quick=QUICK:1 --out=OUT --doc=DOC" -- "$@"
 REPS=10 TPOLICIES="fcfs memfair"
-[ "$QUICK" = 0 ] || REPS=5 TPOLICIES=memfair
+LIVE=()
+[ "$QUICK" = 0 ] || REPS=5 TPOLICIES=memfair LIVE=(--no-live)
 source "$ROOT/scripts/_env.sh"
 OUT="${OUT:-$ROOT/results/transports-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
@@ -30,7 +31,7 @@ done
 echo "== python -m pdtb.microbench.link" >&2
 python -m pdtb.microbench.link --n 2000 --json > "$OUT/link.json"
 rc=0  # (lockstep decisions that differ between transports: recorded, then the exit status)
-bash "$ROOT/scripts/compare_transports.sh" --quick --policies "$TPOLICIES" --out "$OUT/verdicts" >&2 || rc=$?
+bash "$ROOT/scripts/compare_transports.sh" --quick --policies "$TPOLICIES" ${LIVE[@]+"${LIVE[@]}"} --out "$OUT/verdicts" >&2 || rc=$?
 python -m pdtb.figures.results_doc --section transports --shm "$OUT"/shm-64.json "$OUT"/shm-256.json \
   --link "$OUT/link.json" --admissions "$OUT/verdicts" --commit-file "$OUT/commit" --out "$DOC"
 exit "$rc"

@@ -268,6 +268,9 @@ def verdicts_lines(root: Path) -> list[str]:
         out += ["Live (real clusters in real time; `zmq-again` is a second run over ZeroMQ): a verdict depends on "
                 "what the decode pool holds at the moment a header arrives, so counts differ between two runs over "
                 "one transport as they do between transports.", "", "```", *lines, "```", ""]
+    else:
+        out += ["Live runs (real clusters in real time, whose verdicts differ from run to run) are in the full run "
+                "alone: `bash scripts/transport_results.sh` without --quick.", ""]
     return out
 
 

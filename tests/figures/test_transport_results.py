@@ -100,6 +100,12 @@ def test_the_transports_section_is_replaced_in_place(tmp_path):
         in text and "| accept | 1 | 4 | 3 | 4 |" in text
     assert "over ipc 400 us (300)" in text and "local link" in text and "**4.00x**" in text
     assert results_doc(args) == 0 and doc.read_text().count(TRANSPORTS_HEADING) == 1
+    import shutil  # a quick run's lockstep alone: the live runs said to be the full run's
+
+    shutil.rmtree(tmp_path / "verdicts" / "live")
+    assert results_doc(args) == 0
+    text = doc.read_text()
+    assert "In lockstep" in text and "Live (real clusters" not in text and "in the full run alone" in text
 
 
 def test_the_ray_section_lists_each_test_and_where_it_ran(tmp_path):
