@@ -106,11 +106,13 @@ lanes_running() {  # whether any lane has work left
   for p in ${LANES[@]+"${LANES[@]}"}; do kill -0 "$p" 2>/dev/null && return 0; done
   return 1
 }
-lane_wait() {  # lane_wait NAME: until that lane ends; a failed lane ends the run
+LANES_DONE=" "
+lane_wait() {  # lane_wait NAME: until that lane ends (at once if it was waited for); a failed lane ends the run
   local i
   for i in "${!LANE_NAMES[@]}"; do
-    [ "${LANE_NAMES[$i]}" = "$1" ] || continue
+    [ "${LANE_NAMES[$i]}" = "$1" ] && [[ "$LANES_DONE" != *" $1 "* ]] || continue
     wait "${LANES[$i]}" || { echo "results: the background part $1 failed (its log: $OUT/lane-$1.log)" >&2; exit 1; }
+    LANES_DONE+="$1 "
   done
 }
 trap 'lanes_signal TERM; lanes_signal CONT' EXIT  # (a run cut short leaves no simulation behind)
@@ -118,16 +120,17 @@ trap 'lanes_signal TERM; lanes_signal CONT' EXIT  # (a run cut short leaves no s
 if [ "$SCORECARD" = 1 ]; then
   lane scorecard bash scripts/scorecard.sh --skip-real --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} --out "$OUT/scorecard"
 fi
-if [ "$FINDINGS" = 1 ]; then
-  lane findings bash scripts/findings.sh --skip-real --out "$OUT/findings"
-fi
 SIM_ARGS=(${QUICK[@]+"${QUICK[@]}"} --out "$OUT/sim")
 # the validation simulates the settings the real runs had (and their policies, when given;
 # by default sim_results.sh's own: the five built-in ones of the comparison)
 [ "${#SIM_POLICIES[@]}" = 0 ] || SIM_ARGS+=("${SIM_POLICIES[@]}" "$POLICIES")
 SIM_ARGS+=(${PARGS[@]+"${PARGS[@]}"})
-if [ "$SIM" = 1 ]; then  # the reproductions, the Azure hour and the simulator's speed
-  lane sim bash scripts/sim_results.sh "${SIM_ARGS[@]}" --skip-validate
+# the findings' simulations, then the simulator's reproductions, Azure hour and speed run, one
+# after the other in one lane: two lanes at most at a time (with three, a measured run's real
+# node stepped 2.4x slower, its output halved; with two, it kept its rate)
+if [ "$FINDINGS" = 1 ] || [ "$SIM" = 1 ]; then
+  lane sims bash -c '[ "$1" = 0 ] || bash scripts/findings.sh --skip-real --out "$3/findings" || exit 1
+    [ "$2" = 0 ] || bash scripts/sim_results.sh "${@:4}" --skip-validate' _ "$FINDINGS" "$SIM" "$OUT" "${SIM_ARGS[@]}"
 fi
 reuse() {  # reuse NAME...: with --reuse DIR holding every NAME, each copied into OUT (and true)
   [ -n "$REUSE" ] || return 1
@@ -186,6 +189,7 @@ if [ "$SIM" = 1 ]; then
     timed pdtb bench steps --grid --json > "$OUT/steps.json"
     vargs=(--real "$OUT/fair" --steps "$OUT/steps.json")
     [ ! -f "$OUT/prefix/conversation-on.json" ] || vargs+=(--prefix-real "$OUT/prefix")
+    [ "$SCORECARD" = 0 ] || lane_wait scorecard  # (two lanes at most)
     lane validate bash scripts/sim_results.sh "${SIM_ARGS[@]}" --validate-only "${vargs[@]}"
   else  # (a full run's validation runs real clusters of its own: in the foreground)
     bash scripts/sim_results.sh "${SIM_ARGS[@]}" --validate-only >&2
@@ -236,12 +240,12 @@ if [ "$SCORECARD" = 1 ]; then
   section scorecard --scorecard "$OUT/scorecard" --scorecard-command "$sc_cmd"
 fi
 if [ "$SIM" = 1 ]; then
-  lane_wait sim
+  lane_wait sims
   lane_wait validate
   section sim --sim "$OUT/sim"
 fi
 if [ "$FINDINGS" = 1 ]; then
-  lane_wait findings
+  lane_wait sims
   python -m pdtb.figures.findings --runs "$OUT" --out "$(dirname "$DOC")/findings.md" --results "$DOC" \
     --stamp "on $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(cat "$OUT/commit")"
 fi

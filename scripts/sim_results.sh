@@ -31,7 +31,7 @@
 # conversation trace (default ../shared/traces/azure_llm_conv_2023.csv from the project root;
 # without it the Azure hour and the speed run are left out). --quick: the validation's first set
 # alone (unless --sets), the Azure hour with fcfs and memfair only (of the policies), the speed
-# run with memfair only.
+# run with memfair only and a baseline slice of 1000 requests.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 unset POLICIES  # unset until --policies: the default is every built-in, listed once the env is up
@@ -50,7 +50,7 @@ fi
 [ -n "$OUT" ] || { echo "sim_results: --out DIR is required" >&2; exit 2; }
 [ -n "$SETS" ] || { [ "$QUICK" = 1 ] && SETS=quick || SETS="quick load1.5 load3 load6 tenants"; }
 SPEED_POLICIES=()
-[ "$QUICK" = 0 ] || SPEED_POLICIES=(--policies memfair)
+[ "$QUICK" = 0 ] || SPEED_POLICIES=(--policies memfair --slice 1000)
 source "$ROOT/scripts/_env.sh"
 POLICIES="${POLICIES-$(python -c "from fairness.registry import built_ins; print(' '.join(built_ins()))")}"
 source "$ROOT/scripts/_policy.sh"
