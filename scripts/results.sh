@@ -23,18 +23,18 @@
 #     overload workloads, one round, or every workload in two rounds with --full; --vllm-venv DIR
 #     names vLLM's environment, default .venv-vllm, built when absent).
 # The GPU figures are not measured here: scripts/gpu_check.sh writes them, at their own commit, to
-# docs/gpu-results.md. About 45 minutes on a 2-core machine with --quick (the default), 3 hours
+# docs/gpu-results.md. About 50 minutes on a 2-core machine with --quick (the default), 3 hours
 # with --full. The run's files stay in OUT (results/docs-*); the plots go next to the document
 # (docs/img).
 #
-# The simulations run beside the real clusters, in the background at the idle scheduling class
-# (chrt --idle: a runnable real process always takes the CPU first; nice 19 where chrt is
-# missing), with their logs in OUT/lane-*.log: their figures are in simulated time, and the
-# simulator's own speed is counted in its processes' CPU seconds, not in wall time. They are
-# the scorecard's and the findings' scenarios, the simulator's reproductions, Azure hour and
-# speed run, and with --quick its validation (a full run's validation runs real clusters of its
-# own, in the foreground). They are stopped (SIGSTOP) while a bench that times the machine
-# itself runs: the engine, the transport, the step grid.
+# The simulations run in the background (OUT/lane-*.log), at the idle scheduling class, but
+# only while no measured part runs: every part whose figures are times (the comparison, the
+# frontier, the benches, prefix caching, migration, the router, the transports, the scorecard's
+# and the findings' real runs, vLLM) runs with them stopped (SIGSTOP). Beside the real clusters
+# even at the idle class they stretched a node's steps by 1.4x to 2.4x in measured runs, and
+# not the same for every policy of a table. They run on during the fault campaigns and the Ray
+# tests, whose figures are outcomes, and the run waits for them at its end. Their own figures
+# are in simulated time, and the simulator's speed in its processes' CPU seconds.
 #
 # --reuse DIR takes the parts that a run of the same code already made in DIR (its --out, e.g. a
 # run cut short) instead of running them again: the comparison, the frontier, the engine and
@@ -126,8 +126,7 @@ SIM_ARGS=(${QUICK[@]+"${QUICK[@]}"} --out "$OUT/sim")
 [ "${#SIM_POLICIES[@]}" = 0 ] || SIM_ARGS+=("${SIM_POLICIES[@]}" "$POLICIES")
 SIM_ARGS+=(${PARGS[@]+"${PARGS[@]}"})
 # the findings' simulations, then the simulator's reproductions, Azure hour and speed run, one
-# after the other in one lane: two lanes at most at a time (with three, a measured run's real
-# node stepped 2.4x slower, its output halved; with two, it kept its rate)
+# after the other in one lane
 if [ "$FINDINGS" = 1 ] || [ "$SIM" = 1 ]; then
   lane sims bash -c '[ "$1" = 0 ] || bash scripts/findings.sh --skip-real --out "$3/findings" || exit 1
     [ "$2" = 0 ] || bash scripts/sim_results.sh "${@:4}" --skip-validate' _ "$FINDINGS" "$SIM" "$OUT" "${SIM_ARGS[@]}"
@@ -142,13 +141,13 @@ reuse() {  # reuse NAME...: with --reuse DIR holding every NAME, each copied int
 FAIR_CMD="bash scripts/compare_fairness.sh ${QUICK[*]+${QUICK[*]} }--step-log --policies \"$POLICIES\""
 [ "${#PARGS[@]}" = 0 ] || FAIR_CMD+="$(printf ' %q' "${PARGS[@]}")"
 echo "== $FAIR_CMD" >&2
-reuse fair || bash scripts/compare_fairness.sh ${QUICK[@]+"${QUICK[@]}"} --step-log --policies "$POLICIES" \
+reuse fair || timed bash scripts/compare_fairness.sh ${QUICK[@]+"${QUICK[@]}"} --step-log --policies "$POLICIES" \
   ${PARGS[@]+"${PARGS[@]}"} --out "$OUT/fair" >&2
 args=(--fair "$OUT/fair" --fair-command "$FAIR_CMD")
 run_part() {  # run_part NAME SCRIPT: scripts/SCRIPT, quick unless --full, into OUT/NAME; its results_doc flags into args
   local cmd="bash scripts/$2${QUICK[*]+ ${QUICK[*]}}"
   echo "== $cmd" >&2
-  reuse "$1" || bash "scripts/$2" ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/$1" >&2
+  reuse "$1" || timed bash "scripts/$2" ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/$1" >&2
   args+=("--$1" "$OUT/$1" "--$1-command" "$cmd")
 }
 if [ "$FRONTIER" = 1 ]; then
@@ -189,7 +188,6 @@ if [ "$SIM" = 1 ]; then
     timed pdtb bench steps --grid --json > "$OUT/steps.json"
     vargs=(--real "$OUT/fair" --steps "$OUT/steps.json")
     [ ! -f "$OUT/prefix/conversation-on.json" ] || vargs+=(--prefix-real "$OUT/prefix")
-    [ "$SCORECARD" = 0 ] || lane_wait scorecard  # (two lanes at most)
     lane validate bash scripts/sim_results.sh "${SIM_ARGS[@]}" --validate-only "${vargs[@]}"
   else  # (a full run's validation runs real clusters of its own: in the foreground)
     bash scripts/sim_results.sh "${SIM_ARGS[@]}" --validate-only >&2
@@ -212,17 +210,17 @@ if [ "$CHAOS" = 1 ]; then
 fi
 if [ "$ROUTER" = 1 ]; then
   echo "== bash scripts/router_results.sh${QUICK[*]+ ${QUICK[*]}}" >&2
-  bash scripts/router_results.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/router" --doc "$DOC" >&2
+  timed bash scripts/router_results.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/router" --doc "$DOC" >&2
 fi
 if [ "$VLLM" = 1 ]; then
   vargs=(--workloads "quick overload" --rounds 1 --reps 1)
   [ "${#QUICK[@]}" != 0 ] || vargs=()
   echo "== bash scripts/vs_vllm.sh ${vargs[*]}" >&2
-  bash scripts/vs_vllm.sh ${vargs[@]+"${vargs[@]}"} ${VVENV:+--venv "$VVENV"} --out "$OUT/vllm" --doc "$DOC" >&2
+  timed bash scripts/vs_vllm.sh ${vargs[@]+"${vargs[@]}"} ${VVENV:+--venv "$VVENV"} --out "$OUT/vllm" --doc "$DOC" >&2
 fi
 if [ "$TRANSPORTS" = 1 ]; then
   echo "== bash scripts/transport_results.sh" >&2
-  bash scripts/transport_results.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/transports" --doc "$DOC" >&2
+  timed bash scripts/transport_results.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/transports" --doc "$DOC" >&2
 fi
 if [ "$RAY" = 1 ]; then
   echo "== bash scripts/ray_results.sh" >&2
@@ -230,12 +228,12 @@ if [ "$RAY" = 1 ]; then
 fi
 if [ "$FINDINGS" = 1 ]; then
   echo "== bash scripts/findings.sh --skip-sim" >&2
-  bash scripts/findings.sh --skip-sim --out "$OUT/findings" >&2
+  timed bash scripts/findings.sh --skip-sim --out "$OUT/findings" >&2
 fi
 if [ "$SCORECARD" = 1 ]; then
   lane_wait scorecard
   echo "== $sc_cmd" >&2
-  bash scripts/scorecard.sh "${SC_REAL[@]}" --repeats "$REPEATS" --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
+  timed bash scripts/scorecard.sh "${SC_REAL[@]}" --repeats "$REPEATS" --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
     --out "$OUT/scorecard" >&2
   section scorecard --scorecard "$OUT/scorecard" --scorecard-command "$sc_cmd"
 fi
