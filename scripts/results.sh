@@ -30,9 +30,9 @@
 # The simulations run in the background (OUT/lane-*.log), at the idle scheduling class, but
 # only while no measured part runs: every part whose figures are times (the comparison, the
 # frontier, the benches, prefix caching, migration, the router, the transports, the scorecard's
-# and the findings' real runs, vLLM) runs with them stopped (SIGSTOP). Beside the real clusters
-# even at the idle class they stretched a node's steps by 1.4x to 2.4x in measured runs, and
-# not the same for every policy of a table. They run on during the fault campaigns and the Ray
+# and the findings' real runs, vLLM) runs with them stopped (SIGSTOP). Beside the real clusters,
+# even at the idle class, a node's median step was 4.3 or 5.9 ms with two of them and 10.4 ms
+# with three in measured runs (docs/method.md), and not the same for every policy of a table. They run on during the fault campaigns and the Ray
 # tests, whose figures are outcomes, and the run waits for them at its end. Their own figures
 # are in simulated time, and the simulator's speed in its processes' CPU seconds.
 #
