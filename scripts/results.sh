@@ -88,7 +88,14 @@ lane() {  # lane NAME CMD...: CMD in the background, at the idle class, in a pro
   shift
   echo "== in the background ($name, log OUT/lane-$name.log): $*" >&2
   setsid "${IDLE[@]}" "$@" > "$OUT/lane-$name.log" 2>&1 &
-  LANES+=("$!") LANE_NAMES+=("$name")
+  local pid=$! i
+  # until it leads its own group: a signal to the group sent before that would find no group
+  for i in $(seq 100); do
+    [ "$(ps -o pgid= -p "$pid" 2>/dev/null | tr -d ' ')" != "$pid" ] || break
+    kill -0 "$pid" 2>/dev/null || break  # (ended already)
+    sleep 0.05
+  done
+  LANES+=("$pid") LANE_NAMES+=("$name")
 }
 lanes_signal() {  # lanes_signal SIG: to every lane's process group
   local p
