@@ -79,7 +79,9 @@ OUT="${OUT:-$ROOT/results/docs-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 git rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true
-rc=0  # a part that reports a failure (a chaos violation) still leaves its section written; the exit says so
+# a part that reports a failure (a chaos violation, a failed Ray test, lockstep verdicts that differ)
+# still leaves its section written and the run goes on; the exit says so
+rc=0
 IDLE=(nice -n 19)
 chrt --idle 0 true 2>/dev/null && IDLE=(chrt --idle 0)
 LANES=() LANE_NAMES=()
@@ -227,11 +229,11 @@ if [ "$VLLM" = 1 ]; then
 fi
 if [ "$TRANSPORTS" = 1 ]; then
   echo "== bash scripts/transport_results.sh" >&2
-  timed bash scripts/transport_results.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/transports" --doc "$DOC" >&2
+  timed bash scripts/transport_results.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/transports" --doc "$DOC" >&2 || rc=1
 fi
 if [ "$RAY" = 1 ]; then
   echo "== bash scripts/ray_results.sh" >&2
-  bash scripts/ray_results.sh --doc "$DOC" >&2
+  bash scripts/ray_results.sh --doc "$DOC" >&2 || rc=1
 fi
 if [ "$FINDINGS" = 1 ]; then
   echo "== bash scripts/findings.sh --skip-sim" >&2
