@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from kv_transport.fail_codes import FailCode
-from pdtb.engine.kv_export import KVExport
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (torch only where pages move: the simulator imports this package without it)
+    from pdtb.engine.kv_export import KVExport
     import torch
 
 

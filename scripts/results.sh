@@ -32,8 +32,9 @@
 # frontier, the benches, prefix caching, migration, the router, the transports, the scorecard's
 # and the findings' real runs, vLLM) runs with them stopped (SIGSTOP). Beside the real clusters,
 # even at the idle class, a node's median step was 4.3 or 5.9 ms with two of them and 10.4 ms
-# with three in measured runs (docs/method.md), and not the same for every policy of a table. They run on during the fault campaigns and the Ray
-# tests, whose figures are outcomes, and the run waits for them at its end. Their own figures
+# with three in measured runs (docs/method.md), and not the same for every policy of a table. They
+# run on during the parts whose figures are outcomes (the fault campaigns, the Ray tests and, quick,
+# the transports' lockstep verdicts, which do not depend on timing), and the run waits for them at its end. Their own figures
 # are in simulated time, and the simulator's speed in its processes' CPU seconds.
 #
 # --reuse DIR takes the parts that a run of the same code already made in DIR (its --out, e.g. a
@@ -79,6 +80,11 @@ OUT="${OUT:-$ROOT/results/docs-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 git rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true
+mark() {  # mark PART: seconds since the start (the environment's set-up included) at which PART ends, in OUT/timings.tsv
+  printf '%s\t%d\n' "$1" "$SECONDS" >> "$OUT/timings.tsv"
+  echo "== $1 done at $(( SECONDS / 60 )) min $(( SECONDS % 60 )) s" >&2
+}
+mark setup
 # a part that reports a failure (a chaos violation, a failed Ray test, lockstep verdicts that differ)
 # still leaves its section written and the run goes on; the exit says so
 rc=0
@@ -152,12 +158,14 @@ FAIR_CMD="bash scripts/compare_fairness.sh ${QUICK[*]+${QUICK[*]} }--step-log --
 echo "== $FAIR_CMD" >&2
 reuse fair || timed bash scripts/compare_fairness.sh ${QUICK[@]+"${QUICK[@]}"} --step-log --policies "$POLICIES" \
   ${PARGS[@]+"${PARGS[@]}"} --out "$OUT/fair" >&2
+mark comparison
 args=(--fair "$OUT/fair" --fair-command "$FAIR_CMD")
 run_part() {  # run_part NAME SCRIPT: scripts/SCRIPT, quick unless --full, into OUT/NAME; its results_doc flags into args
   local cmd="bash scripts/$2${QUICK[*]+ ${QUICK[*]}}"
   echo "== $cmd" >&2
   reuse "$1" || timed bash "scripts/$2" ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/$1" >&2
   args+=("--$1" "$OUT/$1" "--$1-command" "$cmd")
+  mark "$1"
 }
 if [ "$FRONTIER" = 1 ]; then
   run_part frontier frontier.sh
@@ -177,6 +185,7 @@ if [ "$BENCH" = 1 ]; then
     pdtb bench engine --batch 32 --json > "$OUT/engine-beside.json"
     args+=(--engine-beside "$OUT/engine-beside.json")
   fi
+  mark benches
 fi
 if [ "$PREFIX" = 1 ]; then
   run_part prefix prefix_results.sh
@@ -197,6 +206,7 @@ if [ "$SIM" = 1 ]; then
     timed pdtb bench steps --grid --json > "$OUT/steps.json"
     vargs=(--real "$OUT/fair" --steps "$OUT/steps.json")
     [ ! -f "$OUT/prefix/conversation-on.json" ] || vargs+=(--prefix-real "$OUT/prefix")
+    mark "step grid"
     lane validate bash scripts/sim_results.sh "${SIM_ARGS[@]}" --validate-only "${vargs[@]}"
   else  # (a full run's validation runs real clusters of its own: in the foreground)
     bash scripts/sim_results.sh "${SIM_ARGS[@]}" --validate-only >&2
@@ -216,39 +226,53 @@ if [ "$CHAOS" = 1 ]; then
   [ "${#QUICK[@]}" != 0 ] || secs=1200 cts="zmq shm torch"
   echo "== bash scripts/chaos_results.sh --duration $secs --transports \"$cts\"" >&2
   bash scripts/chaos_results.sh --duration "$secs" --transports "$cts" --out "$OUT/chaos" --doc "$DOC" >&2 || rc=1
+  mark chaos
 fi
 if [ "$ROUTER" = 1 ]; then
   echo "== bash scripts/router_results.sh${QUICK[*]+ ${QUICK[*]}}" >&2
   timed bash scripts/router_results.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/router" --doc "$DOC" >&2
+  mark router
 fi
 if [ "$VLLM" = 1 ]; then
   vargs=(--workloads "quick overload" --rounds 1 --reps 1)
   [ "${#QUICK[@]}" != 0 ] || vargs=()
   echo "== bash scripts/vs_vllm.sh ${vargs[*]}" >&2
   timed bash scripts/vs_vllm.sh ${vargs[@]+"${vargs[@]}"} ${VVENV:+--venv "$VVENV"} --out "$OUT/vllm" --doc "$DOC" >&2
+  mark vllm
 fi
 if [ "$TRANSPORTS" = 1 ]; then
-  echo "== bash scripts/transport_results.sh" >&2
-  timed bash scripts/transport_results.sh ${QUICK[@]+"${QUICK[@]}"} --out "$OUT/transports" --doc "$DOC" >&2 || rc=1
+  echo "== bash scripts/transport_results.sh${QUICK[*]+ ${QUICK[*]}}" >&2
+  if [ "${#QUICK[@]}" != 0 ]; then  # the lockstep verdicts (no live runs in quick) beside the simulations
+    timed bash scripts/transport_results.sh --quick --only bench --out "$OUT/transports" --doc "$DOC" >&2
+    bash scripts/transport_results.sh --quick --only verdicts --out "$OUT/transports" --doc "$DOC" >&2 || rc=1
+  else
+    timed bash scripts/transport_results.sh --out "$OUT/transports" --doc "$DOC" >&2 || rc=1
+  fi
+  mark transports
 fi
 if [ "$RAY" = 1 ]; then
   echo "== bash scripts/ray_results.sh" >&2
   bash scripts/ray_results.sh --doc "$DOC" >&2 || rc=1
+  mark ray
 fi
 if [ "$FINDINGS" = 1 ]; then
   echo "== bash scripts/findings.sh --skip-sim" >&2
   timed bash scripts/findings.sh --skip-sim --out "$OUT/findings" >&2
+  mark "findings (real)"
 fi
 if [ "$SCORECARD" = 1 ]; then
   lane_wait scorecard
+  mark "scorecard (simulated)"
   echo "== $sc_cmd" >&2
   timed bash scripts/scorecard.sh "${SC_REAL[@]}" --repeats "$REPEATS" --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} \
     --out "$OUT/scorecard" >&2
+  mark "scorecard (real)"
   section scorecard --scorecard "$OUT/scorecard" --scorecard-command "$sc_cmd"
 fi
 if [ "$SIM" = 1 ]; then
   lane_wait sims
   lane_wait validate
+  mark simulator
   section sim --sim "$OUT/sim"
 fi
 if [ "$FINDINGS" = 1 ]; then
@@ -257,4 +281,5 @@ if [ "$FINDINGS" = 1 ]; then
     --stamp "on $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(cat "$OUT/commit")"
 fi
 section summary
+mark all
 exit "$rc"

@@ -146,6 +146,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.parked)
 
+    def queued_tokens(self) -> int:
+        """Prompt tokens yet to prefill (what the router balances prefill nodes on)."""
+        return sum(s.num_uncomputed_tokens for s in self.waiting) + sum(
+            s.num_uncomputed_tokens for s in self.running if s.in_prefill)
+
     def all_requests(self) -> list[Sequence]:
         return [*self.running, *self.parked, *self.waiting]
 

@@ -129,12 +129,6 @@ def to_params(p: SamplingParams) -> Params:
     return Params(p.max_tokens, p.temperature, p.top_p, p.seed, p.ignore_eos, list(p.stop_token_ids), p.first_index)
 
 
-def queued_tokens(sch) -> int:
-    """Prompt tokens a node has yet to prefill (what the router balances prefill nodes on)."""
-    return sum(s.num_uncomputed_tokens for s in sch.waiting) + sum(
-        s.num_uncomputed_tokens for s in sch.running if s.in_prefill)
-
-
 class NodeBase:
     """What every role shares. A role is a subclass: it may wrap the admission policy
     (`make_policy`) and says whether it moves KV between nodes (`moves_kv`)."""
@@ -388,7 +382,7 @@ class NodeBase:
     # ---- stats ---------------------------------------------------------------------------------
     def stats(self, seq: int = 0) -> NodeStats:
         sch, pool = self.engine.scheduler, self.engine.pool
-        queued = queued_tokens(sch)
+        queued = sch.queued_tokens()
         host = self.engine.host_pool
         return NodeStats(self.config.node_id, self.config.role, seq, pool.num_pages, pool.num_free,
                          host.num_pages if host else 0, host.num_free if host else 0,

@@ -25,7 +25,6 @@ from pdtb.client.load import cut_off
 from pdtb.client.prefix import PROMPT_ROLES, prompt_ids
 from kv_transport.fail_codes import FailCode
 from pdtb.engine.kv_spec import KVSpec
-from pdtb.nodes.node_base import queued_tokens
 from pdtb.nodes.protocol import Earlier, GenerateRequest, NodeStats, Params, Target
 from pdtb.router.config import NodeSpec
 from pdtb.router.fair_route import D2lpmRouter, RouteCandidate
@@ -180,7 +179,7 @@ class SimCluster:
             sch, host = n.scheduler, n.host_pool
             self.states[nid].stats = NodeStats(nid, n.shape.role, 0, n.pool.num_pages, n.pool.num_free,
                                                host.num_pages if host else 0, host.num_free if host else 0,
-                                               len(sch.running), len(sch.waiting) + len(sch.parked), queued_tokens(sch), kv_addr=nid)
+                                               len(sch.running), len(sch.waiting) + len(sch.parked), sch.queued_tokens(), kv_addr=nid)
         self._tell_cluster()
         if self._open:
             self.loop.after(self.shape.ping_interval_s, self._ping)
