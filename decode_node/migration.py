@@ -43,7 +43,7 @@ from kv_transport import TransferMeta, TransferState
 from kv_transport.fail_codes import FailCode
 from pdtb.engine.kv_export import export_request
 from pdtb.engine.sequence import Sequence, SeqStatus
-from pdtb.nodes.node_base import to_params
+from pdtb.nodes.arrival import to_params
 from pdtb.nodes.protocol import MIGRATE_INJECT, HandoffMeta, Migrate, MigrationReport, to_extra
 
 log = logging.getLogger(__name__)

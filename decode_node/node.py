@@ -32,7 +32,8 @@ from collections import Counter, OrderedDict
 
 from pdtb.common import host_port
 from pdtb.nodes import kv_meta
-from pdtb.nodes.node_base import NodeBase, to_sampling
+from pdtb.nodes.arrival import to_sampling
+from pdtb.nodes.node_base import NodeBase
 from pdtb.nodes.protocol import HandoffNotice, Migrate, ProtocolError, handoff_meta
 from decode_node.migration import INJECT, STAGE_SUFFIX, Migrations
 from decode_node.placement import Inherited, place

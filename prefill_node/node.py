@@ -38,7 +38,7 @@ from prefill_node.peer_pages import PeerPages
 from pdtb.nodes.handoff import HandoffEvent
 from prefill_node.handoff import Handoff, Outcome, lose_target, transfer_ended, unbind
 from pdtb.nodes.protocol import GenerateRequest, HandoffMeta, HandoffNotice, Target, to_extra
-from pdtb.colocated.node import accept_request
+from pdtb.nodes.arrival import accept_request
 from kv_transport import TransferMeta, TransferState, TransportConfig
 from pdtb.nodes.kv_senders import KVSenders
 from kv_transport.fail_codes import FailCode

@@ -23,7 +23,7 @@
 #     overload workloads, one round, or every workload in two rounds with --full; --vllm-venv DIR
 #     names vLLM's environment, default .venv-vllm, built when absent).
 # The GPU figures are not measured here: scripts/gpu_check.sh writes them, at their own commit, to
-# docs/gpu-results.md. About 50 minutes on a 2-core machine with --quick (the default), 3 hours
+# docs/gpu-results.md. About 45 minutes on a 2-core machine with --quick (the default), 3 hours
 # with --full. The run's files stay in OUT (results/docs-*); the plots go next to the document
 # (docs/img).
 #
@@ -115,6 +115,12 @@ timed() {  # timed CMD...: CMD alone on the machine, the lanes stopped meanwhile
   "$@" || r=$?
   lanes_signal CONT
   return "$r"
+}
+beside() {  # beside CMD...: CMD with the lanes running, its figures outcomes, at one torch thread: the
+  # chaos checker's generate reference for 30 prompts took 5.4 s alone at one thread or two; beside two
+  # idle-class busy loops 5.9 s at one and 15.7 s at two (and the engine bench, two threads, kept 0.11x
+  # of its rate beside the simulations in a quick run)
+  OMP_NUM_THREADS=1 "$@"
 }
 lanes_running() {  # whether any lane has work left
   local p
@@ -225,7 +231,7 @@ if [ "$CHAOS" = 1 ]; then
   secs=30 cts="zmq torch"
   [ "${#QUICK[@]}" != 0 ] || secs=1200 cts="zmq shm torch"
   echo "== bash scripts/chaos_results.sh --duration $secs --transports \"$cts\"" >&2
-  bash scripts/chaos_results.sh --duration "$secs" --transports "$cts" --out "$OUT/chaos" --doc "$DOC" >&2 || rc=1
+  beside bash scripts/chaos_results.sh --duration "$secs" --transports "$cts" --out "$OUT/chaos" --doc "$DOC" >&2 || rc=1
   mark chaos
 fi
 if [ "$ROUTER" = 1 ]; then
@@ -244,7 +250,7 @@ if [ "$TRANSPORTS" = 1 ]; then
   echo "== bash scripts/transport_results.sh${QUICK[*]+ ${QUICK[*]}}" >&2
   if [ "${#QUICK[@]}" != 0 ]; then  # the lockstep verdicts (no live runs in quick) beside the simulations
     timed bash scripts/transport_results.sh --quick --only bench --out "$OUT/transports" --doc "$DOC" >&2
-    bash scripts/transport_results.sh --quick --only verdicts --out "$OUT/transports" --doc "$DOC" >&2 || rc=1
+    beside bash scripts/transport_results.sh --quick --only verdicts --out "$OUT/transports" --doc "$DOC" >&2 || rc=1
   else
     timed bash scripts/transport_results.sh --out "$OUT/transports" --doc "$DOC" >&2 || rc=1
   fi
@@ -252,7 +258,7 @@ if [ "$TRANSPORTS" = 1 ]; then
 fi
 if [ "$RAY" = 1 ]; then
   echo "== bash scripts/ray_results.sh" >&2
-  bash scripts/ray_results.sh --doc "$DOC" >&2 || rc=1
+  beside bash scripts/ray_results.sh --doc "$DOC" >&2 || rc=1
   mark ray
 fi
 if [ "$FINDINGS" = 1 ]; then

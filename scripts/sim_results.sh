@@ -79,14 +79,8 @@ if [ -f "$TRACE" ]; then
         --model-config llama-3-70b --tp 4 "${POLICY_FLAGS[@]}" --slo ttft_ms=2000 --slo tpot_ms=100)
     echo "== ${AZ[*]}" >&2
     # the command's CPU seconds, its own (what the run costs, whatever else the machine runs)
-    python - "$OUT/azure-hour-$pol.cpu_s" "$OUT/azure-hour-$pol.txt" "${AZ[@]}" --out "$OUT/azure-hour-$pol.json" <<'PY'
-import resource, subprocess, sys
-with open(sys.argv[2], "w") as out:
-    rc = subprocess.run(sys.argv[3:], stdout=out).returncode
-r = resource.getrusage(resource.RUSAGE_CHILDREN)
-open(sys.argv[1], "w").write(f"{r.ru_utime + r.ru_stime:.1f}\n")
-sys.exit(rc)
-PY
+    python -m pdtb.cputime "$OUT/azure-hour-$pol.cpu_s" -- "${AZ[@]}" --out "$OUT/azure-hour-$pol.json" \
+      > "$OUT/azure-hour-$pol.txt"
     echo "${AZ[*]} --out azure-hour-$pol.json" > "$OUT/azure-hour-$pol.command"
   done
   pdtb report "$OUT"/azure-hour-*.json --out "$OUT/azure-report" >/dev/null

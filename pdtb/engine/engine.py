@@ -9,7 +9,6 @@ import hashlib
 import itertools
 import json
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -19,35 +18,10 @@ from pdtb.engine.loader import ModelInfo, load_model
 from pdtb.engine.page_pool import PagePool
 from pdtb.engine.runner import BatchChunk, ModelRunner
 from pdtb.engine.sampler import sample
-from pdtb.engine.scheduler import Scheduler, SchedulerOutput
+from pdtb.engine.scheduler import Scheduler, SchedulerOutput, StepEvent, append_token  # noqa: F401 (StepEvent: this module's API too)
 from pdtb.engine.sequence import SamplingParams, Sequence, SeqStatus
 from pdtb.engine.step_cost import StepCostFit
 from pdtb.engine.step_shape import StepShape
-
-
-@dataclass
-class StepEvent:
-    """One sampled token (and whether it ended its request)."""
-
-    seq: Sequence
-    token_id: int
-    finished: bool
-
-
-def append_token(scheduler: Scheduler, seq: Sequence, token: int, eos_token_ids) -> StepEvent:
-    """Give `seq` its sampled `token`; end it (pages freed) on EOS, a stop id, max_tokens or the
-    context limit. The engine and the simulator (pdtb/sim) end requests by this one rule."""
-    ids = seq.token_ids
-    ids.append(token)
-    p = seq.params
-    if (not p.ignore_eos and token in eos_token_ids) or token in p.stop_token_ids:
-        scheduler.finish(seq, SeqStatus.FINISHED_STOPPED, "stop")
-        return StepEvent(seq, token, True)
-    n = len(ids)  # (counted once: this runs for every token of every request)
-    if n - seq.num_prompt_tokens >= p.max_tokens or n >= scheduler.config.max_model_len:
-        scheduler.finish(seq, SeqStatus.FINISHED_LENGTH, "length")
-        return StepEvent(seq, token, True)
-    return StepEvent(seq, token, False)
 
 
 def prefix_namespace(model, dtype: str) -> str:

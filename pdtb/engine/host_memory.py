@@ -18,7 +18,10 @@ import functools
 import math
 import sys
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (imported where storage is made or moved: a pool without storage needs no torch)
+    import torch
 
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14  # linux/mman.h
@@ -39,6 +42,7 @@ def _madvise():
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A zeroed, contiguous CPU tensor, on huge pages where the kernel gives them."""
+    import torch
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     advise = _madvise()
     if advise is None or nbytes < MIN_BYTES:

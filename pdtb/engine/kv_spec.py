@@ -3,19 +3,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+from typing import TYPE_CHECKING
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
+if TYPE_CHECKING:  # (torch at use only: the simulator's pools hold no storage and import no torch)
+    import torch
+
+DTYPES = ("float32", "float16", "bfloat16")  # the names; torch_dtype(name) is the torch dtype
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    return getattr(torch, name)
+
+
 def dtype_name(dtype: torch.dtype) -> str:
-    for name, value in DTYPES.items():
-        if value == dtype:
+    for name in DTYPES:
+        if torch_dtype(name) == dtype:
             return name
     raise ValueError(f"unsupported dtype {dtype}")
 
@@ -46,7 +51,7 @@ class KVSpec:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return torch_dtype(self.dtype)
 
     @property
     def bytes_per_page(self) -> int:

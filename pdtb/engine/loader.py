@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from pdtb.engine.kv_spec import DTYPES, dtype_name
+from pdtb.engine.kv_spec import DTYPES, dtype_name, torch_dtype
 from pdtb.engine.model_info import SUPPORTED_MODEL_TYPES, ModelInfo, ModelLoadError, read_model_info  # noqa: F401
 from pdtb.engine.model_info import resolve_model, resolve_model_arg  # noqa: F401
 
@@ -18,7 +18,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 def resolve_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ModelLoadError(f"unsupported dtype {name!r}; choose one of {sorted(DTYPES)}")
-    return DTYPES[name]
+    return torch_dtype(name)
 
 
 def load_model(model_dir: str | Path, device: str = "cpu", dtype: str = "float32",

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import enum
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (imported where storage is made or moved: a pool without storage needs no torch)
+    import torch
 
 from pdtb.engine import host_memory, shared_memory
 from pdtb.engine.kv_spec import KVSpec
@@ -61,26 +64,10 @@ class PagePool:
         self.num_pages = num_pages
         self.tier = tier
         self.charge = charge
-        pin = pin_memory and torch.cuda.is_available()
-        # where peers may map kv: shared_memory.SharedBuffer (host memory) or
-        # cuda_ipc.CudaSharedBuffer (a GPU pool, exported once it is allocated below)
         self.shared = None
-        cuda = torch.device(device).type == "cuda"
-        if shared and not cuda:  # a one-sided sender on this host writes straight into these pages
-            if torch.device(device).type != "cpu" or pin:
-                raise ValueError("a shared pool lives in host memory (device='cpu', no pinning) or on a CUDA device")
-            self.shared = shared_memory.SharedBuffer(spec.bytes_per_page * num_pages, f"pdtb-kv-{tier}")
-            self.kv = self.shared.tensor(spec.page_shape(num_pages), spec.torch_dtype)
-        elif not storage:  # ownership only (pdtb sim): the same state machine at any pool size, no bytes
-            self.kv = None
-        elif torch.device(device).type == "cpu" and not pin:  # scattered page reads: huge pages help
-            self.kv = host_memory.zeros(spec.page_shape(num_pages), spec.torch_dtype)
-        else:
-            self.kv = torch.zeros(spec.page_shape(num_pages), dtype=spec.torch_dtype, device=device, pin_memory=pin)
-        if shared and cuda:  # one-sided device copies into these pages, over CUDA IPC
-            from pdtb.engine.cuda_ipc import CudaSharedBuffer
-
-            self.shared = CudaSharedBuffer(self.kv)
+        self.kv = None  # ownership only (pdtb sim: storage=False): the same state machine at any size, no bytes
+        if storage or shared:
+            self._allocate(device, pin_memory, storage, shared)
         self._owned_state = PageState.RESIDENT if tier == "device" else PageState.PARKED
         self._state = [PageState.FREE] * num_pages
         self._holders: list[list[str]] = [[] for _ in range(num_pages)]  # in order of taking
@@ -91,6 +78,30 @@ class PagePool:
         self._lru: dict[int, None] = {}  # CACHED pages, least recently released first
         self._shared: set[int] = set()  # pages with two holders or more
         self.version = 0  # bumped by every change of ownership (lets callers cache snapshots)
+
+    def _allocate(self, device, pin_memory: bool, storage: bool, shared: bool) -> None:
+        import torch
+
+        spec, num_pages, tier = self.spec, self.num_pages, self.tier
+        pin = pin_memory and torch.cuda.is_available()
+        # where peers may map kv: shared_memory.SharedBuffer (host memory) or
+        # cuda_ipc.CudaSharedBuffer (a GPU pool, exported once it is allocated below)
+        cuda = torch.device(device).type == "cuda"
+        if shared and not cuda:  # a one-sided sender on this host writes straight into these pages
+            if torch.device(device).type != "cpu" or pin:
+                raise ValueError("a shared pool lives in host memory (device='cpu', no pinning) or on a CUDA device")
+            self.shared = shared_memory.SharedBuffer(spec.bytes_per_page * num_pages, f"pdtb-kv-{tier}")
+            self.kv = self.shared.tensor(spec.page_shape(num_pages), spec.torch_dtype)
+        elif not storage:
+            self.kv = None
+        elif torch.device(device).type == "cpu" and not pin:  # scattered page reads: huge pages help
+            self.kv = host_memory.zeros(spec.page_shape(num_pages), spec.torch_dtype)
+        else:
+            self.kv = torch.zeros(spec.page_shape(num_pages), dtype=spec.torch_dtype, device=device, pin_memory=pin)
+        if shared and cuda:  # one-sided device copies into these pages, over CUDA IPC
+            from pdtb.engine.cuda_ipc import CudaSharedBuffer
+
+            self.shared = CudaSharedBuffer(self.kv)
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -353,6 +364,7 @@ class PagePool:
     def export_pages(self, pages: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
         """Copy the given pages (all layers, K and V) into one contiguous tensor: a new one, or
         `out` (uint8, exactly that many bytes, on the pool's device) viewed as the export."""
+        import torch
         idx = torch.tensor(pages, dtype=torch.long, device=self.kv.device)
         if out is None:
             return self.kv.index_select(2, idx).contiguous()
@@ -367,6 +379,7 @@ class PagePool:
 
     def import_pages(self, pages: list[int], data: torch.Tensor) -> None:
         """Write a contiguous export (shape spec.page_shape(len(pages))) into `pages`."""
+        import torch
         expect = self.spec.page_shape(len(pages))
         if tuple(data.shape) != expect:
             raise ValueError(f"import shape {tuple(data.shape)} != expected {expect}")
@@ -375,6 +388,7 @@ class PagePool:
 
     def copy_pages_to(self, src_pages: list[int], dst: "PagePool", dst_pages: list[int]) -> int:
         """Copy pages into another pool (tier move: device <-> host). Returns bytes copied."""
+        import torch
         if len(src_pages) != len(dst_pages):
             raise ValueError("page lists differ in length")
         if dst.spec != self.spec:

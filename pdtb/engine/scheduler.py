@@ -414,3 +414,28 @@ class Scheduler:
                 self.finish(seq, SeqStatus.FINISHED_ABORTED, reason)
                 return seq
         return None
+
+
+@dataclass
+class StepEvent:
+    """One sampled token (and whether it ended its request)."""
+
+    seq: Sequence
+    token_id: int
+    finished: bool
+
+
+def append_token(scheduler: Scheduler, seq: Sequence, token: int, eos_token_ids) -> StepEvent:
+    """Give `seq` its sampled `token`; end it (pages freed) on EOS, a stop id, max_tokens or the
+    context limit. The engine and the simulator (pdtb/sim) end requests by this one rule."""
+    ids = seq.token_ids
+    ids.append(token)
+    p = seq.params
+    if (not p.ignore_eos and token in eos_token_ids) or token in p.stop_token_ids:
+        scheduler.finish(seq, SeqStatus.FINISHED_STOPPED, "stop")
+        return StepEvent(seq, token, True)
+    n = len(ids)  # (counted once: this runs for every token of every request)
+    if n - seq.num_prompt_tokens >= p.max_tokens or n >= scheduler.config.max_model_len:
+        scheduler.finish(seq, SeqStatus.FINISHED_LENGTH, "length")
+        return StepEvent(seq, token, True)
+    return StepEvent(seq, token, False)

@@ -27,7 +27,10 @@ import secrets
 import stat
 from dataclasses import dataclass
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (imported where storage is made or moved: a pool without storage needs no torch)
+    import torch
 
 MAGIC = b"PDTBSHM1"
 HEADER_BYTES = 4096
@@ -91,6 +94,7 @@ class SharedBuffer:
 
 
 def data_tensor(mm: mmap.mmap, nbytes: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    import torch
     t = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=HEADER_BYTES)
     return t.view(dtype).view(shape)
 

@@ -29,7 +29,7 @@ NO_DOCSTRING = "(no opening docstring: give it one that says what the module hol
 # Bottom first, as tests/project/test_layout.py's LEVELS. A module belongs to the room of its
 # longest matching prefix; the entry points are the top rooms of LEVELS, gathered under one title.
 ROOMS = (
-    ("Helpers", ("pdtb.common", "pdtb.aio", "pdtb.security")),
+    ("Helpers", ("pdtb.common", "pdtb.aio", "pdtb.security", "pdtb.cputime")),
     ("Accelerator and model shapes", ("pdtb.shapes",)),
     ("Engine", ("pdtb.engine",)),
     ("Fairness policies", ("fairness",)),

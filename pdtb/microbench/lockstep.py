@@ -51,7 +51,7 @@ from kv_transport.fail_codes import FailCode
 from pdtb.engine.sequence import Sequence
 from pdtb.nodes.control import EventSink
 from pdtb.nodes.handoff import HandoffEvent
-from pdtb.nodes.node_base import to_sampling
+from pdtb.nodes.arrival import to_sampling
 from pdtb.nodes.protocol import GenerateRequest, HandoffMeta, Params, Target, to_extra
 from prefill_node.handoff import Handoff, Outcome, transfer_ended
 

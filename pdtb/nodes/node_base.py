@@ -28,10 +28,10 @@ from pdtb.nodes.step_log import StepLog
 from fairness.config import FairnessConfig
 from kv_transport.config import FaultConfig, TransportConfig
 from pdtb.nodes.protocol import (AbortRequest, Drain, GenerateRequest, Migrate, MigrationReport, NodeDown, NodeStats,
-                                 Params, Ping, SetFaults, TokenEvent)
+                                 Ping, SetFaults, TokenEvent)
 from pdtb.engine.config import EngineConfig
 from pdtb.engine.engine import LLMEngine, StepEvent
-from pdtb.engine.sequence import SamplingParams, Sequence, SeqStatus
+from pdtb.engine.sequence import Sequence, SeqStatus
 
 CONSERVATION_EVERY = 64  # steps between page-conservation checks (every step with --check-pages)
 FINAL_LINGER_MS = 2000  # at shutdown: how long queued control messages may take to leave
@@ -117,16 +117,6 @@ def keep_gloo_on_loopback(host: str) -> None:
             os.environ["GLOO_SOCKET_IFNAME"] = name
             os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
             return
-
-
-def to_sampling(p: Params) -> SamplingParams:
-    return SamplingParams(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, seed=p.seed,
-                          ignore_eos=p.ignore_eos, stop_token_ids=tuple(p.stop_token_ids), first_index=p.first_index)
-
-
-def to_params(p: SamplingParams) -> Params:
-    """`to_sampling`'s inverse: a request's sampling parameters as they travel."""
-    return Params(p.max_tokens, p.temperature, p.top_p, p.seed, p.ignore_eos, list(p.stop_token_ids), p.first_index)
 
 
 class NodeBase:

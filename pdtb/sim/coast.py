@@ -46,7 +46,7 @@ def pure_decode(out: SchedulerOutput | None) -> bool:
 
 
 def steps_left(seq, max_model_len: int) -> int:
-    """Steps until `seq` ends by length (engine.append_token's rule, requests run to max_tokens)."""
+    """Steps until `seq` ends by length (scheduler.append_token's rule, requests run to max_tokens)."""
     n = len(seq.token_ids)
     return min(seq.params.max_tokens - (n - seq.num_prompt_tokens), max_model_len - n)
 

@@ -4,7 +4,7 @@ and node accounting, stepped on the simulator's clock. Only the forward pass is 
     message arrives -> handled at once if the node is between steps, else queued in `inbox`
     (a real node reads its sockets only between engine steps) -> step: scheduler.schedule()
     at t, cost model says how long (forward pass + tier moves) -> at t + d: tokens appended
-    (engine.append_token: the engine's rule for ending a request), accounting, the role's
+    (scheduler.append_token: the engine's rule for ending a request), accounting, the role's
     events -> inbox drained, role's I/O polled -> next step
 
 A step in which nothing may run (a bandwidth cap, a quota's turn) waits `STALL_S` or the next
@@ -19,10 +19,9 @@ from types import SimpleNamespace
 
 from fairness import make_policy
 from fairness.config import FairnessConfig
-from pdtb.engine.engine import append_token
 from pdtb.engine.kv_spec import KVSpec
 from pdtb.engine.page_pool import PagePool
-from pdtb.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from pdtb.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, append_token
 from pdtb.nodes.accounting import NodeAccounting
 from pdtb.nodes.node_metrics import NodeMetrics
 from pdtb.sim import coast as runs

@@ -4,7 +4,7 @@
 The three simulated roles over `SimNode`: what each does with a step's tokens and between
 steps, by the same rules as the real nodes.
 
-    colocated: GenerateRequest -> accept_request (pdtb/colocated/node.py) -> steps -> tokens
+    colocated: GenerateRequest -> accept_request (pdtb/nodes/arrival.py) -> steps -> tokens
     prefill:   GenerateRequest -> accept_request -> PrefillOrder (prefill_node/order.py) ->
                first token -> detached, `Handoff` (prefill_node/handoff.py) -> header to the
                decode node -> transfer_ended on its answer: landed (pages freed), held (retry,
@@ -20,10 +20,9 @@ import copy
 from decode_node.placement import Inherited, place
 from kv_transport.admission import Verdict
 from kv_transport.fail_codes import FailCode
-from pdtb.colocated.node import accept_request
 from pdtb.engine.sequence import Sequence
 from pdtb.nodes.handoff import HandoffEvent
-from pdtb.nodes.node_base import to_sampling
+from pdtb.nodes.arrival import accept_request, to_sampling
 from pdtb.nodes.protocol import Target
 from pdtb.sim.node import SimNode
 from prefill_node.handoff import Handoff, Outcome, lose_target, transfer_ended, unbind

@@ -255,7 +255,7 @@ def _submitted(body: dict, tenant_tiers: dict) -> GenerateRequest:
     ({"prompt": "x", "slo_tier": "a.B-9_z"}, "a.B-9_z"),
 ])
 def test_the_slo_tier_reaches_the_sequence(body, tier):
-    from pdtb.colocated.node import make_seq
+    from pdtb.nodes.arrival import make_seq
 
     greq = _submitted(body, {"alice": "silver"})
     assert greq.slo_tier == tier

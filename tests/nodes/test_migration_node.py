@@ -26,7 +26,8 @@ from kv_transport import ReceivedTransfer, TransferState
 from kv_transport.base import TransferStatus
 from pdtb.engine.config import EngineConfig
 from pdtb.engine.kv_export import KVExport, export_request, import_request
-from pdtb.nodes.node_base import NodeConfig, to_sampling
+from pdtb.nodes.arrival import to_sampling
+from pdtb.nodes.node_base import NodeConfig
 from pdtb.nodes.protocol import (HandoffMeta, HandoffNotice, Migrate, MigrationReport, Params, Target,
                                  TokenEvent, to_extra)
 

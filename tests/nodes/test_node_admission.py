@@ -13,7 +13,7 @@ import pytest
 from pdtb.nodes import kv_meta
 from pdtb.node_cli import fault_config
 from pdtb.nodes.protocol import GenerateRequest, Params
-from pdtb.colocated.node import validate_prompt
+from pdtb.nodes.arrival import validate_prompt
 from conftest import make_engine
 from decode_node.placement import Inherited, never_fits
 from kv_transport import FaultConfig, TransferMeta, TransferState, TransportConfig

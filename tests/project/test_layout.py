@@ -13,7 +13,7 @@ PACKAGES = ("pdtb", "prefill_node", "decode_node", "kv_transport", "fairness")
 
 # Bottom first. A module belongs to the room of its longest matching prefix.
 LEVELS = (
-    ("pdtb.common", "pdtb.aio", "pdtb.security"),  # helpers every room may use
+    ("pdtb.common", "pdtb.aio", "pdtb.security", "pdtb.cputime"),  # helpers every room may use
     ("pdtb.shapes",),  # accelerators and model shapes
     ("pdtb.engine",),  # the paged engine over a stock transformers model
     ("fairness",),  # policies behind the scheduler's questions

@@ -29,3 +29,31 @@ def test_speed_measures_the_hour_and_the_slice_both_ways(tmp_path, capsys):
         assert 0 < h["simulation_s"] <= h["command_s"] and 0 < s["runs"]["simulation_s"] <= s["runs"]["command_s"]
     lines = speed_section(doc)
     assert lines[0] == SPEED_HEADING and any(ln.startswith("| vtc |") and ln.endswith("| yes |") for ln in lines)
+
+
+def test_the_simulator_runs_without_torch(tmp_path):
+    """Its pools hold no storage, so a `pdtb sim` process never pays torch's import (about 2 s of
+    a scorecard's 40 processes each); the engine's own modules import it where storage is made."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom pdtb.sim.cli import main\n"
+            "assert main(['--workload', 'whale-minnow', '--duration', '2', '--whales', '1', '--quiet', "
+            "'--out', sys.argv[1]]) == 0\n"
+            "sys.exit(3 if 'torch' in sys.modules or 'transformers' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code, str(tmp_path / "r.json")], capture_output=True).returncode == 0
+    assert (tmp_path / "r.json").is_file()
+
+
+def test_cputime_writes_a_commands_own_cpu_seconds_and_passes_its_status(tmp_path):
+    """`python -m pdtb.cputime FILE -- CMD` (the Azure hour's command cost): a child that spins for
+    0.3 s of its own CPU is charged at least that, and its exit status is the command's."""
+    import sys
+
+    from pdtb import cputime
+
+    spin = "import time, sys\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\nsys.exit(3)"
+    out = tmp_path / "cpu_s"
+    assert cputime.main([str(out), "--", sys.executable, "-c", spin]) == 3
+    assert float(out.read_text()) >= 0.3
+    assert cputime.main([str(out)]) == 2  # (no command: the usage, and nothing run)

@@ -71,8 +71,8 @@ def _request(i: int, job):
 
 def _forward(sched, out) -> list:
     """The fake forward pass: every chunk is computed, a chunk at the end samples a token, which
-    ends its request by the engine's own rule (engine.append_token)."""
-    from pdtb.engine.engine import append_token
+    ends its request by the engine's own rule (scheduler.append_token)."""
+    from pdtb.engine.scheduler import append_token
 
     for c in out.chunks:
         c.seq.num_computed_tokens += c.num_new_tokens

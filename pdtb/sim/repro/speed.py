@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from fairness.registry import built_ins
+from pdtb import cputime
 from pdtb.common import CliError
 from pdtb.figures.sim_section import speed_table
 from pdtb.sim.repro.args import OneLineParser
@@ -39,18 +37,11 @@ SHAPE = ["--mode", "disagg", "--prefill", "4", "--decode", "4", "--cost", "roofl
          "--model-config", "llama-3-8b"]
 
 
-def _children_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def _sim(args: list[str], out: Path) -> dict:
     """One `pdtb sim` command: its results file's meta.sim and the whole command's seconds, CPU
     (the process's own, which other work on the machine does not stretch) and wall."""
     cmd = [sys.executable, "-m", "pdtb", "sim", *args, "--quiet", "--out", str(out)]
-    t0, c0 = time.perf_counter(), _children_cpu_s()
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    wall, cpu = time.perf_counter() - t0, _children_cpu_s() - c0
+    p, cpu, wall = cputime.run(cmd, capture_output=True, text=True)
     if p.returncode:
         raise CliError(f"pdtb sim speed: {' '.join(cmd[2:])} failed: {p.stderr.strip()[-400:]}")
     sim = json.loads(out.read_text())["meta"]["sim"]
