@@ -136,8 +136,9 @@ def engine_section(r: dict, beside: dict | None = None) -> list[str]:
         f"The same bench with the run's background simulations beside it (the idle scheduling class, "
         f"scripts/results.sh): paged engine {beside['paged_tok_s']:.0f} tok/s, "
         f"**{beside['paged_tok_s'] / r['paged_tok_s']:.2f}x** of its rate alone: what they would cost a "
-        "measured process, and why every part whose figures are times runs with them stopped (only the fault "
-        "campaigns and the Ray tests, whose figures are outcomes, run beside them).", ""]
+        "measured process, and why every part whose figures are times runs with them stopped (only parts whose "
+        "figures are outcomes run beside them: the fault campaigns, the Ray tests, the transports' lockstep "
+        "verdicts).", ""]
     return ["## Paged engine against `transformers.generate`", "",
             f"`pdtb bench engine --batch {r['batch']} --prompt-len {r['prompt_len']} "
             f"--max-tokens {r['max_tokens']} --json` ({r['device']}, {r['dtype']}, {r['torch_threads']} torch "
