@@ -41,7 +41,7 @@ from kv_transport import ReceivedTransfer, TransferMeta, TransportConfig, make_r
 from pdtb.nodes.kv_senders import KVSenders
 from kv_transport.admission import Admission, Verdict
 from kv_transport.fail_codes import FailCode
-from pdtb.engine.engine import StepEvent
+from pdtb.engine.scheduler import StepEvent
 from pdtb.engine.prefix_hash import page_hashes
 from pdtb.engine.sequence import Sequence
 

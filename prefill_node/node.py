@@ -42,7 +42,7 @@ from pdtb.nodes.arrival import accept_request
 from kv_transport import TransferMeta, TransferState, TransportConfig
 from pdtb.nodes.kv_senders import KVSenders
 from kv_transport.fail_codes import FailCode
-from pdtb.engine.engine import StepEvent
+from pdtb.engine.scheduler import StepEvent
 from pdtb.engine.kv_export import export_request
 from pdtb.engine.sequence import Sequence
 

@@ -34,8 +34,9 @@
 # even at the idle class, a node's median step was 4.3 or 5.9 ms with two of them and 10.4 ms
 # with three in measured runs (docs/method.md), and not the same for every policy of a table. They
 # run on during the parts whose figures are outcomes (the fault campaigns, the Ray tests and, quick,
-# the transports' lockstep verdicts, which do not depend on timing), and the run waits for them at its end. Their own figures
-# are in simulated time, and the simulator's speed in its processes' CPU seconds.
+# the transports' lockstep verdicts, which do not depend on timing), and the run waits for them at
+# its end. Their own figures are in simulated time, and the simulator's speed in its processes' CPU
+# seconds.
 #
 # --reuse DIR takes the parts that a run of the same code already made in DIR (its --out, e.g. a
 # run cut short) instead of running them again: the comparison, the frontier, the engine and
@@ -80,7 +81,7 @@ OUT="${OUT:-$ROOT/results/docs-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 git rev-parse --short HEAD > "$OUT/commit" 2>/dev/null || true
-mark() {  # mark PART: seconds since the start (the environment's set-up included) at which PART ends, in OUT/timings.tsv
+mark() {  # mark PART: in OUT/timings.tsv, the seconds since the start (set-up included) at which PART ends
   printf '%s\t%d\n' "$1" "$SECONDS" >> "$OUT/timings.tsv"
   echo "== $1 done at $(( SECONDS / 60 )) min $(( SECONDS % 60 )) s" >&2
 }
@@ -249,7 +250,7 @@ fi
 if [ "$TRANSPORTS" = 1 ]; then
   echo "== bash scripts/transport_results.sh${QUICK[*]+ ${QUICK[*]}}" >&2
   if [ "${#QUICK[@]}" != 0 ]; then  # the lockstep verdicts (no live runs in quick) beside the simulations
-    timed bash scripts/transport_results.sh --quick --only bench --out "$OUT/transports" --doc "$DOC" >&2
+    timed bash scripts/transport_results.sh --quick --only bench --out "$OUT/transports" --doc "$DOC" >&2 || rc=1
     beside bash scripts/transport_results.sh --quick --only verdicts --out "$OUT/transports" --doc "$DOC" >&2 || rc=1
   else
     timed bash scripts/transport_results.sh --out "$OUT/transports" --doc "$DOC" >&2 || rc=1

@@ -21,7 +21,10 @@ QUICK=0 OUT="" DOC="$ROOT/docs/results.md" ONLY="bench verdicts"
 source "$ROOT/scripts/_opts.sh"
 opts_parse "--quick=QUICK:1 --out=OUT --doc=DOC --only=ONLY" -- "$@"
 for part in $ONLY; do
-  case "$part" in bench|verdicts) ;; *) echo "transport_results: --only takes bench and verdicts, got '$part'" >&2; exit 2 ;; esac
+  case "$part" in
+    bench|verdicts) ;;
+    *) echo "transport_results: --only takes bench and verdicts, got '$part'" >&2; exit 2 ;;
+  esac
 done
 REPS=10 TPOLICIES="fcfs memfair"
 LIVE=()

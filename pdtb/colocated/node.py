@@ -16,7 +16,7 @@ import time
 from pdtb.nodes.arrival import accept_request
 from pdtb.nodes.node_base import NodeBase
 from pdtb.nodes.protocol import GenerateRequest
-from pdtb.engine.engine import StepEvent
+from pdtb.engine.scheduler import StepEvent
 
 
 class ColocatedNode(NodeBase):

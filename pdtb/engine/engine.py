@@ -18,7 +18,7 @@ from pdtb.engine.loader import ModelInfo, load_model
 from pdtb.engine.page_pool import PagePool
 from pdtb.engine.runner import BatchChunk, ModelRunner
 from pdtb.engine.sampler import sample
-from pdtb.engine.scheduler import Scheduler, SchedulerOutput, StepEvent, append_token  # noqa: F401 (StepEvent: this module's API too)
+from pdtb.engine.scheduler import Scheduler, SchedulerOutput, StepEvent, append_token
 from pdtb.engine.sequence import SamplingParams, Sequence, SeqStatus
 from pdtb.engine.step_cost import StepCostFit
 from pdtb.engine.step_shape import StepShape

@@ -19,7 +19,6 @@ def to_params(p: SamplingParams) -> Params:
     return Params(p.max_tokens, p.temperature, p.top_p, p.seed, p.ignore_eos, list(p.stop_token_ids), p.first_index)
 
 
-
 def validate_prompt(engine, req: GenerateRequest) -> str | None:
     """Reason the request cannot run on this engine, or None."""
     info, cfg = engine.info, engine.scheduler.config

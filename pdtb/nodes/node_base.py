@@ -30,7 +30,8 @@ from kv_transport.config import FaultConfig, TransportConfig
 from pdtb.nodes.protocol import (AbortRequest, Drain, GenerateRequest, Migrate, MigrationReport, NodeDown, NodeStats,
                                  Ping, SetFaults, TokenEvent)
 from pdtb.engine.config import EngineConfig
-from pdtb.engine.engine import LLMEngine, StepEvent
+from pdtb.engine.engine import LLMEngine
+from pdtb.engine.scheduler import StepEvent
 from pdtb.engine.sequence import Sequence, SeqStatus
 
 CONSERVATION_EVERY = 64  # steps between page-conservation checks (every step with --check-pages)
