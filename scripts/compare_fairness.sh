@@ -49,7 +49,7 @@
 # --sim runs every configuration through the simulator (pdtb sim, calibrated cost model: FILE
 # from `pdtb sim calibrate`, default the shipped one) with exactly the same workload and node
 # flags, instead of real clusters; scripts/validate_sim.sh compares the two. --sim-args passes
-# more flags to every simulated run (split on spaces), e.g. "--host-cores 2".
+# more flags to every simulated run (split on spaces), e.g. "--routers 2".
 # --lockstep (disaggregated mode only) hands the same workload off into a real decode node with
 # the same flags over --transport, in a fixed order of events on a virtual clock of MS per
 # engine step (pdtb bench lockstep, default 20): its admission verdicts, every request's and in

@@ -4,8 +4,8 @@
 # same runs simulated, and the sim/real ratios per class (pdtb sim validate).
 #
 #   scripts/validate_sim.sh [--out DIR] [--real DIR] [--policies LIST] [--policy-arg [LABEL:]KEY=VALUE]...
-#                           [--sets "quick load1.5 load3 load6 tenants"] [--router-token-us US]
-#                           [--client-token-us US] [--skip-prefix] [--repeat | --repeat-sets LIST]
+#                           [--sets "quick load1.5 load3 load6 tenants"] [--skip-prefix]
+#                           [--repeat | --repeat-sets LIST] [--without]
 #                           [--steps FILE] [--prefix-real DIR]
 #
 # --steps FILE: a `pdtb bench steps --grid --json` output measured on this machine already (else
@@ -34,31 +34,22 @@
 #    ceiling of any simulator judged against one real run; --repeat-sets LIST repeats those sets
 #    alone; each calibration of a repeated set is also compared with the two real runs'
 #    geometric mean (DIR/validate-[SET-]KIND-mean.*, pdtb sim validate --also-real);
-# 2. calibration on this machine, four ways, each with the request path's latencies (router
-#    dispatch and its cost per prompt token, the client's leg, the hand-off's fixed cost)
-#    fitted to the fcfs runs' requests, each mode's apart:
-#    grid: pdtb bench steps --grid fitted by pdtb sim calibrate, the node's own time per step
-#          (idle gaps between back-to-back steps) from the fcfs runs' step logs;
-#    logs: the same grid, scaled to the logged steps' level (--scale-grid: this host's speed
-#          drifts by 10-25% over hours, and the grid is measured now, the runs maybe earlier),
-#          and every step the fcfs runs logged, in one fit: steps as they ran
-#          beside the router, the client and the other node on the same cores; each role's
-#          stretch beside the other node's steps fitted from the same logs (--contention:
-#          pdtb/sim/contention.py);
-#    spread: logs, each simulated step's time multiplied by a draw from what that stretch
-#          leaves of its role's logged steps' measured / fitted time, alone and beside busy
-#          neighbours apart (pdtb sim calibrate --draw-step-spread), each hand-off's fixed
-#          latency drawn from the fcfs runs' hand-offs (--draw-handoff), and each token's way
-#          to the client drawn by its place in the stream from the fcfs runs' tokens timed
-#          against their step logs (--draw-delivery: pdtb/sim/delivery.py);
-#    each but cores with the decode loop's work per hand-off landed, fitted to the fcfs runs'
-#    step logs and stamps (pdtb/sim/landing_fit.py);
-#    the other policies' runs are used by neither: they are held out;
+# 2. calibration on this machine (pdtb/sim/calibration/), two ways, each with the request path's
+#    latencies (router dispatch and its cost per prompt token, the client's leg, the hand-off's
+#    fixed cost) fitted to the fcfs runs' requests, each mode's apart, and the node's own time per
+#    step (idle gaps between back-to-back steps) from the fcfs runs' step logs:
+#    grid: pdtb bench steps --grid (one quiet process) fitted by pdtb sim calibrate;
+#    logs: the same grid scaled to the logged steps' level (--scale-grid: this host's speed drifts
+#          by 10-25% over hours, and the grid is measured now, the runs maybe earlier), and every
+#          step the fcfs runs logged, in one fit: steps as they ran beside the router, the client
+#          and the other node on the same cores. The calibration the simulator keeps;
+#    with --without also logs-path (logs without the request path: the simulator's default
+#    latencies) and logs-overhead (logs with no node overhead per step): what each kept quantity
+#    adds (docs/sim.md, "What the calibration holds"); the other policies' runs are used by
+#    none: they are held out;
 # 3. sim: scripts/compare_fairness.sh --quick --sim with each calibration: the same workload and
-#    node flags; and "cores": the grid calibration with every simulated process on this
-#    machine's two cores (--host-cores 2, the router's and the client's CPU per token, by
-#    default the figures docs/sim.md gives);
-# 4. pdtb sim validate REAL SIM for each: DIR/validate-{grid,logs,spread,cores}.{txt,json}, and the
+#    node flags;
+# 4. pdtb sim validate REAL SIM for each: DIR/validate-KIND.{txt,json}, and the
 #    other sets' the same way; then pdtb sim validate-sets over every set;
 # 5. prefix sharing: the Mooncake excerpts replayed on 1P+1D (scripts/prefix_results.sh --quick
 #    --only trace; with --real DIR, its prefix/ folder where it has one) and simulated with the
@@ -67,11 +58,11 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 unset POLICIES  # unset until --policies: the default is every built-in, listed once the env is up
-OUT="" REAL="" PITEMS=() ROUTER_US=550 CLIENT_US=33 PREFIX=1 SETS=quick REPEAT_OPT=() STEPS="" PREAL_ARG=""
+OUT="" REAL="" PITEMS=() PREFIX=1 SETS=quick REPEAT_OPT=() STEPS="" PREAL_ARG="" WITHOUT=0
 source "$ROOT/scripts/_opts.sh"
-opts_parse "--out=OUT --real=REAL --policies=POLICIES --policy-arg=PITEMS+ --sets=SETS --router-token-us=ROUTER_US
-  --client-token-us=CLIENT_US --skip-prefix=PREFIX:0 --repeat=REPEAT_OPT:(--repeat)
-  --repeat-sets=REPEAT_OPT(--repeat-sets) --steps=STEPS --prefix-real=PREAL_ARG" -- "$@"
+opts_parse "--out=OUT --real=REAL --policies=POLICIES --policy-arg=PITEMS+ --sets=SETS --skip-prefix=PREFIX:0
+  --repeat=REPEAT_OPT:(--repeat) --repeat-sets=REPEAT_OPT(--repeat-sets) --steps=STEPS --prefix-real=PREAL_ARG
+  --without=WITHOUT:1" -- "$@"
 [ -z "$STEPS" ] || [ -f "$STEPS" ] || { echo "validate_sim: no --steps file $STEPS" >&2; exit 2; }
 [ -z "$PREAL_ARG" ] || [ -f "$PREAL_ARG/conversation-on.json" ] \
   || { echo "validate_sim: --prefix-real $PREAL_ARG holds no conversation-on.json (prefix_results.sh --quick)" >&2; exit 2; }
@@ -145,25 +136,23 @@ pdtb sim calibrate --steps "$OUT/steps.json" ${logs[@]+"${logs[@]}"} ${path[@]+"
   --out "$OUT/calibration-grid.json" >&2
 kinds=(grid)
 if [ "${#logs[@]}" -gt 0 ]; then
-  pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --scale-grid --contention --label logs \
+  pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --scale-grid --label logs \
     --out "$OUT/calibration-logs.json" >&2
-  pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --scale-grid --contention \
-    --draw-step-spread --draw-handoff --draw-delivery --label spread --out "$OUT/calibration-spread.json" >&2
-  kinds+=(logs spread)
+  kinds+=(logs)
+  if [ "$WITHOUT" = 1 ]; then
+    pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" --fit all --scale-grid --label logs-path \
+      --out "$OUT/calibration-logs-path.json" >&2
+    pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --scale-grid \
+      --node-overhead-ms 0 --label logs-overhead --out "$OUT/calibration-logs-overhead.json" >&2
+    kinds+=(logs-path logs-overhead)
+  fi
 fi
-# cores: the grid without land_s (a landing's measured work holds the other processes' CPU at that
-# moment, which --host-cores simulates)
-python -c 'import json, sys; d = json.load(open(sys.argv[1])); [d.pop(k, None) for k in ("land_s", "landing")]
-d["label"] = "cores"; json.dump(d, open(sys.argv[2], "w"), indent=1)' "$OUT/calibration-grid.json" "$OUT/calibration-cores.json"
-kinds+=(cores)
 for s in "${SET_LIST[@]}"; do
   set_args "$s"
   tag="$([ "$s" = "$FIRST" ] || echo "$s-")"
   for k in "${kinds[@]}"; do
-    sim_args=""
-    [ "$k" = cores ] && sim_args="--host-cores $(nproc) --router-token-us $ROUTER_US --client-token-us $CLIENT_US"
     bash "$ROOT/scripts/compare_fairness.sh" --quick --sim --calibration "$OUT/calibration-$k.json" \
-      --sim-args "$sim_args" --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} ${SET_ARGS[@]+"${SET_ARGS[@]}"} \
+      --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} ${SET_ARGS[@]+"${SET_ARGS[@]}"} \
       --out "$OUT/sim-$tag$k" >&2
     echo "== set: $s, calibration: $k"
     pdtb sim validate "$(real_of "$s")" "$OUT/sim-$tag$k" --out "$OUT/validate-$tag$k.json" | tee "$OUT/validate-$tag$k.txt"
@@ -197,8 +186,7 @@ if [ ! -f "$PREAL/conversation-on.json" ]; then
 fi
 DATA="$ROOT/pdtb/client/data"
 for k in "${kinds[@]}"; do
-  sim_args=()
-  [ "$k" = cores ] && sim_args=(--host-cores "$(nproc)" --router-token-us "$ROUTER_US" --client-token-us "$CLIENT_US")
+  [ "$k" = grid ] || [ "$k" = logs ] || continue  # (the calibrations without a quantity: the sets alone)
   mkdir -p "$OUT/prefix-sim-$k"
   pairs=()
   for run in trace-on:mooncake_synthetic_excerpt.jsonl:8192:1 conversation-on:mooncake_conversation_excerpt.jsonl:16384:0.5; do
@@ -206,7 +194,7 @@ for k in "${kinds[@]}"; do
     [ -f "$PREAL/$name.json" ] || continue
     pdtb sim --workload "trace:$DATA/$file" --length-scale 0.03125 --max-context 512 --time-scale "$scale" \
       --mode disagg --kv-pages "$pages" --prefill-kv-pages "$pages" --cost calibrated \
-      --calibration "$OUT/calibration-$k.json" ${sim_args[@]+"${sim_args[@]}"} --label-mode disagg \
+      --calibration "$OUT/calibration-$k.json" --label-mode disagg \
       --label-policy "prefix-cache-on" --quiet --out "$OUT/prefix-sim-$k/$name.json" >/dev/null
     pairs+=("$PREAL/$name.json" "$OUT/prefix-sim-$k/$name.json")
   done

@@ -61,7 +61,7 @@ class StepCostFit:
 
 def solve_nonnegative(xtx: np.ndarray, xty: np.ndarray) -> np.ndarray:
     """The least-squares coefficients from the normal equations, each at least 0: scipy's nnls
-    (as the simulator's calibration fits the same features, pdtb/sim/calibrate.py) on the
+    (as the simulator's calibration fits the same features, pdtb/sim/calibration/fit.py) on the
     Cholesky factor, since |L^T w - L^-1 xty|^2 = w'(xtx)w - 2 w'xty + const."""
     from scipy.linalg import cho_factor, solve_triangular
     from scipy.optimize import nnls

@@ -45,6 +45,7 @@ ROOMS = (
     ("Figures and documents", ("pdtb.figures",)),
     ("Load client", ("pdtb.client",)),
     ("Simulator core", ("pdtb.sim",)),
+    ("Simulator calibration", ("pdtb.sim.calibration",)),
     ("Reproductions and validation", ("pdtb.sim.repro",)),
     ("Micro-benchmarks", ("pdtb.microbench",)),
     ("Ray placement", ("pdtb.ray_cluster",)),
@@ -52,7 +53,7 @@ ROOMS = (
     ("Fault campaigns", ("pdtb.chaos",)),
     ("Beside vLLM", ("pdtb.vllm_compare",)),
     ("Entry points (`pdtb/cli.py` and the command modules)",
-     ("pdtb.sim.calibrate_cli", "pdtb.sim.cli", "pdtb.client.__main__", "pdtb.demo", "pdtb.cli", "pdtb", "pdtb.__main__")),
+     ("pdtb.sim.cli", "pdtb.client.__main__", "pdtb.demo", "pdtb.cli", "pdtb", "pdtb.__main__")),
 )
 # Words whose period does not end a sentence.
 ABBREVIATIONS = {"e.g", "i.e", "vs", "al", "cf", "etc"}

@@ -1,6 +1,6 @@
 """The simulator's part of docs/results.md, and its validation page docs/sim-validation.md.
 
-From the files `scripts/sim_results.sh` writes: validate/validate-{grid,logs,spread,cores}.json,
+From the files `scripts/sim_results.sh` writes: validate/validate-{grid,logs}.json,
 validate-sets.json and validate-prefix-KIND.json, repro-{mcsf,vtc}.json and roofline-h200.json go to
 the validation page (the simulator against the testbed, the papers it reproduces and the roofline),
 summarised in at most ten lines of results.md drawn from the page's own tables; repro-essay.json and
@@ -21,16 +21,13 @@ def _load(d: Path, name: str):
 
 
 CALIBRATIONS = {
-    "cores": "calibrated as *grid*, with every simulated process (nodes, router, client) on this machine's "
-             "cores (`--host-cores`, the router's and client's CPU per token)",
     "grid": "calibrated on `pdtb bench steps --grid` (one quiet process), the node's own time per step from the "
             "fcfs runs' step logs",
-    "logs": "calibrated on the same grid and every step the fcfs runs logged (steps as they ran beside the router, "
-            "the client and the other node on the same two cores); the other policies' runs are held out",
-    "spread": "calibrated as *logs*, each simulated step's time multiplied by a draw from its role's logged steps' "
-              "measured / fitted time (`pdtb sim calibrate --draw-step-spread`): the spread steps have beside the "
-              "other processes; each hand-off's fixed latency drawn from the fcfs runs' hand-offs "
-              "(`--draw-handoff`); the other policies' runs are held out",
+    "logs": "calibrated on the same grid scaled to the logged steps' level and every step the fcfs runs logged "
+            "(steps as they ran beside the router, the client and the other node on the same two cores): the "
+            "calibration the simulator keeps; the other policies' runs are held out",
+    "logs-path": "calibrated as *logs* without the request path's latencies",
+    "logs-overhead": "calibrated as *logs* with no node overhead per step",
 }
 
 
@@ -76,7 +73,8 @@ def sets_part(doc: dict) -> list[str]:
                      + (f"; where the testbed repeats itself {rep[0]}/{rep[1]}"
                         + (f" = {fmt(100 * rep[0] / rep[1], 1)}%" if rep[1] else "") if rep else ""),
                      *([""] * (len(sets) - 1)),
-                     f"orders same {k['orders_same']}, beyond ties {k['orders_consistent']} of {len(k['orders'])}"])
+                     f"orders same {k['orders_same']}, beyond ties {k['orders_consistent']} of {len(k['orders'])}"
+                     + (f"; pairs apart the same {k['pairs'][0]} of {k['pairs'][1]}" if k.get("pairs") else "")])
     off = [f"- {kind}, {o['set']} {o['mode']} {o['figure']}: real {' < '.join(o['real'])}; sim {' < '.join(o['sim'])}"
            for kind, k in doc["kinds"].items() for o in k["orders"] if not o["consistent"]]
     return ["### Against the testbed, every workload", "",
@@ -196,7 +194,7 @@ def roofline_part(d: dict) -> list[str]:
 SIM_HEADING = "## The simulator (`pdtb sim`)"
 VALIDATION_PAGE = "sim-validation.md"  # beside results.md
 VALIDATION_TITLE = "# The simulator checked: against the testbed, the papers it reproduces, the roofline"
-KINDS = ("grid", "logs", "spread", "cores")
+KINDS = ("grid", "logs")
 
 
 def validation_parts(d: Path) -> list[str]:
@@ -250,19 +248,22 @@ def validation_summary(page: list[str]) -> list[str]:
                 m = re.match(r"\*\*held out: (.+?)\*\*(?:; where the testbed repeats itself (.+))?$", r[1])
                 if m and not r[0].endswith("-mean"):
                     ties = re.search(r"beyond ties (\d+ of \d+)", r[-1])
-                    kinds[r[0]] = (m.group(1), m.group(2) or "-", ties.group(1) if ties else "-")
+                    pairs = re.search(r"pairs apart the same (\d+ of \d+)", r[-1])
+                    kinds[r[0]] = (m.group(1), m.group(2) or "-", ties.group(1) if ties else "-",
+                                   pairs.group(1) if pairs else "-")
     if not kinds:  # no sets: each calibration's own quick comparison
         for i, line in enumerate(page):
             m = re.match(r"## Against the testbed: (\w+) calibration", line)
             got = m and re.search(r"On target: (\d+) of (\d+)", "\n".join(page[i:i + 3]))
             if got:
-                kinds[m.group(1)] = (f"{got.group(1)}/{got.group(2)}", "-", "-")
+                kinds[m.group(1)] = (f"{got.group(1)}/{got.group(2)}", "-", "-", "-")
     out = [f"Checked against the testbed, the papers it reproduces and the roofline: "
            f"[{VALIDATION_PAGE}]({VALIDATION_PAGE}).", ""]
     if kinds:
         out[0] += " Figures of held-out runs on target (p50 within 15%, p99 within 30%), per calibration:"
         rows = [[name, *(v[k] for v in kinds.values())] for k, name in
-                enumerate(("held out on target", "where the testbed repeats itself", "orders the same beyond ties"))]
+                enumerate(("held out on target", "where the testbed repeats itself", "orders the same beyond ties",
+                           "pairs of policies apart, ordered the same"))]
         out += md_table(["calibration", *kinds], [r for r in rows if set(r[1:]) != {"-"}])
         out.append("")
     notes = _other_checks(tables)

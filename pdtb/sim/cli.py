@@ -10,6 +10,7 @@ USAGE = """pdtb sim <subcommand> | pdtb sim [run options]
   pdtb sim validate [...]                                        real cluster vs simulator
   pdtb sim validate-sets DIR [--sets ...]                        the validation over several workloads
   pdtb sim validate-prefix REAL SIM [...]                        prefix sharing, real vs simulated
+  pdtb sim step-check REAL_DIR --calibration CAL                 real runs' steps against the fit
   pdtb sim reproduce mcsf|vtc|essay [--json]                     the papers' figures
   pdtb sim plan ...                                              prefill:decode split and budgets
   pdtb sim roofline --steps FILE [--gpu G --model-config M]      measured steps against the roofline
@@ -27,13 +28,15 @@ def main(argv: list[str]) -> int:
     if sub == "run":  # the default subcommand, by name
         argv = rest
     if sub == "calibrate":
-        from pdtb.sim.calibrate_cli import main as run
+        from pdtb.sim.calibration.cli import main as run
     elif sub == "validate":
         from pdtb.sim.repro.validate import main as run
     elif sub == "validate-sets":
         from pdtb.sim.repro.validate_sets import main as run
     elif sub == "validate-prefix":
         from pdtb.sim.repro.validate_prefix import main as run
+    elif sub == "step-check":
+        from pdtb.sim.repro.step_check import main as run
     elif sub == "roofline":
         from pdtb.sim.repro.roofline_check import main as run
     elif sub == "speed":

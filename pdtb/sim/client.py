@@ -9,8 +9,7 @@ The simulated load client, sending as pdtb/client/load.py does:
     max_concurrency (M):  open loop with at most M in flight, an arrival past that waiting
                           for a slot (its wait shows as dispatch lag: send_time - scheduled_time)
 
-Each request's record is made here; the router gets it `client_latency_s` after it is sent
-(with a delivery fit, pdtb/sim/delivery.py, its leg up for the prompt).
+Each request's record is made here; the router gets it `client_latency_s` after it is sent.
 """
 from __future__ import annotations
 
@@ -49,7 +48,7 @@ class SimClient:
             elif self.slots:
                 self.loop.at(t, self._arrive, i, s)
             else:  # (no slot to wait for: it goes at its time)
-                self.loop.at(t + c.up_s(s), c.submit, i, s)
+                self.loop.at(t + c.shape.client_latency_s, c.submit, i, s)
         for _ in range(min(self.slots, len(specs)) if self.closed else 0):
             self._send(*self.queue.popleft())
         return out
@@ -66,7 +65,7 @@ class SimClient:
         rec.send_time = now
         if self.closed:
             rec.scheduled_time = now
-        self.loop.after(self.cluster.up_s(s), self.cluster.submit, i, s)
+        self.loop.after(self.cluster.shape.client_latency_s, self.cluster.submit, i, s)
 
     def ended(self, t: float) -> None:
         """A request ended at the client at `t`: its slot goes to the next one waiting, then."""

@@ -11,13 +11,10 @@ token goes on to the client once its router has relayed it. Without them the rou
 and cost nothing (no queue at all: the same events as a cluster without routers to charge).
 
 KV payloads leave a prefill node one after another (its link is a FIFO: a transfer starts when
-the previous one has left), each taking `cost.transfer_s(bytes)`; a calibration that draws each
-hand-off's latency (`handoff_s`) lands it after its draw, the link busy for its own latency only.
-Headers and answers take the rpc latency.
+the previous one has left), each taking `cost.transfer_s(bytes)`. Headers and answers take the rpc latency.
 """
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 
 from pdtb.figures.records import OK, RequestRecord, RequestSpec
@@ -29,9 +26,6 @@ from pdtb.nodes.protocol import Earlier, GenerateRequest, NodeStats, Params, Tar
 from pdtb.router.config import NodeSpec
 from pdtb.router.fair_route import D2lpmRouter, RouteCandidate
 from pdtb.sim.client import SimClient
-from pdtb.sim.contention import WINDOW_S
-from pdtb.sim.cores import SharedCores
-from pdtb.sim.delivery import Delivery
 from pdtb.router.dispatch import FALLBACKS
 from pdtb.router.node_state import NodeState, load_order, pick_most_free, pick_prefill
 from pdtb.sim.cost import CostModel
@@ -56,20 +50,15 @@ class ClusterShape:
     sample_interval_s: float = 0.5  # cluster samples (pages per tenant, top-5% share)
     tenant_tiers: dict = field(default_factory=dict)  # router --tenant-tier defaults
     route: str = "load"  # router --route: "load" or "d2lpm" (the router sees no node's cache: "cache" is load)
-    host_cores: int = 0  # every process shares this many cores (pdtb/sim/cores.py); 0: each has its own
     routers: int = 1  # router processes behind one port (pdtb/sim/routers.py)
     router_request_s: float = 0.0  # a router's CPU work per request (parse, tokenize, dispatch)
     router_token_s: float = 0.0  # a router's CPU work per token it relays
-    client_token_s: float = 0.0  # the client's CPU work per token it parses (with host_cores)
     coast: bool = True  # runs of identical decode steps taken at once (pdtb/sim/coast.py); False: every step an event
     prefix_cache: bool = False  # prefill and colocated nodes cache prompt pages (prompts built from their blocks)
     kills: tuple = ()  # faults.Kill: a node's process gone at a time (pdtb/sim/faults.py)
     health_timeout_s: float = 3.0  # router --health-timeout: silent this long, a node is lost
     recompute_retries: int = 2  # router --recompute-retries
     transfer_timeout_s: float = 30.0  # the transport's: a longer transfer fails with TIMEOUT
-    # each token's delay from its node to the client drawn token by token from these levels, and
-    # the client's leg up (pdtb/sim/delivery.py fit_delivery's); {} none: the fixed latencies
-    delivery: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         roles = {n.role for n in self.nodes}
@@ -77,23 +66,20 @@ class ClusterShape:
             raise ValueError("a cluster needs colocated nodes, or prefill and decode nodes")
         if min(self.rpc_latency_s, self.client_latency_s, self.dispatch_s_per_token) < 0 or self.ping_interval_s <= 0:
             raise ValueError("latencies must be >= 0 and the ping interval > 0")
-        if self.host_cores < 0 or min(self.router_request_s, self.router_token_s, self.client_token_s) < 0:
-            raise ValueError("host cores and per-request and per-token work must be >= 0")
+        if min(self.router_request_s, self.router_token_s) < 0:
+            raise ValueError("the routers' work per request and per token must be >= 0")
         if self.routers < 1:
             raise ValueError(f"routers must be at least 1, got {self.routers}")
         if self.health_timeout_s <= 0 or self.recompute_retries < 0 or self.transfer_timeout_s <= 0:
             raise ValueError("the health and transfer timeouts must be > 0 and recompute retries >= 0")
         if self.route not in ("load", "d2lpm"):
             raise ValueError(f"route must be load or d2lpm, got {self.route!r}")
-        if self.delivery:
-            Delivery(self.delivery)  # a calibration's bad levels: its own error, before any run
 
 
 class SimCluster:
     def __init__(self, shape: ClusterShape, spec: KVSpec, cost: CostModel) -> None:
         self.shape, self.spec, self.cost = shape, spec, cost
         self.loop = EventLoop()
-        self.cores = SharedCores(shape.host_cores, self.loop) if shape.host_cores else None
         self.nodes: dict[str, SimNode] = {}
         for i, ns in enumerate(shape.nodes):
             nid = f"{ns.role}-{i}"
@@ -112,18 +98,16 @@ class SimCluster:
         self._open = 0
         self.d2lpm = D2lpmRouter() if shape.route == "d2lpm" else None
         self._latency = shape.rpc_latency_s + shape.client_latency_s  # node -> router -> client
-        self.delivery = Delivery(shape.delivery) if shape.delivery else None
         self.faults = Faults(self, shape.kills, shape.health_timeout_s, shape.recompute_retries)
         self.routers = self.charged_routers()  # None: the routers cost nothing
         self._synced_at = -1.0  # when sync last brought every node up to the clock (charged routers)
 
     def charged_routers(self) -> Routers | None:
-        """The routers as servers, where they have work to charge: their own costs, or on shared
-        cores the client's (a token reaches the client through its router's participant)."""
+        """The routers as servers, where they have work to charge."""
         sh = self.shape
-        if not (sh.router_request_s or sh.router_token_s or (self.cores is not None and sh.client_token_s)):
+        if not (sh.router_request_s or sh.router_token_s):
             return None
-        return Routers(RouterCost(sh.router_request_s, sh.router_token_s), sh.routers, self.loop, self.cores)
+        return Routers(RouterCost(sh.router_request_s, sh.router_token_s), sh.routers, self.loop)
 
     # ---- run -----------------------------------------------------------------------------------
     def run(self, specs: list[RequestSpec], horizon_s: float | None = None, concurrency: int | None = None,
@@ -162,8 +146,6 @@ class SimCluster:
     def _commit(self) -> None:
         """The routers serve what reached them by now, every node's run brought up to now first
         (a second sync at the same time would find nothing new: a run begun since ends later)."""
-        if self.routers.cores is not None:
-            return  # (shared cores serve each piece as it comes)
         if self._synced_at == self.loop.now:
             self.routers.commit()
         else:
@@ -221,9 +203,7 @@ class SimCluster:
         self._specs[rid] = (i, s)
         self.attempt[rid] = self.root[rid] = rid
         self.klass[rid] = s.klass
-        # (on shared cores a request without a cost of its own goes straight on: the shared-core
-        # runs charge the routers' tokens alone, fitted so, scripts/validate_sim.sh)
-        if self.routers is None or (self.cores is not None and not self.shape.router_request_s):
+        if self.routers is None:
             return self._route(rid, s, self._prompt(i, s), s.output_len)
         self.routers.request(rid, self._dispatch, rid, s, self._prompt(i, s), s.output_len)
         self._commit()
@@ -293,18 +273,12 @@ class SimCluster:
 
     # ---- node -> router -> client ------------------------------------------------------------------
     def on_token(self, node: SimNode, rid: str, finished: bool, timing: dict | None) -> None:
-        """A token leaves `node`: relayed by its router, parsed by the client (on shared cores),
-        each after the CPU work it costs them, in order; then it counts."""
+        """A token leaves `node`: relayed by its router after the CPU work it costs, in order;
+        then it counts."""
         if self.routers is None:
             return self._token_arrives(node, rid, finished, timing, self.loop.now)
-        fn = self._token_arrives if self.cores is None else self._client_parses
-        self.routers.token(self.root[rid], self.loop.now, fn, node, rid, finished, timing)
+        self.routers.token(self.root[rid], self.loop.now, self._token_arrives, node, rid, finished, timing)
         self._commit()
-
-    def _client_parses(self, node: SimNode, rid: str, finished: bool, timing: dict | None, t: float) -> None:
-        """On shared cores: the client's work on a token its router relayed (now)."""
-        self.cores.run("client", self.shape.client_token_s,
-                       lambda: self._token_arrives(node, rid, finished, timing, self.loop.now))
 
     def _token_arrives(self, node: SimNode, rid: str, finished: bool, timing: dict | None, t: float) -> None:
         """A token of attempt `rid` relayed by its router at `t` (<= now) goes on to the client."""
@@ -312,7 +286,7 @@ class SimCluster:
         if rec is None or rec.end_time is not None:
             return  # it failed while this token was on its way (or was recomputed): the client saw that already
         times = rec.token_times
-        t = self._arrival(rid, t, times)
+        t = round(t + self._latency, 6)  # (simulated: microseconds are exact enough)
         times.append(t)
         if len(times) == 1:
             rec.first_token_time = t
@@ -321,21 +295,6 @@ class SimCluster:
         if finished:
             rec.status, rec.server_timing = OK, self.faults.timing(self.root[rid], timing or {})
             self._end(rid, t)
-
-    def _arrival(self, rid: str, t: float, times: list[float]) -> float:
-        """When the client reads the next token of attempt `rid`, which left its node at `t`,
-        `times` the client's times of its tokens so far: the path's latencies, or with `delivery`
-        a draw by the request and the token's place, never before the token before it (then both
-        came in one read)."""
-        if self.delivery is None:
-            return round(t + self._latency, 6)  # simulated: microseconds are exact enough
-        i, s = self._specs[self.root[rid]]
-        got = round(t + self.delivery.delay_s(i, len(times), s.prompt_len), 6)
-        return max(times[-1], got) if times else got
-
-    def up_s(self, s: RequestSpec) -> float:
-        """The client's leg up with request `s`: the path's, or with `delivery` its fit's."""
-        return self.delivery.up(s.prompt_len) if self.delivery else self.shape.client_latency_s
 
     def on_tokens(self, node: SimNode, rids: list[str], times: list[float]) -> None:
         """Decode tokens of a run of steps (pdtb/sim/coast.py): each of `rids` one per step,
@@ -347,18 +306,14 @@ class SimCluster:
                 self.routers.tokens(self.root[rid], times, self._token_arrives, node, rid, False, None)
             return
         states = None
-        arrive = [round(t + self._latency, 6) for t in times] if self.delivery is None else None
+        arrive = [round(t + self._latency, 6) for t in times]
         for rid in rids:
             rec = self.records.get(rid)
             if rec is None or rec.end_time is not None:
                 continue
             tt = rec.token_times
             n = len(tt)
-            if arrive is not None:
-                tt.extend(arrive)
-            else:
-                for t in times:
-                    tt.append(self._arrival(rid, t, tt))
+            tt.extend(arrive)
             if n == 0:
                 rec.first_token_time = tt[0]
             if n < 2 <= len(tt) and node.shape.role == "decode":
@@ -402,35 +357,19 @@ class SimCluster:
     def send_payload(self, src: SimPrefill, dst: SimDecode, h, tid: str, target, nbytes: int) -> None:
         now = self.loop.now
         start = max(now, self._link_free.get(src.node_id, 0.0))
-        handoff_s = getattr(self.cost, "handoff_s", None)  # (a calibration may draw each hand-off's latency)
-        busy_s, land_s = handoff_s(nbytes, zlib.crc32(tid.encode())) if handoff_s else (self.cost.transfer_s(nbytes),) * 2
-        busy, end = start + busy_s, start + land_s
+        end = start + self.cost.transfer_s(nbytes)
         if end - now > self.shape.transfer_timeout_s:  # both sides give up: the link is free again then
             end = self._link_free[src.node_id] = now + self.shape.transfer_timeout_s
             self.loop.at(end, dst.deliver, dst.on_transfer_failed, src, h, tid, target, FailCode.TIMEOUT,
                          f"not done within the transfer timeout ({self.shape.transfer_timeout_s:g} s)")
             return
-        self._link_free[src.node_id] = busy
+        self._link_free[src.node_id] = end
         self.observer.on_transfer(h.seq.request_id, nbytes, end - now)
         self.loop.at(end, dst.deliver, dst.on_landed, src, h, tid, target, nbytes)
 
     def on_adopted(self, node: SimDecode, seq) -> None:
         self.landed.add(seq.request_id)
         self.observer.on_adopted(node, seq)
-
-    def neighbours_busy(self, node) -> float:
-        """The other live nodes' seconds in steps over the last contention window, per second
-        (pdtb/sim/contention.py): a step in progress counts up to now."""
-        now = self.loop.now
-        start = now - WINDOW_S
-        got = 0.0
-        for n in self.nodes.values():
-            if n is node or n.dead:
-                continue
-            got += n.spans.within(start, now)
-            if n.busy:
-                got += max(0.0, now - max(n.busy_since, start))
-        return got / WINDOW_S
 
     def observe_step(self, node: SimNode, out, t0: float, t1: float) -> None:
         self.observer.on_step(node, out, t0, t1)

@@ -58,7 +58,6 @@ class Coast:
     def __init__(self, node, rows: list, k: int, t0: float) -> None:
         self.node, self.rows, self.t0 = node, list(rows), t0
         self.c0 = [s.num_computed_tokens for s in rows]  # each row's context before the run
-        self.n0 = node.scheduler.num_steps  # step i of the run is the scheduler's step n0 + i + 1
         self._ctx = sum(c + 1 for c in self.c0)  # StepShape.of: a decode row reads start + 1
         self.ends: list[float] = []  # end time of each step worked out so far
         self.k = k
@@ -78,15 +77,8 @@ class Coast:
         ctx = self._ctx + i * n
         # a cost model's decode_s(rows, ctx), where it has one, is step_s of that shape
         step = getattr(cost, "decode_s", None) or (lambda r, c: cost.step_s(StepShape(r, c)))
-        over, spread, key = self.node.overhead, self.node.spread, self.node.step_key + self.n0
-        for j in range(i, upto):
-            if spread is None:
-                d = step(n, ctx)
-            else:  # (as SimNode.kick draws it)
-                d = cost.step_s(StepShape(n, ctx), spread(self.node.shape.role, key + j + 1))
-            if over is not None:  # (as SimNode.kick adds it)
-                d += over(key + j + 1)
-            t = t + d
+        for _ in range(i, upto):
+            t += step(n, ctx)
             ends.append(t)
             ctx += n
         return t

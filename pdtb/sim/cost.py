@@ -3,7 +3,7 @@ what it costs, what a KV transfer and a tier move cost. Everything else in a sim
 the real code; only these numbers are modelled.
 
 Two models implement `CostModel`: `roofline.RooflineCost` (a named accelerator and a model
-shape read from config.json) and `calibrate.CalibratedCost` (fitted from `pdtb bench steps`
+shape read from config.json) and `calibration.record.Calibration` (fitted from `pdtb bench steps`
 measurements on the machine at hand).
 """
 from __future__ import annotations

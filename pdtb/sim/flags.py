@@ -38,10 +38,6 @@ def add_sim_args(ap: argparse.ArgumentParser) -> None:
                                                 "roofline: the model's max_position_embeddings)")
     g.add_argument("--hold-timeout", type=float, default=120.0, help="prefill: s a deferred hand-off keeps retrying")
     g.add_argument("--tenant-tier", action="append", default=[], metavar="TENANT=TIER", help="router default tier")
-    g.add_argument("--host-cores", type=int, default=0, metavar="N",
-                   help="every simulated process (nodes, routers, client) shares N cores: steps and per-token "
-                        "work stretch by the busy processes per core (pdtb/sim/cores.py; default 0: each "
-                        "process has its own, as nodes on GPUs of their own)")
     g.add_argument("--routers", type=int, default=1, metavar="N",
                    help="router processes behind one port, a request to one of them by a hash of its id "
                         "(pdtb/sim/routers.py)")
@@ -57,8 +53,6 @@ def add_sim_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--router-target", type=float, default=DEFAULT_TARGET, metavar="SHARE",
                    help="the busy share a router is kept under when counting the routers needed "
                         f"(results and pdtb sim plan; default {DEFAULT_TARGET})")
-    g.add_argument("--client-token-us", type=float, default=0.0,
-                   help="with --host-cores: the client's CPU microseconds per token it parses")
     g.add_argument("--prefix-cache", choices=("on", "off"), default="on",
                    help="prefill and colocated nodes reuse cached pages of shared prompt blocks, as real nodes "
                         "do (only for workloads whose prompts share blocks: trace hash_ids, system prompts; "
@@ -99,9 +93,9 @@ def build_cost(a: argparse.Namespace):
     """The cost model the flags name."""
     try:
         if a.cost == "calibrated":
-            from pdtb.sim.calibrate import CalibratedCost
+            from pdtb.sim.calibration.record import Calibration
 
-            return CalibratedCost.load(a.calibration)
+            return Calibration.load(a.calibration)
         from pdtb.shapes.accelerators import kv_link
         from pdtb.sim.roofline import RooflineCost
 
@@ -190,13 +184,11 @@ def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
         if not 0 < a.router_target <= 1:
             raise ValueError(f"--router-target must be in (0, 1], got {a.router_target:g}")
         return ClusterShape(tuple(nodes), rpc, client, dispatch_s_per_token=per_token,
-                            tenant_tiers=_tiers(a.tenant_tier), route=a.route, host_cores=a.host_cores,
+                            tenant_tiers=_tiers(a.tenant_tier), route=a.route,
                             routers=a.routers, router_request_s=router.request_s, router_token_s=router.token_s,
-                            client_token_s=a.client_token_us / 1e6,
                             coast=not a.every_step, kills=tuple(Kill.parse(k) for k in a.kill),
                             health_timeout_s=a.health_timeout, recompute_retries=a.recompute_retries,
-                            transfer_timeout_s=a.transfer_timeout,
-                            delivery=path.get("delivery") or {})
+                            transfer_timeout_s=a.transfer_timeout)
     except ValueError as e:
         raise CliError(f"pdtb sim: {e}") from None
 
@@ -204,11 +196,11 @@ def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
 def router_cost(a: argparse.Namespace, cost) -> RouterCost:
     """The routers' CPU costs: each flag given, else the router section of --router-calibration,
     else of the calibration the cost model is (`--cost calibrated`), else none."""
-    where, section = "the calibration", (getattr(cost, "meta", None) or {}).get("router")
+    where, section = "the calibration", getattr(cost, "router", None)
     if a.router_calibration:
-        from pdtb.sim.calibrate import CalibratedCost
+        from pdtb.sim.calibration.record import Calibration
 
-        where, section = a.router_calibration, CalibratedCost.load(a.router_calibration).meta.get("router")
+        where, section = a.router_calibration, Calibration.load(a.router_calibration).router
         if section is None:
             raise ValueError(f"--router-calibration {where}: no router section")
     base = RouterCost.from_json(section, where) if section else RouterCost()

@@ -25,9 +25,7 @@ from pdtb.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, a
 from pdtb.nodes.accounting import NodeAccounting
 from pdtb.nodes.node_metrics import NodeMetrics
 from pdtb.sim import coast as runs
-from pdtb.sim.contention import WINDOW_S
 from pdtb.sim.cost import CostModel, StepShape
-from pdtb.sim.path_fit import Cover
 
 STALL_S = 0.01  # a real node's idle wait (node_base._wait_wake)
 TOKEN = 7  # the token every simulated step samples (requests run with ignore_eos to max_tokens)
@@ -81,19 +79,6 @@ class SimNode:
         self.num_steps = 0
         self.busy_s = 0.0  # simulated seconds spent in steps
         self.token = TOKEN
-        # each step's draw of the loop's gap (CalibratedCost.step_overhead_s) is keyed by the node
-        # and the step's number, the same however the run is simulated
-        self.step_key = int(node_id.rsplit("-", 1)[1]) << 40
-        self.overhead = getattr(cost, "step_overhead_s", None)
-        # each step's time times a draw from the role's measured spread (CalibratedCost.step_factor)
-        # times its stretch beside the other nodes' steps (pdtb/sim/contention.py), where the role has one
-        neighbours = getattr(cost, "contention", None) or {}
-        self.contends = shape.role in neighbours
-        self.spread = cost.step_factor if shape.role in (getattr(cost, "spread_q", None) or {}) or self.contends \
-            else None  # (a role's spread beside busy neighbours is a stretched role's: contention.spread_key)
-        # this node's steps of the last window, for its neighbours' stretch (any role of the cost has one)
-        self.spans = Cover() if neighbours else None
-        self.busy_since = 0.0  # when the step (or run of steps) in progress began
         self.loop_work_s = 0.0  # the loop's own work since the last step began (hand-offs landed), paid by the next
         self.last_out = None  # the last step's scheduler output (None: it ran nothing)
         self.coast = None  # the run of decode steps in progress (pdtb/sim/coast.py)
@@ -101,11 +86,10 @@ class SimNode:
         self.dead = False  # its process is gone (pdtb/sim/faults.py): it steps no more, hears nothing
         if cluster.shape.prefix_cache and shape.role != "decode":  # (the decode side's cache is not simulated)
             self.scheduler.prefix_ns = PREFIX_NS
-        # runs of decode steps only for a policy told of them (`on_steps`); not on shared cores
-        # nor beside neighbours that stretch it (a step's stretch there depends on the other
-        # processes' work), nor with a prefix cache (a decode step that fills a page registers it)
-        self.may_coast = cluster.shape.coast and cluster.cores is None and not self.contends and \
-            callable(getattr(self.policy, "on_steps", None)) and self.scheduler.prefix_ns is None
+        # runs of decode steps only for a policy told of them (`on_steps`), and not with a prefix
+        # cache (a decode step that fills a page registers it)
+        self.may_coast = cluster.shape.coast and callable(getattr(self.policy, "on_steps", None)) and \
+            self.scheduler.prefix_ns is None
 
     def make_policy(self, shape: NodeShape):
         return make_policy(shape.policy, shape.fairness, shape.policy_args)
@@ -153,29 +137,16 @@ class SimNode:
             self.last_out = None
             self.wake_at(self.loop.now + STALL_S)
             return
-        cost = self.cost
-        if self.spread is None:
-            d = cost.step_s(StepShape.of(out.chunks))
-        else:  # the fitted time times the draw (the loop's overhead is not the step's)
-            busy = self.cluster.neighbours_busy(self) if self.contends else 0.0
-            d = cost.step_s(StepShape.of(out.chunks),
-                            self.spread(self.shape.role, self.step_key + self.scheduler.num_steps, busy))
-        d += sum(cost.tier_move_s(m.num_bytes) for m in out.moves)
-        if self.overhead is not None:
-            d += self.overhead(self.step_key + self.scheduler.num_steps)
+        d = self.cost.step_s(StepShape.of(out.chunks)) + sum(self.cost.tier_move_s(m.num_bytes) for m in out.moves)
         d, self.loop_work_s = d + self.loop_work_s, 0.0
-        self.busy, self.busy_since = True, self.loop.now
-        t0, cores = self.loop.now, self.cluster.cores
-        if cores is None:
-            self.loop.after(d, self._end_step, out, t0)
-        else:  # the step's work on cores shared with the other processes
-            cores.run(self.node_id, d, lambda: self._end_step(out, t0))
+        self.busy = True
+        self.loop.after(d, self._end_step, out, self.loop.now)
 
     # ---- runs of decode steps (pdtb/sim/coast.py) -------------------------------------------------
     def _start_coast(self, k: int) -> None:
         c = self.coast = runs.Coast(self, self.scheduler.running, k, self.loop.now)
         runs.begin_run(c, 1)
-        self.busy, self.busy_since = True, self.loop.now
+        self.busy = True
         self.coasts += 1
         self.loop.at(c.ends[-1], self._coast_wake, c, c.gen)
 
@@ -217,9 +188,6 @@ class SimNode:
         self.last_out = out
         self.num_steps += 1
         self.busy_s += now - t0
-        if self.spans is not None:
-            self.spans.add(self.busy_since, now)
-            self.spans.prune(now - 2 * WINDOW_S)
         sampling = [c.seq for c in out.chunks if c.wants_logits]
         register = self.scheduler.register_computed if self.scheduler.prefix_ns is not None else None
         for c in out.chunks:

@@ -16,10 +16,6 @@ only after bringing every node's run up to now: no piece still to come arrives b
 one. A token joins its router's queue as it leaves its node; the rpc latency is added after the
 router, with the client's leg (so a token's place in the queue against a request arriving
 within one rpc latency may differ from a real router's).
-
-On shared cores (`--host-cores`) each router is a participant of pdtb/sim/cores.py instead,
-which serves its pieces in order at the rate the busy processes leave it (nodes on shared
-cores step one step at a time, so pieces come in order).
 """
 from __future__ import annotations
 
@@ -68,7 +64,7 @@ def routers_needed(load_s: float, target: float = DEFAULT_TARGET) -> int:
 
 
 def router_names(n: int) -> list[str]:
-    """"router" alone (as the one router of a cluster on shared cores is named), else router-0 .."""
+    """"router" alone, else router-0 .."""
     return ["router"] if n == 1 else [f"router-{j}" for j in range(n)]
 
 
@@ -107,9 +103,9 @@ class Waits:
 class Router:
     """One router process: its queue's state and what it held back."""
 
-    name: str  # router_names' (its participant on shared cores)
-    free_at: float = 0.0  # when the work queued so far ends (its own core)
-    busy_s: float = 0.0  # seconds of work served (its own core)
+    name: str  # router_names'
+    free_at: float = 0.0  # when the work queued so far ends
+    busy_s: float = 0.0  # seconds of work served
     dispatch_waits: Waits = field(default_factory=Waits)  # requests' waits before their work began
     token_waits: Waits = field(default_factory=Waits)  # tokens' waits before their work began
 
@@ -125,10 +121,10 @@ class Routers:
     """The cluster's router processes (see the module doc). `request` and `token` queue a piece;
     its callback runs as `fn(*args, t)` at `t`, the end of the piece's work."""
 
-    def __init__(self, cost: RouterCost, n: int, loop, cores=None) -> None:
+    def __init__(self, cost: RouterCost, n: int, loop) -> None:
         if n < 1:
             raise ValueError(f"--routers must be at least 1, got {n}")
-        self.cost, self.loop, self.cores = cost, loop, cores
+        self.cost, self.loop = cost, loop
         self.servers = [Router(name) for name in router_names(n)]
         self.pending: list[tuple] = []  # (arrival, order, router, work_s, is_token, fn, args)
         self._order = itertools.count()
@@ -150,25 +146,11 @@ class Routers:
 
     def tokens(self, rid: str, times: list[float], fn: Callable, *args) -> None:
         """Tokens of request `rid` that left their node at `times` (a run of decode steps)."""
-        r, work_s = self.of(rid), self.cost.token_s
-        if self.cores is not None:
-            for t in times:
-                self._offer(r, t, work_s, True, fn, args)
-            return
-        order = self._order
+        r, work_s, order = self.of(rid), self.cost.token_s, self._order
         self.pending.extend((t, next(order), r, work_s, True, fn, args) for t in times)
 
     def _offer(self, r: Router, arrival: float, work_s: float, is_token: bool, fn: Callable, args: tuple) -> None:
-        if self.cores is None:
-            self.pending.append((arrival, next(self._order), r, work_s, is_token, fn, args))
-            return
-        self.cores.run(r.name, work_s, lambda: self._done_on_cores(r, arrival, work_s, is_token, fn, args))
-
-    def _done_on_cores(self, r: Router, arrival: float, work_s: float, is_token: bool, fn: Callable,
-                       args: tuple) -> None:
-        now = self.loop.now  # (the wait: what the queue and the other processes added to the work)
-        (r.token_waits if is_token else r.dispatch_waits).add(now - arrival - work_s)
-        fn(*args, now)
+        self.pending.append((arrival, next(self._order), r, work_s, is_token, fn, args))
 
     def commit(self) -> None:
         """Serve every pending piece in order of arrival (the caller has every node's run up to
@@ -185,10 +167,6 @@ class Routers:
                 fn(*args, end)
             else:
                 at(end, fn, *args, end)
-
-    def busy_s(self, r: Router) -> float:
-        """Seconds `r` had work: its own core's, or on shared cores the time it was runnable."""
-        return self.cores.busy_s.get(r.name, 0.0) if self.cores is not None else r.busy_s
 
 
 def streamed(records: list) -> tuple[int, int]:
@@ -213,10 +191,9 @@ def router_figures(routers: Routers | None, n: int, cost: RouterCost, records: l
     per = [{"id": name, "requests": mine[j], "tokens": tokens[j], "busy_share": 0.0}
            for j, name in enumerate(router_names(n))]
     for row, s in zip(per, routers.servers if routers is not None else []):
-        row.update(busy_share=round(routers.busy_s(s) / span_s, 4), dispatch_wait_ms=s.dispatch_waits.quantiles_ms(),
+        row.update(busy_share=round(s.busy_s / span_s, 4), dispatch_wait_ms=s.dispatch_waits.quantiles_ms(),
                    token_wait_ms=s.token_waits.quantiles_ms())
     return {"routers": n, "pick": "crc32(request id) mod routers", "charged": routers is not None,
-            "on_shared_cores": routers is not None and routers.cores is not None,
             "request_s": cost.request_s, "token_s": cost.token_s, "measured_by": cost.measured_by,
             "streamed_tok_s_mean": round(total / span_s, 2), "streamed_tok_s_peak_1s": peak,
             "cpu_load_s_per_s": round(load, 4), "target_busy_share": target,

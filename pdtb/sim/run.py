@@ -67,10 +67,6 @@ def simulate(a: Namespace, specs, cost=None) -> tuple[list, dict, SimCluster]:
     if prefix is not None:
         prefix["ideal_hit_rate"] = ideal_hit_rate(specs)
         figures["prefix"] = prefix
-    if cluster.cores is not None:  # how long each process had work, on how many shared cores
-        figures.update(host_cores=cluster.cores.cores,
-                       runnable_share={who: round(s / max(cluster.loop.now, 1e-9), 4)
-                                       for who, s in sorted(cluster.cores.busy_s.items())})
     return records, figures, cluster
 
 

@@ -18,7 +18,7 @@ import pytest
 from cluster_util import get_json, launched
 from fairness.config import FairnessConfig
 from pdtb.figures.records import RequestSpec
-from pdtb.sim.calibrate import CalibratedCost
+from pdtb.sim.calibration.record import Calibration
 from pdtb.sim.cluster import ClusterShape, SimCluster
 from pdtb.sim.faults import Kill
 from pdtb.sim.flags import page_spec
@@ -62,7 +62,7 @@ def test_a_simulated_decode_node_loss_recomputes_as_the_real_one(llama_dir, tmp_
         real = _recomputes(url)
     assert all(o.ok and len(o.token_ids) == TOKENS for o in outs)
 
-    cost = CalibratedCost.load("cpu-tiny-2core")
+    cost = Calibration.load("cpu-tiny-2core")
     capped = FairnessConfig(tenant_bw_cap=CAP)
     shape = ClusterShape((NodeShape("prefill", 800), NodeShape("decode", 800, fairness=capped),
                           NodeShape("decode", 800, fairness=capped)))

@@ -33,8 +33,7 @@ LEVELS = (
     ("pdtb.microbench",),  # micro-benchmarks of the rooms below
     ("pdtb.ray_cluster", "pdtb.local_cluster"),  # Ray placement of whole nodes; local clusters' supervision
     ("pdtb.chaos",),  # fault campaigns against a running cluster, and their checker
-    ("pdtb.sim.calibrate_cli",),  # entry points, each above those it calls
-    ("pdtb.sim.cli", "pdtb.client.__main__", "pdtb.demo"),
+    ("pdtb.sim.cli", "pdtb.client.__main__", "pdtb.demo"),  # entry points, each above those it calls
     ("pdtb.cli", "pdtb"),
     ("pdtb.__main__",),
 )

@@ -1,6 +1,7 @@
-"""The calibrated step-cost model: the fit recovers hand-chosen coefficients, `bench steps
---grid` records each composition as a StepShape computed by hand, a hand-written step log
-gives the hand-computed shapes and node overhead, and bad inputs are one line."""
+"""The calibration (pdtb/sim/calibration/): the fit recovers hand-chosen coefficients, `bench steps
+--grid` records each composition as a StepShape computed by hand, a hand-written step log gives the
+hand-computed shapes and node overhead, the request path is fitted to stamps whose answer is known,
+the record is versioned and names its machine, and bad inputs are one line."""
 from __future__ import annotations
 
 import json
@@ -10,9 +11,14 @@ import torch
 
 from tests.project.test_cli import run_pdtb
 
-from pdtb.sim.calibrate import CalibratedCost, Coefficients, fit
+from pdtb.figures.records import RequestSpec
+from pdtb.sim.calibration.fit import Coefficients, fit
+from pdtb.sim.calibration.record import Calibration
+from pdtb.sim.calibration.samples import SampleError, StepSample, read_step_log
+from pdtb.sim.cluster import ClusterShape, SimCluster
 from pdtb.sim.cost import StepShape
-from pdtb.sim.step_samples import SampleError, StepSample, read_step_log
+from pdtb.sim.flags import page_spec
+from pdtb.sim.node import NodeShape
 
 TRUE = Coefficients(c0=2.0, rows=0.5, ctx=0.001, chunks=1.5, tokens=0.03, attn=2e-5)
 SHAPES = [StepShape(1, 32), StepShape(4, 2048), StepShape(32, 65536), StepShape(16, 512),
@@ -41,14 +47,14 @@ def test_fit_never_goes_negative():
 def test_calibrated_cost_step_and_links(tmp_path):
     from pdtb.sim.cost import LinkModel
 
-    c = CalibratedCost(TRUE, page_bytes=4096, transfer=LinkModel(1e9, 1e-4), tier=LinkModel(2e9),
+    c = Calibration(TRUE, page_bytes=4096, transfer=LinkModel(1e9, 1e-4), tier=LinkModel(2e9),
                        node_overhead_s=0.002)
     s = StepShape(4, 2048, 1, 128, 139328)
     assert c.step_s(s) == pytest.approx((2 + 2 + 2.048 + 1.5 + 3.84 + 2.78656) / 1e3 + 0.002)
     assert c.step_s(StepShape()) == 0.0
     assert c.transfer_s(10**9) == pytest.approx(1.0001) and c.tier_move_s(10**9) == 0.5
     (tmp_path / "c.json").write_text(json.dumps(c.to_json()))
-    back = CalibratedCost.load(tmp_path / "c.json")
+    back = Calibration.load(tmp_path / "c.json")
     assert back == c and back.step_s(s) == c.step_s(s)
 
 
@@ -122,7 +128,7 @@ def test_step_log_gives_hand_shapes_and_overhead(tmp_path):
     assert doc["node_overhead_s"] == pytest.approx(0.0015)  # median of 2.0, 1.5, 1.0 ms
     assert doc["tier_move"]["bytes_per_s"] == pytest.approx(4 * 1024 / 0.003)  # 4 pages in 3 ms
     assert doc["fit"]["samples"] == 5 and doc["command"].startswith("pdtb sim calibrate --step-log")
-    assert CalibratedCost.load(out).node_overhead_s == pytest.approx(0.0015)
+    assert Calibration.load(out).node_overhead_s == pytest.approx(0.0015)
 
 
 def test_fit_from_steps_with_overhead_from_a_step_log(tmp_path):
@@ -138,14 +144,14 @@ def test_fit_from_steps_with_overhead_from_a_step_log(tmp_path):
     r = run_pdtb("sim", "calibrate", "--steps", str(tmp_path / "steps.json"), "--step-log", str(tmp_path / "log.jsonl"),
                  "--fit", "steps", "--note", "log from a test", "--out", str(out))
     assert r.returncode == 0, r.stderr
-    c = CalibratedCost.load(out)
+    c = Calibration.load(out)
     assert c.coef.c0 == pytest.approx(2.0, rel=1e-6) and c.coef.attn == pytest.approx(2e-5, rel=1e-6)
     assert c.node_overhead_s == pytest.approx(0.0015) and c.page_bytes == 2048
     doc = json.loads(out.read_text())
     assert doc["fit"]["samples"] == len(SHAPES) and doc["note"] == "log from a test"
     assert doc["command"].startswith(f"pdtb bench steps --grid --json > {tmp_path / 'steps.json'} && pdtb sim calibrate")
     assert doc["machine"] == machine  # the samples' machine and versions travel with the calibration
-    assert c.describe() == ("calibration cal: random:llama-3-8b bfloat16 on cuda, ? thread(s); fit of "
+    assert c.version == 2 and c.describe() == ("calibration cal (v2): random:llama-3-8b bfloat16 on cuda, ? thread(s); fit of "
                             f"{len(SHAPES)} steps, R^2 {doc['fit']['r2']}; NVIDIA H100 80GB HBM3, 26 cores; "
                             "torch 2.13.0, transformers 5.24.0, pyzmq 27.3.0")
     # the simulator says which calibration it uses, in its output and its results file
@@ -204,17 +210,15 @@ def test_calibrate_argument_errors(tmp_path):
 
 
 def test_shipped_calibration_is_its_samples_fit():
-    from pathlib import Path
+    from pdtb.sim.calibration.record import SHIPPED
+    from pdtb.sim.calibration.samples import read_samples
 
-    import pdtb.sim.calibrate as cal
-    from pdtb.sim.step_samples import read_samples
-
-    c = CalibratedCost.load("cpu-tiny-2core")  # by name, from the package data
-    assert c.page_bytes == 4 * 2 * 16 * 2 * 32 * 4 and c.meta["threads"] == 1
-    assert c.meta["command"].startswith("pdtb bench steps --grid") and 0 < c.node_overhead_s < 0.01
-    samples, head = read_samples(Path(cal.__file__).with_name("calibrations") / "samples" / "cpu-tiny-2core.json")
+    c = Calibration.load("cpu-tiny-2core")  # by name, from the package data
+    assert c.page_bytes == 4 * 2 * 16 * 2 * 32 * 4 and c.source["threads"] == 1
+    assert c.source["command"].startswith("pdtb bench steps --grid") and 0 < c.node_overhead_s < 0.01
+    samples, head = read_samples(SHIPPED / "samples" / "cpu-tiny-2core.json")
     refit = fit(samples)
-    assert head["page_bytes"] == c.page_bytes and refit.samples == c.meta["fit"]["samples"]
+    assert head["page_bytes"] == c.page_bytes and refit.samples == c.fit["samples"]
     for term in ("c0", "rows", "ctx", "chunks", "tokens", "attn"):
         assert getattr(refit.coef, term) == pytest.approx(getattr(c.coef, term), rel=1e-9)
 
@@ -229,7 +233,7 @@ def _stamped(send: float, ttft: float, arrival: float, queued: float, first: flo
 
 
 def test_the_request_path_is_fitted_to_real_runs_stamps(tmp_path):
-    from pdtb.sim.path_fit import fit_path
+    from pdtb.sim.calibration.path import fit_path
 
     # dispatch 3 ms; client TTFT 20 ms of which 12 ms between router arrival and the first token:
     # 8 ms outside, less one rpc (3 ms), halved = 2.5 ms each way; hand-offs landing 10 ms after
@@ -250,7 +254,7 @@ def test_the_request_path_is_fitted_to_real_runs_stamps(tmp_path):
     r = run_pdtb("sim", "calibrate", "--steps", str(tmp_path / "steps.json"), "--results", str(tmp_path / "real.json"),
                  "--transfer-gb-per-s", "0.001", "--out", str(out))
     assert r.returncode == 0, r.stderr
-    c = CalibratedCost.load(out)
+    c = Calibration.load(out)
     assert c.path["rpc_latency_s"] == pytest.approx(0.003, abs=1e-6) and c.transfer.latency_s == pytest.approx(0.006, abs=1e-6)
     from pdtb.sim.flags import cluster_shape
     from pdtb.sim.run import build_parser
@@ -261,12 +265,9 @@ def test_the_request_path_is_fitted_to_real_runs_stamps(tmp_path):
     a = build_parser().parse_args(["--mode", "colocated", "--rpc-latency-ms", "1"])
     assert cluster_shape(a, c).rpc_latency_s == 0.001  # a flag wins
 
-def test_the_hand_off_latency_leaves_out_the_decode_steps_and_the_held_transfers_and_is_drawn():
-    import statistics
 
-    from pdtb.sim.cost import LinkModel
-    from pdtb.sim.path_fit import Cover, fit_path
-    from pdtb.sim.step_samples import OVERHEAD_QS
+def test_the_hand_off_latency_leaves_out_the_decode_steps_and_the_held_transfers():
+    from pdtb.sim.calibration.path import Cover, fit_path
 
     # each hand-off, 10 ms from the first token to its landing (1 ms of bytes, 3 ms rpc), overlaps
     # the decode node's steps for 4 ms: 3 ms of two spans that overlap each other, 1 ms of a
@@ -282,27 +283,6 @@ def test_the_hand_off_latency_leaves_out_the_decode_steps_and_the_held_transfers
     held["server_timing"]["slo"] = {"components": {"held_at_prefill": 1.9}}
     assert fit_path([{"requests": reqs + [held] * 9}], 1e6, steps)["transfer_latency_s"] == \
         pytest.approx(0.002, abs=1e-6)
-    assert "transfer_latency_q" not in got  # six hand-offs: too few to draw from
-    # 40 hand-offs landing 5, 6, ..., 44 ms after the first token (no steps, no bytes, rpc 3 ms):
-    # latencies 2 .. 41 ms, their levels from the smallest to the largest, median 21.5 ms
-    many = [_stamped(1.0 * i, 0.020, 100.0 + i, 100.003 + i, 100.012 + i,
-                     (100.013 + i, 100.012 + i + (5 + i) / 1000, 0)) for i in range(40)]
-    got = fit_path([{"requests": many}], 1e6)
-    q = got["transfer_latency_q"]
-    assert len(q) == len(OVERHEAD_QS) and q[0] == pytest.approx(0.002) and q[-1] == pytest.approx(0.041)
-    assert q == sorted(q) and got["transfer_latency_s"] == pytest.approx(0.0215, abs=1e-6)
-    # drawn by key: the draws follow the levels, and depend on the key alone
-    c = CalibratedCost(Coefficients(c0=1.0), 1024, LinkModel(1e6, 0.010), handoff_q=tuple(q))
-    draws = [c.handoff_s(1000, k) for k in range(4000)]
-    assert all(busy == pytest.approx(0.011) for busy, _ in draws)  # the link: its bytes and its own latency
-    lands = [land - 0.001 for _, land in draws]
-    assert min(lands) >= 0.002 - 1e-9 and max(lands) <= 0.041 + 1e-9
-    assert statistics.median(lands) == pytest.approx(0.0215, abs=0.002) and c.handoff_s(1000, 7) == draws[7]
-    assert CalibratedCost(Coefficients(c0=1.0), 1024, LinkModel(1e6, 0.010)).handoff_s(1000, 7) == (0.011, 0.011)
-    back = CalibratedCost.from_json(json.loads(json.dumps(c.to_json())))
-    assert back.handoff_q == c.handoff_q
-    with pytest.raises(SampleError, match="handoff_latency_quantiles_s"):
-        CalibratedCost.from_json({**c.to_json(), "handoff_latency_quantiles_s": list(reversed(q))})
     # the cover against a brute-force sum over a fine grid
     spans = [(0.0, 1.0), (0.5, 2.0), (3.0, 3.5), (3.2, 3.3), (5.0, 5.0)]
     c = Cover(spans)
@@ -312,127 +292,172 @@ def test_the_hand_off_latency_leaves_out_the_decode_steps_and_the_held_transfers
         assert c.within(a, b) == pytest.approx(brute, abs=(b - a) / 1000)
 
 
-
-def test_the_loop_gap_is_drawn_from_its_levels_by_key():
-    import dataclasses
-
-    from pdtb.sim.step_samples import OVERHEAD_QS, overhead_quantiles
-
-    gaps = [i / 1000 for i in range(1001)]  # 0 .. 1 s evenly
-    levels = overhead_quantiles(gaps)
-    assert len(levels) == len(OVERHEAD_QS) and levels[50] == pytest.approx(0.5) and levels[-1] == 1.0
-    assert overhead_quantiles(gaps[:99]) is None  # too few to say
-    c = dataclasses.replace(CalibratedCost(Coefficients(c0=1.0), 1024, node_overhead_s=0.25), overhead_q=tuple(levels))
-    draws = [c.step_overhead_s(k) for k in range(20000)]
-    assert draws[:50] == [c.step_overhead_s(k) for k in range(50)]  # a function of the key alone
-    assert sum(d <= 0.5 for d in draws) / len(draws) == pytest.approx(0.5, abs=0.02)
-    assert sum(d <= 0.9 for d in draws) / len(draws) == pytest.approx(0.9, abs=0.01)
-    # the median overhead is no longer added to every step: the draw takes its place
-    assert c.step_s(StepShape(1, 10)) == pytest.approx(1e-3)
-    back = CalibratedCost.from_json(json.loads(json.dumps(c.to_json())))
-    assert back.overhead_q == c.overhead_q
-    with pytest.raises(SampleError, match="non-decreasing"):
-        CalibratedCost.from_json({**c.to_json(), "node_overhead_quantiles_s": list(reversed(levels))})
-
-
-def test_a_step_log_gives_the_loop_gaps_between_steps_that_decoded(tmp_path):
-    lines = [{"t": 0.0, "ms": 1.0, "decode": [["a", 2, 40]], "prefill": [], "moves": []},
-             {"t": 0.0015, "ms": 1.0, "decode": [["a", 2, 42]], "prefill": [], "moves": []},   # 0.5 ms after
-             {"t": 0.0525, "ms": 1.0, "decode": [["a", 2, 44]], "prefill": [], "moves": []},   # 50 ms: rows waited
-             {"t": 0.5, "ms": 1.0, "decode": [], "prefill": [["a", "r", 16, 0]], "moves": []}]  # no decode: not counted
-    (tmp_path / "log.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    got = read_step_log(tmp_path / "log.jsonl")
-    assert got.busy_gaps_s == pytest.approx([0.0005, 0.05])
-    assert got.gaps_s == pytest.approx([0.0005])  # back to back only: under --b2b-ms
-    assert [t for w in got.busy_windows for t in w] == pytest.approx([0.001, 0.0015, 0.0025, 0.0525])  # (start, end)
+def test_the_record_is_versioned_and_refuses_what_the_simulator_does_not_model(tmp_path):
+    c = Calibration(TRUE, 4096, machine={"cpu": "x", "cores": 2, "versions": {"torch": "2.13.0"}},
+                    source={"model": "m", "dtype": "float32", "device": "cpu", "threads": 1})
+    doc = c.to_json()
+    assert doc["version"] == 2 and doc["machine"]["cores"] == 2
+    assert Calibration.from_json(doc) == c and Calibration.from_json(doc).machine == c.machine
+    v1 = {**doc, "version": 1}
+    v1.pop("machine")
+    old = Calibration.from_json(v1)  # a version 1 file of kept quantities reads as it is
+    assert old.version == 1 and old.step_s(StepShape(1, 8)) == c.step_s(StepShape(1, 8))
+    assert "machine and versions not recorded" in old.describe()
+    for key, flag in (("step_spread_quantiles", "--draw-step-spread"), ("step_contention", "--contention"),
+                      ("handoff_latency_quantiles_s", "--draw-handoff"), ("land_s", "landing")):
+        with pytest.raises(SampleError, match=f"holds {key}.*{flag}"):
+            Calibration.from_json({**v1, key: 0.5})
+    with pytest.raises(SampleError, match="path.delivery.*--draw-delivery"):
+        Calibration.from_json({**v1, "path": {"rpc_latency_s": 0.001, "delivery": {"first": [0.0]}}})
+    with pytest.raises(SampleError, match="version 3"):
+        Calibration.from_json({**doc, "version": 3})
+    (tmp_path / "bad.json").write_text(json.dumps({**doc, "coef_ms": {**doc["coef_ms"], "c0": -1}}))
+    r = run_pdtb("sim", "--workload", "whale-minnow", "--duration", "1", "--cost", "calibrated",
+                 "--calibration", str(tmp_path / "bad.json"), "--quiet")
+    assert r.returncode == 2 and "bad calibration" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_a_hand_off_landing_is_fitted_from_the_gaps_it_falls_in(tmp_path):
-    """Twelve gaps between decoding steps: six of 1 ms with nothing landed, five of 6 ms with one
-    hand-off landed in each, one of 20 ms with two (not counted): 6 - 1 = 5 ms a landing."""
-    from pdtb.sim.landing_fit import fit_landing, landing_stamps
+def test_every_shipped_calibration_is_version_2_and_names_its_machine():
+    from pdtb.sim.calibration.record import SHIPPED
 
-    lines, t, stamps = [], 0.0, []
-    for k in range(12):
-        lines.append({"t": round(t, 6), "ms": 2.0, "decode": [["a", 1, 10 + k]], "prefill": [], "moves": []})
-        gap = 0.001 if k < 6 else 0.006 if k < 11 else 0.020
-        t += 0.002
-        stamps += [t + gap / 2] * (0 if k < 6 else 1 if k < 11 else 2)
-        t += gap
-    lines.append({"t": round(t, 6), "ms": 2.0, "decode": [["a", 1, 30]], "prefill": [], "moves": []})
-    (tmp_path / "steps-decode-0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    log = read_step_log(tmp_path / "steps-decode-0.jsonl")
-    reqs = [_stamped(0.0, 0.01, s - 0.01, s - 0.009, s - 0.005, (s - 0.004, s, 1000)) for s in stamps]
-    assert landing_stamps([{"requests": reqs}]) == sorted(stamps)
-    got = fit_landing(log.busy_windows, sorted(stamps))
-    assert got["land_s"] == pytest.approx(0.005, abs=2e-6) and (got["gaps_one"], got["gaps_none"]) == (5, 6)
-    assert fit_landing(log.busy_windows, sorted(stamps)[:4]) is None  # four gaps with one landing: too few
-    # through the command: the calibration carries it, and a simulated decode node pays it
-    (tmp_path / "real.json").write_text(json.dumps({"requests": reqs}))
-    out = tmp_path / "cal.json"
-    r = run_pdtb("sim", "calibrate", "--step-log", str(tmp_path / "steps-decode-0.jsonl"), "--page-bytes", "2048",
-                 "--results", str(tmp_path / "real.json"), "--out", str(out))
-    assert r.returncode == 0, r.stderr
-    assert "a hand-off landing 5.000 ms of the decode loop" in r.stdout
-    c = CalibratedCost.load(out)
-    assert c.land_s == pytest.approx(0.005, abs=2e-6) and c.meta["landing"]["gaps_one"] == 5
-    assert CalibratedCost.from_json(json.loads(json.dumps(c.to_json()))).land_s == c.land_s
-    # the hand-off latency leaves out the decode node's steps: each 4 ms transfer ends 3 ms into a
-    # gap of 6 ms (1 ms in the step before it) or 10 ms into the 20 ms one (none): 3 ms median,
-    # less the header's rpc (1 ms) and 1000 bytes' time; a prefill node's steps over every
-    # transfer are left in (a simulated payload does not wait for them)
-    (tmp_path / "steps-prefill-0.jsonl").write_text(json.dumps(
-        {"t": 0.0, "ms": 1000.0, "decode": [], "prefill": [["a", "r", 16, 0]], "moves": []}) + "\n")
-    r = run_pdtb("sim", "calibrate", "--step-log", str(tmp_path / "steps-decode-0.jsonl"), "--step-log",
-                 str(tmp_path / "steps-prefill-0.jsonl"), "--fit", "all", "--page-bytes", "2048",
-                 "--results", str(tmp_path / "real.json"), "--out", str(out))
-    assert r.returncode == 0, r.stderr
-    c = CalibratedCost.load(out)
-    assert c.transfer.latency_s == pytest.approx(0.002 - 1000 / c.transfer.bytes_per_s, abs=2e-6)
-    assert c.path["steps_left_out"] and c.path["transfers"] == 7 and not c.handoff_q
-    r = run_pdtb("sim", "calibrate", "--step-log", str(tmp_path / "steps-decode-0.jsonl"), "--page-bytes", "2048",
-                 "--results", str(tmp_path / "real.json"), "--draw-handoff")
-    assert r.returncode == 2 and "fewer than 20 hand-offs" in r.stderr
-    with pytest.raises(SampleError, match="non-negative"):
-        CalibratedCost.from_json({**c.to_json(), "land_s": -1})
+    for p in sorted(SHIPPED.glob("*.json")):
+        c = Calibration.load(p.stem)
+        assert c.version == 2 and c.machine.get("versions", {}).get("torch"), p.name
+        assert "not recorded" not in c.describe(), p.name
+
+COEF = Coefficients(c0=2.0, rows=0.5, chunks=1.5, tokens=0.03)  # ms
 
 
-def test_each_role_s_step_spread_is_fitted_from_its_logs_and_drawn_by_key(tmp_path):
-    """Decode steps measured at 1, 2 and 3 times the fitted time (a third each), prefill steps at
-    the fitted time: the decode spread's median is 2, its ends 1 and 3; the draws follow it and
-    depend on the key alone; a role with no levels keeps the fitted time."""
-    import dataclasses
+def _grid(tmp_path):
+    shapes = [StepShape(1, 8), StepShape(2, 40), StepShape(8, 300), StepShape(0, 0, 1, 16, 136),
+              StepShape(0, 0, 1, 64, 2080), StepShape(0, 0, 2, 32, 900), StepShape(3, 50, 1, 16, 200)]
+    samples = [{"decode_rows": s.decode_rows, "decode_ctx": s.decode_ctx, "prefill_chunks": s.prefill_chunks,
+                "prefill_tokens": s.prefill_tokens, "prefill_attn": s.prefill_attn, "ms": COEF.ms(s)} for s in shapes]
+    path = tmp_path / "steps.json"
+    path.write_text(json.dumps({"kind": "step-samples", "page_bytes": 2048, "samples": samples}))
+    return path
 
-    from pdtb.sim.calibrate import _spread
-    from pdtb.sim.step_samples import OVERHEAD_QS, step_log_role, step_spread
 
-    assert [step_log_role(p) for p in ("a/steps-decode-0.jsonl", "steps-prefill-12.jsonl", "colocated-1.jsonl",
-                                       "steps.jsonl")] == ["decode", "prefill", "colocated", None]
-    coef = Coefficients(c0=2.0, rows=1.0)
-    dec = [StepSample(StepShape(k % 4 + 1, 10), (1 + k % 3) * coef.ms(StepShape(k % 4 + 1, 10))) for k in range(300)]
-    pre = [StepSample(StepShape(0, 0, 1, 16, 136), coef.ms(StepShape(0, 0, 1, 16, 136)))] * 150
-    got = step_spread({"decode": dec, "prefill": pre, "colocated": dec[:50]}, coef.ms)
-    assert set(got) == {"decode", "prefill"}  # (50 colocated steps: too few to say)
-    q = got["decode"]
-    assert len(q) == len(OVERHEAD_QS) and (q[0], q[50], q[-1]) == pytest.approx((1.0, 2.0, 3.0))
-    assert set(got["prefill"]) == {1.0}
-    c = dataclasses.replace(CalibratedCost(coef, 1024), spread_q=got)
-    draws = [c.step_factor("decode", k) for k in range(6000)]
-    assert draws[:40] == [c.step_factor("decode", k) for k in range(40)]  # a function of the key alone
-    assert sum(d < 1.5 for d in draws) / len(draws) == pytest.approx(1 / 3, abs=0.03)
-    assert c.step_factor("prefill", 7) == 1.0 and c.step_factor("colocated", 7) == 1.0
-    back = CalibratedCost.from_json(json.loads(json.dumps(c.to_json())))
-    assert back.spread_q == c.spread_q
-    for bad in ({"robot": list(q)}, {"decode": list(q)[:5]}, {"decode": list(reversed(q))}, {"decode": [0.0] * len(q)},
-                {"decode": [float("nan")] * len(q)}, {"decode": [*q[:-1], float("inf")]}, [list(q)]):
-        with pytest.raises(SampleError, match="step_spread_quantiles"):
-            CalibratedCost.from_json({**c.to_json(), "step_spread_quantiles": bad})
-    with pytest.raises(ValueError):
-        _spread({"decode": ["x"] * len(q)})
-    # asked for with no step log named by its role: one line, no file
-    log = tmp_path / "node.jsonl"
-    log.write_text("".join(json.dumps(x) + "\n" for x in _log_lines()))
-    r = run_pdtb("sim", "calibrate", "--step-log", str(log), "--page-bytes", "2048", "--draw-step-spread",
-                 "--out", str(tmp_path / "cal.json"))
-    assert r.returncode != 0 and "--draw-step-spread: no role has 100 logged steps" in r.stderr
-    assert not (tmp_path / "cal.json").exists()
+def _run_logs(folder):
+    """A decode node stepping back to back over [1, 2) s (3 ms steps: 2 rows); a prefill node's
+    16-token chunks (3.98 ms by COEF) every 50 ms over [2.1, 7.1) alone, and every 9 ms over
+    [1.05, 1.95) beside the decode node, 1.8x as long there."""
+    folder.mkdir()
+    dec = [{"t": round(1.0 + 0.003 * i, 6), "ms": 3.0, "decode": [["t", 2, 40]], "prefill": [], "moves": []}
+           for i in range(333)]
+    chunk = COEF.ms(StepShape(0, 0, 1, 16, 136))
+    pre = [{"t": round(2.1 + 0.05 * i, 6), "ms": chunk, "decode": [], "prefill": [["t", f"a{i}", 16, 0]], "moves": []}
+           for i in range(100)]
+    pre += [{"t": round(1.05 + 0.009 * i, 6), "ms": round(1.8 * chunk, 6), "decode": [],
+             "prefill": [["t", f"b{i}", 16, 0]], "moves": []} for i in range(100)]
+    for name, rows in (("steps-decode-0.jsonl", dec), ("steps-prefill-0.jsonl", pre)):
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["t"])))
+    return [str(folder / "steps-decode-0.jsonl"), str(folder / "steps-prefill-0.jsonl")]
+
+
+def _ttfts(cost, specs, **shape):
+    nodes = (NodeShape("prefill", 256), NodeShape("decode", 256))
+    c = SimCluster(ClusterShape(nodes, rpc_latency_s=0.0, client_latency_s=0.0, **shape), page_spec(1024, 16), cost)
+    recs = c.run(specs)
+    assert all(r.status == "ok" for r in recs)
+    return [r.first_token_time - r.send_time for r in recs]
+
+
+def test_a_new_request_s_dispatch_grows_with_its_prompt():
+    cost = Calibration(Coefficients(c0=10.0), 1024)
+    specs = [RequestSpec(0.0, "a", "x", 10, 2), RequestSpec(1.0, "b", "x", 1010, 2)]
+    base = _ttfts(cost, specs)
+    got = _ttfts(cost, specs, dispatch_s_per_token=1e-5)
+    assert [g - b for g, b in zip(got, base)] == pytest.approx([1e-4, 1.01e-2], abs=1e-9)
+    with pytest.raises(ValueError, match="latencies"):
+        ClusterShape((NodeShape("colocated", 8),), dispatch_s_per_token=-1.0)
+
+
+def _stamped_mode(mode_ov: float, tokens: int, disp: float, i: int) -> dict:
+    send, arrival = 1.0 * i, 100.0 + i
+    queued, first = arrival + disp, arrival + disp + 0.005
+    return {"status": "ok", "send_time": send, "first_token_time": send + (first - arrival) + mode_ov,
+            "prompt_tokens": tokens, "server_timing": {"stamps": {"router_arrival": arrival, "prefill_queued": queued,
+                                                                  "first_token": first}}}
+
+
+def test_the_path_is_a_median_line_in_the_prompt_and_fitted_per_mode():
+    from pdtb.sim.calibration.path import fit_path, median_line
+
+    xs = [24, 24, 24, 1024, 1024, 1984, 1984, 1984, 500, 24]
+    ys = [0.001 + 2e-6 * x for x in xs]
+    ys[0], ys[5] = 0.02, 0.03  # two slow dispatches do not tilt a median line
+    a, b = median_line(xs, ys)
+    assert a == pytest.approx(0.001, abs=1e-6) and b == pytest.approx(2e-6, rel=1e-3)
+    assert median_line([5, 5, 5], [0.001, 0.002, 0.009]) == (0.002, 0.0)  # one prompt size: the median
+    assert median_line([1, 2, 3, 4], [4.0, 3.0, 2.0, 1.0]) == (2.5, 0.0)  # never a negative slope
+    # dispatch 1 ms + 2 us a token in both modes; outside the stamps 3 ms colocated, 5 ms disaggregated
+    col = [_stamped_mode(0.003, t, 0.001 + 2e-6 * t, i) for i, t in enumerate([24, 24, 1024, 1984, 24, 500])]
+    dis = [_stamped_mode(0.005, t, 0.001 + 2e-6 * t, i) for i, t in enumerate([24, 1024, 24, 1984, 24, 500])]
+    got = fit_path([{"meta": {"mode": "colocated"}, "requests": col}, {"meta": {"mode": "disagg"}, "requests": dis}], 1e6)
+    assert got["rpc_latency_s"] == pytest.approx(0.001, abs=1e-6)
+    assert got["dispatch_s_per_token"] == pytest.approx(2e-6, rel=1e-3)
+    m = got["modes"]
+    assert m["colocated"]["client_latency_s"] == pytest.approx((0.003 - 0.001) / 2, abs=1e-6)
+    assert m["disagg"]["client_latency_s"] == pytest.approx((0.005 - 0.001) / 2, abs=1e-6)
+    # a simulated cluster takes its own mode's path
+    from pdtb.sim.flags import cluster_shape
+    from pdtb.sim.run import build_parser
+
+    cost = Calibration(COEF, 1024, path=got)
+    for mode in ("colocated", "disagg"):
+        shape = cluster_shape(build_parser().parse_args(["--mode", mode]), cost)
+        assert shape.client_latency_s == m[mode]["client_latency_s"]
+        assert shape.dispatch_s_per_token == m[mode]["dispatch_s_per_token"]
+    flagged = cluster_shape(build_parser().parse_args(["--mode", "disagg", "--rpc-latency-ms", "2"]), cost)
+    assert (flagged.rpc_latency_s, flagged.dispatch_s_per_token) == (0.002, 0.0)  # the flag is the whole dispatch
+
+
+def test_a_grid_measured_on_a_slower_host_is_scaled_to_the_logged_runs(tmp_path):
+    """The grid 1.3x the logged steps' COEF (the host's speed drifted between the two): with
+    --scale-grid the fit takes the grid's shape at the logs' level, COEF itself; without, the
+    grid's level pulls the fit off it."""
+    grid = json.loads(_grid(tmp_path).read_text())
+    for s in grid["samples"]:
+        s["ms"] = round(1.3 * s["ms"], 6)
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps(grid))
+    logs = _run_logs(tmp_path / "run")
+    got = {}
+    for flag in ([], ["--scale-grid"]):
+        out = tmp_path / f"cal{len(flag)}.json"
+        args = ["sim", "calibrate", "--steps", str(slow), "--fit", "all", "--out", str(out), *flag]
+        for log in logs[:1]:  # the decode node's: the logs' steps at COEF
+            args += ["--step-log", log]
+        r = run_pdtb(*args)
+        assert r.returncode == 0, r.stderr
+        got[bool(flag)] = Calibration.load(out)
+    shape = StepShape(0, 0, 1, 64, 2080)  # a prefill chunk: the grid's alone, never logged
+    assert got[True].coef.ms(shape) == pytest.approx(COEF.ms(shape), rel=1e-3)
+    assert got[False].coef.ms(shape) > 1.2 * COEF.ms(shape)
+    (src,) = [s for s in got[True].fit["sources"] if s["kind"] == "step-samples"]
+    assert src["scaled"] == pytest.approx(1 / 1.3, rel=1e-4)
+    r = run_pdtb("sim", "calibrate", "--steps", str(slow), "--fit", "steps", "--step-log", logs[0], "--scale-grid",
+                 "--out", str(tmp_path / "x.json"))
+    assert r.returncode != 0 and "--scale-grid: takes --fit all" in r.stderr
+
+
+def test_step_check_sets_each_run_s_steps_against_the_fit(tmp_path):
+    """Two runs' decode logs: fcfs's steps at the fit (2 + 0.5 x rows ms), memfair's at twice it
+    with a 3 ms demotion in one step (not step time); memfair's ratio is 2.0 by hand."""
+    from pdtb.sim.repro.step_check import check_dir
+
+    cal = Calibration(COEF, 2048)
+    for policy, k in (("fcfs", 1.0), ("memfair", 2.0)):
+        run = tmp_path / f"run-disagg-{policy}"
+        run.mkdir()
+        rows = [{"t": 0.01 * i, "ms": k * COEF.ms(StepShape(2, 40)) + (3.0 if i == 1 else 0.0),
+                 "decode": [["t", 2, 40]], "prefill": [], "moves": [["demote", "r", 4, 3.0]] if i == 1 else []}
+                for i in range(4)]
+        (run / "steps-decode-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = {r["policy"]: r for r in check_dir(tmp_path, cal)}
+    assert got["fcfs"]["ratio"] == 1.0 and got["memfair"]["ratio"] == 2.0
+    assert got["memfair"]["moves"] == 1 and got["memfair"]["moves_s"] == 0.003 and got["fcfs"]["steps"] == 4
+    assert got["memfair"]["role"] == "decode" and got["memfair"]["mode"] == "disagg"
+    r = run_pdtb("sim", "step-check", str(tmp_path / "none"), "--calibration", "cpu-tiny-2core")
+    assert r.returncode == 2 and "no run-MODE-POLICY" in r.stderr

@@ -166,24 +166,3 @@ def test_a_bandwidth_cap_steps_one_at_a_time():
     assert callable(BasePolicy(FairnessConfig()).on_steps)
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_a_drawn_loop_overhead_and_step_spread_are_drawn_alike_both_ways(monkeypatch, shape):
-    """A calibration with the loop's gap and each role's step spread as distributions (drawn
-    per node and step number): runs taken at once draw what one event per step draws."""
-    import dataclasses
-
-    from pdtb.sim.calibrate import CalibratedCost
-    from pdtb.sim.step_samples import OVERHEAD_QS
-
-    levels = tuple(0.0002 + 0.004 * q ** 8 for q in OVERHEAD_QS)  # a long tail, as the logs show
-    spread = {role: tuple(0.6 + k + 2.5 * q ** 6 for q in OVERHEAD_QS)
-              for k, role in enumerate(("colocated", "prefill", "decode"))}
-    cal = dataclasses.replace(CalibratedCost.load("cpu-tiny-2core"), overhead_q=levels, spread_q=spread)
-    cal = dataclasses.replace(cal, page_bytes=COST.page_bytes)  # (the workload's pools are sized for it)
-    monkeypatch.setattr(sys.modules[__name__], "COST", cal)
-    monkeypatch.setattr(sys.modules[__name__], "Policy", _logged(fairness.POLICIES["memfair"]), raising=False)
-    specs = _workload(seed=11)
-    every, every_log = _run(shape, False, specs)
-    taken, taken_log = _run(shape, True, specs)
-    assert sum(n.coasted for n in taken.nodes.values()) > 0
-    assert taken_log == every_log and _figures(every) == _figures(taken)

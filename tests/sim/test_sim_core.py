@@ -168,30 +168,6 @@ def test_a_hand_off_landing_costs_the_decode_loop_its_land_s():
     assert c.records["sim-0"].token_times == pytest.approx([1.0, 4.75, 5.75, 6.75])
 
 
-def test_a_drawn_hand_off_latency_replaces_the_link_s_and_leaves_the_link_free():
-    """As the disaggregated timing by hand, with a calibration that draws each hand-off's fixed
-    latency (1.25 s here, for every key) in place of the link's 0.25 s: the KV lands 1 s later,
-    at 4.25; tokens 1.0, 5.25, 6.25, 7.25. Two hand-offs, from steps ending at 1.0 and 2.0: the
-    second's bytes leave when the first's bytes and link latency are done (3.25 s), not when it
-    lands (4.25 s): it lands at 3.25 + 2 + 1.25 = 6.5, its next token at 7.5."""
-    from dataclasses import dataclass
-
-    @dataclass(frozen=True)
-    class Drawn(FixedStepCost):
-        def handoff_s(self, nbytes: int, key: int) -> tuple[float, float]:
-            return self.transfer_s(nbytes), nbytes / SPEC.bytes_per_page + 1.25
-
-    link = LinkModel(SPEC.bytes_per_page, 0.25)
-    shape = ClusterShape((NodeShape("prefill", 8), NodeShape("decode", 8)), rpc_latency_s=0.0, client_latency_s=0.0)
-    c = SimCluster(shape, page_spec(SPEC.bytes_per_page, SPEC.page_size), Drawn(1.0, SPEC.bytes_per_page, link=link))
-    c.run([RequestSpec(0.0, "a", "x", 8, 4)])
-    assert c.records["sim-0"].token_times == pytest.approx([1.0, 5.25, 6.25, 7.25])
-    c = SimCluster(shape, page_spec(SPEC.bytes_per_page, SPEC.page_size), Drawn(1.0, SPEC.bytes_per_page, link=link))
-    c.run([RequestSpec(0.0, "a", "x", 8, 2), RequestSpec(0.0, "b", "y", 8, 2)])
-    assert [c.records[f"sim-{i}"].token_times for i in (0, 1)] == [pytest.approx([1.0, 5.25]),
-                                                                   pytest.approx([2.0, 7.5])]
-
-
 @pytest.mark.parametrize("policy", ["fcfs", "memfair", "vtc", "mcsf", "priority"])
 @pytest.mark.parametrize("mode", ["colocated", "disagg"])
 def test_every_request_ends_and_every_page_comes_back(mode, policy):

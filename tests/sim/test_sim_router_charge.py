@@ -150,15 +150,6 @@ def test_charged_runs_of_decode_steps_match_one_event_per_step():
     assert sum(len(w.rest) for w in waits) > 0  # some tokens did wait
 
 
-def test_on_shared_cores_each_router_is_a_participant():
-    c = _cluster("disagg", host_cores=1, routers=2, router_token_s=0.002, router_request_s=0.001)
-    recs = c.run(_spread(12))
-    assert all(r.status == "ok" for r in recs)
-    assert {"router-0", "router-1"} <= set(c.cores.busy_s)
-    f = _figures(c, recs)
-    assert f["on_shared_cores"] and all(r["busy_share"] > 0 for r in f["per_router"])
-
-
 def test_waits_quantiles_by_nearest_rank():
     w = Waits()
     for x in [0.0] * 97 + [0.001, 0.002, 0.004]:
@@ -191,9 +182,9 @@ def test_plan_router_count_takes_the_best_passing_level():
 
 
 def test_a_calibration_router_section_is_the_default_and_flags_win(tmp_path):
-    from pdtb.sim.calibrate import CalibratedCost
+    from pdtb.sim.calibration.record import Calibration
 
-    shipped = CalibratedCost.load("h100-llama-3-8b-bf16")
+    shipped = Calibration.load("h100-llama-3-8b-bf16")
     a = build_parser().parse_args(["--workload", "whale-minnow", "--cost", "calibrated"])
     got = router_cost(a, shipped)
     assert got.request_s > 0 and got.token_s > 0 and "pdtb bench router" in got.measured_by

@@ -52,10 +52,12 @@ def test_a_different_order_is_reported_beyond_ties(tmp_path):
     ttft = [o for o in doc["orderings"] if "ttft" in o["figure"]][0]
     # 90 and 100 are within 30% of each other: tied, either order passes; both are far below 200
     assert not ttft["same"] and ttft["consistent"] and ttft["discordant"] == []
+    assert ttft["apart"] == 2  # vtc and fcfs each apart from mcsf, not from each other
     assert "same beyond ties" in format_report(doc)
     # ITL p99 real: vtc 40 < mcsf 45 < fcfs 50 (all tied), simulated the same: same both ways
     itl = [o for o in doc["orderings"] if "itl" in o["figure"]][0]
     assert itl["same"] and itl["consistent"] and doc["orderings_consistent"] and not doc["orderings_same"]
+    assert itl["apart"] == 0
     # mcsf simulated below vtc, 2.2x apart in the real runs: discordant
     sim2 = _write(tmp_path / "sim2", {("colocated", "fcfs"): ((10, 80), (5, 50), 1.0),
                                       ("colocated", "vtc"): ((10, 95), (5, 40), 1.0),
@@ -121,8 +123,10 @@ def test_the_sets_summary_counts_every_run_but_the_fitted_one_as_held_out(tmp_pa
     # held out: quick memfair 4/4, load3 fcfs 3/4 and memfair 3/4 (quick fcfs is the fit's own)
     assert g["held_out"] == [10, 12] and g["held_out_share"] == pytest.approx(10 / 12)
     assert g["orders_same"] == 3 and g["orders_consistent"] == 3 and len(g["orders"]) == 4
+    assert g["pairs"] == [3, 4]  # fcfs and memfair apart in each of the four orders; one flipped
     text = sets_report(doc)
     assert "held out 10 of 12 on target (83.3%; bar 85%: NOT met)" in text
+    assert "pairs apart ordered the same 3 of 4" in text
     assert "order off: load3 disagg minnow ttft p99: real memfair < fcfs, sim fcfs < memfair" in text
     with pytest.raises(CliError, match="no validate"):
         summarize(out, ["quick", "tenants"], ["cores"])

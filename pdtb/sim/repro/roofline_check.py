@@ -14,7 +14,7 @@ import math
 
 from pdtb.common import CliError
 from pdtb.sim.roofline import RooflineCost
-from pdtb.sim.step_samples import SampleError, read_samples
+from pdtb.sim.calibration.samples import SampleError, read_samples
 
 
 def kind(shape) -> str:

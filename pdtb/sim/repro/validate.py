@@ -87,7 +87,8 @@ def orderings(real: dict, sim: dict, protected: str) -> list[dict]:
     policies whose real p99s are within the p99 target of each other (TIE) are tied: the
     simulator is asked for no finer order than its accuracy, and a real order that close moves
     between runs of the same command. `consistent`: every pair apart by more than that is
-    ordered the same way simulated; `discordant` lists the pairs that are not."""
+    ordered the same way simulated; `apart` counts those pairs, `discordant` lists the ones that
+    are not (a finer figure than whole orders: one pair of eight policies decides an order)."""
     out = []
     for mode in sorted({m for m, _ in real}):
         pols = [p for m, p in real if m == mode and (m, p) in sim]
@@ -98,11 +99,11 @@ def orderings(real: dict, sim: dict, protected: str) -> list[dict]:
 
             rf, sf = fig(real), fig(sim)
             r, s = (sorted(pols, key=lambda p: (f[p] is None, f[p] or 0.0)) for f in (rf, sf))
-            bad = [[a, b] for i, a in enumerate(r) for b in r[i + 1:] if _apart(rf[a], rf[b]) and
-                   not (sf[a] is not None and sf[b] is not None and sf[a] < sf[b])]
+            apart = [(a, b) for i, a in enumerate(r) for b in r[i + 1:] if _apart(rf[a], rf[b])]
+            bad = [[a, b] for a, b in apart if not (sf[a] is not None and sf[b] is not None and sf[a] < sf[b])]
             # (two policies apart in the real runs and equal simulated are not ordered: neither same)
             out.append({"mode": mode, "figure": f"{protected} {key[:-3]} p99", "real": r, "sim": s,
-                        "same": r == s and not bad, "consistent": not bad, "discordant": bad})
+                        "same": r == s and not bad, "consistent": not bad, "apart": len(apart), "discordant": bad})
     return out
 
 

@@ -7,7 +7,8 @@ calibration, from the `pdtb sim validate` files `scripts/validate_sim.sh` wrote 
 
 Per calibration: the figures on target for each set and policy; the held-out count, every run
 but the fitted policy's on the first set (the calibration's own runs); and the policy orders by
-the protected class's p99s, exactly and beyond ties (pdtb/sim/repro/validate.py), set by set.
+the protected class's p99s, exactly and beyond ties (pdtb/sim/repro/validate.py), set by set,
+with the pairs of policies apart in the real runs that the simulator orders the same.
 
 The kind `repeat` (`scripts/validate_sim.sh --repeat`) is a second real run of each set compared
 with the first as a simulated run would be: the figures on which the testbed repeats itself. It is
@@ -61,7 +62,7 @@ def summarize(d: str | Path, sets: list[str], kinds: list[str], fitted: str = "f
             for key, ok in checks_of(doc).items():
                 if repeat.get(s, {}).get(key) and held_out(s, key[1]):
                     rep_ok, rep_n = rep_ok + ok, rep_n + 1
-            orders += [{"set": s, **{k: o[k] for k in ("mode", "figure", "real", "sim", "same")},
+            orders += [{"set": s, **{k: o[k] for k in ("mode", "figure", "real", "sim", "same", "apart") if k in o},
                         "consistent": o.get("consistent", o["same"]), "discordant": o.get("discordant", [])}
                        for o in doc["orderings"]]  # (files without ties: exact orders alone)
         if not per_set:
@@ -69,7 +70,9 @@ def summarize(d: str | Path, sets: list[str], kinds: list[str], fitted: str = "f
         out["kinds"][kind] = {"by_set": per_set, "held_out": [held, held_n],
                               "held_out_share": held / held_n if held_n else None,
                               "orders_same": sum(o["same"] for o in orders),
-                              "orders_consistent": sum(o["consistent"] for o in orders), "orders": orders}
+                              "orders_consistent": sum(o["consistent"] for o in orders),
+                              "pairs": [sum(o["apart"] - len(o["discordant"]) for o in orders if "apart" in o),
+                                        sum(o.get("apart", 0) for o in orders)], "orders": orders}
         if repeat and kind != REPEAT:
             out["kinds"][kind]["held_out_repeatable"] = [rep_ok, rep_n]
     if not out["kinds"]:
@@ -86,7 +89,7 @@ def format_report(doc: dict) -> str:
         lines.append(f"{'the testbed' if kind == REPEAT else 'calibration'} {kind}: held out {ok} of {n} on target"
                      + (f" ({share:.1%}{bar})" if share is not None else "")
                      + f"; orders same {k['orders_same']}, same beyond ties {k['orders_consistent']} "
-                       f"of {len(k['orders'])}"
+                       f"of {len(k['orders'])}; pairs apart ordered the same {k['pairs'][0]} of {k['pairs'][1]}"
                      + (" (a second real run against the first: the ceiling)" if kind == REPEAT else ""))
         if "held_out_repeatable" in k:
             a, b = k["held_out_repeatable"]
