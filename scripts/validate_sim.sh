@@ -76,8 +76,11 @@ PARGS=()
 for kv in ${PITEMS[@]+"${PITEMS[@]}"}; do PARGS+=(--policy-arg "$kv"); done
 source "$ROOT/scripts/_env.sh"
 POLICIES="${POLICIES-$(python -c "from fairness.registry import built_ins; print(' '.join(built_ins()))")}"
-# the policies checked before the calibration and the runs (compare_fairness.sh names what is wrong)
-bash "$ROOT/scripts/compare_fairness.sh" --dry-run --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} >/dev/null
+# the policies checked before the calibration and the runs (compare_fairness.sh names what is wrong);
+# each label's reference kept for the speed-matched runs, one policy at a time
+DRY="$(bash "$ROOT/scripts/compare_fairness.sh" --dry-run --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"})"
+declare -A REF_OF
+while read -r label ref _; do REF_OF[$label]="$ref"; done <<< "$DRY"
 OUT="${OUT:-$ROOT/results/validate-sim-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
@@ -138,7 +141,7 @@ kinds=(grid)
 if [ "${#logs[@]}" -gt 0 ]; then
   pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" ${path[@]+"${path[@]}"} --fit all --scale-grid --label logs \
     --out "$OUT/calibration-logs.json" >&2
-  kinds+=(logs)
+  kinds+=(logs logs-speed)
   if [ "$WITHOUT" = 1 ]; then
     pdtb sim calibrate --steps "$OUT/steps.json" "${logs[@]}" --fit all --scale-grid --label logs-path \
       --out "$OUT/calibration-logs-path.json" >&2
@@ -151,9 +154,24 @@ for s in "${SET_LIST[@]}"; do
   set_args "$s"
   tag="$([ "$s" = "$FIRST" ] || echo "$s-")"
   for k in "${kinds[@]}"; do
-    bash "$ROOT/scripts/compare_fairness.sh" --quick --sim --calibration "$OUT/calibration-$k.json" \
-      --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} ${SET_ARGS[@]+"${SET_ARGS[@]}"} \
-      --out "$OUT/sim-$tag$k" >&2
+    if [ "$k" = logs-speed ]; then  # each run at the host's speed its own step logs measured
+      rm -rf "$OUT/sim-$tag$k" && mkdir -p "$OUT/sim-$tag$k"
+      pdtb sim step-check "$(real_of "$s")" --calibration "$OUT/calibration-logs.json" --sim-args |
+        while read -r mode label flags; do
+          own=()  # the settings of this label's policy: those for every policy and its own
+          for kv in ${PITEMS[@]+"${PITEMS[@]}"}; do
+            { [[ "${kv%%=*}" != *:* ]] || [ "${kv%%:*}" = "$label" ]; } && own+=(--policy-arg "$kv")
+          done
+          bash "$ROOT/scripts/compare_fairness.sh" --quick --sim --calibration "$OUT/calibration-logs.json" \
+            --sim-args "$flags" --modes "$mode" --policies "$label=${REF_OF[$label]}" ${own[@]+"${own[@]}"} \
+            ${SET_ARGS[@]+"${SET_ARGS[@]}"} --out "$OUT/sim-$tag$k/$mode-$label" >&2
+          cp "$OUT/sim-$tag$k/$mode-$label/$mode-$label.json" "$OUT/sim-$tag$k/"
+        done
+    else
+      bash "$ROOT/scripts/compare_fairness.sh" --quick --sim --calibration "$OUT/calibration-$k.json" \
+        --policies "$POLICIES" ${PARGS[@]+"${PARGS[@]}"} ${SET_ARGS[@]+"${SET_ARGS[@]}"} \
+        --out "$OUT/sim-$tag$k" >&2
+    fi
     echo "== set: $s, calibration: $k"
     pdtb sim validate "$(real_of "$s")" "$OUT/sim-$tag$k" --out "$OUT/validate-$tag$k.json" | tee "$OUT/validate-$tag$k.txt"
     if repeated "$s"; then

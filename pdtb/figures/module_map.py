@@ -47,6 +47,7 @@ ROOMS = (
     ("Simulator core", ("pdtb.sim",)),
     ("Simulator calibration", ("pdtb.sim.calibration",)),
     ("Reproductions and validation", ("pdtb.sim.repro",)),
+    ("Capacity planning", ("pdtb.planner",)),
     ("Micro-benchmarks", ("pdtb.microbench",)),
     ("Ray placement", ("pdtb.ray_cluster",)),
     ("Local supervision", ("pdtb.local_cluster",)),

@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
     elif sub == "speed":
         from pdtb.sim.repro.speed import main as run
     elif sub == "plan":
-        from pdtb.sim.plan import main as run
+        from pdtb.planner.plan import main as run
     elif sub == "reproduce":
         which, rest = (rest[0], rest[1:]) if rest else ("", [])
         mods = {"mcsf": "pdtb.sim.repro.mcsf", "vtc": "pdtb.sim.repro.vtc", "essay": "pdtb.sim.repro.essay"}

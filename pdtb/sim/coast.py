@@ -77,8 +77,9 @@ class Coast:
         ctx = self._ctx + i * n
         # a cost model's decode_s(rows, ctx), where it has one, is step_s of that shape
         step = getattr(cost, "decode_s", None) or (lambda r, c: cost.step_s(StepShape(r, c)))
+        scale = self.node.shape.step_scale  # (as SimNode.kick applies it)
         for _ in range(i, upto):
-            t += step(n, ctx)
+            t += step(n, ctx) * scale
             ends.append(t)
             ctx += n
         return t

@@ -38,6 +38,10 @@ def add_sim_args(ap: argparse.ArgumentParser) -> None:
                                                 "roofline: the model's max_position_embeddings)")
     g.add_argument("--hold-timeout", type=float, default=120.0, help="prefill: s a deferred hand-off keeps retrying")
     g.add_argument("--tenant-tier", action="append", default=[], metavar="TENANT=TIER", help="router default tier")
+    g.add_argument("--step-scale", action="append", default=[], metavar="ROLE=X",
+                   help="every step of ROLE's nodes (prefill, decode, colocated) takes X times the cost model's "
+                        "time: the host's speed during one real run, as `pdtb sim step-check` measures it "
+                        "(repeatable; default 1)")
     g.add_argument("--routers", type=int, default=1, metavar="N",
                    help="router processes behind one port, a request to one of them by a hash of its id "
                         "(pdtb/sim/routers.py)")
@@ -165,7 +169,10 @@ def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
                   hold_timeout_s=a.hold_timeout)
     decoding = decode_policy(a, common)
     try:
+        scale = step_scales(getattr(a, "step_scale", None) or [])
+        common, decoding = ({**c, "step_scale": scale.get(r, 1.0)} for c, r in ((common, "prefill"), (decoding, "decode")))
         if a.mode == "colocated":
+            common["step_scale"] = scale.get("colocated", 1.0)
             if a.replicas < 1:
                 raise ValueError("--replicas must be at least 1")
             nodes = [NodeShape("colocated", default, a.host_kv_pages, **common)] * a.replicas
@@ -191,6 +198,20 @@ def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
                             transfer_timeout_s=a.transfer_timeout)
     except ValueError as e:
         raise CliError(f"pdtb sim: {e}") from None
+
+
+def step_scales(items: list[str]) -> dict[str, float]:
+    """`--step-scale ROLE=X` items as {role: X}."""
+    out = {}
+    for item in items:
+        role, _, x = item.partition("=")
+        try:
+            out[role] = float(x)
+        except ValueError:
+            raise ValueError(f"--step-scale {item!r}: give ROLE=X, X a number") from None
+        if role not in ("prefill", "decode", "colocated") or not out[role] > 0:
+            raise ValueError(f"--step-scale {item!r}: ROLE is prefill, decode or colocated, X positive")
+    return out
 
 
 def router_cost(a: argparse.Namespace, cost) -> RouterCost:

@@ -47,12 +47,15 @@ class NodeShape:
     policy_args: tuple = ()  # its own settings, (key, value) pairs
     fairness: FairnessConfig = field(default_factory=FairnessConfig)
     hold_timeout_s: float = 120.0  # prefill: how long a deferred hand-off keeps retrying
+    step_scale: float = 1.0  # each step's time times this: a host's speed during one real run (--step-scale)
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode", "colocated"):
             raise ValueError(f"node role must be prefill, decode or colocated, not {self.role!r}")
         if self.num_pages < 1 or self.host_pages < 0:
             raise ValueError("a node needs at least one device page (and no negative host pages)")
+        if not self.step_scale > 0:
+            raise ValueError(f"a node's step scale must be positive, got {self.step_scale!r}")
 
 
 class SimNode:
@@ -79,7 +82,6 @@ class SimNode:
         self.num_steps = 0
         self.busy_s = 0.0  # simulated seconds spent in steps
         self.token = TOKEN
-        self.loop_work_s = 0.0  # the loop's own work since the last step began (hand-offs landed), paid by the next
         self.last_out = None  # the last step's scheduler output (None: it ran nothing)
         self.coast = None  # the run of decode steps in progress (pdtb/sim/coast.py)
         self.coasts = self.coasted = 0  # runs taken, and the steps in them
@@ -128,7 +130,7 @@ class SimNode:
     def kick(self) -> None:
         if self.busy or self.dead or not self.scheduler.has_work():
             return
-        if self.may_coast and not self.loop_work_s and runs.pure_decode(self.last_out):
+        if self.may_coast and runs.pure_decode(self.last_out):
             k = runs.plan(self)
             if k:
                 return self._start_coast(k)
@@ -137,8 +139,8 @@ class SimNode:
             self.last_out = None
             self.wake_at(self.loop.now + STALL_S)
             return
-        d = self.cost.step_s(StepShape.of(out.chunks)) + sum(self.cost.tier_move_s(m.num_bytes) for m in out.moves)
-        d, self.loop_work_s = d + self.loop_work_s, 0.0
+        d = self.cost.step_s(StepShape.of(out.chunks)) * self.shape.step_scale + \
+            sum(self.cost.tier_move_s(m.num_bytes) for m in out.moves)
         self.busy = True
         self.loop.after(d, self._end_step, out, self.loop.now)
 

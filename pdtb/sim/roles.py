@@ -162,7 +162,6 @@ class SimDecode(SimNode):
             target.free(h.seq.request_id)
             return
         now, pre = self.loop.now, h.seq
-        self.loop_work_s += getattr(self.cost, "land_s", 0.0)  # (calibrated to real runs: pdtb/sim/landing_fit.py)
         target.commit(pre.request_id)
         seq = Sequence(pre.request_id, list(pre.token_ids), pre.num_prompt_tokens, to_sampling(h.req.params),
                        tenant=pre.tenant, priority=pre.priority, slo_tier=pre.slo_tier,

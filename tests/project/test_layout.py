@@ -30,6 +30,7 @@ LEVELS = (
     ("pdtb.client",),  # the load client
     ("pdtb.sim",),  # the simulator core
     ("pdtb.sim.repro",),  # paper reproductions and validation on the simulator
+    ("pdtb.planner",),  # capacity planning: searches over simulated clusters
     ("pdtb.microbench",),  # micro-benchmarks of the rooms below
     ("pdtb.ray_cluster", "pdtb.local_cluster"),  # Ray placement of whole nodes; local clusters' supervision
     ("pdtb.chaos",),  # fault campaigns against a running cluster, and their checker
@@ -154,6 +155,14 @@ def test_the_module_map_is_generated():
     _, text, _ = split((ROOT / "docs" / "architecture.md").read_text())
     stale = "docs/architecture.md's module map is out of date: run python -m pdtb.figures.module_map"
     assert text == render(ROOT), stale
+
+
+def test_the_architecture_page_has_a_heading_per_part_and_short_lines():
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    long = [i for i, line in enumerate(text.splitlines(), 1) if len(line) > 120]
+    assert long == [], f"docs/architecture.md lines over 120 characters: {long}"
+    heads = [line for line in text.splitlines() if line.startswith("## ")]
+    assert heads[:2] == ["## What each part owns", "## Module map"], heads
 
 
 def test_the_module_map_lists_rooms_bottom_first():

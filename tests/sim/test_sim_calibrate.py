@@ -459,5 +459,12 @@ def test_step_check_sets_each_run_s_steps_against_the_fit(tmp_path):
     assert got["fcfs"]["ratio"] == 1.0 and got["memfair"]["ratio"] == 2.0
     assert got["memfair"]["moves"] == 1 and got["memfair"]["moves_s"] == 0.003 and got["fcfs"]["steps"] == 4
     assert got["memfair"]["role"] == "decode" and got["memfair"]["mode"] == "disagg"
+    (tmp_path / "cal.json").write_text(json.dumps(cal.to_json()))
+    r = run_pdtb("sim", "step-check", str(tmp_path), "--calibration", str(tmp_path / "cal.json"), "--sim-args")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["disagg fcfs --step-scale decode=1.0", "disagg memfair --step-scale decode=2.0"]
     r = run_pdtb("sim", "step-check", str(tmp_path / "none"), "--calibration", "cpu-tiny-2core")
     assert r.returncode == 2 and "no run-MODE-POLICY" in r.stderr
+    for bad in ("router=2", "decode=x", "decode=0"):
+        r = run_pdtb("sim", "--workload", "whale-minnow", "--duration", "1", "--step-scale", bad, "--quiet")
+        assert r.returncode == 2 and "--step-scale" in r.stderr and "Traceback" not in r.stderr, r.stderr

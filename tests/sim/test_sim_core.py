@@ -150,22 +150,25 @@ def test_disagg_timing_by_hand():
     assert r.server_timing["slo"] is not None
 
 
-def test_a_hand_off_landing_costs_the_decode_loop_its_land_s():
-    """As above, with 0.5 s of the decode loop's work for each hand-off that lands (a calibration's
-    land_s): the first decode step after the landing ends 0.5 s later, and so do the rest.
-    Tokens: 1.0, then 4.75, 5.75, 6.75."""
-    from dataclasses import dataclass
-
-    @dataclass(frozen=True)
-    class Landing(FixedStepCost):
-        land_s: float = 0.5
-
+def test_a_step_scale_stretches_each_role_s_steps_by_hand():
+    """As the disaggregated timing, the prefill node's steps at 1.5x and the decode node's at 2x
+    (a host's speed during one run, --step-scale): prefill ends at 1.5, the KV lands 2.25 s
+    later at 3.75, then 3 decode steps of 2 s: 5.75, 7.75, 9.75. Runs of decode steps taken at
+    once give the same times."""
     link = LinkModel(SPEC.bytes_per_page, 0.25)
-    c = SimCluster(ClusterShape((NodeShape("prefill", 8), NodeShape("decode", 8)), rpc_latency_s=0.0,
-                                client_latency_s=0.0), page_spec(SPEC.bytes_per_page, SPEC.page_size),
-                   Landing(1.0, SPEC.bytes_per_page, link=link))
-    c.run([RequestSpec(0.0, "a", "x", 8, 4)])
-    assert c.records["sim-0"].token_times == pytest.approx([1.0, 4.75, 5.75, 6.75])
+    shapes = [NodeShape("prefill", 8, step_scale=1.5), NodeShape("decode", 8, step_scale=2.0)]
+    c = _sim([RequestSpec(0.0, "a", "x", 8, 4)], shapes, link=link)
+    assert c.records["sim-0"].token_times == pytest.approx([1.5, 5.75, 7.75, 9.75])
+    shapes = [NodeShape("prefill", 8, step_scale=1.5), NodeShape("decode", 32, step_scale=2.0)]
+    cost = FixedStepCost(1.0, SPEC.bytes_per_page, link=link)
+    runs = SimCluster(ClusterShape(tuple(shapes), rpc_latency_s=0.0, client_latency_s=0.0),
+                      page_spec(SPEC.bytes_per_page, SPEC.page_size), cost)
+    runs.run([RequestSpec(0.0, "a", "x", 8, 40)])
+    every = _sim([RequestSpec(0.0, "a", "x", 8, 40)], shapes, link=link)
+    assert sum(n.coasted for n in runs.nodes.values()) > 0
+    assert runs.records["sim-0"].token_times == pytest.approx(every.records["sim-0"].token_times)
+    with pytest.raises(ValueError, match="step scale must be positive"):
+        NodeShape("decode", 8, step_scale=0.0)
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "memfair", "vtc", "mcsf", "priority"])

@@ -10,9 +10,9 @@ import pytest
 
 from pdtb.cli import main as pdtb_main
 from pdtb.common import CliError
-from pdtb.sim import plan
+from pdtb.planner import plan
 from pdtb.sim.cost import StepShape
-from pdtb.sim.plan_search import Candidate, candidates
+from pdtb.planner.search import Candidate, candidates
 from pdtb.sim.flags import cluster_shape
 
 STEP_S = 0.01  # every step: a decode token takes 10 ms wherever it runs

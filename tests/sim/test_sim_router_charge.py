@@ -169,7 +169,7 @@ def test_the_plan_counts_ceil_load_over_target_routers():
 
 
 def test_plan_router_count_takes_the_best_passing_level():
-    from pdtb.sim.plan_search import router_count
+    from pdtb.planner.search import router_count
 
     def level(load, rps, tok_s, att):
         o = {"offered_rps": rps, "output_tok_s": tok_s, "goodput_rps": rps * att, "attainment": att}
@@ -231,7 +231,7 @@ def test_the_results_file_says_how_busy_the_routers_were(tmp_path, capsys):
 def test_the_plan_gives_each_candidate_its_routers(capsys):
     from math import ceil
 
-    from pdtb.sim import plan
+    from pdtb.planner import plan
     from tests.sim.test_sim_plan import TINY, PrefillBound
 
     args = ["--gpus", "2", *TINY, "--span-s", "2", "--max-levels", "3", "--json", "--routers", "3",

@@ -12,9 +12,11 @@ folder (pdtb/sim/calibration/samples.py reads them), per node:
     moves        tier moves (demotions, promotions) and their seconds, which the simulator
                  prices on the tier link
 
-A policy whose real steps run slower than the fit (more mixed steps beside a busy neighbour, more
-moves) pays a cost its simulated twin does not: where the simulated order of two policies differs
-from the real one, these rows say whether such a cost explains it.
+On this machine the ratio moves between runs, whatever the policy: the same policy's runs of one
+command, made twice, ran 0.76-1.25x as fast as each other (the host's speed drifts while a
+comparison runs policy after policy), a cost the simulator, pricing every run at one speed, does
+not see. `--sim-args` prints each run's `pdtb sim --step-scale ROLE=X` flags instead (one line a
+run: MODE POLICY FLAGS), which `scripts/validate_sim.sh` takes for its speed-matched kind.
 """
 from __future__ import annotations
 
@@ -71,6 +73,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("real_dir", help="a compare_fairness.sh --step-log folder")
     ap.add_argument("--calibration", required=True, help="a pdtb sim calibrate file, or a shipped name")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--sim-args", action="store_true", help="each run's --step-scale flags: MODE POLICY FLAGS")
     a = ap.parse_args(argv)
     from pdtb.sim.calibration.record import Calibration
     from pdtb.sim.calibration.samples import SampleError
@@ -80,5 +83,11 @@ def main(argv: list[str]) -> int:
         rows = check_dir(a.real_dir, cal)
     except SampleError as e:
         raise CliError(f"pdtb sim step-check: {e}") from None
+    if a.sim_args:
+        runs: dict = {}
+        for r in rows:
+            runs.setdefault((r["mode"], r["policy"]), []).append(f"--step-scale {r['role']}={r['ratio']}")
+        print("\n".join(f"{m} {p} {' '.join(flags)}" for (m, p), flags in runs.items()))
+        return 0
     print(json.dumps(rows) if a.json else format_rows(rows, cal))
     return 0

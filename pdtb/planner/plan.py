@@ -9,7 +9,7 @@ Every `pdtb sim` workload, SLO and node flag applies (the fairness policy and it
 every simulated node); the cluster shape is what the plan chooses, so --mode, --prefill,
 --decode and --replicas are refused. Candidates: colocated x N/T (the baseline) and every split
 P prefill + D decode nodes with P + D = N/T, each with every --host-kv-pages size (a comma list
-here). Each is a rate sweep (--until-knee always, from --rates, see pdtb/sim/plan_search.py);
+here). Each is a rate sweep (--until-knee always, from --rates, see pdtb/planner/search.py);
 the levels' --warmup-s, --span-s and --drain-s set what one costs, --max-levels and
 --knee-resolution how many there are.
 
@@ -45,7 +45,7 @@ from pdtb.figures.results import write_results
 from pdtb.figures.service import ServiceWeights
 from pdtb.figures.sweep_figures import SloTable
 from pdtb.common import CliError
-from pdtb.sim.plan_search import Candidate, Outcome, candidates, search
+from pdtb.planner.search import Candidate, Outcome, candidates, search
 from pdtb.sim.run import build_parser as sim_parser
 from pdtb.sim.flags import build_cost, cluster_shape, router_cost
 

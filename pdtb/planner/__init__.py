@@ -1,0 +1,1 @@
+"""Capacity planning on the simulator: the cluster split that serves a workload best per GPU."""
