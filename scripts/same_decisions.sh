@@ -3,7 +3,7 @@
 # --lockstep, through a real decode node in lockstep, for every built-in policy, at revision
 # BASE and at HEAD (or --head REV), each from a clean worktree of its own; then every results
 # file of one is compared with the other's, field by field, leaving out what names the run
-# (options, wall time, policy_info). Exit 0 when every file is the same.
+# (options, wall and CPU time, policy_info, the cost model's description). Exit 0 when every file is the same.
 #
 #   scripts/same_decisions.sh --base REV [--head REV | --head-tree DIR] [--lockstep] [--policies LIST] [--out DIR]
 #
@@ -55,15 +55,22 @@ import os
 import sys
 
 out = sys.argv[1]
-SKIP = {"options", "policy_info", "wall_s", "elapsed_s", "command"}
+SKIP = {"options", "policy_info", "wall_s", "elapsed_s", "cpu_s", "command", "cost_info"}  # what names or times the run
 
 
-def strip(x):
-    if isinstance(x, dict):
-        return {k: strip(v) for k, v in x.items() if k not in SKIP}
-    if isinstance(x, list):
-        return [strip(v) for v in x]
-    return x
+def where(x, y, path=""):
+    """The paths (list indexes as []) at which two results differ, each once."""
+    if isinstance(x, dict) and isinstance(y, dict):
+        out = []
+        for k in sorted((set(x) | set(y)) - SKIP):
+            if k not in x or k not in y:
+                out.append(f"{path}/{k} ({'base' if k in x else 'head'} only)")
+            else:
+                out += where(x[k], y[k], f"{path}/{k}")
+        return list(dict.fromkeys(out))
+    if isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+        return list(dict.fromkeys(p for u, v in zip(x, y) for p in where(u, v, f"{path}[]")))
+    return [] if x == y else [path]
 
 
 differ = 0
@@ -74,9 +81,9 @@ for kind in ("sim", "lockstep"):
             print(f"{kind} {os.path.basename(a)}: missing at head")
             differ += 1
             continue
-        same = strip(json.load(open(a))) == strip(json.load(open(b)))
-        differ += not same
-        print(f"{kind} {os.path.basename(a)}: {'same' if same else 'DIFFERENT'}")
+        paths = where(json.load(open(a)), json.load(open(b)))
+        differ += bool(paths)
+        print(f"{kind} {os.path.basename(a)}: {'DIFFERENT at ' + ', '.join(paths[:4]) if paths else 'same'}")
 print("every decision the same" if not differ else f"{differ} files differ")
 sys.exit(1 if differ else 0)
 PY
