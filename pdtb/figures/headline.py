@@ -217,10 +217,17 @@ def simulator(lines: list[str], commit: str) -> str | None:
     out = []
     for head, rows in _tables(lines):
         if head and head[0] == "calibration" and rows and rows[0][0] == "held out on target":
-            best = max(range(1, len(head)), key=lambda k: float(rows[0][k].split("= ")[-1].rstrip("%"))
-                       if head[k] != "repeat" and "=" in rows[0][k] else -1)
-            out.append(f"{rows[0][best].split('= ')[-1]} of held-out figures on target against the testbed "
-                       f"({head[best]} calibration)")
+            kept = head.index("logs") if "logs" in head else max(
+                range(1, len(head)), key=lambda k: float(rows[0][k].split("= ")[-1].rstrip("%"))
+                if head[k] not in ("repeat", "logs-speed") and "=" in rows[0][k] else -1)
+            line = f"{rows[0][kept].split('= ')[-1]} of held-out figures on target against the testbed " \
+                   f"({head[kept]} calibration)"
+            pairs = next((r for r in rows if r[0].startswith("pairs of policies")), None)
+            if pairs and "logs-speed" in head and "repeat" in head:
+                k, rep = head.index("logs-speed"), head.index("repeat")
+                line += (f"; pairs of policies ordered as the real run orders them {pairs[kept]}, {pairs[k]} with "
+                         f"each run at its measured host speed, {pairs[rep]} for a second real run")
+            out.append(line)
         if head and head[0] == "" and any("minnow TTFT p99" in h for h in head):
             r = next((r for r in rows if r[0] == "this run"), None)
             t = next((k for k, h in enumerate(head) if h == "memfair / fcfs, minnow TTFT p99"), None)

@@ -113,3 +113,15 @@ def test_a_frontier_bound_is_said_and_the_readme_follows_a_section_replaced(tmp_
     assert doc.index(SUMMARY_END) < doc.index("## Fairness at saturation")
     assert results_doc(["--section", "summary", "--out", str(docs / "results.md")]) == 0
     assert (docs / "results.md").read_text() == doc
+
+
+def test_the_simulator_line_names_the_calibration_kept_and_the_orders():
+    from pdtb.figures.headline import simulator
+
+    table = ["| calibration | grid | logs | logs-speed | repeat |", "|---|---|---|---|---|",
+             "| held out on target | 41/240 = 17.1% | 100/240 = 41.7% | 167/240 = 69.6% | 132/240 = 55.0% |",
+             "| pairs of policies apart, ordered the same | 52 of 123 | 68 of 123 | 110 of 123 | 94 of 123 |"]
+    line = simulator(table, "abc1234")
+    assert line == ("- Simulator: 41.7% of held-out figures on target against the testbed (logs calibration); pairs "
+                    "of policies ordered as the real run orders them 68 of 123, 110 of 123 with each run at its "
+                    "measured host speed, 94 of 123 for a second real run (commit abc1234).")

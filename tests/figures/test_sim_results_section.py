@@ -46,7 +46,7 @@ def test_the_sets_summary_renders_per_policy_and_set(tmp_path):
 def test_the_sets_summary_shows_the_repeat_and_the_repeatable_share(tmp_path):
     (tmp_path / "validate").mkdir()
     kind = {"by_set": {"quick": {"memfair": [3, 4]}}, "held_out": [3, 4], "held_out_share": 0.75, "orders_same": 0,
-            "orders_consistent": 0, "orders": []}
+            "orders_consistent": 0, "orders": [], "pairs": [5, 7]}
     (tmp_path / "validate" / "validate-sets.json").write_text(json.dumps({
         "sets": ["quick"], "fitted": "fcfs", "bar": 0.85, "repeat_sets": ["quick"],
         "kinds": {"spread": {**kind, "held_out_repeatable": [2, 3]}, "repeat": kind}}))
@@ -56,4 +56,5 @@ def test_the_sets_summary_shows_the_repeat_and_the_repeatable_share(tmp_path):
     assert '--repeat-sets "quick"`' in text
     summary = "\n".join(render(tmp_path))
     assert "| calibration | spread | repeat |" in summary
-    assert "| where the testbed repeats itself | 2/3 = 66.7% | - |" in summary
+    assert "| pairs of policies apart, ordered the same | 5 of 7 | 5 of 7 |" in summary
+    assert "where the testbed repeats itself" not in summary  # (the page has it: the summary keeps ten lines)
