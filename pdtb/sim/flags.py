@@ -169,19 +169,19 @@ def cluster_shape(a: argparse.Namespace, cost) -> ClusterShape:
                   hold_timeout_s=a.hold_timeout)
     decoding = decode_policy(a, common)
     try:
-        scale = step_scales(getattr(a, "step_scale", None) or [])
-        common, decoding = ({**c, "step_scale": scale.get(r, 1.0)} for c, r in ((common, "prefill"), (decoding, "decode")))
+        scale = step_scales(a.step_scale)
         if a.mode == "colocated":
-            common["step_scale"] = scale.get("colocated", 1.0)
             if a.replicas < 1:
                 raise ValueError("--replicas must be at least 1")
-            nodes = [NodeShape("colocated", default, a.host_kv_pages, **common)] * a.replicas
+            nodes = [NodeShape("colocated", default, a.host_kv_pages, step_scale=scale.get("colocated", 1.0),
+                               **common)] * a.replicas
         else:
             if a.prefill < 1 or a.decode < 1:
                 raise ValueError("--prefill and --decode must be at least 1")
-            nodes = [NodeShape("prefill", a.prefill_kv_pages or default, 0, **common)] * a.prefill + \
+            nodes = [NodeShape("prefill", a.prefill_kv_pages or default, 0, step_scale=scale.get("prefill", 1.0),
+                               **common)] * a.prefill + \
                     [NodeShape("decode", a.decode_kv_pages or default, a.host_kv_pages,
-                               **decoding)] * a.decode
+                               step_scale=scale.get("decode", 1.0), **decoding)] * a.decode
         path = getattr(cost, "path", None) or {}  # a calibration fitted to real runs' request path
         path = {**path, **((path.get("modes") or {}).get(a.mode) or {})}  # this mode's, where fitted apart
         rpc = a.rpc_latency_ms / 1e3 if a.rpc_latency_ms is not None else path.get("rpc_latency_s", RPC_S)

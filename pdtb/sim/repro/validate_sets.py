@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="pdtb sim validate-sets", description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", help="scripts/validate_sim.sh's output folder")
     ap.add_argument("--sets", default="quick", help="the sets, the first the calibration's (spaces or commas)")
-    ap.add_argument("--kinds", default="grid logs spread cores", help="the calibrations (spaces or commas), "
+    ap.add_argument("--kinds", default="grid logs logs-speed", help="the calibrations (spaces or commas), "
                     "and repeat for a second real run")
     ap.add_argument("--fitted", default="fcfs", help="the policy the calibration was fitted to")
     ap.add_argument("--json", action="store_true")
