@@ -7,8 +7,9 @@ Rule card (an "owner" is a quota owner, fairness/owners.py: a tenant by default)
   request that does not fit blocks nobody. One waiting starve_after_s gets in whatever its quota.
 - Borrowing beyond a share: only while no other owner waits within its own, leaving free the pages
   the running prompts still take and one typical request of each owner with unused share.
-- Reclaim: a waiter within its share demotes (never drops) the most over-share owner's largest
-  requests, only if all it needs then fits; a request moved between tiers stays put starve_after_s.
+- Reclaim: a waiter within its share demotes the most over-share owner's largest requests, only
+  if all it needs then fits (without host room, reclaim_drop may drop them for recompute instead,
+  least computed first); a request moved between tiers stays put starve_after_s.
 - The step: decode rows always step; prompts split the rest (a quarter of each owner's max-min share
   to its oldest, then smallest first), each chunk within an ordinary step's price.
 - Victims: the most over-share owner's, demoted largest first, else dropped least-computed first.
@@ -132,7 +133,8 @@ class MemFairPolicy(BasePolicy):
         wants = rules.reclaim_wants(candidates, self.fresh_held(state), v, state, own,
                                     lambda c: not self._starving(c, state))
         movable = [s for s in running if s.num_computed_tokens > 0 and not self._held_down(s.request_id, state)]
-        victims = rules.reclaim_victims(wants, movable, self._use(), v.shares, state, len(running), own)
+        victims = rules.reclaim_victims(wants, movable, self._use(), v.shares, state, len(running), own,
+                                        self.settings.reclaim_drop)
         for s in victims:
             self._moved[s.request_id] = state.now
         return victims

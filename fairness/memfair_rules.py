@@ -20,9 +20,11 @@ hand (tests/fairness/test_memfair_rules.py). An "owner" is a quota owner (fairne
   grows its running rows before it admits anyone); it sits the step out instead, unless it is
   the oldest running request.
 - Reclaim (`reclaim_wants`, `reclaim_victims`): a waiter within its share that cannot fit demotes requests of
-  owners beyond their share to the host tier (never preempts: a share is not worth lost work),
-  the most over-share owner and largest footprint first, and only when that makes room for all
-  the waiter needs now (a prompt: its first chunk, `need_now`).
+  owners beyond their share to the host tier (by default never preempts: a share is not worth
+  lost work), the most over-share owner and largest footprint first, and only when that makes
+  room for all the waiter needs now (a prompt: its first chunk, `need_now`). With no host room
+  the setting reclaim_drop may drop borrowers for recompute instead (`_drop_for`): prompts that
+  streamed nothing first, the least computed first, never leaving their owner below its share.
 - The prefill split (`plan_prefill`, `split_prefill`): when more than one owner has prompts,
   the step's budget less a token per decode row is split: each owner gets PREFILL_FLOOR of its
   weighted max-min share for its oldest prompts, and the rest goes to the smallest prompts first.
@@ -273,10 +275,22 @@ class _Room:
     use: dict
 
 
+def unstarted(seq: Sequence) -> bool:
+    """A prompt that has streamed nothing yet: taking its pages costs only the prefill it
+    computed, and nobody sees a stream stall."""
+    return seq.num_output_tokens == 0
+
+
 def reclaim_victims(wants: list[Want], movable: list[Sequence], use: Mapping, shares: Mapping,
-                    state: SchedState, rows: int, owner_of: Callable) -> list[Sequence]:
-    """Requests to demote now, for the waiters in `wants` (in their order) within their share
-    that cannot fit; `rows` running requests each keep a page for their next token."""
+                    state: SchedState, rows: int, owner_of: Callable, drop: str = "off") -> list[Sequence]:
+    """Requests to take pages from now, for the waiters in `wants` (in their order) within their
+    share that cannot fit; `rows` running requests each keep a page for their next token. A
+    borrower is demoted where the host tier has room. Where it has none (no host tier, or a full
+    one), `drop` (the setting reclaim_drop) says which borrowers are dropped for recompute
+    instead: none ("off": the waiter waits for free pages), prompts that streamed nothing
+    ("prompts"), or any ("any", those first). A drop wastes the work it throws away where a
+    demotion copies it, hence off by default."""
+    droppable = {"any": lambda s: True, "prompts": unstarted, "off": lambda s: False}[drop]
     room, victims, tries = _Room(state.device_free, state.host_free, dict(use)), [], 0
     for w in wants:
         if w.need + rows - len(victims) <= room.free:
@@ -290,10 +304,11 @@ def reclaim_victims(wants: list[Want], movable: list[Sequence], use: Mapping, sh
         tries += 1
         pool = [s for s in movable if owner_of(s) in over_share and s not in victims]
         gain = sum(state.gain.get(s.request_id, 0) for s in pool
-                   if 0 < state.pages.get(s.request_id, 0) <= room.host_free)
+                   if 0 < state.pages.get(s.request_id, 0) <= room.host_free or droppable(s))
         if w.need + rows - len(victims) > room.free + gain:
-            continue  # demoting all it could would not let it in: copy nobody down for nothing
-        _demote_for(w.need + rows, pool, victims, room, shares, state, owner_of)
+            continue  # taking all it could would not let it in: move or drop nobody for nothing
+        _demote_for(w.need + rows, list(pool), victims, room, shares, state, owner_of)
+        _drop_for(w.need + rows, [s for s in pool if droppable(s)], victims, room, shares, state, owner_of)
         if w.need + rows - len(victims) <= room.free:
             _take(room, w)
     return victims
@@ -317,6 +332,29 @@ def _demote_for(want: int, pool: list, victims: list, room: _Room, shares: Mappi
         if not 0 < pages <= room.host_free:
             continue
         room.host_free -= pages
+        victims.append(v)
+        room.use[owner_of(v)] -= state.charge.get(v.request_id, 0)
+        room.free += state.gain.get(v.request_id, 0)
+
+
+def _drop_for(want: int, pool: list, victims: list, room: _Room, shares: Mapping, state: SchedState,
+              owner_of: Callable) -> None:
+    """Drop from `pool` for recompute until `want` less the victims fits `room.free`: prompts
+    that streamed nothing before streams (no stream stalls), then the most over-share owner's,
+    then the least computed (the least to redo). Only what was lent comes back: a drop that
+    would leave its owner below its share is not made (the owner would reclaim in turn, and
+    two owners would drop each other's work in turn)."""
+    droppable = [s for s in pool if s not in victims]
+    while want - len(victims) > room.free and droppable:
+        use = room.use
+        droppable = [s for s in droppable
+                     if use.get(owner_of(s), 0) - state.charge.get(s.request_id, 0) >= shares.get(owner_of(s), 0)]
+        if not droppable:
+            break
+        over = {o: use.get(o, 0) / e if e > 0 else float("inf") for o, e in shares.items()}
+        v = min(droppable, key=lambda s: (not unstarted(s), -over.get(owner_of(s), 0.0), s.num_computed_tokens,
+                                          -s.arrival_time))
+        droppable.remove(v)
         victims.append(v)
         room.use[owner_of(v)] -= state.charge.get(v.request_id, 0)
         room.free += state.gain.get(v.request_id, 0)

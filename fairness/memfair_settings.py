@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from fairness.settings import PolicySettings, setting
 
 QUOTA_SHARES = ("dynamic", "static")  # shares among owners with work (idle shares lent) or among owners seen
+RECLAIM_DROP = ("off", "prompts", "any")  # which borrowers reclaim drops for recompute without host room
 
 
 @dataclass(frozen=True)
@@ -22,3 +23,7 @@ class MemFairSettings(PolicySettings):
     starve_after_s: float = setting(2.0, "a request waiting this long for device pages is let in whatever its quota; "
                                          "a request moved between tiers stays put at least this long",
                                     lo=0.0, lo_open=True)
+    reclaim_drop: str = setting("off", "without host room, reclaim drops borrowers for recompute: off (the waiter "
+                                       "waits for free pages), prompts (those that streamed nothing), any (those "
+                                       "first); a drop never leaves the borrower's owner below its share",
+                                choices=RECLAIM_DROP)

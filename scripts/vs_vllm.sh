@@ -21,6 +21,7 @@
 #   bash scripts/vs_vllm.sh [--model DIR] [--reps N] [--rounds N] [--policies "fcfs memfair"] [--skip-offline]
 #                           [--skip-serving] [--workloads "quick overload frontier"] [--out DIR] [--venv DIR]
 #                           [--vllm-policies "memfair"] [--doc docs/results.md]
+# (--vllm-policies takes POLICY@KEY=VALUE,KEY=VALUE for a policy's settings: memfair@reclaim_drop=any)
 # Replaces the "Beside vLLM" section of the document (its own date and commit).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,7 +40,7 @@ while [ $# -gt 0 ]; do
     --doc) DOC="$2"; shift 2 ;;
     --skip-offline) OFFLINE=0; shift ;;
     --skip-serving) SERVING=0; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "vs_vllm: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -129,8 +130,11 @@ bench() {  # DIR NAME URL [CLIENT FLAGS...]: the workload (WL) once, or its swee
 }
 serve_vllm() {  # DIR NAME [POLICY]: one run of the workload (WL) against a fresh vLLM server, labelled NAME;
   # with POLICY, vLLM's scheduler is the project's FairScheduler running that policy
-  local dir="$1" name="$2" policy="${3:-}" port sched=() penv=()
-  [ -z "$policy" ] || { sched=(--scheduler-cls pdtb.integrations.vllm.FairScheduler); penv=(PDTB_POLICY="$policy" PDTB_STEP_LOG="$dir/steps-$name.jsonl"); }
+  local dir="$1" name="$2" policy="${3:-}" port sched=() penv=() args=""
+  # (POLICY@K=V,K=V: the policy's settings, PDTB_POLICY_ARGS)
+  [[ "$policy" != *@* ]] || args="${policy#*@}"
+  [ -z "$policy" ] || { sched=(--scheduler-cls pdtb.integrations.vllm.FairScheduler)
+    penv=(PDTB_POLICY="${policy%%@*}" PDTB_POLICY_ARGS="$args" PDTB_STEP_LOG="$dir/steps-$name.jsonl"); }
   port="$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
   echo "== vLLM's OpenAI server${policy:+ with FairScheduler, $policy}:" \
     "$(( TOTAL * PAGE / BLOCK )) blocks of $BLOCK, $BUDGET batched tokens" >&2

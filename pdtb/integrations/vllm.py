@@ -94,8 +94,10 @@ class FairScheduler(vi.Scheduler):
         self.fair.end(chunks, after)
         if self.step_log is not None:
             gone = [self.fair.views[r] for r in vi.preempted(out) if r in self.fair.views]
+            gone += [v for v in plan.reclaimed if v.request_id not in vi.preempted(out)] if plan is not None else []
             self.step_log.write(self.fair.steps, chunks, len(self.queue), len(sitting),
-                                plan.chunk_cap if plan is not None else None, time.perf_counter() - t0, gone)
+                                plan.chunk_cap if plan is not None else None, time.perf_counter() - t0, gone,
+                                reclaimed=len(plan.reclaimed) if plan is not None else 0, free=state.device_free)
         return out
 
     # ---- the policy's view ------------------------------------------------------------------------

@@ -122,15 +122,49 @@ def _whale_borrowing_then_minnow(host_pages: int):
     return sched, whale
 
 
-def test_memfair_reclaim_demotes_but_never_preempts():
-    """A returning under-share tenant reclaims by demotion only: with the host tier full, the
-    borrower keeps its pages (and its computed KV) and the newcomer waits for free pages."""
+def test_memfair_reclaim_drops_no_more_than_was_lent():
+    """With the host tier full, a returning under-share tenant cannot have the borrower demoted,
+    and dropping it would take back more than it borrowed (the whale's tenant would be left
+    below its share, and reclaim in turn): the borrower keeps its pages (and its computed KV)
+    and the newcomer waits for free pages."""
     sched, whale = _whale_borrowing_then_minnow(host_pages=4)
     assert sched.pool.num_held("whale") >= 26  # borrowed most of the pool
     out = sched.schedule()
     assert not [m for m in out.moves if m.kind == "preempt"] and whale.num_preemptions == 0
     apply_step(sched, out)
     check_conservation(sched)
+
+
+@pytest.mark.parametrize("drop", ["any", "off"])
+def test_memfair_without_a_host_tier_drops_a_borrower_for_a_waiter_within_its_share(drop):
+    """No host tier; tenant w borrows with three streams of 10 pages (30 of 32, its share 16 once
+    m is here). m's request within its share takes one of w's back by recompute under
+    reclaim_drop=any (w keeps 20 >= 16) and gets in at once; under off it waits for free pages."""
+    pol = MemFairPolicy(settings=MemFairSettings(reclaim_drop=drop))
+    sched = make_scheduler(pol, num_pages=32, budget=64)
+    ws = []
+    for k in range(3):
+        s = make_request(36, 30, tenant="w", rid=f"w{k}", arrival=float(k))
+        s.num_computed_tokens = 36
+        s.token_ids.append(7)
+        sched.pool.allocate(s.request_id, 10)
+        sched.add_running(s)
+        ws.append(s)
+    m = make_request(16, 4, tenant="m", arrival=10.0, rid="m")
+    sched.add(m)
+    out = sched.schedule()
+    dropped = [mv.request_id for mv in out.moves if mv.kind == "preempt"]
+    if drop == "any":
+        assert len(dropped) == 1 and m.status == SeqStatus.RUNNING
+    else:
+        assert not dropped and m.status != SeqStatus.RUNNING
+    apply_step(sched, out)
+    check_conservation(sched)
+    for _ in range(400):  # every request ends, the dropped one recomputed
+        if not sched.has_work():
+            break
+        sim_step(sched)
+    assert not sched.has_work() and all(s.num_output_tokens == 30 for s in ws)
 
 
 def test_a_request_demoted_for_another_is_not_promoted_in_the_same_step():

@@ -162,12 +162,16 @@ def test_with_grants_adds_in_order_and_leaves_the_view_alone():
 
 
 # ---- reclaim ----------------------------------------------------------------------------------------
-def reclaim_case(need: int, free: int = 2, host_free: int = 10):
+def reclaim_case(need: int, free: int = 2, host_free: int = 10, drop: str = "off", extra=()):
     b1, b2, a1 = decoding("b1", "b", 20, 0.0), decoding("b2", "b", 12, 1.0), decoding("a1", "a", 28, 2.0)
     pages = {"b1": 6, "b2": 4, "a1": 8}
-    st = state(free, pages, total=20, host_free=host_free)
-    return rules.reclaim_victims([Want("a", need, True, 3.0)], [b1, b2, a1], {"a": 8, "b": 10}, {"a": 12.0, "b": 6.0},
-                                 st, 3, owner_of)
+    use = {"a": 8, "b": 10}
+    for s, n in extra:  # more of b's requests: (request, pages)
+        pages[s.request_id] = n
+        use["b"] += n
+    st = state(free, pages, total=20 + sum(n for _, n in extra), host_free=host_free)
+    return rules.reclaim_victims([Want("a", need, True, 3.0)], [b1, b2, a1, *(s for s, _ in extra)], use,
+                                 {"a": 12.0, "b": 6.0}, st, 3 + len(extra), owner_of, drop)
 
 
 def test_reclaim_demotes_the_largest_footprint_of_the_over_share_owner_until_the_waiter_fits():
@@ -181,6 +185,29 @@ def test_reclaim_copies_nobody_down_for_a_waiter_it_cannot_let_in():
     # b1's 6 pages do not fit a host tier of 5: demoting b2 could free 4, and 2 + 4 < 4 + 3
     assert reclaim_case(4, host_free=5) == []
     assert [s.request_id for s in reclaim_case(4, free=3, host_free=5)] == ["b2"]  # 3 + 4 >= 4 + 3
+
+
+def test_without_host_room_reclaim_drops_only_what_was_lent():
+    # no host tier: b holds 10 of its 6. Dropping b1 (6) would leave b 4, below its share (b would
+    # reclaim in turn); b2 (4) leaves it 6: b2 is dropped, and 2 + 4 >= 4 + 3 - 1
+    assert [s.request_id for s in reclaim_case(4, host_free=0, drop="any")] == ["b2"]
+    assert reclaim_case(4, host_free=0, drop="off") == []  # the waiter waits for free pages
+    assert reclaim_case(4, host_free=0, drop="prompts") == []  # b's requests all stream
+    # with host room, demotion as before: the drop setting plays no part
+    assert [s.request_id for s in reclaim_case(4, drop="any")] == ["b1"]
+
+
+def test_a_prompt_that_streamed_nothing_is_dropped_before_a_stream():
+    # b also has a prompt with 40 tokens computed (10 pages): more computed than b2, yet it goes
+    # first: its drop stalls no stream
+    p = prompt("b3", "b", 60, computed=40, arrival=4.0)
+    assert [s.request_id for s in reclaim_case(4, host_free=0, drop="any", extra=[(p, 10)])] == ["b3"]
+    assert [s.request_id for s in reclaim_case(4, host_free=0, drop="prompts", extra=[(p, 10)])] == ["b3"]
+    # two streams of one owner: the least computed goes (the least to redo)
+    big, small = decoding("b4", "b", 40, 4.0), decoding("b5", "b", 16, 5.0)
+    got = reclaim_case(4, host_free=0, drop="any", extra=[(big, 10), (small, 4)])
+    # five rows: 4 + 5 pages wanted, 2 free. b2 (12 tokens computed) then b5 (16) free 8; b4 (40) stays
+    assert [s.request_id for s in got] == ["b2", "b5"]
 
 
 def test_reclaim_wants_serve_the_starving_then_the_owners_furthest_below_their_share():
