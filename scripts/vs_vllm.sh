@@ -157,14 +157,19 @@ serve_vllm() {  # DIR NAME [POLICY]: one run of the workload (WL) against a fres
 for wname in $WORKLOADS; do
   read -r -a WL <<< "$(echo ${WLS[$wname]})"
   read -r -a SW <<< "${SWEEPS[$wname]:-}"
+  # every configuration once a round; round R starts R-1 places further along the list, so that a
+  # host whose speed drifts through a round does not favour the one always run first
+  runs=(vllm: $(for pol in $VLLM_POLICIES; do echo "vllm-$pol:$pol"; done) $(for pol in $POLICIES; do echo "node:$pol"; done))
   for round in $(seq "$ROUNDS"); do
     dir="$OUT/serve/$wname/round-$round"
     mkdir -p "$dir"
-    serve_vllm "$dir" vllm
-    for pol in $VLLM_POLICIES; do
-      serve_vllm "$dir" "vllm-$pol" "$pol"
-    done
-    for pol in $POLICIES; do
+    k=$(( (round - 1) % ${#runs[@]} ))
+    for run in "${runs[@]:k}" "${runs[@]:0:k}"; do
+      name="${run%%:*}" pol="${run#*:}"
+      if [ "$name" != node ]; then
+        serve_vllm "$dir" "$name" "$pol"
+        continue
+      fi
       rd="$dir/run-$pol"
       echo "== $wname, round $round: the project's colocated node, $pol: $TOTAL pages of $PAGE, host $HOST, $BUDGET batched tokens" >&2
       url="$(bash "$ROOT/scripts/launch_cluster.sh" --mode colocated --model "$MODEL" --policy "$pol" --port 0 \

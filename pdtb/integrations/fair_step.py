@@ -35,6 +35,7 @@ class StepPlan:
     reclaimed: list[Sequence] = field(default_factory=list)  # to evict before the step (reclaim)
     sitting: list[Sequence] = field(default_factory=list)  # running, left out of the step by the policy
     chunk_cap: int | None = None  # the longest prompt chunk the policy gives a running prompt (None: none runs)
+    caps: dict[str, int] = field(default_factory=dict)  # running prompt's request id -> its chunk's tokens at most
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:
@@ -109,20 +110,21 @@ class FairStep:
             stepping = self.policy.step_order(list(rows), state)
             chosen = {id(s) for s in stepping}
             sitting = [s for s in rows if id(s) not in chosen]  # they keep their pages, and may be victims
-            victims = self._victims(stepping + sitting, state)
-            out = {id(v) for v in victims}
+            victims, waits = self._victims(stepping + sitting, state)
+            out = {id(v) for v in victims} | {id(w) for w in waits}
             order = [s for s in stepping if id(s) not in out] + victims[::-1]
-            cap = self._chunk_cap(order, state)
+            caps: dict[str, int] = {}
+            cap = self._chunk_cap(order, state, caps)
         except PolicyRaised as e:
             self.failed(e)
             return None
-        return StepPlan(order, reclaimed, [s for s in sitting if id(s) not in out], cap)
+        return StepPlan(order, reclaimed, [s for s in sitting if id(s) not in out] + waits, cap, caps)
 
-    def _chunk_cap(self, order: list[Sequence], state: SchedState) -> int | None:
-        """The step's prefill split as an engine with one chunk bound for every request can take
-        it: `chunk_limit` asked of each running prompt in step order, with what the rows before
-        it leave of the budget, and the largest answer the bound (a whale's part of the step
-        caps its chunk; the small prompts' parts are under it)."""
+    def _chunk_cap(self, order: list[Sequence], state: SchedState, caps: dict[str, int]) -> int | None:
+        """The step's prefill split: `chunk_limit` asked of each running prompt in step order,
+        with what the rows before it leave of the budget, each answer into `caps` (for an engine
+        that bounds each request's chunk) and the largest returned (for one that bounds every
+        chunk of the step alike: a whale's part caps its chunk, the small prompts' are under it)."""
         budget, cap = state.token_budget, None
         for s in order:
             if budget <= 0:
@@ -132,26 +134,33 @@ class FairStep:
                 budget -= 1
                 continue
             n = min(left, budget, self.policy.chunk_limit(s, budget, state))
+            caps[s.request_id] = n
             cap = n if cap is None else max(cap, n)
             budget -= n
         return cap
 
-    def _victims(self, order: list[Sequence], state: SchedState) -> list[Sequence]:
-        """The rows the policy gives up, first first, until the shortfall foreseen at the step's
-        start is met: asked as the first row that lacks pages would ask, among every row."""
-        lack, requester = shortfall(order, state)
+    def _victims(self, order: list[Sequence], state: SchedState) -> tuple[list[Sequence], list[Sequence]]:
+        """(the rows the policy gives up, first first; the prompts whose chunk waits this step,
+        keeping their pages), until the shortfall foreseen at the step's start is met: asked as
+        the first row that lacks pages would ask, among every row still in the step. A `None`
+        answer (the requester's chunk waits) takes the requester out of the step, so that the
+        engine does not take a victim for it; the next row that lacks pages asks in turn."""
         victims: list[Sequence] = []
-        candidates = list(order)
-        while lack > 0 and requester is not None and len(candidates) > 1:
-            v = self.policy.pick_victim(candidates, requester, state)
-            if v is None:
-                break  # the requester's chunk waits for pages (the engine's order decides the rest)
-            victims.append(v)
-            candidates.remove(v)
-            if v is requester:
+        waits: list[Sequence] = []
+        rows, freed = list(order), 0
+        while len(rows) > 1:
+            lack, requester = shortfall(rows, with_free(state, state.device_free + freed))
+            if lack <= 0 or requester is None:
                 break
-            lack -= state.pages.get(v.request_id, 0) + first_chunk_pages(v, state)
-        return victims
+            v = self.policy.pick_victim(rows, requester, state)
+            if v is None:
+                waits.append(requester)
+                rows.remove(requester)
+                continue
+            victims.append(v)
+            rows.remove(v)
+            freed += state.pages.get(v.request_id, 0)
+        return victims, waits
 
     def admission(self, view_of: Callable, live_state: Callable[[], SchedState],
                   idle: Callable[[], bool], excluded: set[str], seat: Callable[[], bool] = lambda: True) -> "Admission":

@@ -29,7 +29,7 @@ from pdtb.integrations.step_log import StepLog
 log = vi.logger()
 
 
-class FairScheduler(vi.Scheduler):
+class FairScheduler(vi.ChunkCaps, vi.Scheduler):
     """vLLM's Scheduler; the policy named by PDTB_POLICY (with PDTB_POLICY_ARGS) decides order,
     admission and victims. `policy_errors` counts the policy's calls that raised (each cost its
     step the policy's order, never the engine)."""
@@ -82,11 +82,13 @@ class FairScheduler(vi.Scheduler):
         cap = vi.chunk_cap(self)
         if plan is not None and plan.chunk_cap is not None:
             vi.set_chunk_cap(self, plan.chunk_cap)
+            self.chunk_caps = plan.caps  # each running prompt's own part of the step
         t0 = time.perf_counter()
         try:
             out = super().schedule(*args, **kwargs)
         finally:
             self.queue.admission = None
+            self.chunk_caps = {}
             vi.rejoin(self, sitting)
             vi.set_chunk_cap(self, cap)
         after = self._snapshot([self._view(r, True) for r in vi.running(self)], self.fair.steps)

@@ -18,7 +18,8 @@ CHECKED_VERSIONS = ("0.32.0",)
 
 __all__ = ["Scheduler", "PolicyQueue", "CHECKED_VERSIONS", "check_vllm", "install_queue", "pool", "free_blocks",
            "blocks_held", "sync_view", "running", "set_running", "rejoin", "max_running", "live_requests", "preempt",
-           "scheduled", "token_budget", "logger", "chunk_cap", "set_chunk_cap"]
+           "scheduled", "token_budget", "logger", "chunk_cap", "set_chunk_cap",
+           "ChunkCaps"]
 
 
 def logger() -> logging.Logger:
@@ -130,6 +131,20 @@ def max_running(scheduler: Scheduler) -> int:
 def chunk_cap(scheduler: Scheduler) -> int:
     """The longest prefill chunk vLLM schedules for any request this step (0: the budget's)."""
     return scheduler.scheduler_config.long_prefill_token_threshold
+
+
+class ChunkCaps:
+    """Scheduler mixin: each request's prompt chunk bounded by `chunk_caps` (request id -> tokens),
+    on top of the step's one bound. vLLM sizes a chunk inline in `schedule()` and passes every
+    chunk it sizes, running and admitted, through `_reserve_prefill_lookahead` (read on 0.32.0):
+    bounding it there is the per-request hook vLLM has no public form of."""
+
+    chunk_caps: dict = {}
+
+    def _reserve_prefill_lookahead(self, request, num_computed_tokens: int, num_new_tokens: int) -> int:
+        n = super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
+        cap = self.chunk_caps.get(request.request_id)
+        return n if cap is None or n <= 1 else min(n, max(1, cap))
 
 
 def set_chunk_cap(scheduler: Scheduler, tokens: int) -> None:

@@ -281,3 +281,32 @@ def test_the_step_bounds_a_prompt_chunk_by_the_largest_part_the_policy_gives():
     assert FairStep(Split()).begin([decoding, whale], [], st).chunk_cap == 40  # the whale's part
     assert FairStep(Split()).begin([decoding, whale, minnow], [], st).chunk_cap == 40  # the minnow's 24 is under it
     assert FairStep(Split()).begin([decoding], [], st).chunk_cap is None  # no prompt runs: the engine's own
+    # each running prompt's own part, for an engine that bounds each chunk (vllm_internals.ChunkCaps)
+    assert FairStep(Split()).begin([decoding, whale, minnow], [], st).caps == {"w1": 40, "m1": 24}
+
+
+class PromptsWait(BasePolicy):
+    """A prompt's chunk waits for pages rather than take anyone's; a decode row takes the newest."""
+
+    def pick_victim(self, candidates, requester, st):
+        if requester.in_prefill:
+            return None
+        return max(candidates, key=lambda s: s.arrival_time)
+
+
+def test_a_prompt_whose_chunk_waits_sits_the_step_out_keeping_its_pages():
+    """Out of pages, the policy has the prompt's chunk wait (None): the prompt sits the step out,
+    so that vLLM, which has no waiting chunk, takes no victim for it; the decode row that lacks a
+    page after it still asks, and its victim goes to the tail."""
+    old = seq("d1", "d", prompt=32, computed=32, t=0)
+    old.token_ids.append(5)  # decoding, its pages full: it needs one more for its next token
+    prompt = seq("p1", "w", prompt=96, computed=32, t=1)  # its next chunk needs four pages more
+    late = seq("d2", "e", prompt=32, computed=32, t=2)
+    late.token_ids.append(5)
+    st = state(1, {"d1": 2, "p1": 2, "d2": 2})
+    plan = FairStep(PromptsWait()).begin([old, prompt, late], [], st)
+    assert [s.request_id for s in plan.sitting] == ["p1"]
+    assert [s.request_id for s in plan.order] == ["d1", "d2"]  # one page, two wanted: d2 (newest) at the tail
+    st = state(0, {"d1": 2, "p1": 2, "d2": 2})
+    plan = FairStep(PromptsWait()).begin([old, prompt, late], [], st)
+    assert [s.request_id for s in plan.sitting] == ["p1"] and [s.request_id for s in plan.order] == ["d1", "d2"]
