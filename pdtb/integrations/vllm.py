@@ -60,6 +60,7 @@ class FairScheduler(vi.ChunkCaps, vi.Scheduler):
         return self.fair.violations
 
     def schedule(self, *args, **kwargs):
+        t_step = time.perf_counter()
         live = vi.live_requests(self)
         self.fair.forget_missing(live)
         running = [self._view(r, True) for r in vi.running(self)]
@@ -86,6 +87,7 @@ class FairScheduler(vi.ChunkCaps, vi.Scheduler):
         t0 = time.perf_counter()
         try:
             out = super().schedule(*args, **kwargs)
+            t_vllm = time.perf_counter() - t0
         finally:
             self.queue.admission = None
             self.chunk_caps = {}
@@ -98,8 +100,9 @@ class FairScheduler(vi.ChunkCaps, vi.Scheduler):
             gone = [self.fair.views[r] for r in vi.preempted(out) if r in self.fair.views]
             gone += [v for v in plan.reclaimed if v.request_id not in vi.preempted(out)] if plan is not None else []
             self.step_log.write(self.fair.steps, chunks, len(self.queue), len(sitting),
-                                plan.chunk_cap if plan is not None else None, time.perf_counter() - t0, gone,
-                                reclaimed=len(plan.reclaimed) if plan is not None else 0, free=state.device_free)
+                                plan.chunk_cap if plan is not None else None, time.perf_counter() - t_step, gone,
+                                reclaimed=len(plan.reclaimed) if plan is not None else 0, free=state.device_free,
+                                vllm_s=t_vllm)
         return out
 
     # ---- the policy's view ------------------------------------------------------------------------

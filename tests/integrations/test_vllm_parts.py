@@ -229,12 +229,13 @@ def test_the_step_log_counts_prompt_chunks_and_decode_rows(tmp_path):
     log = StepLog.open({STEP_LOG_ENV: str(tmp_path / "steps.jsonl")})
     prompt, deep, decoding = seq("p", prompt=40), seq("q", prompt=300, computed=256), seq("d", prompt=40, computed=45)
     log.write(7, [ScheduledChunk(prompt, 40), ScheduledChunk(deep, 44), ScheduledChunk(decoding, 1)], waiting=3,
-              sitting=1, chunk_cap=44, sched_s=0.0025, preempted=[seq("x", prompt=300, computed=200)], now=12.5, reclaimed=1, free=9)
+              sitting=1, chunk_cap=44, sched_s=0.0025, preempted=[seq("x", prompt=300, computed=200)], now=12.5, reclaimed=1, free=9,
+              vllm_s=0.0015)
     log.close()
     line = json.loads((tmp_path / "steps.jsonl").read_text())
     assert line == {"t": 12.5, "step": 7, "prefill_tokens": 84, "prefill_rows": 2, "decode_rows": 1, "waiting": 3,
                     "sitting": 1, "chunk_cap": 44, "sched_ms": 2.5, "preempted": 1, "lost_tokens": 200,
-                    "reclaimed": 1, "free": 9}
+                    "reclaimed": 1, "free": 9, "vllm_ms": 1.5}
 
 
 def test_the_victims_of_a_foreseen_shortfall_go_to_the_tail():
