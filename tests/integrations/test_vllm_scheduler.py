@@ -1,6 +1,7 @@
 """FairScheduler inside vLLM's CPU build (.venv-vllm), offline on the embedded tiny model with
 a KV budget that forces preemptions: greedy outputs identical to vLLM's own scheduler under
-fcfs, memfair and the tutorial's policy (docs/policies.md, from its file, unchanged); a tenant
+every built-in policy, memfair with reclaim_drop=any and the tutorial's policy (docs/policies.md,
+from its file, unchanged); a tenant
 over its quota waits and every request ends; a policy that raises falls back, is counted and
 logged once; bad settings stop the start-up. One vLLM process runs every engine in turn."""
 from __future__ import annotations
@@ -15,9 +16,12 @@ import textwrap
 
 import pytest
 
+from fairness import POLICIES
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-TIMEOUT_S = 400  # the whole vLLM process: its imports, seven engines, about 60 s on two cores
+TIMEOUT_S = 500  # the whole vLLM process: its imports, fourteen engines, about 2 minutes on two cores
+BUILT_IN = sorted(POLICIES)
 
 # vLLM's side, run by .venv-vllm's python (no pytest there): JOB.json -> OUT.json
 DRIVER = textwrap.dedent('''
@@ -171,7 +175,11 @@ def results(tmp_path_factory):
         "cap": {"scheduler_cls": fair, "env": {"PDTB_POLICY": f"{d}/cap.py:Cap", "PDTB_POLICY_ARGS": "max_pages=6"}},
         "boom": {"scheduler_cls": fair, "env": {"PDTB_POLICY": f"{d}/boom.py:Boom", "PDTB_METRICS_PORT": "0"}},
         "bad-args": {"scheduler_cls": fair, "env": {"PDTB_POLICY": "memfair", "PDTB_POLICY_ARGS": "starve=1"}},
+        "memfair-drop": {"scheduler_cls": fair, "env": {"PDTB_POLICY": "memfair",
+                                                        "PDTB_POLICY_ARGS": "reclaim_drop=any"}},
     }
+    for name in BUILT_IN:  # every other built-in policy, with its own defaults
+        cases.setdefault(name, {"scheduler_cls": fair, "env": {"PDTB_POLICY": name}})
     # eight prompts of 40-208 tokens, two tenants, 48 tokens each: 1,376 tokens in 24 blocks of 32 (767 usable)
     prompts = [[2 + (7 * i + 3 * j) % 500 for j in range(40 + 24 * i)] for i in range(8)]
     job = {"model": resolve_model_arg(None), "blocks": 24, "max_tokens": 48, "prompts": prompts,
@@ -191,7 +199,7 @@ def test_vllms_own_scheduler_preempts_here(results):
     assert all(out["vllm"]["finished"]) and all(len(t) == 48 for t in out["vllm"]["tokens"])
 
 
-@pytest.mark.parametrize("case", ["fcfs", "memfair", "lps"])
+@pytest.mark.parametrize("case", [*BUILT_IN, "memfair-drop", "lps"])
 def test_greedy_outputs_are_vllms_own(results, case):
     out, _ = results
     got = out[case]
