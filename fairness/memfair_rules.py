@@ -343,21 +343,24 @@ def _drop_for(want: int, pool: list, victims: list, room: _Room, shares: Mapping
     that streamed nothing before streams (no stream stalls), then the most over-share owner's,
     then the least computed (the least to redo). Only what was lent comes back: a drop that
     would leave its owner below its share is not made (the owner would reclaim in turn, and
-    two owners would drop each other's work in turn)."""
-    droppable = [s for s in pool if s not in victims]
-    while want - len(victims) > room.free and droppable:
-        use = room.use
-        droppable = [s for s in droppable
-                     if use.get(owner_of(s), 0) - state.charge.get(s.request_id, 0) >= shares.get(owner_of(s), 0)]
-        if not droppable:
-            break
+    two owners would drop each other's work in turn). Nobody is dropped unless the drops
+    together make the room: a drop that lets no one in only throws work away."""
+    use, free, picked = dict(room.use), room.free, []
+    left = [s for s in pool if s not in victims]
+    while want - len(victims) - len(picked) > free:
+        left = [s for s in left if use.get(owner_of(s), 0) - state.charge.get(s.request_id, 0)
+                >= shares.get(owner_of(s), 0)]
+        if not left:
+            return
         over = {o: use.get(o, 0) / e if e > 0 else float("inf") for o, e in shares.items()}
-        v = min(droppable, key=lambda s: (not unstarted(s), -over.get(owner_of(s), 0.0), s.num_computed_tokens,
-                                          -s.arrival_time))
-        droppable.remove(v)
-        victims.append(v)
-        room.use[owner_of(v)] -= state.charge.get(v.request_id, 0)
-        room.free += state.gain.get(v.request_id, 0)
+        v = min(left, key=lambda s: (not unstarted(s), -over.get(owner_of(s), 0.0), s.num_computed_tokens,
+                                     -s.arrival_time))
+        left.remove(v)
+        picked.append(v)
+        use[owner_of(v)] -= state.charge.get(v.request_id, 0)
+        free += state.gain.get(v.request_id, 0)
+    victims.extend(picked)
+    room.use, room.free = use, free
 
 
 # ---- the step ---------------------------------------------------------------------------------------

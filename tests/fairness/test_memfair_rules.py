@@ -197,6 +197,13 @@ def test_without_host_room_reclaim_drops_only_what_was_lent():
     assert [s.request_id for s in reclaim_case(4, drop="any")] == ["b1"]
 
 
+def test_reclaim_drops_nobody_when_what_may_be_dropped_would_not_let_the_waiter_in():
+    # a waits for 4 with 3 rows: 7 wanted, 2 free. Only b2 (4 pages) may go (b1 would leave b
+    # below its share): 2 + 4 < 7 - 1, so dropping b2 would throw its work away for nobody
+    assert reclaim_case(4, free=1, host_free=0, drop="any") == []
+    assert [s.request_id for s in reclaim_case(4, free=2, host_free=0, drop="any")] == ["b2"]  # 2 + 4 >= 6
+
+
 def test_a_prompt_that_streamed_nothing_is_dropped_before_a_stream():
     # b also has a prompt with 40 tokens computed (10 pages): more computed than b2, yet it goes
     # first: its drop stalls no stream
