@@ -97,8 +97,9 @@ class FairScheduler(vi.ChunkCaps, vi.Scheduler):
         chunks = self._chunks(out, live)
         self.fair.end(chunks, after)
         if self.step_log is not None:
-            gone = [self.fair.views[r] for r in vi.preempted(out) if r in self.fair.views]
-            gone += [v for v in plan.reclaimed if v.request_id not in vi.preempted(out)] if plan is not None else []
+            dropped = vi.preempted(out)
+            gone = [self.fair.views[r] for r in dropped if r in self.fair.views]
+            gone += [v for v in plan.reclaimed if v.request_id not in dropped] if plan is not None else []
             self.step_log.write(self.fair.steps, chunks, len(self.queue), len(sitting),
                                 plan.chunk_cap if plan is not None else None, time.perf_counter() - t_step, gone,
                                 reclaimed=len(plan.reclaimed) if plan is not None else 0, free=state.device_free,
