@@ -5,6 +5,8 @@ Rule card (an "owner" is a quota owner, fairness/owners.py: a tenant by default)
   each seen with work within static_window_s); on one of several nodes, its share of all the pools.
 - Admission: the longest-starving request first, then the owners furthest below their share; a
   request that does not fit blocks nobody. One waiting starve_after_s gets in whatever its quota.
+  Without a host tier a prompt gets in only when all of it fits beside what the running prompts
+  still take, and then runs to its end (a borrower's prompt does not sit on its pages for waiters).
 - Borrowing beyond a share: only while no other owner waits within its own, leaving free the pages
   the running prompts still take and one typical request of each owner with unused share.
 - Reclaim: a waiter within its share demotes the most over-share owner's largest requests, only
@@ -53,6 +55,7 @@ class MemFairPolicy(BasePolicy):
         self._plan = PrefillPlan()
         self._added = (0, 0, 0)  # prefill chunks, tokens, query-key pairs given out this step
         self._pending: tuple[str, int] = ("", 0)  # the candidate chunk_limit last sized, and its chunk
+        self._promised = 0  # without a host tier: pages the prompts let in since the view still take
 
     shares = property(lambda self: self.view.shares, doc="Entitlement per owner with a share.")
     over = property(lambda self: self.view.over, doc="Use / entitlement per owner with a share.")
@@ -96,7 +99,7 @@ class MemFairPolicy(BasePolicy):
         horizon = now - self.settings.starve_after_s
         self.view = rules.build_view(ids, candidates, self.fresh_held(state), use, shares, growth, since, horizon,
                                      state, own)
-        self._since, self._granted = since, []
+        self._since, self._granted, self._promised = since, [], 0
         if self._moved:
             self._moved = {r: t for r, t in self._moved.items() if t > horizon}
 
@@ -152,6 +155,8 @@ class MemFairPolicy(BasePolicy):
         rid, owner = seq.request_id, self.owner(seq)
         if self._plan.allot and self._pending[0] == rid and rid not in self._plan.allot:
             return False  # a prompt with no part of this step waits for one
+        if not self._fits_whole(seq, need, state):
+            return False
         use = self._use()
         if not self._keeps_room(rid, owner, need, use, state):
             return False
@@ -183,6 +188,16 @@ class MemFairPolicy(BasePolicy):
         """The pages granted to the owner until the next view (the scheduler checked they fit)."""
         super().admitted(seq, need_pages, state)
         self._granted.append((self.owner(seq), need_pages))
+        if not state.host_total and not seq.num_computed_tokens:
+            self._promised += max(0, rules.need_on(seq, state) - need_pages)
+
+    def _fits_whole(self, seq: Sequence, need: int, state: SchedState) -> bool:
+        """Without a host tier, a prompt gets in only when all of it fits beside what the running
+        prompts still take (rules.need_on): it then runs to its end instead of sitting on its
+        first chunk's pages."""
+        if state.host_total or seq.num_computed_tokens:
+            return True
+        return rules.need_on(seq, state) + len(self.running) + self.view.growth + self._promised <= state.device_free
 
     def _keeps_room(self, rid: str, owner: str, need: int, use: dict, state: SchedState) -> bool:
         return rules.keeps_room_for_starved(self.view, rid, owner, need, use, state.device_free - len(self.running),
@@ -200,11 +215,14 @@ class MemFairPolicy(BasePolicy):
         rows, v = super().step_order(running, state), self.view
         waiting = sum(v.within_pages.values()) + v.starved_need
         self._caps = {}
-        if waiting:  # a borrower's prompt does not grow into the pages waiters need
+        if waiting and state.host_total:  # a borrower's prompt does not grow into the pages waiters need
+            # (without a host tier a prompt got in only with room for all of it, _fits_whole: its
+            # pages were promised, and holding it back would only have it sit on those it has)
             rows, self._caps = rules.growth_caps(rows, waiting, v, self._use(), state, self.oldest_running(),
                                                  self.owner)
+        promised = 0 if state.host_total else v.growth  # without a host tier: see _fits_whole
         self._plan = rules.plan_prefill(rows, self.candidates, v.needs, state, self.owner,
-                                        lambda o: self.cfg.weight(owner_name(o)))
+                                        lambda o: self.cfg.weight(owner_name(o)), promised)
         self._added = (0, 0, 0)
         # Under-share owners first, the tail (evicted first under pressure) the most over; within
         # each, decode rows before prompts, so that a prompt's chunk never takes their token.

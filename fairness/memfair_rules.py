@@ -18,7 +18,8 @@ hand (tests/fairness/test_memfair_rules.py). An "owner" is a quota owner (fairne
 - Growth is admission too (`growth_caps`): a borrower's prompt does not grow into the free pages
   that requests within their owners' shares, or the longest-starving request, wait for (a step
   grows its running rows before it admits anyone); it sits the step out instead, unless it is
-  the oldest running request.
+  the oldest running request. Without a host tier a prompt gets in only with room for all of it
+  beside what the running prompts still take (`need_on`), so none is held back once in.
 - Reclaim (`reclaim_wants`, `reclaim_victims`): a waiter within its share that cannot fit demotes requests of
   owners beyond their share to the host tier (by default never preempts: a share is not worth
   lost work), the most over-share owner and largest footprint first, and only when that makes
@@ -103,12 +104,24 @@ def over_share(use: Mapping, shares: Mapping) -> dict[str, float]:
     return {o: use.get(o, 0) / e if e > 0 else (float("inf") if use.get(o, 0) else 0.0) for o, e in shares.items()}
 
 
-def need_now(seq: Sequence, held: int, token_budget: int, page_size: int) -> int:
+def need_now(seq: Sequence, held: int, token_budget: int, page_size: int, whole: bool = False) -> int:
     """Device pages `seq` must get to run its next step, `held` being those it has: parked, all
     its context; a prompt not started, its first chunk's (a 128K prompt is let in chunk by
-    chunk, and making room for all of it at once would demote borrowers it does not reach for)."""
+    chunk, and making room for all of it at once would demote borrowers it does not reach for),
+    or with `whole` all of it (`need_on`)."""
+    if whole and not seq.num_computed_tokens:
+        return max(1, pages_for(seq.num_tokens, page_size) - held)
     tokens = seq.num_computed_tokens + 1 if seq.num_computed_tokens else min(seq.num_tokens, token_budget)
     return max(1, pages_for(tokens, page_size) - held)
+
+
+def need_on(seq: Sequence, state: SchedState) -> int:
+    """`need_now` on `state`'s node. Without a host tier a prompt not started needs all of its
+    prompt: reclaim has nowhere to move a borrower for its later chunks, and a prompt let in by
+    its first chunk that then cannot grow sits on the pages it holds (on vLLM's CPU build, six
+    such prompts held most of the pool while four rows decoded)."""
+    return need_now(seq, state.pages.get(seq.request_id, 0), state.token_budget, state.page_size,
+                    whole=not state.host_total)
 
 
 def typical_size(prev: float | None, pages: int) -> float:
@@ -184,8 +197,7 @@ def build_view(running_ids: set, candidates: list[Sequence], held: list, use: di
                since: Mapping[str, float], horizon: float, state: SchedState, owner_of: Callable) -> StepView:
     """The step's view from the usage and shares found, the candidates (waiting since `since`,
     starving since `horizon` or before) and the arrivals `held` at the prefill side."""
-    ps, budget, pages = state.page_size, state.token_budget, state.pages
-    needs = {c.request_id: need_now(c, pages.get(c.request_id, 0), budget, ps) for c in candidates}
+    needs = {c.request_id: need_on(c, state) for c in candidates}
     within, within_pages = within_share([(owner_of(c), needs[c.request_id]) for c in candidates]
                                         + [(owner_of(h), h.num_pages) for h in held], use, shares)
     parked = {c.request_id for c in candidates if state.host_pages.get(c.request_id)} if state.host_pages else ()
@@ -258,9 +270,8 @@ def reclaim_wants(candidates: list[Sequence], held: list, view: StepView, state:
     """The requests waiting for device pages, in the order reclaim serves them: the starving
     first, then by how far below its share the owner is, then the oldest. A held arrival needs
     a page more (for its next token); one not retried here lately went elsewhere."""
-    wants = [Want(owner_of(c), view.needs.get(c.request_id) or need_now(
-        c, state.pages.get(c.request_id, 0), state.token_budget, state.page_size), patient(c), c.arrival_time)
-        for c in candidates]
+    wants = [Want(owner_of(c), view.needs.get(c.request_id) or need_on(c, state), patient(c), c.arrival_time)
+             for c in candidates]
     wants += [Want(owner_of(h), h.num_pages + 1, True, h.first_seen) for h in held]
     wants.sort(key=lambda w: (w.patient, view.over.get(w.owner, 0.0), w.since))
     return wants
@@ -401,10 +412,11 @@ class Prompt(NamedTuple):
 
 
 def step_prompts(rows: list[Sequence], candidates: list[Sequence], needs: Mapping, state: SchedState,
-                 owner_of: Callable) -> tuple[list[Prompt], int, dict[str, tuple[int, int]]]:
+                 owner_of: Callable, promised: int = 0) -> tuple[list[Prompt], int, dict[str, tuple[int, int]]]:
     """(the prompts to prefill, the decode rows, owner -> (its decode rows, their context)):
-    the running prompts with tokens left, the waiting ones that fit the free pages; a parked row
-    comes back to decode."""
+    the running prompts with tokens left, the waiting ones that fit the free pages less those
+    `promised` (what the running prompts still take, where a prompt gets in only beside it);
+    a parked row comes back to decode."""
     prompts: list[Prompt] = []
     decode: dict[str, tuple[int, int]] = {}
     decode_rows = 0
@@ -418,12 +430,11 @@ def step_prompts(rows: list[Sequence], candidates: list[Sequence], needs: Mappin
             o = owner_of(s)
             r, c = decode.get(o, (0, 0))
             decode[o] = (r + 1, c + n)
-    free = state.device_free - len(rows)
+    free = state.device_free - len(rows) - promised
     for c in candidates:
         if c.num_computed_tokens:
             decode_rows += 1
-        elif (needs.get(c.request_id) or need_now(c, state.pages.get(c.request_id, 0), state.token_budget,
-                                                   state.page_size)) <= free:
+        elif (needs.get(c.request_id) or need_on(c, state)) <= free:
             prompts.append(Prompt(owner_of(c), c.request_id, c.arrival_time, c.num_tokens, c.num_tokens))
     return prompts, decode_rows, decode
 
@@ -471,10 +482,12 @@ class PrefillPlan:
 
 
 def plan_prefill(rows: list[Sequence], candidates: list[Sequence], needs: Mapping, state: SchedState,
-                 owner_of: Callable, weight_of: Callable[[str], float]) -> PrefillPlan:
+                 owner_of: Callable, weight_of: Callable[[str], float], promised: int = 0) -> PrefillPlan:
     """The step's prefill split (`split_prefill`) when more than one owner has prompts; one
-    owner prefilling has the whole budget, in step order."""
-    prompts, decode_rows, decode = step_prompts(rows, candidates, needs, state, owner_of)
+    owner prefilling has the whole budget, in step order. A waiting prompt takes part only if
+    it can get in (`step_prompts`): one that cannot would take the running prompts' tokens
+    for nothing."""
+    prompts, decode_rows, decode = step_prompts(rows, candidates, needs, state, owner_of, promised)
     total = (sum(r for r, _ in decode.values()), sum(c for _, c in decode.values()))
     demand = owner_demand(prompts)
     allot: dict[str, int] = {}

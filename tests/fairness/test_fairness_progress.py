@@ -167,6 +167,36 @@ def test_memfair_without_a_host_tier_drops_a_borrower_for_a_waiter_within_its_sh
     assert not sched.has_work() and all(s.num_output_tokens == 30 for s in ws)
 
 
+@pytest.mark.parametrize("host_pages", [0, 32])
+def test_memfair_without_a_host_tier_lets_a_prompt_in_only_with_room_for_all_of_it(host_pages):
+    """24 pages of 4 tokens, a budget of 16 tokens. a's 80-token prompt (20 pages) runs alone;
+    b's 24-token prompt (6 pages, within its share of 12) arrives after a's first chunk. Without
+    a host tier 6 + 1 (a's next token) + 16 (what a's prompt still takes) > 20 free: b waits, and
+    a's prompt takes a chunk every step until it is in. With a host tier b gets in on its first
+    chunk (reclaim can move a, the borrower, out for it)."""
+    sched = make_scheduler(make_policy("memfair"), num_pages=24, host_pages=host_pages, budget=16)
+    a = make_request(80, 4, tenant="a", rid="a", arrival=0.0)
+    sched.add(a)
+    apply_step(sched, sched.schedule())
+    b = make_request(24, 4, tenant="b", rid="b", arrival=1.0)
+    sched.add(b)
+    out = sched.schedule()
+    assert (b.status == SeqStatus.RUNNING) == bool(host_pages)
+    while not host_pages and a.num_computed_tokens < a.num_prompt_tokens:
+        before = a.num_computed_tokens
+        apply_step(sched, out)
+        check_conservation(sched)
+        assert a.num_computed_tokens > before and b.status != SeqStatus.RUNNING
+        out = sched.schedule()
+    apply_step(sched, out)
+    for _ in range(200):  # every request ends
+        if not sched.has_work():
+            break
+        sim_step(sched)
+        check_conservation(sched)
+    assert not sched.has_work() and a.num_output_tokens == b.num_output_tokens == 4
+
+
 def test_a_request_demoted_for_another_is_not_promoted_in_the_same_step():
     sched, _ = _whale_borrowing_then_minnow(host_pages=64)
     for _ in range(6):

@@ -59,6 +59,13 @@ def test_need_now_is_the_first_chunk_of_a_prompt_and_all_the_context_of_a_parked
     assert rules.need_now(parked, 8, 64, PS) == 1  # at least a page
 
 
+def test_without_a_host_tier_a_prompt_needs_all_of_its_prompt():
+    p = prompt("p", "a", 100)
+    assert rules.need_on(p, state(30, {})) == 25  # no host tier: ceil(100 / 4)
+    assert rules.need_on(p, state(30, {}, host_free=8)) == 16  # its first chunk, as need_now
+    assert rules.need_on(prompt("q", "a", 100, computed=64), state(30, {"q": 16})) == 1  # started: its next token
+
+
 def test_typical_size_is_a_running_mean_of_about_eight_requests():
     assert rules.typical_size(None, 10) == 10.0
     assert rules.typical_size(10.0, 18) == 11.0  # 10 + (18 - 10) / 8
@@ -263,6 +270,11 @@ def test_plan_prefill_splits_only_between_owners():
     # 64 tokens less the decode row: 63; the demands (a 20, b 8) both fit: floors 5 and 2 to p1 and p3;
     # the other 56 smallest first: p3 its last 6, p1 its last 15
     assert two.allot == {"p1": 20, "p3": 8}
+    # 20 free less 2 rows: 18; with p1's 5 pages still to come promised, p3's 2 fit; with 17, not:
+    # p3 takes no part of the step, and p1 (one owner prefilling) has the whole budget
+    assert rules.plan_prefill([d, p1], [p3], {"p3": 2}, st, owner_of, lambda o: 1.0, promised=5).allot == two.allot
+    held_back = rules.plan_prefill([d, p1], [p3], {"p3": 2}, st, owner_of, lambda o: 1.0, promised=17)
+    assert held_back.allot == {} and held_back.prompts == 1
 
 
 # ---- the chunk bound --------------------------------------------------------------------------------
