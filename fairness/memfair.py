@@ -6,7 +6,7 @@ Rule card (an "owner" is a quota owner, fairness/owners.py: a tenant by default)
 - Admission: the longest-starving request first, then the owners furthest below their share; a
   request that does not fit blocks nobody. One waiting starve_after_s gets in whatever its quota.
   Without a host tier a prompt gets in only when all of it fits beside what the running prompts
-  still take, and then runs to its end (a borrower's prompt does not sit on its pages for waiters).
+  of owners within their shares still take (a prompt let in on its first chunk sat on its pages).
 - Borrowing beyond a share: only while no other owner waits within its own, leaving free the pages
   the running prompts still take and one typical request of each owner with unused share.
 - Reclaim: a waiter within its share demotes the most over-share owner's largest requests, only
@@ -56,6 +56,7 @@ class MemFairPolicy(BasePolicy):
         self._added = (0, 0, 0)  # prefill chunks, tokens, query-key pairs given out this step
         self._pending: tuple[str, int] = ("", 0)  # the candidate chunk_limit last sized, and its chunk
         self._promised = 0  # without a host tier: pages the prompts let in since the view still take
+        self._base_promise = 0  # without a host tier: pages promised to running prompts (rules.promised)
 
     shares = property(lambda self: self.view.shares, doc="Entitlement per owner with a share.")
     over = property(lambda self: self.view.over, doc="Use / entitlement per owner with a share.")
@@ -83,7 +84,8 @@ class MemFairPolicy(BasePolicy):
     def refresh(self, running, candidates, state):
         super().refresh(running, candidates, state)
         own, now, prev = self.owner, state.now, self.view
-        use, ids, growth = rules.usage(running, state.charge, state.pages, state.page_size, own)
+        use, ids, growth_by = rules.usage(running, state.charge, state.pages, state.page_size, own)
+        growth = sum(growth_by.values())
         owners = set(use)  # the owners with work: running, waiting, parked or held (not only landing)
         for o, n in self.incoming_pages(state).items():
             use[o] = use.get(o, 0) + n
@@ -100,6 +102,7 @@ class MemFairPolicy(BasePolicy):
         self.view = rules.build_view(ids, candidates, self.fresh_held(state), use, shares, growth, since, horizon,
                                      state, own)
         self._since, self._granted, self._promised = since, [], 0
+        self._base_promise = 0 if state.host_total else rules.promised(growth_by, use, shares)
         if self._moved:
             self._moved = {r: t for r, t in self._moved.items() if t > horizon}
 
@@ -193,11 +196,12 @@ class MemFairPolicy(BasePolicy):
 
     def _fits_whole(self, seq: Sequence, need: int, state: SchedState) -> bool:
         """Without a host tier, a prompt gets in only when all of it fits beside what the running
-        prompts still take (rules.need_on): it then runs to its end instead of sitting on its
-        first chunk's pages."""
+        prompts within their owners' shares still take (rules.need_on, rules.promised), and the
+        prompts let in since the view: one let in on its first chunk could sit on its pages."""
         if state.host_total or seq.num_computed_tokens:
             return True
-        return rules.need_on(seq, state) + len(self.running) + self.view.growth + self._promised <= state.device_free
+        need = rules.need_on(seq, state)
+        return need + len(self.running) + self._base_promise + self._promised <= state.device_free
 
     def _keeps_room(self, rid: str, owner: str, need: int, use: dict, state: SchedState) -> bool:
         return rules.keeps_room_for_starved(self.view, rid, owner, need, use, state.device_free - len(self.running),
@@ -215,14 +219,11 @@ class MemFairPolicy(BasePolicy):
         rows, v = super().step_order(running, state), self.view
         waiting = sum(v.within_pages.values()) + v.starved_need
         self._caps = {}
-        if waiting and state.host_total:  # a borrower's prompt does not grow into the pages waiters need
-            # (without a host tier a prompt got in only with room for all of it, _fits_whole: its
-            # pages were promised, and holding it back would only have it sit on those it has)
+        if waiting:  # a borrower's prompt does not grow into the pages waiters need
             rows, self._caps = rules.growth_caps(rows, waiting, v, self._use(), state, self.oldest_running(),
                                                  self.owner)
-        promised = 0 if state.host_total else v.growth  # without a host tier: see _fits_whole
         self._plan = rules.plan_prefill(rows, self.candidates, v.needs, state, self.owner,
-                                        lambda o: self.cfg.weight(owner_name(o)), promised)
+                                        lambda o: self.cfg.weight(owner_name(o)), self._base_promise)
         self._added = (0, 0, 0)
         # Under-share owners first, the tail (evicted first under pressure) the most over; within
         # each, decode rows before prompts, so that a prompt's chunk never takes their token.

@@ -19,7 +19,8 @@ hand (tests/fairness/test_memfair_rules.py). An "owner" is a quota owner (fairne
   that requests within their owners' shares, or the longest-starving request, wait for (a step
   grows its running rows before it admits anyone); it sits the step out instead, unless it is
   the oldest running request. Without a host tier a prompt gets in only with room for all of it
-  beside what the running prompts still take (`need_on`), so none is held back once in.
+  (`need_on`) beside what the running prompts of owners within their shares still take
+  (`promised`): a borrower's prompt yields its growth, the others' is theirs.
 - Reclaim (`reclaim_wants`, `reclaim_victims`): a waiter within its share that cannot fit demotes requests of
   owners beyond their share to the host tier (by default never preempts: a share is not worth
   lost work), the most over-share owner and largest footprint first, and only when that makes
@@ -84,19 +85,26 @@ class StepView:
 
 # ---- the view -------------------------------------------------------------------------------------
 def usage(running: Iterable[Sequence], charge: Mapping, pages: Mapping, page_size: int,
-          owner_of: Callable) -> tuple[dict, set, int]:
-    """(device pages charged per owner, the running ids, the pages the running prompts still
-    take to hold all their prompt), in one pass."""
+          owner_of: Callable) -> tuple[dict, set, dict]:
+    """(device pages charged per owner, the running ids, owner -> the pages its running prompts
+    still take to hold all their prompt), in one pass."""
     use: dict = {}
-    ids, growth = set(), 0
+    ids, growth = set(), {}
     for s in running:
         rid = s.request_id
         o = owner_of(s)
         use[o] = use.get(o, 0) + charge.get(rid, 0)
         ids.add(rid)
         if s.num_computed_tokens < s.num_prompt_tokens:
-            growth += max(0, pages_for(s.num_prompt_tokens, page_size) - pages.get(rid, 0))
+            growth[o] = growth.get(o, 0) + max(0, pages_for(s.num_prompt_tokens, page_size) - pages.get(rid, 0))
     return use, ids, growth
+
+
+def promised(growth: Mapping, use: Mapping, shares: Mapping) -> int:
+    """Without a host tier: the pages the running prompts of owners within their share still
+    take. A prompt gets in only beside them (`need_on`); a borrower's prompt is not promised its
+    growth: it yields it to waiters within their shares (`growth_caps`)."""
+    return sum(n for o, n in growth.items() if use.get(o, 0) <= shares.get(o, 0))
 
 
 def over_share(use: Mapping, shares: Mapping) -> dict[str, float]:

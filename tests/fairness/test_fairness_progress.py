@@ -169,16 +169,16 @@ def test_memfair_without_a_host_tier_drops_a_borrower_for_a_waiter_within_its_sh
 
 @pytest.mark.parametrize("host_pages", [0, 32])
 def test_memfair_without_a_host_tier_lets_a_prompt_in_only_with_room_for_all_of_it(host_pages):
-    """24 pages of 4 tokens, a budget of 16 tokens. a's 80-token prompt (20 pages) runs alone;
-    b's 24-token prompt (6 pages, within its share of 12) arrives after a's first chunk. Without
-    a host tier 6 + 1 (a's next token) + 16 (what a's prompt still takes) > 20 free: b waits, and
-    a's prompt takes a chunk every step until it is in. With a host tier b gets in on its first
-    chunk (reclaim can move a, the borrower, out for it)."""
-    sched = make_scheduler(make_policy("memfair"), num_pages=24, host_pages=host_pages, budget=16)
-    a = make_request(80, 4, tenant="a", rid="a", arrival=0.0)
+    """16 pages of 4 tokens, a budget of 16 tokens. a's 32-token prompt (8 pages) runs alone;
+    b's (8 pages too, within its share of 8) arrives after a's first chunk. Without a host tier
+    8 + 1 (a's next token) + 4 (what a's prompt, within its share, still takes) > 12 free: b
+    waits, and a's prompt takes a chunk every step until it is in. With a host tier b gets in on
+    its first chunk."""
+    sched = make_scheduler(make_policy("memfair"), num_pages=16, host_pages=host_pages, budget=16)
+    a = make_request(32, 4, tenant="a", rid="a", arrival=0.0)
     sched.add(a)
     apply_step(sched, sched.schedule())
-    b = make_request(24, 4, tenant="b", rid="b", arrival=1.0)
+    b = make_request(32, 4, tenant="b", rid="b", arrival=1.0)
     sched.add(b)
     out = sched.schedule()
     assert (b.status == SeqStatus.RUNNING) == bool(host_pages)

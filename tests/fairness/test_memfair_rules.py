@@ -48,7 +48,12 @@ def test_usage_charges_pages_and_counts_the_pages_running_prompts_still_take():
     # r1: a 10-token prompt, 4 computed, 1 page held: its prompt takes ceil(10 / 4) = 3, so 2 more
     r1, r2 = prompt("r1", "a", 10, computed=4), decoding("r2", "b", 8)
     use, ids, growth = rules.usage([r1, r2], {"r1": 1, "r2": 3}, {"r1": 1, "r2": 3}, PS, owner_of)
-    assert use == {"a": 1, "b": 3} and ids == {"r1", "r2"} and growth == 2
+    assert use == {"a": 1, "b": 3} and ids == {"r1", "r2"} and growth == {"a": 2}
+
+
+def test_promised_is_what_the_running_prompts_of_owners_within_their_share_still_take():
+    # a within its share (10 <= 12): its 5 promised; b beyond (20 > 12): its 7 yield to waiters
+    assert rules.promised({"a": 5, "b": 7}, {"a": 10, "b": 20}, {"a": 12.0, "b": 12.0}) == 5
 
 
 def test_need_now_is_the_first_chunk_of_a_prompt_and_all_the_context_of_a_parked_row():
