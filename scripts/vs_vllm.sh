@@ -15,8 +15,9 @@
 #     --scheduler-cls pdtb.integrations.vllm.FairScheduler, docs/vllm.md "Your policy in vLLM").
 #     `pdtb compare --baseline vllm` gives the ratios (`pdtb frontier --baseline vllm` for a sweep).
 #
-# --rounds N (default 2): the serving runs N times over, each round vLLM then every policy, into
-# serve/WORKLOAD/round-R; the section shows every round (one run of each moves by 20% here).
+# --rounds N (default 2): the serving runs N times over, every configuration once a round (round R
+# starting R-1 places further along the list), into serve/WORKLOAD/round-R; the section shows every
+# round (one run of each moves by 20% here).
 #
 #   bash scripts/vs_vllm.sh [--model DIR] [--reps N] [--rounds N] [--policies "fcfs memfair"] [--skip-offline]
 #                           [--skip-serving] [--workloads "quick overload frontier"] [--out DIR] [--venv DIR]
@@ -40,7 +41,7 @@ while [ $# -gt 0 ]; do
     --doc) DOC="$2"; shift 2 ;;
     --skip-offline) OFFLINE=0; shift ;;
     --skip-serving) SERVING=0; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "vs_vllm: unknown option $1" >&2; exit 2 ;;
   esac
 done

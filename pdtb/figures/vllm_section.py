@@ -111,7 +111,8 @@ def render(run_dir: str, stamp: str) -> list[str]:
                 "policy in its scheduler (`vllm-memfair`: FairScheduler, docs/vllm.md), and the project's node under "
                 "each policy; 224 blocks of 32 = 448 pages of 16 of device KV and 512 batched tokens a step on both "
                 "sides, one thread each; the project's node also has its 512-page host tier. "
-                f"{n} rounds, each vLLM first, then every system; each cell gives the rounds side by side "
+                f"{n} round{'s' if n != 1 else ''}, every system once a round, round R starting R-1 places further "
+                "along the list (a host whose speed drifts favours none); each cell gives the rounds side by side "
                 "(round 1 / round 2 ...), vLLM's own figures in its row and every other system's as ratios to vLLM's "
                 "in the same round.", ""]
         out += [f"- **{w.name}**: {WORKLOADS.get(w.name, 'see scripts/vs_vllm.sh')}" for w in workloads]
