@@ -55,8 +55,9 @@ class MemFairPolicy(BasePolicy):
         self._plan = PrefillPlan()
         self._added = (0, 0, 0)  # prefill chunks, tokens, query-key pairs given out this step
         self._pending: tuple[str, int] = ("", 0)  # the candidate chunk_limit last sized, and its chunk
-        self._promised = 0  # without a host tier: pages the prompts let in since the view still take
-        self._base_promise = 0  # without a host tier: pages promised to running prompts (rules.promised)
+        # without a host tier: pages promised to prompts, those running within their owners' shares
+        # (rules.promised) and those let in since the view
+        self._promised = 0
 
     shares = property(lambda self: self.view.shares, doc="Entitlement per owner with a share.")
     over = property(lambda self: self.view.over, doc="Use / entitlement per owner with a share.")
@@ -101,8 +102,8 @@ class MemFairPolicy(BasePolicy):
         horizon = now - self.settings.starve_after_s
         self.view = rules.build_view(ids, candidates, self.fresh_held(state), use, shares, growth, since, horizon,
                                      state, own)
-        self._since, self._granted, self._promised = since, [], 0
-        self._base_promise = 0 if state.host_total else rules.promised(growth_by, use, shares)
+        self._since, self._granted = since, []
+        self._promised = 0 if state.host_total else rules.promised(growth_by, use, shares)
         if self._moved:
             self._moved = {r: t for r, t in self._moved.items() if t > horizon}
 
@@ -158,7 +159,7 @@ class MemFairPolicy(BasePolicy):
         rid, owner = seq.request_id, self.owner(seq)
         if self._plan.allot and self._pending[0] == rid and rid not in self._plan.allot:
             return False  # a prompt with no part of this step waits for one
-        if not self._fits_whole(seq, need, state):
+        if not self._fits_whole(seq, state):
             return False
         use = self._use()
         if not self._keeps_room(rid, owner, need, use, state):
@@ -194,14 +195,13 @@ class MemFairPolicy(BasePolicy):
         if not state.host_total and not seq.num_computed_tokens:
             self._promised += max(0, rules.need_on(seq, state) - need_pages)
 
-    def _fits_whole(self, seq: Sequence, need: int, state: SchedState) -> bool:
+    def _fits_whole(self, seq: Sequence, state: SchedState) -> bool:
         """Without a host tier, a prompt gets in only when all of it fits beside what the running
         prompts within their owners' shares still take (rules.need_on, rules.promised), and the
         prompts let in since the view: one let in on its first chunk could sit on its pages."""
         if state.host_total or seq.num_computed_tokens:
             return True
-        need = rules.need_on(seq, state)
-        return need + len(self.running) + self._base_promise + self._promised <= state.device_free
+        return rules.need_on(seq, state) + len(self.running) + self._promised <= state.device_free
 
     def _keeps_room(self, rid: str, owner: str, need: int, use: dict, state: SchedState) -> bool:
         return rules.keeps_room_for_starved(self.view, rid, owner, need, use, state.device_free - len(self.running),
@@ -223,7 +223,7 @@ class MemFairPolicy(BasePolicy):
             rows, self._caps = rules.growth_caps(rows, waiting, v, self._use(), state, self.oldest_running(),
                                                  self.owner)
         self._plan = rules.plan_prefill(rows, self.candidates, v.needs, state, self.owner,
-                                        lambda o: self.cfg.weight(owner_name(o)), self._base_promise)
+                                        lambda o: self.cfg.weight(owner_name(o)), self._promised)
         self._added = (0, 0, 0)
         # Under-share owners first, the tail (evicted first under pressure) the most over; within
         # each, decode rows before prompts, so that a prompt's chunk never takes their token.
